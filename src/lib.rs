@@ -1,7 +1,19 @@
 //! stragglar: a drop-in NCCL whose AllReduce uses the wait for a persistent straggler.
 //!
-//! Rooms, from pure to impure: `schedule` (schedules, verifier, cost model; std only),
-//! `nccl` (the real library and its C types), `abi` (the exported C functions), `cli`.
+//! Rooms, from pure to impure:
+//! - `schedule`: StragglAR and baseline schedules, the replay verifier, the cost model (std only);
+//! - `config`, `logging`: `STRAGGLAR_*` settings and NCCL-shaped log lines;
+//! - `nccl`: finding and binding the real NCCL, and its C types;
+//! - `registry`: what we know about communicators, ops and groups;
+//! - `intercept`: the route of each `ncclAllReduce`;
+//! - `abi`: the exported C functions;
+//! - `cli`: the `stragglar` tool.
 
+pub mod abi;
 pub mod cli;
+pub mod config;
+pub mod intercept;
+pub mod logging;
+pub mod nccl;
+pub mod registry;
 pub mod schedule;

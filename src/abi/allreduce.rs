@@ -1,0 +1,42 @@
+//! `ncclAllReduce`: the one intercepted collective.
+
+use std::os::raw::c_void;
+
+use super::guard::guard;
+use crate::forward;
+use crate::intercept::{route_all_reduce, AllReduceCall, Route};
+use crate::nccl::types::*;
+
+/// AllReduce: routed by [`route_all_reduce`], then run by the real NCCL (or refused).
+#[no_mangle]
+pub extern "C" fn ncclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: DataTypeCode,
+    op: RedOpCode,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ResultCode {
+    guard("ncclAllReduce", || {
+        if !crate::config::get().enabled {
+            return forward!(ncclAllReduce(
+                sendbuff, recvbuff, count, datatype, op, comm, stream
+            ));
+        }
+        let call = AllReduceCall {
+            send: sendbuff as usize,
+            recv: recvbuff as usize,
+            count,
+            datatype,
+            op,
+            comm,
+        };
+        match route_all_reduce(&call) {
+            Route::Forward => forward!(ncclAllReduce(
+                sendbuff, recvbuff, count, datatype, op, comm, stream
+            )),
+            Route::Refuse(code) => code,
+        }
+    })
+}

@@ -1,0 +1,66 @@
+//! `forward!`: the one way an export calls the real NCCL.
+//!
+//! `forward!(ncclX(a, b); outputs b)` checks that each named output pointer is non-NULL
+//! (`ncclInvalidArgument` and one WARN otherwise), then calls the real `pncclX` (or `ncclX`)
+//! with the arguments unchanged and returns its result bit for bit, all inside the panic guard.
+//! The function-pointer type is inferred from the export `ncclX` itself, so every signature is
+//! written exactly once, in the export.
+
+use std::ffi::c_void;
+
+/// Reinterprets `addr` as a function pointer of the same type as `template`.
+///
+/// # Safety
+/// `addr` must be the address of a function whose C signature is the one `F` describes.
+#[inline(always)]
+pub unsafe fn function_like<F: Copy>(_template: F, addr: *mut c_void) -> F {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
+    // SAFETY: F is a function-pointer type of pointer size (asserted above) and the caller
+    // guarantees the signature matches.
+    unsafe { std::mem::transmute_copy(&addr) }
+}
+
+/// Expands to `_` for each argument, to spell a function-pointer type to be inferred.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! __placeholder_type {
+    ($arg:ident) => {
+        _
+    };
+}
+
+/// See the module documentation.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! forward {
+    ($export:ident ( $($arg:ident),* ) $(; outputs $($out:ident),+)?) => {{
+        static SYMBOL: $crate::nccl::Symbol = $crate::nccl::Symbol::new(
+            $crate::abi::guard::cstr(concat!("p", stringify!($export), "\0")),
+            $crate::abi::guard::cstr(concat!(stringify!($export), "\0")),
+        );
+        $crate::abi::guard::guard(stringify!($export), || {
+            $($(
+                if $out.is_null() {
+                    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                    return $crate::abi::guard::FailureValue::from_code(
+                        $crate::abi::guard::reject_null(&WARNED, stringify!($export), stringify!($out)),
+                    );
+                }
+            )+)?
+            match SYMBOL.address() {
+                Ok(addr) => {
+                    // SAFETY: `addr` is the real NCCL's function of the same name, whose C
+                    // signature the export `$export` mirrors exactly.
+                    let real = unsafe {
+                        $crate::abi::forward::function_like(
+                            $export as extern "C" fn($($crate::__placeholder_type!($arg)),*) -> _,
+                            addr,
+                        )
+                    };
+                    real($($arg),*)
+                }
+                Err(code) => $crate::abi::guard::FailureValue::from_code(code),
+            }
+        })
+    }};
+}

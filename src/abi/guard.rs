@@ -1,0 +1,82 @@
+//! The boundary every export passes through: a panic guard, NULL-output checks and the value a
+//! function returns when it cannot do its job.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::nccl::types::{ncclTeam_t, ResultCode};
+
+/// What an export returns when it fails before or instead of reaching the real NCCL.
+pub trait FailureValue {
+    /// The value that reports `code` in this return type.
+    fn from_code(code: ResultCode) -> Self;
+}
+
+impl FailureValue for ResultCode {
+    fn from_code(code: ResultCode) -> Self {
+        code
+    }
+}
+
+impl FailureValue for () {
+    fn from_code(_: ResultCode) -> Self {}
+}
+
+/// Functions returning `int` (device-API rank maps, slot counts) report failure as -1.
+impl FailureValue for c_int {
+    fn from_code(_: ResultCode) -> Self {
+        -1
+    }
+}
+
+/// Functions returning a string report failure with our own message.
+impl FailureValue for *const c_char {
+    fn from_code(code: ResultCode) -> Self {
+        crate::abi::errors::own_error_string(code).as_ptr()
+    }
+}
+
+/// Device-API teams report failure as the empty team.
+impl FailureValue for ncclTeam_t {
+    fn from_code(_: ResultCode) -> Self {
+        ncclTeam_t::default()
+    }
+}
+
+/// Runs an export's body; a panic becomes `ncclInternalError` (or the return type's failure
+/// value) and one ERROR line, never an unwind into C.
+#[inline]
+pub fn guard<R: FailureValue>(function: &'static str, body: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(value) => value,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            log::error!("internal error in {function}: {what}; returning ncclInternalError");
+            R::from_code(ResultCode::INTERNAL_ERROR)
+        }
+    }
+}
+
+/// Logs, once per call site, that `function` got a NULL `argument`, and returns
+/// `ncclInvalidArgument`.
+#[cold]
+pub fn reject_null(warned: &AtomicBool, function: &str, argument: &str) -> ResultCode {
+    if !warned.swap(true, Ordering::Relaxed) {
+        log::warn!("{function}: {argument} is NULL; returning ncclInvalidArgument");
+    }
+    ResultCode::INVALID_ARGUMENT
+}
+
+/// A `&'static CStr` from a NUL-terminated literal, at compile time.
+pub const fn cstr(text: &'static str) -> &'static CStr {
+    match CStr::from_bytes_with_nul(text.as_bytes()) {
+        Ok(s) => s,
+        Err(_) => panic!("symbol name is not NUL-terminated"),
+    }
+}

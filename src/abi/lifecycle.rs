@@ -1,0 +1,392 @@
+//! Communicator lifecycle exports: forwarded unchanged, then recorded in the side table.
+//!
+//! A communicator is recorded when the real call returns `ncclSuccess`, or `ncclInProgress`
+//! with the handle set (nonblocking init); the handle is returned to the caller as NCCL made it.
+//! It is marked finalized, revoked or destroyed once the forwarded call returns.
+
+#![allow(non_snake_case)]
+
+use std::os::raw::c_int;
+
+use super::guard::guard;
+use super::passthrough::{ncclCommCount, ncclCommCuDevice, ncclCommUserRank};
+use super::reentry::{calling_real, tracking};
+use crate::forward;
+use crate::logging::set_thread_device;
+use crate::nccl::types::*;
+use crate::registry::comm_config::{default_blocking, requested_blocking};
+use crate::registry::{self, CommInfo, CommOrigin, CommState};
+
+/// Whether a result means NCCL handed out a communicator.
+fn made(rc: ResultCode) -> bool {
+    rc == ResultCode::SUCCESS || rc == ResultCode::IN_PROGRESS
+}
+
+/// NCCL's default `blocking` for a new communicator without an explicit value.
+fn process_default_blocking() -> bool {
+    default_blocking(std::env::var("NCCL_COMM_BLOCKING").ok().as_deref())
+}
+
+/// `blocking` as asked by `config`, else `fallback`.
+fn blocking_of(config: *const ncclConfig_t, fallback: bool) -> bool {
+    // SAFETY: NCCL has just accepted `config`, so it is NULL or readable within its `size`.
+    unsafe { requested_blocking(config) }.unwrap_or(fallback)
+}
+
+/// Records a communicator the real NCCL handed out. Asks NCCL for what the call did not say,
+/// but only once the communicator is ready (`ncclSuccess`): a nonblocking one in progress must
+/// not be queried.
+fn record(
+    comm: ncclComm_t,
+    rc: ResultCode,
+    origin: CommOrigin,
+    nranks: Option<i32>,
+    rank: Option<i32>,
+    blocking: bool,
+) {
+    if comm.is_null() {
+        return;
+    }
+    let mut info = CommInfo {
+        nranks,
+        rank,
+        cuda_device: None,
+        blocking,
+        origin,
+        state: CommState::Live,
+    };
+    if rc == ResultCode::SUCCESS {
+        let (mut count, mut me, mut device) = (-1, -1, -1);
+        calling_real(|| {
+            if ncclCommCount(comm, &mut count).is_success() {
+                info.nranks = Some(count);
+            }
+            if ncclCommUserRank(comm, &mut me).is_success() {
+                info.rank = Some(me);
+            }
+            if ncclCommCuDevice(comm, &mut device).is_success() {
+                info.cuda_device = Some(device);
+                set_thread_device(device);
+            }
+        });
+    }
+    log::info!(
+        "communicator {comm:p} from {origin:?}: rank {:?} of {:?} on device {:?}, {}",
+        info.rank,
+        info.nranks,
+        info.cuda_device,
+        if blocking { "blocking" } else { "nonblocking" }
+    );
+    registry::comms().insert(comm, info);
+}
+
+/// Moves a tracked communicator to `state` after a forwarded teardown call.
+fn retire(comm: ncclComm_t, state: CommState) {
+    if registry::comms().set_state(comm, state).is_some() {
+        log::info!("communicator {comm:p} is now {state:?}");
+    }
+    if state == CommState::Destroyed {
+        registry::redops().remove_comm(comm);
+    }
+}
+
+/// Reads the handle NCCL wrote, if the call got that far.
+fn written(out: *mut ncclComm_t) -> ncclComm_t {
+    if out.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `out` is the caller's non-NULL output slot that the real NCCL just wrote.
+    unsafe { *out }
+}
+
+/// Creates a communicator (forwarded) and records it.
+#[no_mangle]
+pub extern "C" fn ncclCommInitRank(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    commId: ncclUniqueId,
+    rank: c_int,
+) -> ResultCode {
+    guard("ncclCommInitRank", || {
+        if !tracking() {
+            return forward!(ncclCommInitRank(comm, nranks, commId, rank); outputs comm);
+        }
+        let rc: ResultCode =
+            calling_real(|| forward!(ncclCommInitRank(comm, nranks, commId, rank); outputs comm));
+        if made(rc) {
+            let blocking = process_default_blocking();
+            record(
+                written(comm),
+                rc,
+                CommOrigin::InitRank,
+                Some(nranks),
+                Some(rank),
+                blocking,
+            );
+        }
+        rc
+    })
+}
+
+/// Creates a communicator with a configuration (forwarded) and records it.
+#[no_mangle]
+pub extern "C" fn ncclCommInitRankConfig(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    commId: ncclUniqueId,
+    rank: c_int,
+    config: *mut ncclConfig_t,
+) -> ResultCode {
+    guard("ncclCommInitRankConfig", || {
+        if !tracking() {
+            return forward!(ncclCommInitRankConfig(comm, nranks, commId, rank, config); outputs comm);
+        }
+        let rc: ResultCode = calling_real(
+            || forward!(ncclCommInitRankConfig(comm, nranks, commId, rank, config); outputs comm),
+        );
+        if made(rc) {
+            let blocking = blocking_of(config, process_default_blocking());
+            record(
+                written(comm),
+                rc,
+                CommOrigin::InitRankConfig,
+                Some(nranks),
+                Some(rank),
+                blocking,
+            );
+        }
+        rc
+    })
+}
+
+/// Creates one communicator per device in this process (forwarded) and records each.
+#[no_mangle]
+pub extern "C" fn ncclCommInitAll(
+    comm: *mut ncclComm_t,
+    ndev: c_int,
+    devlist: *const c_int,
+) -> ResultCode {
+    guard("ncclCommInitAll", || {
+        if !tracking() {
+            return forward!(ncclCommInitAll(comm, ndev, devlist); outputs comm);
+        }
+        let rc: ResultCode =
+            calling_real(|| forward!(ncclCommInitAll(comm, ndev, devlist); outputs comm));
+        if made(rc) && ndev > 0 {
+            let blocking = process_default_blocking();
+            for i in 0..ndev as usize {
+                // SAFETY: NCCL just filled `ndev` handles into the caller's array.
+                let handle = unsafe { *comm.add(i) };
+                record(
+                    handle,
+                    rc,
+                    CommOrigin::InitAll,
+                    Some(ndev),
+                    Some(i as i32),
+                    blocking,
+                );
+            }
+        }
+        rc
+    })
+}
+
+/// Creates a communicator from several unique ids (forwarded) and records it.
+#[no_mangle]
+pub extern "C" fn ncclCommInitRankScalable(
+    newcomm: *mut ncclComm_t,
+    nranks: c_int,
+    myrank: c_int,
+    nId: c_int,
+    commIds: *mut ncclUniqueId,
+    config: *mut ncclConfig_t,
+) -> ResultCode {
+    guard("ncclCommInitRankScalable", || {
+        if !tracking() {
+            return forward!(ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, config); outputs newcomm);
+        }
+        let rc: ResultCode = calling_real(
+            || forward!(ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, config); outputs newcomm),
+        );
+        if made(rc) {
+            let blocking = blocking_of(config, process_default_blocking());
+            record(
+                written(newcomm),
+                rc,
+                CommOrigin::InitRankScalable,
+                Some(nranks),
+                Some(myrank),
+                blocking,
+            );
+        }
+        rc
+    })
+}
+
+/// The `blocking` a child of `parent` inherits when its config leaves it unset.
+fn inherited_blocking(parent: ncclComm_t) -> bool {
+    registry::comms()
+        .get(parent)
+        .map_or_else(process_default_blocking, |info| info.blocking)
+}
+
+/// Splits a communicator (forwarded) and records the new one (none for `NCCL_SPLIT_NOCOLOR`).
+#[no_mangle]
+pub extern "C" fn ncclCommSplit(
+    comm: ncclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ResultCode {
+    guard("ncclCommSplit", || {
+        if !tracking() {
+            return forward!(ncclCommSplit(comm, color, key, newcomm, config); outputs newcomm);
+        }
+        let rc: ResultCode = calling_real(
+            || forward!(ncclCommSplit(comm, color, key, newcomm, config); outputs newcomm),
+        );
+        if made(rc) {
+            let blocking = blocking_of(config, inherited_blocking(comm));
+            record(
+                written(newcomm),
+                rc,
+                CommOrigin::Split,
+                None,
+                None,
+                blocking,
+            );
+        }
+        rc
+    })
+}
+
+/// Shrinks a communicator (forwarded) and records the new one.
+#[no_mangle]
+pub extern "C" fn ncclCommShrink(
+    comm: ncclComm_t,
+    excludeRanksList: *mut c_int,
+    excludeRanksCount: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+    shrinkFlags: c_int,
+) -> ResultCode {
+    guard("ncclCommShrink", || {
+        if !tracking() {
+            return forward!(ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags); outputs newcomm);
+        }
+        let rc: ResultCode = calling_real(
+            || forward!(ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags); outputs newcomm),
+        );
+        if made(rc) {
+            let blocking = blocking_of(config, inherited_blocking(comm));
+            record(
+                written(newcomm),
+                rc,
+                CommOrigin::Shrink,
+                None,
+                None,
+                blocking,
+            );
+        }
+        rc
+    })
+}
+
+/// Grows a communicator (forwarded) and records the new one.
+#[no_mangle]
+pub extern "C" fn ncclCommGrow(
+    comm: ncclComm_t,
+    nRanks: c_int,
+    uniqueId: *const ncclUniqueId,
+    rank: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ResultCode {
+    guard("ncclCommGrow", || {
+        if !tracking() {
+            return forward!(ncclCommGrow(comm, nRanks, uniqueId, rank, newcomm, config); outputs newcomm);
+        }
+        let rc: ResultCode = calling_real(
+            || forward!(ncclCommGrow(comm, nRanks, uniqueId, rank, newcomm, config); outputs newcomm),
+        );
+        if made(rc) {
+            let fallback = if comm.is_null() {
+                process_default_blocking()
+            } else {
+                inherited_blocking(comm)
+            };
+            let blocking = blocking_of(config, fallback);
+            let rank = (rank >= 0).then_some(rank);
+            record(
+                written(newcomm),
+                rc,
+                CommOrigin::Grow,
+                Some(nRanks),
+                rank,
+                blocking,
+            );
+        }
+        rc
+    })
+}
+
+/// Finalizes a communicator (forwarded) and marks it finalized.
+#[no_mangle]
+pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ResultCode {
+    guard("ncclCommFinalize", || {
+        if !tracking() {
+            return forward!(ncclCommFinalize(comm));
+        }
+        let rc: ResultCode = calling_real(|| forward!(ncclCommFinalize(comm)));
+        if made(rc) {
+            retire(comm, CommState::Finalized);
+        }
+        rc
+    })
+}
+
+/// Revokes a communicator (forwarded) and marks it revoked.
+#[no_mangle]
+pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ResultCode {
+    guard("ncclCommRevoke", || {
+        if !tracking() {
+            return forward!(ncclCommRevoke(comm, revokeFlags));
+        }
+        let rc: ResultCode = calling_real(|| forward!(ncclCommRevoke(comm, revokeFlags)));
+        if made(rc) {
+            retire(comm, CommState::Revoked);
+        }
+        rc
+    })
+}
+
+/// Destroys a communicator (forwarded) and marks it destroyed. NCCL's own calls during the
+/// teardown pass straight through.
+#[no_mangle]
+pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ResultCode {
+    guard("ncclCommDestroy", || {
+        if !tracking() {
+            return forward!(ncclCommDestroy(comm));
+        }
+        let rc: ResultCode = calling_real(|| forward!(ncclCommDestroy(comm)));
+        if made(rc) {
+            retire(comm, CommState::Destroyed);
+        }
+        rc
+    })
+}
+
+/// Aborts a communicator (forwarded) and marks it destroyed: after an abort the handle is gone
+/// whatever the result.
+#[no_mangle]
+pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ResultCode {
+    guard("ncclCommAbort", || {
+        if !tracking() {
+            return forward!(ncclCommAbort(comm));
+        }
+        let rc: ResultCode = calling_real(|| forward!(ncclCommAbort(comm)));
+        retire(comm, CommState::Destroyed);
+        rc
+    })
+}

@@ -1,0 +1,242 @@
+//! `STRAGGLAR_*` settings: read once from the environment, echoed at INFO, bad values warned
+//! about and replaced by their defaults.
+//!
+//! Every setting is listed in [`SETTINGS`], which `stragglar doctor` and the README follow.
+
+use once_cell::sync::OnceCell;
+
+use crate::logging::{self, Level};
+
+/// Documentation of one setting: its variable, default and meaning.
+pub struct SettingDoc {
+    /// The environment variable.
+    pub name: &'static str,
+    /// The default, as a person would write it.
+    pub default: &'static str,
+    /// What it does, in one line.
+    pub meaning: &'static str,
+}
+
+/// Every `STRAGGLAR_*` variable the library reads.
+pub const SETTINGS: &[SettingDoc] = &[
+    SettingDoc {
+        name: "STRAGGLAR_ENABLE",
+        default: "1",
+        meaning: "0 makes the library a pure forwarder to the real NCCL",
+    },
+    SettingDoc {
+        name: "STRAGGLAR_NCCL_LIB",
+        default: "(unset: search)",
+        meaning: "absolute path of the real libnccl.so.2 to forward to",
+    },
+    SettingDoc {
+        name: "STRAGGLAR_DEBUG",
+        default: "WARN",
+        meaning: "log level: WARN, INFO or TRACE",
+    },
+    SettingDoc {
+        name: "STRAGGLAR_DEBUG_FILE",
+        default: "(unset: stderr)",
+        meaning: "log file; %h becomes the host name, %p the process id",
+    },
+];
+
+/// The effective configuration of this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `STRAGGLAR_ENABLE`: false makes every export a pure forwarder.
+    pub enabled: bool,
+    /// `STRAGGLAR_NCCL_LIB`: the real library's absolute path, if given.
+    pub nccl_lib: Option<String>,
+    /// `STRAGGLAR_DEBUG`.
+    pub log_level: Level,
+    /// `STRAGGLAR_DEBUG_FILE`, with `%h` and `%p` still unexpanded.
+    pub log_file: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            enabled: true,
+            nccl_lib: None,
+            log_level: Level::Warn,
+            log_file: None,
+        }
+    }
+}
+
+/// Something worth saying about the environment, logged once the logger exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// A variable was set and accepted.
+    Set { name: &'static str, value: String },
+    /// A variable had a value we cannot use; the default applies.
+    Invalid {
+        name: &'static str,
+        value: String,
+        default: &'static str,
+    },
+}
+
+impl Config {
+    /// Reads every setting through `lookup` (the environment, or a map in tests).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> (Config, Vec<Notice>) {
+        let mut config = Config::default();
+        let mut notices = Vec::new();
+        let mut read =
+            |name: &'static str, default: &'static str, accept: &mut dyn FnMut(&str) -> bool| {
+                if let Some(value) = lookup(name) {
+                    if accept(value.trim()) {
+                        notices.push(Notice::Set { name, value });
+                    } else {
+                        notices.push(Notice::Invalid {
+                            name,
+                            value,
+                            default,
+                        });
+                    }
+                }
+            };
+        read("STRAGGLAR_ENABLE", "1", &mut |v| match v {
+            "0" => {
+                config.enabled = false;
+                true
+            }
+            "1" => true,
+            _ => false,
+        });
+        read("STRAGGLAR_NCCL_LIB", "(unset)", &mut |v| {
+            config.nccl_lib = (!v.is_empty()).then(|| v.to_string());
+            !v.is_empty()
+        });
+        read("STRAGGLAR_DEBUG", "WARN", &mut |v| match Level::parse(v) {
+            Some(level) => {
+                config.log_level = level;
+                true
+            }
+            None => false,
+        });
+        read("STRAGGLAR_DEBUG_FILE", "(unset)", &mut |v| {
+            config.log_file = (!v.is_empty()).then(|| v.to_string());
+            !v.is_empty()
+        });
+        (config, notices)
+    }
+
+    /// `(variable, effective value)` for every setting, in [`SETTINGS`] order.
+    pub fn effective(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "STRAGGLAR_ENABLE",
+                if self.enabled { "1" } else { "0" }.to_string(),
+            ),
+            (
+                "STRAGGLAR_NCCL_LIB",
+                self.nccl_lib
+                    .clone()
+                    .unwrap_or_else(|| "(unset: search)".into()),
+            ),
+            ("STRAGGLAR_DEBUG", self.log_level.name().to_string()),
+            (
+                "STRAGGLAR_DEBUG_FILE",
+                self.log_file
+                    .clone()
+                    .unwrap_or_else(|| "(unset: stderr)".into()),
+            ),
+        ]
+    }
+}
+
+static CONFIG: OnceCell<Config> = OnceCell::new();
+
+/// The process configuration. The first call reads the environment, installs the logger and
+/// logs one line per variable set (INFO) or rejected (WARN).
+pub fn get() -> &'static Config {
+    CONFIG.get_or_init(|| {
+        let (config, notices) = Config::from_lookup(|name| std::env::var(name).ok());
+        logging::install(config.log_level, config.log_file.as_deref());
+        for notice in notices {
+            match notice {
+                Notice::Set { name, value } => log::info!("{name} set by environment to {value}"),
+                Notice::Invalid {
+                    name,
+                    value,
+                    default,
+                } => {
+                    log::warn!("{name} has an invalid value '{value}'; using the default {default}")
+                }
+            }
+        }
+        config
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(pairs: &[(&str, &str)]) -> (Config, Vec<Notice>) {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_when_nothing_is_set() {
+        let (config, notices) = parse(&[]);
+        assert_eq!(config, Config::default());
+        assert!(notices.is_empty());
+    }
+
+    #[test]
+    fn values_are_read_and_echoed() {
+        let (config, notices) = parse(&[
+            ("STRAGGLAR_ENABLE", "0"),
+            ("STRAGGLAR_DEBUG", "info"),
+            ("STRAGGLAR_NCCL_LIB", "/x/libnccl.so.2"),
+            ("STRAGGLAR_DEBUG_FILE", "/tmp/s.%h.%p"),
+        ]);
+        assert!(!config.enabled);
+        assert_eq!(config.log_level, Level::Info);
+        assert_eq!(config.nccl_lib.as_deref(), Some("/x/libnccl.so.2"));
+        assert_eq!(config.log_file.as_deref(), Some("/tmp/s.%h.%p"));
+        assert_eq!(notices.len(), 4);
+        assert!(notices.iter().all(|n| matches!(n, Notice::Set { .. })));
+    }
+
+    #[test]
+    fn bad_values_fall_back_with_a_notice() {
+        let (config, notices) = parse(&[("STRAGGLAR_ENABLE", "yes"), ("STRAGGLAR_DEBUG", "LOUD")]);
+        assert!(config.enabled);
+        assert_eq!(config.log_level, Level::Warn);
+        assert_eq!(
+            notices,
+            vec![
+                Notice::Invalid {
+                    name: "STRAGGLAR_ENABLE",
+                    value: "yes".into(),
+                    default: "1"
+                },
+                Notice::Invalid {
+                    name: "STRAGGLAR_DEBUG",
+                    value: "LOUD".into(),
+                    default: "WARN"
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn every_setting_is_documented_and_reported() {
+        let names: Vec<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        let reported: Vec<&str> = Config::default()
+            .effective()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, reported);
+    }
+}

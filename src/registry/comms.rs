@@ -1,0 +1,170 @@
+//! The side table of communicators, keyed by the real `ncclComm_t` (returned to the caller
+//! unchanged).
+
+use std::collections::HashMap;
+
+use parking_lot::RwLock;
+
+use crate::nccl::types::ncclComm_t;
+
+/// Which call made a communicator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommOrigin {
+    InitRank,
+    InitRankConfig,
+    InitAll,
+    InitRankScalable,
+    Split,
+    Shrink,
+    Grow,
+}
+
+/// Where a communicator is in its life, as far as the application's calls tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommState {
+    /// Made, not yet finalized, revoked or destroyed.
+    Live,
+    /// `ncclCommFinalize` returned; only Destroy may follow.
+    Finalized,
+    /// `ncclCommRevoke` returned; in-flight work was stopped.
+    Revoked,
+    /// `ncclCommDestroy` or `ncclCommAbort` returned: the handle is dangling.
+    Destroyed,
+}
+
+/// What we know about one communicator. Fields that NCCL had not settled when the init call
+/// returned (a nonblocking init in progress) are `None` until [`CommTable::complete`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommInfo {
+    /// Ranks in the communicator.
+    pub nranks: Option<i32>,
+    /// This process's rank in it.
+    pub rank: Option<i32>,
+    /// CUDA device ordinal it runs on.
+    pub cuda_device: Option<i32>,
+    /// Whether NCCL calls on it block (`ncclConfig_t::blocking`).
+    pub blocking: bool,
+    pub origin: CommOrigin,
+    pub state: CommState,
+}
+
+/// Communicators by handle. Entries of destroyed communicators stay (state `Destroyed`) until
+/// the allocator hands the same address to a new communicator.
+#[derive(Default)]
+pub struct CommTable {
+    entries: RwLock<HashMap<usize, CommInfo>>,
+}
+
+fn key(comm: ncclComm_t) -> usize {
+    comm as usize
+}
+
+impl CommTable {
+    /// Records a communicator that an init, split, shrink or grow call returned.
+    pub fn insert(&self, comm: ncclComm_t, info: CommInfo) {
+        self.entries.write().insert(key(comm), info);
+    }
+
+    /// What we know about `comm`, if we saw it made.
+    pub fn get(&self, comm: ncclComm_t) -> Option<CommInfo> {
+        self.entries.read().get(&key(comm)).cloned()
+    }
+
+    /// Fills in the fields that were unknown at init.
+    pub fn complete(&self, comm: ncclComm_t, nranks: i32, rank: i32, cuda_device: i32) {
+        if let Some(info) = self.entries.write().get_mut(&key(comm)) {
+            info.nranks = Some(nranks);
+            info.rank = Some(rank);
+            info.cuda_device = Some(cuda_device);
+        }
+    }
+
+    /// Moves `comm` to `state`. Returns the previous state, or `None` for an unknown handle.
+    pub fn set_state(&self, comm: ncclComm_t, state: CommState) -> Option<CommState> {
+        let mut entries = self.entries.write();
+        let info = entries.get_mut(&key(comm))?;
+        Some(std::mem::replace(&mut info.state, state))
+    }
+
+    /// Number of communicators in `state`.
+    pub fn count(&self, state: CommState) -> usize {
+        self.entries
+            .read()
+            .values()
+            .filter(|i| i.state == state)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(n: usize) -> ncclComm_t {
+        n as ncclComm_t
+    }
+
+    fn info(origin: CommOrigin) -> CommInfo {
+        CommInfo {
+            nranks: Some(4),
+            rank: Some(1),
+            cuda_device: None,
+            blocking: true,
+            origin,
+            state: CommState::Live,
+        }
+    }
+
+    #[test]
+    fn lifecycle_of_one_communicator() {
+        let table = CommTable::default();
+        assert_eq!(table.get(handle(0x10)), None);
+        table.insert(handle(0x10), info(CommOrigin::InitRank));
+        table.complete(handle(0x10), 4, 1, 3);
+        assert_eq!(table.get(handle(0x10)).unwrap().cuda_device, Some(3));
+        assert_eq!(
+            table.set_state(handle(0x10), CommState::Finalized),
+            Some(CommState::Live)
+        );
+        assert_eq!(
+            table.set_state(handle(0x10), CommState::Destroyed),
+            Some(CommState::Finalized)
+        );
+        assert_eq!(table.count(CommState::Destroyed), 1);
+        assert_eq!(table.set_state(handle(0x20), CommState::Destroyed), None);
+    }
+
+    #[test]
+    fn a_reused_address_is_a_new_communicator() {
+        let table = CommTable::default();
+        table.insert(handle(0x10), info(CommOrigin::InitRank));
+        table.set_state(handle(0x10), CommState::Destroyed);
+        table.insert(handle(0x10), info(CommOrigin::Split));
+        let now = table.get(handle(0x10)).unwrap();
+        assert_eq!(
+            (now.origin, now.state),
+            (CommOrigin::Split, CommState::Live)
+        );
+    }
+
+    #[test]
+    fn concurrent_updates_are_safe() {
+        let table = std::sync::Arc::new(CommTable::default());
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let table = table.clone();
+                std::thread::spawn(move || {
+                    for i in 0..500 {
+                        let h = handle(0x1000 * (t + 1) + i);
+                        table.insert(h, info(CommOrigin::InitRank));
+                        table.set_state(h, CommState::Destroyed);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(table.count(CommState::Destroyed), 2000);
+    }
+}
