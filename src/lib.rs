@@ -3,6 +3,7 @@
 //! Rooms, from pure to impure:
 //! - `schedule`: StragglAR and baseline schedules, the replay verifier, the cost model (std only);
 //! - `config`, `logging`: `STRAGGLAR_*` settings and NCCL-shaped log lines;
+//! - `gpu`: the CUDA driver and NVRTC (cudarc, loaded dynamically);
 //! - `nccl`: finding and binding the real NCCL, and its C types;
 //! - `registry`: what we know about communicators, ops and groups;
 //! - `intercept`: the route of each `ncclAllReduce`;
@@ -12,6 +13,7 @@
 pub mod abi;
 pub mod cli;
 pub mod config;
+pub mod gpu;
 pub mod intercept;
 pub mod logging;
 pub mod nccl;

@@ -92,10 +92,19 @@ fn base_config() -> Config {
         ..Config::default()
     };
     for (carrier, c_name) in CARRIERS {
-        config.export.rename.insert(carrier.to_string(), c_name.to_string());
+        config
+            .export
+            .rename
+            .insert(carrier.to_string(), c_name.to_string());
         config.export.exclude.push(carrier.to_string());
     }
-    for opaque in ["CUstream_st", "cudaStream_t", "CUevent_st", "cudaEvent_t", "NCCL_CONFIG_UNDEF_INT"] {
+    for opaque in [
+        "CUstream_st",
+        "cudaStream_t",
+        "CUevent_st",
+        "cudaEvent_t",
+        "NCCL_CONFIG_UNDEF_INT",
+    ] {
         config.export.exclude.push(opaque.to_string());
     }
     config
@@ -107,7 +116,10 @@ fn build(config: Config, sources: &[&str]) -> String {
         builder = builder.with_src(root().join(source));
     }
     let mut out = Vec::new();
-    builder.generate().expect("cbindgen parses our sources").write(&mut out);
+    builder
+        .generate()
+        .expect("cbindgen parses our sources")
+        .write(&mut out);
     String::from_utf8(out).unwrap()
 }
 
@@ -185,12 +197,22 @@ fn stragglar_h_is_current() {
 #[test]
 fn nccl_h_declares_every_export_of_nccl_h_and_its_twin() {
     let header = generate_nccl_h();
-    for name in ["ncclAllReduce", "ncclCommInitRankConfig", "ncclGetErrorString", "ncclParamDumpAll", "ncclCommShrink"] {
-        let declared = |n: &str| header.contains(&format!(" {n}(")) || header.contains(&format!("*{n}("));
+    for name in [
+        "ncclAllReduce",
+        "ncclCommInitRankConfig",
+        "ncclGetErrorString",
+        "ncclParamDumpAll",
+        "ncclCommShrink",
+    ] {
+        let declared =
+            |n: &str| header.contains(&format!(" {n}(")) || header.contains(&format!("*{n}("));
         assert!(declared(name), "{name}");
         assert!(declared(&format!("p{name}")), "p{name}");
     }
-    assert!(!header.contains("ncclTeamWorld"), "device API stays out of nccl.h");
+    assert!(
+        !header.contains("ncclTeamWorld"),
+        "device API stays out of nccl.h"
+    );
     assert!(header.contains("#define NCCL_VERSION_CODE 23203"));
 }
 
@@ -206,7 +228,9 @@ fn compile(compiler: &str, flags: &[&str], source: &Path, includes: &[PathBuf]) 
     for dir in includes {
         cmd.arg("-I").arg(dir);
     }
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {compiler}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {compiler}: {e}"));
     assert!(
         out.status.success(),
         "{compiler} {flags:?} {}:\n{}",
@@ -233,22 +257,40 @@ fn headers_compile_as_c99_c11_and_cxx_without_cuda() {
     )
     .unwrap();
     let include = [root().join("include")];
-    compile("cc", &["-std=c99", "-Wall", "-Werror", "-pedantic"], &program, &include);
+    compile(
+        "cc",
+        &["-std=c99", "-Wall", "-Werror", "-pedantic"],
+        &program,
+        &include,
+    );
     compile("cc", &["-std=c11", "-Wall", "-Werror"], &program, &include);
-    compile("c++", &["-x", "c++", "-std=c++11", "-Wall", "-Werror"], &program, &include);
+    compile(
+        "c++",
+        &["-x", "c++", "-std=c++11", "-Wall", "-Werror"],
+        &program,
+        &include,
+    );
 }
 
 /// Directories holding NVIDIA's nccl.h and the CUDA headers it includes, from the wheels that
 /// scripts/test.sh installs (`STRAGGLAR_TEST_NVIDIA_INCLUDES`, colon-separated).
 fn nvidia_includes() -> Option<Vec<PathBuf>> {
     let dirs = std::env::var("STRAGGLAR_TEST_NVIDIA_INCLUDES").ok()?;
-    Some(dirs.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect())
+    Some(
+        dirs.split(':')
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .collect(),
+    )
 }
 
 #[test]
 fn prototypes_conform_to_nvidias_header() {
     let Some(includes) = nvidia_includes() else {
-        assert!(std::env::var_os("CI").is_none(), "CI must run the conformance test (scripts/test.sh sets it up)");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the conformance test (scripts/test.sh sets it up)"
+        );
         eprintln!("STRAGGLAR_TEST_NVIDIA_INCLUDES unset: skipped (scripts/test.sh sets it)");
         return;
     };
@@ -271,5 +313,16 @@ fn prototypes_conform_to_nvidias_header() {
         ),
     )
     .unwrap();
-    compile("c++", &["-std=c++17", "-DNCCL_OS_LINUX", "-Wall", "-Werror", "-Wno-deprecated-declarations"], &program, &includes);
+    compile(
+        "c++",
+        &[
+            "-std=c++17",
+            "-DNCCL_OS_LINUX",
+            "-Wall",
+            "-Werror",
+            "-Wno-deprecated-declarations",
+        ],
+        &program,
+        &includes,
+    );
 }

@@ -1,6 +1,7 @@
 //! The `stragglar` command-line tool: one module per subcommand.
 
 pub mod args;
+mod doctor;
 
 use args::{Args, UsageError};
 
@@ -19,12 +20,13 @@ commands:
 pub fn run(argv: Vec<String>) -> i32 {
     let mut it = argv.into_iter().skip(1);
     let command = it.next().unwrap_or_else(|| "help".to_string());
-    let _args = Args::new(it);
+    let args = Args::new(it);
     let result: Result<i32, UsageError> = match command.as_str() {
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(0)
         }
+        "doctor" => doctor::run(args),
         other => Err(UsageError(format!(
             "unknown command '{other}'; try 'stragglar help'"
         ))),

@@ -1,0 +1,64 @@
+//! `stragglar doctor`: what the library would do on this machine.
+
+use super::args::{Args, UsageError};
+use crate::config::{self, SETTINGS};
+use crate::gpu::probe::{probe, Driver};
+use crate::nccl::{binding, loader::version_string};
+
+/// Prints the report; exit status 0 whatever it finds (it is a report, not a check).
+pub fn run(args: Args) -> Result<i32, UsageError> {
+    args.finish()?;
+    let config = config::get();
+    println!("stragglar {}", env!("CARGO_PKG_VERSION"));
+    println!();
+    println!("real NCCL");
+    match binding() {
+        Ok(real) => {
+            println!("  bound:     yes");
+            println!("  path:      {}", real.path);
+            println!(
+                "  version:   {}",
+                real.version
+                    .map_or("(did not answer)".to_string(), version_string)
+            );
+            println!("  found by:  {:?}", real.found_by);
+        }
+        Err(e) => {
+            println!("  bound:     no");
+            println!("  why:       {e}");
+            println!("  effect:    every NCCL call returns ncclSystemError");
+        }
+    }
+    println!();
+    let gpu = probe();
+    println!("CUDA");
+    match &gpu.driver {
+        Driver::Missing => {
+            println!("  driver:    not found (no libcuda.so.1): this machine has no usable GPU")
+        }
+        Driver::Unusable(reason) => println!("  driver:    present but unusable: {reason}"),
+        Driver::Devices(0) => println!("  driver:    present, but it sees no GPU"),
+        Driver::Devices(n) => println!("  driver:    present, {n} GPU(s)"),
+    }
+    println!(
+        "  NVRTC:     {}",
+        if gpu.nvrtc {
+            "found"
+        } else {
+            "not found (libnvrtc.so* is not on the loader's search path)"
+        }
+    );
+    let verdict = match &gpu.driver {
+        Driver::Devices(n) if *n > 0 => {
+            "GPUs present; this version forwards every AllReduce to the real NCCL"
+        }
+        _ => "no usable GPU: every call is forwarded to the real NCCL",
+    };
+    println!("  verdict:   {verdict}");
+    println!();
+    println!("settings (STRAGGLAR_*)");
+    for ((name, value), doc) in config.effective().into_iter().zip(SETTINGS) {
+        println!("  {name:<22} {value:<28} {}", doc.meaning);
+    }
+    Ok(0)
+}

@@ -1,0 +1,75 @@
+//! `stragglar doctor` reports the binding, the GPU situation and the settings.
+
+mod support;
+
+use std::path::Path;
+
+use support::*;
+
+fn doctor(env: &[(&str, &str)]) -> (String, String) {
+    let mut cmd = clean_command(Path::new(env!("CARGO_BIN_EXE_stragglar")));
+    cmd.arg("doctor").envs(env.iter().copied());
+    let out = run(&mut cmd);
+    assert!(out.status.success(), "{}", describe(&out));
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn doctor_says_why_nothing_is_bound() {
+    let (out, _) = doctor(&[("STRAGGLAR_NCCL_LIB", "/nonexistent/libnccl.so.2")]);
+    assert!(out.contains("bound:     no"), "{out}");
+    assert!(
+        out.contains("STRAGGLAR_NCCL_LIB=/nonexistent/libnccl.so.2 cannot be used"),
+        "{out}"
+    );
+    assert!(
+        out.contains("every NCCL call returns ncclSystemError"),
+        "{out}"
+    );
+}
+
+#[test]
+fn doctor_reports_the_bound_library_and_settings() {
+    let Some(real) = real_nccl() else { return };
+    let real = real.to_string_lossy().into_owned();
+    let (out, err) = doctor(&[("STRAGGLAR_NCCL_LIB", &real), ("STRAGGLAR_DEBUG", "loud")]);
+    assert!(out.contains("bound:     yes"), "{out}");
+    assert!(out.contains(&format!("path:      {real}")), "{out}");
+    assert!(out.contains("version:   2."), "{out}");
+    for setting in [
+        "STRAGGLAR_ENABLE",
+        "STRAGGLAR_NCCL_LIB",
+        "STRAGGLAR_DEBUG",
+        "STRAGGLAR_DEBUG_FILE",
+    ] {
+        assert!(out.contains(setting), "{setting} missing:\n{out}");
+    }
+    assert!(
+        err.contains("STRAGGLAR_DEBUG has an invalid value 'loud'; using the default WARN"),
+        "{err}"
+    );
+}
+
+#[test]
+fn doctor_says_plainly_when_there_is_no_gpu() {
+    let (out, _) = doctor(&[]);
+    let no_driver = !Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1").exists()
+        && !Path::new("/usr/lib64/libcuda.so.1").exists()
+        && !Path::new("/usr/local/nvidia/lib64/libcuda.so.1").exists();
+    if no_driver {
+        assert!(out.contains("this machine has no usable GPU"), "{out}");
+    }
+    assert!(out.contains("verdict:"), "{out}");
+}
+
+#[test]
+fn unknown_commands_and_arguments_are_usage_errors() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_stragglar"));
+    let out = run(clean_command(exe).arg("frobnicate"));
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    let out = run(clean_command(exe).args(["doctor", "--bogus"]));
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+}

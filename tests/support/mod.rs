@@ -1,0 +1,97 @@
+//! Shared helpers of the integration tests: where things are, and compiling C programs.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The directory holding the `libstragglar.so` of the profile these tests were built with.
+pub fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    assert!(
+        dir.join("libstragglar.so").exists(),
+        "libstragglar.so not built in {}",
+        dir.display()
+    );
+    dir
+}
+
+/// Our library.
+pub fn stragglar_so() -> PathBuf {
+    lib_dir().join("libstragglar.so")
+}
+
+/// The real libnccl.so.2 of the nvidia-nccl-cu12 wheel, which scripts/test.sh installs and
+/// names in `STRAGGLAR_TEST_REAL_NCCL`. Tests that need it fail in CI without it and are
+/// skipped (with a message) elsewhere.
+pub fn real_nccl() -> Option<PathBuf> {
+    match std::env::var("STRAGGLAR_TEST_REAL_NCCL") {
+        Ok(path) => Some(PathBuf::from(path)),
+        Err(_) => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI runs scripts/test.sh, which sets STRAGGLAR_TEST_REAL_NCCL"
+            );
+            eprintln!("STRAGGLAR_TEST_REAL_NCCL unset: skipped (scripts/test.sh sets it)");
+            None
+        }
+    }
+}
+
+/// A fresh scratch directory under target/ for one test.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = root().join("target").join("test-scratch").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs a command, failing the test if it cannot start.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// Compiles a C program with our headers; `link` are the linker arguments.
+pub fn compile_c(source: &Path, output: &Path, link: &[String]) {
+    let out = run(Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Werror", "-I"])
+        .arg(root().join("include"))
+        .arg(source)
+        .arg("-o")
+        .arg(output)
+        .args(link)
+        .arg("-ldl"));
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// stdout and stderr of a finished program, for assertion messages.
+pub fn describe(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A command with no `STRAGGLAR_*` or loader variables inherited from the test environment.
+pub fn clean_command(program: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("STRAGGLAR_") || key == "LD_PRELOAD" || key == "LD_LIBRARY_PATH" {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
