@@ -54,6 +54,32 @@ fn doctor_reports_the_bound_library_and_settings() {
 }
 
 #[test]
+fn logs_go_to_the_debug_file_with_host_and_pid_expanded() {
+    let dir = scratch("debug_file");
+    let pattern = dir.join("stragglar.%h.%p.log");
+    let (_, err) = doctor(&[
+        ("STRAGGLAR_DEBUG", "INFO"),
+        ("STRAGGLAR_DEBUG_FILE", pattern.to_str().unwrap()),
+    ]);
+    assert!(
+        !err.contains("STRAGGLAR INFO"),
+        "INFO lines belong in the file:\n{err}"
+    );
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(!name.contains("%h") && !name.contains("%p"), "{name}");
+    let log = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(
+        log.contains("STRAGGLAR INFO STRAGGLAR_DEBUG set by environment to INFO"),
+        "{log}"
+    );
+}
+
+#[test]
 fn doctor_says_plainly_when_there_is_no_gpu() {
     let (out, _) = doctor(&[]);
     let no_driver = !Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1").exists()
