@@ -1,0 +1,167 @@
+//! The alpha-beta cost model of ALGORITHM.md section 4, priced with the round counts of this
+//! crate's own schedules. All times are in seconds, sizes in bytes.
+
+use super::ceil_log2;
+use super::post_arrival;
+
+/// One GPU's link: `alpha` seconds of latency per round, `bandwidth` bytes per second per
+/// direction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    /// Latency per round (message), seconds.
+    pub alpha: f64,
+    /// Bytes per second per link direction (`1 / beta`).
+    pub bandwidth: f64,
+}
+
+impl Link {
+    /// `rounds` rounds that each move `bytes` bytes: `rounds * (alpha + bytes / bandwidth)`.
+    pub fn rounds(&self, rounds: usize, bytes: f64) -> f64 {
+        rounds as f64 * (self.alpha + bytes / self.bandwidth)
+    }
+}
+
+/// Post-arrival rounds of this crate's StragglAR schedule for `ranks` ranks and `pieces` pieces
+/// per chunk (synthesizes the schedule; the construction is deterministic).
+pub fn stragglar_rounds(ranks: usize, pieces: usize) -> usize {
+    post_arrival::synthesize(ranks, pieces).len()
+}
+
+/// Modelled times of every algorithm for one world size and buffer size, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Times {
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Buffer size in bytes.
+    pub bytes: f64,
+    /// Post-arrival rounds of our StragglAR schedule (`R(n)`).
+    pub stragglar_rounds: usize,
+    /// ReduceScatter among the `n-1` early ranks: `(n-2) alpha + (n-2)/(n-1) M beta`.
+    pub reduce_scatter: f64,
+    /// StragglAR after the straggler arrives: `R alpha + R/(n-1) M beta`.
+    pub stragglar_post: f64,
+    /// Ring: `2(n-1) alpha + 2(n-1)/n M beta`.
+    pub ring: f64,
+    /// Recursive halving-doubling, powers of two only: `2 log2 n alpha + 2(n-1)/n M beta`.
+    pub halving_doubling: Option<f64>,
+    /// Direct before arrival, an AllReduce (Ring) of the `n-1` early ranks:
+    /// `2(n-2) alpha + 2(n-2)/(n-1) M beta`.
+    pub direct_pre: f64,
+    /// Direct after arrival: `ceil(log2 n) (alpha + M beta)`.
+    pub direct_post: f64,
+}
+
+impl Times {
+    /// Prices every algorithm for `ranks >= 2`, `bytes` and `link`, with `rounds` = `R(n)`
+    /// (see [`stragglar_rounds`]).
+    pub fn new(ranks: usize, rounds: usize, bytes: f64, link: Link) -> Self {
+        let n = ranks as f64;
+        let early = ranks - 1;
+        Times {
+            ranks,
+            bytes,
+            stragglar_rounds: rounds,
+            reduce_scatter: link.rounds(early - 1, bytes / (n - 1.0)),
+            stragglar_post: link.rounds(rounds, bytes / (n - 1.0)),
+            ring: link.rounds(2 * early, bytes / n),
+            halving_doubling: ranks.is_power_of_two().then(|| {
+                2.0 * ceil_log2(ranks) as f64 * link.alpha + 2.0 * (n - 1.0) / n * bytes / link.bandwidth
+            }),
+            direct_pre: link.rounds(2 * (early - 1), bytes / (n - 1.0)),
+            direct_post: link.rounds(ceil_log2(ranks), bytes),
+        }
+    }
+
+    /// The whole call for a straggler that arrives `delay` seconds after the `(n-1)`-th rank.
+    pub fn with_delay(&self, delay: f64) -> Completion {
+        let stragglar = delay.max(self.reduce_scatter) + self.stragglar_post;
+        let ring = delay + self.ring;
+        // max(D, T_RS) + T_post = D + T_ring has its root at D = T_RS + T_post - T_ring when
+        // T_post < T_ring; below zero StragglAR wins at every delay. Otherwise it never wins.
+        let break_even = (self.stragglar_post < self.ring)
+            .then(|| (self.reduce_scatter + self.stragglar_post - self.ring).max(0.0));
+        Completion {
+            delay,
+            stragglar,
+            ring,
+            halving_doubling: self.halving_doubling.map(|t| delay + t),
+            direct: delay.max(self.direct_pre) + self.direct_post,
+            speedup_post: self.ring / self.stragglar_post,
+            speedup_call: ring / stragglar,
+            break_even,
+        }
+    }
+}
+
+/// Completion times measured from the `(n-1)`-th arrival, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Completion {
+    /// The straggler's delay `D`.
+    pub delay: f64,
+    /// StragglAR: `max(D, T_RS) + T_post`.
+    pub stragglar: f64,
+    /// Ring: `D + T_ring`.
+    pub ring: f64,
+    /// Halving-doubling: `D + T_rhd` (powers of two only).
+    pub halving_doubling: Option<f64>,
+    /// Direct: `max(D, T_pre) + T_post`.
+    pub direct: f64,
+    /// After the straggler's arrival: `T_ring / T_post` (what the paper reports).
+    pub speedup_post: f64,
+    /// The whole call: `(D + T_ring) / (max(D, T_RS) + T_post)`.
+    pub speedup_call: f64,
+    /// The smallest delay from which StragglAR is at least as fast as Ring; `None` when it
+    /// never is.
+    pub break_even: Option<f64>,
+}
+
+/// The pipelined post-arrival phase with the number of pieces per chunk that minimises it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pipelining {
+    /// Pieces per chunk `k`.
+    pub pieces: usize,
+    /// Post-arrival rounds with `k` pieces.
+    pub rounds: usize,
+    /// Post-arrival time with `k` pieces: `R_k alpha + R_k/((n-1)k) M beta`.
+    pub time: f64,
+    /// The floor `M / B`: the straggler must send and receive `M` bytes.
+    pub floor: f64,
+}
+
+/// Finds the `k` in `1..=max_pieces` that minimises the post-arrival time, given `rounds(k)`
+/// (the post-arrival rounds with `k` pieces). Stops early once `k` alone costs more latency
+/// than the best time found.
+pub fn best_pipelining(
+    ranks: usize,
+    bytes: f64,
+    link: Link,
+    max_pieces: usize,
+    rounds: impl Fn(usize) -> usize,
+) -> Pipelining {
+    let early = ranks - 1;
+    let time = |k: usize, r: usize| link.rounds(r, bytes / (early * k) as f64);
+    let first = rounds(1);
+    let mut best = Pipelining {
+        pieces: 1,
+        rounds: first,
+        time: time(1, first),
+        floor: bytes / link.bandwidth,
+    };
+    for k in 2..=max_pieces {
+        // Every k needs at least (n-1)k rounds and moves at least M bytes per rank.
+        if link.rounds(early * k, 0.0) + best.floor >= best.time {
+            break;
+        }
+        let r = rounds(k);
+        let t = time(k, r);
+        if t < best.time {
+            best = Pipelining {
+                pieces: k,
+                rounds: r,
+                time: t,
+                floor: best.floor,
+            };
+        }
+    }
+    best
+}
