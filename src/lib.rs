@@ -5,6 +5,7 @@
 //! - `config`, `logging`: `STRAGGLAR_*` settings and NCCL-shaped log lines;
 //! - `gpu`: the CUDA driver and NVRTC (cudarc, loaded dynamically);
 //! - `nccl`: finding and binding the real NCCL, and its C types;
+//! - `plan`: schedules lowered to per-rank programs, and their `#[repr(C)]` encoding (pure);
 //! - `reduce`: element-wise reduction of every NCCL data type and op (pure);
 //! - `registry`: what we know about communicators, ops and groups;
 //! - `intercept`: the route of each `ncclAllReduce`;
@@ -18,6 +19,7 @@ pub mod gpu;
 pub mod intercept;
 pub mod logging;
 pub mod nccl;
+pub mod plan;
 pub mod reduce;
 pub mod registry;
 pub mod schedule;

@@ -81,9 +81,8 @@ pub fn build(order: &ExchangeOrder, variant: Variant) -> Vec<Round> {
             }
         }
         // Receivers: soonest meeting first within the window, then those missing the most.
-        let missing = |rank: usize, holds: &Holdings| {
-            active.iter().filter(|&&v| !holds.has(rank, v)).count()
-        };
+        let missing =
+            |rank: usize, holds: &Holdings| active.iter().filter(|&&v| !holds.has(rank, v)).count();
         let mut receivers: Vec<(usize, usize, u64, usize)> = (0..m)
             .filter(|&r| !receiving[r])
             .map(|r| {

@@ -1,0 +1,86 @@
+//! Cutting `count` elements into chunks whose boundaries sit on 16-byte multiples.
+
+/// Alignment of chunk boundaries and arena slots, in bytes (one 16-byte vector load).
+pub const ALIGN_BYTES: usize = 16;
+
+/// Elements `start..end` of the caller's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElementRange {
+    pub start: usize,
+    pub end: usize,
+}
+
+impl ElementRange {
+    /// Elements in the range.
+    pub fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+}
+
+/// Cuts `count` elements of `elem_size` bytes into `chunks` ranges: disjoint, in order, covering
+/// `0..count` exactly, every boundary a multiple of 16 bytes (or of the element size where that
+/// is larger), sizes as even as that allows (trailing chunks may be empty for tiny counts).
+pub fn chunk_ranges(count: usize, elem_size: usize, chunks: usize) -> Vec<ElementRange> {
+    assert!(chunks > 0 && elem_size > 0);
+    let unit = (ALIGN_BYTES / elem_size).max(1);
+    let units = count.div_ceil(unit);
+    (0..chunks)
+        .map(|c| ElementRange {
+            start: (c * units / chunks * unit).min(count),
+            end: ((c + 1) * units / chunks * unit).min(count),
+        })
+        .collect()
+}
+
+/// Rounds `bytes` up to a multiple of [`ALIGN_BYTES`].
+pub fn align_up(bytes: usize) -> usize {
+    bytes.div_ceil(ALIGN_BYTES) * ALIGN_BYTES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_cover_exactly_with_aligned_boundaries() {
+        for elem in [1, 2, 4, 8] {
+            for chunks in 1..=9 {
+                for count in (0..200).chain([1023, 4097, 1_000_003]) {
+                    let r = chunk_ranges(count, elem, chunks);
+                    assert_eq!(r.len(), chunks);
+                    assert_eq!(r[0].start, 0);
+                    assert_eq!(r[chunks - 1].end, count);
+                    for w in r.windows(2) {
+                        assert_eq!(w[0].end, w[1].start);
+                    }
+                    for c in &r[..chunks - 1] {
+                        assert_eq!(
+                            (c.end * elem) % ALIGN_BYTES.max(elem),
+                            0,
+                            "{count} {elem} {chunks}"
+                        );
+                    }
+                    let max = r.iter().map(ElementRange::len).max().unwrap();
+                    let min_nonempty_target = count / chunks;
+                    assert!(
+                        max <= min_nonempty_target + 2 * (ALIGN_BYTES / elem).max(1),
+                        "uneven: {r:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn align_up_rounds_to_16() {
+        assert_eq!(align_up(0), 0);
+        assert_eq!(align_up(1), 16);
+        assert_eq!(align_up(16), 16);
+        assert_eq!(align_up(17), 32);
+    }
+}

@@ -1,0 +1,327 @@
+//! Lowering a verified schedule to per-rank programs.
+//!
+//! The `reduce_scatter` phase runs as one direct-pull step per chunk: the rank that owns the
+//! chunk at the end of the phase reduces every early rank's `IN` chunk in ascending rank order
+//! (the same result and bandwidth as the rounds the schedule lists, one rounding instead of
+//! `n-2`). Every other phase runs transfer by transfer: a copy pulls the source's value, a
+//! reduce combines the destination's value with the source's. The two operands of a reduce
+//! are put in a canonical order (the one whose contributions include the lowest rank first),
+//! so when two ranks compute the same final chunk (the exchange with the straggler) they
+//! compute it bit for bit alike, even for max/min of signed zeros.
+
+use std::fmt;
+
+use super::layout::{align_up, chunk_ranges};
+use super::{Plan, RankProgram, Step, Value, ValueRef};
+use crate::reduce::DataType;
+use crate::schedule::{Contributions, PhaseKind, Schedule};
+
+/// Why a schedule cannot be executed by the engines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LowerError {
+    /// A transfer reads a partial value that the direct-pull ReduceScatter does not produce.
+    ReadsUnmaterialised { rank: usize, chunk: usize },
+    /// A reduce would count a contribution twice.
+    DoubleCount { rank: usize, chunk: usize },
+    /// No early rank holds the whole ReduceScatter of a chunk at the end of that phase.
+    NoOwner { chunk: usize },
+    /// Some rank ends without the complete value of some chunk.
+    Incomplete { rank: usize, chunk: usize },
+}
+
+impl fmt::Display for LowerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LowerError::ReadsUnmaterialised { rank, chunk } => {
+                write!(f, "a transfer reads rank {rank}'s ReduceScatter partial of chunk {chunk}, which is not materialised")
+            }
+            LowerError::NoOwner { chunk } => write!(
+                f,
+                "no early rank owns chunk {chunk} after the ReduceScatter"
+            ),
+            LowerError::DoubleCount { rank, chunk } => write!(
+                f,
+                "rank {rank} would count a contribution twice in chunk {chunk}"
+            ),
+            LowerError::Incomplete { rank, chunk } => {
+                write!(f, "rank {rank} ends without the complete chunk {chunk}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LowerError {}
+
+/// What a rank currently holds for one chunk.
+#[derive(Clone)]
+struct Held {
+    value: ValueRef,
+    set: Contributions,
+    /// The lowest rank in `set`, the canonical-order key.
+    lowest: usize,
+}
+
+/// Lowering state: the programs being built and what every rank holds.
+struct Lowering {
+    ranks: usize,
+    /// Chunks of the schedule; values `0..chunks` of every rank are its `IN` chunks.
+    chunks: usize,
+    programs: Vec<RankProgram>,
+    /// `held[rank][chunk]`; `None` once a partial is not materialised.
+    held: Vec<Vec<Option<Held>>>,
+    /// `reads[rank][value]`: some later step reads this value.
+    reads: Vec<Vec<bool>>,
+    /// `output_written[rank][chunk]`: the rank obtained this chunk's complete value.
+    output_written: Vec<Vec<bool>>,
+}
+
+impl Lowering {
+    fn new(ranks: usize, chunks: usize) -> Self {
+        let programs = (0..ranks)
+            .map(|_| RankProgram {
+                steps: vec![Step::CopyIn],
+                values: (0..chunks)
+                    .map(|chunk| Value {
+                        chunk,
+                        offset: None,
+                    })
+                    .collect(),
+                arena_bytes: 0,
+            })
+            .collect();
+        let held = (0..ranks)
+            .map(|rank| {
+                (0..chunks)
+                    .map(|chunk| {
+                        Some(Held {
+                            value: ValueRef { rank, id: chunk },
+                            set: Contributions::single(ranks, rank),
+                            lowest: rank,
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        Lowering {
+            ranks,
+            chunks,
+            programs,
+            held,
+            reads: vec![vec![true; chunks]; ranks],
+            output_written: vec![vec![false; chunks]; ranks],
+        }
+    }
+
+    fn new_value(&mut self, rank: usize, chunk: usize) -> usize {
+        self.programs[rank].values.push(Value {
+            chunk,
+            offset: None,
+        });
+        self.reads[rank].push(false);
+        self.programs[rank].values.len() - 1
+    }
+
+    fn mark_read(&mut self, value: ValueRef) {
+        self.reads[value.rank][value.id] = true;
+    }
+
+    /// Emits the step that makes `rank` hold `held` for `chunk`.
+    fn produce(
+        &mut self,
+        rank: usize,
+        chunk: usize,
+        sources: Vec<ValueRef>,
+        set: Contributions,
+        lowest: usize,
+        copy: bool,
+    ) {
+        for &s in &sources {
+            self.mark_read(s);
+        }
+        let out = self.new_value(rank, chunk);
+        let complete = set.len() == self.ranks;
+        let step = if copy {
+            Step::Copy {
+                chunk,
+                source: sources[0],
+                out,
+            }
+        } else {
+            Step::Combine {
+                chunk,
+                sources,
+                out,
+                complete,
+            }
+        };
+        if complete {
+            self.output_written[rank][chunk] = true;
+        }
+        self.programs[rank].steps.push(step);
+        self.held[rank][chunk] = Some(Held {
+            value: ValueRef { rank, id: out },
+            set,
+            lowest,
+        });
+    }
+
+    fn holding(&self, rank: usize, chunk: usize) -> Result<Held, LowerError> {
+        self.held[rank][chunk]
+            .clone()
+            .ok_or(LowerError::ReadsUnmaterialised { rank, chunk })
+    }
+
+    /// The direct-pull ReduceScatter: owners found by replaying the phase's contribution sets.
+    fn reduce_scatter(
+        &mut self,
+        schedule: &Schedule,
+        rounds: &[Vec<crate::schedule::Transfer>],
+    ) -> Result<(), LowerError> {
+        let early: Vec<usize> = (0..self.ranks)
+            .filter(|&r| Some(r) != schedule.straggler)
+            .collect();
+        let mut sets: Vec<Vec<Contributions>> = (0..self.ranks)
+            .map(|r| {
+                (0..schedule.chunks)
+                    .map(|_| Contributions::single(self.ranks, r))
+                    .collect()
+            })
+            .collect();
+        for round in rounds {
+            let before = sets.clone();
+            for t in round {
+                sets[t.dst][t.chunk].union_with(&before[t.src][t.chunk]);
+            }
+        }
+        let owners = (0..schedule.chunks)
+            .map(|chunk| {
+                early
+                    .iter()
+                    .copied()
+                    .find(|&r| sets[r][chunk].len() == early.len())
+                    .ok_or(LowerError::NoOwner { chunk })
+            })
+            .collect::<Result<Vec<usize>, LowerError>>()?;
+        for (chunk, owner) in owners.into_iter().enumerate() {
+            let mut set = Contributions::empty(self.ranks);
+            for &r in &early {
+                set.union_with(&Contributions::single(self.ranks, r));
+            }
+            for &r in &early {
+                if r != owner {
+                    self.held[r][chunk] = None;
+                }
+            }
+            if early.len() == 1 {
+                continue;
+            }
+            let sources = early
+                .iter()
+                .map(|&r| ValueRef { rank: r, id: chunk })
+                .collect();
+            self.produce(owner, chunk, sources, set, early[0], false);
+        }
+        Ok(())
+    }
+
+    /// One round of a transfer-by-transfer phase; reads see values as of the round's start.
+    fn round(&mut self, round: &[crate::schedule::Transfer]) -> Result<(), LowerError> {
+        let reads: Vec<Held> = round
+            .iter()
+            .map(|t| self.holding(t.src, t.chunk))
+            .collect::<Result<_, _>>()?;
+        for (t, src) in round.iter().zip(reads) {
+            match t.op {
+                crate::schedule::Op::Copy => {
+                    self.produce(t.dst, t.chunk, vec![src.value], src.set, src.lowest, true)
+                }
+                crate::schedule::Op::Reduce => {
+                    let dst = self.holding(t.dst, t.chunk)?;
+                    if dst.set.intersects(&src.set) {
+                        return Err(LowerError::DoubleCount {
+                            rank: t.dst,
+                            chunk: t.chunk,
+                        });
+                    }
+                    let (first, second) = if dst.lowest <= src.lowest {
+                        (dst, src)
+                    } else {
+                        (src, dst)
+                    };
+                    let mut set = first.set.clone();
+                    set.union_with(&second.set);
+                    let lowest = first.lowest;
+                    self.produce(
+                        t.dst,
+                        t.chunk,
+                        vec![first.value, second.value],
+                        set,
+                        lowest,
+                        false,
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks completeness and lays out every rank's arena: `IN` first (value `c` at chunk
+    /// `c`'s place), then one aligned slot per produced value that a later step reads.
+    fn finish(
+        self,
+        in_bytes: usize,
+        chunk_bytes: impl Fn(usize) -> (usize, usize),
+    ) -> Result<Vec<RankProgram>, LowerError> {
+        for rank in 0..self.ranks {
+            if let Some(chunk) = self.output_written[rank]
+                .iter()
+                .position(|written| !written)
+            {
+                return Err(LowerError::Incomplete { rank, chunk });
+            }
+        }
+        let mut programs = self.programs;
+        for (program, reads) in programs.iter_mut().zip(&self.reads) {
+            let mut next = align_up(in_bytes);
+            for (id, value) in program.values.iter_mut().enumerate() {
+                let (start, len) = chunk_bytes(value.chunk);
+                if id < self.chunks {
+                    value.offset = Some(start);
+                } else if reads[id] {
+                    value.offset = Some(next);
+                    next += align_up(len);
+                }
+            }
+            program.arena_bytes = next;
+        }
+        Ok(programs)
+    }
+}
+
+/// Lowers a verified `schedule` for `count` elements of `dtype`.
+pub fn lower(schedule: &Schedule, count: usize, dtype: DataType) -> Result<Plan, LowerError> {
+    let chunks = chunk_ranges(count, dtype.size(), schedule.chunks);
+    let mut lowering = Lowering::new(schedule.ranks, schedule.chunks);
+    for phase in &schedule.phases {
+        if phase.kind == PhaseKind::ReduceScatter {
+            lowering.reduce_scatter(schedule, &phase.rounds)?;
+        } else {
+            for round in &phase.rounds {
+                lowering.round(round)?;
+            }
+        }
+    }
+    let size = dtype.size();
+    let programs = lowering.finish(count * size, |chunk| {
+        let r = chunks[chunk];
+        (r.start * size, r.len() * size)
+    })?;
+    Ok(Plan {
+        ranks: schedule.ranks,
+        straggler: schedule.straggler,
+        count,
+        dtype,
+        chunks,
+        programs,
+    })
+}

@@ -1,0 +1,121 @@
+//! Plans: a schedule lowered to the program each rank executes, for one message shape.
+//!
+//! A [`Plan`] depends on the schedule, the element count and the data type, not on the op or
+//! the buffers, so it can be built once and reused for every call of that shape. Both engines
+//! execute the same plan; the host engine is the reference the GPU engine is checked against.
+//!
+//! The execution model (single assignment): every rank owns an *arena* in shared memory. Its
+//! first region, `IN`, receives the rank's own input (one value per chunk). Every later value
+//! (a partial or a final chunk) is written once per call into its own slot of the producing
+//! rank's arena, and one flag per value says which call wrote it. A step reads values on any
+//! rank (waiting for their flags), computes, and writes a new value on its own rank, the
+//! caller's output, or both. Nothing a peer may read is ever overwritten within a call.
+
+mod encode;
+mod layout;
+mod lower;
+mod simulate;
+
+pub use encode::{
+    encode, PlanBlob, RawChunk, RawPlanHeader, RawSource, RawStep, RawValue, PLAN_MAGIC,
+    PLAN_VERSION, STEP_COMBINE, STEP_COPY, STEP_COPY_IN, VALUE_NOT_KEPT,
+};
+pub use layout::{chunk_ranges, ElementRange, ALIGN_BYTES};
+pub use lower::{lower, LowerError};
+pub use simulate::{reference, simulate};
+
+use crate::reduce::DataType;
+
+/// A value on some rank: an index into that rank's value table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ValueRef {
+    pub rank: usize,
+    pub id: usize,
+}
+
+/// One value slot of a rank's arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Value {
+    /// The chunk it holds a version of.
+    pub chunk: usize,
+    /// Byte offset in the rank's arena, 16-byte aligned; `None` for a value nobody reads
+    /// later (it goes only to the caller's output).
+    pub offset: Option<usize>,
+}
+
+/// One step of a rank's program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Copies the caller's input into `IN` (values `0..chunks`), chunk by chunk, applying the
+    /// op's copy-in scaling, raising each chunk's flag as soon as it is in. Always first.
+    CopyIn,
+    /// `out = sources[0] ⊕ sources[1] ⊕ ...` for `chunk`, in this order (one rounding for
+    /// fp16/bf16). `complete` means the result holds every rank's contribution: it gets the
+    /// op's finishing touch and goes to the caller's output.
+    Combine {
+        chunk: usize,
+        sources: Vec<ValueRef>,
+        out: usize,
+        complete: bool,
+    },
+    /// Copies `source` (a complete value) for `chunk` into this rank's value `out` (when kept)
+    /// and the caller's output.
+    Copy {
+        chunk: usize,
+        source: ValueRef,
+        out: usize,
+    },
+}
+
+/// The program of one rank: steps in order, its value table and its arena size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankProgram {
+    pub steps: Vec<Step>,
+    /// Values `0..chunks` are the `IN` chunks; the rest are produced by steps.
+    pub values: Vec<Value>,
+    /// Bytes of arena this rank needs (a multiple of [`ALIGN_BYTES`]).
+    pub arena_bytes: usize,
+}
+
+/// A lowered schedule for `count` elements of `dtype` on `ranks` ranks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub ranks: usize,
+    /// The straggler's physical rank, if the algorithm has one.
+    pub straggler: Option<usize>,
+    pub count: usize,
+    pub dtype: DataType,
+    /// Element range of each chunk: disjoint, in order, covering `0..count` exactly.
+    pub chunks: Vec<ElementRange>,
+    /// One program per physical rank.
+    pub programs: Vec<RankProgram>,
+}
+
+impl Plan {
+    /// Byte range of `chunk` within a buffer of `count` elements (also its place in `IN`).
+    pub fn chunk_bytes(&self, chunk: usize) -> std::ops::Range<usize> {
+        let r = self.chunks[chunk];
+        r.start * self.dtype.size()..r.end * self.dtype.size()
+    }
+
+    /// The largest arena any rank needs, in bytes.
+    pub fn max_arena_bytes(&self) -> usize {
+        self.programs
+            .iter()
+            .map(|p| p.arena_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The largest value table of any rank (flags needed per parity).
+    pub fn max_values(&self) -> usize {
+        self.programs
+            .iter()
+            .map(|p| p.values.len())
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+//! Plans for every algorithm we execute, run through the interpreter against the reference.
+
+use super::*;
+use crate::reduce::{float16, DataType, ReduceOp, Scale};
+use crate::schedule::{verify, Algorithm, PlanRequest};
+
+/// Deterministic small values: integers in `-8..=8`, stored in the element type.
+fn inputs(dtype: DataType, ranks: usize, count: usize, seed: u64) -> Vec<Vec<u8>> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..ranks)
+        .map(|_| {
+            (0..count)
+                .flat_map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let v = (x % 17) as i64 - 8;
+                    encode_value(dtype, v)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn encode_value(dtype: DataType, v: i64) -> Vec<u8> {
+    match dtype {
+        DataType::I8 => (v as i8).to_le_bytes().to_vec(),
+        DataType::U8 => (v as u8).to_le_bytes().to_vec(),
+        DataType::I32 => (v as i32).to_le_bytes().to_vec(),
+        DataType::U32 => (v as u32).to_le_bytes().to_vec(),
+        DataType::I64 => v.to_le_bytes().to_vec(),
+        DataType::U64 => (v as u64).to_le_bytes().to_vec(),
+        DataType::F16 => float16::f32_to_f16(v as f32).to_le_bytes().to_vec(),
+        DataType::Bf16 => float16::f32_to_bf16(v as f32).to_le_bytes().to_vec(),
+        DataType::F32 => (v as f32).to_le_bytes().to_vec(),
+        DataType::F64 => (v as f64).to_le_bytes().to_vec(),
+    }
+}
+
+fn plan_for(
+    algorithm: Algorithm,
+    ranks: usize,
+    straggler: usize,
+    count: usize,
+    dtype: DataType,
+) -> Plan {
+    let schedule = algorithm
+        .schedule(&PlanRequest::new(ranks, straggler))
+        .unwrap();
+    verify(&schedule).unwrap();
+    lower(&schedule, count, dtype).unwrap_or_else(|e| panic!("{algorithm:?} n={ranks}: {e}"))
+}
+
+fn check_exact(plan: &Plan, op: ReduceOp, seed: u64) {
+    let ins = inputs(plan.dtype, plan.ranks, plan.count, seed);
+    let scales = vec![Scale::None; plan.ranks];
+    let outs = simulate(plan, op, &ins, &scales);
+    let want = reference(plan.dtype, op, &ins, &scales);
+    for (rank, out) in outs.iter().enumerate() {
+        assert_eq!(
+            out, &want,
+            "rank {rank}, n={}, count={}, {:?} {:?}",
+            plan.ranks, plan.count, plan.dtype, op
+        );
+    }
+}
+
+fn algorithms(ranks: usize) -> Vec<Algorithm> {
+    let mut a = vec![Algorithm::Stragglar, Algorithm::Ring];
+    if ranks.is_power_of_two() {
+        a.push(Algorithm::HalvingDoubling);
+    }
+    a
+}
+
+#[test]
+fn every_algorithm_and_size_reduces_every_element_exactly() {
+    for ranks in 2..=12 {
+        for straggler in [0, ranks - 1, ranks / 2] {
+            for algorithm in algorithms(ranks) {
+                for count in [0, 1, 3, ranks - 1, 37, 1001] {
+                    let plan = plan_for(algorithm, ranks, straggler, count, DataType::I32);
+                    check_exact(&plan, ReduceOp::Sum, (ranks * 1000 + count) as u64);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_data_type_and_op() {
+    for dtype in DataType::ALL {
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+            for (ranks, straggler) in [(5, 2), (8, 7), (3, 0)] {
+                let plan = plan_for(Algorithm::Stragglar, ranks, straggler, 77, dtype);
+                check_exact(&plan, op, 7);
+            }
+        }
+        let plan = plan_for(Algorithm::Ring, 6, 0, 50, dtype);
+        check_exact(&plan, ReduceOp::Sum, 9);
+    }
+}
+
+#[test]
+fn avg_and_premulsum_agree_on_every_rank() {
+    for dtype in [
+        DataType::F16,
+        DataType::Bf16,
+        DataType::F32,
+        DataType::F64,
+        DataType::I32,
+    ] {
+        let plan = plan_for(Algorithm::Stragglar, 7, 3, 123, dtype);
+        let ins = inputs(dtype, 7, 123, 3);
+        for op in [ReduceOp::Avg, ReduceOp::PreMulSum] {
+            let scales: Vec<Scale> = (0..7)
+                .map(|r| {
+                    let scalar = encode_value(dtype, r as i64 - 2);
+                    let mut bytes = [0u8; 8];
+                    bytes[..scalar.len()].copy_from_slice(&scalar);
+                    Scale::for_op(op, dtype, 7, Some(bytes))
+                })
+                .collect();
+            let outs = simulate(&plan, op, &ins, &scales);
+            assert!(
+                outs.iter().all(|o| o == &outs[0]),
+                "{dtype:?} {op:?}: ranks disagree"
+            );
+            if !dtype.is_float() {
+                assert_eq!(outs[0], reference(dtype, op, &ins, &scales), "{op:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn stragglar_plans_stay_within_two_buffers_of_staging() {
+    for ranks in [3, 4, 8, 16] {
+        let count = 1 << 16;
+        let plan = plan_for(Algorithm::Stragglar, ranks, ranks - 1, count, DataType::F32);
+        let message = count * 4;
+        assert!(
+            plan.max_arena_bytes() <= 2 * message + 64 * ranks,
+            "n={ranks}: {}",
+            plan.max_arena_bytes()
+        );
+        // The straggler's program: copy-in, then only exchanges and copies.
+        assert!(plan.programs[ranks - 1].steps.len() >= ranks - 1);
+    }
+}
+
+#[test]
+fn encoded_plans_carry_the_program() {
+    let plan = plan_for(Algorithm::Stragglar, 6, 4, 1000, DataType::Bf16);
+    for rank in 0..6 {
+        let blob = encode(&plan, rank);
+        assert_eq!(blob.bytes.len() % 8, 0);
+        let word = |at: usize| u32::from_le_bytes(blob.bytes[at..at + 4].try_into().unwrap());
+        let dword = |at: usize| u64::from_le_bytes(blob.bytes[at..at + 8].try_into().unwrap());
+        assert_eq!(word(std::mem::offset_of!(RawPlanHeader, magic)), PLAN_MAGIC);
+        assert_eq!(word(std::mem::offset_of!(RawPlanHeader, rank)), rank as u32);
+        assert_eq!(word(std::mem::offset_of!(RawPlanHeader, datatype)), 9);
+        assert_eq!(dword(std::mem::offset_of!(RawPlanHeader, count)), 1000);
+        let steps = word(std::mem::offset_of!(RawPlanHeader, step_count)) as usize;
+        assert_eq!(steps, plan.programs[rank].steps.len());
+        let steps_at = dword(std::mem::offset_of!(RawPlanHeader, steps_at)) as usize;
+        assert_eq!(steps_at % 8, 0);
+        assert!(steps_at >= std::mem::size_of::<RawPlanHeader>());
+        assert_eq!(word(steps_at), STEP_COPY_IN, "the first step copies in");
+        let values_at = dword(std::mem::offset_of!(RawPlanHeader, values_at)) as usize;
+        let total: usize = plan.programs.iter().map(|p| p.values.len()).sum();
+        assert_eq!(
+            word(std::mem::offset_of!(RawPlanHeader, value_count)) as usize,
+            total
+        );
+        assert!(values_at + total * std::mem::size_of::<RawValue>() <= blob.bytes.len());
+    }
+}
+
+#[test]
+fn lowering_rejects_a_schedule_that_leaves_a_rank_incomplete() {
+    let mut schedule = Algorithm::Ring.schedule(&PlanRequest::new(4, 0)).unwrap();
+    schedule.phases[0].rounds.pop();
+    assert!(matches!(
+        lower(&schedule, 64, DataType::F32),
+        Err(LowerError::Incomplete { .. })
+    ));
+}
