@@ -9,6 +9,7 @@ use std::process::Command;
 
 use cbindgen::{Builder, Config, ItemType, Language, Style};
 use stragglar::nccl::types::{ncclConfig_t, ncclUniqueId};
+use stragglar::plan::{RawChunk, RawPlanHeader, RawSource, RawStep, RawValue};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -181,6 +182,64 @@ fn check_committed(relative: &str, generated: &str) {
     assert!(
         committed == generated,
         "{relative} differs from what cbindgen generates now; run STRAGGLAR_BLESS=1 cargo test --test headers"
+    );
+}
+
+const PLAN_AFTER_INCLUDES: &str = r#"
+/* NVRTC has no system headers: fixed-width types of our own there. */
+#ifdef __CUDACC_RTC__
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+#define UINT64_MAX 0xffffffffffffffffULL
+#else
+#include <stdint.h>
+#endif
+"#;
+
+/// `cuda/stragglar_plan.h`: the plan encoding the kernels read.
+fn generate_plan_h() -> String {
+    let mut config = base_config();
+    config.header = Some(GENERATED_NOTE.into());
+    config.include_guard = Some("STRAGGLAR_PLAN_H_".into());
+    config.sys_includes.clear();
+    config.after_includes = Some(PLAN_AFTER_INCLUDES.into());
+    config.export.include = ["RawPlanHeader", "RawChunk", "RawStep", "RawSource", "RawValue"]
+        .map(String::from)
+        .to_vec();
+    build(config, &["src/plan/encode.rs"])
+}
+
+#[test]
+fn plan_h_is_current() {
+    check_committed("cuda/stragglar_plan.h", &generate_plan_h());
+}
+
+#[test]
+fn plan_h_compiles_without_system_headers_and_matches_rust_sizes() {
+    let program = scratch("plan_layout.c");
+    let sizes = [
+        ("RawPlanHeader", std::mem::size_of::<RawPlanHeader>()),
+        ("RawChunk", std::mem::size_of::<RawChunk>()),
+        ("RawStep", std::mem::size_of::<RawStep>()),
+        ("RawSource", std::mem::size_of::<RawSource>()),
+        ("RawValue", std::mem::size_of::<RawValue>()),
+    ];
+    let mut text = String::from("#include <stragglar_plan.h>\n");
+    for (name, size) in sizes {
+        text += &format!("_Static_assert(sizeof({name}) == {size}, \"{name}\");\n");
+    }
+    text += "_Static_assert(VALUE_NOT_KEPT == 0xffffffffffffffffULL, \"sentinel\");\n";
+    text += &format!(
+        "_Static_assert(__builtin_offsetof(RawPlanHeader, value_bases_at) == {}, \"offsets\");\n",
+        std::mem::offset_of!(RawPlanHeader, value_bases_at)
+    );
+    std::fs::write(&program, text).unwrap();
+    compile(
+        "cc",
+        &["-std=c11", "-D__CUDACC_RTC__", "-nostdinc", "-Wall", "-Werror"],
+        &program,
+        &[root().join("cuda")],
     );
 }
 
