@@ -4,6 +4,7 @@
 //! - `schedule`: StragglAR and baseline schedules, the replay verifier, the cost model (std only);
 //! - `config`, `logging`: `STRAGGLAR_*` settings and NCCL-shaped log lines;
 //! - `gpu`: the CUDA driver and NVRTC (cudarc, loaded dynamically);
+//! - `engine`: executing plans (the host engine over shared memory);
 //! - `nccl`: finding and binding the real NCCL, and its C types;
 //! - `plan`: schedules lowered to per-rank programs, and their `#[repr(C)]` encoding (pure);
 //! - `reduce`: element-wise reduction of every NCCL data type and op (pure);
@@ -15,6 +16,7 @@
 pub mod abi;
 pub mod cli;
 pub mod config;
+pub mod engine;
 pub mod gpu;
 pub mod intercept;
 pub mod logging;

@@ -204,9 +204,15 @@ fn generate_plan_h() -> String {
     config.include_guard = Some("STRAGGLAR_PLAN_H_".into());
     config.sys_includes.clear();
     config.after_includes = Some(PLAN_AFTER_INCLUDES.into());
-    config.export.include = ["RawPlanHeader", "RawChunk", "RawStep", "RawSource", "RawValue"]
-        .map(String::from)
-        .to_vec();
+    config.export.include = [
+        "RawPlanHeader",
+        "RawChunk",
+        "RawStep",
+        "RawSource",
+        "RawValue",
+    ]
+    .map(String::from)
+    .to_vec();
     build(config, &["src/plan/encode.rs"])
 }
 
@@ -237,7 +243,13 @@ fn plan_h_compiles_without_system_headers_and_matches_rust_sizes() {
     std::fs::write(&program, text).unwrap();
     compile(
         "cc",
-        &["-std=c11", "-D__CUDACC_RTC__", "-nostdinc", "-Wall", "-Werror"],
+        &[
+            "-std=c11",
+            "-D__CUDACC_RTC__",
+            "-nostdinc",
+            "-Wall",
+            "-Werror",
+        ],
         &program,
         &[root().join("cuda")],
     );

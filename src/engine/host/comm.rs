@@ -1,0 +1,444 @@
+//! One rank of a host-engine communicator: joining, and running AllReduce calls.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::link::{now_ns, sleep_until, LinkModel};
+use super::segment::{segment_name, unlink, Segment, SegmentLayout};
+use super::wait::{publish, Liveness, WaitError, Watch};
+use crate::nccl::types::ResultCode;
+use crate::plan::{Plan, Step, ValueRef};
+use crate::reduce::{combine, finish, prescale, ReduceOp, Scale};
+
+/// How one rank joins a communicator. Every field but `rank` is identical on every rank.
+#[derive(Debug, Clone)]
+pub struct HostCommConfig {
+    /// Names the shared segments; unique per communicator.
+    pub comm_id: u64,
+    pub rank: usize,
+    pub ranks: usize,
+    pub layout: SegmentLayout,
+    /// Per-call deadline (`STRAGGLAR_TIMEOUT_MS`); `None` waits forever, as NCCL does.
+    pub timeout: Option<Duration>,
+    /// How long joining may take before it fails.
+    pub setup_timeout: Duration,
+    pub link: LinkModel,
+}
+
+/// Why an engine call failed. After a failure during a call the communicator is unusable:
+/// later calls fail at once with the same error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineError {
+    /// Joining failed (a peer never came, shared memory could not be made).
+    Setup(String),
+    /// The plan does not fit the segments (bytes or flags); split the call or forward it.
+    TooLarge { needed: usize, available: usize },
+    /// The call's arguments do not match the plan.
+    Mismatch(String),
+    /// A wait gave up.
+    Wait(WaitError),
+}
+
+impl EngineError {
+    /// The NCCL code a caller reports.
+    pub fn nccl_code(&self) -> ResultCode {
+        match self {
+            EngineError::Setup(_)
+            | EngineError::Wait(WaitError::Timeout)
+            | EngineError::Wait(WaitError::Aborted) => ResultCode::SYSTEM_ERROR,
+            EngineError::TooLarge { .. } | EngineError::Mismatch(_) => ResultCode::INVALID_USAGE,
+            EngineError::Wait(WaitError::PeerDied(_))
+            | EngineError::Wait(WaitError::PeerFailed(_)) => ResultCode::REMOTE_ERROR,
+        }
+    }
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::Setup(why) => write!(f, "setup failed: {why}"),
+            EngineError::TooLarge { needed, available } => {
+                write!(f, "needs {needed} bytes of staging, {available} available")
+            }
+            EngineError::Mismatch(why) => write!(f, "call does not match its plan: {why}"),
+            EngineError::Wait(WaitError::Aborted) => write!(f, "aborted"),
+            EngineError::Wait(WaitError::PeerFailed(r)) => write!(f, "rank {r} aborted or failed"),
+            EngineError::Wait(WaitError::PeerDied(r)) => write!(f, "rank {r} exited"),
+            EngineError::Wait(WaitError::Timeout) => write!(f, "timed out (STRAGGLAR_TIMEOUT_MS)"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+/// The caller's buffers of one call.
+pub enum Buffers<'a> {
+    /// Input and output are the same buffer.
+    InPlace(&'a mut [u8]),
+    /// Separate input and output, of equal length.
+    OutOfPlace {
+        input: &'a [u8],
+        output: &'a mut [u8],
+    },
+}
+
+impl Buffers<'_> {
+    fn input(&self) -> &[u8] {
+        match self {
+            Buffers::InPlace(b) => b,
+            Buffers::OutOfPlace { input, .. } => input,
+        }
+    }
+
+    fn output(&mut self) -> &mut [u8] {
+        match self {
+            Buffers::InPlace(b) => b,
+            Buffers::OutOfPlace { output, .. } => output,
+        }
+    }
+}
+
+/// When each rank entered one call, and when this rank finished it (CLOCK_MONOTONIC ns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallRecord {
+    pub arrivals: Vec<u64>,
+    pub finished: u64,
+}
+
+impl CallRecord {
+    /// The last arrival minus the second-to-last: the time that can hide the ReduceScatter.
+    pub fn lead_ns(&self) -> u64 {
+        let mut sorted = self.arrivals.clone();
+        sorted.sort_unstable();
+        match sorted.len() {
+            0 | 1 => 0,
+            n => sorted[n - 1] - sorted[n - 2],
+        }
+    }
+
+    /// The rank that arrived last.
+    pub fn last_rank(&self) -> usize {
+        (0..self.arrivals.len())
+            .max_by_key(|&r| (self.arrivals[r], r))
+            .unwrap_or(0)
+    }
+
+    /// Time from the last arrival to this rank's finish.
+    pub fn after_last_arrival_ns(&self) -> u64 {
+        self.finished
+            .saturating_sub(self.arrivals.iter().copied().max().unwrap_or(0))
+    }
+}
+
+/// One rank of a host-engine communicator.
+pub struct HostComm {
+    config: HostCommConfig,
+    /// Every rank's segment, by rank.
+    segments: Vec<Segment>,
+    liveness: Vec<Liveness>,
+    /// Calls run so far (the epoch of the last call).
+    epoch: u64,
+    /// Set by the first failed call.
+    failed: Option<EngineError>,
+}
+
+/// The flag value of call `epoch`: never 0 (the value of a flag nobody wrote).
+fn flag_value(epoch: u64) -> u32 {
+    ((epoch - 1) % u32::MAX as u64) as u32 + 1
+}
+
+impl HostComm {
+    /// Joins the communicator: creates this rank's segment, maps every peer's, waits until all
+    /// ranks have, then removes this rank's name from /dev/shm (the memory lives on in the
+    /// mappings, so nothing is left behind however the processes end).
+    pub fn join(config: HostCommConfig) -> Result<HostComm, EngineError> {
+        let own_name = segment_name(config.comm_id, config.rank);
+        let pid = std::process::id() as i32;
+        let own = Segment::create(&own_name, config.layout, pid)
+            .map_err(|e| EngineError::Setup(format!("create {own_name}: {e}")))?;
+        let result = Self::attach(&config, own);
+        unlink(&own_name);
+        result
+    }
+
+    fn attach(config: &HostCommConfig, own: Segment) -> Result<HostComm, EngineError> {
+        let deadline = Instant::now() + config.setup_timeout;
+        let mut own = Some(own);
+        let mut segments = Vec::with_capacity(config.ranks);
+        for rank in 0..config.ranks {
+            if rank == config.rank {
+                segments.push(own.take().expect("own segment"));
+                continue;
+            }
+            let name = segment_name(config.comm_id, rank);
+            let peer = loop {
+                match Segment::open(&name, config.layout) {
+                    Ok(Some(segment)) => break segment,
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Ok(None) => {
+                        return Err(EngineError::Setup(format!(
+                            "rank {rank} did not join in time"
+                        )))
+                    }
+                    Err(e) => return Err(EngineError::Setup(format!("open {name}: {e}"))),
+                }
+            };
+            peer.header().attached.fetch_add(1, Ordering::AcqRel);
+            segments.push(peer);
+        }
+        segments[config.rank]
+            .header()
+            .ready
+            .store(1, Ordering::Release);
+        for (rank, segment) in segments.iter().enumerate() {
+            while segment.header().ready.load(Ordering::Acquire) == 0 {
+                if Instant::now() >= deadline {
+                    return Err(EngineError::Setup(format!(
+                        "rank {rank} did not become ready in time"
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let liveness = segments
+            .iter()
+            .map(|s| Liveness::watch(s.header().pid.load(Ordering::Acquire)))
+            .collect();
+        Ok(HostComm {
+            config: config.clone(),
+            segments,
+            liveness,
+            epoch: 0,
+            failed: None,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.config.rank
+    }
+
+    /// Raises this rank's abort word: its own waits and every peer's wait on it give up within
+    /// a few milliseconds. Safe to call from any thread holding a shared reference.
+    pub fn abort(&self) {
+        let header = self.segments[self.config.rank].header();
+        header.abort.store(1, Ordering::Release);
+    }
+
+    /// Runs one AllReduce of `plan`. `scale` is this rank's copy-in scaling. A call with zero
+    /// elements returns at once and does not count as a call.
+    pub fn all_reduce(
+        &mut self,
+        plan: &Plan,
+        op: ReduceOp,
+        scale: Scale,
+        mut buffers: Buffers<'_>,
+    ) -> Result<CallRecord, EngineError> {
+        if let Some(error) = &self.failed {
+            return Err(error.clone());
+        }
+        self.check(plan, &buffers)?;
+        if plan.count == 0 {
+            return Ok(CallRecord {
+                arrivals: vec![now_ns(); plan.ranks],
+                finished: now_ns(),
+            });
+        }
+        self.epoch += 1;
+        let parity = (self.epoch % 2) as usize;
+        self.segments[self.config.rank].header().arrival[parity].store(now_ns(), Ordering::Release);
+        let result = self.run(plan, op, scale, &mut buffers, parity);
+        match result {
+            Ok(()) => Ok(CallRecord {
+                arrivals: self
+                    .segments
+                    .iter()
+                    .map(|s| s.header().arrival[parity].load(Ordering::Acquire))
+                    .collect(),
+                finished: now_ns(),
+            }),
+            Err(error) => {
+                self.abort();
+                self.failed = Some(error.clone());
+                Err(error)
+            }
+        }
+    }
+
+    fn check(&self, plan: &Plan, buffers: &Buffers<'_>) -> Result<(), EngineError> {
+        if plan.ranks != self.config.ranks {
+            return Err(EngineError::Mismatch(format!(
+                "plan for {} ranks",
+                plan.ranks
+            )));
+        }
+        let bytes = plan.count * plan.dtype.size();
+        let lengths_match = match buffers {
+            Buffers::InPlace(b) => b.len() == bytes,
+            Buffers::OutOfPlace { input, output } => input.len() == bytes && output.len() == bytes,
+        };
+        if !lengths_match {
+            return Err(EngineError::Mismatch(format!(
+                "buffers are not {bytes} bytes"
+            )));
+        }
+        let layout = self.config.layout;
+        if plan.max_arena_bytes() > layout.arena_bytes {
+            return Err(EngineError::TooLarge {
+                needed: plan.max_arena_bytes(),
+                available: layout.arena_bytes,
+            });
+        }
+        if plan.max_values() > layout.flags_per_bank {
+            return Err(EngineError::TooLarge {
+                needed: plan.max_values(),
+                available: layout.flags_per_bank,
+            });
+        }
+        Ok(())
+    }
+
+    /// A value's bytes in its owner's arena of `parity`.
+    ///
+    /// # Safety
+    /// The value must be kept (it has an offset) and published for this call, and nobody may
+    /// write it during the borrow: the protocol's single assignment guarantees both once its
+    /// flag holds this call's epoch.
+    unsafe fn value_bytes(&self, plan: &Plan, parity: usize, value: ValueRef) -> &[u8] {
+        let slot = plan.programs[value.rank].values[value.id];
+        let offset = slot.offset.expect("a read value is kept");
+        let len = plan.chunk_bytes(slot.chunk).len();
+        // SAFETY: offset + len lies inside the arena (the plan fits, checked in `check`); the
+        // caller guarantees no concurrent writer.
+        unsafe {
+            std::slice::from_raw_parts(self.segments[value.rank].arena(parity).add(offset), len)
+        }
+    }
+
+    /// This rank's own slot for `value`, to write.
+    ///
+    /// # Safety
+    /// Only the step producing `value` may call this, before publishing it; no peer reads the
+    /// slot before the publication.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn own_slot(&self, plan: &Plan, parity: usize, id: usize, offset: usize) -> &mut [u8] {
+        let rank = self.config.rank;
+        let len = plan.chunk_bytes(plan.programs[rank].values[id].chunk).len();
+        // SAFETY: inside the arena (checked in `check`); exclusive per the caller's contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.segments[rank].arena(parity).add(offset), len)
+        }
+    }
+
+    /// Waits for `source` and pays its emulated transfer (nothing for this rank's own values).
+    fn fetch(
+        &self,
+        watch: &Watch<'_>,
+        parity: usize,
+        epoch: u32,
+        source: ValueRef,
+        bytes: usize,
+    ) -> Result<(), EngineError> {
+        if source.rank == self.config.rank {
+            return Ok(());
+        }
+        let peer = &self.segments[source.rank];
+        watch
+            .until(peer.flag(parity, source.id), epoch)
+            .map_err(EngineError::Wait)?;
+        let link = self.config.link;
+        if link.is_active() {
+            let own = self.segments[self.config.rank].header();
+            let done = link.book(&peer.header().send_free_at, &own.recv_free_at, bytes);
+            sleep_until(done);
+        }
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        plan: &Plan,
+        op: ReduceOp,
+        scale: Scale,
+        buffers: &mut Buffers<'_>,
+        parity: usize,
+    ) -> Result<(), EngineError> {
+        let rank = self.config.rank;
+        let epoch = flag_value(self.epoch);
+        let own = &self.segments[rank];
+        let segments: Vec<&Segment> = self.segments.iter().collect();
+        let watch = Watch {
+            segments: &segments,
+            liveness: &self.liveness,
+            rank,
+            deadline: self.config.timeout.map(|t| Instant::now() + t),
+        };
+        let program = &plan.programs[rank];
+        for step in &program.steps {
+            match step {
+                Step::CopyIn => {
+                    for chunk in 0..plan.chunks.len() {
+                        let range = plan.chunk_bytes(chunk);
+                        let offset = program.values[chunk].offset.expect("IN values are kept");
+                        // SAFETY: value `chunk` is this rank's IN chunk, produced by this step.
+                        let slot = unsafe { self.own_slot(plan, parity, chunk, offset) };
+                        slot.copy_from_slice(&buffers.input()[range]);
+                        prescale(plan.dtype, scale, slot);
+                        publish(own.flag(parity, chunk), epoch);
+                    }
+                }
+                Step::Combine {
+                    chunk,
+                    sources,
+                    out,
+                    complete,
+                } => {
+                    let range = plan.chunk_bytes(*chunk);
+                    for &source in sources {
+                        self.fetch(&watch, parity, epoch, source, range.len())?;
+                    }
+                    // SAFETY: every source was published for this call (waited above, or
+                    // produced earlier by this rank).
+                    let operands: Vec<&[u8]> = sources
+                        .iter()
+                        .map(|&s| unsafe { self.value_bytes(plan, parity, s) })
+                        .collect();
+                    match program.values[*out].offset {
+                        Some(offset) => {
+                            // SAFETY: this step produces `out`.
+                            let slot = unsafe { self.own_slot(plan, parity, *out, offset) };
+                            combine(plan.dtype, op, &operands, slot);
+                            if *complete {
+                                finish(plan.dtype, op, plan.ranks, slot);
+                                buffers.output()[range].copy_from_slice(slot);
+                            }
+                            publish(own.flag(parity, *out), epoch);
+                        }
+                        None if !complete => {}
+                        None => {
+                            let target = &mut buffers.output()[range];
+                            combine(plan.dtype, op, &operands, target);
+                            finish(plan.dtype, op, plan.ranks, target);
+                        }
+                    }
+                }
+                Step::Copy { chunk, source, out } => {
+                    let range = plan.chunk_bytes(*chunk);
+                    self.fetch(&watch, parity, epoch, *source, range.len())?;
+                    // SAFETY: the source was published for this call.
+                    let value = unsafe { self.value_bytes(plan, parity, *source) };
+                    buffers.output()[range].copy_from_slice(value);
+                    if let Some(offset) = program.values[*out].offset {
+                        // SAFETY: this step produces `out`.
+                        unsafe { self.own_slot(plan, parity, *out, offset) }.copy_from_slice(value);
+                        publish(own.flag(parity, *out), epoch);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

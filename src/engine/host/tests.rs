@@ -1,0 +1,263 @@
+//! The host engine with ranks as threads of this process: results against the interpreter,
+//! consecutive calls, aborts and timeouts.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use super::segment::SegmentLayout;
+use super::*;
+use crate::plan::{lower, simulate, Plan};
+use crate::reduce::{DataType, ReduceOp, Scale};
+use crate::schedule::{Algorithm, PlanRequest};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn comm_id() -> u64 {
+    (std::process::id() as u64) << 32 | NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+fn config(comm_id: u64, rank: usize, ranks: usize, layout: SegmentLayout) -> HostCommConfig {
+    HostCommConfig {
+        comm_id,
+        rank,
+        ranks,
+        layout,
+        timeout: None,
+        setup_timeout: Duration::from_secs(20),
+        link: Default::default(),
+    }
+}
+
+fn layout_for(plans: &[&Plan]) -> SegmentLayout {
+    SegmentLayout {
+        flags_per_bank: plans.iter().map(|p| p.max_values()).max().unwrap(),
+        arena_bytes: plans.iter().map(|p| p.max_arena_bytes()).max().unwrap(),
+    }
+}
+
+fn input(rank: usize, bytes: usize, call: usize) -> Vec<u8> {
+    (0..bytes)
+        .map(|i| ((i * 7 + rank * 13 + call * 3) % 23) as u8)
+        .collect()
+}
+
+/// Runs `calls` AllReduces of `plan` on `ranks` threads; checks every output against the
+/// interpreter bit for bit.
+fn run_threads(plan: Plan, op: ReduceOp, calls: usize, in_place: bool) -> u64 {
+    let ranks = plan.ranks;
+    let layout = layout_for(&[&plan]);
+    let id = comm_id();
+    let bytes = plan.count * plan.dtype.size();
+    let plan = Arc::new(plan);
+    let threads: Vec<_> = (0..ranks)
+        .map(|rank| {
+            let plan = plan.clone();
+            std::thread::spawn(move || {
+                let mut comm = HostComm::join(config(id, rank, ranks, layout)).unwrap();
+                for call in 0..calls {
+                    let ins: Vec<Vec<u8>> = (0..ranks).map(|r| input(r, bytes, call)).collect();
+                    let scales = vec![Scale::None; ranks];
+                    let want = simulate(&plan, op, &ins, &scales).swap_remove(rank);
+                    let mut out = vec![0u8; bytes];
+                    if in_place {
+                        out.copy_from_slice(&ins[rank]);
+                        comm.all_reduce(&plan, op, Scale::None, Buffers::InPlace(&mut out))
+                            .unwrap();
+                    } else {
+                        let buffers = Buffers::OutOfPlace {
+                            input: &ins[rank],
+                            output: &mut out,
+                        };
+                        comm.all_reduce(&plan, op, Scale::None, buffers).unwrap();
+                    }
+                    assert_eq!(out, want, "rank {rank} call {call}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    id
+}
+
+fn plan(
+    algorithm: Algorithm,
+    ranks: usize,
+    straggler: usize,
+    count: usize,
+    dtype: DataType,
+) -> Plan {
+    let schedule = algorithm
+        .schedule(&PlanRequest::new(ranks, straggler))
+        .unwrap();
+    lower(&schedule, count, dtype).unwrap()
+}
+
+#[test]
+fn threads_match_the_interpreter_over_consecutive_calls() {
+    for (ranks, straggler) in [(2, 1), (3, 0), (4, 3), (5, 2), (8, 7)] {
+        run_threads(
+            plan(Algorithm::Stragglar, ranks, straggler, 1001, DataType::U8),
+            ReduceOp::Sum,
+            5,
+            false,
+        );
+    }
+    run_threads(
+        plan(Algorithm::Ring, 6, 0, 333, DataType::I32),
+        ReduceOp::Sum,
+        4,
+        true,
+    );
+    run_threads(
+        plan(Algorithm::HalvingDoubling, 4, 0, 100, DataType::F32),
+        ReduceOp::Max,
+        3,
+        false,
+    );
+}
+
+#[test]
+fn every_data_type_in_place() {
+    for dtype in DataType::ALL {
+        run_threads(
+            plan(Algorithm::Stragglar, 4, 1, 257, dtype),
+            ReduceOp::Sum,
+            3,
+            true,
+        );
+    }
+}
+
+#[test]
+fn zero_elements_is_not_a_call() {
+    run_threads(
+        plan(Algorithm::Stragglar, 3, 2, 0, DataType::F32),
+        ReduceOp::Sum,
+        2,
+        false,
+    );
+}
+
+#[test]
+fn abort_ends_a_wait_promptly_on_every_rank() {
+    let ranks = 4;
+    let p = Arc::new(plan(Algorithm::Stragglar, ranks, 3, 64, DataType::F32));
+    let layout = layout_for(&[&p]);
+    let id = comm_id();
+    let joined = Arc::new(Barrier::new(ranks));
+    let threads: Vec<_> = (0..ranks - 1)
+        .map(|rank| {
+            let (p, joined) = (p.clone(), joined.clone());
+            std::thread::spawn(move || {
+                let mut comm = HostComm::join(config(id, rank, ranks, layout)).unwrap();
+                joined.wait();
+                let input = vec![0u8; 256];
+                let mut out = vec![0u8; 256];
+                let start = Instant::now();
+                let e = comm
+                    .all_reduce(
+                        &p,
+                        ReduceOp::Sum,
+                        Scale::None,
+                        Buffers::OutOfPlace {
+                            input: &input,
+                            output: &mut out,
+                        },
+                    )
+                    .unwrap_err();
+                (e, start.elapsed())
+            })
+        })
+        .collect();
+    // The straggler joins, never calls, and aborts.
+    let straggler = HostComm::join(config(id, ranks - 1, ranks, layout)).unwrap();
+    joined.wait();
+    std::thread::sleep(Duration::from_millis(50));
+    straggler.abort();
+    for t in threads {
+        let (e, took) = t.join().unwrap();
+        assert!(matches!(e, EngineError::Wait(_)), "{e:?}");
+        assert_eq!(e.nccl_code(), crate::nccl::types::ResultCode::REMOTE_ERROR);
+        assert!(took < Duration::from_secs(10), "{took:?}");
+    }
+}
+
+#[test]
+fn a_deadline_ends_a_wait_and_later_calls_fail_fast() {
+    let p = plan(Algorithm::Stragglar, 2, 1, 16, DataType::F32);
+    let layout = layout_for(&[&p]);
+    let id = comm_id();
+    let other = std::thread::spawn(move || HostComm::join(config(id, 1, 2, layout)).unwrap());
+    let mut cfg = config(id, 0, 2, layout);
+    cfg.timeout = Some(Duration::from_millis(100));
+    let mut comm = HostComm::join(cfg).unwrap();
+    let _peer = other.join().unwrap();
+    let input = vec![0u8; 64];
+    let mut out = vec![0u8; 64];
+    let e = comm
+        .all_reduce(
+            &p,
+            ReduceOp::Sum,
+            Scale::None,
+            Buffers::OutOfPlace {
+                input: &input,
+                output: &mut out,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e, EngineError::Wait(super::wait::WaitError::Timeout));
+    let again = comm
+        .all_reduce(
+            &p,
+            ReduceOp::Sum,
+            Scale::None,
+            Buffers::OutOfPlace {
+                input: &input,
+                output: &mut out,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(again, e);
+}
+
+#[test]
+fn plans_larger_than_the_segments_are_refused() {
+    let small = plan(Algorithm::Stragglar, 2, 1, 16, DataType::F32);
+    let big = plan(Algorithm::Stragglar, 2, 1, 1 << 12, DataType::F32);
+    let layout = layout_for(&[&small]);
+    let id = comm_id();
+    let other = std::thread::spawn(move || HostComm::join(config(id, 1, 2, layout)).unwrap());
+    let mut comm = HostComm::join(config(id, 0, 2, layout)).unwrap();
+    let _peer = other.join().unwrap();
+    let mut buf = vec![0u8; 1 << 14];
+    let e = comm
+        .all_reduce(&big, ReduceOp::Sum, Scale::None, Buffers::InPlace(&mut buf))
+        .unwrap_err();
+    assert!(matches!(e, EngineError::TooLarge { .. }), "{e:?}");
+}
+
+#[test]
+fn no_segment_is_left_in_dev_shm() {
+    let id = run_threads(
+        plan(Algorithm::Stragglar, 3, 1, 10, DataType::F32),
+        ReduceOp::Sum,
+        1,
+        false,
+    );
+    let left = leftovers(id);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+fn leftovers(id: u64) -> Vec<String> {
+    let mine = format!("stragglar.{id:016x}.");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                .filter(|n| n.starts_with(&mine))
+                .collect()
+        })
+        .unwrap_or_default()
+}
