@@ -30,6 +30,16 @@ pub const SETTINGS: &[SettingDoc] = &[
         meaning: "absolute path of the real libnccl.so.2 to forward to",
     },
     SettingDoc {
+        name: "STRAGGLAR_BUFFER_BYTES",
+        default: "256M",
+        meaning: "staging per rank and call parity (K/M/G); larger messages run in segments",
+    },
+    SettingDoc {
+        name: "STRAGGLAR_TIMEOUT_MS",
+        default: "(unset: no deadline)",
+        meaning: "give up a wait on peers after this many ms (as NCCL, none by default)",
+    },
+    SettingDoc {
         name: "STRAGGLAR_DEBUG",
         default: "WARN",
         meaning: "log level: WARN, INFO or TRACE",
@@ -41,6 +51,10 @@ pub const SETTINGS: &[SettingDoc] = &[
     },
 ];
 
+/// Default of `STRAGGLAR_BUFFER_BYTES`: 256 MiB, which holds a DDP bucket (25 MiB) or a
+/// tensor-parallel activation (64-80 MiB) whole, twice over.
+pub const DEFAULT_BUFFER_BYTES: usize = 256 << 20;
+
 /// The effective configuration of this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -48,6 +62,10 @@ pub struct Config {
     pub enabled: bool,
     /// `STRAGGLAR_NCCL_LIB`: the real library's absolute path, if given.
     pub nccl_lib: Option<String>,
+    /// `STRAGGLAR_BUFFER_BYTES`: staging bytes per rank and call parity.
+    pub buffer_bytes: usize,
+    /// `STRAGGLAR_TIMEOUT_MS`: deadline of a wait on peers; `None` waits forever.
+    pub timeout_ms: Option<u64>,
     /// `STRAGGLAR_DEBUG`.
     pub log_level: Level,
     /// `STRAGGLAR_DEBUG_FILE`, with `%h` and `%p` still unexpanded.
@@ -59,6 +77,8 @@ impl Default for Config {
         Config {
             enabled: true,
             nccl_lib: None,
+            buffer_bytes: DEFAULT_BUFFER_BYTES,
+            timeout_ms: None,
             log_level: Level::Warn,
             log_file: None,
         }
@@ -109,6 +129,32 @@ impl Config {
             config.nccl_lib = (!v.is_empty()).then(|| v.to_string());
             !v.is_empty()
         });
+        read(
+            "STRAGGLAR_BUFFER_BYTES",
+            "256M",
+            &mut |v| match crate::cli::args::parse_bytes(v) {
+                Ok(bytes) if bytes >= 4096 && bytes <= usize::MAX as u64 => {
+                    config.buffer_bytes = bytes as usize;
+                    true
+                }
+                _ => false,
+            },
+        );
+        read(
+            "STRAGGLAR_TIMEOUT_MS",
+            "(unset)",
+            &mut |v| match v.parse::<u64>() {
+                Ok(0) => {
+                    config.timeout_ms = None;
+                    true
+                }
+                Ok(ms) => {
+                    config.timeout_ms = Some(ms);
+                    true
+                }
+                Err(_) => false,
+            },
+        );
         read("STRAGGLAR_DEBUG", "WARN", &mut |v| match Level::parse(v) {
             Some(level) => {
                 config.log_level = level;
@@ -135,6 +181,12 @@ impl Config {
                 self.nccl_lib
                     .clone()
                     .unwrap_or_else(|| "(unset: search)".into()),
+            ),
+            ("STRAGGLAR_BUFFER_BYTES", self.buffer_bytes.to_string()),
+            (
+                "STRAGGLAR_TIMEOUT_MS",
+                self.timeout_ms
+                    .map_or_else(|| "(unset: no deadline)".into(), |ms| ms.to_string()),
             ),
             ("STRAGGLAR_DEBUG", self.log_level.name().to_string()),
             (
@@ -198,18 +250,27 @@ mod tests {
             ("STRAGGLAR_DEBUG", "info"),
             ("STRAGGLAR_NCCL_LIB", "/x/libnccl.so.2"),
             ("STRAGGLAR_DEBUG_FILE", "/tmp/s.%h.%p"),
+            ("STRAGGLAR_BUFFER_BYTES", "64M"),
+            ("STRAGGLAR_TIMEOUT_MS", "1500"),
         ]);
+        assert_eq!(config.buffer_bytes, 64 << 20);
+        assert_eq!(config.timeout_ms, Some(1500));
         assert!(!config.enabled);
         assert_eq!(config.log_level, Level::Info);
         assert_eq!(config.nccl_lib.as_deref(), Some("/x/libnccl.so.2"));
         assert_eq!(config.log_file.as_deref(), Some("/tmp/s.%h.%p"));
-        assert_eq!(notices.len(), 4);
+        assert_eq!(notices.len(), 6);
         assert!(notices.iter().all(|n| matches!(n, Notice::Set { .. })));
     }
 
     #[test]
     fn bad_values_fall_back_with_a_notice() {
-        let (config, notices) = parse(&[("STRAGGLAR_ENABLE", "yes"), ("STRAGGLAR_DEBUG", "LOUD")]);
+        let (config, notices) = parse(&[
+            ("STRAGGLAR_ENABLE", "yes"),
+            ("STRAGGLAR_DEBUG", "LOUD"),
+            ("STRAGGLAR_BUFFER_BYTES", "12"),
+        ]);
+        assert_eq!(config.buffer_bytes, DEFAULT_BUFFER_BYTES);
         assert!(config.enabled);
         assert_eq!(config.log_level, Level::Warn);
         assert_eq!(
@@ -219,6 +280,11 @@ mod tests {
                     name: "STRAGGLAR_ENABLE",
                     value: "yes".into(),
                     default: "1"
+                },
+                Notice::Invalid {
+                    name: "STRAGGLAR_BUFFER_BYTES",
+                    value: "12".into(),
+                    default: "256M"
                 },
                 Notice::Invalid {
                     name: "STRAGGLAR_DEBUG",

@@ -1,6 +1,7 @@
 //! The `stragglar` command-line tool: one module per subcommand.
 
 pub mod args;
+pub mod bench;
 mod doctor;
 
 use args::{Args, UsageError};
@@ -12,6 +13,7 @@ stragglar - StragglAR AllReduce for NCCL jobs with a persistent straggler
 usage: stragglar <command> [options]
 
 commands:
+  bench      nccl-tests all_reduce_perf on the host engine, with a late straggler
   doctor     what the library would do on this machine
   help       this text
 ";
@@ -20,13 +22,18 @@ commands:
 pub fn run(argv: Vec<String>) -> i32 {
     let mut it = argv.into_iter().skip(1);
     let command = it.next().unwrap_or_else(|| "help".to_string());
-    let args = Args::new(it);
+    let rest: Vec<String> = it.collect();
+    if command == bench::WORKER_COMMAND {
+        return bench::worker_main(rest);
+    }
+    let args = Args::new(rest);
     let result: Result<i32, UsageError> = match command.as_str() {
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(0)
         }
         "doctor" => doctor::run(args),
+        "bench" => bench::run(args),
         other => Err(UsageError(format!(
             "unknown command '{other}'; try 'stragglar help'"
         ))),

@@ -70,7 +70,7 @@ trait Lane {
     /// Bytes per element.
     const SIZE: usize;
     /// The accumulator: the type itself, or f32 for fp16 and bf16.
-    type Acc: Copy;
+    type Acc: Copy + Default;
     fn load(bytes: &[u8]) -> Self::Acc;
     fn store(acc: Self::Acc, bytes: &mut [u8]);
     fn apply(c: Combiner, a: Self::Acc, b: Self::Acc) -> Self::Acc;
@@ -224,15 +224,34 @@ macro_rules! with_lane {
     };
 }
 
+/// Elements combined per block: accumulators live in a small stack array, so fp16/bf16 keep
+/// fp32 partial results across all operands and the loops stay simple enough to vectorise.
+const BLOCK: usize = 512;
+
 fn combine_lane<L: Lane>(c: Combiner, inputs: &[&[u8]], out: &mut [u8]) {
     let (first, rest) = inputs.split_first().expect("at least one input");
-    for (i, slot) in out.chunks_exact_mut(L::SIZE).enumerate() {
-        let at = i * L::SIZE..(i + 1) * L::SIZE;
-        let mut acc = L::load(&first[at.clone()]);
-        for input in rest {
-            acc = L::apply(c, acc, L::load(&input[at.clone()]));
+    let block_bytes = BLOCK * L::SIZE;
+    for (b, out_block) in out.chunks_mut(block_bytes).enumerate() {
+        let bytes = b * block_bytes..b * block_bytes + out_block.len();
+        let mut acc = [L::Acc::default(); BLOCK];
+        let acc = &mut acc[..out_block.len() / L::SIZE];
+        for (a, e) in acc
+            .iter_mut()
+            .zip(first[bytes.clone()].chunks_exact(L::SIZE))
+        {
+            *a = L::load(e);
         }
-        L::store(acc, slot);
+        for input in rest {
+            for (a, e) in acc
+                .iter_mut()
+                .zip(input[bytes.clone()].chunks_exact(L::SIZE))
+            {
+                *a = L::apply(c, *a, L::load(e));
+            }
+        }
+        for (a, e) in acc.iter().zip(out_block.chunks_exact_mut(L::SIZE)) {
+            L::store(*a, e);
+        }
     }
 }
 

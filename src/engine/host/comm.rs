@@ -252,14 +252,20 @@ impl HostComm {
         self.segments[self.config.rank].header().arrival[parity].store(now_ns(), Ordering::Release);
         let result = self.run(plan, op, scale, &mut buffers, parity);
         match result {
-            Ok(()) => Ok(CallRecord {
-                arrivals: self
-                    .segments
-                    .iter()
-                    .map(|s| s.header().arrival[parity].load(Ordering::Acquire))
-                    .collect(),
-                finished: now_ns(),
-            }),
+            Ok(()) => {
+                self.segments[self.config.rank]
+                    .header()
+                    .finished
+                    .store(self.epoch, Ordering::Release);
+                Ok(CallRecord {
+                    arrivals: self
+                        .segments
+                        .iter()
+                        .map(|s| s.header().arrival[parity].load(Ordering::Acquire))
+                        .collect(),
+                    finished: now_ns(),
+                })
+            }
             Err(error) => {
                 self.abort();
                 self.failed = Some(error.clone());
@@ -375,6 +381,7 @@ impl HostComm {
             liveness: &self.liveness,
             rank,
             deadline: self.config.timeout.map(|t| Instant::now() + t),
+            epoch: self.epoch,
         };
         let program = &plan.programs[rank];
         for step in &program.steps {

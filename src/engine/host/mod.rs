@@ -16,6 +16,7 @@
 pub mod comm;
 pub mod futex;
 pub mod link;
+pub mod runner;
 pub mod segment;
 pub mod wait;
 

@@ -261,3 +261,58 @@ fn leftovers(id: u64) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+#[test]
+fn messages_larger_than_the_staging_run_in_segments() {
+    use super::runner::{all_reduce, layout_for, PlanCache, Shape};
+    let ranks = 3;
+    let shape = Shape {
+        algorithm: Algorithm::Stragglar,
+        ranks,
+        straggler: 2,
+        dtype: DataType::I32,
+    };
+    let count = 10_001;
+    let mut cache = PlanCache::default();
+    let layout = layout_for(&mut cache, &[shape], count, 8 * 1024).unwrap();
+    assert!(layout.arena_bytes <= 8 * 1024);
+    let id = comm_id();
+    let threads: Vec<_> = (0..ranks)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let mut cache = PlanCache::default();
+                let mut comm = HostComm::join(config(id, rank, ranks, layout)).unwrap();
+                let value = |r: usize, i: usize| ((i * 31 + r * 7) % 1000) as i32;
+                let input: Vec<u8> = (0..count)
+                    .flat_map(|i| value(rank, i).to_le_bytes())
+                    .collect();
+                let mut out = vec![0u8; input.len()];
+                let buffers = Buffers::OutOfPlace {
+                    input: &input,
+                    output: &mut out,
+                };
+                all_reduce(
+                    &mut comm,
+                    &mut cache,
+                    shape,
+                    ReduceOp::Sum,
+                    Scale::None,
+                    layout,
+                    buffers,
+                )
+                .unwrap();
+                for (i, got) in out.chunks_exact(4).enumerate() {
+                    let want: i32 = (0..ranks).map(|r| value(r, i)).sum();
+                    assert_eq!(
+                        i32::from_le_bytes(got.try_into().unwrap()),
+                        want,
+                        "element {i}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}

@@ -70,6 +70,8 @@ pub struct Watch<'a> {
     pub rank: usize,
     /// When to give up, if ever.
     pub deadline: Option<Instant>,
+    /// The call being waited in.
+    pub epoch: u64,
 }
 
 impl Watch<'_> {
@@ -83,13 +85,15 @@ impl Watch<'_> {
         {
             return Err(WaitError::Aborted);
         }
-        for (rank, segment) in self.segments.iter().enumerate() {
-            if rank != self.rank && segment.header().abort.load(Ordering::Acquire) != 0 {
+        for (rank, (segment, live)) in self.segments.iter().zip(self.liveness).enumerate() {
+            let header = segment.header();
+            if rank == self.rank || header.finished.load(Ordering::Acquire) >= self.epoch {
+                continue;
+            }
+            if header.abort.load(Ordering::Acquire) != 0 {
                 return Err(WaitError::PeerFailed(rank));
             }
-        }
-        for (rank, live) in self.liveness.iter().enumerate() {
-            if rank != self.rank && live.exited() {
+            if live.exited() {
                 return Err(WaitError::PeerDied(rank));
             }
         }

@@ -1,0 +1,287 @@
+//! `stragglar bench`: nccl-tests' all_reduce_perf on the host engine, with a late straggler.
+//!
+//! The parent runs the ranks (threads of itself, or worker processes of the same binary that
+//! report one line per size on stdout), combines what they measured and prints the table.
+
+mod data;
+mod options;
+mod report;
+mod worker;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+
+use super::args::{Args, UsageError};
+pub use options::{BenchAlgo, BenchOptions, RanksAs};
+use worker::{Half, SizeResult};
+
+/// What a rank sends the parent.
+enum Message {
+    Size(usize, SizeResult),
+    Failed(usize, String),
+}
+
+/// Runs `stragglar bench`; exit status 1 if any element was wrong or a rank failed.
+pub fn run(args: Args) -> Result<i32, UsageError> {
+    let options = BenchOptions::parse(args)?;
+    if let Err(e) = worker::layout(&options) {
+        return Err(UsageError(format!("cannot plan this run: {e}")));
+    }
+    let comm_id = fresh_comm_id();
+    let (tx, rx) = mpsc::channel();
+    let mut handles = match options.ranks_as {
+        RanksAs::Threads => spawn_threads(&options, comm_id, tx),
+        RanksAs::Processes => spawn_processes(&options, comm_id, tx)
+            .map_err(|e| UsageError(format!("cannot start workers: {e}")))?,
+    };
+    print!("{}", report::header(&options));
+    let mut pending: BTreeMap<u64, Vec<Option<SizeResult>>> = BTreeMap::new();
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for message in rx {
+        if let Message::Failed(..) = &message {
+            // One rank failing dooms the call on every rank: stop the others now rather than
+            // leave a late rank sleeping through its delay.
+            for handle in &mut handles {
+                handle.kill();
+            }
+        }
+        match message {
+            Message::Size(rank, result) => {
+                let slot = pending
+                    .entry(result.bytes)
+                    .or_insert_with(|| vec![None; options.ranks]);
+                slot[rank] = Some(result);
+                if slot.iter().all(Option::is_some) {
+                    let all: Vec<SizeResult> = pending
+                        .remove(&result.bytes)
+                        .unwrap()
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                    let row = report::combine(&options, &all);
+                    println!("{}", report::line(&options, &row));
+                    rows.push(row);
+                }
+            }
+            Message::Failed(rank, why) => failures.push(format!("rank {rank}: {why}")),
+        }
+    }
+    for (rank, handle) in handles.into_iter().enumerate() {
+        if let Some(why) = handle.join() {
+            failures.push(format!("rank {rank}: {why}"));
+        }
+    }
+    print!("{}", report::footer(&rows));
+    if let Some(path) = &options.json {
+        if let Err(e) = std::fs::write(path, report::json(&options, &rows)) {
+            eprintln!("stragglar bench: cannot write {}: {e}", path.display());
+            return Ok(1);
+        }
+    }
+    let wrong: u64 = rows.iter().flat_map(|r| r.halves.iter().map(|h| h.3)).sum();
+    for failure in &failures {
+        eprintln!("stragglar bench: {failure}");
+    }
+    if wrong > 0 {
+        eprintln!("stragglar bench: {wrong} wrong element(s)");
+    }
+    Ok(
+        if wrong > 0 || !failures.is_empty() || rows.len() != options.sizes().len() {
+            1
+        } else {
+            0
+        },
+    )
+}
+
+/// A communicator id that no concurrent run shares.
+fn fresh_comm_id() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos ^ ((std::process::id() as u64) << 40)
+}
+
+/// A running rank: a thread or a child process.
+enum Handle {
+    Thread(std::thread::JoinHandle<()>),
+    Process(std::process::Child, std::thread::JoinHandle<()>),
+}
+
+impl Handle {
+    /// Kills a worker process (threads are left to fail on their own: they watch the abort
+    /// word of the failed rank).
+    fn kill(&mut self) {
+        if let Handle::Process(child, _) = self {
+            let _ = child.kill();
+        }
+    }
+
+    /// Waits for the rank; says what went wrong if it did not end cleanly.
+    fn join(self) -> Option<String> {
+        match self {
+            Handle::Thread(t) => t
+                .join()
+                .err()
+                .map(|_| "the rank's thread panicked".to_string()),
+            Handle::Process(mut child, reader) => {
+                let _ = reader.join();
+                match child.wait() {
+                    Ok(status) if status.success() => None,
+                    Ok(status) => Some(format!("worker process ended with {status}")),
+                    Err(e) => Some(format!("cannot wait for the worker: {e}")),
+                }
+            }
+        }
+    }
+}
+
+fn spawn_threads(options: &BenchOptions, comm_id: u64, tx: mpsc::Sender<Message>) -> Vec<Handle> {
+    (0..options.ranks)
+        .map(|rank| {
+            let (options, tx) = (options.clone(), tx.clone());
+            Handle::Thread(std::thread::spawn(move || {
+                let sent = worker::run(&options, comm_id, rank, |r| {
+                    let _ = tx.send(Message::Size(rank, r));
+                });
+                if let Err(e) = sent {
+                    let _ = tx.send(Message::Failed(rank, e.to_string()));
+                }
+            }))
+        })
+        .collect()
+}
+
+fn spawn_processes(
+    options: &BenchOptions,
+    comm_id: u64,
+    tx: mpsc::Sender<Message>,
+) -> std::io::Result<Vec<Handle>> {
+    let exe = std::env::current_exe()?;
+    let mut handles = Vec::new();
+    for rank in 0..options.ranks {
+        let mut child = Command::new(&exe)
+            .arg(WORKER_COMMAND)
+            .arg(comm_id.to_string())
+            .arg(rank.to_string())
+            .args(options.to_args())
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let tx = tx.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                match parse_line(&line) {
+                    Some(Ok(result)) => {
+                        let _ = tx.send(Message::Size(rank, result));
+                    }
+                    Some(Err(why)) => {
+                        let _ = tx.send(Message::Failed(rank, why));
+                    }
+                    None => {}
+                }
+            }
+        });
+        handles.push(Handle::Process(child, reader));
+    }
+    Ok(handles)
+}
+
+/// The hidden subcommand a worker process runs.
+pub const WORKER_COMMAND: &str = "__bench-worker";
+
+/// Entry point of a worker process: `__bench-worker COMM_ID RANK <bench options>`.
+pub fn worker_main(mut argv: Vec<String>) -> i32 {
+    if argv.len() < 2 {
+        return 2;
+    }
+    let rest = argv.split_off(2);
+    let (Ok(comm_id), Ok(rank)) = (argv[0].parse::<u64>(), argv[1].parse::<usize>()) else {
+        return 2;
+    };
+    let options = match BenchOptions::parse(Args::new(rest)) {
+        Ok(o) => o,
+        Err(e) => {
+            println!("FAILED {e}");
+            return 2;
+        }
+    };
+    let result = worker::run(&options, comm_id, rank, |r| println!("{}", format_line(&r)));
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            println!("FAILED {e}");
+            1
+        }
+    }
+}
+
+fn format_line(r: &SizeResult) -> String {
+    let h = |h: &Half| {
+        format!(
+            "{} {} {} {} {}",
+            h.time_us, h.wrong, h.lead_us, h.post_us, h.digest
+        )
+    };
+    format!("RESULT {} {} {}", r.bytes, h(&r.halves[0]), h(&r.halves[1]))
+}
+
+/// `Some(Ok)` for a result line, `Some(Err)` for a failure line, `None` for anything else.
+fn parse_line(line: &str) -> Option<Result<SizeResult, String>> {
+    if let Some(why) = line.strip_prefix("FAILED ") {
+        return Some(Err(why.to_string()));
+    }
+    let fields: Vec<&str> = line.strip_prefix("RESULT ")?.split_whitespace().collect();
+    let parse = || -> Option<SizeResult> {
+        let half = |at: usize| -> Option<Half> {
+            Some(Half {
+                time_us: fields.get(at)?.parse().ok()?,
+                wrong: fields.get(at + 1)?.parse().ok()?,
+                lead_us: fields.get(at + 2)?.parse().ok()?,
+                post_us: fields.get(at + 3)?.parse().ok()?,
+                digest: fields.get(at + 4)?.parse().ok()?,
+            })
+        };
+        Some(SizeResult {
+            bytes: fields.first()?.parse().ok()?,
+            halves: [half(1)?, half(6)?],
+        })
+    };
+    Some(parse().ok_or_else(|| format!("unreadable worker line: {line}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_lines_round_trip() {
+        let r = SizeResult {
+            bytes: 4096,
+            halves: [
+                Half {
+                    time_us: 12.5,
+                    wrong: 0,
+                    lead_us: 100.25,
+                    post_us: 3.5,
+                    digest: 99,
+                },
+                Half {
+                    time_us: 13.0,
+                    wrong: 2,
+                    lead_us: 0.0,
+                    post_us: 1.0,
+                    digest: 7,
+                },
+            ],
+        };
+        assert_eq!(parse_line(&format_line(&r)), Some(Ok(r)));
+        assert!(matches!(parse_line("FAILED rank 3 exited"), Some(Err(_))));
+        assert_eq!(parse_line("noise"), None);
+    }
+}

@@ -1,0 +1,269 @@
+//! `stragglar bench` options: nccl-tests' all_reduce_perf flags plus ours.
+
+use std::path::PathBuf;
+
+use crate::cli::args::{parse_bytes, Args, UsageError};
+use crate::reduce::{DataType, ReduceOp};
+
+/// Where the ranks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RanksAs {
+    Processes,
+    Threads,
+}
+
+/// The algorithm each call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchAlgo {
+    Stragglar,
+    Ring,
+}
+
+/// Everything a run needs; every rank gets the same.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchOptions {
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    /// `-f`: multiply the size by this; `None` adds `step_bytes` instead.
+    pub step_factor: Option<u64>,
+    pub step_bytes: u64,
+    pub iters: usize,
+    pub warmup: usize,
+    /// `-c`: correctness-check iterations per size and placement (0: `N/A`).
+    pub check: usize,
+    pub op: ReduceOp,
+    pub dtype: DataType,
+    pub json: Option<PathBuf>,
+    pub ranks: usize,
+    pub ranks_as: RanksAs,
+    pub algo: BenchAlgo,
+    /// The rank the schedule treats as the straggler.
+    pub straggler: usize,
+    /// The rank that actually arrives late (`--late-rank`, default: the straggler); a
+    /// different one tests a wrong guess, which must cost time, never correctness.
+    pub late_rank: usize,
+    /// The late rank arrives this late on every call, in microseconds.
+    pub delay_us: u64,
+    /// Emulated link rate, 10^9 bytes per second per direction.
+    pub link_gbs: Option<f64>,
+    /// Emulated latency per transfer, microseconds.
+    pub link_latency_us: f64,
+    /// Arena bytes per rank and parity; larger messages run in segments.
+    pub buffer_bytes: usize,
+    /// Per-call deadline in milliseconds.
+    pub timeout_ms: Option<u64>,
+}
+
+impl BenchOptions {
+    /// Parses the arguments of `stragglar bench`.
+    pub fn parse(mut args: Args) -> Result<BenchOptions, UsageError> {
+        let bytes = |args: &mut Args, names: &[&str], default: u64| -> Result<u64, UsageError> {
+            args.value(names)?.map_or(Ok(default), |v| parse_bytes(&v))
+        };
+        let min_bytes = bytes(&mut args, &["-b", "--minbytes"], 32 << 20)?;
+        let max_bytes = bytes(&mut args, &["-e", "--maxbytes"], 32 << 20)?;
+        let step_bytes = bytes(&mut args, &["-i", "--stepbytes"], 1 << 20)?;
+        let step_factor = args.parsed::<u64>(&["-f", "--stepfactor"], "an integer factor >= 2")?;
+        let iters = args.parsed(&["-n", "--iters"], "a count")?.unwrap_or(20);
+        let warmup = args
+            .parsed(&["-w", "--warmup_iters"], "a count")?
+            .unwrap_or(1);
+        let check = args.parsed(&["-c", "--check"], "a count")?.unwrap_or(1);
+        let op = match args.value(&["-o", "--op"])? {
+            None => ReduceOp::Sum,
+            Some(name) => ReduceOp::parse(if name == "mulsum" { "premulsum" } else { &name })
+                .ok_or_else(|| {
+                    UsageError(format!(
+                        "-o: unknown op '{name}' (sum, prod, max, min, avg, premulsum)"
+                    ))
+                })?,
+        };
+        let dtype = match args.value(&["-d", "--datatype"])? {
+            None => DataType::F32,
+            Some(name) => DataType::parse(&name).ok_or_else(|| {
+                UsageError(format!("-d: '{name}' is not supported here (int8 uint8 int32 uint32 int64 uint64 half float double bfloat16)"))
+            })?,
+        };
+        let json = args.value(&["-J", "--output_file"])?.map(PathBuf::from);
+        let backend = args.value(&["--backend"])?.unwrap_or_else(|| "host".into());
+        if backend != "host" {
+            return Err(UsageError(format!(
+                "--backend {backend}: only the host engine exists in this version (the CUDA engine is not built yet)"
+            )));
+        }
+        let ranks: usize = args.parsed(&["--ranks"], "a rank count")?.unwrap_or(8);
+        let ranks_as = match args.value(&["--ranks-as"])?.as_deref() {
+            None | Some("processes") => RanksAs::Processes,
+            Some("threads") => RanksAs::Threads,
+            Some(other) => {
+                return Err(UsageError(format!(
+                    "--ranks-as: expected processes or threads, got '{other}'"
+                )))
+            }
+        };
+        let algo =
+            match args.value(&["--algo"])?.as_deref() {
+                None | Some("stragglar") => BenchAlgo::Stragglar,
+                Some("ring") => BenchAlgo::Ring,
+                Some("nccl") => {
+                    return Err(UsageError(
+                        "--algo nccl needs GPUs and the CUDA backend; on the host engine use ring"
+                            .into(),
+                    ))
+                }
+                Some("auto") => return Err(UsageError(
+                    "--algo auto needs straggler detection, which this version does not have yet"
+                        .into(),
+                )),
+                Some(other) => {
+                    return Err(UsageError(format!(
+                        "--algo: expected stragglar or ring, got '{other}'"
+                    )))
+                }
+            };
+        let straggler = args
+            .parsed(&["--straggler"], "a rank")?
+            .unwrap_or(ranks.saturating_sub(1));
+        let late_rank = args
+            .parsed(&["--late-rank"], "a rank")?
+            .unwrap_or(straggler);
+        let delay_us = args.parsed(&["--delay-us"], "microseconds")?.unwrap_or(0);
+        let link_gbs = args.parsed::<f64>(&["--link-gbs"], "GB/s (10^9 bytes per second)")?;
+        let link_latency_us = args
+            .parsed(&["--link-latency-us"], "microseconds")?
+            .unwrap_or(0.0);
+        let buffer_bytes = match args.value(&["--buffer-bytes"])? {
+            Some(v) => parse_bytes(&v)? as usize,
+            None => crate::config::get().buffer_bytes,
+        };
+        let timeout_ms = args.parsed(&["--timeout-ms"], "milliseconds")?;
+        args.finish()?;
+        let options = BenchOptions {
+            min_bytes,
+            max_bytes,
+            step_factor,
+            step_bytes,
+            iters,
+            warmup,
+            check,
+            op,
+            dtype,
+            json,
+            ranks,
+            ranks_as,
+            algo,
+            straggler,
+            late_rank,
+            delay_us,
+            link_gbs,
+            link_latency_us,
+            buffer_bytes,
+            timeout_ms,
+        };
+        options.validate()?;
+        Ok(options)
+    }
+
+    fn validate(&self) -> Result<(), UsageError> {
+        let fail = |m: String| Err(UsageError(m));
+        if !(2..=64).contains(&self.ranks) {
+            return fail(format!(
+                "--ranks {}: the host engine runs 2 to 64 ranks",
+                self.ranks
+            ));
+        }
+        if self.straggler >= self.ranks || self.late_rank >= self.ranks {
+            return fail(format!(
+                "--straggler and --late-rank must be ranks of {}",
+                self.ranks
+            ));
+        }
+        if self.min_bytes > self.max_bytes {
+            return fail("-b must not exceed -e".into());
+        }
+        if self.step_factor.is_some_and(|f| f < 2)
+            || (self.step_factor.is_none() && self.step_bytes == 0)
+        {
+            return fail("-f must be >= 2 and -i > 0".into());
+        }
+        if self.iters == 0 {
+            return fail("-n must be at least 1".into());
+        }
+        if self.link_gbs.is_some_and(|g| !(g > 0.0 && g.is_finite()))
+            || !(self.link_latency_us >= 0.0)
+        {
+            return fail("--link-gbs must be positive and --link-latency-us not negative".into());
+        }
+        if self.buffer_bytes < 4096 {
+            return fail("--buffer-bytes must be at least 4K".into());
+        }
+        Ok(())
+    }
+
+    /// The message sizes of the sweep, in bytes (whole elements).
+    pub fn sizes(&self) -> Vec<u64> {
+        let elem = self.dtype.size() as u64;
+        let mut sizes = Vec::new();
+        let mut size = self.min_bytes;
+        while size <= self.max_bytes {
+            sizes.push(size / elem * elem);
+            size = match self.step_factor {
+                Some(f) => size.max(1) * f,
+                None => size + self.step_bytes,
+            };
+        }
+        sizes
+    }
+
+    /// The arguments that reproduce these options, for worker processes.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "-b".into(),
+            self.min_bytes.to_string(),
+            "-e".into(),
+            self.max_bytes.to_string(),
+            "-i".into(),
+            self.step_bytes.to_string(),
+            "-n".into(),
+            self.iters.to_string(),
+            "-w".into(),
+            self.warmup.to_string(),
+            "-c".into(),
+            self.check.to_string(),
+            "-o".into(),
+            self.op.name().into(),
+            "-d".into(),
+            self.dtype.name().into(),
+            "--ranks".into(),
+            self.ranks.to_string(),
+            "--ranks-as".into(),
+            "processes".into(),
+            "--algo".into(),
+            match self.algo {
+                BenchAlgo::Stragglar => "stragglar",
+                BenchAlgo::Ring => "ring",
+            }
+            .into(),
+            "--straggler".into(),
+            self.straggler.to_string(),
+            "--late-rank".into(),
+            self.late_rank.to_string(),
+            "--delay-us".into(),
+            self.delay_us.to_string(),
+            "--link-latency-us".into(),
+            self.link_latency_us.to_string(),
+            "--buffer-bytes".into(),
+            self.buffer_bytes.to_string(),
+        ];
+        if let Some(f) = self.step_factor {
+            a.extend(["-f".into(), f.to_string()]);
+        }
+        if let Some(g) = self.link_gbs {
+            a.extend(["--link-gbs".into(), g.to_string()]);
+        }
+        if let Some(t) = self.timeout_ms {
+            a.extend(["--timeout-ms".into(), t.to_string()]);
+        }
+        a
+    }
+}

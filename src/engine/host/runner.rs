@@ -1,0 +1,148 @@
+//! Plans by message shape, and calls larger than the staging split into segments.
+//!
+//! A message whose plan needs more arena than the segments have is cut into equal segments
+//! (element ranges on 16-byte boundaries), each run as its own call. What that costs: the
+//! straggler's delay hides the ReduceScatter of the first segment only; every later segment
+//! finds all ranks present and runs its whole plan exposed. Size the staging
+//! (`STRAGGLAR_BUFFER_BYTES`) to the largest message that should keep the benefit.
+
+use std::collections::HashMap;
+
+use super::comm::{Buffers, CallRecord, EngineError, HostComm};
+use super::segment::SegmentLayout;
+use crate::plan::{chunk_ranges, lower, Plan};
+use crate::reduce::{DataType, ReduceOp, Scale};
+use crate::schedule::{verify, Algorithm, PlanRequest};
+
+/// Which schedule a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub algorithm: Algorithm,
+    pub ranks: usize,
+    /// The straggler (ignored by algorithms without one).
+    pub straggler: usize,
+    pub dtype: DataType,
+}
+
+/// Plans by (shape, count), built on first use; identical on every rank.
+#[derive(Default)]
+pub struct PlanCache {
+    plans: HashMap<(Shape, usize), Plan>,
+}
+
+impl PlanCache {
+    /// The plan of `count` elements of `shape`.
+    pub fn get(&mut self, shape: Shape, count: usize) -> Result<&Plan, String> {
+        if !self.plans.contains_key(&(shape, count)) {
+            let schedule = shape
+                .algorithm
+                .schedule(&PlanRequest::new(shape.ranks, shape.straggler))
+                .map_err(|e| e.to_string())?;
+            verify(&schedule).map_err(|e| format!("{e:?}"))?;
+            let plan = lower(&schedule, count, shape.dtype).map_err(|e| e.to_string())?;
+            self.plans.insert((shape, count), plan);
+        }
+        Ok(&self.plans[&(shape, count)])
+    }
+}
+
+/// The segment layout that fits every plan of `shapes` for messages up to `max_count`
+/// elements without splitting, capped at `cap_bytes` of arena per parity.
+pub fn layout_for(
+    cache: &mut PlanCache,
+    shapes: &[Shape],
+    max_count: usize,
+    cap_bytes: usize,
+) -> Result<SegmentLayout, String> {
+    let mut layout = SegmentLayout {
+        flags_per_bank: 1,
+        arena_bytes: 64,
+    };
+    for &shape in shapes {
+        let plan = cache.get(shape, max_count)?;
+        layout.flags_per_bank = layout.flags_per_bank.max(plan.max_values());
+        layout.arena_bytes = layout
+            .arena_bytes
+            .max(plan.max_arena_bytes().min(cap_bytes));
+    }
+    Ok(layout)
+}
+
+/// How many segments `count` elements of `shape` need to fit `layout`.
+fn segments_needed(
+    cache: &mut PlanCache,
+    shape: Shape,
+    count: usize,
+    layout: SegmentLayout,
+) -> Result<usize, String> {
+    let whole = cache.get(shape, count)?.max_arena_bytes();
+    let mut parts = whole.div_ceil(layout.arena_bytes.max(1)).max(1);
+    // Alignment slack can leave a part slightly too big: add parts until every one fits.
+    loop {
+        let ranges = chunk_ranges(count, shape.dtype.size(), parts);
+        let fits = ranges
+            .iter()
+            .map(|r| {
+                cache
+                    .get(shape, r.len())
+                    .map(|p| p.max_arena_bytes() <= layout.arena_bytes)
+            })
+            .collect::<Result<Vec<bool>, String>>()?;
+        if fits.iter().all(|&f| f) {
+            return Ok(parts);
+        }
+        parts += 1;
+    }
+}
+
+/// Runs one AllReduce of `count` elements, split into segments when it does not fit; returns
+/// the record of the first segment (the one whose ReduceScatter the delay can hide).
+pub fn all_reduce(
+    comm: &mut HostComm,
+    cache: &mut PlanCache,
+    shape: Shape,
+    op: ReduceOp,
+    scale: Scale,
+    layout: SegmentLayout,
+    buffers: Buffers<'_>,
+) -> Result<CallRecord, EngineError> {
+    let size = shape.dtype.size();
+    let count = match &buffers {
+        Buffers::InPlace(b) => b.len() / size,
+        Buffers::OutOfPlace { input, .. } => input.len() / size,
+    };
+    let parts = segments_needed(cache, shape, count, layout).map_err(EngineError::Mismatch)?;
+    if parts == 1 {
+        let plan = cache.get(shape, count).map_err(EngineError::Mismatch)?;
+        return comm.all_reduce(plan, op, scale, buffers);
+    }
+    let ranges = chunk_ranges(count, size, parts);
+    let mut first = None;
+    match buffers {
+        Buffers::InPlace(buffer) => {
+            for r in ranges {
+                let plan = cache.get(shape, r.len()).map_err(EngineError::Mismatch)?;
+                let record = comm.all_reduce(
+                    plan,
+                    op,
+                    scale,
+                    Buffers::InPlace(&mut buffer[r.start * size..r.end * size]),
+                )?;
+                first.get_or_insert(record);
+            }
+        }
+        Buffers::OutOfPlace { input, output } => {
+            for r in ranges {
+                let plan = cache.get(shape, r.len()).map_err(EngineError::Mismatch)?;
+                let bytes = r.start * size..r.end * size;
+                let buffers = Buffers::OutOfPlace {
+                    input: &input[bytes.clone()],
+                    output: &mut output[bytes],
+                };
+                let record = comm.all_reduce(plan, op, scale, buffers)?;
+                first.get_or_insert(record);
+            }
+        }
+    }
+    Ok(first.expect("at least one segment"))
+}

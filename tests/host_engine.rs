@@ -1,0 +1,294 @@
+//! The host engine as users run it: `stragglar bench` with ranks as real processes over shared
+//! memory, every data type and op checked element by element, wrong straggler guesses, and
+//! peers that die or never arrive.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn stragglar() -> Command {
+    clean_command(Path::new(env!("CARGO_BIN_EXE_stragglar")))
+}
+
+fn bench(args: &[&str]) -> Output {
+    run(stragglar().arg("bench").args(args))
+}
+
+/// The table lines (not comments) of a bench run.
+fn rows(out: &Output) -> Vec<Vec<String>> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect()
+}
+
+#[test]
+fn every_type_and_op_is_exact_across_processes() {
+    for dtype in [
+        "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double",
+        "bfloat16",
+    ] {
+        for op in ["sum", "prod", "max", "min", "avg", "premulsum"] {
+            let out = bench(&[
+                "--ranks",
+                "4",
+                "--straggler",
+                "2",
+                "-b",
+                "4",
+                "-e",
+                "4100",
+                "-i",
+                "2048",
+                "-n",
+                "1",
+                "-w",
+                "0",
+                "-c",
+                "2",
+                "-d",
+                dtype,
+                "-o",
+                op,
+            ]);
+            assert!(out.status.success(), "{dtype} {op}: {}", describe(&out));
+            let table = rows(&out);
+            assert_eq!(table.len(), 3, "{dtype} {op}: {}", describe(&out));
+            for row in table {
+                assert_eq!(
+                    (row[8].as_str(), row[12].as_str()),
+                    ("0", "0"),
+                    "{dtype} {op}: {row:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn odd_counts_and_many_ranks() {
+    for ranks in ["2", "3", "5", "9"] {
+        let out = bench(&[
+            "--ranks",
+            ranks,
+            "--straggler",
+            "0",
+            "-b",
+            "1",
+            "-e",
+            "100003",
+            "-f",
+            "7",
+            "-n",
+            "1",
+            "-d",
+            "int32",
+        ]);
+        assert!(out.status.success(), "n={ranks}: {}", describe(&out));
+    }
+    let threads = bench(&[
+        "--ranks",
+        "12",
+        "--ranks-as",
+        "threads",
+        "-b",
+        "999",
+        "-e",
+        "999",
+        "-n",
+        "2",
+        "-d",
+        "half",
+    ]);
+    assert!(threads.status.success(), "{}", describe(&threads));
+}
+
+#[test]
+fn a_wrong_straggler_guess_costs_time_not_correctness() {
+    let out = bench(&[
+        "--ranks",
+        "5",
+        "--straggler",
+        "0",
+        "--late-rank",
+        "3",
+        "--delay-us",
+        "3000",
+        "-b",
+        "64K",
+        "-e",
+        "64K",
+        "-n",
+        "3",
+        "-o",
+        "sum",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("late rank 3"));
+}
+
+#[test]
+fn ring_and_large_messages_in_segments() {
+    let out = bench(&[
+        "--ranks",
+        "4",
+        "--algo",
+        "ring",
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+        "-n",
+        "2",
+        "--buffer-bytes",
+        "64K",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let out = bench(&[
+        "--ranks",
+        "4",
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+        "-n",
+        "2",
+        "--buffer-bytes",
+        "64K",
+        "-d",
+        "bfloat16",
+        "-o",
+        "avg",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+fn shm_leftovers(pid: u32) -> Vec<String> {
+    // Our bench names its communicator from the time and the parent's pid.
+    let _ = pid;
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                .filter(|n| n.starts_with("stragglar."))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The worker processes of a running bench.
+fn workers(parent: u32) -> Vec<u32> {
+    let path = format!("/proc/{parent}/task/{parent}/children");
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+#[test]
+fn a_peer_killed_mid_run_makes_every_rank_fail_promptly() {
+    let before = shm_leftovers(0);
+    let mut child = stragglar()
+        .args([
+            "bench",
+            "--ranks",
+            "4",
+            "-b",
+            "256K",
+            "-e",
+            "256K",
+            "-n",
+            "100000",
+            "-w",
+            "0",
+            "--link-gbs",
+            "0.5",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let victims = loop {
+        let w = workers(child.id());
+        if w.len() == 4 {
+            break w;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "workers did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: sending a signal to a child process of the bench we started.
+    unsafe { libc::kill(victims[1] as i32, libc::SIGKILL) };
+    let killed_at = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let took = killed_at.elapsed();
+    assert!(!out.status.success(), "{}", describe(&out));
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("rank 1 exited") || err.contains("signal"),
+        "{err}"
+    );
+    let after = shm_leftovers(0);
+    assert!(
+        after.iter().all(|n| before.contains(n)),
+        "left in /dev/shm: {after:?}"
+    );
+}
+
+#[test]
+fn a_peer_that_never_arrives_times_out_cleanly() {
+    let before = shm_leftovers(0);
+    let start = Instant::now();
+    let out = bench(&[
+        "--ranks",
+        "3",
+        "-b",
+        "4K",
+        "-e",
+        "4K",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--delay-us",
+        "600000000",
+        "--timeout-ms",
+        "300",
+    ]);
+    let took = start.elapsed();
+    assert!(!out.status.success(), "{}", describe(&out));
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("timed out"), "{err}");
+    let after = shm_leftovers(0);
+    assert!(
+        after.iter().all(|n| before.contains(n)),
+        "left in /dev/shm: {after:?}"
+    );
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    for args in [
+        vec!["--ranks", "1"],
+        vec!["--ranks", "4", "--straggler", "4"],
+        vec!["-d", "f8e4m3"],
+        vec!["--backend", "cuda"],
+        vec!["--algo", "auto"],
+        vec!["-b", "2M", "-e", "1M"],
+        vec!["--link-gbs", "-1"],
+    ] {
+        let out = bench(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", describe(&out));
+    }
+}
