@@ -168,9 +168,8 @@ fn ring_and_large_messages_in_segments() {
     assert!(out.status.success(), "{}", describe(&out));
 }
 
-fn shm_leftovers(pid: u32) -> Vec<String> {
-    // Our bench names its communicator from the time and the parent's pid.
-    let _ = pid;
+/// Our segments' names in /dev/shm (each test compares before and after).
+fn shm_leftovers() -> Vec<String> {
     std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
@@ -192,8 +191,8 @@ fn workers(parent: u32) -> Vec<u32> {
 
 #[test]
 fn a_peer_killed_mid_run_makes_every_rank_fail_promptly() {
-    let before = shm_leftovers(0);
-    let mut child = stragglar()
+    let before = shm_leftovers();
+    let child = stragglar()
         .args([
             "bench",
             "--ranks",
@@ -238,7 +237,7 @@ fn a_peer_killed_mid_run_makes_every_rank_fail_promptly() {
         err.contains("rank 1 exited") || err.contains("signal"),
         "{err}"
     );
-    let after = shm_leftovers(0);
+    let after = shm_leftovers();
     assert!(
         after.iter().all(|n| before.contains(n)),
         "left in /dev/shm: {after:?}"
@@ -247,7 +246,7 @@ fn a_peer_killed_mid_run_makes_every_rank_fail_promptly() {
 
 #[test]
 fn a_peer_that_never_arrives_times_out_cleanly() {
-    let before = shm_leftovers(0);
+    let before = shm_leftovers();
     let start = Instant::now();
     let out = bench(&[
         "--ranks",
@@ -270,7 +269,7 @@ fn a_peer_that_never_arrives_times_out_cleanly() {
     assert!(took < Duration::from_secs(30), "took {took:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("timed out"), "{err}");
-    let after = shm_leftovers(0);
+    let after = shm_leftovers();
     assert!(
         after.iter().all(|n| before.contains(n)),
         "left in /dev/shm: {after:?}"

@@ -190,7 +190,8 @@ impl BenchOptions {
             return fail("-n must be at least 1".into());
         }
         if self.link_gbs.is_some_and(|g| !(g > 0.0 && g.is_finite()))
-            || !(self.link_latency_us >= 0.0)
+            || self.link_latency_us.is_nan()
+            || self.link_latency_us < 0.0
         {
             return fail("--link-gbs must be positive and --link-latency-us not negative".into());
         }

@@ -33,14 +33,13 @@ pub struct PlanCache {
 impl PlanCache {
     /// The plan of `count` elements of `shape`.
     pub fn get(&mut self, shape: Shape, count: usize) -> Result<&Plan, String> {
-        if !self.plans.contains_key(&(shape, count)) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.plans.entry((shape, count)) {
             let schedule = shape
                 .algorithm
                 .schedule(&PlanRequest::new(shape.ranks, shape.straggler))
                 .map_err(|e| e.to_string())?;
             verify(&schedule).map_err(|e| format!("{e:?}"))?;
-            let plan = lower(&schedule, count, shape.dtype).map_err(|e| e.to_string())?;
-            self.plans.insert((shape, count), plan);
+            slot.insert(lower(&schedule, count, shape.dtype).map_err(|e| e.to_string())?);
         }
         Ok(&self.plans[&(shape, count)])
     }
