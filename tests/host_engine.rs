@@ -168,12 +168,20 @@ fn ring_and_large_messages_in_segments() {
     assert!(out.status.success(), "{}", describe(&out));
 }
 
-/// Our segments' names in /dev/shm (each test compares before and after).
-fn shm_leftovers() -> Vec<String> {
+/// The communicator id a bench run printed in its header.
+fn comm_id(stdout: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stdout);
+    let header = text.lines().next().unwrap_or_default();
+    header.rsplit(' ').next().unwrap_or_default().to_string()
+}
+
+/// The run's segments still named in /dev/shm.
+fn shm_leftovers(comm_id: &str) -> Vec<String> {
+    assert_eq!(comm_id.len(), 16, "no communicator id: '{comm_id}'");
     std::fs::read_dir("/dev/shm")
         .map(|d| {
             d.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-                .filter(|n| n.starts_with("stragglar."))
+                .filter(|n| n.starts_with(&format!("stragglar.{comm_id}.")))
                 .collect()
         })
         .unwrap_or_default()
@@ -191,7 +199,6 @@ fn workers(parent: u32) -> Vec<u32> {
 
 #[test]
 fn a_peer_killed_mid_run_makes_every_rank_fail_promptly() {
-    let before = shm_leftovers();
     let child = stragglar()
         .args([
             "bench",
@@ -237,16 +244,12 @@ fn a_peer_killed_mid_run_makes_every_rank_fail_promptly() {
         err.contains("rank 1 exited") || err.contains("signal"),
         "{err}"
     );
-    let after = shm_leftovers();
-    assert!(
-        after.iter().all(|n| before.contains(n)),
-        "left in /dev/shm: {after:?}"
-    );
+    let left = shm_leftovers(&comm_id(&out.stdout));
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
 
 #[test]
 fn a_peer_that_never_arrives_times_out_cleanly() {
-    let before = shm_leftovers();
     let start = Instant::now();
     let out = bench(&[
         "--ranks",
@@ -269,11 +272,8 @@ fn a_peer_that_never_arrives_times_out_cleanly() {
     assert!(took < Duration::from_secs(30), "took {took:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("timed out"), "{err}");
-    let after = shm_leftovers();
-    assert!(
-        after.iter().all(|n| before.contains(n)),
-        "left in /dev/shm: {after:?}"
-    );
+    let left = shm_leftovers(&comm_id(&out.stdout));
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
 
 #[test]

@@ -36,7 +36,7 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         RanksAs::Processes => spawn_processes(&options, comm_id, tx)
             .map_err(|e| UsageError(format!("cannot start workers: {e}")))?,
     };
-    print!("{}", report::header(&options));
+    print!("{}", report::header(&options, comm_id));
     let mut pending: BTreeMap<u64, Vec<Option<SizeResult>>> = BTreeMap::new();
     let mut rows = Vec::new();
     let mut failures = Vec::new();

@@ -76,7 +76,7 @@ fn describe_algo(options: &BenchOptions) -> &'static str {
 }
 
 /// The header lines.
-pub fn header(options: &BenchOptions) -> String {
+pub fn header(options: &BenchOptions, comm_id: u64) -> String {
     let mut s = String::new();
     let link = match options.link_gbs {
         Some(g) => format!("{g} GB/s + {} us per transfer", options.link_latency_us),
@@ -88,7 +88,7 @@ pub fn header(options: &BenchOptions) -> String {
     };
     let _ = writeln!(
         s,
-        "# stragglar bench {} (all_reduce_perf format)",
+        "# stragglar bench {} (all_reduce_perf format) comm {comm_id:016x}",
         env!("CARGO_PKG_VERSION")
     );
     let _ = writeln!(
