@@ -42,6 +42,11 @@ typedef unsigned long long uint64_t;
 #define STEP_COPY 2
 
 /**
+ * `RawStep::turn` of an unordered read.
+ */
+#define NO_TURN UINT32_MAX
+
+/**
  * `RawValue::offset` of a value that is not kept in the arena.
  */
 #define VALUE_NOT_KEPT UINT64_MAX
@@ -132,6 +137,11 @@ typedef struct RawStep {
    * 1 when the result holds every contribution (finish it, write it to the output).
    */
   uint32_t complete;
+  /**
+   * The remote read's place in its source's sends (`plan::Turn`), or `NO_TURN`.
+   */
+  uint32_t turn;
+  uint32_t reserved;
 } RawStep;
 
 /**

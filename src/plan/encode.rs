@@ -17,6 +17,8 @@ pub const STEP_COPY_IN: u32 = 0;
 pub const STEP_COMBINE: u32 = 1;
 /// `RawStep::kind`: copy a complete value.
 pub const STEP_COPY: u32 = 2;
+/// `RawStep::turn` of an unordered read.
+pub const NO_TURN: u32 = u32::MAX;
 /// `RawValue::offset` of a value that is not kept in the arena.
 pub const VALUE_NOT_KEPT: u64 = u64::MAX;
 
@@ -76,6 +78,9 @@ pub struct RawStep {
     pub out_value: u32,
     /// 1 when the result holds every contribution (finish it, write it to the output).
     pub complete: u32,
+    /// The remote read's place in its source's sends (`plan::Turn`), or `NO_TURN`.
+    pub turn: u32,
+    pub reserved: u32,
 }
 
 /// A value on some rank.
@@ -128,15 +133,28 @@ pub fn encode(plan: &Plan, rank: usize) -> PlanBlob {
     let mut steps = Vec::new();
     let mut sources = Vec::new();
     for step in &program.steps {
-        let (kind, chunk, srcs, out, complete) = match step {
-            Step::CopyIn => (STEP_COPY_IN, 0, vec![], 0, false),
+        let (kind, chunk, srcs, out, complete, turn) = match step {
+            Step::CopyIn => (STEP_COPY_IN, 0, vec![], 0, false, None),
             Step::Combine {
                 chunk,
                 sources,
                 out,
                 complete,
-            } => (STEP_COMBINE, *chunk, sources.clone(), *out, *complete),
-            Step::Copy { chunk, source, out } => (STEP_COPY, *chunk, vec![*source], *out, true),
+                turn,
+            } => (
+                STEP_COMBINE,
+                *chunk,
+                sources.clone(),
+                *out,
+                *complete,
+                *turn,
+            ),
+            Step::Copy {
+                chunk,
+                source,
+                out,
+                turn,
+            } => (STEP_COPY, *chunk, vec![*source], *out, true, *turn),
         };
         steps.push(RawStep {
             kind,
@@ -145,6 +163,8 @@ pub fn encode(plan: &Plan, rank: usize) -> PlanBlob {
             source_count: srcs.len() as u32,
             out_value: out as u32,
             complete: complete as u32,
+            turn: turn.map_or(NO_TURN, |t| t as u32),
+            reserved: 0,
         });
         sources.extend(srcs.iter().map(|s| RawSource {
             rank: s.rank as u32,

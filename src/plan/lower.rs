@@ -12,7 +12,7 @@
 use std::fmt;
 
 use super::layout::{align_up, chunk_ranges};
-use super::{Plan, RankProgram, Step, Value, ValueRef};
+use super::{Plan, RankProgram, Step, Turn, Value, ValueRef};
 use crate::reduce::DataType;
 use crate::schedule::{Contributions, PhaseKind, Schedule};
 
@@ -61,6 +61,16 @@ struct Held {
     lowest: usize,
 }
 
+/// What one step produces.
+struct Produced {
+    sources: Vec<ValueRef>,
+    set: Contributions,
+    lowest: usize,
+    /// A copy of `sources[0]` rather than a combination.
+    copy: bool,
+    turn: Turn,
+}
+
 /// Lowering state: the programs being built and what every rank holds.
 struct Lowering {
     ranks: usize,
@@ -71,6 +81,8 @@ struct Lowering {
     held: Vec<Vec<Option<Held>>>,
     /// `reads[rank][value]`: some later step reads this value.
     reads: Vec<Vec<bool>>,
+    /// `sends[rank]`: transfer-by-transfer sends of `rank` so far (its next turn).
+    sends: Vec<usize>,
     /// `output_written[rank][chunk]`: the rank obtained this chunk's complete value.
     output_written: Vec<Vec<bool>>,
 }
@@ -108,6 +120,7 @@ impl Lowering {
             programs,
             held,
             reads: vec![vec![true; chunks]; ranks],
+            sends: vec![0; ranks],
             output_written: vec![vec![false; chunks]; ranks],
         }
     }
@@ -125,33 +138,27 @@ impl Lowering {
         self.reads[value.rank][value.id] = true;
     }
 
-    /// Emits the step that makes `rank` hold `held` for `chunk`.
-    fn produce(
-        &mut self,
-        rank: usize,
-        chunk: usize,
-        sources: Vec<ValueRef>,
-        set: Contributions,
-        lowest: usize,
-        copy: bool,
-    ) {
-        for &s in &sources {
+    /// Emits the step that makes `rank` hold `what` for `chunk`.
+    fn produce(&mut self, rank: usize, chunk: usize, what: Produced) {
+        for &s in &what.sources {
             self.mark_read(s);
         }
         let out = self.new_value(rank, chunk);
-        let complete = set.len() == self.ranks;
-        let step = if copy {
+        let complete = what.set.len() == self.ranks;
+        let step = if what.copy {
             Step::Copy {
                 chunk,
-                source: sources[0],
+                source: what.sources[0],
                 out,
+                turn: what.turn,
             }
         } else {
             Step::Combine {
                 chunk,
-                sources,
+                sources: what.sources,
                 out,
                 complete,
+                turn: what.turn,
             }
         };
         if complete {
@@ -160,8 +167,8 @@ impl Lowering {
         self.programs[rank].steps.push(step);
         self.held[rank][chunk] = Some(Held {
             value: ValueRef { rank, id: out },
-            set,
-            lowest,
+            set: what.set,
+            lowest: what.lowest,
         });
     }
 
@@ -219,7 +226,14 @@ impl Lowering {
                 .iter()
                 .map(|&r| ValueRef { rank: r, id: chunk })
                 .collect();
-            self.produce(owner, chunk, sources, set, early[0], false);
+            let what = Produced {
+                sources,
+                set,
+                lowest: early[0],
+                copy: false,
+                turn: None,
+            };
+            self.produce(owner, chunk, what);
         }
         Ok(())
     }
@@ -231,9 +245,18 @@ impl Lowering {
             .map(|t| self.holding(t.src, t.chunk))
             .collect::<Result<_, _>>()?;
         for (t, src) in round.iter().zip(reads) {
+            let turn = Some(self.sends[t.src]);
+            self.sends[t.src] += 1;
             match t.op {
                 crate::schedule::Op::Copy => {
-                    self.produce(t.dst, t.chunk, vec![src.value], src.set, src.lowest, true)
+                    let what = Produced {
+                        sources: vec![src.value],
+                        set: src.set,
+                        lowest: src.lowest,
+                        copy: true,
+                        turn,
+                    };
+                    self.produce(t.dst, t.chunk, what)
                 }
                 crate::schedule::Op::Reduce => {
                     let dst = self.holding(t.dst, t.chunk)?;
@@ -251,14 +274,14 @@ impl Lowering {
                     let mut set = first.set.clone();
                     set.union_with(&second.set);
                     let lowest = first.lowest;
-                    self.produce(
-                        t.dst,
-                        t.chunk,
-                        vec![first.value, second.value],
+                    let what = Produced {
+                        sources: vec![first.value, second.value],
                         set,
                         lowest,
-                        false,
-                    );
+                        copy: false,
+                        turn,
+                    };
+                    self.produce(t.dst, t.chunk, what);
                 }
             }
         }

@@ -57,6 +57,8 @@ pub enum Step {
         sources: Vec<ValueRef>,
         out: usize,
         complete: bool,
+        /// See [`Turn`].
+        turn: Turn,
     },
     /// Copies `source` (a complete value) for `chunk` into this rank's value `out` (when kept)
     /// and the caller's output.
@@ -64,8 +66,16 @@ pub enum Step {
         chunk: usize,
         source: ValueRef,
         out: usize,
+        /// See [`Turn`].
+        turn: Turn,
     },
 }
+
+/// Where a step's remote read stands in its source's sends. `Some(k)`: it is the source's
+/// `k`-th send of the call (in schedule order), and waits until the source has served the
+/// `k` before it, so every send port serves in round order as the round model assumes.
+/// `None`: unordered (the direct-pull ReduceScatter, which runs before the straggler arrives).
+pub type Turn = Option<usize>;
 
 /// The program of one rank: steps in order, its value table and its arena size.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -38,6 +38,7 @@ pub fn simulate(plan: &Plan, op: ReduceOp, inputs: &[Vec<u8>], scales: &[Scale])
                     sources,
                     out,
                     complete,
+                    ..
                 } => {
                     if !sources.iter().all(|s| values.contains_key(s)) {
                         continue;
@@ -52,7 +53,9 @@ pub fn simulate(plan: &Plan, op: ReduceOp, inputs: &[Vec<u8>], scales: &[Scale])
                     }
                     values.insert(ValueRef { rank, id: *out }, result);
                 }
-                Step::Copy { chunk, source, out } => {
+                Step::Copy {
+                    chunk, source, out, ..
+                } => {
                     let Some(value) = values.get(source).cloned() else {
                         continue;
                     };

@@ -8,7 +8,7 @@ use super::link::{now_ns, sleep_until, LinkModel};
 use super::segment::{segment_name, unlink, Segment, SegmentLayout};
 use super::wait::{publish, Liveness, WaitError, Watch};
 use crate::nccl::types::ResultCode;
-use crate::plan::{Plan, Step, ValueRef};
+use crate::plan::{Plan, Step, Turn, ValueRef};
 use crate::reduce::{combine, finish, prescale, ReduceOp, Scale};
 
 /// How one rank joins a communicator. Every field but `rank` is identical on every rank.
@@ -131,6 +131,16 @@ impl CallRecord {
     }
 }
 
+/// One read of a peer's value within a call.
+#[derive(Clone, Copy)]
+struct Read {
+    source: ValueRef,
+    /// The call's parity and flag value.
+    parity: usize,
+    epoch: u32,
+    turn: Turn,
+}
+
 /// One rank of a host-engine communicator.
 pub struct HostComm {
     config: HostCommConfig,
@@ -249,7 +259,9 @@ impl HostComm {
         }
         self.epoch += 1;
         let parity = (self.epoch % 2) as usize;
-        self.segments[self.config.rank].header().arrival[parity].store(now_ns(), Ordering::Release);
+        let header = self.segments[self.config.rank].header();
+        header.served[parity].store(0, Ordering::Release);
+        header.arrival[parity].store(now_ns(), Ordering::Release);
         let result = self.run(plan, op, scale, &mut buffers, parity);
         match result {
             Ok(()) => {
@@ -339,22 +351,21 @@ impl HostComm {
         }
     }
 
-    /// Waits for `source` and pays its emulated transfer (nothing for this rank's own values).
-    fn fetch(
-        &self,
-        watch: &Watch<'_>,
-        parity: usize,
-        epoch: u32,
-        source: ValueRef,
-        bytes: usize,
-    ) -> Result<(), EngineError> {
-        if source.rank == self.config.rank {
+    /// Waits for `source` (and, for an ordered read, for its turn on the source's send port)
+    /// and pays its emulated transfer; nothing for this rank's own values.
+    fn fetch(&self, watch: &Watch<'_>, read: Read, bytes: usize) -> Result<(), EngineError> {
+        if read.source.rank == self.config.rank {
             return Ok(());
         }
-        let peer = &self.segments[source.rank];
+        let peer = &self.segments[read.source.rank];
         watch
-            .until(peer.flag(parity, source.id), epoch)
+            .until(peer.flag(read.parity, read.source.id), read.epoch)
             .map_err(EngineError::Wait)?;
+        if let Some(turn) = read.turn {
+            watch
+                .until(&peer.header().served[read.parity], turn as u32)
+                .map_err(EngineError::Wait)?;
+        }
         let link = self.config.link;
         if link.is_active() {
             let own = self.segments[self.config.rank].header();
@@ -362,6 +373,16 @@ impl HostComm {
             sleep_until(done);
         }
         Ok(())
+    }
+
+    /// Hands the source's send port to its next turn once an ordered read is done.
+    fn served(&self, read: Read) {
+        if let (Some(turn), true) = (read.turn, read.source.rank != self.config.rank) {
+            publish(
+                &self.segments[read.source.rank].header().served[read.parity],
+                turn as u32 + 1,
+            );
+        }
     }
 
     fn run(
@@ -402,10 +423,17 @@ impl HostComm {
                     sources,
                     out,
                     complete,
+                    turn,
                 } => {
                     let range = plan.chunk_bytes(*chunk);
+                    let read = |source| Read {
+                        source,
+                        parity,
+                        epoch,
+                        turn: *turn,
+                    };
                     for &source in sources {
-                        self.fetch(&watch, parity, epoch, source, range.len())?;
+                        self.fetch(&watch, read(source), range.len())?;
                     }
                     // SAFETY: every source was published for this call (waited above, or
                     // produced earlier by this rank).
@@ -431,10 +459,24 @@ impl HostComm {
                             finish(plan.dtype, op, plan.ranks, target);
                         }
                     }
+                    for &source in sources {
+                        self.served(read(source));
+                    }
                 }
-                Step::Copy { chunk, source, out } => {
+                Step::Copy {
+                    chunk,
+                    source,
+                    out,
+                    turn,
+                } => {
                     let range = plan.chunk_bytes(*chunk);
-                    self.fetch(&watch, parity, epoch, *source, range.len())?;
+                    let read = Read {
+                        source: *source,
+                        parity,
+                        epoch,
+                        turn: *turn,
+                    };
+                    self.fetch(&watch, read, range.len())?;
                     // SAFETY: the source was published for this call.
                     let value = unsafe { self.value_bytes(plan, parity, *source) };
                     buffers.output()[range].copy_from_slice(value);
@@ -443,6 +485,7 @@ impl HostComm {
                         unsafe { self.own_slot(plan, parity, *out, offset) }.copy_from_slice(value);
                         publish(own.flag(parity, *out), epoch);
                     }
+                    self.served(read);
                 }
             }
         }

@@ -34,6 +34,9 @@ pub struct SegmentHeader {
     pub arena_bytes: AtomicU64,
     /// When the owner entered the call of each parity (CLOCK_MONOTONIC ns): the arrival record.
     pub arrival: [AtomicU64; 2],
+    /// Sends of the owner served so far in the call of each parity (see `plan::Turn`); reset by
+    /// the owner when it enters the call, advanced by the rank that pulled.
+    pub served: [AtomicU32; 2],
     /// The last call the owner finished. A peer that exits or aborts after finishing the
     /// current call has done its part: its published values stay readable in our mapping.
     pub finished: AtomicU64,
