@@ -291,3 +291,17 @@ fn bad_arguments_are_usage_errors() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", describe(&out));
     }
 }
+
+#[test]
+fn the_demo_runs_and_checks_every_result() {
+    let out = run(stragglar().arg("demo"));
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for size in ["65536", "262144", "1048576"] {
+        assert!(
+            text.lines().any(|l| l.trim_start().starts_with(size)),
+            "{size}: {text}"
+        );
+    }
+    assert!(text.contains("checked"), "{text}");
+}

@@ -2,6 +2,7 @@
 
 pub mod args;
 pub mod bench;
+mod demo;
 mod doctor;
 
 use args::{Args, UsageError};
@@ -14,6 +15,7 @@ usage: stragglar <command> [options]
 
 commands:
   bench      nccl-tests all_reduce_perf on the host engine, with a late straggler
+  demo       StragglAR against Ring on the host engine, with the model beside each result
   doctor     what the library would do on this machine
   help       this text
 ";
@@ -34,6 +36,7 @@ pub fn run(argv: Vec<String>) -> i32 {
         }
         "doctor" => doctor::run(args),
         "bench" => bench::run(args),
+        "demo" => demo::run(args),
         other => Err(UsageError(format!(
             "unknown command '{other}'; try 'stragglar help'"
         ))),

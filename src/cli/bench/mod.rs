@@ -15,6 +15,7 @@ use std::sync::mpsc;
 
 use super::args::{Args, UsageError};
 pub use options::{BenchAlgo, BenchOptions, RanksAs};
+pub use report::Row;
 use worker::{Half, SizeResult};
 
 /// What a rank sends the parent.
@@ -23,31 +24,44 @@ enum Message {
     Failed(usize, String),
 }
 
-/// Runs `stragglar bench`; exit status 1 if any element was wrong or a rank failed.
-pub fn run(args: Args) -> Result<i32, UsageError> {
-    let options = BenchOptions::parse(args)?;
-    if let Err(e) = worker::layout(&options) {
-        return Err(UsageError(format!("cannot plan this run: {e}")));
+/// What a run produced.
+pub struct Outcome {
+    /// One row per size, in order.
+    pub rows: Vec<Row>,
+    /// What went wrong on which rank.
+    pub failures: Vec<String>,
+}
+
+impl Outcome {
+    /// Wrong elements over every row.
+    pub fn wrong(&self) -> u64 {
+        self.rows
+            .iter()
+            .flat_map(|r| r.halves.iter().map(|h| h.3))
+            .sum()
     }
-    let comm_id = fresh_comm_id();
+}
+
+/// Runs the ranks of one sweep and combines what they measured; `on_row` sees each row as soon
+/// as every rank has reported it.
+pub fn execute(
+    options: &BenchOptions,
+    comm_id: u64,
+    mut on_row: impl FnMut(&Row),
+) -> Result<Outcome, String> {
+    worker::layout(options).map_err(|e| format!("cannot plan this run: {e}"))?;
     let (tx, rx) = mpsc::channel();
     let mut handles = match options.ranks_as {
-        RanksAs::Threads => spawn_threads(&options, comm_id, tx),
-        RanksAs::Processes => spawn_processes(&options, comm_id, tx)
-            .map_err(|e| UsageError(format!("cannot start workers: {e}")))?,
+        RanksAs::Threads => spawn_threads(options, comm_id, tx),
+        RanksAs::Processes => spawn_processes(options, comm_id, tx)
+            .map_err(|e| format!("cannot start workers: {e}"))?,
     };
-    print!("{}", report::header(&options, comm_id));
     let mut pending: BTreeMap<u64, Vec<Option<SizeResult>>> = BTreeMap::new();
-    let mut rows = Vec::new();
-    let mut failures = Vec::new();
+    let mut outcome = Outcome {
+        rows: Vec::new(),
+        failures: Vec::new(),
+    };
     for message in rx {
-        if let Message::Failed(..) = &message {
-            // One rank failing dooms the call on every rank: stop the others now rather than
-            // leave a late rank sleeping through its delay.
-            for handle in &mut handles {
-                handle.kill();
-            }
-        }
         match message {
             Message::Size(rank, result) => {
                 let slot = pending
@@ -61,44 +75,65 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
                         .into_iter()
                         .flatten()
                         .collect();
-                    let row = report::combine(&options, &all);
-                    println!("{}", report::line(&options, &row));
-                    rows.push(row);
+                    let row = report::combine(options, &all);
+                    on_row(&row);
+                    outcome.rows.push(row);
                 }
             }
-            Message::Failed(rank, why) => failures.push(format!("rank {rank}: {why}")),
+            Message::Failed(rank, why) => {
+                // One rank failing dooms the call on every rank: stop the others now rather
+                // than leave a late rank sleeping through its delay.
+                for handle in &mut handles {
+                    handle.kill();
+                }
+                outcome.failures.push(format!("rank {rank}: {why}"));
+            }
         }
     }
     for (rank, handle) in handles.into_iter().enumerate() {
         if let Some(why) = handle.join() {
-            failures.push(format!("rank {rank}: {why}"));
+            outcome.failures.push(format!("rank {rank}: {why}"));
         }
     }
-    print!("{}", report::footer(&rows));
+    if outcome.rows.len() != options.sizes().len() && outcome.failures.is_empty() {
+        outcome.failures.push("some sizes were not reported".into());
+    }
+    Ok(outcome)
+}
+
+/// Runs `stragglar bench`; exit status 1 if any element was wrong or a rank failed.
+pub fn run(args: Args) -> Result<i32, UsageError> {
+    let options = BenchOptions::parse(args)?;
+    let comm_id = fresh_comm_id();
+    worker::layout(&options).map_err(|e| UsageError(format!("cannot plan this run: {e}")))?;
+    print!("{}", report::header(&options, comm_id));
+    let outcome = execute(&options, comm_id, |row| {
+        println!("{}", report::line(&options, row))
+    })
+    .map_err(UsageError)?;
+    print!("{}", report::footer(&outcome.rows));
     if let Some(path) = &options.json {
-        if let Err(e) = std::fs::write(path, report::json(&options, &rows)) {
+        if let Err(e) = std::fs::write(path, report::json(&options, &outcome.rows)) {
             eprintln!("stragglar bench: cannot write {}: {e}", path.display());
             return Ok(1);
         }
     }
-    let wrong: u64 = rows.iter().flat_map(|r| r.halves.iter().map(|h| h.3)).sum();
-    for failure in &failures {
+    for failure in &outcome.failures {
         eprintln!("stragglar bench: {failure}");
     }
+    let wrong = outcome.wrong();
     if wrong > 0 {
         eprintln!("stragglar bench: {wrong} wrong element(s)");
     }
-    Ok(
-        if wrong > 0 || !failures.is_empty() || rows.len() != options.sizes().len() {
-            1
-        } else {
-            0
-        },
-    )
+    Ok(if wrong > 0 || !outcome.failures.is_empty() {
+        1
+    } else {
+        0
+    })
 }
 
 /// A communicator id that no concurrent run shares.
-fn fresh_comm_id() -> u64 {
+pub fn fresh_comm_id() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
