@@ -99,37 +99,54 @@ impl Buffers<'_> {
     }
 }
 
-/// When each rank entered one call, and when this rank finished it (CLOCK_MONOTONIC ns).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Arrivals of one call and this rank's finish (CLOCK_MONOTONIC ns), summarised without
+/// allocating: the last two arrivals and who made the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallRecord {
-    pub arrivals: Vec<u64>,
+    /// The last arrival.
+    pub last_arrival: u64,
+    /// The second-to-last arrival.
+    pub second_last_arrival: u64,
+    /// The rank that arrived last (the highest rank on a tie).
+    pub last_rank: usize,
+    /// When this rank finished.
     pub finished: u64,
 }
 
 impl CallRecord {
-    /// The last arrival minus the second-to-last: the time that can hide the ReduceScatter.
-    pub fn lead_ns(&self) -> u64 {
-        let mut sorted = self.arrivals.clone();
-        sorted.sort_unstable();
-        match sorted.len() {
-            0 | 1 => 0,
-            n => sorted[n - 1] - sorted[n - 2],
+    /// Summarises per-rank arrival times.
+    pub fn from_arrivals(arrivals: impl Iterator<Item = u64>, finished: u64) -> Self {
+        let mut record = CallRecord {
+            last_arrival: 0,
+            second_last_arrival: 0,
+            last_rank: 0,
+            finished,
+        };
+        for (rank, t) in arrivals.enumerate() {
+            if t >= record.last_arrival {
+                record.second_last_arrival = record.last_arrival;
+                record.last_arrival = t;
+                record.last_rank = rank;
+            } else if t > record.second_last_arrival {
+                record.second_last_arrival = t;
+            }
         }
+        record
     }
 
-    /// The rank that arrived last.
-    pub fn last_rank(&self) -> usize {
-        (0..self.arrivals.len())
-            .max_by_key(|&r| (self.arrivals[r], r))
-            .unwrap_or(0)
+    /// The last arrival minus the second-to-last: the time that can hide the ReduceScatter.
+    pub fn lead_ns(&self) -> u64 {
+        self.last_arrival - self.second_last_arrival
     }
 
     /// Time from the last arrival to this rank's finish.
     pub fn after_last_arrival_ns(&self) -> u64 {
-        self.finished
-            .saturating_sub(self.arrivals.iter().copied().max().unwrap_or(0))
+        self.finished.saturating_sub(self.last_arrival)
     }
 }
+
+/// The most operands one combine step takes: the direct-pull ReduceScatter reads `n-1`.
+pub const MAX_OPERANDS: usize = 256;
 
 /// One read of a peer's value within a call.
 #[derive(Clone, Copy)]
@@ -252,10 +269,11 @@ impl HostComm {
         }
         self.check(plan, &buffers)?;
         if plan.count == 0 {
-            return Ok(CallRecord {
-                arrivals: vec![now_ns(); plan.ranks],
-                finished: now_ns(),
-            });
+            let now = now_ns();
+            return Ok(CallRecord::from_arrivals(
+                std::iter::repeat_n(now, plan.ranks),
+                now,
+            ));
         }
         self.epoch += 1;
         let parity = (self.epoch % 2) as usize;
@@ -269,14 +287,11 @@ impl HostComm {
                     .header()
                     .finished
                     .store(self.epoch, Ordering::Release);
-                Ok(CallRecord {
-                    arrivals: self
-                        .segments
-                        .iter()
-                        .map(|s| s.header().arrival[parity].load(Ordering::Acquire))
-                        .collect(),
-                    finished: now_ns(),
-                })
+                let arrivals = self
+                    .segments
+                    .iter()
+                    .map(|s| s.header().arrival[parity].load(Ordering::Acquire));
+                Ok(CallRecord::from_arrivals(arrivals, now_ns()))
             }
             Err(error) => {
                 self.abort();
@@ -287,7 +302,7 @@ impl HostComm {
     }
 
     fn check(&self, plan: &Plan, buffers: &Buffers<'_>) -> Result<(), EngineError> {
-        if plan.ranks != self.config.ranks {
+        if plan.ranks != self.config.ranks || plan.ranks > MAX_OPERANDS {
             return Err(EngineError::Mismatch(format!(
                 "plan for {} ranks",
                 plan.ranks
@@ -396,9 +411,8 @@ impl HostComm {
         let rank = self.config.rank;
         let epoch = flag_value(self.epoch);
         let own = &self.segments[rank];
-        let segments: Vec<&Segment> = self.segments.iter().collect();
         let watch = Watch {
-            segments: &segments,
+            segments: &self.segments,
             liveness: &self.liveness,
             rank,
             deadline: self.config.timeout.map(|t| Instant::now() + t),
@@ -435,17 +449,18 @@ impl HostComm {
                     for &source in sources {
                         self.fetch(&watch, read(source), range.len())?;
                     }
-                    // SAFETY: every source was published for this call (waited above, or
-                    // produced earlier by this rank).
-                    let operands: Vec<&[u8]> = sources
-                        .iter()
-                        .map(|&s| unsafe { self.value_bytes(plan, parity, s) })
-                        .collect();
+                    let mut operand_slots: [&[u8]; MAX_OPERANDS] = [&[]; MAX_OPERANDS];
+                    for (slot, &s) in operand_slots.iter_mut().zip(sources) {
+                        // SAFETY: every source was published for this call (waited above, or
+                        // produced earlier by this rank).
+                        *slot = unsafe { self.value_bytes(plan, parity, s) };
+                    }
+                    let operands = &operand_slots[..sources.len()];
                     match program.values[*out].offset {
                         Some(offset) => {
                             // SAFETY: this step produces `out`.
                             let slot = unsafe { self.own_slot(plan, parity, *out, offset) };
-                            combine(plan.dtype, op, &operands, slot);
+                            combine(plan.dtype, op, operands, slot);
                             if *complete {
                                 finish(plan.dtype, op, plan.ranks, slot);
                                 buffers.output()[range].copy_from_slice(slot);
@@ -455,7 +470,7 @@ impl HostComm {
                         None if !complete => {}
                         None => {
                             let target = &mut buffers.output()[range];
-                            combine(plan.dtype, op, &operands, target);
+                            combine(plan.dtype, op, operands, target);
                             finish(plan.dtype, op, plan.ranks, target);
                         }
                     }

@@ -316,3 +316,53 @@ fn messages_larger_than_the_staging_run_in_segments() {
         t.join().unwrap();
     }
 }
+
+#[test]
+fn misaligned_buffers_of_any_length() {
+    let ranks = 3;
+    let p = Arc::new(plan(Algorithm::Stragglar, ranks, 0, 45, DataType::F64));
+    let layout = layout_for(&[&p]);
+    let id = comm_id();
+    let threads: Vec<_> = (0..ranks)
+        .map(|rank| {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let mut comm = HostComm::join(config(id, rank, ranks, layout)).unwrap();
+                let ins: Vec<Vec<u8>> = (0..ranks)
+                    .map(|r| {
+                        (0..45)
+                            .flat_map(|i| ((i * 3 + r) as f64).to_le_bytes())
+                            .collect()
+                    })
+                    .collect();
+                let want = simulate(&p, ReduceOp::Sum, &ins, &[Scale::None; 3]).swap_remove(rank);
+                // Input at offset 3, output at offset 5: no 8-byte alignment anywhere.
+                let mut input = vec![0u8; 3 + 360];
+                input[3..].copy_from_slice(&ins[rank]);
+                let mut output = vec![0u8; 5 + 360];
+                let buffers = Buffers::OutOfPlace {
+                    input: &input[3..],
+                    output: &mut output[5..],
+                };
+                comm.all_reduce(&p, ReduceOp::Sum, Scale::None, buffers)
+                    .unwrap();
+                assert_eq!(&output[5..], &want[..]);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn call_records_summarise_arrivals() {
+    use super::comm::CallRecord;
+    let r = CallRecord::from_arrivals([100, 400, 250, 90].into_iter(), 1000);
+    assert_eq!(
+        (r.last_rank, r.lead_ns(), r.after_last_arrival_ns()),
+        (1, 150, 600)
+    );
+    let tie = CallRecord::from_arrivals([7, 7].into_iter(), 7);
+    assert_eq!((tie.last_rank, tie.lead_ns()), (1, 0));
+}

@@ -63,7 +63,7 @@ impl Liveness {
 /// What every wait of one rank watches.
 pub struct Watch<'a> {
     /// Every rank's segment, by rank (this rank's included).
-    pub segments: &'a [&'a Segment],
+    pub segments: &'a [Segment],
     /// Every rank's liveness, by rank.
     pub liveness: &'a [Liveness],
     /// This rank.
