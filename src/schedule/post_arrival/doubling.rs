@@ -114,7 +114,7 @@ fn retire_oldest(
         .copied()
         .filter(|&r| Some(r) != busy)
         .collect();
-    debug_assert!(busy.map_or(true, |b| oldest.holders.contains(&b)));
+    debug_assert!(busy.is_none_or(|b| oldest.holders.contains(&b)));
     retirees.sort_by_key(|&r| next_meeting(r));
     let mut partners: Vec<(usize, usize)> = groups
         .iter()
