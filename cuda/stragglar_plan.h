@@ -10,6 +10,7 @@
 typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
+#define UINT32_MAX 0xffffffffu
 #define UINT64_MAX 0xffffffffffffffffULL
 #else
 #include <stdint.h>

@@ -42,6 +42,8 @@ NV="$PWD/$CU12/nvidia"
 export STRAGGLAR_TEST_REAL_NCCL="$NV/nccl/lib/libnccl.so.2"
 export STRAGGLAR_TEST_NVIDIA_INCLUDES="$NV/nccl/include:$NV/cuda_runtime/include:$NV/cuda_nvcc/include:$NV/cuda_cccl/include"
 export STRAGGLAR_TEST_PYTHON="$PWD/$VENV/bin/python"
+# NVRTC for tests/nvrtc.rs (cudarc looks for libnvrtc.so* on the loader's search path).
+export LD_LIBRARY_PATH="$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 test -f "$STRAGGLAR_TEST_REAL_NCCL"
 
 step "cargo fmt --check"

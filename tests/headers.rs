@@ -191,6 +191,7 @@ const PLAN_AFTER_INCLUDES: &str = r#"
 typedef int int32_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
+#define UINT32_MAX 0xffffffffu
 #define UINT64_MAX 0xffffffffffffffffULL
 #else
 #include <stdint.h>
@@ -236,6 +237,7 @@ fn plan_h_compiles_without_system_headers_and_matches_rust_sizes() {
         text += &format!("_Static_assert(sizeof({name}) == {size}, \"{name}\");\n");
     }
     text += "_Static_assert(VALUE_NOT_KEPT == 0xffffffffffffffffULL, \"sentinel\");\n";
+    text += "_Static_assert(NO_TURN == 0xffffffffu, \"sentinel\");\n";
     text += &format!(
         "_Static_assert(__builtin_offsetof(RawPlanHeader, value_bases_at) == {}, \"offsets\");\n",
         std::mem::offset_of!(RawPlanHeader, value_bases_at)
