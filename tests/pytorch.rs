@@ -39,6 +39,7 @@ print("nccl_version", torch.cuda.nccl.version())
     let out = run(cmd
         .arg("-c")
         .arg(script)
+        .env_remove("LD_LIBRARY_PATH")
         .env("LD_PRELOAD", stragglar_so())
         .env("STRAGGLAR_DEBUG", "TRACE"));
     assert!(out.status.success(), "{}", describe(&out));
@@ -62,6 +63,7 @@ fn torch_runs_with_stragglar_disabled() {
     let out = run(Command::new(&python)
         .arg("-c")
         .arg("import torch; print(len(torch.cuda.nccl.unique_id()))")
+        .env_remove("LD_LIBRARY_PATH")
         .env("LD_PRELOAD", stragglar_so())
         .env("STRAGGLAR_ENABLE", "0"));
     assert!(out.status.success(), "{}", describe(&out));
