@@ -2,6 +2,7 @@
 //!
 //! Rooms, from pure to impure:
 //! - `schedule`: StragglAR and baseline schedules, the replay verifier, the cost model (std only);
+//! - `detect`: straggler tracking and the per-call policy, from arrival records (pure);
 //! - `config`, `logging`: `STRAGGLAR_*` settings and NCCL-shaped log lines;
 //! - `gpu`: the CUDA driver and NVRTC (cudarc, loaded dynamically);
 //! - `engine`: executing plans (the host engine over shared memory);
@@ -16,6 +17,7 @@
 pub mod abi;
 pub mod cli;
 pub mod config;
+pub mod detect;
 pub mod engine;
 pub mod gpu;
 pub mod intercept;

@@ -33,7 +33,7 @@ pub enum CommState {
 }
 
 /// What we know about one communicator. Fields that NCCL had not settled when the init call
-/// returned (a nonblocking init in progress) are `None` until [`CommTable::complete`].
+/// returned (a nonblocking init still in progress) are `None`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommInfo {
     /// Ranks in the communicator.
@@ -68,15 +68,6 @@ impl CommTable {
     /// What we know about `comm`, if we saw it made.
     pub fn get(&self, comm: ncclComm_t) -> Option<CommInfo> {
         self.entries.read().get(&key(comm)).cloned()
-    }
-
-    /// Fills in the fields that were unknown at init.
-    pub fn complete(&self, comm: ncclComm_t, nranks: i32, rank: i32, cuda_device: i32) {
-        if let Some(info) = self.entries.write().get_mut(&key(comm)) {
-            info.nranks = Some(nranks);
-            info.rank = Some(rank);
-            info.cuda_device = Some(cuda_device);
-        }
     }
 
     /// Moves `comm` to `state`. Returns the previous state, or `None` for an unknown handle.
@@ -120,8 +111,7 @@ mod tests {
         let table = CommTable::default();
         assert_eq!(table.get(handle(0x10)), None);
         table.insert(handle(0x10), info(CommOrigin::InitRank));
-        table.complete(handle(0x10), 4, 1, 3);
-        assert_eq!(table.get(handle(0x10)).unwrap().cuda_device, Some(3));
+        assert_eq!(table.get(handle(0x10)).unwrap().rank, Some(1));
         assert_eq!(
             table.set_state(handle(0x10), CommState::Finalized),
             Some(CommState::Live)

@@ -127,6 +127,14 @@ pub fn digest(bytes: &[u8]) -> u64 {
     })
 }
 
+/// Folds one more value into a running FNV-1a digest.
+pub fn digest_more(digest: u64, value: u64) -> u64 {
+    value
+        .to_le_bytes()
+        .iter()
+        .fold(digest, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -256,11 +256,21 @@ pub fn worker_main(mut argv: Vec<String>) -> i32 {
     }
 }
 
+/// Fields of one half on a worker line.
+const HALF_FIELDS: usize = 8;
+
 fn format_line(r: &SizeResult) -> String {
     let h = |h: &Half| {
         format!(
-            "{} {} {} {} {}",
-            h.time_us, h.wrong, h.lead_us, h.post_us, h.digest
+            "{} {} {} {} {} {} {} {}",
+            h.time_us,
+            h.wrong,
+            h.lead_us,
+            h.post_us,
+            h.digest,
+            h.stragglar_calls,
+            h.choices,
+            h.designated
         )
     };
     format!("RESULT {} {} {}", r.bytes, h(&r.halves[0]), h(&r.halves[1]))
@@ -280,11 +290,14 @@ fn parse_line(line: &str) -> Option<Result<SizeResult, String>> {
                 lead_us: fields.get(at + 2)?.parse().ok()?,
                 post_us: fields.get(at + 3)?.parse().ok()?,
                 digest: fields.get(at + 4)?.parse().ok()?,
+                stragglar_calls: fields.get(at + 5)?.parse().ok()?,
+                choices: fields.get(at + 6)?.parse().ok()?,
+                designated: fields.get(at + 7)?.parse().ok()?,
             })
         };
         Some(SizeResult {
             bytes: fields.first()?.parse().ok()?,
-            halves: [half(1)?, half(6)?],
+            halves: [half(1)?, half(1 + HALF_FIELDS)?],
         })
     };
     Some(parse().ok_or_else(|| format!("unreadable worker line: {line}")))
@@ -305,6 +318,9 @@ mod tests {
                     lead_us: 100.25,
                     post_us: 3.5,
                     digest: 99,
+                    stragglar_calls: 12,
+                    choices: 0xfeed,
+                    designated: 7,
                 },
                 Half {
                     time_us: 13.0,
@@ -312,6 +328,9 @@ mod tests {
                     lead_us: 0.0,
                     post_us: 1.0,
                     digest: 7,
+                    stragglar_calls: 0,
+                    choices: 1,
+                    designated: -1,
                 },
             ],
         };

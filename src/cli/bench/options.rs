@@ -17,6 +17,19 @@ pub enum RanksAs {
 pub enum BenchAlgo {
     Stragglar,
     Ring,
+    /// The per-call policy: StragglAR with the detected straggler when it wins, else Ring.
+    Auto,
+}
+
+impl BenchAlgo {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchAlgo::Stragglar => "stragglar",
+            BenchAlgo::Ring => "ring",
+            BenchAlgo::Auto => "auto",
+        }
+    }
 }
 
 /// Everything a run needs; every rank gets the same.
@@ -44,6 +57,9 @@ pub struct BenchOptions {
     pub late_rank: usize,
     /// The late rank arrives this late on every call, in microseconds.
     pub delay_us: u64,
+    /// Every rank also waits a pseudo-random time in `[0, jitter_us)` before each call (seeded
+    /// by rank and call): random arrival orders, on which every rank must still choose alike.
+    pub jitter_us: u64,
     /// Emulated link rate, 10^9 bytes per second per direction.
     pub link_gbs: Option<f64>,
     /// Emulated latency per transfer, microseconds.
@@ -101,26 +117,22 @@ impl BenchOptions {
                 )))
             }
         };
-        let algo =
-            match args.value(&["--algo"])?.as_deref() {
-                None | Some("stragglar") => BenchAlgo::Stragglar,
-                Some("ring") => BenchAlgo::Ring,
-                Some("nccl") => {
-                    return Err(UsageError(
-                        "--algo nccl needs GPUs and the CUDA backend; on the host engine use ring"
-                            .into(),
-                    ))
-                }
-                Some("auto") => return Err(UsageError(
-                    "--algo auto needs straggler detection, which this version does not have yet"
+        let algo = match args.value(&["--algo"])?.as_deref() {
+            None | Some("stragglar") => BenchAlgo::Stragglar,
+            Some("ring") => BenchAlgo::Ring,
+            Some("nccl") => {
+                return Err(UsageError(
+                    "--algo nccl needs GPUs and the CUDA backend; on the host engine use ring"
                         .into(),
-                )),
-                Some(other) => {
-                    return Err(UsageError(format!(
-                        "--algo: expected stragglar or ring, got '{other}'"
-                    )))
-                }
-            };
+                ))
+            }
+            Some("auto") => BenchAlgo::Auto,
+            Some(other) => {
+                return Err(UsageError(format!(
+                    "--algo: expected stragglar, ring or auto, got '{other}'"
+                )))
+            }
+        };
         let straggler = args
             .parsed(&["--straggler"], "a rank")?
             .unwrap_or(ranks.saturating_sub(1));
@@ -128,6 +140,7 @@ impl BenchOptions {
             .parsed(&["--late-rank"], "a rank")?
             .unwrap_or(straggler);
         let delay_us = args.parsed(&["--delay-us"], "microseconds")?.unwrap_or(0);
+        let jitter_us = args.parsed(&["--jitter-us"], "microseconds")?.unwrap_or(0);
         let link_gbs = args.parsed::<f64>(&["--link-gbs"], "GB/s (10^9 bytes per second)")?;
         let link_latency_us = args
             .parsed(&["--link-latency-us"], "microseconds")?
@@ -155,6 +168,7 @@ impl BenchOptions {
             straggler,
             late_rank,
             delay_us,
+            jitter_us,
             link_gbs,
             link_latency_us,
             buffer_bytes,
@@ -240,17 +254,15 @@ impl BenchOptions {
             "--ranks-as".into(),
             "processes".into(),
             "--algo".into(),
-            match self.algo {
-                BenchAlgo::Stragglar => "stragglar",
-                BenchAlgo::Ring => "ring",
-            }
-            .into(),
+            self.algo.name().into(),
             "--straggler".into(),
             self.straggler.to_string(),
             "--late-rank".into(),
             self.late_rank.to_string(),
             "--delay-us".into(),
             self.delay_us.to_string(),
+            "--jitter-us".into(),
+            self.jitter_us.to_string(),
             "--link-latency-us".into(),
             self.link_latency_us.to_string(),
             "--buffer-bytes".into(),

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::options::{BenchAlgo, BenchOptions, RanksAs};
+use super::options::{BenchOptions, RanksAs};
 use super::worker::SizeResult;
 
 /// One size, combined over ranks: times averaged (nccl-tests' default `-a 1`), wrong elements
@@ -16,6 +16,12 @@ pub struct Row {
     pub halves: [(f64, f64, f64, u64); 2],
     pub lead_us: f64,
     pub post_us: f64,
+    /// The designated straggler after the size (rank 0's view), -1 for none.
+    pub designated: i64,
+    /// Share of timed calls that ran StragglAR, in percent.
+    pub stragglar_percent: f64,
+    /// Ranks whose sequence of choices differs from rank 0's (must be 0).
+    pub disagreements: u64,
 }
 
 /// Combines every rank's result of one size. Outputs that differ between ranks count as
@@ -48,12 +54,24 @@ pub fn combine(options: &BenchOptions, per_rank: &[SizeResult]) -> Row {
         .iter()
         .map(|r| (r.halves[0].post_us + r.halves[1].post_us) / 2.0)
         .fold(0.0, f64::max);
+    let disagreements = per_rank
+        .iter()
+        .filter(|r| (0..2).any(|h| r.halves[h].choices != per_rank[0].halves[h].choices))
+        .count() as u64;
+    let timed = per_rank[0]
+        .halves
+        .iter()
+        .map(|h| h.stragglar_calls)
+        .sum::<u64>() as f64;
     Row {
         bytes,
         count: bytes / options.dtype.size() as u64,
         halves,
         lead_us,
         post_us,
+        designated: per_rank[0].halves[1].designated,
+        stragglar_percent: 100.0 * timed / (2 * options.iters) as f64,
+        disagreements,
     }
 }
 
@@ -69,10 +87,7 @@ fn fit(value: f64, width: usize) -> String {
 }
 
 fn describe_algo(options: &BenchOptions) -> &'static str {
-    match options.algo {
-        BenchAlgo::Stragglar => "stragglar",
-        BenchAlgo::Ring => "ring",
-    }
+    options.algo.name()
 }
 
 /// The header lines.
@@ -114,11 +129,11 @@ pub fn header(options: &BenchOptions, comm_id: u64) -> String {
     let _ = writeln!(s, "#");
     let _ = writeln!(
         s,
-        "#                                                              out-of-place                       in-place                  straggler"
+        "#                                                              out-of-place                       in-place                  straggler        policy"
     );
     let _ = writeln!(
         s,
-        "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong     lead     post"
+        "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong     lead     post  strag   sg%"
     );
     let _ = writeln!(
         s,
@@ -155,6 +170,12 @@ pub fn line(options: &BenchOptions, row: &Row) -> String {
         );
     }
     let _ = write!(s, "  {}  {}", fit(row.lead_us, 7), fit(row.post_us, 7));
+    let designated = if row.designated < 0 {
+        "-".to_string()
+    } else {
+        row.designated.to_string()
+    };
+    let _ = write!(s, "  {designated:>5}  {:>4.0}", row.stragglar_percent);
     s
 }
 
@@ -193,7 +214,7 @@ pub fn json(options: &BenchOptions, rows: &[Row]) -> String {
         .iter()
         .map(|r| {
             format!(
-                "    {{\"size\": {}, \"count\": {}, \"type\": \"{}\", \"redop\": \"{}\", \"root\": -1, \"out_of_place\": {}, \"in_place\": {}, \"straggler\": {{\"lead_us\": {:.3}, \"post_arrival_us\": {:.3}}}}}",
+                "    {{\"size\": {}, \"count\": {}, \"type\": \"{}\", \"redop\": \"{}\", \"root\": -1, \"out_of_place\": {}, \"in_place\": {}, \"straggler\": {{\"lead_us\": {:.3}, \"post_arrival_us\": {:.3}, \"designated\": {}, \"stragglar_percent\": {:.1}}}}}",
                 r.bytes,
                 r.count,
                 options.dtype.name(),
@@ -201,7 +222,9 @@ pub fn json(options: &BenchOptions, rows: &[Row]) -> String {
                 half(r.halves[0]),
                 half(r.halves[1]),
                 r.lead_us,
-                r.post_us
+                r.post_us,
+                r.designated,
+                r.stragglar_percent
             )
         })
         .collect();

@@ -4,12 +4,17 @@ use std::time::{Duration, Instant};
 
 use super::data;
 use super::options::{BenchAlgo, BenchOptions};
+use std::collections::HashMap;
+
+use crate::detect::policy::{AlgoMode, StragglerMode};
+use crate::detect::{ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
 use crate::engine::host::comm::CallRecord;
 use crate::engine::host::link::LinkModel;
 use crate::engine::host::runner::{all_reduce, layout_for, PlanCache, Shape};
 use crate::engine::host::segment::SegmentLayout;
 use crate::engine::host::{Buffers, EngineError, HostComm, HostCommConfig};
 use crate::reduce::{ReduceOp, Scale};
+use crate::schedule::model::Link;
 use crate::schedule::Algorithm;
 
 /// One placement (out-of-place or in-place) of one size, as one rank measured it.
@@ -25,6 +30,12 @@ pub struct Half {
     pub post_us: f64,
     /// Digest of this rank's output of the last check run (0 without checks).
     pub digest: u64,
+    /// Timed calls that ran StragglAR.
+    pub stragglar_calls: u64,
+    /// Digest of every choice this rank made (the same on every rank, or the policy is broken).
+    pub choices: u64,
+    /// The designated straggler after the last call, -1 for none.
+    pub designated: i64,
 }
 
 /// One size as one rank measured it.
@@ -35,28 +46,100 @@ pub struct SizeResult {
     pub halves: [Half; 2],
 }
 
-/// The shared plan choice of the run.
-pub fn shape(options: &BenchOptions) -> Shape {
+fn stragglar_shape(options: &BenchOptions, straggler: usize) -> Shape {
     Shape {
-        algorithm: match options.algo {
-            BenchAlgo::Stragglar => Algorithm::Stragglar,
-            BenchAlgo::Ring => Algorithm::Ring,
-        },
+        algorithm: Algorithm::Stragglar,
         ranks: options.ranks,
-        straggler: options.straggler,
+        straggler,
         dtype: options.dtype,
     }
 }
 
+fn ring_shape(options: &BenchOptions) -> Shape {
+    Shape {
+        algorithm: Algorithm::Ring,
+        ..stragglar_shape(options, 0)
+    }
+}
+
 /// The segment layout every rank uses (identical everywhere: derived from the options only).
+/// It fits StragglAR (with any straggler: relabelling changes no size) and Ring.
 pub fn layout(options: &BenchOptions) -> Result<SegmentLayout, String> {
     let max_count = options.sizes().into_iter().max().unwrap_or(0) as usize / options.dtype.size();
+    let shapes = [
+        stragglar_shape(options, options.ranks - 1),
+        ring_shape(options),
+    ];
     layout_for(
         &mut PlanCache::default(),
-        &[shape(options)],
+        &shapes,
         max_count,
         options.buffer_bytes,
     )
+}
+
+/// Model parameters for the policy when links are not emulated: the host engine's own rough
+/// latency and copy rate on a small machine.
+const HOST_ALPHA: f64 = 10e-6;
+const HOST_BANDWIDTH: f64 = 2e9;
+
+/// The size class of a call: the bit length of its byte count (a power-of-two bucket).
+fn size_class(bytes: usize) -> u32 {
+    usize::BITS - bytes.leading_zeros()
+}
+
+/// How each call's algorithm is chosen: fixed by `--algo`, or by the policy from the arrival
+/// records of earlier calls, one detector per size class (power of two), as the library keeps
+/// them.
+struct Chooser {
+    fixed: Option<Shape>,
+    policy: Policy,
+    detectors: HashMap<u32, Detector>,
+}
+
+impl Chooser {
+    fn new(options: &BenchOptions) -> Self {
+        let fixed = match options.algo {
+            BenchAlgo::Stragglar => Some(stragglar_shape(options, options.straggler)),
+            BenchAlgo::Ring => Some(ring_shape(options)),
+            BenchAlgo::Auto => None,
+        };
+        let link = Link {
+            alpha: (options.link_latency_us * 1e-6).max(HOST_ALPHA),
+            bandwidth: options.link_gbs.map_or(HOST_BANDWIDTH, |g| g * 1e9),
+        };
+        Chooser {
+            fixed,
+            policy: Policy::new(options.ranks, AlgoMode::Auto, StragglerMode::Auto, link),
+            detectors: HashMap::new(),
+        }
+    }
+
+    fn detector(&mut self, ranks: usize, bytes: usize) -> &mut Detector {
+        self.detectors
+            .entry(size_class(bytes))
+            .or_insert_with(|| Detector::new(ranks, DetectorConfig::default()))
+    }
+
+    fn shape(&mut self, options: &BenchOptions, bytes: usize) -> Shape {
+        if let Some(shape) = self.fixed {
+            return shape;
+        }
+        self.detector(options.ranks, bytes);
+        let detector = &self.detectors[&size_class(bytes)];
+        let choice = self.policy.choose(detector, bytes);
+        match choice {
+            Choice::Stragglar { straggler } => stragglar_shape(options, straggler),
+            Choice::Baseline => ring_shape(options),
+        }
+    }
+
+    fn observe(&mut self, ranks: usize, bytes: usize, record: &CallRecord) -> Option<usize> {
+        self.detector(ranks, bytes).observe(ArrivalRecord {
+            last_rank: record.last_rank,
+            lead_ns: record.lead_ns(),
+        })
+    }
 }
 
 /// Joins communicator `comm_id` as `rank` and runs the sweep, calling `report` per size.
@@ -67,7 +150,7 @@ pub fn run(
     mut report: impl FnMut(SizeResult),
 ) -> Result<(), EngineError> {
     let layout = layout(options).map_err(EngineError::Setup)?;
-    let mut comm = HostComm::join(HostCommConfig {
+    let comm = HostComm::join(HostCommConfig {
         comm_id,
         rank,
         ranks: options.ranks,
@@ -79,14 +162,21 @@ pub fn run(
             latency: Duration::from_nanos((options.link_latency_us * 1000.0) as u64),
         },
     })?;
-    let mut cache = PlanCache::default();
-    let shape = shape(options);
-    let scale = Scale::for_op(
-        options.op,
-        options.dtype,
-        options.ranks,
-        scalar_bytes(options, rank),
-    );
+    let mut run = RankRun {
+        options,
+        rank,
+        comm,
+        cache: PlanCache::default(),
+        chooser: Chooser::new(options),
+        layout,
+        scale: Scale::for_op(
+            options.op,
+            options.dtype,
+            options.ranks,
+            scalar_bytes(options, rank),
+        ),
+        calls: 0,
+    };
     for bytes in options.sizes() {
         let count = bytes as usize / options.dtype.size();
         let mut result = SizeResult {
@@ -95,36 +185,16 @@ pub fn run(
         };
         for (placement, half) in result.halves.iter_mut().enumerate() {
             let in_place = placement == 1;
-            // In place, the output buffer is the input: refilled for check runs only, as
-            // nccl-tests does.
-            let mut call = |input: &[u8],
-                            output: &mut Vec<u8>,
-                            refill: bool|
-             -> Result<CallRecord, EngineError> {
-                if rank == options.late_rank && options.delay_us > 0 {
-                    std::thread::sleep(Duration::from_micros(options.delay_us));
-                }
-                let buffers = if in_place {
-                    if refill {
-                        output.copy_from_slice(input);
-                    }
-                    Buffers::InPlace(output)
-                } else {
-                    Buffers::OutOfPlace { input, output }
-                };
-                all_reduce(
-                    &mut comm, &mut cache, shape, options.op, scale, layout, buffers,
-                )
-            };
             let input = data::input(options.dtype, options.op, rank, count, 0);
             let mut output = input.clone();
             for _ in 0..options.warmup {
-                call(&input, &mut output, false)?;
+                run.call(&input, &mut output, in_place, false, half)?;
             }
             let (mut lead, mut post) = (0u64, 0u64);
             let start = Instant::now();
             for _ in 0..options.iters {
-                let record = call(&input, &mut output, false)?;
+                let (record, stragglar) = run.call(&input, &mut output, in_place, false, half)?;
+                half.stragglar_calls += stragglar as u64;
                 lead += record.lead_ns();
                 post += record.after_last_arrival_ns();
             }
@@ -134,7 +204,7 @@ pub fn run(
             half.post_us = post as f64 / n / 1e3;
             for seed in 1..=options.check {
                 let input = data::input(options.dtype, options.op, rank, count, seed);
-                call(&input, &mut output, true)?;
+                run.call(&input, &mut output, in_place, true, half)?;
                 half.wrong +=
                     data::count_wrong(options.dtype, options.op, options.ranks, &output, seed);
                 half.digest = data::digest(&output);
@@ -143,6 +213,78 @@ pub fn run(
         report(result);
     }
     Ok(())
+}
+
+/// One rank's communicator and choices during a run.
+struct RankRun<'a> {
+    options: &'a BenchOptions,
+    rank: usize,
+    comm: HostComm,
+    cache: PlanCache,
+    chooser: Chooser,
+    layout: SegmentLayout,
+    scale: Scale,
+    /// Calls made so far (seeds the jitter).
+    calls: u64,
+}
+
+impl RankRun<'_> {
+    /// One call: the late rank sleeps first; the chooser picks the algorithm; the record feeds
+    /// the detector. In place, `output` is the input, refilled only for check runs (as
+    /// nccl-tests does). Returns the record and whether StragglAR ran.
+    fn call(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        in_place: bool,
+        refill: bool,
+        half: &mut Half,
+    ) -> Result<(CallRecord, bool), EngineError> {
+        let options = self.options;
+        self.calls += 1;
+        let mut late_us = if self.rank == options.late_rank {
+            options.delay_us
+        } else {
+            0
+        };
+        if options.jitter_us > 0 {
+            late_us += data::digest_more(self.rank as u64, self.calls) % options.jitter_us;
+        }
+        if late_us > 0 {
+            std::thread::sleep(Duration::from_micros(late_us));
+        }
+        let bytes = input.len();
+        let shape = self.chooser.shape(options, bytes);
+        let stragglar = shape.algorithm == Algorithm::Stragglar;
+        half.choices = data::digest_more(
+            half.choices,
+            if stragglar {
+                shape.straggler as u64
+            } else {
+                u64::MAX
+            },
+        );
+        let buffers = if in_place {
+            if refill {
+                output.copy_from_slice(input);
+            }
+            Buffers::InPlace(output)
+        } else {
+            Buffers::OutOfPlace { input, output }
+        };
+        let record = all_reduce(
+            &mut self.comm,
+            &mut self.cache,
+            shape,
+            options.op,
+            self.scale,
+            self.layout,
+            buffers,
+        )?;
+        let designated = self.chooser.observe(options.ranks, bytes, &record);
+        half.designated = designated.map_or(-1, |r| r as i64);
+        Ok((record, stragglar))
+    }
 }
 
 /// This rank's PreMulSum scalar in the element type (nccl-tests' choice), for premulsum.

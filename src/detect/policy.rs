@@ -1,0 +1,187 @@
+//! The per-call choice between StragglAR and the baseline (NCCL's AllReduce on GPUs, Ring on
+//! the host engine). Its inputs are identical on every rank (the size of the call, the settings,
+//! the shared records), so every rank makes the same choice.
+
+use super::rule::Detector;
+use crate::schedule::model::{stragglar_rounds, Link, Times};
+
+/// `STRAGGLAR_ALGO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlgoMode {
+    /// StragglAR when a straggler is designated and the model says it wins.
+    Auto,
+    /// StragglAR on every call (the designated straggler, else the last rank).
+    Stragglar,
+    /// The baseline on every call.
+    Baseline,
+}
+
+/// `STRAGGLAR_STRAGGLER`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StragglerMode {
+    /// Detected from the arrival records.
+    Auto,
+    /// This rank of the communicator (run-to-run deterministic summation order).
+    Fixed(usize),
+    /// Never designate one.
+    Off,
+}
+
+/// What one call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    Stragglar { straggler: usize },
+    Baseline,
+}
+
+/// The policy of one communicator.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    ranks: usize,
+    algo: AlgoMode,
+    straggler: StragglerMode,
+    link: Link,
+    /// Post-arrival rounds of our schedule for `ranks` (`R(n)`), computed once.
+    rounds: usize,
+}
+
+impl Policy {
+    /// A policy for `ranks` ranks whose links the model describes as `link`.
+    pub fn new(ranks: usize, algo: AlgoMode, straggler: StragglerMode, link: Link) -> Self {
+        let straggler = match straggler {
+            StragglerMode::Fixed(r) if r >= ranks => StragglerMode::Auto,
+            other => other,
+        };
+        Policy {
+            ranks,
+            algo,
+            straggler,
+            link,
+            rounds: if ranks >= 2 {
+                stragglar_rounds(ranks, 1)
+            } else {
+                0
+            },
+        }
+    }
+
+    /// The smallest lead (seconds) from which StragglAR beats the baseline for `bytes`, per
+    /// the model; `None` when it never does (n = 3, or no faster after arrival).
+    pub fn break_even(&self, bytes: usize) -> Option<f64> {
+        if self.ranks < 3 {
+            return None;
+        }
+        Times::new(self.ranks, self.rounds, bytes as f64, self.link)
+            .with_delay(0.0)
+            .break_even
+    }
+
+    /// The straggler this call would designate.
+    pub fn straggler(&self, detector: &Detector) -> Option<usize> {
+        match self.straggler {
+            StragglerMode::Auto => detector.designated(),
+            StragglerMode::Fixed(rank) => Some(rank),
+            StragglerMode::Off => None,
+        }
+    }
+
+    /// The choice for a call of `bytes` given everything observed before it.
+    pub fn choose(&self, detector: &Detector, bytes: usize) -> Choice {
+        if self.ranks < 2 {
+            return Choice::Baseline;
+        }
+        let straggler = self.straggler(detector);
+        match self.algo {
+            AlgoMode::Baseline => Choice::Baseline,
+            AlgoMode::Stragglar => Choice::Stragglar {
+                straggler: straggler.unwrap_or(self.ranks - 1),
+            },
+            AlgoMode::Auto => {
+                let Some(rank) = straggler else {
+                    return Choice::Baseline;
+                };
+                let lead = detector.median_lead_ns(rank).map(|ns| ns as f64 * 1e-9);
+                match (self.break_even(bytes), lead) {
+                    (Some(needed), Some(lead)) if lead >= needed => {
+                        Choice::Stragglar { straggler: rank }
+                    }
+                    _ => Choice::Baseline,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::rule::{ArrivalRecord, DetectorConfig};
+
+    const LINK: Link = Link {
+        alpha: 20e-6,
+        bandwidth: 20e6,
+    };
+
+    fn detector_with(ranks: usize, last: usize, lead_ns: u64) -> Detector {
+        let mut d = Detector::new(ranks, DetectorConfig::default());
+        for _ in 0..40 {
+            d.observe(ArrivalRecord {
+                last_rank: last,
+                lead_ns,
+            });
+        }
+        d
+    }
+
+    #[test]
+    fn auto_needs_a_straggler_late_enough_for_the_size() {
+        let p = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, LINK);
+        let late = detector_with(8, 7, 200_000_000);
+        assert_eq!(p.choose(&late, 1 << 20), Choice::Stragglar { straggler: 7 });
+        let barely = detector_with(8, 7, 1_000);
+        assert_eq!(
+            p.choose(&barely, 1 << 20),
+            Choice::Baseline,
+            "1 us does not pay at 1 MiB"
+        );
+        let nobody = Detector::new(8, DetectorConfig::default());
+        assert_eq!(p.choose(&nobody, 1 << 20), Choice::Baseline);
+    }
+
+    #[test]
+    fn three_ranks_never_use_stragglar_in_auto() {
+        let p = Policy::new(3, AlgoMode::Auto, StragglerMode::Auto, LINK);
+        assert_eq!(p.break_even(1 << 30), None);
+        assert_eq!(
+            p.choose(&detector_with(3, 2, u64::MAX / 2), 1 << 20),
+            Choice::Baseline
+        );
+    }
+
+    #[test]
+    fn settings_force_or_forbid() {
+        let d = detector_with(8, 2, 200_000_000);
+        let forced = Policy::new(8, AlgoMode::Stragglar, StragglerMode::Off, LINK);
+        assert_eq!(forced.choose(&d, 64), Choice::Stragglar { straggler: 7 });
+        let fixed = Policy::new(8, AlgoMode::Stragglar, StragglerMode::Fixed(4), LINK);
+        assert_eq!(fixed.choose(&d, 64), Choice::Stragglar { straggler: 4 });
+        let never = Policy::new(8, AlgoMode::Baseline, StragglerMode::Auto, LINK);
+        assert_eq!(never.choose(&d, 1 << 20), Choice::Baseline);
+        let off = Policy::new(8, AlgoMode::Auto, StragglerMode::Off, LINK);
+        assert_eq!(off.choose(&d, 1 << 20), Choice::Baseline);
+        let out_of_range = Policy::new(8, AlgoMode::Auto, StragglerMode::Fixed(9), LINK);
+        assert_eq!(
+            out_of_range.choose(&d, 1 << 20),
+            Choice::Stragglar { straggler: 2 },
+            "falls back to auto"
+        );
+    }
+
+    #[test]
+    fn the_break_even_grows_with_size() {
+        let p = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, LINK);
+        let small = p.break_even(64 << 10).unwrap();
+        let large = p.break_even(4 << 20).unwrap();
+        assert!(0.0 <= small && small < large, "{small} {large}");
+    }
+}
