@@ -61,4 +61,7 @@ step "cargo build --release (libstragglar.so and the stragglar CLI)"
 cargo build --release --quiet
 
 step "cargo test"
+# `cargo test` links the library as an rlib only; the C, preload and ctypes tests need the
+# cdylib of the same profile, which `cargo build` makes.
+cargo build --quiet
 cargo test 2>&1 | tee target/test-output.log
