@@ -13,7 +13,12 @@ const LINK_GBS: f64 = 0.02;
 const LATENCY_US: f64 = 20.0;
 const SIZES: [u64; 3] = [64 << 10, 256 << 10, 1 << 20];
 
-fn options(algo: &str, bytes: u64, delay_us: u64) -> Result<BenchOptions, UsageError> {
+fn options(
+    algo: &str,
+    bytes: u64,
+    delay_us: u64,
+    iters: usize,
+) -> Result<BenchOptions, UsageError> {
     let args = [
         "--ranks",
         "8",
@@ -24,7 +29,7 @@ fn options(algo: &str, bytes: u64, delay_us: u64) -> Result<BenchOptions, UsageE
         "-e",
         &bytes.to_string(),
         "-n",
-        "4",
+        &iters.to_string(),
         "-w",
         "1",
         "-c",
@@ -39,9 +44,18 @@ fn options(algo: &str, bytes: u64, delay_us: u64) -> Result<BenchOptions, UsageE
     BenchOptions::parse(Args::new(args.iter().map(|s| s.to_string())))
 }
 
-fn measure(algo: &str, bytes: u64, delay_us: u64) -> Result<Row, UsageError> {
-    let outcome =
-        execute(&options(algo, bytes, delay_us)?, fresh_comm_id(), |_| {}).map_err(UsageError)?;
+fn measure(algo: &str, bytes: u64, delay_us: u64, iters: usize) -> Result<Row, UsageError> {
+    let outcome = execute(
+        &options(algo, bytes, delay_us, iters)?,
+        fresh_comm_id(),
+        |_| {},
+    )
+    .map_err(UsageError)?;
+    if outcome.rows.iter().any(|r| r.disagreements > 0) {
+        return Err(UsageError(format!(
+            "{algo} at {bytes} B: ranks disagreed on the algorithm"
+        )));
+    }
     if !outcome.failures.is_empty() || outcome.wrong() > 0 {
         return Err(UsageError(format!(
             "{algo} at {bytes} B failed: {:?}, {} wrong",
@@ -84,8 +98,8 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         let times = Times::new(RANKS, rounds, bytes as f64, link);
         // Late enough to hide the ReduceScatter even after the previous call's tail.
         let delay_us = ((2.0 * times.reduce_scatter + times.stragglar_post) * 1e6) as u64;
-        let ring = measure("ring", bytes, delay_us)?;
-        let strag = measure("stragglar", bytes, delay_us)?;
+        let ring = measure("ring", bytes, delay_us, 4)?;
+        let strag = measure("stragglar", bytes, delay_us, 4)?;
         let model_ring = times.with_delay(ring.lead_us * 1e-6);
         let model_strag = times.with_delay(strag.lead_us * 1e-6);
         let post_speedup = ring.post_us / strag.post_us;
@@ -107,6 +121,22 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
             (ring.lead_us * 1e-6 + times.ring) / model_strag.stragglar,
         );
     }
+    println!();
+    let bytes = SIZES[1];
+    let times = Times::new(RANKS, rounds, bytes as f64, link);
+    let delay_us = ((2.0 * times.reduce_scatter + times.stragglar_post) * 1e6) as u64;
+    let auto = measure("auto", bytes, delay_us, 30)?;
+    let designated = if auto.designated < 0 {
+        "none".to_string()
+    } else {
+        format!("rank {}", auto.designated)
+    };
+    println!(
+        "Policy (--algo auto at {bytes} B, no hint given): designated straggler {designated}; {:.0}% of timed calls",
+        auto.stragglar_percent
+    );
+    println!("ran StragglAR (the first calls go to Ring while the detector fills its 32-call window), every rank");
+    println!("choosing alike on every call.");
     println!();
     println!(
         "What this shows: while rank 7 is late, the other seven reduce-scatter among themselves;"
