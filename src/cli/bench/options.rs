@@ -52,9 +52,12 @@ pub struct BenchOptions {
     pub algo: BenchAlgo,
     /// The rank the schedule treats as the straggler.
     pub straggler: usize,
-    /// The rank that actually arrives late (`--late-rank`, default: the straggler); a
-    /// different one tests a wrong guess, which must cost time, never correctness.
-    pub late_rank: usize,
+    /// The ranks that actually arrive late, in turn (`--late-rank R[,R...]`, default: the
+    /// straggler); a different one than `straggler` tests a wrong guess, which must cost time,
+    /// never correctness.
+    pub late_ranks: Vec<usize>,
+    /// With several late ranks, each is late for this many calls before the next takes over.
+    pub late_every: u64,
     /// The late rank arrives this late on every call, in microseconds.
     pub delay_us: u64,
     /// Every rank also waits a pseudo-random time in `[0, jitter_us)` before each call (seeded
@@ -136,9 +139,21 @@ impl BenchOptions {
         let straggler = args
             .parsed(&["--straggler"], "a rank")?
             .unwrap_or(ranks.saturating_sub(1));
-        let late_rank = args
-            .parsed(&["--late-rank"], "a rank")?
-            .unwrap_or(straggler);
+        let late_ranks = match args.value(&["--late-rank"])? {
+            None => vec![straggler],
+            Some(list) => list
+                .split(',')
+                .map(|r| r.trim().parse::<usize>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| {
+                    UsageError(format!(
+                        "--late-rank: expected ranks such as 3 or 2,5, got '{list}'"
+                    ))
+                })?,
+        };
+        let late_every = args
+            .parsed(&["--late-every"], "a number of calls")?
+            .unwrap_or(u64::MAX);
         let delay_us = args.parsed(&["--delay-us"], "microseconds")?.unwrap_or(0);
         let jitter_us = args.parsed(&["--jitter-us"], "microseconds")?.unwrap_or(0);
         let link_gbs = args.parsed::<f64>(&["--link-gbs"], "GB/s (10^9 bytes per second)")?;
@@ -166,7 +181,8 @@ impl BenchOptions {
             ranks_as,
             algo,
             straggler,
-            late_rank,
+            late_ranks,
+            late_every,
             delay_us,
             jitter_us,
             link_gbs,
@@ -186,7 +202,10 @@ impl BenchOptions {
                 self.ranks
             ));
         }
-        if self.straggler >= self.ranks || self.late_rank >= self.ranks {
+        if self.straggler >= self.ranks
+            || self.late_ranks.is_empty()
+            || self.late_ranks.iter().any(|&r| r >= self.ranks)
+        {
             return fail(format!(
                 "--straggler and --late-rank must be ranks of {}",
                 self.ranks
@@ -213,6 +232,12 @@ impl BenchOptions {
             return fail("--buffer-bytes must be at least 4K".into());
         }
         Ok(())
+    }
+
+    /// The rank that is late on call `call` (counted from 1 on every rank).
+    pub fn late_rank(&self, call: u64) -> usize {
+        let turn = (call.saturating_sub(1) / self.late_every.max(1)) as usize;
+        self.late_ranks[turn % self.late_ranks.len()]
     }
 
     /// The message sizes of the sweep, in bytes (whole elements).
@@ -258,7 +283,13 @@ impl BenchOptions {
             "--straggler".into(),
             self.straggler.to_string(),
             "--late-rank".into(),
-            self.late_rank.to_string(),
+            self.late_ranks
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            "--late-every".into(),
+            self.late_every.to_string(),
             "--delay-us".into(),
             self.delay_us.to_string(),
             "--jitter-us".into(),

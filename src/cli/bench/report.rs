@@ -117,7 +117,12 @@ pub fn header(options: &BenchOptions, comm_id: u64) -> String {
         },
         describe_algo(options),
         options.straggler,
-        options.late_rank,
+        options
+            .late_ranks
+            .iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
         options.delay_us,
         link
     );

@@ -242,7 +242,7 @@ impl RankRun<'_> {
     ) -> Result<(CallRecord, bool), EngineError> {
         let options = self.options;
         self.calls += 1;
-        let mut late_us = if self.rank == options.late_rank {
+        let mut late_us = if self.rank == options.late_rank(self.calls) {
             options.delay_us
         } else {
             0
