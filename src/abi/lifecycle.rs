@@ -14,7 +14,7 @@ use super::reentry::{calling_real, tracking};
 use crate::forward;
 use crate::logging::set_thread_device;
 use crate::nccl::types::*;
-use crate::registry::comm_config::{default_blocking, requested_blocking};
+use crate::registry::comm_config::{effective_blocking, requested_blocking};
 use crate::registry::{self, CommInfo, CommOrigin, CommState};
 
 /// Whether a result means NCCL handed out a communicator.
@@ -22,15 +22,14 @@ fn made(rc: ResultCode) -> bool {
     rc == ResultCode::SUCCESS || rc == ResultCode::IN_PROGRESS
 }
 
-/// NCCL's default `blocking` for a new communicator without an explicit value.
-fn process_default_blocking() -> bool {
-    default_blocking(std::env::var("NCCL_COMM_BLOCKING").ok().as_deref())
-}
-
-/// `blocking` as asked by `config`, else `fallback`.
-fn blocking_of(config: *const ncclConfig_t, fallback: bool) -> bool {
+/// The blocking mode of a communicator made with `config` (NULL for none) as a child of
+/// `parent` (NULL for none), as NCCL decides it.
+fn blocking_of(config: *const ncclConfig_t, parent: ncclComm_t) -> bool {
     // SAFETY: NCCL has just accepted `config`, so it is NULL or readable within its `size`.
-    unsafe { requested_blocking(config) }.unwrap_or(fallback)
+    let requested = unsafe { requested_blocking(config) };
+    let inherited = registry::comms().get(parent).map(|info| info.blocking);
+    let env = std::env::var("NCCL_COMM_BLOCKING").ok();
+    effective_blocking(env.as_deref(), requested, config.is_null(), inherited)
 }
 
 /// Records a communicator the real NCCL handed out. Asks NCCL for what the call did not say,
@@ -114,7 +113,7 @@ pub extern "C" fn ncclCommInitRank(
         let rc: ResultCode =
             calling_real(|| forward!(ncclCommInitRank(comm, nranks, commId, rank); outputs comm));
         if made(rc) {
-            let blocking = process_default_blocking();
+            let blocking = blocking_of(std::ptr::null(), std::ptr::null_mut());
             record(
                 written(comm),
                 rc,
@@ -145,7 +144,7 @@ pub extern "C" fn ncclCommInitRankConfig(
             || forward!(ncclCommInitRankConfig(comm, nranks, commId, rank, config); outputs comm),
         );
         if made(rc) {
-            let blocking = blocking_of(config, process_default_blocking());
+            let blocking = blocking_of(config, std::ptr::null_mut());
             record(
                 written(comm),
                 rc,
@@ -173,7 +172,7 @@ pub extern "C" fn ncclCommInitAll(
         let rc: ResultCode =
             calling_real(|| forward!(ncclCommInitAll(comm, ndev, devlist); outputs comm));
         if made(rc) && ndev > 0 {
-            let blocking = process_default_blocking();
+            let blocking = blocking_of(std::ptr::null(), std::ptr::null_mut());
             for i in 0..ndev as usize {
                 // SAFETY: NCCL just filled `ndev` handles into the caller's array.
                 let handle = unsafe { *comm.add(i) };
@@ -209,7 +208,7 @@ pub extern "C" fn ncclCommInitRankScalable(
             || forward!(ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, config); outputs newcomm),
         );
         if made(rc) {
-            let blocking = blocking_of(config, process_default_blocking());
+            let blocking = blocking_of(config, std::ptr::null_mut());
             record(
                 written(newcomm),
                 rc,
@@ -221,13 +220,6 @@ pub extern "C" fn ncclCommInitRankScalable(
         }
         rc
     })
-}
-
-/// The `blocking` a child of `parent` inherits when its config leaves it unset.
-fn inherited_blocking(parent: ncclComm_t) -> bool {
-    registry::comms()
-        .get(parent)
-        .map_or_else(process_default_blocking, |info| info.blocking)
 }
 
 /// Splits a communicator (forwarded) and records the new one (none for `NCCL_SPLIT_NOCOLOR`).
@@ -247,7 +239,7 @@ pub extern "C" fn ncclCommSplit(
             || forward!(ncclCommSplit(comm, color, key, newcomm, config); outputs newcomm),
         );
         if made(rc) {
-            let blocking = blocking_of(config, inherited_blocking(comm));
+            let blocking = blocking_of(config, comm);
             record(
                 written(newcomm),
                 rc,
@@ -279,7 +271,7 @@ pub extern "C" fn ncclCommShrink(
             || forward!(ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags); outputs newcomm),
         );
         if made(rc) {
-            let blocking = blocking_of(config, inherited_blocking(comm));
+            let blocking = blocking_of(config, comm);
             record(
                 written(newcomm),
                 rc,
@@ -311,12 +303,7 @@ pub extern "C" fn ncclCommGrow(
             || forward!(ncclCommGrow(comm, nRanks, uniqueId, rank, newcomm, config); outputs newcomm),
         );
         if made(rc) {
-            let fallback = if comm.is_null() {
-                process_default_blocking()
-            } else {
-                inherited_blocking(comm)
-            };
-            let blocking = blocking_of(config, fallback);
+            let blocking = blocking_of(config, comm);
             let rank = (rank >= 0).then_some(rank);
             record(
                 written(newcomm),

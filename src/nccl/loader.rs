@@ -228,13 +228,13 @@ fn defines_itself(handle: *mut c_void, name: &CStr) -> Option<*mut c_void> {
     if addr.is_null() {
         return None;
     }
-    let base = object_base(handle)?;
-    (defining_object_base(addr)? == base).then_some(addr)
+    let object = link_map(handle)?;
+    (defining_link_map(addr)? == object).then_some(addr)
 }
 
-/// Load address (`l_addr`) of the object behind a dlopen handle.
-fn object_base(handle: *mut c_void) -> Option<usize> {
-    let mut map: *mut libc::c_void = std::ptr::null_mut();
+/// The `struct link_map` of the object behind a dlopen handle.
+fn link_map(handle: *mut c_void) -> Option<*mut c_void> {
+    let mut map: *mut c_void = std::ptr::null_mut();
     // SAFETY: RTLD_DI_LINKMAP writes a `struct link_map *` into `map`.
     let rc = unsafe {
         libc::dlinfo(
@@ -243,54 +243,44 @@ fn object_base(handle: *mut c_void) -> Option<usize> {
             (&mut map) as *mut _ as *mut c_void,
         )
     };
-    if rc != 0 || map.is_null() {
-        return None;
-    }
-    // SAFETY: glibc's link_map begins with `ElfW(Addr) l_addr; char *l_name;`.
-    let link = unsafe { &*(map as *const LinkMapHead) };
-    Some(link.l_addr)
+    (rc == 0 && !map.is_null()).then_some(map)
+}
+
+/// glibc's `RTLD_DL_LINKMAP` flag of `dladdr1` (not exported by the libc crate).
+const RTLD_DL_LINKMAP: libc::c_int = 2;
+
+/// The `struct link_map` of the object that contains `addr`, per `dladdr1`: comparing link maps
+/// identifies an object exactly, whatever its load bias or first segment's address.
+fn defining_link_map(addr: *mut c_void) -> Option<*mut c_void> {
+    // SAFETY: Dl_info is plain data; dladdr1 fills it or returns 0.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    let mut map: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointers; RTLD_DL_LINKMAP makes `map` receive a `struct link_map *`.
+    let rc = unsafe { libc::dladdr1(addr, &mut info, &mut map, RTLD_DL_LINKMAP) };
+    (rc != 0 && !map.is_null()).then_some(map)
 }
 
 /// The first two fields of glibc's public `struct link_map`.
 #[repr(C)]
 struct LinkMapHead {
-    l_addr: usize,
+    /// Load bias (unused here; present for the layout).
+    _l_addr: usize,
     l_name: *const c_char,
 }
 
 fn handle_path(handle: *mut c_void) -> Option<String> {
-    let mut map: *mut libc::c_void = std::ptr::null_mut();
-    // SAFETY: as in `object_base`.
-    let rc = unsafe {
-        libc::dlinfo(
-            handle,
-            libc::RTLD_DI_LINKMAP,
-            (&mut map) as *mut _ as *mut c_void,
-        )
-    };
-    if rc != 0 || map.is_null() {
-        return None;
-    }
-    // SAFETY: as in `object_base`; l_name is a NUL-terminated string owned by the loader.
+    let map = link_map(handle)?;
+    // SAFETY: glibc's link_map begins with `ElfW(Addr) l_addr; char *l_name;`.
     let link = unsafe { &*(map as *const LinkMapHead) };
     if link.l_name.is_null() {
         return None;
     }
-    // SAFETY: checked non-NULL above.
+    // SAFETY: l_name is a NUL-terminated string owned by the loader (checked non-NULL).
     Some(
         unsafe { CStr::from_ptr(link.l_name) }
             .to_string_lossy()
             .into_owned(),
     )
-}
-
-/// Load address of the object that contains `addr`, per `dladdr`.
-fn defining_object_base(addr: *mut c_void) -> Option<usize> {
-    // SAFETY: Dl_info is plain data; dladdr fills it or returns 0.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: `info` is a valid out-pointer.
-    let rc = unsafe { libc::dladdr(addr, &mut info) };
-    (rc != 0).then_some(info.dli_fbase as usize)
 }
 
 /// Walks the objects already loaded for a real NCCL (see the module docs, step 2).

@@ -199,6 +199,8 @@ pub fn encode(plan: &Plan, rank: usize) -> PlanBlob {
             s.source_count,
             s.out_value,
             s.complete,
+            s.turn,
+            s.reserved,
         ])
     });
     let sources_at = push(&mut out, &sources, |s| words32(&[s.rank, s.value]));

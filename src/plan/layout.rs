@@ -4,7 +4,7 @@
 pub const ALIGN_BYTES: usize = 16;
 
 /// Elements `start..end` of the caller's buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ElementRange {
     pub start: usize,
     pub end: usize,
@@ -26,15 +26,20 @@ impl ElementRange {
 /// `0..count` exactly, every boundary a multiple of 16 bytes (or of the element size where that
 /// is larger), sizes as even as that allows (trailing chunks may be empty for tiny counts).
 pub fn chunk_ranges(count: usize, elem_size: usize, chunks: usize) -> Vec<ElementRange> {
-    assert!(chunks > 0 && elem_size > 0);
+    (0..chunks)
+        .map(|c| chunk_range(count, elem_size, chunks, c))
+        .collect()
+}
+
+/// Chunk `chunk` of [`chunk_ranges`], computed alone (no allocation).
+pub fn chunk_range(count: usize, elem_size: usize, chunks: usize, chunk: usize) -> ElementRange {
+    assert!(chunks > 0 && elem_size > 0 && chunk < chunks);
     let unit = (ALIGN_BYTES / elem_size).max(1);
     let units = count.div_ceil(unit);
-    (0..chunks)
-        .map(|c| ElementRange {
-            start: (c * units / chunks * unit).min(count),
-            end: ((c + 1) * units / chunks * unit).min(count),
-        })
-        .collect()
+    ElementRange {
+        start: (chunk * units / chunks * unit).min(count),
+        end: ((chunk + 1) * units / chunks * unit).min(count),
+    }
 }
 
 /// Rounds `bytes` up to a multiple of [`ALIGN_BYTES`].

@@ -10,6 +10,7 @@
 //! compute it bit for bit alike, even for max/min of signed zeros.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 
 use super::layout::{align_up, chunk_ranges};
 use super::{Plan, RankProgram, Step, Turn, Value, ValueRef};
@@ -339,6 +340,17 @@ pub fn lower(schedule: &Schedule, count: usize, dtype: DataType) -> Result<Plan,
         let r = chunks[chunk];
         (r.start * size, r.len() * size)
     })?;
+    // DefaultHasher::new() uses fixed keys: the same value in every process.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (
+        schedule.ranks,
+        schedule.straggler,
+        count,
+        dtype,
+        &chunks,
+        &programs,
+    )
+        .hash(&mut hasher);
     Ok(Plan {
         ranks: schedule.ranks,
         straggler: schedule.straggler,
@@ -346,5 +358,6 @@ pub fn lower(schedule: &Schedule, count: usize, dtype: DataType) -> Result<Plan,
         dtype,
         chunks,
         programs,
+        fingerprint: hasher.finish(),
     })
 }

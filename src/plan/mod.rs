@@ -17,10 +17,10 @@ mod lower;
 mod simulate;
 
 pub use encode::{
-    encode, PlanBlob, RawChunk, RawPlanHeader, RawSource, RawStep, RawValue, PLAN_MAGIC,
+    encode, PlanBlob, RawChunk, RawPlanHeader, RawSource, RawStep, RawValue, NO_TURN, PLAN_MAGIC,
     PLAN_VERSION, STEP_COMBINE, STEP_COPY, STEP_COPY_IN, VALUE_NOT_KEPT,
 };
-pub use layout::{chunk_ranges, ElementRange, ALIGN_BYTES};
+pub use layout::{chunk_range, chunk_ranges, ElementRange, ALIGN_BYTES};
 pub use lower::{lower, LowerError};
 pub use simulate::{reference, simulate};
 
@@ -34,7 +34,7 @@ pub struct ValueRef {
 }
 
 /// One value slot of a rank's arena.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Value {
     /// The chunk it holds a version of.
     pub chunk: usize,
@@ -44,7 +44,7 @@ pub struct Value {
 }
 
 /// One step of a rank's program.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Step {
     /// Copies the caller's input into `IN` (values `0..chunks`), chunk by chunk, applying the
     /// op's copy-in scaling, raising each chunk's flag as soon as it is in. Always first.
@@ -78,7 +78,7 @@ pub enum Step {
 pub type Turn = Option<usize>;
 
 /// The program of one rank: steps in order, its value table and its arena size.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RankProgram {
     pub steps: Vec<Step>,
     /// Values `0..chunks` are the `IN` chunks; the rest are produced by steps.
@@ -99,6 +99,9 @@ pub struct Plan {
     pub chunks: Vec<ElementRange>,
     /// One program per physical rank.
     pub programs: Vec<RankProgram>,
+    /// A hash of everything above, the same in every process running this binary: ranks
+    /// compare it to make sure they all run the same plan in a call.
+    pub fingerprint: u64,
 }
 
 impl Plan {

@@ -3,19 +3,27 @@
 
 use std::collections::HashMap;
 
-use super::{Plan, Step, ValueRef};
+use super::{Plan, Step, Turn, ValueRef};
 use crate::reduce::{combine, finish, prescale, DataType, ReduceOp, Scale};
 
 /// Runs `plan` on `inputs` (one buffer of `count` elements per rank, little-endian) and returns
 /// each rank's output. `scales[r]` is rank `r`'s copy-in scaling (see [`Scale::for_op`]).
-/// Steps run in any order their dependencies allow (round robin over the ranks); panics if the
-/// plan can deadlock, which the tests rely on.
+/// Steps run in any order their dependencies allow (round robin over the ranks), ordered reads
+/// only in their turn on the source's send port; panics if the plan can deadlock, which the
+/// tests rely on.
 pub fn simulate(plan: &Plan, op: ReduceOp, inputs: &[Vec<u8>], scales: &[Scale]) -> Vec<Vec<u8>> {
     let n = plan.ranks;
     let size = plan.dtype.size();
     let mut outputs: Vec<Vec<u8>> = inputs.iter().map(|i| vec![0xa5; i.len()]).collect();
     let mut values: HashMap<ValueRef, Vec<u8>> = HashMap::new();
     let mut next = vec![0usize; n];
+    // Sends each rank has served in turn order (see `plan::Turn`).
+    let mut served = vec![0usize; n];
+    // Whether a read of `source` by `rank` with `turn` may go now.
+    let my_turn = |served: &[usize], rank: usize, source: &ValueRef, turn: &Turn| match turn {
+        Some(k) if source.rank != rank => served[source.rank] == *k,
+        _ => true,
+    };
     loop {
         let mut progressed = false;
         for rank in 0..n {
@@ -38,10 +46,16 @@ pub fn simulate(plan: &Plan, op: ReduceOp, inputs: &[Vec<u8>], scales: &[Scale])
                     sources,
                     out,
                     complete,
-                    ..
+                    turn,
                 } => {
-                    if !sources.iter().all(|s| values.contains_key(s)) {
+                    if !sources
+                        .iter()
+                        .all(|s| values.contains_key(s) && my_turn(&served, rank, s, turn))
+                    {
                         continue;
+                    }
+                    for s in sources.iter().filter(|s| s.rank != rank && turn.is_some()) {
+                        served[s.rank] += 1;
                     }
                     let operands: Vec<&[u8]> =
                         sources.iter().map(|s| values[s].as_slice()).collect();
@@ -54,11 +68,20 @@ pub fn simulate(plan: &Plan, op: ReduceOp, inputs: &[Vec<u8>], scales: &[Scale])
                     values.insert(ValueRef { rank, id: *out }, result);
                 }
                 Step::Copy {
-                    chunk, source, out, ..
+                    chunk,
+                    source,
+                    out,
+                    turn,
                 } => {
                     let Some(value) = values.get(source).cloned() else {
                         continue;
                     };
+                    if !my_turn(&served, rank, source, turn) {
+                        continue;
+                    }
+                    if turn.is_some() && source.rank != rank {
+                        served[source.rank] += 1;
+                    }
                     outputs[rank][plan.chunk_bytes(*chunk)].copy_from_slice(&value);
                     values.insert(ValueRef { rank, id: *out }, value);
                 }

@@ -16,17 +16,18 @@ pub enum Scale {
 
 impl Scale {
     /// The copy-in scaling `op` asks of a rank: `1/nranks` for float `Avg`, the rank's own
-    /// scalar (element bytes) for `PreMulSum`, nothing otherwise.
+    /// scalar (element bytes) for `PreMulSum`, nothing otherwise. `None` for a PreMulSum whose
+    /// scalar this engine cannot read (a device-resident one): such a call must not run here.
     pub fn for_op(
         op: ReduceOp,
         dtype: DataType,
         nranks: usize,
         premul_scalar: Option<[u8; 8]>,
-    ) -> Scale {
+    ) -> Option<Scale> {
         match op {
-            ReduceOp::Avg if dtype.is_float() => Scale::By(reciprocal_bytes(dtype, nranks)),
-            ReduceOp::PreMulSum => premul_scalar.map_or(Scale::None, Scale::By),
-            _ => Scale::None,
+            ReduceOp::Avg if dtype.is_float() => Some(Scale::By(reciprocal_bytes(dtype, nranks))),
+            ReduceOp::PreMulSum => premul_scalar.map(Scale::By),
+            _ => Some(Scale::None),
         }
     }
 }
@@ -379,14 +380,14 @@ mod tests {
 
     #[test]
     fn float_avg_premultiplies_in_the_element_type() {
-        let scale = Scale::for_op(ReduceOp::Avg, DataType::F16, 3, None);
+        let scale = Scale::for_op(ReduceOp::Avg, DataType::F16, 3, None).unwrap();
         let mut x = f32_to_f16(3.0).to_le_bytes().to_vec();
         prescale(DataType::F16, scale, &mut x);
         let third = f16_to_f32(f32_to_f16(1.0 / 3.0));
         let expect = f32_to_f16(3.0 * third);
         assert_eq!(u16::from_le_bytes([x[0], x[1]]), expect);
         assert_eq!(
-            Scale::for_op(ReduceOp::Avg, DataType::I32, 3, None),
+            Scale::for_op(ReduceOp::Avg, DataType::I32, 3, None).unwrap(),
             Scale::None
         );
     }
@@ -395,7 +396,12 @@ mod tests {
     fn premulsum_uses_the_ranks_scalar() {
         let mut scalar = [0u8; 8];
         scalar[..8].copy_from_slice(&0.5f64.to_le_bytes());
-        let scale = Scale::for_op(ReduceOp::PreMulSum, DataType::F64, 4, Some(scalar));
+        assert_eq!(
+            Scale::for_op(ReduceOp::PreMulSum, DataType::F64, 4, None),
+            None,
+            "no silent plain sum"
+        );
+        let scale = Scale::for_op(ReduceOp::PreMulSum, DataType::F64, 4, Some(scalar)).unwrap();
         let mut x = 3.0f64.to_le_bytes().to_vec();
         prescale(DataType::F64, scale, &mut x);
         assert_eq!(f64::from_le_bytes(x.try_into().unwrap()), 1.5);

@@ -38,10 +38,25 @@ pub unsafe fn requested_blocking(config: *const ncclConfig_t) -> Option<bool> {
     Some(blocking != 0)
 }
 
-/// NCCL's default for communicators whose config leaves `blocking` unset: blocking, unless
-/// `NCCL_COMM_BLOCKING=0`.
-pub fn default_blocking(nccl_comm_blocking: Option<&str>) -> bool {
-    !matches!(nccl_comm_blocking.map(str::trim), Some("0"))
+/// The blocking mode NCCL gives a new communicator: `NCCL_COMM_BLOCKING` (`0` or `1`)
+/// overrides everything; then the config's explicit value; then, for a split, shrink or grow
+/// with a NULL config, the parent's mode; else blocking.
+pub fn effective_blocking(
+    nccl_comm_blocking: Option<&str>,
+    requested: Option<bool>,
+    config_is_null: bool,
+    parent: Option<bool>,
+) -> bool {
+    match nccl_comm_blocking.map(str::trim) {
+        Some("0") => return false,
+        Some("1") => return true,
+        _ => {}
+    }
+    match (requested, config_is_null, parent) {
+        (Some(explicit), _, _) => explicit,
+        (None, true, Some(inherited)) => inherited,
+        _ => true,
+    }
 }
 
 #[cfg(test)]
@@ -96,9 +111,25 @@ mod tests {
     }
 
     #[test]
-    fn default_follows_nccl_comm_blocking() {
-        assert!(default_blocking(None));
-        assert!(default_blocking(Some("1")));
-        assert!(!default_blocking(Some("0")));
+    fn precedence_is_environment_config_parent_default() {
+        assert!(effective_blocking(None, None, true, None));
+        assert!(!effective_blocking(None, Some(false), false, Some(true)));
+        assert!(
+            !effective_blocking(None, None, true, Some(false)),
+            "NULL config inherits"
+        );
+        assert!(
+            effective_blocking(None, None, false, Some(false)),
+            "an unset field takes the default"
+        );
+        assert!(
+            !effective_blocking(Some("0"), Some(true), false, None),
+            "the environment wins"
+        );
+        assert!(effective_blocking(Some("1"), Some(false), false, None));
+        assert!(
+            !effective_blocking(Some("x"), Some(false), false, None),
+            "an invalid value is ignored"
+        );
     }
 }

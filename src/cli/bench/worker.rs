@@ -169,12 +169,14 @@ pub fn run(
         cache: PlanCache::default(),
         chooser: Chooser::new(options),
         layout,
+        // The bench always gives PreMulSum a host scalar, so a scale always exists.
         scale: Scale::for_op(
             options.op,
             options.dtype,
             options.ranks,
             scalar_bytes(options, rank),
-        ),
+        )
+        .unwrap_or(Scale::None),
         calls: 0,
     };
     for bytes in options.sizes() {
@@ -195,8 +197,10 @@ pub fn run(
             for _ in 0..options.iters {
                 let (record, stragglar) = run.call(&input, &mut output, in_place, false, half)?;
                 half.stragglar_calls += stragglar as u64;
-                lead += record.lead_ns();
-                post += record.after_last_arrival_ns();
+                if let Some(record) = record {
+                    lead += record.lead_ns();
+                    post += record.after_last_arrival_ns();
+                }
             }
             let n = options.iters as f64;
             half.time_us = start.elapsed().as_secs_f64() * 1e6 / n;
@@ -207,7 +211,7 @@ pub fn run(
                 run.call(&input, &mut output, in_place, true, half)?;
                 half.wrong +=
                     data::count_wrong(options.dtype, options.op, options.ranks, &output, seed);
-                half.digest = data::digest(&output);
+                half.digest = data::digest_more(half.digest, data::digest(&output));
             }
         }
         report(result);
@@ -239,7 +243,7 @@ impl RankRun<'_> {
         in_place: bool,
         refill: bool,
         half: &mut Half,
-    ) -> Result<(CallRecord, bool), EngineError> {
+    ) -> Result<(Option<CallRecord>, bool), EngineError> {
         let options = self.options;
         self.calls += 1;
         let mut late_us = if self.rank == options.late_rank(self.calls) {
@@ -281,8 +285,10 @@ impl RankRun<'_> {
             self.layout,
             buffers,
         )?;
-        let designated = self.chooser.observe(options.ranks, bytes, &record);
-        half.designated = designated.map_or(-1, |r| r as i64);
+        if let Some(record) = &record {
+            let designated = self.chooser.observe(options.ranks, bytes, record);
+            half.designated = designated.map_or(-1, |r| r as i64);
+        }
         Ok((record, stragglar))
     }
 }

@@ -152,6 +152,8 @@ pub const MAX_OPERANDS: usize = 256;
 #[derive(Clone, Copy)]
 struct Read {
     source: ValueRef,
+    /// The fingerprint of this rank's plan; the source must run the same.
+    plan: u64,
     /// The call's parity and flag value.
     parity: usize,
     epoch: u32,
@@ -255,30 +257,28 @@ impl HostComm {
         header.abort.store(1, Ordering::Release);
     }
 
-    /// Runs one AllReduce of `plan`. `scale` is this rank's copy-in scaling. A call with zero
-    /// elements returns at once and does not count as a call.
+    /// Runs one AllReduce of `plan`. `scale` is this rank's copy-in scaling. Returns the call's
+    /// arrival record; a call with zero elements returns `None` at once and does not count as a
+    /// call (no record: nobody arrived anywhere).
     pub fn all_reduce(
         &mut self,
         plan: &Plan,
         op: ReduceOp,
         scale: Scale,
         mut buffers: Buffers<'_>,
-    ) -> Result<CallRecord, EngineError> {
+    ) -> Result<Option<CallRecord>, EngineError> {
         if let Some(error) = &self.failed {
             return Err(error.clone());
         }
         self.check(plan, &buffers)?;
         if plan.count == 0 {
-            let now = now_ns();
-            return Ok(CallRecord::from_arrivals(
-                std::iter::repeat_n(now, plan.ranks),
-                now,
-            ));
+            return Ok(None);
         }
         self.epoch += 1;
         let parity = (self.epoch % 2) as usize;
         let header = self.segments[self.config.rank].header();
         header.served[parity].store(0, Ordering::Release);
+        header.plan[parity].store(plan.fingerprint, Ordering::Release);
         header.arrival[parity].store(now_ns(), Ordering::Release);
         let result = self.run(plan, op, scale, &mut buffers, parity);
         match result {
@@ -291,7 +291,7 @@ impl HostComm {
                     .segments
                     .iter()
                     .map(|s| s.header().arrival[parity].load(Ordering::Acquire));
-                Ok(CallRecord::from_arrivals(arrivals, now_ns()))
+                Ok(Some(CallRecord::from_arrivals(arrivals, now_ns())))
             }
             Err(error) => {
                 self.abort();
@@ -376,6 +376,12 @@ impl HostComm {
         watch
             .until(peer.flag(read.parity, read.source.id), read.epoch)
             .map_err(EngineError::Wait)?;
+        if peer.header().plan[read.parity].load(Ordering::Acquire) != read.plan {
+            return Err(EngineError::Mismatch(format!(
+                "rank {} runs another plan in this call (ranks chose differently)",
+                read.source.rank
+            )));
+        }
         if let Some(turn) = read.turn {
             watch
                 .until(&peer.header().served[read.parity], turn as u32)
@@ -442,6 +448,7 @@ impl HostComm {
                     let range = plan.chunk_bytes(*chunk);
                     let read = |source| Read {
                         source,
+                        plan: plan.fingerprint,
                         parity,
                         epoch,
                         turn: *turn,
@@ -487,6 +494,7 @@ impl HostComm {
                     let range = plan.chunk_bytes(*chunk);
                     let read = Read {
                         source: *source,
+                        plan: plan.fingerprint,
                         parity,
                         epoch,
                         turn: *turn,

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use super::comm::{Buffers, CallRecord, EngineError, HostComm};
 use super::segment::SegmentLayout;
-use crate::plan::{chunk_ranges, lower, Plan};
+use crate::plan::{chunk_range, lower, Plan};
 use crate::reduce::{DataType, ReduceOp, Scale};
 use crate::schedule::{verify, Algorithm, PlanRequest};
 
@@ -28,6 +28,8 @@ pub struct Shape {
 #[derive(Default)]
 pub struct PlanCache {
     plans: HashMap<(Shape, usize), Plan>,
+    /// Segments needed by (shape, count, arena bytes): computed once per message shape.
+    segments: HashMap<(Shape, usize, usize), usize>,
 }
 
 impl PlanCache {
@@ -67,27 +69,29 @@ pub fn layout_for(
     Ok(layout)
 }
 
-/// How many segments `count` elements of `shape` need to fit `layout`.
+/// How many segments `count` elements of `shape` need to fit `layout` (1 when the whole
+/// message fits), computed once per message shape.
 fn segments_needed(
     cache: &mut PlanCache,
     shape: Shape,
     count: usize,
     layout: SegmentLayout,
 ) -> Result<usize, String> {
+    let key = (shape, count, layout.arena_bytes);
+    if let Some(&parts) = cache.segments.get(&key) {
+        return Ok(parts);
+    }
     let whole = cache.get(shape, count)?.max_arena_bytes();
     let mut parts = whole.div_ceil(layout.arena_bytes.max(1)).max(1);
     // Alignment slack can leave a part slightly too big: add parts until every one fits.
     loop {
-        let ranges = chunk_ranges(count, shape.dtype.size(), parts);
-        let fits = ranges
-            .iter()
-            .map(|r| {
-                cache
-                    .get(shape, r.len())
-                    .map(|p| p.max_arena_bytes() <= layout.arena_bytes)
-            })
-            .collect::<Result<Vec<bool>, String>>()?;
-        if fits.iter().all(|&f| f) {
+        let mut fits = true;
+        for part in 0..parts {
+            let len = chunk_range(count, shape.dtype.size(), parts, part).len();
+            fits &= cache.get(shape, len)?.max_arena_bytes() <= layout.arena_bytes;
+        }
+        if fits {
+            cache.segments.insert(key, parts);
             return Ok(parts);
         }
         parts += 1;
@@ -95,7 +99,8 @@ fn segments_needed(
 }
 
 /// Runs one AllReduce of `count` elements, split into segments when it does not fit; returns
-/// the record of the first segment (the one whose ReduceScatter the delay can hide).
+/// the record of the first segment (the one whose ReduceScatter the delay can hide), `None` for
+/// an empty call.
 pub fn all_reduce(
     comm: &mut HostComm,
     cache: &mut PlanCache,
@@ -104,7 +109,7 @@ pub fn all_reduce(
     scale: Scale,
     layout: SegmentLayout,
     buffers: Buffers<'_>,
-) -> Result<CallRecord, EngineError> {
+) -> Result<Option<CallRecord>, EngineError> {
     let size = shape.dtype.size();
     let count = match &buffers {
         Buffers::InPlace(b) => b.len() / size,
@@ -115,7 +120,7 @@ pub fn all_reduce(
         let plan = cache.get(shape, count).map_err(EngineError::Mismatch)?;
         return comm.all_reduce(plan, op, scale, buffers);
     }
-    let ranges = chunk_ranges(count, size, parts);
+    let ranges = (0..parts).map(|part| chunk_range(count, size, parts, part));
     let mut first = None;
     match buffers {
         Buffers::InPlace(buffer) => {
@@ -127,7 +132,7 @@ pub fn all_reduce(
                     scale,
                     Buffers::InPlace(&mut buffer[r.start * size..r.end * size]),
                 )?;
-                first.get_or_insert(record);
+                first = first.or(record);
             }
         }
         Buffers::OutOfPlace { input, output } => {
@@ -139,9 +144,9 @@ pub fn all_reduce(
                     output: &mut output[bytes],
                 };
                 let record = comm.all_reduce(plan, op, scale, buffers)?;
-                first.get_or_insert(record);
+                first = first.or(record);
             }
         }
     }
-    Ok(first.expect("at least one segment"))
+    Ok(first)
 }

@@ -34,6 +34,9 @@ pub struct SegmentHeader {
     pub arena_bytes: AtomicU64,
     /// When the owner entered the call of each parity (CLOCK_MONOTONIC ns): the arrival record.
     pub arrival: [AtomicU64; 2],
+    /// The fingerprint of the plan the owner runs in the call of each parity: peers check it
+    /// before reading, so ranks that disagree on the plan fail instead of misreading.
+    pub plan: [AtomicU64; 2],
     /// Sends of the owner served so far in the call of each parity (see `plan::Turn`); reset by
     /// the owner when it enters the call, advanced by the rank that pulled.
     pub served: [AtomicU32; 2],
@@ -113,12 +116,14 @@ impl Segment {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: `fd` is ours; ftruncate sizes the (zero-filled) object.
-        let sized = unsafe { libc::ftruncate(fd, layout.total() as libc::off_t) };
-        let mapped = if sized == 0 {
+        // SAFETY: `fd` is ours; posix_fallocate sizes the (zero-filled) object and reserves its
+        // pages now, so a full /dev/shm fails here with ENOSPC instead of raising SIGBUS at the
+        // first write into the mapping.
+        let reserved = unsafe { libc::posix_fallocate(fd, 0, layout.total() as libc::off_t) };
+        let mapped = if reserved == 0 {
             map(fd, layout)
         } else {
-            Err(io::Error::last_os_error())
+            Err(io::Error::from_raw_os_error(reserved))
         };
         // SAFETY: the mapping (if any) keeps the object alive; the descriptor is not needed.
         unsafe { libc::close(fd) };

@@ -366,3 +366,30 @@ fn call_records_summarise_arrivals() {
     let tie = CallRecord::from_arrivals([7, 7].into_iter(), 7);
     assert_eq!((tie.last_rank, tie.lead_ns()), (1, 0));
 }
+
+#[test]
+fn ranks_running_different_plans_fail_instead_of_misreading() {
+    let ranks = 3;
+    let a = Arc::new(plan(Algorithm::Stragglar, ranks, 2, 99, DataType::I32));
+    let b = Arc::new(plan(Algorithm::Ring, ranks, 0, 99, DataType::I32));
+    let layout = layout_for(&[&a, &b]);
+    let id = comm_id();
+    let threads: Vec<_> = (0..ranks)
+        .map(|rank| {
+            let p = if rank == 1 { b.clone() } else { a.clone() };
+            std::thread::spawn(move || {
+                let mut comm = HostComm::join(config(id, rank, ranks, layout)).unwrap();
+                let mut buf = vec![1u8; 396];
+                comm.all_reduce(&p, ReduceOp::Sum, Scale::None, Buffers::InPlace(&mut buf))
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(results.iter().all(Result::is_err), "{results:?}");
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(EngineError::Mismatch(_)))),
+        "{results:?}"
+    );
+}

@@ -26,37 +26,54 @@ pub enum WaitError {
     Timeout,
 }
 
-/// Whether a process is still running, by a pidfd (which also sees a zombie as exited).
-pub struct Liveness {
-    pidfd: Option<OwnedFd>,
+/// Whether a process is still running: by a pidfd, which also sees an exited but unreaped
+/// process as exited; by `kill(pid, 0)` where pidfds are unavailable (kernels before 5.3).
+pub enum Liveness {
+    /// This process (threads mode): always alive.
+    Itself,
+    Pidfd(OwnedFd),
+    Pid(i32),
 }
 
 impl Liveness {
-    /// Watches `pid`; `None` when it is this process (threads mode: always alive).
+    /// Watches `pid`.
     pub fn watch(pid: i32) -> Liveness {
         if pid == std::process::id() as i32 {
-            return Liveness { pidfd: None };
+            return Liveness::Itself;
         }
         // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        let pidfd = (fd >= 0).then(|| {
-            // SAFETY: `fd` is a fresh descriptor we own.
-            unsafe { OwnedFd::from_raw_fd(fd as i32) }
-        });
-        Liveness { pidfd }
+        if fd < 0 {
+            log::warn!(
+                "cannot watch process {pid} with a pidfd ({}); falling back to kill(pid, 0), which sees an unreaped exit late",
+                std::io::Error::last_os_error()
+            );
+            return Liveness::Pid(pid);
+        }
+        // SAFETY: `fd` is a fresh descriptor we own.
+        Liveness::Pidfd(unsafe { OwnedFd::from_raw_fd(fd as i32) })
     }
 
     /// Whether the process has exited.
     pub fn exited(&self) -> bool {
-        let Some(fd) = &self.pidfd else { return false };
-        let mut pfd = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, zero timeout.
-        let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
-        rc > 0 && pfd.revents & libc::POLLIN != 0
+        match self {
+            Liveness::Itself => false,
+            Liveness::Pidfd(fd) => {
+                let mut pfd = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd, zero timeout.
+                let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+                rc > 0 && pfd.revents & libc::POLLIN != 0
+            }
+            Liveness::Pid(pid) => {
+                // SAFETY: signal 0 only checks that the process exists.
+                let rc = unsafe { libc::kill(*pid, 0) };
+                rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+            }
+        }
     }
 }
 
@@ -150,5 +167,14 @@ mod tests {
         }
         drop(zombie);
         assert!(!Liveness::watch(std::process::id() as i32).exited());
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let by_pid = Liveness::Pid(child.id() as i32);
+        assert!(!by_pid.exited());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(by_pid.exited(), "a reaped process is gone for kill(pid, 0)");
     }
 }
