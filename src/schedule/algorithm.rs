@@ -148,7 +148,10 @@ impl PlanRequest {
             return Err(PlanError::PipelineUnsupported(algorithm));
         }
         if k == 0 || (n - 1).saturating_mul(k) > MAX_PIECES {
-            return Err(PlanError::PiecesOutOfRange { ranks: n, pieces: k });
+            return Err(PlanError::PiecesOutOfRange {
+                ranks: n,
+                pieces: k,
+            });
         }
         Ok(())
     }

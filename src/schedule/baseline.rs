@@ -26,7 +26,10 @@ pub fn ring(ranks: usize) -> Vec<Round> {
 /// written as `h` rounds with the same partner (`2(n-1)` rounds in all); the cost model charges
 /// each step one latency, `2 log2 n` in all.
 pub fn halving_doubling(ranks: usize) -> Vec<Round> {
-    assert!(ranks.is_power_of_two(), "halving-doubling needs a power of two");
+    assert!(
+        ranks.is_power_of_two(),
+        "halving-doubling needs a power of two"
+    );
     let levels = ceil_log2(ranks);
     let step_rounds = |j: usize, op_copy: bool| {
         let bit = 1usize << (levels - j - 1);

@@ -20,7 +20,7 @@ mod relabel;
 mod replay;
 mod types;
 
-pub use algorithm::{Algorithm, PlanError, PlanRequest};
+pub use algorithm::{Algorithm, PlanError, PlanRequest, MAX_PIECES, MAX_RANKS};
 pub use contributions::Contributions;
 pub use json::to_json;
 pub use relabel::Relabel;

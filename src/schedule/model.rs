@@ -65,7 +65,8 @@ impl Times {
             stragglar_post: link.rounds(rounds, bytes / (n - 1.0)),
             ring: link.rounds(2 * early, bytes / n),
             halving_doubling: ranks.is_power_of_two().then(|| {
-                2.0 * ceil_log2(ranks) as f64 * link.alpha + 2.0 * (n - 1.0) / n * bytes / link.bandwidth
+                2.0 * ceil_log2(ranks) as f64 * link.alpha
+                    + 2.0 * (n - 1.0) / n * bytes / link.bandwidth
             }),
             direct_pre: link.rounds(2 * (early - 1), bytes / (n - 1.0)),
             direct_post: link.rounds(ceil_log2(ranks), bytes),

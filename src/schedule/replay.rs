@@ -73,15 +73,8 @@ pub enum VerifyError {
 
 impl fmt::Display for VerifyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let t = |t: &Transfer| {
-            format!(
-                "{} -> {} chunk {} ({})",
-                t.src,
-                t.dst,
-                t.chunk,
-                t.op.name()
-            )
-        };
+        let t =
+            |t: &Transfer| format!("{} -> {} chunk {} ({})", t.src, t.dst, t.chunk, t.op.name());
         match self {
             VerifyError::Shape(why) => write!(f, "malformed schedule: {why}"),
             VerifyError::BadTransfer {
@@ -177,7 +170,9 @@ impl Replay {
         let mut sends = vec![false; self.ranks];
         let mut receives = vec![false; self.ranks];
         for &transfer in round {
-            let Transfer { src, dst, chunk, .. } = transfer;
+            let Transfer {
+                src, dst, chunk, ..
+            } = transfer;
             if src >= self.ranks || dst >= self.ranks || src == dst || chunk >= self.chunks {
                 return Err(VerifyError::BadTransfer {
                     phase,

@@ -23,7 +23,10 @@ struct Group {
 /// Builds the rounds; `order.ranks()` must be a power of two.
 pub fn build(order: &ExchangeOrder) -> Vec<Round> {
     let n = order.ranks();
-    assert!(n.is_power_of_two(), "the doubling construction needs a power of two");
+    assert!(
+        n.is_power_of_two(),
+        "the doubling construction needs a power of two"
+    );
     let levels = ceil_log2(n);
     let exchanges = order.count();
     let mut groups: VecDeque<Group> = VecDeque::new();

@@ -61,7 +61,10 @@ impl ExchangeOrder {
     /// The two reductions of exchange `v`: owner to straggler and straggler to owner.
     pub fn exchange(&self, v: usize) -> [Transfer; 2] {
         let (owner, s, piece) = (self.owner(v), self.straggler(), self.piece(v));
-        [Transfer::reduce(owner, s, piece), Transfer::reduce(s, owner, piece)]
+        [
+            Transfer::reduce(owner, s, piece),
+            Transfer::reduce(s, owner, piece),
+        ]
     }
 
     /// A copy of the piece of exchange `v`.

@@ -4,5 +4,8 @@ use super::greedy::Variant;
 
 /// The variant used for `ranks` ranks.
 pub fn variant(_ranks: usize) -> Variant {
-    Variant { seed: 0, window: 8 }
+    Variant {
+        seed: 1,
+        newest_first: true,
+    }
 }
