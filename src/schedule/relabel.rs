@@ -50,28 +50,6 @@ impl Relabel {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn is_a_permutation_with_the_straggler_last() {
-        for n in 2..10 {
-            for s in 0..n {
-                let r = Relabel::new(n, s).unwrap();
-                assert_eq!(r.physical(n - 1), s);
-                let mut seen: Vec<usize> = (0..n).map(|l| r.physical(l)).collect();
-                for l in 0..n {
-                    assert_eq!(r.logical(r.physical(l)), l);
-                }
-                seen.sort_unstable();
-                assert_eq!(seen, (0..n).collect::<Vec<_>>());
-            }
-        }
-        assert!(Relabel::new(4, 4).is_none());
-    }
-}
-
 impl Schedule {
     /// The same schedule for another physical straggler: every rank is mapped through the
     /// logical labels of the old straggler to the physical labels of the new one. Synthesis
@@ -92,5 +70,27 @@ impl Schedule {
             transfer.dst = new.physical(old.logical(transfer.dst));
         }
         Some(schedule)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn is_a_permutation_with_the_straggler_last() {
+        for n in 2..10 {
+            for s in 0..n {
+                let r = Relabel::new(n, s).unwrap();
+                assert_eq!(r.physical(n - 1), s);
+                let mut seen: Vec<usize> = (0..n).map(|l| r.physical(l)).collect();
+                for l in 0..n {
+                    assert_eq!(r.logical(r.physical(l)), l);
+                }
+                seen.sort_unstable();
+                assert_eq!(seen, (0..n).collect::<Vec<_>>());
+            }
+        }
+        assert!(Relabel::new(4, 4).is_none());
     }
 }
