@@ -150,29 +150,46 @@ impl Matching {
     /// Pieces and senders marked in `seen` are not explored again; a failed search leaves the
     /// matching unchanged.
     fn augment(&mut self, dst: usize, offers: &Offers, view: &ActiveView, seen: &mut Seen) -> bool {
-        for (slot, &v) in offers.pieces.iter().enumerate() {
-            if seen.pieces[slot] || view.holds(dst, v) {
-                continue;
-            }
-            seen.pieces[slot] = true;
-            for &src in &offers.holders[slot] {
-                if std::mem::replace(&mut seen.senders[src], true) {
+        let dst_row = view.row(dst);
+        for step in 0..view.width {
+            // Words and bits in hand-out order: descending exchange numbers when newest first.
+            let w = if offers.newest_first {
+                view.width - 1 - step
+            } else {
+                step
+            };
+            let mut lacking = view.active[w] & !dst_row[w];
+            while lacking != 0 {
+                let bit = if offers.newest_first {
+                    63 - lacking.leading_zeros() as usize
+                } else {
+                    lacking.trailing_zeros() as usize
+                };
+                lacking &= !(1u64 << bit);
+                let slot = offers.slot_of_bit[w * 64 + bit];
+                if std::mem::replace(&mut seen.pieces[slot], true) {
                     continue;
                 }
-                let free = match self.target[src] {
-                    None => true,
-                    Some(other) => {
-                        let saved = self.source[other].take();
-                        let moved = self.augment(other, offers, view, seen);
-                        if !moved {
-                            self.source[other] = saved;
-                        }
-                        moved
+                let v = offers.pieces[slot];
+                for &src in &offers.holders[slot] {
+                    if std::mem::replace(&mut seen.senders[src], true) {
+                        continue;
                     }
-                };
-                if free {
-                    self.link(src, dst, v);
-                    return true;
+                    let free = match self.target[src] {
+                        None => true,
+                        Some(other) => {
+                            let saved = self.source[other].take();
+                            let moved = self.augment(other, offers, view, seen);
+                            if !moved {
+                                self.source[other] = saved;
+                            }
+                            moved
+                        }
+                    };
+                    if free {
+                        self.link(src, dst, v);
+                        return true;
+                    }
                 }
             }
         }
@@ -185,6 +202,9 @@ impl Matching {
 struct Offers {
     pieces: Vec<usize>,
     holders: Vec<Vec<usize>>,
+    /// `slot_of_bit[v - base]`: the index of active piece `v` in `pieces`.
+    slot_of_bit: Vec<usize>,
+    newest_first: bool,
 }
 
 /// What an augmenting search has explored.
@@ -248,7 +268,13 @@ pub fn build(order: &ExchangeOrder, variant: Variant) -> Vec<Round> {
         } else {
             active.clone()
         };
+        let mut slot_of_bit = vec![usize::MAX; view.width * 64];
+        for (slot, &v) in pieces.iter().enumerate() {
+            slot_of_bit[v - view.base] = slot;
+        }
         let offers = Offers {
+            slot_of_bit,
+            newest_first: variant.newest_first,
             holders: pieces
                 .iter()
                 .map(|&v| {
