@@ -1,7 +1,7 @@
 //! A list scheduler for the post-arrival phase at any `n`.
 //!
 //! Each round, after the exchange, free ranks that lack active pieces are served, those that
-//! lack the most first; pieces are taken newest (or oldest) first from free holders, those
+//! lack the most first (up to optional noise); pieces are taken newest (or oldest) first from free holders, those
 //! holding the fewest active pieces first; then augmenting paths grow the round to a maximum
 //! matching of senders to receivers. Every variant yields a valid schedule; how close it comes
 //! to the bound depends on tie-breaking, fixed by [`Variant`] (chosen per `n` in `tuned.rs`).
@@ -18,6 +18,9 @@ pub struct Variant {
     pub seed: u64,
     /// Hand out the newest active pieces first (otherwise the oldest).
     pub newest_first: bool,
+    /// Random amount, `0..=noise`, added to each receiver's count of missing pieces before
+    /// ranking receivers; 0 ranks them strictly by that count.
+    pub noise: u8,
 }
 
 /// A small deterministic generator (splitmix64); seed 0 always yields 0.
@@ -249,8 +252,16 @@ pub fn build(order: &ExchangeOrder, variant: Variant) -> Vec<Round> {
         // Receivers: those missing the most first.
         let mut receivers: Vec<(Reverse<usize>, u64, usize)> = (0..n)
             .filter(|&r| free(r))
-            .map(|r| (Reverse(view.missing_count(r)), mix.next(), r))
-            .filter(|&(Reverse(missing), ..)| missing > 0)
+            .map(|r| {
+                let missing = view.missing_count(r);
+                let ranked = match (missing, variant.noise) {
+                    (0, _) | (_, 0) => missing,
+                    _ => missing + (mix.next() % (u64::from(variant.noise) + 1)) as usize,
+                };
+                (missing, Reverse(ranked), mix.next(), r)
+            })
+            .filter(|&(missing, ..)| missing > 0)
+            .map(|(_, ranked, tie, r)| (ranked, tie, r))
             .collect();
         receivers.sort_unstable();
         let receivers: Vec<usize> = receivers.into_iter().map(|(.., r)| r).collect();
