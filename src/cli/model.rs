@@ -3,8 +3,10 @@
 use std::fmt::Write;
 
 use super::args::{parse_bytes, parse_list, Args, UsageError};
-use crate::schedule::model::{best_pipelining, stragglar_rounds, Completion, Link, Times};
-use crate::schedule::{round_bound, PlanRequest};
+use crate::schedule::model::{
+    best_pipelining, stragglar_rounds, Completion, Link, Pipelining, Times,
+};
+use crate::schedule::{round_bound, Algorithm, PlanRequest, MAX_PIECES};
 
 /// Options of `stragglar model`, as shown by `stragglar help`.
 pub const USAGE: &str = "
@@ -23,7 +25,7 @@ struct Row {
     times: Times,
     bound: usize,
     completion: Completion,
-    pipelined: crate::schedule::model::Pipelining,
+    pipelined: Pipelining,
 }
 
 /// Runs `stragglar model`; returns the exit status.
@@ -73,14 +75,13 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     };
     let mut rows = Vec::new();
     for &n in &ranks {
-        // Range-check n the way `plan` does.
-        crate::schedule::Algorithm::Stragglar
-            .schedule(&PlanRequest::new(n, n - 1))
+        PlanRequest::new(n, n.saturating_sub(1))
+            .validate(Algorithm::Stragglar)
             .map_err(|e| UsageError(e.to_string()))?;
         let rounds = stragglar_rounds(n, 1);
         for &bytes in &sizes {
             let times = Times::new(n, rounds, bytes as f64, link);
-            let limit = max_pipeline.min(crate::schedule::MAX_PIECES / (n - 1));
+            let limit = max_pipeline.min(MAX_PIECES / (n - 1));
             let pipelined = best_pipelining(n, bytes as f64, link, limit.max(1), |k| {
                 if k == 1 {
                     rounds

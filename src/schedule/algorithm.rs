@@ -57,7 +57,7 @@ impl Algorithm {
     /// Builds and assembles the schedule in physical ranks.
     pub fn schedule(self, request: &PlanRequest) -> Result<Schedule, PlanError> {
         let n = request.ranks;
-        request.check(self)?;
+        request.validate(self)?;
         let relabel = Relabel::new(n, request.straggler).ok_or(PlanError::StragglerOutOfRange {
             ranks: n,
             straggler: request.straggler,
@@ -129,7 +129,8 @@ impl PlanRequest {
         }
     }
 
-    fn check(&self, algorithm: Algorithm) -> Result<(), PlanError> {
+    /// Checks that `algorithm` can be planned for this request, without building anything.
+    pub fn validate(&self, algorithm: Algorithm) -> Result<(), PlanError> {
         let n = self.ranks;
         if !(2..=MAX_RANKS).contains(&n) {
             return Err(PlanError::RanksOutOfRange(n));
