@@ -127,7 +127,7 @@ fn the_straggler_exchanges_every_chunk_with_its_owner_in_order() {
 
 #[test]
 fn powers_of_two_meet_the_bound_exactly() {
-    let top = if cfg!(debug_assertions) { 512 } else { 2048 };
+    let top = if cfg!(debug_assertions) { 512 } else { 1024 };
     let mut n = 2;
     while n <= top {
         let schedule = plan(Algorithm::Stragglar, n, n / 2);
