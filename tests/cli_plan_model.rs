@@ -322,6 +322,11 @@ fn bad_plan_requests_exit_with_status_2() {
     usage_error(&["plan", "--ranks", "6", "--algo", "tree"], "--algo");
     usage_error(&["plan", "--ranks", "6", "--pipeline", "0"], "--pipeline");
     usage_error(
+        &["plan", "--ranks", "1024", "--pipeline", "5"],
+        "between 1 and 4",
+    );
+    usage_error(&["plan", "--ranks", "4096"], "between 2 and 2048");
+    usage_error(
         &["plan", "--ranks", "6", "--pipeline", "2", "--algo", "ring"],
         "stragglar only",
     );

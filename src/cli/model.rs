@@ -6,7 +6,7 @@ use super::args::{parse_bytes, parse_list, Args, UsageError};
 use crate::schedule::model::{
     best_pipelining, stragglar_rounds, Completion, Link, Pipelining, Times,
 };
-use crate::schedule::{round_bound, Algorithm, PlanRequest, MAX_PIECES};
+use crate::schedule::{max_pieces_per_chunk, round_bound, Algorithm, PlanRequest};
 
 /// Options of `stragglar model`, as shown by `stragglar help`.
 pub const USAGE: &str = "
@@ -81,7 +81,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         let rounds = stragglar_rounds(n, 1);
         for &bytes in &sizes {
             let times = Times::new(n, rounds, bytes as f64, link);
-            let limit = max_pipeline.min(MAX_PIECES / (n - 1));
+            let limit = max_pipeline.min(max_pieces_per_chunk(n));
             let pipelined = best_pipelining(n, bytes as f64, link, limit.max(1), |k| {
                 if k == 1 {
                     rounds
