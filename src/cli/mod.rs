@@ -4,10 +4,12 @@ pub mod args;
 pub mod bench;
 mod demo;
 mod doctor;
+pub mod model;
+pub mod plan;
 
 use args::{Args, UsageError};
 
-/// What `stragglar help` prints.
+/// What `stragglar help` prints: the commands, then the options of `plan` and `model`.
 pub const USAGE: &str = "\
 stragglar - StragglAR AllReduce for NCCL jobs with a persistent straggler
 
@@ -18,6 +20,8 @@ commands:
   demo       StragglAR against Ring on the host engine, with the model beside each result
   doctor     what the library would do on this machine
   help       this text
+  plan       print a StragglAR, Ring, halving-doubling or Direct schedule
+  model      modelled times of every algorithm, speedups, break-even delays
 ";
 
 /// Runs one subcommand; returns the process exit status.
@@ -31,12 +35,14 @@ pub fn run(argv: Vec<String>) -> i32 {
     let args = Args::new(rest);
     let result: Result<i32, UsageError> = match command.as_str() {
         "help" | "--help" | "-h" => {
-            print!("{USAGE}");
+            print!("{USAGE}{}{}", plan::USAGE, model::USAGE);
             Ok(0)
         }
         "doctor" => doctor::run(args),
         "bench" => bench::run(args),
         "demo" => demo::run(args),
+        "plan" => plan::run(args),
+        "model" => model::run(args),
         other => Err(UsageError(format!(
             "unknown command '{other}'; try 'stragglar help'"
         ))),

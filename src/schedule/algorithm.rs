@@ -7,10 +7,16 @@ use super::types::{Phase, PhaseKind, Schedule};
 use super::{baseline, post_arrival, reduce_scatter};
 
 /// The largest world size a plan is built for (the schedule grows as `n^2` transfers).
-pub const MAX_RANKS: usize = 4096;
+pub const MAX_RANKS: usize = 2048;
 
-/// The largest number of pieces, `(n-1) * k`, a pipelined plan is built for.
-pub const MAX_PIECES: usize = 1 << 16;
+/// A plan is built only while `n (n-1) k`, about the number of transfers in each phase, stays
+/// within this budget (about 130 MiB of transfers per phase).
+pub const MAX_TRANSFERS: usize = 1 << 22;
+
+/// The largest pieces per chunk `k` that [`MAX_TRANSFERS`] allows for `ranks >= 2` ranks.
+pub fn max_pieces_per_chunk(ranks: usize) -> usize {
+    MAX_TRANSFERS / (ranks * (ranks - 1))
+}
 
 /// The AllReduce algorithms this crate can schedule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,7 +63,7 @@ impl Algorithm {
     /// Builds and assembles the schedule in physical ranks.
     pub fn schedule(self, request: &PlanRequest) -> Result<Schedule, PlanError> {
         let n = request.ranks;
-        request.check(self)?;
+        request.validate(self)?;
         let relabel = Relabel::new(n, request.straggler).ok_or(PlanError::StragglerOutOfRange {
             ranks: n,
             straggler: request.straggler,
@@ -115,7 +121,7 @@ pub struct PlanRequest {
     pub ranks: usize,
     /// The straggler's physical rank, `< ranks`.
     pub straggler: usize,
-    /// Pieces per chunk `k >= 1`; `(ranks - 1) * k <= MAX_PIECES`.
+    /// Pieces per chunk `k >= 1`, at most [`max_pieces_per_chunk`]`(ranks)`.
     pub pieces_per_chunk: usize,
 }
 
@@ -129,7 +135,8 @@ impl PlanRequest {
         }
     }
 
-    fn check(&self, algorithm: Algorithm) -> Result<(), PlanError> {
+    /// Checks that `algorithm` can be planned for this request, without building anything.
+    pub fn validate(&self, algorithm: Algorithm) -> Result<(), PlanError> {
         let n = self.ranks;
         if !(2..=MAX_RANKS).contains(&n) {
             return Err(PlanError::RanksOutOfRange(n));
@@ -147,7 +154,7 @@ impl PlanRequest {
         if k != 1 && algorithm != Algorithm::Stragglar {
             return Err(PlanError::PipelineUnsupported(algorithm));
         }
-        if k == 0 || (n - 1).saturating_mul(k) > MAX_PIECES {
+        if k == 0 || k > max_pieces_per_chunk(n) {
             return Err(PlanError::PiecesOutOfRange {
                 ranks: n,
                 pieces: k,
@@ -173,7 +180,7 @@ pub enum PlanError {
     NotPowerOfTwo(usize),
     /// Pipelining was asked for an algorithm other than StragglAR.
     PipelineUnsupported(Algorithm),
-    /// `k = 0`, or `(ranks - 1) * k > MAX_PIECES`.
+    /// `k = 0`, or `k > max_pieces_per_chunk(ranks)`.
     PiecesOutOfRange {
         /// Number of ranks.
         ranks: usize,
@@ -202,8 +209,8 @@ impl fmt::Display for PlanError {
             }
             PlanError::PiecesOutOfRange { ranks, pieces } => write!(
                 f,
-                "--pipeline must be at least 1 with (ranks-1)*pieces <= {MAX_PIECES}, \
-                 got {pieces} for {ranks} ranks"
+                "--pipeline must be between 1 and {} for {ranks} ranks, got {pieces}",
+                max_pieces_per_chunk(*ranks)
             ),
         }
     }

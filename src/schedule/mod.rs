@@ -20,7 +20,9 @@ mod relabel;
 mod replay;
 mod types;
 
-pub use algorithm::{Algorithm, PlanError, PlanRequest};
+pub use algorithm::{
+    max_pieces_per_chunk, Algorithm, PlanError, PlanRequest, MAX_RANKS, MAX_TRANSFERS,
+};
 pub use contributions::Contributions;
 pub use json::to_json;
 pub use relabel::Relabel;

@@ -3,7 +3,7 @@
 //! Logical rank `n-1` is the straggler; the others keep their order as logical `0..n-2`.
 //! Every rank computes the same permutation from `(n, straggler)` alone.
 
-use super::types::Round;
+use super::types::{Round, Schedule};
 
 /// The permutation between logical and physical ranks for one straggler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +47,29 @@ impl Relabel {
             transfer.src = self.physical(transfer.src);
             transfer.dst = self.physical(transfer.dst);
         }
+    }
+}
+
+impl Schedule {
+    /// The same schedule for another physical straggler: every rank is mapped through the
+    /// logical labels of the old straggler to the physical labels of the new one. Synthesis
+    /// depends only on `n`, so this is how one synthesized schedule serves any straggler.
+    /// Returns `None` for schedules without a straggler or when `straggler >= ranks`.
+    pub fn with_straggler(&self, straggler: usize) -> Option<Schedule> {
+        let old = Relabel::new(self.ranks, self.straggler?)?;
+        let new = Relabel::new(self.ranks, straggler)?;
+        let mut schedule = self.clone();
+        schedule.straggler = Some(straggler);
+        for transfer in schedule
+            .phases
+            .iter_mut()
+            .flat_map(|p| p.rounds.iter_mut())
+            .flatten()
+        {
+            transfer.src = new.physical(old.logical(transfer.src));
+            transfer.dst = new.physical(old.logical(transfer.dst));
+        }
+        Some(schedule)
     }
 }
 

@@ -130,13 +130,4 @@ impl Schedule {
             .map(|p| p.rounds.len())
             .sum()
     }
-
-    /// Total number of transfers in all phases.
-    pub fn transfer_count(&self) -> usize {
-        self.phases
-            .iter()
-            .flat_map(|p| &p.rounds)
-            .map(Vec::len)
-            .sum()
-    }
 }

@@ -1,9 +1,12 @@
-//! A list scheduler for the post-arrival phase at any `n`: each round, active pieces from the
-//! oldest on are handed from free holders to free ranks that lack them, ranks that meet the
-//! straggler soonest first (they must hold the oldest pieces before they are busy).
+//! A list scheduler for the post-arrival phase at any `n`.
 //!
-//! Valid for every `n >= 2` and every exchange order by construction; how close it comes to
-//! the bound depends on tie-breaking, which [`Variant`] fixes (see `tuned.rs`).
+//! Each round, after the exchange, free ranks that lack active pieces are served, those that
+//! lack the most first (up to optional noise); pieces are taken newest (or oldest) first from free holders, those
+//! holding the fewest active pieces first; then augmenting paths grow the round to a maximum
+//! matching of senders to receivers. Every variant yields a valid schedule; how close it comes
+//! to the bound depends on tie-breaking, fixed by [`Variant`] (chosen per `n` in `tuned.rs`).
+
+use std::cmp::Reverse;
 
 use super::ExchangeOrder;
 use crate::schedule::types::Round;
@@ -13,11 +16,14 @@ use crate::schedule::types::Round;
 pub struct Variant {
     /// Seed for tie-breaking among equally ranked senders and receivers; 0 breaks ties by rank.
     pub seed: u64,
-    /// Ranks that meet the straggler within this many rounds are served before the others.
-    pub window: usize,
+    /// Hand out the newest active pieces first (otherwise the oldest).
+    pub newest_first: bool,
+    /// Random amount, `0..=noise`, added to each receiver's count of missing pieces before
+    /// ranking receivers; 0 ranks them strictly by that count.
+    pub noise: u8,
 }
 
-/// A small deterministic generator (splitmix64).
+/// A small deterministic generator (splitmix64); seed 0 always yields 0.
 struct Mix(u64);
 
 impl Mix {
@@ -33,7 +39,7 @@ impl Mix {
     }
 }
 
-/// Which ranks hold which exchanged pieces, as one bitset per rank.
+/// Which ranks hold which final pieces: one bitset per rank over exchange numbers.
 struct Holdings {
     words: usize,
     bits: Vec<u64>,
@@ -48,19 +54,185 @@ impl Holdings {
         }
     }
 
-    fn has(&self, rank: usize, v: usize) -> bool {
-        self.bits[rank * self.words + v / 64] >> (v % 64) & 1 == 1
-    }
-
     fn add(&mut self, rank: usize, v: usize) {
         self.bits[rank * self.words + v / 64] |= 1 << (v % 64);
+    }
+
+    /// Bits `base..base + 64 * width` of `rank`'s set, `width` words.
+    fn window(&self, rank: usize, base: usize, width: usize, out: &mut [u64]) {
+        let row = &self.bits[rank * self.words..(rank + 1) * self.words];
+        let (word, shift) = (base / 64, base % 64);
+        for (i, slot) in out.iter_mut().enumerate().take(width) {
+            let lo = row.get(word + i).copied().unwrap_or(0) >> shift;
+            let hi = match shift {
+                0 => 0,
+                _ => row.get(word + i + 1).copied().unwrap_or(0) << (64 - shift),
+            };
+            *slot = lo | hi;
+        }
+    }
+}
+
+/// The active pieces of one round, as bitsets relative to the oldest active exchange.
+struct ActiveView {
+    base: usize,
+    width: usize,
+    /// `held[rank * width ..]`: the active pieces `rank` holds.
+    held: Vec<u64>,
+    /// The active pieces.
+    active: Vec<u64>,
+}
+
+impl ActiveView {
+    fn new(holds: &Holdings, active: &[usize], ranks: usize) -> Self {
+        let base = active.first().copied().unwrap_or(0);
+        let span = active.last().map_or(0, |&v| v - base + 1);
+        let width = span.div_ceil(64).max(1);
+        let mut held = vec![0; ranks * width];
+        let mut mask = vec![0; width];
+        for &v in active {
+            mask[(v - base) / 64] |= 1 << ((v - base) % 64);
+        }
+        for rank in 0..ranks {
+            let row = &mut held[rank * width..(rank + 1) * width];
+            holds.window(rank, base, width, row);
+            for (slot, m) in row.iter_mut().zip(&mask) {
+                *slot &= m;
+            }
+        }
+        ActiveView {
+            base,
+            width,
+            held,
+            active: mask,
+        }
+    }
+
+    fn row(&self, rank: usize) -> &[u64] {
+        &self.held[rank * self.width..(rank + 1) * self.width]
+    }
+
+    fn holds(&self, rank: usize, v: usize) -> bool {
+        let i = v - self.base;
+        self.row(rank)[i / 64] >> (i % 64) & 1 == 1
+    }
+
+    fn held_count(&self, rank: usize) -> usize {
+        self.row(rank).iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    fn missing_count(&self, rank: usize) -> usize {
+        let active: usize = self.active.iter().map(|w| w.count_ones() as usize).sum();
+        active - self.held_count(rank)
+    }
+}
+
+/// One round's copies: who sends to whom, and which piece.
+struct Matching {
+    /// `source[dst] = (src, v)`.
+    source: Vec<Option<(usize, usize)>>,
+    /// `target[src] = dst`.
+    target: Vec<Option<usize>>,
+}
+
+impl Matching {
+    fn new(ranks: usize) -> Self {
+        Matching {
+            source: vec![None; ranks],
+            target: vec![None; ranks],
+        }
+    }
+
+    fn link(&mut self, src: usize, dst: usize, v: usize) {
+        self.source[dst] = Some((src, v));
+        self.target[src] = Some(dst);
+    }
+
+    /// Tries to serve `dst` along an augmenting path (Kuhn's algorithm through piece nodes:
+    /// `dst` lacks piece `v`, a holder of `v` sends it, its old receiver is served anew).
+    /// Pieces and senders marked in `seen` are not explored again; a failed search leaves the
+    /// matching unchanged.
+    fn augment(&mut self, dst: usize, offers: &Offers, view: &ActiveView, seen: &mut Seen) -> bool {
+        let dst_row = view.row(dst);
+        for step in 0..view.width {
+            // Words and bits in hand-out order: descending exchange numbers when newest first.
+            let w = if offers.newest_first {
+                view.width - 1 - step
+            } else {
+                step
+            };
+            let mut lacking = view.active[w] & !dst_row[w];
+            while lacking != 0 {
+                let bit = if offers.newest_first {
+                    63 - lacking.leading_zeros() as usize
+                } else {
+                    lacking.trailing_zeros() as usize
+                };
+                lacking &= !(1u64 << bit);
+                let slot = offers.slot_of_bit[w * 64 + bit];
+                if std::mem::replace(&mut seen.pieces[slot], true) {
+                    continue;
+                }
+                let v = offers.pieces[slot];
+                for &src in &offers.holders[slot] {
+                    if std::mem::replace(&mut seen.senders[src], true) {
+                        continue;
+                    }
+                    let free = match self.target[src] {
+                        None => true,
+                        Some(other) => {
+                            let saved = self.source[other].take();
+                            let moved = self.augment(other, offers, view, seen);
+                            if !moved {
+                                self.source[other] = saved;
+                            }
+                            moved
+                        }
+                    };
+                    if free {
+                        self.link(src, dst, v);
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+}
+
+/// The active pieces in the order they are handed out, each with its free holders in the
+/// order they are asked.
+struct Offers {
+    pieces: Vec<usize>,
+    holders: Vec<Vec<usize>>,
+    /// `slot_of_bit[v - base]`: the index of active piece `v` in `pieces`.
+    slot_of_bit: Vec<usize>,
+    newest_first: bool,
+}
+
+/// What an augmenting search has explored.
+struct Seen {
+    pieces: Vec<bool>,
+    senders: Vec<bool>,
+}
+
+impl Seen {
+    fn new(pieces: usize, ranks: usize) -> Self {
+        Seen {
+            pieces: vec![false; pieces],
+            senders: vec![false; ranks],
+        }
+    }
+
+    fn clear(&mut self) {
+        self.pieces.fill(false);
+        self.senders.fill(false);
     }
 }
 
 /// Builds the rounds for `order` with tie-breaking `variant`.
 pub fn build(order: &ExchangeOrder, variant: Variant) -> Vec<Round> {
     let n = order.ranks();
-    let m = n - 1;
     let straggler = order.straggler();
     let exchanges = order.count();
     let mut holds = Holdings::new(n, exchanges);
@@ -71,62 +243,102 @@ pub fn build(order: &ExchangeOrder, variant: Variant) -> Vec<Round> {
     let mut round = 0;
     while round < exchanges || !active.is_empty() {
         let mut transfers = Vec::new();
-        let mut sending = vec![false; n];
-        let mut receiving = vec![false; n];
+        let exchange = (round < exchanges).then(|| order.owner(round));
         if round < exchanges {
             transfers.extend(order.exchange(round));
-            for rank in [order.owner(round), straggler] {
-                sending[rank] = true;
-                receiving[rank] = true;
-            }
         }
-        // Receivers: soonest meeting first within the window, then those missing the most.
-        let missing =
-            |rank: usize, holds: &Holdings| active.iter().filter(|&&v| !holds.has(rank, v)).count();
-        let mut receivers: Vec<(usize, usize, u64, usize)> = (0..m)
-            .filter(|&r| !receiving[r])
+        let free = |r: usize| r != straggler && Some(r) != exchange;
+        let view = ActiveView::new(&holds, &active, n);
+        // Receivers: those missing the most first.
+        let mut receivers: Vec<(Reverse<usize>, u64, usize)> = (0..n)
+            .filter(|&r| free(r))
             .map(|r| {
-                let wait = (r + m - (round + 1) % m) % m + 1;
-                let urgent = round + wait < exchanges && wait <= variant.window;
-                let key = if urgent { wait } else { variant.window + 1 };
-                (key, n - missing(r, &holds), mix.next(), r)
+                let missing = view.missing_count(r);
+                let ranked = match (missing, variant.noise) {
+                    (0, _) | (_, 0) => missing,
+                    _ => missing + (mix.next() % (u64::from(variant.noise) + 1)) as usize,
+                };
+                (missing, Reverse(ranked), mix.next(), r)
             })
+            .filter(|&(missing, ..)| missing > 0)
+            .map(|(_, ranked, tie, r)| (ranked, tie, r))
             .collect();
         receivers.sort_unstable();
+        let receivers: Vec<usize> = receivers.into_iter().map(|(.., r)| r).collect();
         // Senders: those holding the fewest active pieces first, keeping versatile ones free.
+        // The straggler sends once its exchanges are done.
         let mut senders: Vec<(usize, u64, usize)> = (0..n)
-            .filter(|&r| !sending[r])
-            .map(|r| {
-                let held = active.iter().filter(|&&v| holds.has(r, v)).count();
-                (held, mix.next(), r)
-            })
+            .filter(|&r| free(r) || (r == straggler && exchange.is_none()))
+            .map(|r| (view.held_count(r), mix.next(), r))
+            .filter(|&(held, ..)| held > 0)
             .collect();
         senders.sort_unstable();
-        let mut received = Vec::new();
-        for &v in &active {
+        let senders: Vec<usize> = senders.into_iter().map(|(.., r)| r).collect();
+        let pieces: Vec<usize> = if variant.newest_first {
+            active.iter().rev().copied().collect()
+        } else {
+            active.clone()
+        };
+        let mut slot_of_bit = vec![usize::MAX; view.width * 64];
+        for (slot, &v) in pieces.iter().enumerate() {
+            slot_of_bit[v - view.base] = slot;
+        }
+        let offers = Offers {
+            slot_of_bit,
+            newest_first: variant.newest_first,
+            holders: pieces
+                .iter()
+                .map(|&v| {
+                    senders
+                        .iter()
+                        .copied()
+                        .filter(|&src| view.holds(src, v))
+                        .collect()
+                })
+                .collect(),
+            pieces,
+        };
+        let mut matching = Matching::new(n);
+        for (&v, holders) in offers.pieces.iter().zip(&offers.holders) {
             let lacking: Vec<usize> = receivers
                 .iter()
-                .map(|&(.., r)| r)
-                .filter(|&r| !receiving[r] && !holds.has(r, v))
+                .copied()
+                .filter(|&r| matching.source[r].is_none() && !view.holds(r, v))
                 .collect();
-            let mut dsts = lacking.into_iter();
-            for &(.., src) in &senders {
-                if sending[src] || !holds.has(src, v) {
-                    continue;
-                }
-                let Some(dst) = dsts.next() else { break };
-                sending[src] = true;
-                receiving[dst] = true;
-                transfers.push(order.copy(src, dst, v));
-                received.push((dst, v));
+            let idle: Vec<usize> = holders
+                .iter()
+                .copied()
+                .filter(|&src| matching.target[src].is_none())
+                .collect();
+            for (src, dst) in idle.into_iter().zip(lacking) {
+                matching.link(src, dst, v);
             }
         }
-        for (dst, v) in received {
-            holds.add(dst, v);
-            holder_count[v] += 1;
+        // What a failed search explored stays dead until the matching changes; every
+        // augmenting path ends at an idle sender, so stop when there is none.
+        let mut seen = Seen::new(offers.pieces.len(), n);
+        let mut idle = senders
+            .iter()
+            .filter(|&&src| matching.target[src].is_none())
+            .count();
+        for &dst in &receivers {
+            if idle == 0 {
+                break;
+            }
+            if matching.source[dst].is_none() && matching.augment(dst, &offers, &view, &mut seen) {
+                seen.clear();
+                idle -= 1;
+            }
         }
-        if round < exchanges {
-            holds.add(order.owner(round), round);
+        for (dst, link) in matching.source.iter().enumerate() {
+            if let Some((src, v)) = *link {
+                transfers.push(order.copy(src, dst, v));
+                holds.add(dst, v);
+                holder_count[v] += 1;
+            }
+        }
+        if let Some(owner) = exchange {
+            holds.add(owner, round);
             holds.add(straggler, round);
             holder_count[round] = 2;
             active.push(round);

@@ -1,0 +1,220 @@
+//! `stragglar model`: the alpha-beta cost model of ALGORITHM.md section 4 as a table.
+
+use std::fmt::Write;
+
+use super::args::{parse_bytes, parse_list, Args, UsageError};
+use crate::schedule::model::{
+    best_pipelining, stragglar_rounds, Completion, Link, Pipelining, Times,
+};
+use crate::schedule::{max_pieces_per_chunk, round_bound, Algorithm, PlanRequest};
+
+/// Options of `stragglar model`, as shown by `stragglar help`.
+pub const USAGE: &str = "
+stragglar model [--ranks N,...] [--bytes SIZE,...] [--alpha-us A] [--bandwidth-gbs B]
+                [--delay-us D,...] [--max-pipeline K] [--json]
+    alpha-beta times of every algorithm for each combination (defaults: ranks 4..256 in
+    powers of two, 1G, 3 us, 483.1838208 GB/s = 450 GiB/s, delay 0, pipelines up to 64);
+    SIZE takes K/M/G (powers of 1024); GB/s are 10^9 bytes/s per link direction
+";
+
+/// Defaults: the authors' prototype (3 us, 450 GiB/s, 1 GiB) on the powers of two.
+const DEFAULT_RANKS: &str = "4,8,16,32,64,128,256";
+
+/// One row: the times for one `(n, bytes, delay)`.
+struct Row {
+    times: Times,
+    bound: usize,
+    completion: Completion,
+    pipelined: Pipelining,
+}
+
+/// Runs `stragglar model`; returns the exit status.
+pub fn run(mut args: Args) -> Result<i32, UsageError> {
+    let ranks = parse_list(
+        &args
+            .value(&["--ranks", "-n"])?
+            .unwrap_or_else(|| DEFAULT_RANKS.to_string()),
+        parse_ranks,
+    )?;
+    let sizes = parse_list(
+        &args
+            .value(&["--bytes", "-b"])?
+            .unwrap_or_else(|| "1G".into()),
+        parse_bytes,
+    )?;
+    let alpha_us: f64 = args.parsed(&["--alpha-us"], "microseconds")?.unwrap_or(3.0);
+    let bandwidth_gbs: f64 = args
+        .parsed(&["--bandwidth-gbs"], "GB/s")?
+        .unwrap_or(483.183_820_8);
+    let delays = parse_list(
+        &args.value(&["--delay-us"])?.unwrap_or_else(|| "0".into()),
+        parse_micros,
+    )?;
+    let max_pipeline: usize = args
+        .parsed(&["--max-pipeline"], "a number of pieces")?
+        .unwrap_or(64);
+    let json = args.flag(&["--json"]);
+    args.finish()?;
+    if !(alpha_us.is_finite() && alpha_us >= 0.0) {
+        return Err(UsageError("--alpha-us must be a number >= 0".into()));
+    }
+    if !(bandwidth_gbs.is_finite() && bandwidth_gbs > 0.0) {
+        return Err(UsageError("--bandwidth-gbs must be a number > 0".into()));
+    }
+    if ranks.is_empty() || sizes.is_empty() || delays.is_empty() {
+        return Err(UsageError(
+            "--ranks, --bytes and --delay-us need at least one value".into(),
+        ));
+    }
+    if max_pipeline == 0 {
+        return Err(UsageError("--max-pipeline must be at least 1".into()));
+    }
+    let link = Link {
+        alpha: alpha_us * 1e-6,
+        bandwidth: bandwidth_gbs * 1e9,
+    };
+    let mut rows = Vec::new();
+    for &n in &ranks {
+        PlanRequest::new(n, n.saturating_sub(1))
+            .validate(Algorithm::Stragglar)
+            .map_err(|e| UsageError(e.to_string()))?;
+        let rounds = stragglar_rounds(n, 1);
+        for &bytes in &sizes {
+            let times = Times::new(n, rounds, bytes as f64, link);
+            let limit = max_pipeline.min(max_pieces_per_chunk(n));
+            let pipelined = best_pipelining(n, bytes as f64, link, limit.max(1), |k| {
+                if k == 1 {
+                    rounds
+                } else {
+                    stragglar_rounds(n, k)
+                }
+            });
+            for &delay in &delays {
+                rows.push(Row {
+                    times,
+                    bound: round_bound(n, 1),
+                    completion: times.with_delay(delay),
+                    pipelined,
+                });
+            }
+        }
+    }
+    print!("{}", if json { to_json(&rows) } else { to_text(&rows) });
+    Ok(0)
+}
+
+fn parse_ranks(text: &str) -> Result<usize, UsageError> {
+    text.parse()
+        .map_err(|_| UsageError(format!("--ranks: expected numbers of ranks, got '{text}'")))
+}
+
+/// Parses microseconds into seconds.
+fn parse_micros(text: &str) -> Result<f64, UsageError> {
+    match text.parse::<f64>() {
+        Ok(us) if us.is_finite() && us >= 0.0 => Ok(us * 1e-6),
+        _ => Err(UsageError(format!(
+            "--delay-us: expected microseconds >= 0, got '{text}'"
+        ))),
+    }
+}
+
+fn us(seconds: f64) -> String {
+    format!("{:.1}", seconds * 1e6)
+}
+
+fn opt_us(seconds: Option<f64>) -> String {
+    seconds.map_or("-".to_string(), us)
+}
+
+const COLUMNS: [&str; 18] = [
+    "n",
+    "bytes",
+    "delay_us",
+    "rounds",
+    "bound",
+    "ring_us",
+    "rhd_us",
+    "direct_us",
+    "rs_us",
+    "post_us",
+    "stragglar_us",
+    "ring_call_us",
+    "speedup_post",
+    "speedup_call",
+    "break_even_us",
+    "best_k",
+    "post_k_us",
+    "floor_us",
+];
+
+fn to_text(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", COLUMNS.join("  "));
+    for row in rows {
+        let (t, c, p) = (&row.times, &row.completion, &row.pipelined);
+        let cells = [
+            t.ranks.to_string(),
+            (t.bytes as u64).to_string(),
+            us(c.delay),
+            t.stragglar_rounds.to_string(),
+            row.bound.to_string(),
+            us(t.ring),
+            opt_us(t.halving_doubling),
+            us(c.direct),
+            us(t.reduce_scatter),
+            us(t.stragglar_post),
+            us(c.stragglar),
+            us(c.ring),
+            format!("{:.3}", c.speedup_post),
+            format!("{:.3}", c.speedup_call),
+            opt_us(c.break_even),
+            p.pieces.to_string(),
+            us(p.time),
+            us(p.floor),
+        ];
+        let _ = writeln!(out, "{}", cells.join("  "));
+    }
+    out
+}
+
+fn json_number(x: Option<f64>) -> String {
+    x.map_or("null".to_string(), |x| format!("{x:.9e}"))
+}
+
+/// A JSON array with one object per row; times in seconds, sizes in bytes.
+fn to_json(rows: &[Row]) -> String {
+    let mut out = String::from("[");
+    for (i, row) in rows.iter().enumerate() {
+        let (t, c, p) = (&row.times, &row.completion, &row.pipelined);
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(
+            out,
+            "{sep}\n  {{\"ranks\": {}, \"bytes\": {}, \"delay_s\": {}, \"rounds\": {}, \
+             \"bound\": {}, \"ring_s\": {}, \"rhd_s\": {}, \"direct_s\": {}, \
+             \"reduce_scatter_s\": {}, \"post_s\": {}, \"stragglar_s\": {}, \
+             \"ring_call_s\": {}, \"speedup_post\": {}, \"speedup_call\": {}, \
+             \"break_even_s\": {}, \"best_pieces\": {}, \"post_pipelined_s\": {}, \
+             \"floor_s\": {}}}",
+            t.ranks,
+            t.bytes as u64,
+            json_number(Some(c.delay)),
+            t.stragglar_rounds,
+            row.bound,
+            json_number(Some(t.ring)),
+            json_number(t.halving_doubling),
+            json_number(Some(c.direct)),
+            json_number(Some(t.reduce_scatter)),
+            json_number(Some(t.stragglar_post)),
+            json_number(Some(c.stragglar)),
+            json_number(Some(c.ring)),
+            json_number(Some(c.speedup_post)),
+            json_number(Some(c.speedup_call)),
+            json_number(c.break_even),
+            p.pieces,
+            json_number(Some(p.time)),
+            json_number(Some(p.floor)),
+        );
+    }
+    out.push_str("\n]\n");
+    out
+}

@@ -1,0 +1,404 @@
+//! `stragglar plan` and `stragglar model`, run as the built binary.
+
+use std::process::{Command, Output};
+
+use stragglar::schedule::{verify, Op, Phase, PhaseKind, Schedule, Transfer};
+
+fn stragglar(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stragglar"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = stragglar(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn usage_error(args: &[&str], needle: &str) {
+    let out = stragglar(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+}
+
+/// A minimal JSON reader, enough for the plan and model formats.
+#[derive(Debug, Clone, PartialEq)]
+enum Json {
+    Null,
+    Number(f64),
+    Text(String),
+    List(Vec<Json>),
+    Object(Vec<(String, Json)>),
+}
+
+impl Json {
+    fn parse(text: &str) -> Json {
+        let mut p = Parser {
+            s: text.as_bytes(),
+            i: 0,
+        };
+        let v = p.value();
+        p.ws();
+        assert_eq!(p.i, p.s.len(), "trailing text");
+        v
+    }
+
+    fn get(&self, key: &str) -> &Json {
+        match self {
+            Json::Object(items) => &items.iter().find(|(k, _)| k == key).unwrap().1,
+            _ => panic!("not an object"),
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        match self {
+            Json::Object(items) => items.iter().map(|(k, _)| k.as_str()).collect(),
+            _ => panic!("not an object"),
+        }
+    }
+
+    fn list(&self) -> &[Json] {
+        match self {
+            Json::List(items) => items,
+            _ => panic!("not a list"),
+        }
+    }
+
+    fn num(&self) -> usize {
+        match self {
+            Json::Number(x) => *x as usize,
+            _ => panic!("not a number: {self:?}"),
+        }
+    }
+
+    fn text(&self) -> &str {
+        match self {
+            Json::Text(s) => s,
+            _ => panic!("not a string"),
+        }
+    }
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl Parser<'_> {
+    fn ws(&mut self) {
+        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) {
+        self.ws();
+        assert_eq!(self.s[self.i] as char, c as char, "at byte {}", self.i);
+        self.i += 1;
+    }
+
+    fn value(&mut self) -> Json {
+        self.ws();
+        match self.s[self.i] {
+            b'{' => {
+                self.i += 1;
+                let mut items = Vec::new();
+                self.ws();
+                if self.s[self.i] == b'}' {
+                    self.i += 1;
+                    return Json::Object(items);
+                }
+                loop {
+                    self.ws();
+                    let Json::Text(key) = self.value() else {
+                        panic!("key")
+                    };
+                    self.eat(b':');
+                    items.push((key, self.value()));
+                    self.ws();
+                    self.i += 1;
+                    if self.s[self.i - 1] == b'}' {
+                        return Json::Object(items);
+                    }
+                }
+            }
+            b'[' => {
+                self.i += 1;
+                let mut items = Vec::new();
+                self.ws();
+                if self.s[self.i] == b']' {
+                    self.i += 1;
+                    return Json::List(items);
+                }
+                loop {
+                    items.push(self.value());
+                    self.ws();
+                    self.i += 1;
+                    if self.s[self.i - 1] == b']' {
+                        return Json::List(items);
+                    }
+                }
+            }
+            b'"' => {
+                let start = self.i + 1;
+                let end = start + self.s[start..].iter().position(|&c| c == b'"').unwrap();
+                self.i = end + 1;
+                Json::Text(String::from_utf8(self.s[start..end].to_vec()).unwrap())
+            }
+            b'n' => {
+                assert_eq!(&self.s[self.i..self.i + 4], b"null");
+                self.i += 4;
+                Json::Null
+            }
+            _ => {
+                let start = self.i;
+                while self.i < self.s.len() && b"+-.eE0123456789".contains(&self.s[self.i]) {
+                    self.i += 1;
+                }
+                let text = std::str::from_utf8(&self.s[start..self.i]).unwrap();
+                Json::Number(text.parse().unwrap())
+            }
+        }
+    }
+}
+
+/// Rebuilds a schedule from `plan --json` output, knowing nothing but the format.
+fn schedule_from_json(json: &Json) -> Schedule {
+    assert_eq!(json.keys(), ["ranks", "straggler", "chunks", "phases"]);
+    let ranks = json.get("ranks").num();
+    let chunks = json.get("chunks").num();
+    let straggler = match json.get("straggler") {
+        Json::Null => None,
+        s => Some(s.num()),
+    };
+    let phases = json
+        .get("phases")
+        .list()
+        .iter()
+        .map(|phase| {
+            assert_eq!(phase.keys(), ["name", "rounds"]);
+            let kind = match phase.get("name").text() {
+                "reduce_scatter" => PhaseKind::ReduceScatter,
+                "stragglar" => PhaseKind::Stragglar,
+                "allreduce" => PhaseKind::AllReduce,
+                other => panic!("phase {other}"),
+            };
+            let rounds = phase
+                .get("rounds")
+                .list()
+                .iter()
+                .map(|round| {
+                    round
+                        .list()
+                        .iter()
+                        .map(|t| {
+                            assert_eq!(t.keys(), ["src", "dst", "chunk", "op"]);
+                            Transfer {
+                                src: t.get("src").num(),
+                                dst: t.get("dst").num(),
+                                chunk: t.get("chunk").num(),
+                                op: match t.get("op").text() {
+                                    "reduce" => Op::Reduce,
+                                    "copy" => Op::Copy,
+                                    other => panic!("op {other}"),
+                                },
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            Phase { kind, rounds }
+        })
+        .collect();
+    Schedule {
+        ranks,
+        straggler,
+        chunks,
+        pieces_per_chunk: (chunks / ranks.saturating_sub(1).max(1)).max(1),
+        phases,
+    }
+}
+
+#[test]
+fn plan_json_is_the_documented_format_in_physical_ranks() {
+    for (args, straggler) in [
+        (vec!["--ranks", "8", "--straggler", "3"], Some(3)),
+        (vec!["--ranks", "7"], Some(6)),
+        (
+            vec!["--ranks", "5", "--straggler", "0", "--pipeline", "3"],
+            Some(0),
+        ),
+        (vec!["--ranks", "6", "--algo", "ring"], None),
+        (vec!["--ranks", "8", "--algo", "rhd"], None),
+        (
+            vec!["--ranks", "9", "--algo", "direct", "--straggler", "4"],
+            Some(4),
+        ),
+    ] {
+        let mut argv = vec!["plan", "--json"];
+        argv.extend(&args);
+        let text = ok(&argv);
+        let json = Json::parse(&text);
+        let schedule = schedule_from_json(&json);
+        assert_eq!(schedule.straggler, straggler, "{args:?}");
+        assert_eq!(verify(&schedule), Ok(()), "{args:?}");
+        if let Some(s) = straggler {
+            // The straggler takes no part before it arrives.
+            let before = &schedule.phases[0];
+            assert_eq!(before.kind, PhaseKind::ReduceScatter);
+            assert!(before
+                .rounds
+                .iter()
+                .flatten()
+                .all(|t| t.src != s && t.dst != s));
+        }
+    }
+    let piped = Json::parse(&ok(&["plan", "--json", "--ranks", "5", "--pipeline", "3"]));
+    assert_eq!(piped.get("chunks").num(), 12);
+}
+
+#[test]
+fn plan_json_is_stable() {
+    assert_eq!(
+        ok(&["plan", "--ranks", "2", "--json"]),
+        "{\n  \"ranks\": 2,\n  \"straggler\": 1,\n  \"chunks\": 1,\n  \"phases\": [\n    \
+         {\"name\": \"reduce_scatter\", \"rounds\": []},\n    \
+         {\"name\": \"stragglar\", \"rounds\": [\n      \
+         [{\"src\": 0, \"dst\": 1, \"chunk\": 0, \"op\": \"reduce\"}, \
+         {\"src\": 1, \"dst\": 0, \"chunk\": 0, \"op\": \"reduce\"}]\n    ]}\n  ]\n}\n"
+    );
+}
+
+#[test]
+fn plan_text_shows_rounds_transfers_and_holders() {
+    let text = ok(&["plan", "--ranks", "8", "--straggler", "2"]);
+    assert!(
+        text.contains("post-arrival rounds 9 (bound n-2+ceil(log2 n) = 9)"),
+        "{text}"
+    );
+    assert!(text.contains("phase reduce_scatter (before the straggler arrives): 6 rounds"));
+    assert!(text.contains("phase stragglar (after the straggler arrives): 9 rounds"));
+    // Round 0 after arrival: logical rank 0 (physical 0) exchanges chunk 0 with straggler 2.
+    assert!(text.contains("  round   0: 0>2 c0 r, 2>0 c0 r\n"), "{text}");
+    assert!(text.contains("holders: 2 0 0 0 0 0 0\n"), "{text}");
+    assert!(text.contains("holders: 8 8 8 8 8 8 8\n"), "{text}");
+    assert!(text.ends_with("valid: every rank holds every chunk with all contributions\n"));
+    let piped = ok(&["plan", "--ranks", "4", "--pipeline", "2"]);
+    assert!(piped.contains("6 chunks (2 piece(s) per chunk)"), "{piped}");
+    assert!(
+        piped.contains("post-arrival rounds 7 (bound n-2+ceil(log2 n) = 7)"),
+        "{piped}"
+    );
+}
+
+#[test]
+fn plan_table_and_bench() {
+    let table = ok(&["plan", "--table", "2..9"]);
+    assert_eq!(table.lines().count(), 2 + 8);
+    assert!(table.contains("| 6 | 7 | 7 | 0 | 7 |"), "{table}");
+    let bench = ok(&["plan", "--bench", "--ranks", "8,12"]);
+    assert_eq!(bench.lines().count(), 3);
+    assert!(
+        bench.lines().nth(1).unwrap().starts_with("8  9  "),
+        "{bench}"
+    );
+}
+
+#[test]
+fn bad_plan_requests_exit_with_status_2() {
+    usage_error(&["plan"], "--ranks");
+    usage_error(&["plan", "--ranks", "1"], "between 2 and");
+    usage_error(&["plan", "--ranks", "eight"], "expected a number of ranks");
+    usage_error(&["plan", "--ranks", "8", "--straggler", "8"], "--straggler");
+    usage_error(&["plan", "--ranks", "6", "--algo", "rhd"], "power-of-two");
+    usage_error(&["plan", "--ranks", "6", "--algo", "tree"], "--algo");
+    usage_error(&["plan", "--ranks", "6", "--pipeline", "0"], "--pipeline");
+    usage_error(
+        &["plan", "--ranks", "1024", "--pipeline", "5"],
+        "between 1 and 4",
+    );
+    usage_error(&["plan", "--ranks", "4096"], "between 2 and 2048");
+    usage_error(
+        &["plan", "--ranks", "6", "--pipeline", "2", "--algo", "ring"],
+        "stragglar only",
+    );
+    usage_error(
+        &["plan", "--ranks", "6", "--frobnicate"],
+        "unexpected argument",
+    );
+    usage_error(&["plan", "--table", "1..9"], "--table");
+    usage_error(&["plan", "--table", "9"], "--table");
+    usage_error(&["plan", "--bench", "--ranks", "1"], "between 2 and");
+    usage_error(&["frobnicate"], "unknown command");
+}
+
+#[test]
+fn model_reproduces_the_published_ratios() {
+    let text = ok(&[
+        "model",
+        "--alpha-us",
+        "3",
+        "--bandwidth-gbs",
+        "483.1838208",
+        "--bytes",
+        "1G",
+        "--delay-us",
+        "20000",
+    ]);
+    let lines: Vec<&str> = text.lines().collect();
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let expected = [
+        "1.127", "1.363", "1.565", "1.718", "1.826", "1.897", "1.941",
+    ];
+    assert_eq!(lines.len(), 1 + expected.len());
+    for (line, ratio) in lines[1..].iter().zip(expected) {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cells[col("speedup_post")], ratio, "{line}");
+        assert_eq!(cells[col("rounds")], cells[col("bound")], "{line}");
+    }
+}
+
+#[test]
+fn model_json_and_lists() {
+    let text = ok(&[
+        "model",
+        "--ranks",
+        "3,8,12",
+        "--bytes",
+        "64M,1G",
+        "--delay-us",
+        "0,5000",
+        "--json",
+    ]);
+    let json = Json::parse(&text);
+    let rows = json.list();
+    assert_eq!(rows.len(), 3 * 2 * 2);
+    let first = &rows[0];
+    assert_eq!(first.get("ranks").num(), 3);
+    assert_eq!(first.get("bytes").num(), 64 << 20);
+    assert_eq!(first.get("break_even_s"), &Json::Null);
+    assert_eq!(first.get("rhd_s"), &Json::Null);
+    let n8 = &rows[4];
+    assert_eq!(n8.get("ranks").num(), 8);
+    assert!(matches!(n8.get("break_even_s"), Json::Number(x) if *x > 0.0));
+    assert_eq!(n8.get("rounds").num(), 9);
+}
+
+#[test]
+fn bad_model_requests_exit_with_status_2() {
+    usage_error(&["model", "--ranks", "1"], "between 2 and");
+    usage_error(&["model", "--bytes", "1Q"], "expected a size");
+    usage_error(&["model", "--alpha-us", "-1"], "--alpha-us");
+    usage_error(&["model", "--bandwidth-gbs", "0"], "--bandwidth-gbs");
+    usage_error(&["model", "--delay-us", "x"], "--delay-us");
+    usage_error(&["model", "--max-pipeline", "0"], "--max-pipeline");
+}

@@ -1,0 +1,102 @@
+//! The alpha-beta model reproduces the paper's numbers and prices our own schedules.
+
+use stragglar::schedule::model::{stragglar_rounds, Link, Times};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+fn prototype() -> Link {
+    Link {
+        alpha: 3e-6,
+        bandwidth: 483.183_820_8e9,
+    }
+}
+
+fn times(n: usize, bytes: f64) -> Times {
+    Times::new(n, stragglar_rounds(n, 1), bytes, prototype())
+}
+
+#[test]
+fn reproduces_the_published_ring_over_stragglar_ratios() {
+    let published = [
+        (4, "1.127"),
+        (8, "1.363"),
+        (16, "1.565"),
+        (32, "1.718"),
+        (64, "1.826"),
+        (128, "1.897"),
+        (256, "1.941"),
+    ];
+    for (n, ratio) in published {
+        let t = times(n, GIB);
+        // A delay that covers the ReduceScatter.
+        let c = t.with_delay(t.reduce_scatter * 2.0);
+        assert_eq!(format!("{:.3}", c.speedup_post), ratio, "n={n}");
+        assert_eq!(c.speedup_post, t.ring / t.stragglar_post);
+    }
+}
+
+#[test]
+fn fewer_rounds_than_the_authors_give_better_ratios() {
+    // n = 12: the authors' heuristic needs 15 rounds, our schedule 14.
+    let ours = times(12, GIB);
+    let theirs = Times::new(12, 15, GIB, prototype());
+    assert!(ours.stragglar_rounds < 15);
+    assert!(ours.ring / ours.stragglar_post > theirs.ring / theirs.stragglar_post);
+}
+
+#[test]
+fn formulas_of_section_4() {
+    let link = prototype();
+    let (n, m) = (8usize, GIB);
+    let t = times(n, m);
+    let mb = m / link.bandwidth;
+    assert_eq!(t.stragglar_rounds, 9);
+    assert!((t.stragglar_post - (9.0 * 3e-6 + 9.0 / 7.0 * mb)).abs() < 1e-12);
+    assert!((t.reduce_scatter - (6.0 * 3e-6 + 6.0 / 7.0 * mb)).abs() < 1e-12);
+    assert!((t.ring - (14.0 * 3e-6 + 14.0 / 8.0 * mb)).abs() < 1e-12);
+    assert!((t.halving_doubling.unwrap() - (6.0 * 3e-6 + 14.0 / 8.0 * mb)).abs() < 1e-12);
+    assert!((t.direct_post - 3.0 * (3e-6 + mb)).abs() < 1e-12);
+    assert!(times(6, m).halving_doubling.is_none());
+}
+
+#[test]
+fn completion_and_speedups() {
+    let t = times(8, GIB);
+    let covered = t.with_delay(0.01);
+    assert_eq!(covered.stragglar, 0.01 + t.stragglar_post);
+    assert_eq!(covered.ring, 0.01 + t.ring);
+    assert_eq!(covered.speedup_call, covered.ring / covered.stragglar);
+    assert!(covered.speedup_call > 1.0);
+    // No delay: StragglAR pays the whole ReduceScatter and loses (2.14 vs 1.75 M beta).
+    let none = t.with_delay(0.0);
+    assert!(none.speedup_call < 1.0);
+}
+
+#[test]
+fn the_break_even_delay_is_exact() {
+    for n in [4, 5, 8, 12, 64] {
+        let t = times(n, GIB);
+        let d = t
+            .with_delay(0.0)
+            .break_even
+            .expect("StragglAR wins for n >= 4");
+        let at = t.with_delay(d);
+        assert!((at.stragglar - at.ring).abs() < 1e-12, "n={n}");
+        let before = t.with_delay(d * 0.99);
+        assert!(before.stragglar > before.ring, "n={n}");
+        let after = t.with_delay(d * 1.01);
+        assert!(after.stragglar < after.ring, "n={n}");
+    }
+}
+
+#[test]
+fn no_break_even_at_three_ranks() {
+    for bytes in [64.0 * 1024.0 * 1024.0, GIB, 16.0 * GIB] {
+        let t = times(3, bytes);
+        for delay in [0.0, 1e-3, 1.0] {
+            let c = t.with_delay(delay);
+            assert_eq!(c.break_even, None);
+            assert!(c.stragglar > c.ring);
+        }
+    }
+}
