@@ -22,7 +22,17 @@ use worker::{Half, SizeResult};
 enum Message {
     Size(usize, SizeResult),
     Failed(usize, String),
+    /// The rank's thread or process output ended.
+    Ended(usize),
 }
+
+/// After a first failure, how long the other ranks get to notice and report it themselves
+/// before the remaining workers are killed (a late rank may be sleeping through its delay).
+const FAILURE_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How long a single rank may stay silent after all the others have settled before it is taken
+/// for stuck (a stopped process never reports).
+const LONE_SILENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// What a run produced.
 pub struct Outcome {
@@ -61,9 +71,17 @@ pub fn execute(
         rows: Vec::new(),
         failures: Vec::new(),
     };
-    for message in rx {
+    let mut settled = vec![false; options.ranks];
+    let mut first_failure: Option<std::time::Instant> = None;
+    let mut last_settled = std::time::Instant::now();
+    loop {
+        let message = match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+            Ok(message) => Some(message),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
         match message {
-            Message::Size(rank, result) => {
+            Some(Message::Size(rank, result)) => {
                 let slot = pending
                     .entry(result.bytes)
                     .or_insert_with(|| vec![None; options.ranks]);
@@ -80,13 +98,27 @@ pub fn execute(
                     outcome.rows.push(row);
                 }
             }
-            Message::Failed(rank, why) => {
-                // One rank failing dooms the call on every rank: stop the others now rather
-                // than leave a late rank sleeping through its delay.
+            Some(Message::Failed(rank, why)) => {
+                settled[rank] = true;
+                last_settled = std::time::Instant::now();
+                first_failure.get_or_insert_with(std::time::Instant::now);
+                outcome.failures.push(format!("rank {rank}: {why}"));
+            }
+            Some(Message::Ended(rank)) => {
+                settled[rank] = true;
+                last_settled = std::time::Instant::now();
+            }
+            None => {}
+        }
+        // Once a rank failed, every other rank should report its own failure promptly; a rank
+        // still silent well after all others settled (or after the grace) is stuck: stop it.
+        if let Some(since) = first_failure {
+            let silent = settled.iter().filter(|&&s| !s).count();
+            let lone_and_quiet = silent <= 1 && last_settled.elapsed() > LONE_SILENCE;
+            if lone_and_quiet || since.elapsed() > FAILURE_GRACE {
                 for handle in &mut handles {
                     handle.kill();
                 }
-                outcome.failures.push(format!("rank {rank}: {why}"));
             }
         }
     }
@@ -186,6 +218,7 @@ fn spawn_threads(options: &BenchOptions, comm_id: u64, tx: mpsc::Sender<Message>
                 if let Err(e) = sent {
                     let _ = tx.send(Message::Failed(rank, e.to_string()));
                 }
+                let _ = tx.send(Message::Ended(rank));
             }))
         })
         .collect()
@@ -221,6 +254,7 @@ fn spawn_processes(
                     None => {}
                 }
             }
+            let _ = tx.send(Message::Ended(rank));
         });
         handles.push(Handle::Process(child, reader));
     }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use crate::cli::args::{parse_bytes, Args, UsageError};
+use crate::engine::host::fault::Fault;
 use crate::reduce::{DataType, ReduceOp};
 
 /// Where the ranks run.
@@ -71,6 +72,10 @@ pub struct BenchOptions {
     pub buffer_bytes: usize,
     /// Per-call deadline in milliseconds.
     pub timeout_ms: Option<u64>,
+    /// A fault rank `fault_rank` injects into its own run (`--fault kill@copies:2`).
+    pub fault: Option<Fault>,
+    /// The rank that misbehaves.
+    pub fault_rank: usize,
 }
 
 impl BenchOptions {
@@ -165,6 +170,14 @@ impl BenchOptions {
             None => crate::config::get().buffer_bytes,
         };
         let timeout_ms = args.parsed(&["--timeout-ms"], "milliseconds")?;
+        let fault = match args.value(&["--fault"])? {
+            None => None,
+            Some(spec) => Some(
+                spec.parse::<Fault>()
+                    .map_err(|e| UsageError(format!("--fault: {e}")))?,
+            ),
+        };
+        let fault_rank = args.parsed(&["--fault-rank"], "a rank")?.unwrap_or(0);
         args.finish()?;
         let options = BenchOptions {
             min_bytes,
@@ -189,6 +202,8 @@ impl BenchOptions {
             link_latency_us,
             buffer_bytes,
             timeout_ms,
+            fault,
+            fault_rank,
         };
         options.validate()?;
         Ok(options)
@@ -203,11 +218,12 @@ impl BenchOptions {
             ));
         }
         if self.straggler >= self.ranks
+            || self.fault_rank >= self.ranks
             || self.late_ranks.is_empty()
             || self.late_ranks.iter().any(|&r| r >= self.ranks)
         {
             return fail(format!(
-                "--straggler and --late-rank must be ranks of {}",
+                "--straggler, --late-rank and --fault-rank must be ranks of {}",
                 self.ranks
             ));
         }
@@ -304,6 +320,14 @@ impl BenchOptions {
         }
         if let Some(g) = self.link_gbs {
             a.extend(["--link-gbs".into(), g.to_string()]);
+        }
+        if let Some(fault) = self.fault {
+            a.extend([
+                "--fault".into(),
+                fault.to_string(),
+                "--fault-rank".into(),
+                self.fault_rank.to_string(),
+            ]);
         }
         if let Some(t) = self.timeout_ms {
             a.extend(["--timeout-ms".into(), t.to_string()]);

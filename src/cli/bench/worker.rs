@@ -162,6 +162,10 @@ pub fn run(
             latency: Duration::from_nanos((options.link_latency_us * 1000.0) as u64),
         },
     })?;
+    let mut comm = comm;
+    if let Some(fault) = options.fault.filter(|_| rank == options.fault_rank) {
+        comm.inject(fault);
+    }
     let mut run = RankRun {
         options,
         rank,

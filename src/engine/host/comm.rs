@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::fault::{Fault, FaultPhase};
 use super::link::{now_ns, sleep_until, LinkModel};
 use super::segment::{segment_name, unlink, Segment, SegmentLayout};
 use super::wait::{publish, Liveness, WaitError, Watch};
@@ -170,6 +171,8 @@ pub struct HostComm {
     epoch: u64,
     /// Set by the first failed call.
     failed: Option<EngineError>,
+    /// A fault to inject (reliability tests and `stragglar bench --fault`).
+    fault: Option<Fault>,
 }
 
 /// The flag value of call `epoch`: never 0 (the value of a flag nobody wrote).
@@ -242,7 +245,30 @@ impl HostComm {
             liveness,
             epoch: 0,
             failed: None,
+            fault: None,
         })
+    }
+
+    /// Makes this rank misbehave as `fault` says (tests and benchmarks only).
+    pub fn inject(&mut self, fault: Fault) {
+        self.fault = Some(fault);
+    }
+
+    /// Triggers the injected fault if it is due at this point of the current call.
+    fn maybe_fault(&self, at_arrival: bool, step: Option<&Step>) -> Result<(), EngineError> {
+        let Some(fault) = self.fault.filter(|f| f.call == self.epoch) else {
+            return Ok(());
+        };
+        let due = match step {
+            None => at_arrival && fault.phase == FaultPhase::Arrival,
+            Some(step) => fault.phase.matches(step),
+        };
+        if !due {
+            return Ok(());
+        }
+        fault.signal_self();
+        self.abort();
+        Err(EngineError::Wait(WaitError::Aborted))
     }
 
     /// This rank.
@@ -425,7 +451,9 @@ impl HostComm {
             epoch: self.epoch,
         };
         let program = &plan.programs[rank];
+        self.maybe_fault(true, None)?;
         for step in &program.steps {
+            self.maybe_fault(false, Some(step))?;
             match step {
                 Step::CopyIn => {
                     for chunk in 0..plan.chunks.len() {

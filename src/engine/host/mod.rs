@@ -14,6 +14,7 @@
 //!   liveness of the rank it waits for, and the deadline of `STRAGGLAR_TIMEOUT_MS`.
 
 pub mod comm;
+pub mod fault;
 pub mod futex;
 pub mod link;
 pub mod runner;
