@@ -33,12 +33,12 @@ pub enum FaultPhase {
 impl FaultPhase {
     /// Whether `step` belongs to this phase (`Arrival` is checked before the first step).
     pub fn matches(self, step: &Step) -> bool {
-        match (self, step) {
-            (FaultPhase::ReduceScatter, Step::Combine { turn: None, .. }) => true,
-            (FaultPhase::Exchange, Step::Combine { turn: Some(_), .. }) => true,
-            (FaultPhase::Copies, Step::Copy { .. }) => true,
-            _ => false,
-        }
+        matches!(
+            (self, step),
+            (FaultPhase::ReduceScatter, Step::Combine { turn: None, .. })
+                | (FaultPhase::Exchange, Step::Combine { turn: Some(_), .. })
+                | (FaultPhase::Copies, Step::Copy { .. })
+        )
     }
 }
 
