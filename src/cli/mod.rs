@@ -6,6 +6,7 @@ mod demo;
 mod doctor;
 pub mod model;
 pub mod plan;
+mod soak;
 
 use args::{Args, UsageError};
 
@@ -20,6 +21,7 @@ commands:
   demo       StragglAR against Ring on the host engine, with the model beside each result
   doctor     what the library would do on this machine
   help       this text
+  soak       a seeded stream of random AllReduce calls on the host engine, every element checked
   plan       print a StragglAR, Ring, halving-doubling or Direct schedule
   model      modelled times of every algorithm, speedups, break-even delays
 ";
@@ -43,6 +45,7 @@ pub fn run(argv: Vec<String>) -> i32 {
         "demo" => demo::run(args),
         "plan" => plan::run(args),
         "model" => model::run(args),
+        "soak" => soak::run(args),
         other => Err(UsageError(format!(
             "unknown command '{other}'; try 'stragglar help'"
         ))),

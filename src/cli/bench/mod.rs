@@ -3,7 +3,7 @@
 //! The parent runs the ranks (threads of itself, or worker processes of the same binary that
 //! report one line per size on stdout), combines what they measured and prints the table.
 
-mod data;
+pub(crate) mod data;
 mod options;
 mod report;
 mod worker;

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The full soak of the host engine: 10^5 seeded AllReduce calls with random world sizes
+# (2..16), sizes (log-uniform up to 64 MiB, some empty), types, ops, placements, algorithms,
+# designated and actually-late ranks; every element checked, every rank compared bit for bit.
+# Takes about an hour on 2 cores. usage: scripts/soak.sh [SEED] [CALLS] [MAX_BYTES]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --quiet
+exec target/release/stragglar soak --seed "${1:-1}" --calls "${2:-100000}" --max-bytes "${3:-64M}"

@@ -1,0 +1,32 @@
+//! The shortened soak CI runs (scripts/soak.sh runs the full one): seeded random AllReduce
+//! calls on the host engine, every element checked, every rank compared bit for bit.
+
+mod support;
+
+use std::path::Path;
+
+use support::*;
+
+#[test]
+fn a_shortened_soak_finds_nothing_wrong() {
+    let out = run(
+        clean_command(Path::new(env!("CARGO_BIN_EXE_stragglar"))).args([
+            "soak",
+            "--calls",
+            "800",
+            "--max-bytes",
+            "512K",
+            "--seed",
+            "2026",
+            "--seconds",
+            "300",
+        ]),
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("calls 800 "), "{text}");
+    assert!(
+        text.contains("wrong elements 0  rank disagreements 0  failures 0"),
+        "{text}"
+    );
+}
