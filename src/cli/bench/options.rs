@@ -169,7 +169,9 @@ impl BenchOptions {
             Some(v) => parse_bytes(&v)? as usize,
             None => crate::config::get().buffer_bytes,
         };
-        let timeout_ms = args.parsed(&["--timeout-ms"], "milliseconds")?;
+        let timeout_ms = args
+            .parsed(&["--timeout-ms"], "milliseconds")?
+            .or(crate::config::get().timeout_ms);
         let fault = match args.value(&["--fault"])? {
             None => None,
             Some(spec) => Some(
