@@ -50,7 +50,9 @@ const HEURISTIC: [(usize, usize); 16] = [
 /// of the bound, and never below it.
 fn check_stragglar(ns: impl Iterator<Item = usize>) {
     for n in ns {
-        let base = plan(Algorithm::Stragglar, n, n - 1);
+        let base = Algorithm::Stragglar
+            .schedule(&PlanRequest::new(n, n - 1))
+            .unwrap();
         for s in stragglers(n) {
             let schedule = base.with_straggler(s).unwrap();
             if let Err(e) = verify(&schedule) {
