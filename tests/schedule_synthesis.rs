@@ -151,7 +151,7 @@ fn never_more_rounds_than_the_authors_heuristic() {
 
 #[test]
 fn small_n_meet_the_bound() {
-    for n in 2..=28 {
+    for n in 2..=30 {
         let rounds = plan(Algorithm::Stragglar, n, 0).exposed_rounds();
         assert_eq!(rounds, round_bound(n, 1), "n={n}");
     }
