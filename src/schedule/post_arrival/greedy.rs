@@ -1,14 +1,17 @@
 //! A list scheduler for the post-arrival phase at any `n`.
 //!
 //! Each round, after the exchange, free ranks that lack active pieces are served, those that
-//! lack the most first (up to optional noise); pieces are taken newest (or oldest) first from free holders, those
-//! holding the fewest active pieces first; then augmenting paths grow the round to a maximum
-//! matching of senders to receivers. Every variant yields a valid schedule; how close it comes
-//! to the bound depends on tie-breaking, fixed by [`Variant`] (chosen per `n` in `tuned.rs`).
+//! lack the most first (up to optional noise); pieces are taken newest (or oldest) first from
+//! free holders, those holding the fewest active pieces first; then augmenting paths grow the
+//! round to a maximum matching of senders to receivers. Optionally the rules of the
+//! power-of-two construction steer it (the bootstrap of 3.1 and its window rule). Every variant
+//! yields a valid schedule; how close it comes to the bound depends on the variant, chosen per
+//! `n` in `tuned.rs`.
 
 use std::cmp::Reverse;
 
 use super::ExchangeOrder;
+use crate::schedule::ceil_log2;
 use crate::schedule::types::Round;
 
 /// The tie-breaking of one run; every variant yields a valid schedule.
@@ -21,6 +24,10 @@ pub struct Variant {
     /// Random amount, `0..=noise`, added to each receiver's count of missing pieces before
     /// ranking receivers; 0 ranks them strictly by that count.
     pub noise: u8,
+    /// Follow the construction of ALGORITHM.md 3.1 where it applies: its bootstrap in rounds
+    /// `1..L`, and its window rule (a rank that next meets the straggler in round `t` takes no
+    /// piece newer than exchange `t - L`, and is served first for that one).
+    pub window: bool,
 }
 
 /// A small deterministic generator (splitmix64); seed 0 always yields 0.
@@ -170,10 +177,13 @@ impl Matching {
                 };
                 lacking &= !(1u64 << bit);
                 let slot = offers.slot_of_bit[w * 64 + bit];
+                let v = offers.pieces[slot];
+                if v > offers.newest_allowed[dst] {
+                    continue;
+                }
                 if std::mem::replace(&mut seen.pieces[slot], true) {
                     continue;
                 }
-                let v = offers.pieces[slot];
                 for &src in &offers.holders[slot] {
                     if std::mem::replace(&mut seen.senders[src], true) {
                         continue;
@@ -208,6 +218,8 @@ struct Offers {
     /// `slot_of_bit[v - base]`: the index of active piece `v` in `pieces`.
     slot_of_bit: Vec<usize>,
     newest_first: bool,
+    /// The newest exchange each rank may take (the window rule), `usize::MAX` for no limit.
+    newest_allowed: Vec<usize>,
 }
 
 /// What an augmenting search has explored.
@@ -227,6 +239,41 @@ impl Seen {
     fn clear(&mut self) {
         self.pieces.fill(false);
         self.senders.fill(false);
+    }
+}
+
+/// Round `round` of the 3.1 bootstrap (`1 <= round < L`): piece `round - 1` is seeded to the
+/// rank that meets the straggler `L` rounds after its exchange, and every other free holder
+/// copies its newest piece to a rank (above `2L - 2`) that holds none.
+fn bootstrap(
+    order: &ExchangeOrder,
+    round: usize,
+    active: &[usize],
+    view: &ActiveView,
+    free: &dyn Fn(usize) -> bool,
+    matching: &mut Matching,
+) {
+    let n = order.ranks();
+    let levels = ceil_log2(n);
+    let seeded_piece = round - 1;
+    if seeded_piece + levels < order.count() {
+        let seeded = order.owner(seeded_piece + levels);
+        if free(seeded) && !view.holds(seeded, seeded_piece) {
+            matching.link(order.owner(seeded_piece), seeded, seeded_piece);
+        }
+    }
+    let pool: Vec<usize> = (2 * levels - 1..n - 1)
+        .filter(|&r| free(r) && view.held_count(r) == 0 && matching.source[r].is_none())
+        .collect();
+    let mut pool = pool.into_iter();
+    for &v in active.iter().rev() {
+        for src in 0..n - 1 {
+            if free(src) && matching.target[src].is_none() && view.holds(src, v) {
+                if let Some(dst) = pool.next() {
+                    matching.link(src, dst, v);
+                }
+            }
+        }
     }
 }
 
@@ -283,7 +330,18 @@ pub fn build(order: &ExchangeOrder, variant: Variant) -> Vec<Round> {
         for (slot, &v) in pieces.iter().enumerate() {
             slot_of_bit[v - view.base] = slot;
         }
+        let levels = ceil_log2(n);
+        let newest_allowed: Vec<usize> = (0..n)
+            .map(|r| {
+                let next = order.next_meeting(r, round + 1);
+                match next {
+                    Some(t) if variant.window && r != straggler && t >= levels => t - levels,
+                    _ => usize::MAX,
+                }
+            })
+            .collect();
         let offers = Offers {
+            newest_allowed,
             slot_of_bit,
             newest_first: variant.newest_first,
             holders: pieces
@@ -299,12 +357,23 @@ pub fn build(order: &ExchangeOrder, variant: Variant) -> Vec<Round> {
             pieces,
         };
         let mut matching = Matching::new(n);
+        if variant.window && (1..levels.min(exchanges)).contains(&round) {
+            bootstrap(order, round, &active, &view, &free, &mut matching);
+        }
         for (&v, holders) in offers.pieces.iter().zip(&offers.holders) {
-            let lacking: Vec<usize> = receivers
+            let mut lacking: Vec<usize> = receivers
                 .iter()
                 .copied()
-                .filter(|&r| matching.source[r].is_none() && !view.holds(r, v))
+                .filter(|&r| {
+                    matching.source[r].is_none()
+                        && !view.holds(r, v)
+                        && v <= offers.newest_allowed[r]
+                })
                 .collect();
+            if variant.window {
+                // Serve first the rank that needs exactly this piece.
+                lacking.sort_by_key(|&r| offers.newest_allowed[r] != v);
+            }
             let idle: Vec<usize> = holders
                 .iter()
                 .copied()

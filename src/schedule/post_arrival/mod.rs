@@ -58,6 +58,13 @@ impl ExchangeOrder {
         (v % m) * self.pieces_per_chunk + v / m
     }
 
+    /// The first round `>= from` in which the straggler meets early rank `rank`, if any.
+    pub fn next_meeting(&self, rank: usize, from: usize) -> Option<usize> {
+        let m = self.ranks - 1;
+        let next = from + (rank + m - from % m) % m;
+        (next < self.count()).then_some(next)
+    }
+
     /// The two reductions of exchange `v`: owner to straggler and straggler to owner.
     pub fn exchange(&self, v: usize) -> [Transfer; 2] {
         let (owner, s, piece) = (self.owner(v), self.straggler(), self.piece(v));
