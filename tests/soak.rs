@@ -24,7 +24,7 @@ fn a_shortened_soak_finds_nothing_wrong() {
     );
     assert!(out.status.success(), "{}", describe(&out));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("calls 800 "), "{text}");
+    assert!(text.contains("calls 500 "), "{text}");
     assert!(
         text.contains("wrong elements 0  rank disagreements 0  failures 0"),
         "{text}"
