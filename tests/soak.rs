@@ -13,7 +13,7 @@ fn a_shortened_soak_finds_nothing_wrong() {
         clean_command(Path::new(env!("CARGO_BIN_EXE_stragglar"))).args([
             "soak",
             "--calls",
-            "800",
+            "500",
             "--max-bytes",
             "512K",
             "--seed",
