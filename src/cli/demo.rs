@@ -74,7 +74,7 @@ fn ms(us: f64) -> String {
     format!("{:.1}", us / 1000.0)
 }
 
-/// Runs the demo (about 20 seconds on 2 cores).
+/// Runs the demo (about 15 seconds on 2 cores).
 pub fn run(args: Args) -> Result<i32, UsageError> {
     args.finish()?;
     let link = Link {
