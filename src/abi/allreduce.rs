@@ -1,8 +1,9 @@
 //! `ncclAllReduce`: the one intercepted collective.
 
 use std::os::raw::c_void;
+use std::sync::atomic::AtomicBool;
 
-use super::guard::guard;
+use super::guard::{check_live, guard};
 use crate::forward;
 use crate::intercept::{route_all_reduce, AllReduceCall, Route};
 use crate::nccl::types::*;
@@ -19,6 +20,10 @@ pub extern "C" fn ncclAllReduce(
     stream: cudaStream_t,
 ) -> ResultCode {
     guard("ncclAllReduce", || {
+        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclAllReduce") {
+            return code;
+        }
         if !crate::config::get().enabled {
             return forward!(ncclAllReduce(
                 sendbuff, recvbuff, count, datatype, op, comm, stream

@@ -1,7 +1,8 @@
 //! `forward!`: the one way an export calls the real NCCL.
 //!
-//! `forward!(ncclX(a, b); outputs b)` checks that each named output pointer is non-NULL
-//! (`ncclInvalidArgument` and one WARN otherwise), then calls the real `pncclX` (or `ncclX`)
+//! `forward!(ncclX(comm, b); live comm; outputs b)` refuses a communicator that was already
+//! destroyed (`live`, see `guard::check_live`), checks that each named output pointer is
+//! non-NULL (`ncclInvalidArgument` and one WARN otherwise), then calls the real `pncclX` (or `ncclX`)
 //! with the arguments unchanged and returns its result bit for bit, all inside the panic guard.
 //! The function-pointer type is inferred from the export `ncclX` itself, so every signature is
 //! written exactly once, in the export.
@@ -33,12 +34,18 @@ macro_rules! __placeholder_type {
 #[macro_export]
 #[doc(hidden)]
 macro_rules! forward {
-    ($export:ident ( $($arg:ident),* ) $(; outputs $($out:ident),+)?) => {{
+    ($export:ident ( $($arg:ident),* ) $(; live $live:ident)? $(; outputs $($out:ident),+)?) => {{
         static SYMBOL: $crate::nccl::Symbol = $crate::nccl::Symbol::new(
             $crate::abi::guard::cstr(concat!("p", stringify!($export), "\0")),
             $crate::abi::guard::cstr(concat!(stringify!($export), "\0")),
         );
         $crate::abi::guard::guard(stringify!($export), || {
+            $(
+                static LIVE_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                if let Err(code) = $crate::abi::guard::check_live($live, &LIVE_WARNED, stringify!($export)) {
+                    return $crate::abi::guard::FailureValue::from_code(code);
+                }
+            )?
             $($(
                 if $out.is_null() {
                     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

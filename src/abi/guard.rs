@@ -6,7 +6,7 @@ use std::os::raw::{c_char, c_int};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::nccl::types::{ncclTeam_t, ResultCode};
+use crate::nccl::types::{ncclComm_t, ncclTeam_t, ResultCode};
 
 /// What an export returns when it fails before or instead of reaching the real NCCL.
 pub trait FailureValue {
@@ -71,6 +71,20 @@ pub fn reject_null(warned: &AtomicBool, function: &str, argument: &str) -> Resul
         log::warn!("{function}: {argument} is NULL; returning ncclInvalidArgument");
     }
     ResultCode::INVALID_ARGUMENT
+}
+
+/// Refuses, with one WARN per call site, an application's call on a communicator whose Destroy
+/// or Abort has already returned: forwarding it would be a use after free inside NCCL. The
+/// calls NCCL makes itself during teardown pass.
+#[inline]
+pub fn check_live(comm: ncclComm_t, warned: &AtomicBool, function: &str) -> Result<(), ResultCode> {
+    if !crate::registry::comms().is_destroyed(comm) || crate::abi::reentry::inside_real_nccl() {
+        return Ok(());
+    }
+    if !warned.swap(true, Ordering::Relaxed) {
+        log::warn!("{function}: communicator {comm:p} was already destroyed or aborted; returning ncclInvalidArgument");
+    }
+    Err(ResultCode::INVALID_ARGUMENT)
 }
 
 /// A `&'static CStr` from a NUL-terminated literal, at compile time.

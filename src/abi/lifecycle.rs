@@ -7,8 +7,9 @@
 #![allow(non_snake_case)]
 
 use std::os::raw::c_int;
+use std::sync::atomic::AtomicBool;
 
-use super::guard::guard;
+use super::guard::{check_live, guard};
 use super::passthrough::{ncclCommCount, ncclCommCuDevice, ncclCommUserRank};
 use super::reentry::{calling_real, tracking};
 use crate::forward;
@@ -232,6 +233,10 @@ pub extern "C" fn ncclCommSplit(
     config: *mut ncclConfig_t,
 ) -> ResultCode {
     guard("ncclCommSplit", || {
+        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommSplit") {
+            return code;
+        }
         if !tracking() {
             return forward!(ncclCommSplit(comm, color, key, newcomm, config); outputs newcomm);
         }
@@ -264,6 +269,10 @@ pub extern "C" fn ncclCommShrink(
     shrinkFlags: c_int,
 ) -> ResultCode {
     guard("ncclCommShrink", || {
+        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommShrink") {
+            return code;
+        }
         if !tracking() {
             return forward!(ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags); outputs newcomm);
         }
@@ -296,6 +305,10 @@ pub extern "C" fn ncclCommGrow(
     config: *mut ncclConfig_t,
 ) -> ResultCode {
     guard("ncclCommGrow", || {
+        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommGrow") {
+            return code;
+        }
         if !tracking() {
             return forward!(ncclCommGrow(comm, nRanks, uniqueId, rank, newcomm, config); outputs newcomm);
         }
@@ -322,6 +335,10 @@ pub extern "C" fn ncclCommGrow(
 #[no_mangle]
 pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ResultCode {
     guard("ncclCommFinalize", || {
+        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommFinalize") {
+            return code;
+        }
         if !tracking() {
             return forward!(ncclCommFinalize(comm));
         }
@@ -337,6 +354,10 @@ pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ResultCode {
 #[no_mangle]
 pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ResultCode {
     guard("ncclCommRevoke", || {
+        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommRevoke") {
+            return code;
+        }
         if !tracking() {
             return forward!(ncclCommRevoke(comm, revokeFlags));
         }
@@ -353,6 +374,10 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> Result
 #[no_mangle]
 pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ResultCode {
     guard("ncclCommDestroy", || {
+        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommDestroy") {
+            return code;
+        }
         if !tracking() {
             return forward!(ncclCommDestroy(comm));
         }
@@ -369,6 +394,10 @@ pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ResultCode {
 #[no_mangle]
 pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ResultCode {
     guard("ncclCommAbort", || {
+        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommAbort") {
+            return code;
+        }
         if !tracking() {
             return forward!(ncclCommAbort(comm));
         }

@@ -38,7 +38,7 @@ pub extern "C" fn ncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ResultCode {
 /// Forwards to the real `ncclCommGetUniqueId`.
 #[no_mangle]
 pub extern "C" fn ncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqueId) -> ResultCode {
-    forward!(ncclCommGetUniqueId(comm, uniqueId); outputs uniqueId)
+    forward!(ncclCommGetUniqueId(comm, uniqueId); live comm; outputs uniqueId)
 }
 
 /// Forwards to the real `ncclResetDebugInit`.
@@ -53,25 +53,25 @@ pub extern "C" fn ncclCommGetAsyncError(
     comm: ncclComm_t,
     asyncError: *mut ResultCode,
 ) -> ResultCode {
-    forward!(ncclCommGetAsyncError(comm, asyncError); outputs asyncError)
+    forward!(ncclCommGetAsyncError(comm, asyncError); live comm; outputs asyncError)
 }
 
 /// Forwards to the real `ncclCommCount`.
 #[no_mangle]
 pub extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ResultCode {
-    forward!(ncclCommCount(comm, count); outputs count)
+    forward!(ncclCommCount(comm, count); live comm; outputs count)
 }
 
 /// Forwards to the real `ncclCommCuDevice`.
 #[no_mangle]
 pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ResultCode {
-    forward!(ncclCommCuDevice(comm, device); outputs device)
+    forward!(ncclCommCuDevice(comm, device); live comm; outputs device)
 }
 
 /// Forwards to the real `ncclCommUserRank`.
 #[no_mangle]
 pub extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ResultCode {
-    forward!(ncclCommUserRank(comm, rank))
+    forward!(ncclCommUserRank(comm, rank); live comm)
 }
 
 /// Forwards to the real `ncclCommRegister`.
@@ -82,25 +82,25 @@ pub extern "C" fn ncclCommRegister(
     size: usize,
     handle: *mut *mut c_void,
 ) -> ResultCode {
-    forward!(ncclCommRegister(comm, buff, size, handle); outputs handle)
+    forward!(ncclCommRegister(comm, buff, size, handle); live comm; outputs handle)
 }
 
 /// Forwards to the real `ncclCommDeregister`.
 #[no_mangle]
 pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ResultCode {
-    forward!(ncclCommDeregister(comm, handle))
+    forward!(ncclCommDeregister(comm, handle); live comm)
 }
 
 /// Forwards to the real `ncclCommSuspend`.
 #[no_mangle]
 pub extern "C" fn ncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ResultCode {
-    forward!(ncclCommSuspend(comm, flags))
+    forward!(ncclCommSuspend(comm, flags); live comm)
 }
 
 /// Forwards to the real `ncclCommResume`.
 #[no_mangle]
 pub extern "C" fn ncclCommResume(comm: ncclComm_t) -> ResultCode {
-    forward!(ncclCommResume(comm))
+    forward!(ncclCommResume(comm); live comm)
 }
 
 /// Forwards to the real `ncclCommMemStats`.
@@ -110,7 +110,7 @@ pub extern "C" fn ncclCommMemStats(
     stat: MemStatCode,
     value: *mut u64,
 ) -> ResultCode {
-    forward!(ncclCommMemStats(comm, stat, value); outputs value)
+    forward!(ncclCommMemStats(comm, stat, value); live comm; outputs value)
 }
 
 /// Forwards to the real `ncclCommWindowRegister`.
@@ -122,13 +122,13 @@ pub extern "C" fn ncclCommWindowRegister(
     win: *mut ncclWindow_t,
     winFlags: c_int,
 ) -> ResultCode {
-    forward!(ncclCommWindowRegister(comm, buff, size, win, winFlags); outputs win)
+    forward!(ncclCommWindowRegister(comm, buff, size, win, winFlags); live comm; outputs win)
 }
 
 /// Forwards to the real `ncclCommWindowDeregister`.
 #[no_mangle]
 pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ResultCode {
-    forward!(ncclCommWindowDeregister(comm, win))
+    forward!(ncclCommWindowDeregister(comm, win); live comm)
 }
 
 /// Forwards to the real `ncclWinGetUserPtr`.
@@ -138,7 +138,7 @@ pub extern "C" fn ncclWinGetUserPtr(
     win: ncclWindow_t,
     outUserPtr: *mut *mut c_void,
 ) -> ResultCode {
-    forward!(ncclWinGetUserPtr(comm, win, outUserPtr); outputs outUserPtr)
+    forward!(ncclWinGetUserPtr(comm, win, outUserPtr); live comm; outputs outUserPtr)
 }
 
 /// Forwards to the real `ncclReduce`.
@@ -155,7 +155,7 @@ pub extern "C" fn ncclReduce(
 ) -> ResultCode {
     forward!(ncclReduce(
         sendbuff, recvbuff, count, datatype, op, root, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclBcast`.
@@ -168,7 +168,7 @@ pub extern "C" fn ncclBcast(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclBcast(buff, count, datatype, root, comm, stream))
+    forward!(ncclBcast(buff, count, datatype, root, comm, stream); live comm)
 }
 
 /// Forwards to the real `ncclBroadcast`.
@@ -184,7 +184,7 @@ pub extern "C" fn ncclBroadcast(
 ) -> ResultCode {
     forward!(ncclBroadcast(
         sendbuff, recvbuff, count, datatype, root, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclReduceScatter`.
@@ -200,7 +200,7 @@ pub extern "C" fn ncclReduceScatter(
 ) -> ResultCode {
     forward!(ncclReduceScatter(
         sendbuff, recvbuff, recvcount, datatype, op, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclAllGather`.
@@ -215,7 +215,7 @@ pub extern "C" fn ncclAllGather(
 ) -> ResultCode {
     forward!(ncclAllGather(
         sendbuff, recvbuff, sendcount, datatype, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclAlltoAll`.
@@ -230,7 +230,7 @@ pub extern "C" fn ncclAlltoAll(
 ) -> ResultCode {
     forward!(ncclAlltoAll(
         sendbuff, recvbuff, count, datatype, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclGather`.
@@ -246,7 +246,7 @@ pub extern "C" fn ncclGather(
 ) -> ResultCode {
     forward!(ncclGather(
         sendbuff, recvbuff, count, datatype, root, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclScatter`.
@@ -262,7 +262,7 @@ pub extern "C" fn ncclScatter(
 ) -> ResultCode {
     forward!(ncclScatter(
         sendbuff, recvbuff, count, datatype, root, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclAllReduceConfig`.
@@ -279,7 +279,7 @@ pub extern "C" fn ncclAllReduceConfig(
 ) -> ResultCode {
     forward!(ncclAllReduceConfig(
         sendbuff, recvbuff, count, datatype, op, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclBroadcastConfig`.
@@ -296,7 +296,7 @@ pub extern "C" fn ncclBroadcastConfig(
 ) -> ResultCode {
     forward!(ncclBroadcastConfig(
         sendbuff, recvbuff, count, datatype, root, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclReduceConfig`.
@@ -314,7 +314,7 @@ pub extern "C" fn ncclReduceConfig(
 ) -> ResultCode {
     forward!(ncclReduceConfig(
         sendbuff, recvbuff, count, datatype, op, root, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclAllGatherConfig`.
@@ -330,7 +330,7 @@ pub extern "C" fn ncclAllGatherConfig(
 ) -> ResultCode {
     forward!(ncclAllGatherConfig(
         sendbuff, recvbuff, sendcount, datatype, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclReduceScatterConfig`.
@@ -347,7 +347,7 @@ pub extern "C" fn ncclReduceScatterConfig(
 ) -> ResultCode {
     forward!(ncclReduceScatterConfig(
         sendbuff, recvbuff, recvcount, datatype, op, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclAlltoAllConfig`.
@@ -363,7 +363,7 @@ pub extern "C" fn ncclAlltoAllConfig(
 ) -> ResultCode {
     forward!(ncclAlltoAllConfig(
         sendbuff, recvbuff, count, datatype, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclGatherConfig`.
@@ -380,7 +380,7 @@ pub extern "C" fn ncclGatherConfig(
 ) -> ResultCode {
     forward!(ncclGatherConfig(
         sendbuff, recvbuff, count, datatype, root, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclScatterConfig`.
@@ -397,7 +397,7 @@ pub extern "C" fn ncclScatterConfig(
 ) -> ResultCode {
     forward!(ncclScatterConfig(
         sendbuff, recvbuff, count, datatype, root, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclSend`.
@@ -410,7 +410,7 @@ pub extern "C" fn ncclSend(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclSend(sendbuff, count, datatype, peer, comm, stream))
+    forward!(ncclSend(sendbuff, count, datatype, peer, comm, stream); live comm)
 }
 
 /// Forwards to the real `ncclRecv`.
@@ -423,7 +423,7 @@ pub extern "C" fn ncclRecv(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclRecv(recvbuff, count, datatype, peer, comm, stream))
+    forward!(ncclRecv(recvbuff, count, datatype, peer, comm, stream); live comm)
 }
 
 /// Forwards to the real `ncclPutSignal`.
@@ -453,7 +453,7 @@ pub extern "C" fn ncclPutSignal(
         flags,
         comm,
         stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `ncclSignal`.
@@ -466,7 +466,7 @@ pub extern "C" fn ncclSignal(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclSignal(peer, sigIdx, ctx, flags, comm, stream))
+    forward!(ncclSignal(peer, sigIdx, ctx, flags, comm, stream); live comm)
 }
 
 /// Forwards to the real `ncclWaitSignal`.
@@ -477,7 +477,7 @@ pub extern "C" fn ncclWaitSignal(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclWaitSignal(nDesc, signalDescs, comm, stream))
+    forward!(ncclWaitSignal(nDesc, signalDescs, comm, stream); live comm)
 }
 
 /// Forwards to the real `ncclGroupSimulateEnd`.

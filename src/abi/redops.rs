@@ -3,8 +3,9 @@
 #![allow(non_snake_case)]
 
 use std::os::raw::c_void;
+use std::sync::atomic::AtomicBool;
 
-use super::guard::guard;
+use super::guard::{check_live, guard};
 use super::reentry::{calling_real, tracking};
 use crate::forward;
 use crate::nccl::types::*;
@@ -55,6 +56,10 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
     comm: ncclComm_t,
 ) -> ResultCode {
     guard("ncclRedOpCreatePreMulSum", || {
+        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclRedOpCreatePreMulSum") {
+            return code;
+        }
         if !tracking() {
             return forward!(ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm); outputs op);
         }
@@ -77,6 +82,10 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
 #[no_mangle]
 pub extern "C" fn ncclRedOpDestroy(op: RedOpCode, comm: ncclComm_t) -> ResultCode {
     guard("ncclRedOpDestroy", || {
+        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclRedOpDestroy") {
+            return code;
+        }
         if !tracking() {
             return forward!(ncclRedOpDestroy(op, comm));
         }

@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use parking_lot::RwLock;
 
 use crate::nccl::types::ncclComm_t;
@@ -53,6 +55,8 @@ pub struct CommInfo {
 #[derive(Default)]
 pub struct CommTable {
     entries: RwLock<HashMap<usize, CommInfo>>,
+    /// Entries in state `Destroyed`: while 0, [`CommTable::is_destroyed`] is one atomic load.
+    destroyed: AtomicUsize,
 }
 
 fn key(comm: ncclComm_t) -> usize {
@@ -62,7 +66,31 @@ fn key(comm: ncclComm_t) -> usize {
 impl CommTable {
     /// Records a communicator that an init, split, shrink or grow call returned.
     pub fn insert(&self, comm: ncclComm_t, info: CommInfo) {
-        self.entries.write().insert(key(comm), info);
+        let state = info.state;
+        let previous = self.entries.write().insert(key(comm), info);
+        self.count_transition(previous.map(|p| p.state), state);
+    }
+
+    /// Whether `comm` is a handle whose Destroy or Abort has returned (and that no new
+    /// communicator has reused since). Cheap while nothing was ever destroyed.
+    pub fn is_destroyed(&self, comm: ncclComm_t) -> bool {
+        if self.destroyed.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        self.entries
+            .read()
+            .get(&key(comm))
+            .is_some_and(|info| info.state == CommState::Destroyed)
+    }
+
+    fn count_transition(&self, before: Option<CommState>, after: CommState) {
+        let was = before == Some(CommState::Destroyed);
+        let is = after == CommState::Destroyed;
+        if is && !was {
+            self.destroyed.fetch_add(1, Ordering::AcqRel);
+        } else if was && !is {
+            self.destroyed.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// What we know about `comm`, if we saw it made.
@@ -74,7 +102,9 @@ impl CommTable {
     pub fn set_state(&self, comm: ncclComm_t, state: CommState) -> Option<CommState> {
         let mut entries = self.entries.write();
         let info = entries.get_mut(&key(comm))?;
-        Some(std::mem::replace(&mut info.state, state))
+        let before = std::mem::replace(&mut info.state, state);
+        self.count_transition(Some(before), state);
+        Some(before)
     }
 
     /// Number of communicators in `state`.
@@ -121,6 +151,8 @@ mod tests {
             Some(CommState::Finalized)
         );
         assert_eq!(table.count(CommState::Destroyed), 1);
+        assert!(table.is_destroyed(handle(0x10)));
+        assert!(!table.is_destroyed(handle(0x20)));
         assert_eq!(table.set_state(handle(0x20), CommState::Destroyed), None);
     }
 
