@@ -2,6 +2,8 @@
 //!
 //! Today every valid call goes to the real NCCL; the StragglAR engines plug in here.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::nccl::types::{ncclComm_t, DataTypeCode, RedOpCode, ResultCode};
 
 /// Largest `ncclDataType_t` value of the API we mirror (2.32: `ncclFloat8e5m2`).
@@ -28,31 +30,64 @@ pub enum Route {
     Refuse(ResultCode),
 }
 
-/// Why a call was refused, for the one WARN it gets.
-fn invalid(call: &AllReduceCall) -> Option<String> {
+/// Why a call is refused: one kind per cause, each logged once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Invalid {
+    NullComm,
+    DataType,
+    Op,
+    NullBuffer,
+}
+
+impl Invalid {
+    const ALL: [Invalid; 4] = [
+        Invalid::NullComm,
+        Invalid::DataType,
+        Invalid::Op,
+        Invalid::NullBuffer,
+    ];
+
+    fn describe(self, call: &AllReduceCall) -> String {
+        match self {
+            Invalid::NullComm => "comm is NULL".into(),
+            Invalid::DataType => format!("datatype {} is not an ncclDataType_t", call.datatype.0),
+            Invalid::Op => format!("op {} is not an ncclRedOp_t", call.op.0),
+            Invalid::NullBuffer => format!("a NULL buffer with count {}", call.count),
+        }
+    }
+}
+
+/// Which cause, if any, refuses the call.
+fn invalid(call: &AllReduceCall) -> Option<Invalid> {
     if call.comm.is_null() {
-        return Some("comm is NULL".into());
+        return Some(Invalid::NullComm);
     }
     if !(0..=LAST_DATA_TYPE).contains(&call.datatype.0) {
-        return Some(format!(
-            "datatype {} is not an ncclDataType_t",
-            call.datatype.0
-        ));
+        return Some(Invalid::DataType);
     }
     if call.op.0 < 0 {
-        return Some(format!("op {} is not an ncclRedOp_t", call.op.0));
+        return Some(Invalid::Op);
     }
     if call.count > 0 && (call.send == 0 || call.recv == 0) {
-        return Some(format!("a NULL buffer with count {}", call.count));
+        return Some(Invalid::NullBuffer);
     }
     None
 }
 
+/// Whether the WARN for each cause was logged.
+static WARNED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
+
 /// Decides the route of one AllReduce. Depends only on the arguments and on state that is
 /// identical on every rank, so every rank takes the same route.
 pub fn route_all_reduce(call: &AllReduceCall) -> Route {
-    if let Some(reason) = invalid(call) {
-        log::warn!("ncclAllReduce: {reason}; returning ncclInvalidArgument");
+    if let Some(cause) = invalid(call) {
+        let index = Invalid::ALL.iter().position(|&c| c == cause).unwrap_or(0);
+        if !WARNED[index].swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "ncclAllReduce: {}; returning ncclInvalidArgument (logged once per cause)",
+                cause.describe(call)
+            );
+        }
         return Route::Refuse(ResultCode::INVALID_ARGUMENT);
     }
     Route::Forward

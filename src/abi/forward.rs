@@ -1,7 +1,7 @@
 //! `forward!`: the one way an export calls the real NCCL.
 //!
-//! `forward!(ncclX(comm, b); live comm; outputs b)` refuses a communicator that was already
-//! destroyed (`live`, see `guard::check_live`), checks that each named output pointer is
+//! `forward!(ncclX(comm, b); live comm; outputs b)` refuses a NULL communicator or one that was
+//! already destroyed (`live`, see `guard::check_live`), checks that each named output pointer is
 //! non-NULL (`ncclInvalidArgument` and one WARN otherwise), then calls the real `pncclX` (or `ncclX`)
 //! with the arguments unchanged and returns its result bit for bit, all inside the panic guard.
 //! The function-pointer type is inferred from the export `ncclX` itself, so every signature is
@@ -41,6 +41,12 @@ macro_rules! forward {
         );
         $crate::abi::guard::guard(stringify!($export), || {
             $(
+                if $live.is_null() {
+                    static NULL_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                    return $crate::abi::guard::FailureValue::from_code(
+                        $crate::abi::guard::reject_null(&NULL_WARNED, stringify!($export), stringify!($live)),
+                    );
+                }
                 static LIVE_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
                 if let Err(code) = $crate::abi::guard::check_live($live, &LIVE_WARNED, stringify!($export)) {
                     return $crate::abi::guard::FailureValue::from_code(code);

@@ -9,7 +9,7 @@
 use std::os::raw::c_int;
 use std::sync::atomic::AtomicBool;
 
-use super::guard::{check_live, guard};
+use super::guard::{check_live, guard, reject_null};
 use super::passthrough::{ncclCommCount, ncclCommCuDevice, ncclCommUserRank};
 use super::reentry::{calling_real, tracking};
 use crate::forward;
@@ -237,6 +237,11 @@ pub extern "C" fn ncclCommSplit(
         if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommSplit") {
             return code;
         }
+        if comm.is_null() {
+            // NCCL dereferences it (ncclCommSplit(NULL, ...) crashes in 2.32).
+            static NULL_WARNED: AtomicBool = AtomicBool::new(false);
+            return reject_null(&NULL_WARNED, "ncclCommSplit", "comm");
+        }
         if !tracking() {
             return forward!(ncclCommSplit(comm, color, key, newcomm, config); outputs newcomm);
         }
@@ -272,6 +277,11 @@ pub extern "C" fn ncclCommShrink(
         static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
         if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommShrink") {
             return code;
+        }
+        if comm.is_null() {
+            // NCCL dereferences it (ncclCommSplit(NULL, ...) crashes in 2.32).
+            static NULL_WARNED: AtomicBool = AtomicBool::new(false);
+            return reject_null(&NULL_WARNED, "ncclCommShrink", "comm");
         }
         if !tracking() {
             return forward!(ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags); outputs newcomm);
@@ -339,6 +349,11 @@ pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ResultCode {
         if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommFinalize") {
             return code;
         }
+        if comm.is_null() {
+            // NCCL dereferences it (ncclCommSplit(NULL, ...) crashes in 2.32).
+            static NULL_WARNED: AtomicBool = AtomicBool::new(false);
+            return reject_null(&NULL_WARNED, "ncclCommFinalize", "comm");
+        }
         if !tracking() {
             return forward!(ncclCommFinalize(comm));
         }
@@ -357,6 +372,11 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> Result
         static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
         if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommRevoke") {
             return code;
+        }
+        if comm.is_null() {
+            // NCCL dereferences it (ncclCommSplit(NULL, ...) crashes in 2.32).
+            static NULL_WARNED: AtomicBool = AtomicBool::new(false);
+            return reject_null(&NULL_WARNED, "ncclCommRevoke", "comm");
         }
         if !tracking() {
             return forward!(ncclCommRevoke(comm, revokeFlags));

@@ -5,7 +5,7 @@
 use std::os::raw::c_void;
 use std::sync::atomic::AtomicBool;
 
-use super::guard::{check_live, guard};
+use super::guard::{check_live, guard, reject_null};
 use super::reentry::{calling_real, tracking};
 use crate::forward;
 use crate::nccl::types::*;
@@ -60,6 +60,11 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
         if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclRedOpCreatePreMulSum") {
             return code;
         }
+        if comm.is_null() {
+            // NCCL dereferences it (ncclCommSplit(NULL, ...) crashes in 2.32).
+            static NULL_WARNED: AtomicBool = AtomicBool::new(false);
+            return reject_null(&NULL_WARNED, "ncclRedOpCreatePreMulSum", "comm");
+        }
         if !tracking() {
             return forward!(ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm); outputs op);
         }
@@ -85,6 +90,11 @@ pub extern "C" fn ncclRedOpDestroy(op: RedOpCode, comm: ncclComm_t) -> ResultCod
         static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
         if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclRedOpDestroy") {
             return code;
+        }
+        if comm.is_null() {
+            // NCCL dereferences it (ncclCommSplit(NULL, ...) crashes in 2.32).
+            static NULL_WARNED: AtomicBool = AtomicBool::new(false);
+            return reject_null(&NULL_WARNED, "ncclRedOpDestroy", "comm");
         }
         if !tracking() {
             return forward!(ncclRedOpDestroy(op, comm));
