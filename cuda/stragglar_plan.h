@@ -8,6 +8,8 @@
 /* NVRTC has no system headers: fixed-width types of our own there. */
 #ifdef __CUDACC_RTC__
 typedef int int32_t;
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
 #define UINT32_MAX 0xffffffffu

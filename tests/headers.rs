@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cbindgen::{Builder, Config, ItemType, Language, Style};
+use stragglar::gpu::launch::{RawLaunch, RawPeer};
 use stragglar::nccl::types::{ncclConfig_t, ncclUniqueId};
 use stragglar::plan::{RawChunk, RawPlanHeader, RawSource, RawStep, RawValue};
 
@@ -189,6 +190,8 @@ const PLAN_AFTER_INCLUDES: &str = r#"
 /* NVRTC has no system headers: fixed-width types of our own there. */
 #ifdef __CUDACC_RTC__
 typedef int int32_t;
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
 #define UINT32_MAX 0xffffffffu
@@ -215,6 +218,58 @@ fn generate_plan_h() -> String {
     .map(String::from)
     .to_vec();
     build(config, &["src/plan/encode.rs"])
+}
+
+/// `cuda/stragglar_launch.h`: the kernel's launch arguments.
+fn generate_launch_h() -> String {
+    let mut config = base_config();
+    config.header = Some(GENERATED_NOTE.into());
+    config.include_guard = Some("STRAGGLAR_LAUNCH_H_".into());
+    config.sys_includes.clear();
+    config.includes = vec!["stragglar_plan.h".into()];
+    config.export.include = ["RawLaunch", "RawPeer"].map(String::from).to_vec();
+    build(config, &["src/gpu/launch.rs"])
+}
+
+#[test]
+fn launch_h_is_current() {
+    check_committed("cuda/stragglar_launch.h", &generate_launch_h());
+}
+
+#[test]
+fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
+    let program = scratch("launch_layout.c");
+    let mut text = String::from("#include <stragglar_launch.h>\n");
+    text += &format!(
+        "_Static_assert(sizeof(RawLaunch) == {}, \"RawLaunch\");\n",
+        std::mem::size_of::<RawLaunch>()
+    );
+    text += &format!(
+        "_Static_assert(sizeof(RawPeer) == {}, \"RawPeer\");\n",
+        std::mem::size_of::<RawPeer>()
+    );
+    for (field, offset) in [
+        ("scale", std::mem::offset_of!(RawLaunch, scale)),
+        ("op", std::mem::offset_of!(RawLaunch, op)),
+        ("threads", std::mem::offset_of!(RawLaunch, threads)),
+    ] {
+        text += &format!(
+            "_Static_assert(__builtin_offsetof(RawLaunch, {field}) == {offset}, \"{field}\");\n"
+        );
+    }
+    std::fs::write(&program, text).unwrap();
+    compile(
+        "cc",
+        &[
+            "-std=c11",
+            "-D__CUDACC_RTC__",
+            "-nostdinc",
+            "-Wall",
+            "-Werror",
+        ],
+        &program,
+        &[root().join("cuda")],
+    );
 }
 
 #[test]

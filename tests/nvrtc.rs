@@ -49,3 +49,67 @@ fn the_plan_header_compiles_with_nvrtc() {
         assert!(text.contains(&format!(".target {arch}")), "{arch}");
     }
 }
+
+#[test]
+fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
+    if !nvrtc_available() {
+        return;
+    }
+    let out = support::root().join("target").join("kernels-test");
+    let _ = std::fs::remove_dir_all(&out);
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_stragglar"))
+        .args(["kernels", "--arch", "sm_80,sm_90", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    for arch in ["sm_80", "sm_90"] {
+        let cubin = std::fs::read(out.join(format!("stragglar_{arch}.cubin"))).unwrap();
+        stragglar::gpu::cubin::check(&cubin, arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        let other = if arch == "sm_80" { "sm_90" } else { "sm_80" };
+        assert!(stragglar::gpu::cubin::check(&cubin, other).is_err());
+        assert!(stdout.contains(arch), "{stdout}");
+    }
+}
+
+#[test]
+fn the_kernel_cache_compiles_once_then_reuses_the_entry() {
+    if !nvrtc_available() {
+        return;
+    }
+    use stragglar::gpu::nvrtc::{cubin_cached, Origin};
+    let dir = support::root().join("target").join("kernel-cache-test");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (first, origin) = cubin_cached("sm_90", Some(&dir)).unwrap();
+    assert_eq!(origin, Origin::Compiled);
+    let (second, origin) = cubin_cached("sm_90", Some(&dir)).unwrap();
+    assert_eq!(origin, Origin::Cache);
+    assert_eq!(first, second);
+    // A damaged entry is not trusted: it is recompiled and replaced.
+    let entry = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::write(&entry, b"garbage").unwrap();
+    let (third, origin) = cubin_cached("sm_90", Some(&dir)).unwrap();
+    assert_eq!(origin, Origin::Compiled);
+    assert_eq!(third, first);
+    assert_eq!(std::fs::read(&entry).unwrap(), first);
+}
+
+#[test]
+fn stragglar_kernels_refuses_an_unknown_architecture() {
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_stragglar"))
+        .args(["kernels", "--arch", "sm_60"])
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("sm_60"));
+}

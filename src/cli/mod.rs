@@ -4,6 +4,7 @@ pub mod args;
 pub mod bench;
 mod demo;
 mod doctor;
+mod kernels;
 pub mod model;
 pub mod plan;
 mod soak;
@@ -21,6 +22,7 @@ commands:
   demo       StragglAR against Ring on the host engine, with the model beside each result
   doctor     what the library would do on this machine
   help       this text
+  kernels    compile the CUDA kernels with NVRTC into checked CUBINs
   soak       a seeded stream of random AllReduce calls on the host engine, every element checked
   plan       print a StragglAR, Ring, halving-doubling or Direct schedule
   model      modelled times of every algorithm, speedups, break-even delays
@@ -37,7 +39,7 @@ pub fn run(argv: Vec<String>) -> i32 {
     let args = Args::new(rest);
     let result: Result<i32, UsageError> = match command.as_str() {
         "help" | "--help" | "-h" => {
-            print!("{USAGE}{}{}", plan::USAGE, model::USAGE);
+            print!("{USAGE}{}{}{}", plan::USAGE, model::USAGE, kernels::USAGE);
             Ok(0)
         }
         "doctor" => doctor::run(args),
@@ -46,6 +48,7 @@ pub fn run(argv: Vec<String>) -> i32 {
         "plan" => plan::run(args),
         "model" => model::run(args),
         "soak" => soak::run(args),
+        "kernels" => kernels::run(args),
         other => Err(UsageError(format!(
             "unknown command '{other}'; try 'stragglar help'"
         ))),

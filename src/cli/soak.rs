@@ -19,6 +19,8 @@ use crate::schedule::Algorithm;
 const CALLS_PER_COMM: usize = 40;
 /// Staging per rank and parity: larger messages run in segments, which the soak covers too.
 const SOAK_STAGING: usize = 16 << 20;
+/// How often a long soak reports progress on stderr.
+const PROGRESS_EVERY: Duration = Duration::from_secs(60);
 
 /// A deterministic generator every rank runs in step (xorshift64*).
 struct Rng(u64);
@@ -219,6 +221,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         (0u64, 0u64, 0u64, 0u64, Vec::new());
     let mut rng = Rng(seed | 1);
     let mut comm_index = 0;
+    let mut last_progress = Instant::now();
     while done < calls && budget.is_none_or(|b| start.elapsed().as_secs() < b) {
         let ranks = 2 + rng.below(max_ranks as u64 - 1) as usize;
         let batch = (calls - done).min(CALLS_PER_COMM as u64) as usize;
@@ -241,6 +244,13 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         }
         done += batch as u64;
         comm_index += 1;
+        if last_progress.elapsed() >= PROGRESS_EVERY {
+            last_progress = Instant::now();
+            eprintln!(
+                "stragglar soak: {done}/{calls} calls, {wrong} wrong elements, {disagreements} disagreements, {:.0} s",
+                start.elapsed().as_secs_f64()
+            );
+        }
         if !failures.is_empty() {
             break;
         }

@@ -132,8 +132,11 @@ macro_rules! float_lane {
                 match c {
                     Combiner::Sum => a + b,
                     Combiner::Prod => a * b,
-                    Combiner::Max => a.max(b),
-                    Combiner::Min => a.min(b),
+                    // Spelled out rather than `max`/`min` (which leave the sign of a zero tie
+                    // unspecified), as cuda/stragglar_reduce.h computes them.
+                    Combiner::Max if a.is_nan() || b > a => b,
+                    Combiner::Min if a.is_nan() || b < a => b,
+                    Combiner::Max | Combiner::Min => a,
                 }
             }
             fn multiply(a: $t, b: $t) -> $t {

@@ -9,6 +9,8 @@
 use crate::reduce::{float16, DataType, ReduceOp};
 
 /// Rank `rank`'s input element `i` for check round `seed`.
+///
+/// It depends on `i` only through `i mod PERIOD`, which lets inputs and checks work on tiles.
 pub fn value(dtype: DataType, op: ReduceOp, rank: usize, i: usize, seed: usize) -> i64 {
     let h = (i.wrapping_mul(7) + rank.wrapping_mul(13) + seed.wrapping_mul(5)) % 9;
     match op {
@@ -61,11 +63,28 @@ pub fn decode(dtype: DataType, b: &[u8]) -> f64 {
     }
 }
 
+/// Inputs and expectations repeat with this period in the element index (see [`value`]).
+const PERIOD: usize = 9;
+
+/// `PERIOD` consecutive elements from `i = 0`, encoded, tiled to `count` elements.
+fn tile(dtype: DataType, count: usize, element: impl Fn(usize) -> f64) -> Vec<u8> {
+    let pattern: Vec<u8> = (0..PERIOD)
+        .flat_map(|i| encode(dtype, element(i)))
+        .collect();
+    let bytes = count * dtype.size();
+    let mut out = Vec::with_capacity(bytes);
+    out.extend_from_slice(&pattern[..bytes.min(pattern.len())]);
+    // Doubling: each copy appends what is already there, so a whole period stays aligned.
+    while out.len() < bytes {
+        let take = out.len().min(bytes - out.len());
+        out.extend_from_within(..take);
+    }
+    out
+}
+
 /// Rank `rank`'s whole input for check round `seed`.
 pub fn input(dtype: DataType, op: ReduceOp, rank: usize, count: usize, seed: usize) -> Vec<u8> {
-    (0..count)
-        .flat_map(|i| encode(dtype, value(dtype, op, rank, i, seed) as f64))
-        .collect()
+    tile(dtype, count, |i| value(dtype, op, rank, i, seed) as f64)
 }
 
 /// The exact expected element `i`, in f64.
@@ -105,26 +124,50 @@ fn tolerance(dtype: DataType, op: ReduceOp, ranks: usize, exact: f64) -> f64 {
 /// Elements of `output` that differ from the expectation.
 pub fn count_wrong(dtype: DataType, op: ReduceOp, ranks: usize, output: &[u8], seed: usize) -> u64 {
     let size = dtype.size();
-    let wraps = !dtype.is_float();
+    let wants: Vec<f64> = (0..PERIOD)
+        .map(|i| expected(dtype, op, ranks, i, seed))
+        .collect();
+    let encoded: Vec<Vec<u8>> = wants.iter().map(|&w| encode(dtype, w)).collect();
+    let is_wrong = |i: usize, got: &[u8]| {
+        let residue = i % PERIOD;
+        if got == encoded[residue].as_slice() {
+            return false;
+        }
+        // Integers must match exactly; floats may differ within the tolerance (a NaN never does).
+        let want = wants[residue];
+        let close = (decode(dtype, got) - want).abs() <= tolerance(dtype, op, ranks, want);
+        !(dtype.is_float() && close)
+    };
+    // Whole periods that match the expected tile bytewise are right; the rest are checked
+    // element by element.
+    let tile: Vec<u8> = encoded.concat();
     output
-        .chunks_exact(size)
+        .chunks(tile.len())
         .enumerate()
-        .filter(|(i, got)| {
-            let want = expected(dtype, op, ranks, *i, seed);
-            if wraps {
-                encode(dtype, want) != *got
-            } else {
-                (decode(dtype, got) - want).abs() > tolerance(dtype, op, ranks, want)
-            }
+        .filter(|(_, period)| *period != &tile[..period.len()])
+        .map(|(p, period)| {
+            period
+                .chunks_exact(size)
+                .enumerate()
+                .filter(|(j, got)| is_wrong(p * PERIOD + j, got))
+                .count() as u64
         })
-        .count() as u64
+        .sum()
 }
 
-/// FNV-1a of a buffer: ranks compare these to show their outputs are bitwise identical.
+/// An FNV-1a style digest of a buffer, folded a 64-bit word at a time: ranks compare these to
+/// show their outputs are bitwise identical.
 pub fn digest(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    })
+    let words = bytes.chunks_exact(8);
+    let tail = words.remainder();
+    let h = words.fold(0xcbf2_9ce4_8422_2325, |h, w| {
+        digest_word(h, u64::from_le_bytes(w.try_into().expect("8 bytes")))
+    });
+    tail.iter().fold(h, |h, &b| digest_word(h, b as u64))
+}
+
+fn digest_word(h: u64, word: u64) -> u64 {
+    (h ^ word).wrapping_mul(0x100_0000_01b3)
 }
 
 /// Folds one more value into a running FNV-1a digest.

@@ -1,0 +1,296 @@
+/* The StragglAR AllReduce kernel: one launch per rank per call executes that rank's plan
+ * (cuda/stragglar_plan.h, lowered and encoded by src/plan) over the ranks' staging arenas.
+ *
+ * Invariants (see src/plan/mod.rs and ../shared/ALGORITHM.md for the protocol):
+ *  - single assignment: every value slot is written once per call, by its owner, then
+ *    published by a flag holding the call's epoch; nothing a peer may read is overwritten within
+ *    a call, and two arena/flag parities keep call e+1 off call e's memory;
+ *  - block b covers the same bytes of every chunk on every rank (the grid is fixed per
+ *    communicator), and waits only on block b's flags, so no block ever waits for a sibling:
+ *    co-residency of the grid is not needed for progress within a rank;
+ *  - every wait polls the abort word, the awaited peer's failure word and this rank's own, and
+ *    gives up after timeout_ns (when nonzero), writing a STATUS_* code instead of hanging;
+ *  - the epoch lives in device memory and is advanced by the last block to finish, so a
+ *    replayed CUDA graph stays correct with no host involvement. */
+
+#include "stragglar_reduce.h"
+
+/* The most operands one combine takes (the host engine's MAX_OPERANDS). */
+#define SG_MAX_OPERANDS 256
+
+/* Per-block scratch: shared memory on the GPU, one per emulated block on the host. */
+struct sg_scratch {
+  const unsigned char* operands[SG_MAX_OPERANDS];
+  uint32_t give_up;
+};
+
+/* What a block knows about the current call. */
+struct sg_call {
+  const RawLaunch* args;
+  const RawPlanHeader* plan;
+  const RawPeer* peers;
+  uint32_t parity;
+  uint32_t flag; /* the value every flag of this call holds */
+  uint32_t dt;
+};
+
+template <typename T>
+SG_DEVICE const T* sg_at(const RawPlanHeader* plan, uint64_t offset) {
+  return (const T*)((const unsigned char*)plan + offset);
+}
+
+/* Bytes [begin, end) of chunk `c` that block `b` of `blocks` covers: whole 16-byte units, the
+ * same split on every rank; the last block's range may end in a partial unit. */
+SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint64_t* begin,
+                        uint64_t* end) {
+  uint64_t units = (chunk_bytes + 15) / 16;
+  *begin = units * b / blocks * 16;
+  uint64_t e = units * (b + 1) / blocks * 16;
+  *end = e < chunk_bytes ? e : chunk_bytes;
+  if (*begin > *end) *begin = *end;
+}
+
+SG_DEVICE uint32_t* sg_flag(const RawPeer* peer, uint32_t parity, uint32_t value) {
+  return (uint32_t*)peer->flags[parity] + (uint64_t)value * SG_BLOCKS + SG_BLOCK;
+}
+
+/* Gives up the call on this rank: records why where the host and the peers look. */
+SG_DEVICE void sg_fail(const sg_call* call, uint32_t status) {
+  const RawLaunch* a = call->args;
+  sg_store_volatile((uint32_t*)call->peers[a->rank].failed, status);
+  sg_store_release((uint32_t*)a->status, status);
+}
+
+/* Thread 0 waits until `flag` (of rank `peer`) holds `want`. Returns nonzero (a STATUS_*)
+ * if the call must be given up, after recording why. */
+SG_DEVICE uint32_t sg_wait(const sg_call* call, const uint32_t* flag, uint32_t want,
+                           uint32_t peer) {
+  const RawLaunch* a = call->args;
+  const uint32_t* own_failed = (const uint32_t*)call->peers[a->rank].failed;
+  uint32_t status = STATUS_OK;
+  uint64_t start = 0;
+  uint32_t polls = 0;
+  while (sg_load_acquire(flag) != want) {
+    if ((++polls & 31u) == 0) {
+      if (start == 0) start = sg_now_ns();
+      if (sg_load_volatile((const uint32_t*)a->abort) != 0) {
+        status = STATUS_ABORTED;
+      } else if (sg_load_volatile((const uint32_t*)call->peers[peer].failed) != 0) {
+        status = STATUS_PEER_FAILED;
+      } else if (sg_load_volatile(own_failed) != 0) {
+        status = sg_load_volatile(own_failed);
+      } else if (a->timeout_ns != 0 && sg_now_ns() - start > a->timeout_ns) {
+        status = STATUS_TIMEOUT;
+      }
+      if (status != STATUS_OK) break;
+    }
+    sg_pause();
+  }
+  if (status != STATUS_OK) sg_fail(call, status);
+  return status;
+}
+
+/* Publishes this block's slice of own value `value`. */
+SG_DEVICE void sg_publish(const sg_call* call, uint32_t value) {
+  sg_block_sync();
+  if (SG_THREAD == 0) {
+    sg_store_release(sg_flag(&call->peers[call->args->rank], call->parity, value), call->flag);
+  }
+}
+
+/* Where value `v` of rank `r` lives (its arena slot), or 0 if it is not kept. */
+SG_DEVICE unsigned char* sg_value_at(const sg_call* call, uint32_t r, uint32_t v) {
+  const uint32_t* bases = sg_at<uint32_t>(call->plan, call->plan->value_bases_at);
+  const RawValue* value = sg_at<RawValue>(call->plan, call->plan->values_at) + bases[r] + v;
+  if (value->offset == VALUE_NOT_KEPT) return 0;
+  return (unsigned char*)call->peers[r].arena[call->parity] + value->offset;
+}
+
+/* One element of a possibly unaligned user buffer. */
+template <class L>
+SG_DEVICE typename L::elem sg_load_elem(const unsigned char* p) {
+  typename L::elem e;
+  sg_copy_bytes(&e, p, sizeof(e));
+  return e;
+}
+
+template <class L>
+SG_DEVICE void sg_store_elem(unsigned char* p, typename L::elem e) {
+  const unsigned char* b = (const unsigned char*)&e;
+  for (uint32_t i = 0; i < sizeof(e); ++i) p[i] = b[i];
+}
+
+/* The element-wise core of every step: for each element of bytes [begin, end) of the chunk,
+ * out = finish?(op-fold of operands, each optionally scaled) and writes it to up to two
+ * destinations. Operands are arena slots (16-byte aligned) or the caller's input. */
+template <class L>
+SG_DEVICE void sg_apply(const sg_call* call, sg_scratch* s, uint32_t operands, uint64_t begin,
+                        uint64_t end, unsigned char* out_a, unsigned char* out_b, bool scale,
+                        bool finish) {
+  typedef typename L::elem E;
+  typedef typename L::acc A;
+  const RawLaunch* a = call->args;
+  const uint32_t op = a->op;
+  const uint32_t ranks = call->plan->ranks;
+  A scalar = A();
+  if (scale) scalar = L::widen(*(const E*)a->scale);
+  const uint32_t per_vec = 16 / sizeof(E);
+  bool aligned = true;
+  for (uint32_t i = 0; i < operands; ++i) aligned = aligned && ((uint64_t)s->operands[i] % 16 == 0);
+  aligned = aligned && (!out_a || (uint64_t)out_a % 16 == 0) && (!out_b || (uint64_t)out_b % 16 == 0);
+  uint64_t vec_end = begin + (end - begin) / 16 * 16;
+  if (!aligned) vec_end = begin;
+  for (uint64_t at = begin + (uint64_t)SG_THREAD * 16; at < vec_end; at += (uint64_t)SG_THREADS * 16) {
+    union { sg_vec16 v; E e[16 / sizeof(E)]; } in, out;
+    A acc[16 / sizeof(E)];
+    in.v = sg_load16_fresh(s->operands[0] + at);
+    for (uint32_t k = 0; k < per_vec; ++k) {
+      acc[k] = L::widen(in.e[k]);
+      if (scale) acc[k] = L::multiply(acc[k], scalar);
+    }
+    for (uint32_t i = 1; i < operands; ++i) {
+      in.v = sg_load16_fresh(s->operands[i] + at);
+      for (uint32_t k = 0; k < per_vec; ++k) acc[k] = L::combine(op, acc[k], L::widen(in.e[k]));
+    }
+    for (uint32_t k = 0; k < per_vec; ++k) {
+      out.e[k] = L::narrow(finish ? L::finish(op, acc[k], ranks) : acc[k]);
+    }
+    if (out_a) sg_store16(out_a + at, out.v);
+    if (out_b) sg_store16(out_b + at, out.v);
+  }
+  /* The rest element by element: a partial last unit, or everything when unaligned. */
+  for (uint64_t at = vec_end + (uint64_t)SG_THREAD * sizeof(E); at < end;
+       at += (uint64_t)SG_THREADS * sizeof(E)) {
+    A acc = L::widen(sg_load_elem<L>(s->operands[0] + at));
+    if (scale) acc = L::multiply(acc, scalar);
+    for (uint32_t i = 1; i < operands; ++i) {
+      acc = L::combine(op, acc, L::widen(sg_load_elem<L>(s->operands[i] + at)));
+    }
+    E e = L::narrow(finish ? L::finish(op, acc, ranks) : acc);
+    if (out_a) sg_store_elem<L>(out_a + at, e);
+    if (out_b) sg_store_elem<L>(out_b + at, e);
+  }
+}
+
+SG_DEVICE void sg_apply_any(const sg_call* call, sg_scratch* s, uint32_t operands, uint64_t begin,
+                            uint64_t end, unsigned char* out_a, unsigned char* out_b, bool scale,
+                            bool finish) {
+  SG_WITH_LANE(call->dt, L,
+               sg_apply<L>(call, s, operands, begin, end, out_a, out_b, scale, finish));
+}
+
+/* Copies this rank's input into IN, chunk by chunk, scaling it, publishing each slice. */
+SG_DEVICE void sg_copy_in(const sg_call* call, sg_scratch* s) {
+  const RawPlanHeader* plan = call->plan;
+  const RawChunk* chunks = sg_at<RawChunk>(plan, plan->chunks_at);
+  const RawLaunch* a = call->args;
+  for (uint32_t c = 0; c < plan->chunk_count; ++c) {
+    uint64_t start = chunks[c].start * plan->elem_size;
+    uint64_t bytes = (chunks[c].end - chunks[c].start) * plan->elem_size;
+    uint64_t begin, end;
+    sg_slice(bytes, SG_BLOCK, SG_BLOCKS, &begin, &end);
+    sg_block_sync();
+    if (SG_THREAD == 0) s->operands[0] = (const unsigned char*)a->input + start;
+    sg_block_sync();
+    unsigned char* slot = sg_value_at(call, a->rank, c);
+    sg_apply_any(call, s, 1, begin, end, slot, 0, a->has_scale != 0, false);
+    sg_publish(call, c);
+  }
+}
+
+/* Runs one combine or copy step. Returns nonzero if the call was given up. */
+SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* step) {
+  const RawPlanHeader* plan = call->plan;
+  const RawLaunch* a = call->args;
+  const RawSource* sources = sg_at<RawSource>(plan, plan->sources_at) + step->first_source;
+  const RawChunk* chunk = sg_at<RawChunk>(plan, plan->chunks_at) + step->chunk;
+  uint64_t start = chunk->start * plan->elem_size;
+  uint64_t bytes = (chunk->end - chunk->start) * plan->elem_size;
+  uint64_t begin, end;
+  sg_slice(bytes, SG_BLOCK, SG_BLOCKS, &begin, &end);
+  /* The previous step's readers of the scratch are done before thread 0 rewrites it. */
+  sg_block_sync();
+  if (SG_THREAD == 0) {
+    uint32_t status = STATUS_OK;
+    for (uint32_t i = 0; status == STATUS_OK && i < step->source_count; ++i) {
+      if (sources[i].rank != a->rank) {
+        const uint32_t* flag =
+            sg_flag(&call->peers[sources[i].rank], call->parity, sources[i].value);
+        status = sg_wait(call, flag, call->flag, sources[i].rank);
+      }
+      s->operands[i] = sg_value_at(call, sources[i].rank, sources[i].value);
+    }
+    s->give_up = status;
+  }
+  sg_block_sync();
+  if (s->give_up != STATUS_OK) return s->give_up;
+  unsigned char* own = sg_value_at(call, a->rank, step->out_value);
+  unsigned char* output = step->complete ? (unsigned char*)a->output + start : 0;
+  if (!own && !output) return STATUS_OK; /* a partial nobody reads: nothing to do */
+  bool finish = step->kind == STEP_COMBINE && step->complete;
+  sg_apply_any(call, s, step->source_count, begin, end, own, output, false, finish);
+  if (own) sg_publish(call, step->out_value);
+  return STATUS_OK;
+}
+
+SG_DEVICE bool sg_plan_ok(const RawLaunch* a, const RawPlanHeader* plan) {
+  return plan->magic == PLAN_MAGIC && plan->version == PLAN_VERSION && plan->rank == a->rank &&
+         plan->ranks >= 1 && plan->ranks <= SG_MAX_OPERANDS;
+}
+
+/* The kernel body, shared by the GPU entry point and the host emulation. */
+SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
+  sg_call call;
+  call.args = a;
+  call.plan = (const RawPlanHeader*)a->plan;
+  call.peers = (const RawPeer*)a->peers;
+  call.dt = (uint32_t)call.plan->datatype;
+  uint64_t epoch = sg_load_acquire64((const uint64_t*)a->epoch) + 1;
+  call.parity = (uint32_t)(epoch & 1);
+  call.flag = (uint32_t)((epoch - 1) % 0xffffffffull) + 1;
+  uint32_t status = STATUS_OK;
+  if (!sg_plan_ok(a, call.plan)) {
+    if (SG_THREAD == 0) sg_fail(&call, STATUS_BAD_PLAN);
+    status = STATUS_BAD_PLAN;
+  }
+  const RawStep* steps = sg_at<RawStep>(call.plan, call.plan->steps_at);
+  for (uint32_t i = 0; status == STATUS_OK && i < call.plan->step_count; ++i) {
+    if (steps[i].kind == STEP_COPY_IN) {
+      sg_copy_in(&call, s);
+    } else {
+      status = sg_step(&call, s, &steps[i]);
+    }
+  }
+  /* The last block to finish advances the epoch for the next launch. */
+  sg_block_sync();
+  if (SG_THREAD == 0) {
+    if (sg_atomic_add((uint32_t*)a->finished_blocks, 1) == SG_BLOCKS - 1) {
+      sg_store_volatile((uint32_t*)a->finished_blocks, 0);
+      sg_store_release64((uint64_t*)a->epoch, epoch);
+    }
+  }
+}
+
+#ifdef STRAGGLAR_HOST_EMULATION
+thread_local sg_host_thread sg_self;
+
+/* Runs one emulated GPU thread of block `block` (the harness starts `threads` OS threads per
+ * block, all sharing `barrier` and `scratch`). */
+extern "C" void stragglar_emulate_thread(const RawLaunch* args, uint32_t block, uint32_t thread,
+                                         pthread_barrier_t* barrier, void* scratch) {
+  sg_self.block = block;
+  sg_self.blocks = args->blocks;
+  sg_self.thread = thread;
+  sg_self.threads = args->threads;
+  sg_self.barrier = barrier;
+  sg_all_reduce(args, (sg_scratch*)scratch);
+}
+
+/* Bytes of scratch one emulated block needs. */
+extern "C" uint64_t stragglar_emulate_scratch_bytes(void) { return sizeof(sg_scratch); }
+#else
+SG_GLOBAL void __launch_bounds__(1024) ncclStragglarAllReduce(RawLaunch args) {
+  __shared__ sg_scratch scratch;
+  sg_all_reduce(&args, &scratch);
+}
+#endif

@@ -1,0 +1,151 @@
+/* The platform layer of the StragglAR kernels: the few primitives that differ between a GPU
+ * (NVRTC, inline PTX, no CUDA headers) and the host emulation (a C++ compiler, one OS thread per
+ * GPU thread), so that the same kernel source runs in both and CI can execute it without a GPU.
+ *
+ * Memory-model contract (both platforms):
+ *  - sg_store_release(p, v): every write this block made before the preceding sg_block_sync()
+ *    is visible, system-wide, to whoever observes v with sg_load_acquire;
+ *  - sg_load_acquire(p): after it and a following sg_block_sync(), the whole block sees what the
+ *    writer published;
+ *  - data other ranks wrote is read with sg_load16_fresh / sg_load_elem_fresh, never from a
+ *    cache line that may predate the acquire (GPU: ld.global.cg bypasses the L1). */
+
+#ifndef STRAGGLAR_DEVICE_H_
+#define STRAGGLAR_DEVICE_H_
+
+#include "stragglar_plan.h"
+#include "stragglar_launch.h"
+
+/* 16 bytes, the unit of vector loads and stores. */
+typedef struct __attribute__((aligned(16))) sg_vec16 {
+  uint32_t w[4];
+} sg_vec16;
+
+#ifdef STRAGGLAR_HOST_EMULATION
+/* ---------------------------------------------------------------- host emulation ---------- */
+#include <pthread.h>
+#include <sched.h>
+#include <string.h>
+#include <time.h>
+
+#define SG_DEVICE static inline
+#define SG_GLOBAL extern "C"
+
+/* Where the emulated thread runs: set by the harness before it enters the kernel body. */
+struct sg_host_thread {
+  uint32_t block, blocks, thread, threads;
+  pthread_barrier_t* barrier; /* one per emulated block */
+};
+extern thread_local sg_host_thread sg_self;
+
+SG_DEVICE void sg_block_sync(void) { pthread_barrier_wait(sg_self.barrier); }
+SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+SG_DEVICE void sg_store_release64(uint64_t* p, uint64_t v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p) {
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+SG_DEVICE void sg_store_volatile(uint32_t* p, uint32_t v) {
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+}
+SG_DEVICE uint64_t sg_now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+SG_DEVICE void sg_pause(void) { sched_yield(); }
+SG_DEVICE sg_vec16 sg_load16_fresh(const void* p) {
+  sg_vec16 v;
+  memcpy(&v, p, 16);
+  return v;
+}
+SG_DEVICE void sg_store16(void* p, sg_vec16 v) { memcpy(p, &v, 16); }
+SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) { memcpy(dst, src, n); }
+#define SG_THREAD (sg_self.thread)
+#define SG_THREADS (sg_self.threads)
+#define SG_BLOCK (sg_self.block)
+#define SG_BLOCKS (sg_self.blocks)
+
+#else
+/* ---------------------------------------------------------------- GPU (NVRTC) ------------- */
+#define SG_DEVICE static __device__ __forceinline__
+#define SG_GLOBAL extern "C" __global__
+
+SG_DEVICE void sg_block_sync(void) { __syncthreads(); }
+SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v) {
+  asm volatile("fence.acq_rel.sys;\n\tst.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v)
+               : "memory");
+}
+SG_DEVICE void sg_store_release64(uint64_t* p, uint64_t v) {
+  asm volatile("fence.acq_rel.sys;\n\tst.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v)
+               : "memory");
+}
+SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+SG_DEVICE void sg_store_volatile(uint32_t* p, uint32_t v) {
+  asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v)
+               : "memory");
+  return old;
+}
+SG_DEVICE uint64_t sg_now_ns(void) {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+SG_DEVICE void sg_pause(void) { __nanosleep(64); }
+SG_DEVICE sg_vec16 sg_load16_fresh(const void* p) {
+  sg_vec16 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+               : "l"(p)
+               : "memory");
+  return v;
+}
+SG_DEVICE void sg_store16(void* p, sg_vec16 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]),
+               "r"(v.w[2]), "r"(v.w[3])
+               : "memory");
+}
+SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t b;
+    asm volatile("ld.global.cg.u8 %0, [%1];" : "=r"(b) : "l"((const char*)src + i) : "memory");
+    ((unsigned char*)dst)[i] = (unsigned char)b;
+  }
+}
+#define SG_THREAD (threadIdx.x)
+#define SG_THREADS (blockDim.x)
+#define SG_BLOCK (blockIdx.x)
+#define SG_BLOCKS (gridDim.x)
+#endif
+
+#endif /* STRAGGLAR_DEVICE_H_ */

@@ -1,0 +1,75 @@
+//! `stragglar kernels`: compiles every kernel with NVRTC for the given architectures and writes
+//! the CUBINs, checked, into a directory (CI runs it for sm_80 and sm_90 without a GPU).
+
+use std::path::PathBuf;
+
+use super::args::{Args, UsageError};
+use crate::gpu::{cubin, kernels, nvrtc};
+
+/// Usage of `stragglar kernels`.
+pub const USAGE: &str = "\
+kernels options:
+  --arch LIST   architectures, comma-separated (default sm_80,sm_90)
+  --out DIR     where to write stragglar_<arch>.cubin (default: only compile and check)
+";
+
+/// Runs `stragglar kernels`; exit status 1 when a compilation fails.
+pub fn run(mut args: Args) -> Result<i32, UsageError> {
+    let archs = args
+        .value(&["--arch"])?
+        .unwrap_or_else(|| "sm_80,sm_90".into());
+    let out: Option<PathBuf> = args.value(&["--out"])?.map(PathBuf::from);
+    args.finish()?;
+    let archs: Vec<&str> = archs.split(',').map(str::trim).collect();
+    if let Some(bad) = archs.iter().find(|a| !kernels::valid_arch(a)) {
+        return Err(UsageError(format!(
+            "--arch: {bad} is not an architecture (sm_70 or later, e.g. sm_90)"
+        )));
+    }
+    let Some((major, minor)) = nvrtc::version() else {
+        eprintln!("stragglar kernels: libnvrtc not found (install nvidia-cuda-nvrtc-cu12 and put its lib/ on LD_LIBRARY_PATH)");
+        return Ok(1);
+    };
+    if let Some(dir) = &out {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("stragglar kernels: cannot create {}: {e}", dir.display());
+            return Ok(1);
+        }
+    }
+    let mut failed = false;
+    for arch in archs {
+        let started = std::time::Instant::now();
+        let outcome = nvrtc::compile(arch)
+            .map_err(|e| e.to_string())
+            .and_then(|bin| {
+                cubin::check(&bin, arch)?;
+                Ok(bin)
+            });
+        match outcome {
+            Ok(bin) => {
+                let place = match &out {
+                    Some(dir) => {
+                        let path = dir.join(format!("stragglar_{arch}.cubin"));
+                        if let Err(e) = std::fs::write(&path, &bin) {
+                            eprintln!("stragglar kernels: cannot write {}: {e}", path.display());
+                            failed = true;
+                        }
+                        path.display().to_string()
+                    }
+                    None => "not written".into(),
+                };
+                println!(
+                    "{arch}: {} bytes, {} in {:.1} s with NVRTC {major}.{minor} ({place})",
+                    bin.len(),
+                    kernels::ALL_REDUCE_KERNEL,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            Err(e) => {
+                eprintln!("stragglar kernels: {arch}: {e}");
+                failed = true;
+            }
+        }
+    }
+    Ok(failed as i32)
+}

@@ -1,0 +1,106 @@
+//! The kernel sources in `cuda/`, embedded in the library and assembled into one translation
+//! unit for NVRTC (which has no file system and no CUDA headers to lean on).
+
+use crate::reduce::ReduceOp;
+
+use super::launch::{OP_AVG, OP_MAX, OP_MIN, OP_PREMULSUM, OP_PROD, OP_SUM};
+
+/// The AllReduce kernel's entry point (an `nccl` prefix: profilers classify by it).
+pub const ALL_REDUCE_KERNEL: &str = "ncclStragglarAllReduce";
+
+/// The sources, in include order: `(file name, text)`.
+pub const SOURCES: [(&str, &str); 5] = [
+    (
+        "stragglar_plan.h",
+        include_str!("../../cuda/stragglar_plan.h"),
+    ),
+    (
+        "stragglar_launch.h",
+        include_str!("../../cuda/stragglar_launch.h"),
+    ),
+    (
+        "stragglar_device.h",
+        include_str!("../../cuda/stragglar_device.h"),
+    ),
+    (
+        "stragglar_reduce.h",
+        include_str!("../../cuda/stragglar_reduce.h"),
+    ),
+    (
+        "stragglar_allreduce.cu",
+        include_str!("../../cuda/stragglar_allreduce.cu"),
+    ),
+];
+
+/// Every source concatenated, with our own `#include "..."` lines removed (each header is
+/// already above its user), under `#line` markers so NVRTC's messages name the real files.
+pub fn translation_unit() -> String {
+    let mut unit = String::new();
+    for (name, text) in SOURCES {
+        unit.push_str(&format!("#line 1 \"{name}\"\n"));
+        for line in text.lines() {
+            if line.trim_start().starts_with("#include \"stragglar_") {
+                unit.push('\n');
+            } else {
+                unit.push_str(line);
+                unit.push('\n');
+            }
+        }
+    }
+    unit
+}
+
+/// The NVRTC options for `arch` (`sm_80`, `sm_90`, ...): a CUBIN for exactly that
+/// architecture, and no fused multiply-add, so float results match the host's bit for bit.
+pub fn nvrtc_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--fmad=false".into(),
+        "--std=c++17".into(),
+    ]
+}
+
+/// The kernel's `OP_*` code of a reduction.
+pub fn op_code(op: ReduceOp) -> u32 {
+    match op {
+        ReduceOp::Sum => OP_SUM,
+        ReduceOp::Prod => OP_PROD,
+        ReduceOp::Max => OP_MAX,
+        ReduceOp::Min => OP_MIN,
+        ReduceOp::Avg => OP_AVG,
+        ReduceOp::PreMulSum => OP_PREMULSUM,
+    }
+}
+
+/// Whether `arch` names a real architecture NVRTC can build a CUBIN for, and one our kernels
+/// support (acquire/release and `__nanosleep` need sm_70 or later).
+pub fn valid_arch(arch: &str) -> bool {
+    arch.strip_prefix("sm_")
+        .and_then(|v| v.trim_end_matches(['a', 'f']).parse::<u32>().ok())
+        .is_some_and(|v| v >= 70)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unit_holds_every_source_and_no_own_include() {
+        let unit = translation_unit();
+        assert!(!unit.contains("#include \"stragglar_"));
+        assert!(unit.contains(ALL_REDUCE_KERNEL));
+        for (name, _) in SOURCES {
+            assert!(unit.contains(&format!("#line 1 \"{name}\"")), "{name}");
+        }
+    }
+
+    #[test]
+    fn architectures() {
+        for good in ["sm_70", "sm_80", "sm_90", "sm_90a", "sm_100"] {
+            assert!(valid_arch(good), "{good}");
+        }
+        for bad in ["sm_60", "compute_90", "90", "sm_", "sm_x"] {
+            assert!(!valid_arch(bad), "{bad}");
+        }
+    }
+}

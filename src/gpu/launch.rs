@@ -1,0 +1,101 @@
+//! The `#[repr(C)]` arguments of the AllReduce kernel, shared with `cuda/` through the generated
+//! header `cuda/stragglar_launch.h` (tests/headers.rs), so kernel and host agree on the layout.
+//!
+//! Device addresses travel as `u64` (a `CUdeviceptr`); the kernel casts them. Every rank of a
+//! communicator launches with the same `blocks` and `threads` for the communicator's lifetime:
+//! block `b` always covers the same bytes of every chunk, which the per-block flags rely on.
+
+/// `RawLaunch::op` of a sum (the codes follow `crate::reduce::ReduceOp` order).
+pub const OP_SUM: u32 = 0;
+/// `RawLaunch::op` of a product.
+pub const OP_PROD: u32 = 1;
+/// `RawLaunch::op` of a maximum.
+pub const OP_MAX: u32 = 2;
+/// `RawLaunch::op` of a minimum.
+pub const OP_MIN: u32 = 3;
+/// `RawLaunch::op` of an average (floats prescaled by `1/n`, integers divided at the end).
+pub const OP_AVG: u32 = 4;
+/// `RawLaunch::op` of a premultiplied sum (each rank's input scaled by its own scalar).
+pub const OP_PREMULSUM: u32 = 5;
+
+/// `RawLaunch::status` values a kernel writes when it gives up (0 means no error).
+pub const STATUS_OK: u32 = 0;
+/// The host raised the abort word.
+pub const STATUS_ABORTED: u32 = 1;
+/// A wait outlived `timeout_ns`.
+pub const STATUS_TIMEOUT: u32 = 2;
+/// A peer reported its own failure.
+pub const STATUS_PEER_FAILED: u32 = 3;
+/// The plan blob failed its sanity checks (magic, version, ranks).
+pub const STATUS_BAD_PLAN: u32 = 4;
+
+/// One rank's memory as this rank sees it (its own, or a peer's opened through IPC).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawPeer {
+    /// The arena of each call parity: `arena_bytes` each, 16-byte aligned.
+    pub arena: [u64; 2],
+    /// The flags of each parity: `uint32_t[values][blocks]`, the epoch of the call that wrote
+    /// value `v`'s slice `b` at `flags[v * blocks + b]`; written only by the owner.
+    pub flags: [u64; 2],
+    /// `uint32_t`: nonzero once the owner failed a call (the owner's status); peers' waits on
+    /// this rank give up when they see it.
+    pub failed: u64,
+}
+
+/// Everything one launch needs. All ranks launch with identical `blocks`, `threads`, `op`
+/// and plan shape; `plan`, `input`, `output`, `scale` and the own words differ per rank.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawLaunch {
+    /// `const RawPlanHeader*`: this rank's plan blob, in device memory.
+    pub plan: u64,
+    /// `const RawPeer[ranks]`, in device memory, indexed by rank.
+    pub peers: u64,
+    /// The caller's buffers (`count` elements each; may be the same buffer).
+    pub input: u64,
+    pub output: u64,
+    /// `uint64_t`: this rank's call counter. Every block reads it at start; the block that
+    /// finishes last stores the call's number, so graph replays advance it with no host help.
+    pub epoch: u64,
+    /// `uint32_t`: blocks of the current call that have finished (reset by the last one).
+    pub finished_blocks: u64,
+    /// `uint32_t`, host-mapped: nonzero makes every wait give up (our Abort/Destroy wrappers).
+    pub abort: u64,
+    /// `uint32_t`, host-mapped: the kernel writes a `STATUS_*` here when it gives up.
+    pub status: u64,
+    /// A wait gives up after this many nanoseconds of `%globaltimer`; 0 waits forever.
+    pub timeout_ns: u64,
+    /// The copy-in scalar (`1/n` for float avg, the rank's PreMulSum scalar), in the element
+    /// type's little-endian bytes; used only when `has_scale` is 1.
+    pub scale: [u8; 8],
+    pub has_scale: u32,
+    /// `OP_*`.
+    pub op: u32,
+    /// This rank.
+    pub rank: u32,
+    /// Blocks in the grid and threads per block (identical on every rank).
+    pub blocks: u32,
+    pub threads: u32,
+    pub reserved: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reduce::ReduceOp;
+
+    #[test]
+    fn op_codes_follow_reduce_op_order() {
+        let codes = [OP_SUM, OP_PROD, OP_MAX, OP_MIN, OP_AVG, OP_PREMULSUM];
+        for (op, code) in ReduceOp::ALL.iter().zip(codes) {
+            assert_eq!(super::super::kernels::op_code(*op), code);
+        }
+    }
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(std::mem::size_of::<RawPeer>(), 40);
+        assert_eq!(std::mem::size_of::<RawLaunch>(), 104);
+    }
+}

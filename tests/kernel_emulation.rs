@@ -1,0 +1,688 @@
+//! The CUDA kernel source, compiled by the host C++ compiler with `STRAGGLAR_HOST_EMULATION`
+//! (one OS thread per GPU thread, a pthread barrier per block, C++ atomics for the PTX
+//! acquire/release), executing real plans on ranks that are threads of this process: the same
+//! plan interpretation, slicing, flags, epochs, parities, aborts and timeouts the GPU runs,
+//! checked bit for bit against the plan interpreter (`plan::simulate`) on every rank.
+
+mod support;
+
+use std::ffi::{c_void, CString};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use stragglar::engine::host::runner::{PlanCache, Shape};
+use stragglar::gpu::kernels::op_code;
+use stragglar::gpu::launch::{
+    RawLaunch, RawPeer, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
+    STATUS_TIMEOUT,
+};
+use stragglar::plan::{encode, simulate, Plan};
+use stragglar::reduce::{DataType, ReduceOp, Scale};
+use stragglar::schedule::Algorithm;
+
+type ThreadFn =
+    unsafe extern "C" fn(*const RawLaunch, u32, u32, *mut libc::pthread_barrier_t, *mut c_void);
+
+/// The emulated kernel, compiled once per test binary.
+struct Kernel {
+    thread: ThreadFn,
+    scratch_bytes: usize,
+}
+
+fn kernel() -> &'static Kernel {
+    static KERNEL: OnceLock<Kernel> = OnceLock::new();
+    KERNEL.get_or_init(|| {
+        let dir = support::root().join("target").join("kernel-emulation");
+        std::fs::create_dir_all(&dir).unwrap();
+        let lib: PathBuf = dir.join(format!("libemulated-{}.so", std::process::id()));
+        let out = Command::new("c++")
+            .args([
+                "-x",
+                "c++",
+                "-std=c++17",
+                "-O2",
+                "-fPIC",
+                "-shared",
+                "-pthread",
+            ])
+            .args(["-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"])
+            .args(["-ffp-contract=off", "-DSTRAGGLAR_HOST_EMULATION", "-I"])
+            .arg(support::root().join("cuda"))
+            .arg(support::root().join("cuda/stragglar_allreduce.cu"))
+            .arg("-o")
+            .arg(&lib)
+            .output()
+            .expect("c++ runs");
+        assert!(
+            out.status.success(),
+            "the kernel source does not compile for the host:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let path = CString::new(lib.to_str().unwrap()).unwrap();
+        // SAFETY: dlopen of a library we just built; the handle is never closed (the kernel
+        // lives as long as the test binary).
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+        assert!(!handle.is_null(), "dlopen {}", lib.display());
+        let _ = std::fs::remove_file(&lib);
+        let symbol = |name: &str| {
+            let name = CString::new(name).unwrap();
+            // SAFETY: a valid handle and a NUL-terminated name.
+            let p = unsafe { libc::dlsym(handle, name.as_ptr()) };
+            assert!(!p.is_null(), "{name:?}");
+            p
+        };
+        let scratch: unsafe extern "C" fn() -> u64 =
+            // SAFETY: the symbol has this signature in stragglar_allreduce.cu.
+            unsafe { std::mem::transmute(symbol("stragglar_emulate_scratch_bytes")) };
+        Kernel {
+            // SAFETY: as above.
+            thread: unsafe {
+                std::mem::transmute::<*mut c_void, ThreadFn>(symbol("stragglar_emulate_thread"))
+            },
+            // SAFETY: a plain function without arguments.
+            scratch_bytes: unsafe { scratch() } as usize,
+        }
+    })
+}
+
+/// 16-byte aligned zeroed bytes.
+struct Aligned(Vec<u128>);
+
+impl Aligned {
+    fn new(bytes: usize) -> Self {
+        Aligned(vec![0; bytes.div_ceil(16).max(1)])
+    }
+    fn addr(&self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+    fn bytes(&mut self) -> &mut [u8] {
+        let len = self.0.len() * 16;
+        // SAFETY: the Vec owns `len` initialised bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), len) }
+    }
+}
+
+/// One rank's device-side state, as the runtime would allocate it.
+struct RankMemory {
+    arenas: [Aligned; 2],
+    flags: [Aligned; 2],
+    failed: Aligned,
+    epoch: Aligned,
+    finished: Aligned,
+    status: Aligned,
+}
+
+/// A communicator of `ranks` emulated GPUs with a fixed grid.
+struct Comm {
+    ranks: usize,
+    blocks: u32,
+    threads: u32,
+    memory: Vec<RankMemory>,
+    peers: Vec<RawPeer>,
+    abort: Aligned,
+    timeout_ns: u64,
+    calls: u64,
+}
+
+const ARENA_BYTES: usize = 1 << 20;
+const MAX_VALUES: usize = 512;
+
+impl Comm {
+    fn new(ranks: usize, blocks: u32, threads: u32) -> Comm {
+        let memory: Vec<RankMemory> = (0..ranks)
+            .map(|_| RankMemory {
+                arenas: [Aligned::new(ARENA_BYTES), Aligned::new(ARENA_BYTES)],
+                flags: [
+                    Aligned::new(MAX_VALUES * blocks as usize * 4),
+                    Aligned::new(MAX_VALUES * blocks as usize * 4),
+                ],
+                failed: Aligned::new(4),
+                epoch: Aligned::new(8),
+                finished: Aligned::new(4),
+                status: Aligned::new(4),
+            })
+            .collect();
+        let peers = memory
+            .iter()
+            .map(|m| RawPeer {
+                arena: [m.arenas[0].addr(), m.arenas[1].addr()],
+                flags: [m.flags[0].addr(), m.flags[1].addr()],
+                failed: m.failed.addr(),
+            })
+            .collect();
+        Comm {
+            ranks,
+            blocks,
+            threads,
+            memory,
+            peers,
+            abort: Aligned::new(4),
+            timeout_ns: 0,
+            calls: 0,
+        }
+    }
+
+    fn status(&mut self, rank: usize) -> u32 {
+        u32::from_le_bytes(self.memory[rank].status.bytes()[..4].try_into().unwrap())
+    }
+
+    fn epoch(&mut self, rank: usize) -> u64 {
+        u64::from_le_bytes(self.memory[rank].epoch.bytes()[..8].try_into().unwrap())
+    }
+
+    /// Runs one call on the ranks in `launched` (the others never arrive). `inputs` and
+    /// `outputs` are byte buffers with `offset` bytes of misalignment before the data.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        plan: &Plan,
+        op: ReduceOp,
+        scales: &[Scale],
+        inputs: &mut [Aligned],
+        outputs: &mut [Aligned],
+        offset: usize,
+        in_place: bool,
+        launched: &[usize],
+        corrupt_plan_of: Option<usize>,
+    ) {
+        assert!(plan.max_arena_bytes() <= ARENA_BYTES && plan.max_values() <= MAX_VALUES);
+        let blobs: Vec<Vec<u64>> = (0..self.ranks)
+            .map(|r| {
+                let bytes = encode(plan, r).bytes;
+                let mut words: Vec<u64> = bytes
+                    .chunks(8)
+                    .map(|c| {
+                        let mut w = [0u8; 8];
+                        w[..c.len()].copy_from_slice(c);
+                        u64::from_le_bytes(w)
+                    })
+                    .collect();
+                if corrupt_plan_of == Some(r) {
+                    words[0] ^= 1;
+                }
+                words
+            })
+            .collect();
+        let launches: Vec<RawLaunch> = (0..self.ranks)
+            .map(|r| {
+                let (scale, has_scale) = match scales[r] {
+                    Scale::None => ([0u8; 8], 0),
+                    Scale::By(s) => (s, 1),
+                };
+                let input = inputs[r].addr() + offset as u64;
+                let output = if in_place {
+                    input
+                } else {
+                    outputs[r].addr() + offset as u64
+                };
+                let m = &self.memory[r];
+                RawLaunch {
+                    plan: blobs[r].as_ptr() as u64,
+                    peers: self.peers.as_ptr() as u64,
+                    input,
+                    output,
+                    epoch: m.epoch.addr(),
+                    finished_blocks: m.finished.addr(),
+                    abort: self.abort.addr(),
+                    status: m.status.addr(),
+                    timeout_ns: self.timeout_ns,
+                    scale,
+                    has_scale,
+                    op: op_code(op),
+                    rank: r as u32,
+                    blocks: self.blocks,
+                    threads: self.threads,
+                    reserved: 0,
+                }
+            })
+            .collect();
+        let k = kernel();
+        std::thread::scope(|scope| {
+            for &r in launched {
+                for block in 0..self.blocks {
+                    let launch = &launches[r];
+                    let threads = self.threads;
+                    scope.spawn(move || emulate_block(k, launch, block, threads));
+                }
+            }
+        });
+        self.calls += 1;
+    }
+}
+
+/// Runs one block: `threads` OS threads sharing a barrier and the block's scratch.
+fn emulate_block(k: &Kernel, launch: &RawLaunch, block: u32, threads: u32) {
+    let mut barrier = std::mem::MaybeUninit::<libc::pthread_barrier_t>::uninit();
+    // SAFETY: initialising a barrier we own, for `threads` participants.
+    assert_eq!(
+        unsafe { libc::pthread_barrier_init(barrier.as_mut_ptr(), std::ptr::null(), threads) },
+        0
+    );
+    let scratch = Aligned::new(k.scratch_bytes);
+    let scratch_addr = scratch.addr() as usize;
+    let barrier_addr = barrier.as_mut_ptr() as usize;
+    std::thread::scope(|scope| {
+        for thread in 0..threads {
+            scope.spawn(move || {
+                // SAFETY: the launch, barrier and scratch outlive every thread of this scope;
+                // the kernel body is the code under test.
+                unsafe {
+                    (k.thread)(
+                        launch,
+                        block,
+                        thread,
+                        barrier_addr as *mut libc::pthread_barrier_t,
+                        scratch_addr as *mut c_void,
+                    )
+                }
+            });
+        }
+    });
+    // SAFETY: every participant has left the barrier.
+    unsafe { libc::pthread_barrier_destroy(barrier.as_mut_ptr()) };
+    drop(scratch);
+}
+
+/// Deterministic pseudo-random bytes.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect()
+}
+
+/// Small exact values, so every op is also exact (NaN-free data for the ops whose NaN payloads
+/// the GPU canonicalises); `raw` gives arbitrary bit patterns instead.
+fn input(
+    dtype: DataType,
+    op: ReduceOp,
+    rank: usize,
+    count: usize,
+    seed: u64,
+    raw: bool,
+) -> Vec<u8> {
+    let bytes = noise(seed ^ (rank as u64) << 20, count * dtype.size());
+    if raw {
+        return bytes;
+    }
+    bytes
+        .chunks(dtype.size())
+        .enumerate()
+        .flat_map(|(i, b)| {
+            let v = match op {
+                ReduceOp::Prod => 1 - 2 * (b[0] as i64 % 2),
+                _ => b[0] as i64 % 9 - 4 + (i % 3) as i64,
+            };
+            encode_value(dtype, v)
+        })
+        .collect()
+}
+
+fn encode_value(dtype: DataType, v: i64) -> Vec<u8> {
+    use stragglar::reduce::float16::{f32_to_bf16, f32_to_f16};
+    match dtype {
+        DataType::I8 | DataType::U8 => vec![v as u8],
+        DataType::I32 | DataType::U32 => (v as i32).to_le_bytes().to_vec(),
+        DataType::I64 | DataType::U64 => v.to_le_bytes().to_vec(),
+        DataType::F16 => f32_to_f16(v as f32).to_le_bytes().to_vec(),
+        DataType::Bf16 => f32_to_bf16(v as f32).to_le_bytes().to_vec(),
+        DataType::F32 => (v as f32).to_le_bytes().to_vec(),
+        DataType::F64 => (v as f64).to_le_bytes().to_vec(),
+    }
+}
+
+fn scales(dtype: DataType, op: ReduceOp, ranks: usize) -> Vec<Scale> {
+    (0..ranks)
+        .map(|r| {
+            let scalar = encode_value(dtype, 1 + (r % 3) as i64);
+            let mut b = [0u8; 8];
+            b[..scalar.len()].copy_from_slice(&scalar);
+            Scale::for_op(op, dtype, ranks, Some(b)).unwrap()
+        })
+        .collect()
+}
+
+/// Whether an element is a NaN: NaN payloads are not part of the reduction's contract (which
+/// operand's payload an IEEE operation keeps is up to the compiler and the hardware, and GPUs
+/// return a canonical NaN), so two NaNs compare equal here.
+fn is_nan(dtype: DataType, e: &[u8]) -> bool {
+    use stragglar::reduce::float16::{bf16_to_f32, f16_to_f32};
+    match dtype {
+        DataType::F16 => f16_to_f32(u16::from_le_bytes([e[0], e[1]])).is_nan(),
+        DataType::Bf16 => bf16_to_f32(u16::from_le_bytes([e[0], e[1]])).is_nan(),
+        DataType::F32 => f32::from_le_bytes(e.try_into().unwrap()).is_nan(),
+        DataType::F64 => f64::from_le_bytes(e.try_into().unwrap()).is_nan(),
+        _ => false,
+    }
+}
+
+struct Case {
+    algorithm: Algorithm,
+    ranks: usize,
+    straggler: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    count: usize,
+    offset: usize,
+    in_place: bool,
+    raw: bool,
+    seed: u64,
+}
+
+/// Runs `case` on `comm` and checks every rank against the plan interpreter, bit for bit.
+fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
+    let shape = Shape {
+        algorithm: case.algorithm,
+        ranks: case.ranks,
+        straggler: case.straggler,
+        dtype: case.dtype,
+    };
+    let plan = cache.get(shape, case.count).unwrap().clone();
+    let bytes = case.count * case.dtype.size();
+    let data: Vec<Vec<u8>> = (0..case.ranks)
+        .map(|r| input(case.dtype, case.op, r, case.count, case.seed, case.raw))
+        .collect();
+    let scales = scales(case.dtype, case.op, case.ranks);
+    let expected = simulate(&plan, case.op, &data, &scales);
+    let mut inputs: Vec<Aligned> = data
+        .iter()
+        .map(|d| {
+            let mut a = Aligned::new(bytes + case.offset);
+            a.bytes()[case.offset..case.offset + bytes].copy_from_slice(d);
+            a
+        })
+        .collect();
+    let mut outputs: Vec<Aligned> = (0..case.ranks)
+        .map(|_| Aligned::new(bytes + case.offset))
+        .collect();
+    let everyone: Vec<usize> = (0..case.ranks).collect();
+    let epoch_before = comm.epoch(0);
+    comm.run(
+        &plan,
+        case.op,
+        &scales,
+        &mut inputs,
+        &mut outputs,
+        case.offset,
+        case.in_place,
+        &everyone,
+        None,
+    );
+    let label = format!(
+        "{:?} n={} straggler={} {:?} {:?} count={} offset={} in_place={} raw={}",
+        case.algorithm,
+        case.ranks,
+        case.straggler,
+        case.dtype,
+        case.op,
+        case.count,
+        case.offset,
+        case.in_place,
+        case.raw
+    );
+    for r in 0..case.ranks {
+        assert_eq!(comm.status(r), STATUS_OK, "{label}: rank {r} status");
+        assert_eq!(comm.epoch(r), epoch_before + 1, "{label}: rank {r} epoch");
+        let got = if case.in_place {
+            &mut inputs[r]
+        } else {
+            &mut outputs[r]
+        };
+        let got = &got.bytes()[case.offset..case.offset + bytes];
+        let size = case.dtype.size();
+        let differs =
+            |(a, b): &(&[u8], &[u8])| a != b && !(is_nan(case.dtype, a) && is_nan(case.dtype, b));
+        let mismatch = got
+            .chunks(size)
+            .zip(expected[r].chunks(size))
+            .position(|p| differs(&p));
+        if let Some(e) = mismatch {
+            panic!(
+                "{label}: rank {r} differs from the interpreter first at element {e}: {:02x?} != {:02x?}",
+                &got[e * size..(e + 1) * size],
+                &expected[r][e * size..(e + 1) * size]
+            );
+        }
+    }
+}
+
+#[test]
+fn every_type_and_op_matches_the_interpreter_bit_for_bit() {
+    let mut cache = PlanCache::default();
+    let mut comm = Comm::new(4, 3, 4);
+    let mut seed = 1;
+    for dtype in DataType::ALL {
+        for op in ReduceOp::ALL {
+            for in_place in [false, true] {
+                seed += 1;
+                check(
+                    &mut comm,
+                    &mut cache,
+                    &Case {
+                        algorithm: Algorithm::Stragglar,
+                        ranks: 4,
+                        straggler: (seed % 4) as usize,
+                        dtype,
+                        op,
+                        count: 1000 + (seed % 7) as usize,
+                        offset: 0,
+                        in_place,
+                        raw: false,
+                        seed,
+                    },
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn arbitrary_bit_patterns_round_like_the_host() {
+    // NaNs, infinities, subnormals and wrapping integers: the C conversions and lanes against
+    // src/reduce, through whole plans.
+    let mut cache = PlanCache::default();
+    let mut comm = Comm::new(5, 2, 3);
+    for (i, dtype) in DataType::ALL.into_iter().enumerate() {
+        for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+            check(
+                &mut comm,
+                &mut cache,
+                &Case {
+                    algorithm: Algorithm::Stragglar,
+                    ranks: 5,
+                    straggler: i % 5,
+                    dtype,
+                    op,
+                    count: 777,
+                    offset: 0,
+                    in_place: false,
+                    raw: true,
+                    seed: 100 + i as u64,
+                },
+            );
+        }
+    }
+}
+
+#[test]
+fn world_sizes_algorithms_counts_and_misaligned_buffers() {
+    let mut cache = PlanCache::default();
+    let mut seed = 500;
+    for ranks in [2usize, 3, 5, 8] {
+        let mut comm = Comm::new(ranks, 2, 2);
+        for algorithm in [Algorithm::Stragglar, Algorithm::Ring] {
+            for count in [1usize, 7, 64, 4099] {
+                for offset in [0usize, 4, 6] {
+                    seed += 1;
+                    let dtype = if offset % 4 == 0 {
+                        DataType::F32
+                    } else {
+                        DataType::Bf16
+                    };
+                    check(
+                        &mut comm,
+                        &mut cache,
+                        &Case {
+                            algorithm,
+                            ranks,
+                            straggler: (seed as usize) % ranks,
+                            dtype,
+                            op: ReduceOp::Sum,
+                            count,
+                            offset,
+                            in_place: seed % 2 == 0,
+                            raw: false,
+                            seed,
+                        },
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Runs a call in which `absent` never launches; returns each launched rank's status and how
+/// long the call took.
+fn call_with_absent_rank(
+    comm: &mut Comm,
+    absent: usize,
+    abort_after: Option<Duration>,
+) -> (Vec<u32>, Duration) {
+    let mut cache = PlanCache::default();
+    let ranks = comm.ranks;
+    let shape = Shape {
+        algorithm: Algorithm::Stragglar,
+        ranks,
+        straggler: absent,
+        dtype: DataType::F32,
+    };
+    let plan = cache.get(shape, 4096).unwrap().clone();
+    let mut inputs: Vec<Aligned> = (0..ranks).map(|_| Aligned::new(4096 * 4)).collect();
+    let mut outputs: Vec<Aligned> = (0..ranks).map(|_| Aligned::new(4096 * 4)).collect();
+    let launched: Vec<usize> = (0..ranks).filter(|&r| r != absent).collect();
+    let scales = vec![Scale::None; ranks];
+    let abort_word = comm.abort.addr() as usize;
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        if let Some(after) = abort_after {
+            scope.spawn(move || {
+                std::thread::sleep(after);
+                // SAFETY: the abort word is a live, aligned u32 that the kernel only reads.
+                unsafe { AtomicU32::from_ptr(abort_word as *mut u32) }.store(1, Ordering::Release);
+            });
+        }
+        comm.run(
+            &plan,
+            ReduceOp::Sum,
+            &scales,
+            &mut inputs,
+            &mut outputs,
+            0,
+            false,
+            &launched,
+            None,
+        );
+    });
+    let took = started.elapsed();
+    (launched.iter().map(|&r| comm.status(r)).collect(), took)
+}
+
+#[test]
+fn the_abort_word_releases_every_waiting_rank() {
+    let mut comm = Comm::new(4, 2, 2);
+    let (statuses, took) = call_with_absent_rank(&mut comm, 2, Some(Duration::from_millis(100)));
+    assert!(
+        statuses
+            .iter()
+            .all(|&s| s == STATUS_ABORTED || s == STATUS_PEER_FAILED),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&STATUS_ABORTED), "{statuses:?}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
+#[test]
+fn a_timeout_on_one_rank_releases_the_others_through_its_failure_word() {
+    // Only the timeout is set (on every rank); a rank that never arrives must not hang anyone.
+    let mut comm = Comm::new(5, 2, 2);
+    comm.timeout_ns = 50_000_000;
+    let (statuses, took) = call_with_absent_rank(&mut comm, 4, None);
+    assert!(
+        statuses
+            .iter()
+            .all(|&s| s == STATUS_TIMEOUT || s == STATUS_PEER_FAILED),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&STATUS_TIMEOUT), "{statuses:?}");
+    assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
+#[test]
+fn a_corrupt_plan_is_refused_and_its_peers_give_up() {
+    let mut comm = Comm::new(3, 2, 2);
+    comm.timeout_ns = 2_000_000_000;
+    let mut cache = PlanCache::default();
+    let shape = Shape {
+        algorithm: Algorithm::Stragglar,
+        ranks: 3,
+        straggler: 0,
+        dtype: DataType::I32,
+    };
+    let plan = cache.get(shape, 100).unwrap().clone();
+    let mut inputs: Vec<Aligned> = (0..3).map(|_| Aligned::new(400)).collect();
+    let mut outputs: Vec<Aligned> = (0..3).map(|_| Aligned::new(400)).collect();
+    comm.run(
+        &plan,
+        ReduceOp::Sum,
+        &[Scale::None; 3],
+        &mut inputs,
+        &mut outputs,
+        0,
+        false,
+        &[0, 1, 2],
+        Some(1),
+    );
+    assert_eq!(comm.status(1), STATUS_BAD_PLAN);
+    for r in [0, 2] {
+        assert!(
+            matches!(comm.status(r), STATUS_PEER_FAILED | STATUS_TIMEOUT),
+            "rank {r}: {}",
+            comm.status(r)
+        );
+    }
+}
+
+#[test]
+fn many_calls_alternate_parities_and_move_the_straggler() {
+    // Consecutive calls reuse the two parities; the straggler (so the plan) changes between
+    // calls with no host synchronisation but the stream order of each rank.
+    let mut cache = PlanCache::default();
+    let mut comm = Comm::new(6, 2, 2);
+    for call in 0..12u64 {
+        check(
+            &mut comm,
+            &mut cache,
+            &Case {
+                algorithm: Algorithm::Stragglar,
+                ranks: 6,
+                straggler: (call * 5 % 6) as usize,
+                dtype: DataType::F16,
+                op: ReduceOp::Avg,
+                count: 3000 + call as usize,
+                offset: 0,
+                in_place: call % 3 == 0,
+                raw: false,
+                seed: 900 + call,
+            },
+        );
+    }
+    assert_eq!(comm.epoch(0), 12);
+}
