@@ -160,7 +160,8 @@ impl Comm {
             memory,
             peers,
             abort: Aligned::new(4),
-            timeout_ns: 0,
+            // A regression fails the test instead of hanging it.
+            timeout_ns: 60_000_000_000,
             calls: 0,
         }
     }
@@ -173,21 +174,20 @@ impl Comm {
         u64::from_le_bytes(self.memory[rank].epoch.bytes()[..8].try_into().unwrap())
     }
 
-    /// Runs one call on the ranks in `launched` (the others never arrive). `inputs` and
-    /// `outputs` are byte buffers with `offset` bytes of misalignment before the data.
+    /// The plan blobs and launch arguments of one call on every rank. `inputs` and `outputs`
+    /// are byte buffers with `offset` bytes of misalignment before the data.
     #[allow(clippy::too_many_arguments)]
-    fn run(
-        &mut self,
+    fn prepare(
+        &self,
         plan: &Plan,
         op: ReduceOp,
         scales: &[Scale],
-        inputs: &mut [Aligned],
-        outputs: &mut [Aligned],
+        inputs: &[Aligned],
+        outputs: &[Aligned],
         offset: usize,
         in_place: bool,
-        launched: &[usize],
         corrupt_plan_of: Option<usize>,
-    ) {
+    ) -> (Vec<Vec<u64>>, Vec<RawLaunch>) {
         assert!(plan.max_arena_bytes() <= ARENA_BYTES && plan.max_values() <= MAX_VALUES);
         let blobs: Vec<Vec<u64>> = (0..self.ranks)
             .map(|r| {
@@ -239,6 +239,33 @@ impl Comm {
                 }
             })
             .collect();
+        (blobs, launches)
+    }
+
+    /// Runs one call on the ranks in `launched` (the others never arrive).
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        plan: &Plan,
+        op: ReduceOp,
+        scales: &[Scale],
+        inputs: &mut [Aligned],
+        outputs: &mut [Aligned],
+        offset: usize,
+        in_place: bool,
+        launched: &[usize],
+        corrupt_plan_of: Option<usize>,
+    ) {
+        let (_blobs, launches) = self.prepare(
+            plan,
+            op,
+            scales,
+            inputs,
+            outputs,
+            offset,
+            in_place,
+            corrupt_plan_of,
+        );
         let k = kernel();
         std::thread::scope(|scope| {
             for &r in launched {
@@ -685,4 +712,89 @@ fn many_calls_alternate_parities_and_move_the_straggler() {
         );
     }
     assert_eq!(comm.epoch(0), 12);
+}
+
+#[test]
+fn ranks_run_ahead_without_a_barrier_between_calls() {
+    // Each rank runs its calls back to back, ordered only by its own "stream": a fast rank
+    // starts call e+1 (writing the other parity) while slow ones still read call e. The
+    // two-parity argument says no value is overwritten while a peer may read it.
+    let ranks = 5;
+    let calls = 10;
+    let mut cache = PlanCache::default();
+    let comm = Comm::new(ranks, 2, 2);
+    let mut prepared = Vec::new();
+    for call in 0..calls {
+        let dtype = DataType::ALL[call % DataType::ALL.len()];
+        let op = ReduceOp::ALL[call % ReduceOp::ALL.len()];
+        let shape = Shape {
+            algorithm: if call % 4 == 3 {
+                Algorithm::Ring
+            } else {
+                Algorithm::Stragglar
+            },
+            ranks,
+            straggler: call * 3 % ranks,
+            dtype,
+        };
+        let count = 2000 + 37 * call;
+        let plan = cache.get(shape, count).unwrap().clone();
+        let data: Vec<Vec<u8>> = (0..ranks)
+            .map(|r| input(dtype, op, r, count, 7000 + call as u64, false))
+            .collect();
+        let scales = scales(dtype, op, ranks);
+        let expected = simulate(&plan, op, &data, &scales);
+        let inputs: Vec<Aligned> = data
+            .iter()
+            .map(|d| {
+                let mut a = Aligned::new(d.len());
+                a.bytes()[..d.len()].copy_from_slice(d);
+                a
+            })
+            .collect();
+        let outputs: Vec<Aligned> = (0..ranks).map(|_| Aligned::new(count * 8)).collect();
+        let (blobs, launches) = comm.prepare(&plan, op, &scales, &inputs, &outputs, 0, false, None);
+        prepared.push((
+            blobs,
+            launches,
+            inputs,
+            outputs,
+            expected,
+            count * dtype.size(),
+        ));
+    }
+    let k = kernel();
+    std::thread::scope(|scope| {
+        for rank in 0..ranks {
+            let prepared = &prepared;
+            let (blocks, threads) = (comm.blocks, comm.threads);
+            scope.spawn(move || {
+                for (call, (_, launches, _, _, _, _)) in prepared.iter().enumerate() {
+                    // Stagger the ranks differently on every call.
+                    if (rank + call) % 3 == 0 {
+                        std::thread::sleep(Duration::from_millis(3));
+                    }
+                    std::thread::scope(|blocks_scope| {
+                        for block in 0..blocks {
+                            let launch = &launches[rank];
+                            blocks_scope.spawn(move || emulate_block(k, launch, block, threads));
+                        }
+                    });
+                }
+            });
+        }
+    });
+    let mut comm = comm;
+    for rank in 0..ranks {
+        assert_eq!(comm.status(rank), STATUS_OK);
+        assert_eq!(comm.epoch(rank), calls as u64);
+    }
+    for (call, (_, _, _, outputs, expected, bytes)) in prepared.iter_mut().enumerate() {
+        for rank in 0..ranks {
+            assert!(
+                outputs[rank].bytes()[..*bytes] == expected[rank][..],
+                "call {call} rank {rank}"
+            );
+        }
+    }
 }
