@@ -24,14 +24,23 @@ struct sg_scratch {
   uint32_t give_up;
 };
 
+/* What the element-wise code needs: the op, the world size (for integer avg), the element
+ * type and the copy-in scalar (element bytes). */
+struct sg_math {
+  uint32_t op;
+  uint32_t ranks;
+  uint32_t dt;
+  const unsigned char* scale;
+};
+
 /* What a block knows about the current call. */
 struct sg_call {
+  sg_math math;
   const RawLaunch* args;
   const RawPlanHeader* plan;
   const RawPeer* peers;
   uint32_t parity;
   uint32_t flag; /* the value every flag of this call holds */
-  uint32_t dt;
 };
 
 template <typename T>
@@ -124,16 +133,15 @@ SG_DEVICE void sg_store_elem(unsigned char* p, typename L::elem e) {
  * out = finish?(op-fold of operands, each optionally scaled) and writes it to up to two
  * destinations. Operands are arena slots (16-byte aligned) or the caller's input. */
 template <class L>
-SG_DEVICE void sg_apply(const sg_call* call, sg_scratch* s, uint32_t operands, uint64_t begin,
+SG_DEVICE void sg_apply(const sg_math* m, sg_scratch* s, uint32_t operands, uint64_t begin,
                         uint64_t end, unsigned char* out_a, unsigned char* out_b, bool scale,
                         bool finish) {
   typedef typename L::elem E;
   typedef typename L::acc A;
-  const RawLaunch* a = call->args;
-  const uint32_t op = a->op;
-  const uint32_t ranks = call->plan->ranks;
+  const uint32_t op = m->op;
+  const uint32_t ranks = m->ranks;
   A scalar = A();
-  if (scale) scalar = L::widen(*(const E*)a->scale);
+  if (scale) scalar = L::widen(*(const E*)m->scale);
   const uint32_t per_vec = 16 / sizeof(E);
   bool aligned = true;
   for (uint32_t i = 0; i < operands; ++i) aligned = aligned && ((uint64_t)s->operands[i] % 16 == 0);
@@ -172,11 +180,10 @@ SG_DEVICE void sg_apply(const sg_call* call, sg_scratch* s, uint32_t operands, u
   }
 }
 
-SG_DEVICE void sg_apply_any(const sg_call* call, sg_scratch* s, uint32_t operands, uint64_t begin,
+SG_DEVICE void sg_apply_any(const sg_math* m, sg_scratch* s, uint32_t operands, uint64_t begin,
                             uint64_t end, unsigned char* out_a, unsigned char* out_b, bool scale,
                             bool finish) {
-  SG_WITH_LANE(call->dt, L,
-               sg_apply<L>(call, s, operands, begin, end, out_a, out_b, scale, finish));
+  SG_WITH_LANE(m->dt, L, sg_apply<L>(m, s, operands, begin, end, out_a, out_b, scale, finish));
 }
 
 /* Copies this rank's input into IN, chunk by chunk, scaling it, publishing each slice. */
@@ -193,7 +200,7 @@ SG_DEVICE void sg_copy_in(const sg_call* call, sg_scratch* s) {
     if (SG_THREAD == 0) s->operands[0] = (const unsigned char*)a->input + start;
     sg_block_sync();
     unsigned char* slot = sg_value_at(call, a->rank, c);
-    sg_apply_any(call, s, 1, begin, end, slot, 0, a->has_scale != 0, false);
+    sg_apply_any(&call->math, s, 1, begin, end, slot, 0, a->has_scale != 0, false);
     sg_publish(call, c);
   }
 }
@@ -228,7 +235,7 @@ SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* st
   unsigned char* output = step->complete ? (unsigned char*)a->output + start : 0;
   if (!own && !output) return STATUS_OK; /* a partial nobody reads: nothing to do */
   bool finish = step->kind == STEP_COMBINE && step->complete;
-  sg_apply_any(call, s, step->source_count, begin, end, own, output, false, finish);
+  sg_apply_any(&call->math, s, step->source_count, begin, end, own, output, false, finish);
   if (own) sg_publish(call, step->out_value);
   return STATUS_OK;
 }
@@ -244,7 +251,10 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   call.args = a;
   call.plan = (const RawPlanHeader*)a->plan;
   call.peers = (const RawPeer*)a->peers;
-  call.dt = (uint32_t)call.plan->datatype;
+  call.math.op = a->op;
+  call.math.ranks = call.plan->ranks;
+  call.math.dt = (uint32_t)call.plan->datatype;
+  call.math.scale = a->scale;
   uint64_t epoch = sg_load_acquire64((const uint64_t*)a->epoch) + 1;
   call.parity = (uint32_t)(epoch & 1);
   call.flag = (uint32_t)((epoch - 1) % 0xffffffffull) + 1;
@@ -271,6 +281,24 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   }
 }
 
+/* The bandwidth probe's body: out = op-fold of the operands over `bytes`, block b taking its
+ * slice as the AllReduce kernel slices a chunk (the same vector code). */
+SG_DEVICE void sg_apply_probe(const RawApply* a, sg_scratch* s) {
+  sg_math math;
+  math.op = a->op;
+  math.ranks = 1;
+  math.dt = (uint32_t)a->datatype;
+  math.scale = 0;
+  uint32_t operands = a->operand_count < APPLY_MAX_OPERANDS ? a->operand_count : APPLY_MAX_OPERANDS;
+  if (SG_THREAD == 0) {
+    for (uint32_t i = 0; i < operands; ++i) s->operands[i] = (const unsigned char*)a->operands[i];
+  }
+  sg_block_sync();
+  uint64_t begin, end;
+  sg_slice(a->bytes, SG_BLOCK, SG_BLOCKS, &begin, &end);
+  sg_apply_any(&math, s, operands, begin, end, (unsigned char*)a->output, 0, false, false);
+}
+
 #ifdef STRAGGLAR_HOST_EMULATION
 thread_local sg_host_thread sg_self;
 
@@ -286,11 +314,29 @@ extern "C" void stragglar_emulate_thread(const RawLaunch* args, uint32_t block, 
   sg_all_reduce(args, (sg_scratch*)scratch);
 }
 
+/* Runs one emulated GPU thread of the bandwidth probe. */
+extern "C" void stragglar_emulate_apply_thread(const RawApply* args, uint32_t block,
+                                               uint32_t blocks, uint32_t thread,
+                                               uint32_t threads, pthread_barrier_t* barrier,
+                                               void* scratch) {
+  sg_self.block = block;
+  sg_self.blocks = blocks;
+  sg_self.thread = thread;
+  sg_self.threads = threads;
+  sg_self.barrier = barrier;
+  sg_apply_probe(args, (sg_scratch*)scratch);
+}
+
 /* Bytes of scratch one emulated block needs. */
 extern "C" uint64_t stragglar_emulate_scratch_bytes(void) { return sizeof(sg_scratch); }
 #else
 SG_GLOBAL void __launch_bounds__(1024) ncclStragglarAllReduce(RawLaunch args) {
   __shared__ sg_scratch scratch;
   sg_all_reduce(&args, &scratch);
+}
+
+SG_GLOBAL void __launch_bounds__(1024) ncclStragglarApplyProbe(RawApply args) {
+  __shared__ sg_scratch scratch;
+  sg_apply_probe(&args, &scratch);
 }
 #endif

@@ -62,6 +62,11 @@
 #define STATUS_BAD_PLAN 4
 
 /**
+ * Operands the bandwidth probe folds at most (the length of `RawApply::operands`).
+ */
+#define APPLY_MAX_OPERANDS 8
+
+/**
  * Everything one launch needs. All ranks launch with identical `blocks`, `threads`, `op`
  * and plan shape; `plan`, `input`, `output`, `scale` and the own words differ per rank.
  */
@@ -141,5 +146,32 @@ typedef struct RawPeer {
    */
   uint64_t failed;
 } RawPeer;
+
+/**
+ * The bandwidth probe (`ncclStragglarApplyProbe`): `output = operands[0] op operands[1] ...`
+ * over `bytes`, with the AllReduce kernel's own element-wise code and slicing, to measure it
+ * against the device's copy rate. One operand is a copy.
+ */
+typedef struct RawApply {
+  /**
+   * Device addresses, 16-byte aligned for the vector path; the first `operand_count` used.
+   */
+  uint64_t operands[8];
+  uint64_t output;
+  /**
+   * Bytes of each operand and of the output (a whole number of elements).
+   */
+  uint64_t bytes;
+  uint32_t operand_count;
+  /**
+   * `OP_*` (avg and premulsum fold as sums here).
+   */
+  uint32_t op;
+  /**
+   * The `ncclDataType_t` of the elements.
+   */
+  int32_t datatype;
+  uint32_t reserved;
+} RawApply;
 
 #endif  /* STRAGGLAR_LAUNCH_H_ */

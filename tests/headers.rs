@@ -227,7 +227,9 @@ fn generate_launch_h() -> String {
     config.include_guard = Some("STRAGGLAR_LAUNCH_H_".into());
     config.sys_includes.clear();
     config.includes = vec!["stragglar_plan.h".into()];
-    config.export.include = ["RawLaunch", "RawPeer"].map(String::from).to_vec();
+    config.export.include = ["RawLaunch", "RawPeer", "RawApply"]
+        .map(String::from)
+        .to_vec();
     build(config, &["src/gpu/launch.rs"])
 }
 

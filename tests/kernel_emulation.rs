@@ -16,19 +16,31 @@ use std::time::{Duration, Instant};
 use stragglar::engine::host::runner::{PlanCache, Shape};
 use stragglar::gpu::kernels::op_code;
 use stragglar::gpu::launch::{
-    RawLaunch, RawPeer, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
+    RawApply, RawLaunch, RawPeer, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
     STATUS_TIMEOUT,
 };
 use stragglar::plan::{encode, simulate, Plan};
 use stragglar::reduce::{DataType, ReduceOp, Scale};
 use stragglar::schedule::Algorithm;
 
+/// `stragglar_emulate_thread`: one GPU thread of the AllReduce kernel.
 type ThreadFn =
     unsafe extern "C" fn(*const RawLaunch, u32, u32, *mut libc::pthread_barrier_t, *mut c_void);
+/// `stragglar_emulate_apply_thread`: one GPU thread of the bandwidth probe.
+type ApplyFn = unsafe extern "C" fn(
+    *const RawApply,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut libc::pthread_barrier_t,
+    *mut c_void,
+);
 
 /// The emulated kernel, compiled once per test binary.
 struct Kernel {
     thread: ThreadFn,
+    apply: ApplyFn,
     scratch_bytes: usize,
 }
 
@@ -78,6 +90,12 @@ fn kernel() -> &'static Kernel {
             // SAFETY: the symbol has this signature in stragglar_allreduce.cu.
             unsafe { std::mem::transmute(symbol("stragglar_emulate_scratch_bytes")) };
         Kernel {
+            // SAFETY: the symbol has this signature in stragglar_allreduce.cu.
+            apply: unsafe {
+                std::mem::transmute::<*mut c_void, ApplyFn>(symbol(
+                    "stragglar_emulate_apply_thread",
+                ))
+            },
             // SAFETY: as above.
             thread: unsafe {
                 std::mem::transmute::<*mut c_void, ThreadFn>(symbol("stragglar_emulate_thread"))
@@ -796,5 +814,79 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
                 "call {call} rank {rank}"
             );
         }
+    }
+}
+
+#[test]
+fn the_bandwidth_probe_folds_with_the_same_element_code() {
+    use stragglar::reduce::combine;
+    let k = kernel();
+    for (dtype, op, operands) in [
+        (DataType::F32, ReduceOp::Sum, 1usize),
+        (DataType::Bf16, ReduceOp::Sum, 2),
+        (DataType::I64, ReduceOp::Max, 3),
+        (DataType::F16, ReduceOp::Prod, 8),
+    ] {
+        let count = 10_007;
+        let bytes = count * dtype.size();
+        let mut inputs: Vec<Aligned> = (0..operands).map(|_| Aligned::new(bytes)).collect();
+        let data: Vec<Vec<u8>> = (0..operands)
+            .map(|i| input(dtype, op, i, count, 31, false))
+            .collect();
+        for (a, d) in inputs.iter_mut().zip(&data) {
+            a.bytes()[..bytes].copy_from_slice(d);
+        }
+        let mut output = Aligned::new(bytes);
+        let mut args = RawApply {
+            output: output.addr(),
+            bytes: bytes as u64,
+            operand_count: operands as u32,
+            op: op_code(op),
+            datatype: dtype.nccl_code(),
+            ..Default::default()
+        };
+        for (slot, a) in args.operands.iter_mut().zip(&inputs) {
+            *slot = a.addr();
+        }
+        let (blocks, threads) = (3u32, 2u32);
+        std::thread::scope(|scope| {
+            for block in 0..blocks {
+                let args = &args;
+                scope.spawn(move || {
+                    let mut barrier = std::mem::MaybeUninit::<libc::pthread_barrier_t>::uninit();
+                    // SAFETY: a barrier we own, for `threads` participants.
+                    unsafe {
+                        libc::pthread_barrier_init(barrier.as_mut_ptr(), std::ptr::null(), threads)
+                    };
+                    let scratch = Aligned::new(k.scratch_bytes);
+                    let (b, s) = (barrier.as_mut_ptr() as usize, scratch.addr() as usize);
+                    std::thread::scope(|inner| {
+                        for thread in 0..threads {
+                            // SAFETY: args, barrier and scratch outlive the threads.
+                            inner.spawn(move || unsafe {
+                                (k.apply)(
+                                    args,
+                                    block,
+                                    blocks,
+                                    thread,
+                                    threads,
+                                    b as *mut _,
+                                    s as *mut c_void,
+                                )
+                            });
+                        }
+                    });
+                    // SAFETY: every participant has left the barrier.
+                    unsafe { libc::pthread_barrier_destroy(barrier.as_mut_ptr()) };
+                });
+            }
+        });
+        let slices: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let mut expected = vec![0u8; bytes];
+        combine(dtype, op, &slices, &mut expected);
+        assert!(
+            output.bytes()[..bytes] == expected[..],
+            "{dtype:?} {op:?} x{operands}"
+        );
     }
 }

@@ -1,4 +1,5 @@
-//! Engines that execute plans: `host` (processes or threads over shared memory), and later
-//! `cuda` (CUDA IPC and our kernels). Both run the same plans and the same protocol.
+//! Engines that execute plans: `host` (processes or threads over shared memory) and `cuda`
+//! (our kernels over CUDA staging memory). Both run the same plans and the same protocol.
 
+pub mod cuda;
 pub mod host;

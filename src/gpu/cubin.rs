@@ -1,7 +1,7 @@
 //! Recognising a CUBIN: an ELF64 file for the CUDA machine whose flags name the architecture
 //! it was built for, holding our kernel. Used to validate cache entries and by the tests.
 
-use super::kernels::ALL_REDUCE_KERNEL;
+use super::kernels::{ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL};
 
 /// `e_machine` of CUDA device code.
 const EM_CUDA: u16 = 190;
@@ -17,7 +17,7 @@ fn sm_of(abi_version: u8, flags: u32) -> u32 {
     }
 }
 
-/// Checks that `bytes` is a CUBIN for `arch` (`sm_90`, ...) containing the AllReduce kernel.
+/// Checks that `bytes` is a CUBIN for `arch` (`sm_90`, ...) containing our kernels.
 pub fn check(bytes: &[u8], arch: &str) -> Result<(), String> {
     let want: u32 = arch
         .strip_prefix("sm_")
@@ -39,9 +39,11 @@ pub fn check(bytes: &[u8], arch: &str) -> Result<(), String> {
     if sm != want {
         return Err(format!("built for sm_{sm}, not {arch}"));
     }
-    let name = ALL_REDUCE_KERNEL.as_bytes();
-    if !bytes.windows(name.len()).any(|w| w == name) {
-        return Err(format!("no {ALL_REDUCE_KERNEL} inside"));
+    for kernel in [ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL] {
+        let name = kernel.as_bytes();
+        if !bytes.windows(name.len()).any(|w| w == name) {
+            return Err(format!("no {kernel} inside"));
+        }
     }
     Ok(())
 }
@@ -59,6 +61,7 @@ mod tests {
         b[18..20].copy_from_slice(&EM_CUDA.to_le_bytes());
         b[48..52].copy_from_slice(&flags.to_le_bytes());
         b.extend_from_slice(ALL_REDUCE_KERNEL.as_bytes());
+        b.extend_from_slice(APPLY_PROBE_KERNEL.as_bytes());
         b
     }
 

@@ -7,6 +7,8 @@ use super::launch::{OP_AVG, OP_MAX, OP_MIN, OP_PREMULSUM, OP_PROD, OP_SUM};
 
 /// The AllReduce kernel's entry point (an `nccl` prefix: profilers classify by it).
 pub const ALL_REDUCE_KERNEL: &str = "ncclStragglarAllReduce";
+/// The bandwidth probe's entry point (the AllReduce kernel's element-wise code alone).
+pub const APPLY_PROBE_KERNEL: &str = "ncclStragglarApplyProbe";
 
 /// The sources, in include order: `(file name, text)`.
 pub const SOURCES: [(&str, &str); 5] = [
@@ -89,6 +91,7 @@ mod tests {
         let unit = translation_unit();
         assert!(!unit.contains("#include \"stragglar_"));
         assert!(unit.contains(ALL_REDUCE_KERNEL));
+        assert!(unit.contains(APPLY_PROBE_KERNEL));
         for (name, _) in SOURCES {
             assert!(unit.contains(&format!("#line 1 \"{name}\"")), "{name}");
         }

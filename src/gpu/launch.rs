@@ -80,6 +80,28 @@ pub struct RawLaunch {
     pub reserved: u32,
 }
 
+/// Operands the bandwidth probe folds at most (the length of `RawApply::operands`).
+pub const APPLY_MAX_OPERANDS: u32 = 8;
+
+/// The bandwidth probe (`ncclStragglarApplyProbe`): `output = operands[0] op operands[1] ...`
+/// over `bytes`, with the AllReduce kernel's own element-wise code and slicing, to measure it
+/// against the device's copy rate. One operand is a copy.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawApply {
+    /// Device addresses, 16-byte aligned for the vector path; the first `operand_count` used.
+    pub operands: [u64; 8],
+    pub output: u64,
+    /// Bytes of each operand and of the output (a whole number of elements).
+    pub bytes: u64,
+    pub operand_count: u32,
+    /// `OP_*` (avg and premulsum fold as sums here).
+    pub op: u32,
+    /// The `ncclDataType_t` of the elements.
+    pub datatype: i32,
+    pub reserved: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +119,6 @@ mod tests {
     fn layouts_have_no_implicit_padding() {
         assert_eq!(std::mem::size_of::<RawPeer>(), 40);
         assert_eq!(std::mem::size_of::<RawLaunch>(), 104);
+        assert_eq!(std::mem::size_of::<RawApply>(), 96);
     }
 }

@@ -1,0 +1,503 @@
+//! The few CUDA driver calls the GPU engine makes, wrapped with ownership (every allocation,
+//! module, stream and IPC mapping is released on drop with its context current) and errors as
+//! values. The driver is reached through cudarc's dynamically loaded bindings, and only after
+//! `crate::gpu::probe` said it loads, so a machine without CUDA never aborts here.
+//!
+//! Every call runs with the device's primary context pushed for the duration of a
+//! [`Current`] guard and popped afterwards, so the caller's current context is restored.
+
+use std::ffi::{c_uint, c_void};
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys};
+
+/// A failed driver call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuError {
+    /// What was being done.
+    pub call: &'static str,
+    /// The driver's error name, or why the call could not be made.
+    pub detail: String,
+}
+
+impl fmt::Display for GpuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed: {}", self.call, self.detail)
+    }
+}
+
+impl std::error::Error for GpuError {}
+
+fn check(call: &'static str, code: sys::CUresult) -> Result<(), GpuError> {
+    wrap(call, code.result())
+}
+
+fn wrap<T>(call: &'static str, r: Result<T, result::DriverError>) -> Result<T, GpuError> {
+    r.map_err(|e| GpuError {
+        call,
+        detail: format!("{e:?}"),
+    })
+}
+
+/// One GPU, through its primary context (shared with the CUDA runtime, PyTorch included).
+pub struct Device {
+    pub ordinal: i32,
+    device: sys::CUdevice,
+    context: sys::CUcontext,
+}
+
+// SAFETY: a CUcontext and CUdevice are process-wide handles the driver lets any thread use.
+unsafe impl Send for Device {}
+// SAFETY: as above; every use pushes the context on the calling thread.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// Initialises the driver (it must be loadable: see `crate::gpu::probe`) and retains the
+    /// primary context of GPU `ordinal`.
+    pub fn open(ordinal: i32) -> Result<Arc<Device>, GpuError> {
+        wrap("cuInit", result::init())?;
+        let device = wrap("cuDeviceGet", result::device::get(ordinal))?;
+        // SAFETY: `device` is a valid device handle from cuDeviceGet; released in Drop.
+        let context = wrap("cuDevicePrimaryCtxRetain", unsafe {
+            result::primary_ctx::retain(device)
+        })?;
+        Ok(Arc::new(Device {
+            ordinal,
+            device,
+            context,
+        }))
+    }
+
+    /// Makes this device current on the calling thread until the guard drops.
+    pub fn current(&self) -> Result<Current<'_>, GpuError> {
+        // SAFETY: the context is retained for the life of `self`.
+        check("cuCtxPushCurrent", unsafe {
+            sys::cuCtxPushCurrent_v2(self.context)
+        })?;
+        Ok(Current { _device: self })
+    }
+
+    /// A device attribute.
+    pub fn attribute(&self, attribute: sys::CUdevice_attribute) -> Result<i32, GpuError> {
+        // SAFETY: a valid device handle and attribute enum.
+        wrap("cuDeviceGetAttribute", unsafe {
+            result::device::get_attribute(self.device, attribute)
+        })
+    }
+
+    /// `sm_XY` of this device.
+    pub fn arch(&self) -> Result<String, GpuError> {
+        use sys::CUdevice_attribute::*;
+        let major = self.attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = self.attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        Ok(format!("sm_{major}{minor}"))
+    }
+
+    /// Streaming multiprocessors.
+    pub fn sm_count(&self) -> Result<i32, GpuError> {
+        self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> Result<String, GpuError> {
+        wrap("cuDeviceGetName", result::device::get_name(self.device))
+    }
+
+    /// The device's UUID, as 32 hex digits.
+    pub fn uuid(&self) -> Result<String, GpuError> {
+        let uuid = wrap("cuDeviceGetUuid", result::device::get_uuid(self.device))?;
+        Ok(uuid
+            .bytes
+            .iter()
+            .map(|b| format!("{:02x}", *b as u8))
+            .collect())
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: retained in `open`, released once here.
+        let _ = unsafe { result::primary_ctx::release(self.device) };
+    }
+}
+
+/// The device's context, current on this thread while alive.
+pub struct Current<'a> {
+    _device: &'a Device,
+}
+
+impl Drop for Current<'_> {
+    fn drop(&mut self) {
+        let mut popped: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context this guard pushed, restoring the caller's.
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    }
+}
+
+/// Device memory from `cuMemAlloc`, zeroed at allocation.
+pub struct DeviceMemory {
+    device: Arc<Device>,
+    pub ptr: sys::CUdeviceptr,
+    pub bytes: usize,
+}
+
+impl DeviceMemory {
+    /// Allocates `bytes` (at least 1) and zeroes them, synchronously: the memory is ready for
+    /// peers (and for IPC export) when this returns.
+    pub fn zeroed(device: &Arc<Device>, bytes: usize) -> Result<DeviceMemory, GpuError> {
+        let _current = device.current()?;
+        // SAFETY: the device's context is current.
+        let ptr = wrap("cuMemAlloc", unsafe { result::malloc_sync(bytes.max(1)) })?;
+        let memory = DeviceMemory {
+            device: device.clone(),
+            ptr,
+            bytes: bytes.max(1),
+        };
+        // SAFETY: `ptr` is a live allocation of `memory.bytes` bytes.
+        wrap("cuMemsetD8", unsafe {
+            result::memset_d8_sync(ptr, 0, memory.bytes)
+        })?;
+        wrap("cuCtxSynchronize", result::ctx::synchronize())?;
+        Ok(memory)
+    }
+
+    /// Copies `data` to the start of this memory and waits for the copy.
+    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<(), GpuError> {
+        assert!(
+            std::mem::size_of_val(data) <= self.bytes,
+            "upload larger than the allocation"
+        );
+        let _current = self.device.current()?;
+        // SAFETY: the destination holds at least `size_of_val(data)` bytes (asserted).
+        wrap("cuMemcpyHtoD", unsafe {
+            result::memcpy_htod_sync(self.ptr, data)
+        })
+    }
+
+    /// Copies the start of this memory into `out` and waits for the copy.
+    pub fn download<T: Copy>(&self, out: &mut [T]) -> Result<(), GpuError> {
+        assert!(
+            std::mem::size_of_val(out) <= self.bytes,
+            "download larger than the allocation"
+        );
+        let _current = self.device.current()?;
+        // SAFETY: the source holds at least `size_of_val(out)` bytes (asserted).
+        wrap("cuMemcpyDtoH", unsafe {
+            result::memcpy_dtoh_sync(out, self.ptr)
+        })
+    }
+
+    /// The IPC handle another process opens with [`IpcMapping::open`].
+    pub fn ipc_handle(&self) -> Result<[u8; 64], GpuError> {
+        let _current = self.device.current()?;
+        let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: `handle` is writable; `ptr` is the base of a plain cuMemAlloc allocation.
+        check("cuIpcGetMemHandle", unsafe {
+            sys::cuIpcGetMemHandle(&mut handle, self.ptr)
+        })?;
+        Ok(handle.reserved.map(|c| c as u8))
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        if let Ok(_current) = self.device.current() {
+            // SAFETY: allocated by cuMemAlloc in `zeroed`, freed once here.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// A peer process's allocation opened through its IPC handle.
+pub struct IpcMapping {
+    device: Arc<Device>,
+    pub ptr: sys::CUdeviceptr,
+}
+
+impl IpcMapping {
+    /// Opens `handle` (from [`DeviceMemory::ipc_handle`] in another process) on `device`.
+    pub fn open(device: &Arc<Device>, handle: &[u8; 64]) -> Result<IpcMapping, GpuError> {
+        let _current = device.current()?;
+        let handle = sys::CUipcMemHandle {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is writable; the handle's bytes came from cuIpcGetMemHandle.
+        check("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                handle,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint,
+            )
+        })?;
+        Ok(IpcMapping {
+            device: device.clone(),
+            ptr,
+        })
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if let Ok(_current) = self.device.current() {
+            // SAFETY: opened by cuIpcOpenMemHandle in `open`, closed once here.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        }
+    }
+}
+
+/// `u32` words in pinned host memory that kernels read and write through a device address:
+/// the abort word (host writes, kernels poll) and the status word (kernels write, host reads).
+pub struct HostWords {
+    device: Arc<Device>,
+    host: *mut u32,
+    device_ptr: sys::CUdeviceptr,
+    len: usize,
+}
+
+// SAFETY: the words are plain memory accessed only through atomics (see `word`).
+unsafe impl Send for HostWords {}
+// SAFETY: as above.
+unsafe impl Sync for HostWords {}
+
+impl HostWords {
+    /// `len` zeroed words, mapped into the device's address space.
+    pub fn new(device: &Arc<Device>, len: usize) -> Result<HostWords, GpuError> {
+        let _current = device.current()?;
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        let bytes = len.max(1) * 4;
+        // SAFETY: a fresh pinned allocation; freed in Drop.
+        let host = wrap("cuMemHostAlloc", unsafe {
+            result::malloc_host(bytes, flags)
+        })?;
+        // SAFETY: `host` holds `bytes` writable bytes.
+        unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, bytes) };
+        let mut device_ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `host` is a DEVICEMAP allocation of this context.
+        let mapped = check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, host, 0)
+        });
+        let words = HostWords {
+            device: device.clone(),
+            host: host.cast(),
+            device_ptr,
+            len: len.max(1),
+        };
+        mapped.map(|()| words)
+    }
+
+    /// Word `i`, for atomic access from the host.
+    pub fn word(&self, i: usize) -> &std::sync::atomic::AtomicU32 {
+        assert!(i < self.len);
+        // SAFETY: in bounds, 4-byte aligned (pinned allocations are page aligned), and alive
+        // as long as `self`; the GPU accesses it only with volatile or atomic operations.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host.add(i)) }
+    }
+
+    /// The device address of word `i`.
+    pub fn device_address(&self, i: usize) -> u64 {
+        assert!(i < self.len);
+        self.device_ptr + 4 * i as u64
+    }
+}
+
+impl Drop for HostWords {
+    fn drop(&mut self) {
+        if let Ok(_current) = self.device.current() {
+            // SAFETY: allocated by cuMemHostAlloc in `new`, freed once here.
+            let _ = unsafe { result::free_host(self.host.cast::<c_void>()) };
+        }
+    }
+}
+
+/// A loaded CUBIN and one of its kernels.
+pub struct Kernel {
+    device: Arc<Device>,
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+}
+
+// SAFETY: module and function handles may be used from any thread of the process.
+unsafe impl Send for Kernel {}
+// SAFETY: as above.
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    /// Loads `cubin` on `device` and finds `name` in it.
+    pub fn load(device: &Arc<Device>, cubin: &[u8], name: &str) -> Result<Kernel, GpuError> {
+        let _current = device.current()?;
+        // SAFETY: `cubin` is a complete CUBIN image that outlives the call.
+        let module = wrap("cuModuleLoadData", unsafe {
+            result::module::load_data(cubin.as_ptr().cast())
+        })?;
+        let c_name = std::ffi::CString::new(name).expect("kernel names have no NUL");
+        // SAFETY: `module` was just loaded.
+        match wrap("cuModuleGetFunction", unsafe {
+            result::module::get_function(module, c_name)
+        }) {
+            Ok(function) => Ok(Kernel {
+                device: device.clone(),
+                module,
+                function,
+            }),
+            Err(e) => {
+                // SAFETY: loaded above, unloaded once here.
+                let _ = unsafe { result::module::unload(module) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Launches the kernel on `stream` with `blocks` x `threads` and its one by-value
+    /// argument `args` (a `RawLaunch` or a `RawApply`).
+    ///
+    /// # Safety
+    /// `T` must be the kernel's parameter type; every device address in `args` must stay valid
+    /// for what the kernel does with it until it finishes; `stream` must be a live stream of
+    /// this device's context.
+    pub unsafe fn launch<T: Copy>(
+        &self,
+        stream: sys::CUstream,
+        blocks: u32,
+        threads: u32,
+        args: &T,
+    ) -> Result<(), GpuError> {
+        let _current = self.device.current()?;
+        let mut copy = *args;
+        let mut params = [(&mut copy as *mut T).cast::<c_void>()];
+        // SAFETY: the driver copies the parameter at launch; the caller guarantees the rest.
+        wrap("cuLaunchKernel", unsafe {
+            result::launch_kernel(
+                self.function,
+                (blocks, 1, 1),
+                (threads, 1, 1),
+                0,
+                stream,
+                &mut params,
+            )
+        })
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        if let Ok(_current) = self.device.current() {
+            // SAFETY: loaded in `load`, unloaded once here.
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+    }
+}
+
+/// A stream of our own (benchmarks and the self-check; the library launches on the caller's).
+pub struct Stream {
+    device: Arc<Device>,
+    pub raw: sys::CUstream,
+}
+
+// SAFETY: a CUstream may be used from any thread.
+unsafe impl Send for Stream {}
+// SAFETY: as above.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// A new non-blocking stream on `device`.
+    pub fn new(device: &Arc<Device>) -> Result<Stream, GpuError> {
+        let _current = device.current()?;
+        let raw = wrap(
+            "cuStreamCreate",
+            result::stream::create(result::stream::StreamKind::NonBlocking),
+        )?;
+        Ok(Stream {
+            device: device.clone(),
+            raw,
+        })
+    }
+
+    /// Waits for everything queued on the stream.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        let _current = self.device.current()?;
+        // SAFETY: a live stream.
+        wrap("cuStreamSynchronize", unsafe {
+            result::stream::synchronize(self.raw)
+        })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Ok(_current) = self.device.current() {
+            // SAFETY: created in `new`, destroyed once here.
+            let _ = unsafe { result::stream::destroy(self.raw) };
+        }
+    }
+}
+
+/// A timing event.
+pub struct Event {
+    device: Arc<Device>,
+    raw: sys::CUevent,
+}
+
+impl Event {
+    /// A new event that records time.
+    pub fn new(device: &Arc<Device>) -> Result<Event, GpuError> {
+        let _current = device.current()?;
+        let raw = wrap(
+            "cuEventCreate",
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+        )?;
+        Ok(Event {
+            device: device.clone(),
+            raw,
+        })
+    }
+
+    /// Records the event on `stream`.
+    pub fn record(&self, stream: &Stream) -> Result<(), GpuError> {
+        let _current = self.device.current()?;
+        // SAFETY: live event and stream of the same context.
+        wrap("cuEventRecord", unsafe {
+            result::event::record(self.raw, stream.raw)
+        })
+    }
+
+    /// Milliseconds from `self` to `end` (both recorded and complete).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32, GpuError> {
+        let _current = self.device.current()?;
+        // SAFETY: both events are live.
+        wrap("cuEventSynchronize", unsafe {
+            result::event::synchronize(end.raw)
+        })?;
+        // SAFETY: both events are live and complete.
+        wrap("cuEventElapsedTime", unsafe {
+            result::event::elapsed(self.raw, end.raw)
+        })
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Ok(_current) = self.device.current() {
+            // SAFETY: created in `new`, destroyed once here.
+            let _ = unsafe { result::event::destroy(self.raw) };
+        }
+    }
+}
+
+/// Copies `bytes` from `src` to `dst` on `stream` (device to device), asynchronously.
+///
+/// # Safety
+/// Both ranges must be live device memory of at least `bytes` bytes until the copy ends.
+pub unsafe fn copy_async(
+    stream: &Stream,
+    dst: sys::CUdeviceptr,
+    src: sys::CUdeviceptr,
+    bytes: usize,
+) -> Result<(), GpuError> {
+    let _current = stream.device.current()?;
+    // SAFETY: the caller guarantees both ranges.
+    wrap("cuMemcpyDtoDAsync", unsafe {
+        result::memcpy_dtod_async(dst, src, bytes, stream.raw)
+    })
+}

@@ -1,0 +1,7 @@
+//! The GPU engine: the plans of `crate::plan` executed by our kernel (`cuda/`) over staging
+//! allocations the ranks share (CUDA IPC between processes, plain device pointers between
+//! threads of one process).
+
+pub mod driver;
+pub mod rank;
+pub mod staging;

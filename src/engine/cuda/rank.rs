@@ -1,0 +1,251 @@
+//! One rank of a GPU-engine communicator: its staging allocation, its host-mapped abort and
+//! status words, the table of every rank's memory as this rank addresses it, the plans it has
+//! uploaded, and the launch of one AllReduce.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::driver::{Device, DeviceMemory, GpuError, Kernel};
+use super::staging::StagingLayout;
+use crate::gpu::kernels::op_code;
+use crate::gpu::launch::{
+    RawLaunch, RawPeer, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
+    STATUS_TIMEOUT,
+};
+use crate::nccl::types::ResultCode;
+use crate::plan::{encode, Plan};
+use crate::reduce::{ReduceOp, Scale};
+
+/// Index of the abort word among a rank's host words.
+const ABORT_WORD: usize = 0;
+/// Index of the status word.
+const STATUS_WORD: usize = 1;
+
+/// How one rank runs. Everything but `rank` is identical on every rank of a communicator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankConfig {
+    pub rank: usize,
+    pub ranks: usize,
+    pub layout: StagingLayout,
+    /// The fixed grid of the communicator.
+    pub blocks: u32,
+    pub threads: u32,
+    /// Per-wait deadline (`STRAGGLAR_TIMEOUT_MS`); `None` waits until aborted, as NCCL does.
+    pub timeout: Option<Duration>,
+}
+
+/// Why a GPU-engine call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The driver refused something.
+    Gpu(GpuError),
+    /// The plan does not fit this communicator's staging or shape.
+    Unfit(String),
+    /// A kernel of this rank gave up (a `STATUS_*`); the communicator is unusable.
+    Failed(u32),
+}
+
+impl CallError {
+    /// The NCCL code a caller reports.
+    pub fn nccl_code(&self) -> ResultCode {
+        match self {
+            CallError::Gpu(_) => ResultCode::UNHANDLED_CUDA_ERROR,
+            CallError::Unfit(_) => ResultCode::INVALID_USAGE,
+            CallError::Failed(STATUS_PEER_FAILED) => ResultCode::REMOTE_ERROR,
+            CallError::Failed(STATUS_BAD_PLAN) => ResultCode::INTERNAL_ERROR,
+            CallError::Failed(_) => ResultCode::SYSTEM_ERROR,
+        }
+    }
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Gpu(e) => write!(f, "{e}"),
+            CallError::Unfit(why) => write!(f, "{why}"),
+            CallError::Failed(status) => write!(f, "{}", status_text(*status)),
+        }
+    }
+}
+
+/// What a kernel's `STATUS_*` means.
+pub fn status_text(status: u32) -> &'static str {
+    match status {
+        STATUS_OK => "no error",
+        STATUS_ABORTED => "aborted (ncclCommAbort or ncclCommDestroy during a call)",
+        STATUS_TIMEOUT => "a wait exceeded STRAGGLAR_TIMEOUT_MS",
+        STATUS_PEER_FAILED => "a peer rank failed",
+        STATUS_BAD_PLAN => "the kernel was given a corrupt plan",
+        _ => "unknown kernel status",
+    }
+}
+
+impl From<GpuError> for CallError {
+    fn from(e: GpuError) -> Self {
+        CallError::Gpu(e)
+    }
+}
+
+/// One rank of a GPU-engine communicator.
+pub struct CudaRank {
+    device: Arc<Device>,
+    kernel: Arc<Kernel>,
+    config: RankConfig,
+    staging: DeviceMemory,
+    words: super::driver::HostWords,
+    /// `RawPeer[ranks]` in device memory, once connected.
+    peer_table: Option<DeviceMemory>,
+    /// Uploaded plan blobs by plan fingerprint.
+    plans: HashMap<u64, DeviceMemory>,
+}
+
+impl CudaRank {
+    /// Allocates and zeroes this rank's staging (synchronously: it is ready to be shared when
+    /// this returns) and its host-mapped words.
+    pub fn new(
+        device: &Arc<Device>,
+        kernel: &Arc<Kernel>,
+        config: RankConfig,
+    ) -> Result<CudaRank, GpuError> {
+        let staging = DeviceMemory::zeroed(device, config.layout.allocation_bytes() as usize)?;
+        let words = super::driver::HostWords::new(device, 2)?;
+        Ok(CudaRank {
+            device: device.clone(),
+            kernel: kernel.clone(),
+            config,
+            staging,
+            words,
+            peer_table: None,
+            plans: HashMap::new(),
+        })
+    }
+
+    /// This rank's memory as a peer in the same process addresses it.
+    pub fn own_peer(&self) -> RawPeer {
+        self.config.layout.peer(self.staging.ptr)
+    }
+
+    /// The staging allocation, for IPC export.
+    pub fn staging(&self) -> &DeviceMemory {
+        &self.staging
+    }
+
+    /// Uploads every rank's memory as this rank addresses it (`peers[rank]` is its own).
+    pub fn connect(&mut self, peers: &[RawPeer]) -> Result<(), CallError> {
+        if peers.len() != self.config.ranks || peers[self.config.rank] != self.own_peer() {
+            return Err(CallError::Unfit(
+                "the peer table does not match the communicator".into(),
+            ));
+        }
+        let table = DeviceMemory::zeroed(&self.device, std::mem::size_of_val(peers))?;
+        table.upload(peers)?;
+        self.peer_table = Some(table);
+        Ok(())
+    }
+
+    /// Uploads `plan` (this rank's blob) unless it is there already. Not during graph capture.
+    pub fn prepare(&mut self, plan: &Plan) -> Result<(), CallError> {
+        self.fits(plan)?;
+        if !self.plans.contains_key(&plan.fingerprint) {
+            let blob = encode(plan, self.config.rank).bytes;
+            let memory = DeviceMemory::zeroed(&self.device, blob.len())?;
+            memory.upload(&blob)?;
+            self.plans.insert(plan.fingerprint, memory);
+        }
+        Ok(())
+    }
+
+    fn fits(&self, plan: &Plan) -> Result<(), CallError> {
+        let layout = self.config.layout;
+        if plan.ranks != self.config.ranks {
+            return Err(CallError::Unfit(format!("a plan for {} ranks", plan.ranks)));
+        }
+        if plan.max_arena_bytes() as u64 > layout.arena_bytes
+            || plan.max_values() as u64 > layout.values
+        {
+            return Err(CallError::Unfit(format!(
+                "the plan needs {} B of arena and {} flags; staging has {} B and {}",
+                plan.max_arena_bytes(),
+                plan.max_values(),
+                layout.arena_bytes,
+                layout.values
+            )));
+        }
+        Ok(())
+    }
+
+    /// The status a kernel of this rank left (0 while all is well).
+    pub fn status(&self) -> u32 {
+        self.words.word(STATUS_WORD).load(Ordering::Acquire)
+    }
+
+    /// Raises the abort word: every running and later kernel of this rank gives up.
+    pub fn abort(&self) {
+        self.words.word(ABORT_WORD).store(1, Ordering::Release);
+    }
+
+    /// Queues one AllReduce of `plan` on `stream`: `input` and `output` hold `plan.count`
+    /// elements (the same address for in place). A call with zero elements launches nothing
+    /// and does not advance the epoch. Fails fast once a kernel of this rank gave up.
+    ///
+    /// # Safety
+    /// `input` and `output` must be device memory of this device holding `plan.count`
+    /// elements until the kernel finishes; `stream` must be a live stream of this device.
+    pub unsafe fn all_reduce(
+        &mut self,
+        plan: &Plan,
+        op: ReduceOp,
+        scale: Scale,
+        input: u64,
+        output: u64,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<(), CallError> {
+        match self.status() {
+            STATUS_OK => {}
+            status => return Err(CallError::Failed(status)),
+        }
+        if plan.count == 0 {
+            return Ok(());
+        }
+        self.prepare(plan)?;
+        let peers = self
+            .peer_table
+            .as_ref()
+            .ok_or_else(|| CallError::Unfit("not connected to the peers".into()))?;
+        let layout = self.config.layout;
+        let (scale, has_scale) = match scale {
+            Scale::None => ([0u8; 8], 0),
+            Scale::By(bytes) => (bytes, 1),
+        };
+        let args = RawLaunch {
+            plan: self.plans[&plan.fingerprint].ptr,
+            peers: peers.ptr,
+            input,
+            output,
+            epoch: self.staging.ptr + layout.epoch(),
+            finished_blocks: self.staging.ptr + layout.finished_blocks(),
+            abort: self.words.device_address(ABORT_WORD),
+            status: self.words.device_address(STATUS_WORD),
+            timeout_ns: self
+                .config
+                .timeout
+                .map_or(0, |t| t.as_nanos().max(1) as u64),
+            scale,
+            has_scale,
+            op: op_code(op),
+            rank: self.config.rank as u32,
+            blocks: self.config.blocks,
+            threads: self.config.threads,
+            reserved: 0,
+        };
+        // SAFETY: every address in `args` is live device memory of this rank (staging, plan,
+        // peer table, host words) or the caller's buffers, which the caller vouches for.
+        unsafe {
+            self.kernel
+                .launch(stream, self.config.blocks, self.config.threads, &args)
+        }?;
+        Ok(())
+    }
+}

@@ -1,0 +1,112 @@
+//! Where one rank's staging allocation keeps what: both arena parities, both flag parities, the
+//! failure word, the epoch and the finished-blocks counter. One plain allocation per rank,
+//! rounded up to 2 MiB (the granularity CUDA IPC maps), identical in layout on every rank, so
+//! a peer's `RawPeer` follows from its base address alone.
+
+use crate::gpu::launch::RawPeer;
+
+/// Alignment of every region: a 256-byte boundary keeps vector loads and cache lines apart.
+const REGION_ALIGN: u64 = 256;
+/// CUDA IPC maps whole 2 MiB granules.
+pub const ALLOCATION_GRANULE: u64 = 2 << 20;
+
+fn align(bytes: u64, to: u64) -> u64 {
+    bytes.div_ceil(to) * to
+}
+
+/// The layout of one rank's staging allocation. All offsets in bytes from its base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagingLayout {
+    /// Bytes of one arena parity (the largest arena of any plan it will run).
+    pub arena_bytes: u64,
+    /// Values per rank whose flags fit (the largest value table of any plan).
+    pub values: u64,
+    /// Blocks of the communicator's fixed grid.
+    pub blocks: u64,
+}
+
+impl StagingLayout {
+    fn arena_stride(&self) -> u64 {
+        align(self.arena_bytes.max(1), REGION_ALIGN)
+    }
+
+    fn flags_stride(&self) -> u64 {
+        align(self.values.max(1) * self.blocks.max(1) * 4, REGION_ALIGN)
+    }
+
+    /// Offset of the arena of `parity`.
+    pub fn arena(&self, parity: usize) -> u64 {
+        parity as u64 * self.arena_stride()
+    }
+
+    /// Offset of the flags of `parity` (`uint32_t[values][blocks]`).
+    pub fn flags(&self, parity: usize) -> u64 {
+        2 * self.arena_stride() + parity as u64 * self.flags_stride()
+    }
+
+    /// Offset of the failure word (`uint32_t`), which peers read.
+    pub fn failed(&self) -> u64 {
+        2 * self.arena_stride() + 2 * self.flags_stride()
+    }
+
+    /// Offset of the epoch (`uint64_t`), which only the owner's kernels touch.
+    pub fn epoch(&self) -> u64 {
+        self.failed() + REGION_ALIGN
+    }
+
+    /// Offset of the finished-blocks counter (`uint32_t`).
+    pub fn finished_blocks(&self) -> u64 {
+        self.epoch() + REGION_ALIGN
+    }
+
+    /// Bytes to allocate: everything, rounded up to the IPC granule.
+    pub fn allocation_bytes(&self) -> u64 {
+        align(self.finished_blocks() + REGION_ALIGN, ALLOCATION_GRANULE)
+    }
+
+    /// The `RawPeer` of the rank whose allocation is mapped at `base` in this process.
+    pub fn peer(&self, base: u64) -> RawPeer {
+        RawPeer {
+            arena: [base + self.arena(0), base + self.arena(1)],
+            flags: [base + self.flags(0), base + self.flags(1)],
+            failed: base + self.failed(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_are_disjoint_aligned_and_fit_the_granule() {
+        for (arena_bytes, values, blocks) in
+            [(0, 0, 1), (1, 1, 1), (3 << 20, 40, 16), (64, 900, 24)]
+        {
+            let l = StagingLayout {
+                arena_bytes,
+                values,
+                blocks,
+            };
+            let regions = [
+                (l.arena(0), arena_bytes),
+                (l.arena(1), arena_bytes),
+                (l.flags(0), values * blocks * 4),
+                (l.flags(1), values * blocks * 4),
+                (l.failed(), 4),
+                (l.epoch(), 8),
+                (l.finished_blocks(), 4),
+            ];
+            for (i, &(at, len)) in regions.iter().enumerate() {
+                assert_eq!(at % REGION_ALIGN, 0);
+                assert!(at + len <= l.allocation_bytes());
+                for &(other, other_len) in &regions[i + 1..] {
+                    assert!(at + len <= other || other + other_len <= at, "{l:?}");
+                }
+            }
+            assert_eq!(l.allocation_bytes() % ALLOCATION_GRANULE, 0);
+            let p = l.peer(1 << 40);
+            assert_eq!(p.flags[1], (1 << 40) + l.flags(1));
+        }
+    }
+}
