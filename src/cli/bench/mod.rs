@@ -1,8 +1,10 @@
-//! `stragglar bench`: nccl-tests' all_reduce_perf on the host engine, with a late straggler.
+//! `stragglar bench`: nccl-tests' all_reduce_perf on the host engine, with a late straggler,
+//! or on the GPU engine (`--backend cuda`).
 //!
 //! The parent runs the ranks (threads of itself, or worker processes of the same binary that
 //! report one line per size on stdout), combines what they measured and prints the table.
 
+mod cuda;
 pub(crate) mod data;
 mod options;
 mod report;
@@ -136,6 +138,9 @@ pub fn execute(
 /// Runs `stragglar bench`; exit status 1 if any element was wrong or a rank failed.
 pub fn run(args: Args) -> Result<i32, UsageError> {
     let options = BenchOptions::parse(args)?;
+    if options.backend == options::Backend::Cuda {
+        return Ok(cuda::run(&options));
+    }
     let comm_id = fresh_comm_id();
     worker::layout(&options).map_err(|e| UsageError(format!("cannot plan this run: {e}")))?;
     print!("{}", report::header(&options, comm_id));

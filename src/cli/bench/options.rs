@@ -13,6 +13,15 @@ pub enum RanksAs {
     Threads,
 }
 
+/// Which engine runs the calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The host engine over shared memory.
+    Host,
+    /// The GPU engine on GPU 0 (ranks as threads sharing it).
+    Cuda,
+}
+
 /// The algorithm each call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BenchAlgo {
@@ -47,9 +56,16 @@ pub struct BenchOptions {
     pub check: usize,
     pub op: ReduceOp,
     pub dtype: DataType,
+    /// Every op and type to run (`-o all`, `-d all`, or lists such as `-d half,float`; the
+    /// CUDA backend only); `op` and `dtype` are the first of each.
+    pub ops: Vec<ReduceOp>,
+    pub dtypes: Vec<DataType>,
     pub json: Option<PathBuf>,
     pub ranks: usize,
     pub ranks_as: RanksAs,
+    pub backend: Backend,
+    /// `--bandwidth` (CUDA backend): first measure the kernels against the device's copy rate.
+    pub bandwidth: bool,
     pub algo: BenchAlgo,
     /// The rank the schedule treats as the straggler.
     pub straggler: usize,
@@ -93,30 +109,49 @@ impl BenchOptions {
             .parsed(&["-w", "--warmup_iters"], "a count")?
             .unwrap_or(1);
         let check = args.parsed(&["-c", "--check"], "a count")?.unwrap_or(1);
-        let op = match args.value(&["-o", "--op"])? {
-            None => ReduceOp::Sum,
-            Some(name) => ReduceOp::parse(if name == "mulsum" { "premulsum" } else { &name })
-                .ok_or_else(|| {
-                    UsageError(format!(
-                        "-o: unknown op '{name}' (sum, prod, max, min, avg, premulsum)"
-                    ))
-                })?,
+        let ops = match args.value(&["-o", "--op"])?.as_deref() {
+            None => vec![ReduceOp::Sum],
+            Some("all") => ReduceOp::ALL.to_vec(),
+            Some(list) => {
+                list.split(',')
+                    .map(|name| {
+                        ReduceOp::parse(if name == "mulsum" { "premulsum" } else { name })
+                            .ok_or_else(|| {
+                                UsageError(format!(
+                                "-o: unknown op '{name}' (sum, prod, max, min, avg, premulsum, all)"
+                            ))
+                            })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
         };
-        let dtype = match args.value(&["-d", "--datatype"])? {
-            None => DataType::F32,
-            Some(name) => DataType::parse(&name).ok_or_else(|| {
-                UsageError(format!("-d: '{name}' is not supported here (int8 uint8 int32 uint32 int64 uint64 half float double bfloat16)"))
-            })?,
+        let dtypes = match args.value(&["-d", "--datatype"])?.as_deref() {
+            None => vec![DataType::F32],
+            Some("all") => DataType::ALL.to_vec(),
+            Some(list) => list
+                .split(',')
+                .map(|name| {
+                    DataType::parse(name).ok_or_else(|| {
+                        UsageError(format!("-d: '{name}' is not supported here (int8 uint8 int32 uint32 int64 uint64 half float double bfloat16, all)"))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
         };
+        let (op, dtype) = (ops[0], dtypes[0]);
         let json = args.value(&["-J", "--output_file"])?.map(PathBuf::from);
-        let backend = args.value(&["--backend"])?.unwrap_or_else(|| "host".into());
-        if backend != "host" {
-            return Err(UsageError(format!(
-                "--backend {backend}: only the host engine exists in this version (the CUDA engine is not built yet)"
-            )));
-        }
+        let backend = match args.value(&["--backend"])?.as_deref() {
+            None | Some("host") => Backend::Host,
+            Some("cuda") => Backend::Cuda,
+            Some(other) => {
+                return Err(UsageError(format!(
+                    "--backend: expected host or cuda, got '{other}'"
+                )))
+            }
+        };
+        let bandwidth = args.flag(&["--bandwidth"]);
         let ranks: usize = args.parsed(&["--ranks"], "a rank count")?.unwrap_or(8);
         let ranks_as = match args.value(&["--ranks-as"])?.as_deref() {
+            None if backend == Backend::Cuda => RanksAs::Threads,
             None | Some("processes") => RanksAs::Processes,
             Some("threads") => RanksAs::Threads,
             Some(other) => {
@@ -191,9 +226,13 @@ impl BenchOptions {
             check,
             op,
             dtype,
+            ops,
+            dtypes,
             json,
             ranks,
             ranks_as,
+            backend,
+            bandwidth,
             algo,
             straggler,
             late_ranks,
@@ -213,6 +252,23 @@ impl BenchOptions {
 
     fn validate(&self) -> Result<(), UsageError> {
         let fail = |m: String| Err(UsageError(m));
+        if self.backend == Backend::Cuda {
+            if self.ranks_as == RanksAs::Processes {
+                return fail("--backend cuda runs its ranks as threads of one process (--ranks-as threads); processes over CUDA IPC are not built yet".into());
+            }
+            if self.algo == BenchAlgo::Auto
+                || self.delay_us > 0
+                || self.jitter_us > 0
+                || self.fault.is_some()
+                || self.link_gbs.is_some()
+            {
+                return fail("--backend cuda takes --algo stragglar|ring and no --delay-us, --jitter-us, --fault or --link-gbs (host-engine emulations)".into());
+            }
+        } else if self.bandwidth {
+            return fail("--bandwidth measures GPU kernels: use it with --backend cuda".into());
+        } else if self.ops.len() > 1 || self.dtypes.len() > 1 {
+            return fail("several types or ops (-d all, -o all, lists) need --backend cuda; the host engine runs one of each".into());
+        }
         if !(2..=64).contains(&self.ranks) {
             return fail(format!(
                 "--ranks {}: the host engine runs 2 to 64 ranks",

@@ -82,6 +82,8 @@ pub fn status_text(status: u32) -> &'static str {
     }
 }
 
+impl std::error::Error for CallError {}
+
 impl From<GpuError> for CallError {
     fn from(e: GpuError) -> Self {
         CallError::Gpu(e)

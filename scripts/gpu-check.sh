@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# The GPU self-check: one prepared run on a machine with one GPU (an H200 in mind), no network
+# and no Rust toolchain. Build here first (cargo build --release), carry target/release/stragglar
+# and target/release/libstragglar.so, run this there. It uses the machine's own PyTorch, NCCL and
+# NVRTC. Finishes in a few minutes; prints one summary table last.
+#
+# usage: scripts/gpu-check.sh [--dry-run] [--quick]
+#   --dry-run  print every step without running anything (works on any machine)
+#   --quick    fewer world sizes, types and ops (a minute or two)
+#
+# What it checks:
+#   1. doctor: what the library sees (driver, GPUs, NVRTC, NCCL)
+#   2. kernels: NVRTC compiles every kernel for this GPU into a checked CUBIN
+#   3. correctness: stragglar bench --backend cuda, ranks as threads of one process sharing the
+#      GPU (each rank on its own stream), n = 2..8, every type and op, every element checked,
+#      every rank bitwise equal to the others, in place and out of place
+#   4. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%)
+#   5. CUDA IPC across processes (pending: not built yet)
+#   6. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+DRY=0
+QUICK=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY=1 ;;
+    --quick) QUICK=1 ;;
+    *) echo "usage: scripts/gpu-check.sh [--dry-run] [--quick]" >&2; exit 2 ;;
+  esac
+done
+
+BIN="${STRAGGLAR_BIN:-target/release/stragglar}"
+LIB="${STRAGGLAR_LIB:-target/release/libstragglar.so}"
+PYTHON="${PYTHON:-python3}"
+OUT="${OUT:-${TMPDIR:-/tmp}/stragglar-gpu-check}"
+mkdir -p "$OUT"
+export STRAGGLAR_CACHE_DIR="$OUT/kernel-cache"
+
+SUMMARY=()
+FAILED=0
+record() { # name result detail
+  SUMMARY+=("$(printf '%-58s %-8s %s' "$1" "$2" "$3")")
+  if [ "$2" = FAIL ]; then FAILED=1; fi
+}
+
+# Runs a step: name, log file, command...; records PASS or FAIL by exit status.
+step() {
+  local name="$1" log="$2"
+  shift 2
+  printf '\n== %s\n$ %s\n' "$name" "$*"
+  if [ "$DRY" = 1 ]; then
+    record "$name" DRY-RUN "not run"
+    return 0
+  fi
+  local started=$SECONDS
+  "$@" 2>&1 | tee "$OUT/$log"
+  local status=${PIPESTATUS[0]}
+  local took=$((SECONDS - started))
+  if [ "$status" = 0 ]; then
+    record "$name" PASS "${took} s, log $OUT/$log"
+  else
+    record "$name" FAIL "exit $status after ${took} s, log $OUT/$log"
+  fi
+  return "$status"
+}
+
+# NVRTC: the machine's CUDA toolkit, or the one PyTorch's wheels bring.
+find_nvrtc_dir() {
+  local candidates=()
+  if [ -n "${CUDA_HOME:-}" ]; then candidates+=("$CUDA_HOME/lib64"); fi
+  candidates+=(/usr/local/cuda/lib64)
+  local site
+  site=$("$PYTHON" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
+  for dir in $site; do
+    candidates+=("$dir"/nvidia/cu13/lib "$dir"/nvidia/cuda_nvrtc/lib "$dir"/nvidia/*/lib)
+  done
+  for dir in "${candidates[@]}"; do
+    if ls "$dir"/libnvrtc.so* >/dev/null 2>&1; then
+      echo "$dir"
+      return 0
+    fi
+  done
+  return 1
+}
+
+echo "stragglar gpu-check: binaries $BIN and $LIB, logs in $OUT"
+if [ "$DRY" = 0 ]; then
+  for f in "$BIN" "$LIB"; do
+    if [ ! -x "$f" ] && [ ! -f "$f" ]; then
+      echo "missing $f: run cargo build --release on the build machine and carry target/release" >&2
+      exit 2
+    fi
+  done
+  if NVRTC_DIR=$(find_nvrtc_dir); then
+    export LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "NVRTC from $NVRTC_DIR"
+  else
+    echo "no libnvrtc found: the kernels cannot be compiled here" >&2
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+fi
+
+# 1. What the library sees.
+step "doctor" doctor.log "$BIN" doctor
+
+# 2. Kernels for this GPU.
+ARCH=sm_90
+if [ "$DRY" = 0 ]; then
+  CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+  if [ -n "$CC" ]; then ARCH="sm_$CC"; fi
+fi
+step "kernels compile with NVRTC ($ARCH)" kernels.log "$BIN" kernels --arch "$ARCH" --out "$OUT/cubins"
+
+# 3. Correctness: every type and op, world sizes 2..8, ranks as threads sharing the GPU, the
+#    straggler and the algorithm varied; one process per world size and algorithm.
+TYPES=all
+OPS=all
+RANKS="2 3 4 5 6 7 8"
+if [ "$QUICK" = 1 ]; then
+  TYPES=int32,half,float,bfloat16
+  OPS=sum,avg,premulsum
+  RANKS="2 4 8"
+fi
+matrix() {
+  local failures=0 runs=0
+  for n in $RANKS; do
+    for algo in stragglar ring; do
+      runs=$((runs + 1))
+      local log="$OUT/matrix-$n-$algo.log"
+      if ! "$BIN" bench --backend cuda --ranks "$n" --algo "$algo" -d "$TYPES" -o "$OPS" \
+        -b 1 -e 4M -f 16 -n 2 -w 1 --straggler $((runs % n)) --timeout-ms 20000 >"$log" 2>&1; then
+        failures=$((failures + 1))
+        echo "FAILED: n=$n $algo (see $log)"
+        grep -v '^ ' "$log" | tail -5
+      fi
+    done
+    echo "n=$n done ($runs runs so far, $failures failed)"
+  done
+  echo "$runs runs, $failures failed"
+  [ "$failures" = 0 ]
+}
+step "bench --backend cuda: n=${RANKS// /,}, types $TYPES, ops $OPS" matrix.log matrix
+
+# Larger messages, both algorithms, with timings (nccl-tests style tables).
+for algo in stragglar ring; do
+  step "bench --backend cuda: 8 ranks, 1K..256M, $algo" "sweep-$algo.log" \
+    "$BIN" bench --backend cuda --ranks 8 --algo "$algo" -b 1K -e 256M -f 4 -n 10 -w 2 \
+    --straggler 7 --timeout-ms 60000 --buffer-bytes 1G
+done
+
+# 4. Kernel bandwidth against the device's copy rate.
+for t in float bfloat16; do
+  step "kernel bandwidth vs cuMemcpyDtoD ($t)" "bandwidth-$t.log" \
+    "$BIN" bench --backend cuda --ranks 8 --bandwidth -d "$t" -b 256M -e 256M -n 20 -w 2 --buffer-bytes 1G \
+    --timeout-ms 60000
+done
+
+# 5. Processes over CUDA IPC.
+echo
+echo "== processes over CUDA IPC"
+echo "not built yet: the CUDA backend of stragglar bench runs ranks as threads only"
+record "processes over CUDA IPC (2..4)" PENDING "not built yet"
+
+# 6. PyTorch under LD_PRELOAD, world size 1.
+torch_check() {
+  STRAGGLAR_DEBUG=INFO LD_PRELOAD="$PWD/$LIB" "$PYTHON" - <<'PY'
+import os, socket
+import torch
+import torch.distributed as dist
+
+assert torch.cuda.is_available(), "PyTorch sees no GPU"
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+for dtype in (torch.float32, torch.bfloat16, torch.int32):
+    t = torch.arange(4096, device="cuda").to(dtype)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    assert torch.equal(t, torch.arange(4096, device="cuda").to(dtype)), dtype
+maps = open("/proc/self/maps").read()
+assert "libstragglar.so" in maps, "libstragglar.so is not loaded"
+print("NCCL", torch.cuda.nccl.version(), "- AllReduce through libstragglar.so: ok")
+dist.destroy_process_group()
+PY
+}
+step "PyTorch LD_PRELOAD, world size 1" torch.log torch_check
+
+echo
+echo "== gpu-check summary"
+printf '%-58s %-8s %s\n' "check" "result" "detail"
+for line in "${SUMMARY[@]}"; do
+  echo "$line"
+done
+exit "$FAILED"

@@ -1,0 +1,66 @@
+//! `scripts/gpu-check.sh` is complete and runnable where no GPU is: its dry run lists every
+//! check and ends with the summary table; the CUDA backend it drives fails cleanly here.
+
+mod support;
+
+use std::process::Command;
+
+#[test]
+fn the_dry_run_lists_every_check_and_ends_with_the_summary() {
+    let out = Command::new("bash")
+        .arg(support::root().join("scripts/gpu-check.sh"))
+        .arg("--dry-run")
+        .env(
+            "OUT",
+            support::root().join("target").join("gpu-check-dry-run"),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = stdout
+        .split("== gpu-check summary")
+        .nth(1)
+        .expect("a summary table");
+    for check in [
+        "doctor",
+        "kernels compile with NVRTC",
+        "bench --backend cuda: n=2,3,4,5,6,7,8, types all, ops all",
+        "8 ranks, 1K..256M, stragglar",
+        "8 ranks, 1K..256M, ring",
+        "kernel bandwidth vs cuMemcpyDtoD",
+        "processes over CUDA IPC",
+        "PyTorch LD_PRELOAD, world size 1",
+    ] {
+        assert!(summary.contains(check), "{check} missing from:\n{summary}");
+    }
+    assert!(!summary.contains("FAIL"));
+}
+
+#[test]
+fn the_cuda_backend_without_a_gpu_says_why_and_fails_cleanly() {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_stragglar"))
+        .args([
+            "bench",
+            "--backend",
+            "cuda",
+            "--ranks",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--backend cuda:"), "{stderr}");
+}
