@@ -40,6 +40,11 @@ pub const SETTINGS: &[SettingDoc] = &[
         meaning: "give up a wait on peers after this many ms (as NCCL, none by default)",
     },
     SettingDoc {
+        name: "STRAGGLAR_CACHE_DIR",
+        default: "(unset: ~/.cache/stragglar)",
+        meaning: "compiled kernels, keyed by source hash, GPU architecture and NVRTC version",
+    },
+    SettingDoc {
         name: "STRAGGLAR_DEBUG",
         default: "WARN",
         meaning: "log level: WARN, INFO or TRACE",
@@ -66,6 +71,8 @@ pub struct Config {
     pub buffer_bytes: usize,
     /// `STRAGGLAR_TIMEOUT_MS`: deadline of a wait on peers; `None` waits forever.
     pub timeout_ms: Option<u64>,
+    /// `STRAGGLAR_CACHE_DIR`: where compiled kernels are kept, if given.
+    pub cache_dir: Option<String>,
     /// `STRAGGLAR_DEBUG`.
     pub log_level: Level,
     /// `STRAGGLAR_DEBUG_FILE`, with `%h` and `%p` still unexpanded.
@@ -79,6 +86,7 @@ impl Default for Config {
             nccl_lib: None,
             buffer_bytes: DEFAULT_BUFFER_BYTES,
             timeout_ms: None,
+            cache_dir: None,
             log_level: Level::Warn,
             log_file: None,
         }
@@ -155,6 +163,10 @@ impl Config {
                 Err(_) => false,
             },
         );
+        read("STRAGGLAR_CACHE_DIR", "(unset)", &mut |v| {
+            config.cache_dir = (!v.is_empty()).then(|| v.to_string());
+            !v.is_empty()
+        });
         read("STRAGGLAR_DEBUG", "WARN", &mut |v| match Level::parse(v) {
             Some(level) => {
                 config.log_level = level;
@@ -187,6 +199,15 @@ impl Config {
                 "STRAGGLAR_TIMEOUT_MS",
                 self.timeout_ms
                     .map_or_else(|| "(unset: no deadline)".into(), |ms| ms.to_string()),
+            ),
+            (
+                "STRAGGLAR_CACHE_DIR",
+                self.cache_dir.clone().unwrap_or_else(|| {
+                    crate::gpu::nvrtc::default_cache_dir(None).map_or_else(
+                        || "(unset: no cache)".into(),
+                        |d| format!("(unset: {})", d.display()),
+                    )
+                }),
             ),
             ("STRAGGLAR_DEBUG", self.log_level.name().to_string()),
             (

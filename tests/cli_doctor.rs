@@ -99,3 +99,15 @@ fn unknown_commands_and_arguments_are_usage_errors() {
     let out = run(clean_command(exe).args(["doctor", "--bogus"]));
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
 }
+
+#[test]
+fn the_readme_documents_every_setting_with_its_default() {
+    let readme = std::fs::read_to_string(support::root().join("README.md")).unwrap();
+    for setting in stragglar::config::SETTINGS {
+        let row = readme
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{}` |", setting.name)))
+            .unwrap_or_else(|| panic!("README has no row for {}", setting.name));
+        assert!(row.split('|').count() >= 4, "{row}");
+    }
+}

@@ -40,17 +40,21 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         Driver::Devices(0) => println!("  driver:    present, but it sees no GPU"),
         Driver::Devices(n) => println!("  driver:    present, {n} GPU(s)"),
     }
-    println!(
-        "  NVRTC:     {}",
-        if gpu.nvrtc {
-            "found"
-        } else {
-            "not found (libnvrtc.so* is not on the loader's search path)"
+    match crate::gpu::nvrtc::version() {
+        Some((major, minor)) => {
+            println!("  NVRTC:     {major}.{minor} (compiles the kernels on first use)")
         }
-    );
+        None => {
+            println!("  NVRTC:     not found (libnvrtc.so* is not on the loader's search path)")
+        }
+    }
+    match crate::gpu::nvrtc::default_cache_dir(config.cache_dir.as_deref()) {
+        Some(dir) => println!("  kernels:   cached in {}", dir.display()),
+        None => println!("  kernels:   no cache directory (set STRAGGLAR_CACHE_DIR)"),
+    }
     let verdict = match &gpu.driver {
         Driver::Devices(n) if *n > 0 => {
-            "GPUs present; this version forwards every AllReduce to the real NCCL"
+            "GPUs present; the GPU engine runs under `stragglar bench --backend cuda`, but ncclAllReduce does not use it yet: every AllReduce is forwarded to the real NCCL"
         }
         _ => "no usable GPU: every call is forwarded to the real NCCL",
     };

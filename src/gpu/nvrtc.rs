@@ -114,14 +114,16 @@ pub fn cache_key(arch: &str, version: (i32, i32)) -> String {
     )
 }
 
-/// `STRAGGLAR_CACHE_DIR`, else `$XDG_CACHE_HOME/stragglar`, else `~/.cache/stragglar`.
-pub fn default_cache_dir() -> Option<PathBuf> {
+/// The kernel cache: `configured` (`STRAGGLAR_CACHE_DIR`), else `$XDG_CACHE_HOME/stragglar`,
+/// else `~/.cache/stragglar`; `None` when there is no home to put it in.
+pub fn default_cache_dir(configured: Option<&str>) -> Option<PathBuf> {
     let env = |k| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     };
-    env("STRAGGLAR_CACHE_DIR")
+    configured
+        .map(PathBuf::from)
         .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("stragglar")))
         .or_else(|| env("HOME").map(|d| d.join(".cache").join("stragglar")))
 }

@@ -48,7 +48,7 @@ pub fn open_gpu() -> Result<GpuKernels, String> {
     let gpu = |e: GpuError| e.to_string();
     let device = Device::open(0).map_err(gpu)?;
     let arch = device.arch().map_err(gpu)?;
-    let cache = nvrtc::default_cache_dir();
+    let cache = nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref());
     let (cubin, _) = nvrtc::cubin_cached(&arch, cache.as_deref()).map_err(|e| e.to_string())?;
     let all_reduce = Arc::new(Kernel::load(&device, &cubin, ALL_REDUCE_KERNEL).map_err(gpu)?);
     let probe = Kernel::load(&device, &cubin, APPLY_PROBE_KERNEL).map_err(gpu)?;
