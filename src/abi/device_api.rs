@@ -15,7 +15,7 @@ pub extern "C" fn ncclCommQueryProperties(
     comm: ncclComm_t,
     props: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclCommQueryProperties(comm, props); outputs props)
+    forward!(ncclCommQueryProperties(comm, props); live comm; outputs props)
 }
 
 /// Forwards to the real `pncclCommQueryProperties`; never intercepted.
@@ -24,7 +24,7 @@ pub extern "C" fn pncclCommQueryProperties(
     comm: ncclComm_t,
     props: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclCommQueryProperties(comm, props); outputs props)
+    forward!(ncclCommQueryProperties(comm, props); live comm; outputs props)
 }
 
 /// Forwards to the real `ncclDevCommCreate` (device API).
@@ -34,7 +34,7 @@ pub extern "C" fn ncclDevCommCreate(
     reqs: *const DeviceApiOpaque,
     outDevComm: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclDevCommCreate(comm, reqs, outDevComm); outputs outDevComm)
+    forward!(ncclDevCommCreate(comm, reqs, outDevComm); live comm; outputs outDevComm)
 }
 
 /// Forwards to the real `pncclDevCommCreate`; never intercepted.
@@ -44,7 +44,7 @@ pub extern "C" fn pncclDevCommCreate(
     reqs: *const DeviceApiOpaque,
     outDevComm: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclDevCommCreate(comm, reqs, outDevComm); outputs outDevComm)
+    forward!(ncclDevCommCreate(comm, reqs, outDevComm); live comm; outputs outDevComm)
 }
 
 /// Forwards to the real `ncclDevCommDestroy` (device API).
@@ -53,7 +53,7 @@ pub extern "C" fn ncclDevCommDestroy(
     comm: ncclComm_t,
     devComm: *const DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclDevCommDestroy(comm, devComm))
+    forward!(ncclDevCommDestroy(comm, devComm); live comm)
 }
 
 /// Forwards to the real `pncclDevCommDestroy`; never intercepted.
@@ -62,7 +62,7 @@ pub extern "C" fn pncclDevCommDestroy(
     comm: ncclComm_t,
     devComm: *const DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclDevCommDestroy(comm, devComm))
+    forward!(ncclDevCommDestroy(comm, devComm); live comm)
 }
 
 /// Forwards to the real `ncclGetLsaMultimemDevicePointer` (device API).
@@ -183,7 +183,7 @@ pub extern "C" fn ncclGetCftDeviceLeInfo(
     leId: *mut u32,
     leOffset: *mut usize,
 ) -> ResultCode {
-    forward!(ncclGetCftDeviceLeInfo(window, offset, peerCft, cftTeam, leId, leOffset); outputs leId, leOffset)
+    forward!(ncclGetCftDeviceLeInfo(window, offset, peerCft, cftTeam, leId, leOffset); team cftTeam; outputs leId, leOffset)
 }
 
 /// Forwards to the real `pncclGetCftDeviceLeInfo`; never intercepted.
@@ -196,7 +196,7 @@ pub extern "C" fn pncclGetCftDeviceLeInfo(
     leId: *mut u32,
     leOffset: *mut usize,
 ) -> ResultCode {
-    forward!(ncclGetCftDeviceLeInfo(window, offset, peerCft, cftTeam, leId, leOffset); outputs leId, leOffset)
+    forward!(ncclGetCftDeviceLeInfo(window, offset, peerCft, cftTeam, leId, leOffset); team cftTeam; outputs leId, leOffset)
 }
 
 /// Forwards to the real `ncclGetPeerDeviceLeInfo` (device API).
@@ -226,85 +226,85 @@ pub extern "C" fn pncclGetPeerDeviceLeInfo(
 /// Forwards to the real `ncclTeamWorld` (device API).
 #[no_mangle]
 pub extern "C" fn ncclTeamWorld(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamWorld(comm))
+    forward!(ncclTeamWorld(comm); live comm)
 }
 
 /// Forwards to the real `pncclTeamWorld`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclTeamWorld(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamWorld(comm))
+    forward!(ncclTeamWorld(comm); live comm)
 }
 
 /// Forwards to the real `ncclTeamLsa` (device API).
 #[no_mangle]
 pub extern "C" fn ncclTeamLsa(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamLsa(comm))
+    forward!(ncclTeamLsa(comm); live comm)
 }
 
 /// Forwards to the real `pncclTeamLsa`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclTeamLsa(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamLsa(comm))
+    forward!(ncclTeamLsa(comm); live comm)
 }
 
 /// Forwards to the real `ncclTeamCft` (device API).
 #[no_mangle]
 pub extern "C" fn ncclTeamCft(comm: ncclComm_t, mode: c_int) -> ncclTeam_t {
-    forward!(ncclTeamCft(comm, mode))
+    forward!(ncclTeamCft(comm, mode); live comm)
 }
 
 /// Forwards to the real `pncclTeamCft`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclTeamCft(comm: ncclComm_t, mode: c_int) -> ncclTeam_t {
-    forward!(ncclTeamCft(comm, mode))
+    forward!(ncclTeamCft(comm, mode); live comm)
 }
 
 /// Forwards to the real `ncclTeamCftMultimem` (device API).
 #[no_mangle]
 pub extern "C" fn ncclTeamCftMultimem(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamCftMultimem(comm))
+    forward!(ncclTeamCftMultimem(comm); live comm)
 }
 
 /// Forwards to the real `pncclTeamCftMultimem`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclTeamCftMultimem(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamCftMultimem(comm))
+    forward!(ncclTeamCftMultimem(comm); live comm)
 }
 
 /// Forwards to the real `ncclTeamRankToWorld` (device API).
 #[no_mangle]
 pub extern "C" fn ncclTeamRankToWorld(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
-    forward!(ncclTeamRankToWorld(comm, team, rank))
+    forward!(ncclTeamRankToWorld(comm, team, rank); live comm; team team)
 }
 
 /// Forwards to the real `pncclTeamRankToWorld`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclTeamRankToWorld(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
-    forward!(ncclTeamRankToWorld(comm, team, rank))
+    forward!(ncclTeamRankToWorld(comm, team, rank); live comm; team team)
 }
 
 /// Forwards to the real `ncclTeamRankToLsa` (device API).
 #[no_mangle]
 pub extern "C" fn ncclTeamRankToLsa(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
-    forward!(ncclTeamRankToLsa(comm, team, rank))
+    forward!(ncclTeamRankToLsa(comm, team, rank); live comm; team team)
 }
 
 /// Forwards to the real `pncclTeamRankToLsa`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclTeamRankToLsa(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
-    forward!(ncclTeamRankToLsa(comm, team, rank))
+    forward!(ncclTeamRankToLsa(comm, team, rank); live comm; team team)
 }
 
 /// Forwards to the real `ncclTeamRail` (device API).
 #[no_mangle]
 pub extern "C" fn ncclTeamRail(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamRail(comm))
+    forward!(ncclTeamRail(comm); live comm)
 }
 
 /// Forwards to the real `pncclTeamRail`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclTeamRail(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamRail(comm))
+    forward!(ncclTeamRail(comm); live comm)
 }
 
 /// Forwards to the real `ncclLsaBarrierCreateRequirement` (device API).
@@ -315,7 +315,7 @@ pub extern "C" fn ncclLsaBarrierCreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclLsaBarrierCreateRequirement(team, nBarriers, outHandle, outReq); outputs outHandle, outReq)
+    forward!(ncclLsaBarrierCreateRequirement(team, nBarriers, outHandle, outReq); team team; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `pncclLsaBarrierCreateRequirement`; never intercepted.
@@ -326,7 +326,7 @@ pub extern "C" fn pncclLsaBarrierCreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclLsaBarrierCreateRequirement(team, nBarriers, outHandle, outReq); outputs outHandle, outReq)
+    forward!(ncclLsaBarrierCreateRequirement(team, nBarriers, outHandle, outReq); team team; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `ncclGinBarrierCreateRequirement` (device API).
@@ -338,7 +338,7 @@ pub extern "C" fn ncclGinBarrierCreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclGinBarrierCreateRequirement(comm, team, nBarriers, outHandle, outReq); outputs outHandle, outReq)
+    forward!(ncclGinBarrierCreateRequirement(comm, team, nBarriers, outHandle, outReq); live comm; team team; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `pncclGinBarrierCreateRequirement`; never intercepted.
@@ -350,7 +350,7 @@ pub extern "C" fn pncclGinBarrierCreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclGinBarrierCreateRequirement(comm, team, nBarriers, outHandle, outReq); outputs outHandle, outReq)
+    forward!(ncclGinBarrierCreateRequirement(comm, team, nBarriers, outHandle, outReq); live comm; team team; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `ncclLLA2ACalcSlots` (device API).
@@ -418,7 +418,7 @@ pub extern "C" fn ncclGinInboxA2ACreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclGinInboxA2ACreateRequirement(peers, nBlocks, size_log2, outHandle, outReq); outputs outHandle, outReq)
+    forward!(ncclGinInboxA2ACreateRequirement(peers, nBlocks, size_log2, outHandle, outReq); team peers; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `pncclGinInboxA2ACreateRequirement`; never intercepted.
@@ -430,5 +430,5 @@ pub extern "C" fn pncclGinInboxA2ACreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclGinInboxA2ACreateRequirement(peers, nBlocks, size_log2, outHandle, outReq); outputs outHandle, outReq)
+    forward!(ncclGinInboxA2ACreateRequirement(peers, nBlocks, size_log2, outHandle, outReq); team peers; outputs outHandle, outReq)
 }

@@ -1,8 +1,9 @@
 //! `forward!`: the one way an export calls the real NCCL.
 //!
-//! `forward!(ncclX(comm, b); live comm; outputs b)` refuses a NULL communicator or one that was
-//! already destroyed (`live`, see `guard::check_live`), checks that each named output pointer is
-//! non-NULL (`ncclInvalidArgument` and one WARN otherwise), then calls the real `pncclX` (or `ncclX`)
+//! `forward!(ncclX(comm, t, b); live comm; team t; outputs b)` refuses a NULL communicator or
+//! one that was already destroyed (`live`, see `guard::check_live`), a device-API team no
+//! communicator could have produced (`team`: NCCL divides by its size and stride), and a NULL
+//! output pointer (`ncclInvalidArgument` and one WARN each), then calls the real `pncclX` (or `ncclX`)
 //! with the arguments unchanged and returns its result bit for bit, all inside the panic guard.
 //! The function-pointer type is inferred from the export `ncclX` itself, so every signature is
 //! written exactly once, in the export.
@@ -34,7 +35,7 @@ macro_rules! __placeholder_type {
 #[macro_export]
 #[doc(hidden)]
 macro_rules! forward {
-    ($export:ident ( $($arg:ident),* ) $(; live $live:ident)? $(; outputs $($out:ident),+)?) => {{
+    ($export:ident ( $($arg:ident),* ) $(; live $live:ident)? $(; team $team:ident)? $(; outputs $($out:ident),+)?) => {{
         static SYMBOL: $crate::nccl::Symbol = $crate::nccl::Symbol::new(
             $crate::abi::guard::cstr(concat!("p", stringify!($export), "\0")),
             $crate::abi::guard::cstr(concat!(stringify!($export), "\0")),
@@ -50,6 +51,14 @@ macro_rules! forward {
                 static LIVE_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
                 if let Err(code) = $crate::abi::guard::check_live($live, &LIVE_WARNED, stringify!($export)) {
                     return $crate::abi::guard::FailureValue::from_code(code);
+                }
+            )?
+            $(
+                if !$team.is_plausible() {
+                    static TEAM_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                    return $crate::abi::guard::FailureValue::from_code(
+                        $crate::abi::guard::reject_team(&TEAM_WARNED, stringify!($export), stringify!($team)),
+                    );
                 }
             )?
             $($(

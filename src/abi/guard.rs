@@ -73,6 +73,17 @@ pub fn reject_null(warned: &AtomicBool, function: &str, argument: &str) -> Resul
     ResultCode::INVALID_ARGUMENT
 }
 
+/// Refuses, with one WARN per call site, a device-API team with no ranks, a rank outside it or
+/// a stride below 1: NCCL divides by these and would crash the process.
+pub fn reject_team(warned: &AtomicBool, function: &str, argument: &str) -> ResultCode {
+    if !warned.swap(true, Ordering::Relaxed) {
+        log::warn!(
+            "{function}: {argument} is not a team (nRanks < 1, rank outside it, or stride < 1); returning ncclInvalidArgument"
+        );
+    }
+    ResultCode::INVALID_ARGUMENT
+}
+
 /// Refuses, with one WARN per call site, an application's call on a communicator whose Destroy
 /// or Abort has already returned: forwarding it would be a use after free inside NCCL. The
 /// calls NCCL makes itself during teardown pass.

@@ -1,6 +1,8 @@
 //! The profiling twins `pncclX` of every function in `nccl.h`. NCCL exports both names; tools
 //! that define `ncclX` themselves call `pncclX` to reach the library. Ours forward to the real
-//! `pncclX` and are never intercepted, tracked or redirected.
+//! `pncclX` and are never intercepted (`pncclAllReduce` always reaches NCCL). Like their
+//! `ncclX`, they refuse NULL and destroyed communicators (NCCL would dereference them), and
+//! `pncclCommDestroy`/`pncclCommAbort` record the destruction.
 
 #![allow(non_snake_case)]
 
@@ -75,25 +77,28 @@ pub extern "C" fn pncclCommInitAll(
 /// Forwards to the real `pncclCommFinalize`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclCommFinalize(comm: ncclComm_t) -> ResultCode {
-    forward!(ncclCommFinalize(comm))
+    forward!(ncclCommFinalize(comm); live comm)
 }
 
 /// Forwards to the real `pncclCommDestroy`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclCommDestroy(comm: ncclComm_t) -> ResultCode {
-    forward!(ncclCommDestroy(comm))
+    // Tracked like ncclCommDestroy, so later calls on the handle are refused whichever name
+    // destroyed it.
+    ncclCommDestroy(comm)
 }
 
 /// Forwards to the real `pncclCommAbort`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclCommAbort(comm: ncclComm_t) -> ResultCode {
-    forward!(ncclCommAbort(comm))
+    // Tracked like ncclCommAbort (see pncclCommDestroy).
+    ncclCommAbort(comm)
 }
 
 /// Forwards to the real `pncclCommRevoke`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ResultCode {
-    forward!(ncclCommRevoke(comm, revokeFlags))
+    forward!(ncclCommRevoke(comm, revokeFlags); live comm)
 }
 
 /// Forwards to the real `pncclCommSplit`; never intercepted.
@@ -105,7 +110,7 @@ pub extern "C" fn pncclCommSplit(
     newcomm: *mut ncclComm_t,
     config: *mut ncclConfig_t,
 ) -> ResultCode {
-    forward!(ncclCommSplit(comm, color, key, newcomm, config); outputs newcomm)
+    forward!(ncclCommSplit(comm, color, key, newcomm, config); live comm; outputs newcomm)
 }
 
 /// Forwards to the real `pncclCommShrink`; never intercepted.
@@ -118,7 +123,7 @@ pub extern "C" fn pncclCommShrink(
     config: *mut ncclConfig_t,
     shrinkFlags: c_int,
 ) -> ResultCode {
-    forward!(ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags); outputs newcomm)
+    forward!(ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags); live comm; outputs newcomm)
 }
 
 /// Forwards to the real `pncclCommGetUniqueId`; never intercepted.
@@ -127,7 +132,7 @@ pub extern "C" fn pncclCommGetUniqueId(
     comm: ncclComm_t,
     uniqueId: *mut ncclUniqueId,
 ) -> ResultCode {
-    forward!(ncclCommGetUniqueId(comm, uniqueId); outputs uniqueId)
+    forward!(ncclCommGetUniqueId(comm, uniqueId); live comm; outputs uniqueId)
 }
 
 /// Forwards to the real `pncclCommGrow`; never intercepted.
@@ -140,7 +145,7 @@ pub extern "C" fn pncclCommGrow(
     newcomm: *mut ncclComm_t,
     config: *mut ncclConfig_t,
 ) -> ResultCode {
-    forward!(ncclCommGrow(comm, nRanks, uniqueId, rank, newcomm, config); outputs newcomm)
+    forward!(ncclCommGrow(comm, nRanks, uniqueId, rank, newcomm, config); live comm; outputs newcomm)
 }
 
 /// Forwards to the real `pncclCommInitRankScalable`; never intercepted.
@@ -165,7 +170,7 @@ pub extern "C" fn pncclGetErrorString(result: ResultCode) -> *const c_char {
 /// Forwards to the real `pncclGetLastError`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclGetLastError(comm: ncclComm_t) -> *const c_char {
-    forward!(ncclGetLastError(comm))
+    forward!(ncclGetLastError(comm); live comm)
 }
 
 /// Forwards to the real `pncclResetDebugInit`; never intercepted.
@@ -180,25 +185,25 @@ pub extern "C" fn pncclCommGetAsyncError(
     comm: ncclComm_t,
     asyncError: *mut ResultCode,
 ) -> ResultCode {
-    forward!(ncclCommGetAsyncError(comm, asyncError); outputs asyncError)
+    forward!(ncclCommGetAsyncError(comm, asyncError); live comm; outputs asyncError)
 }
 
 /// Forwards to the real `pncclCommCount`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ResultCode {
-    forward!(ncclCommCount(comm, count); outputs count)
+    forward!(ncclCommCount(comm, count); live comm; outputs count)
 }
 
 /// Forwards to the real `pncclCommCuDevice`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ResultCode {
-    forward!(ncclCommCuDevice(comm, device); outputs device)
+    forward!(ncclCommCuDevice(comm, device); live comm; outputs device)
 }
 
 /// Forwards to the real `pncclCommUserRank`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ResultCode {
-    forward!(ncclCommUserRank(comm, rank))
+    forward!(ncclCommUserRank(comm, rank); live comm)
 }
 
 /// Forwards to the real `pncclCommRegister`; never intercepted.
@@ -209,25 +214,25 @@ pub extern "C" fn pncclCommRegister(
     size: usize,
     handle: *mut *mut c_void,
 ) -> ResultCode {
-    forward!(ncclCommRegister(comm, buff, size, handle); outputs handle)
+    forward!(ncclCommRegister(comm, buff, size, handle); live comm; outputs handle)
 }
 
 /// Forwards to the real `pncclCommDeregister`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ResultCode {
-    forward!(ncclCommDeregister(comm, handle))
+    forward!(ncclCommDeregister(comm, handle); live comm)
 }
 
 /// Forwards to the real `pncclCommSuspend`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ResultCode {
-    forward!(ncclCommSuspend(comm, flags))
+    forward!(ncclCommSuspend(comm, flags); live comm)
 }
 
 /// Forwards to the real `pncclCommResume`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclCommResume(comm: ncclComm_t) -> ResultCode {
-    forward!(ncclCommResume(comm))
+    forward!(ncclCommResume(comm); live comm)
 }
 
 /// Forwards to the real `pncclCommMemStats`; never intercepted.
@@ -237,7 +242,7 @@ pub extern "C" fn pncclCommMemStats(
     stat: MemStatCode,
     value: *mut u64,
 ) -> ResultCode {
-    forward!(ncclCommMemStats(comm, stat, value); outputs value)
+    forward!(ncclCommMemStats(comm, stat, value); live comm; outputs value)
 }
 
 /// Forwards to the real `pncclCommWindowRegister`; never intercepted.
@@ -249,13 +254,13 @@ pub extern "C" fn pncclCommWindowRegister(
     win: *mut ncclWindow_t,
     winFlags: c_int,
 ) -> ResultCode {
-    forward!(ncclCommWindowRegister(comm, buff, size, win, winFlags); outputs win)
+    forward!(ncclCommWindowRegister(comm, buff, size, win, winFlags); live comm; outputs win)
 }
 
 /// Forwards to the real `pncclCommWindowDeregister`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ResultCode {
-    forward!(ncclCommWindowDeregister(comm, win))
+    forward!(ncclCommWindowDeregister(comm, win); live comm)
 }
 
 /// Forwards to the real `pncclWinGetUserPtr`; never intercepted.
@@ -265,7 +270,7 @@ pub extern "C" fn pncclWinGetUserPtr(
     win: ncclWindow_t,
     outUserPtr: *mut *mut c_void,
 ) -> ResultCode {
-    forward!(ncclWinGetUserPtr(comm, win, outUserPtr); outputs outUserPtr)
+    forward!(ncclWinGetUserPtr(comm, win, outUserPtr); live comm; outputs outUserPtr)
 }
 
 /// Forwards to the real `pncclRedOpCreatePreMulSum`; never intercepted.
@@ -277,13 +282,13 @@ pub extern "C" fn pncclRedOpCreatePreMulSum(
     residence: ScalarResidenceCode,
     comm: ncclComm_t,
 ) -> ResultCode {
-    forward!(ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm); outputs op)
+    forward!(ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm); live comm; outputs op)
 }
 
 /// Forwards to the real `pncclRedOpDestroy`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclRedOpDestroy(op: RedOpCode, comm: ncclComm_t) -> ResultCode {
-    forward!(ncclRedOpDestroy(op, comm))
+    forward!(ncclRedOpDestroy(op, comm); live comm)
 }
 
 /// Forwards to the real `pncclReduce`; never intercepted.
@@ -300,7 +305,7 @@ pub extern "C" fn pncclReduce(
 ) -> ResultCode {
     forward!(ncclReduce(
         sendbuff, recvbuff, count, datatype, op, root, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclBcast`; never intercepted.
@@ -313,7 +318,7 @@ pub extern "C" fn pncclBcast(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclBcast(buff, count, datatype, root, comm, stream))
+    forward!(ncclBcast(buff, count, datatype, root, comm, stream); live comm)
 }
 
 /// Forwards to the real `pncclBroadcast`; never intercepted.
@@ -329,7 +334,7 @@ pub extern "C" fn pncclBroadcast(
 ) -> ResultCode {
     forward!(ncclBroadcast(
         sendbuff, recvbuff, count, datatype, root, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclAllReduce`; never intercepted.
@@ -345,7 +350,7 @@ pub extern "C" fn pncclAllReduce(
 ) -> ResultCode {
     forward!(ncclAllReduce(
         sendbuff, recvbuff, count, datatype, op, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclReduceScatter`; never intercepted.
@@ -361,7 +366,7 @@ pub extern "C" fn pncclReduceScatter(
 ) -> ResultCode {
     forward!(ncclReduceScatter(
         sendbuff, recvbuff, recvcount, datatype, op, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclAllGather`; never intercepted.
@@ -376,7 +381,7 @@ pub extern "C" fn pncclAllGather(
 ) -> ResultCode {
     forward!(ncclAllGather(
         sendbuff, recvbuff, sendcount, datatype, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclAlltoAll`; never intercepted.
@@ -391,7 +396,7 @@ pub extern "C" fn pncclAlltoAll(
 ) -> ResultCode {
     forward!(ncclAlltoAll(
         sendbuff, recvbuff, count, datatype, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclGather`; never intercepted.
@@ -407,7 +412,7 @@ pub extern "C" fn pncclGather(
 ) -> ResultCode {
     forward!(ncclGather(
         sendbuff, recvbuff, count, datatype, root, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclScatter`; never intercepted.
@@ -423,7 +428,7 @@ pub extern "C" fn pncclScatter(
 ) -> ResultCode {
     forward!(ncclScatter(
         sendbuff, recvbuff, count, datatype, root, comm, stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclAllReduceConfig`; never intercepted.
@@ -440,7 +445,7 @@ pub extern "C" fn pncclAllReduceConfig(
 ) -> ResultCode {
     forward!(ncclAllReduceConfig(
         sendbuff, recvbuff, count, datatype, op, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclBroadcastConfig`; never intercepted.
@@ -457,7 +462,7 @@ pub extern "C" fn pncclBroadcastConfig(
 ) -> ResultCode {
     forward!(ncclBroadcastConfig(
         sendbuff, recvbuff, count, datatype, root, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclReduceConfig`; never intercepted.
@@ -475,7 +480,7 @@ pub extern "C" fn pncclReduceConfig(
 ) -> ResultCode {
     forward!(ncclReduceConfig(
         sendbuff, recvbuff, count, datatype, op, root, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclAllGatherConfig`; never intercepted.
@@ -491,7 +496,7 @@ pub extern "C" fn pncclAllGatherConfig(
 ) -> ResultCode {
     forward!(ncclAllGatherConfig(
         sendbuff, recvbuff, sendcount, datatype, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclReduceScatterConfig`; never intercepted.
@@ -508,7 +513,7 @@ pub extern "C" fn pncclReduceScatterConfig(
 ) -> ResultCode {
     forward!(ncclReduceScatterConfig(
         sendbuff, recvbuff, recvcount, datatype, op, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclAlltoAllConfig`; never intercepted.
@@ -524,7 +529,7 @@ pub extern "C" fn pncclAlltoAllConfig(
 ) -> ResultCode {
     forward!(ncclAlltoAllConfig(
         sendbuff, recvbuff, count, datatype, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclGatherConfig`; never intercepted.
@@ -541,7 +546,7 @@ pub extern "C" fn pncclGatherConfig(
 ) -> ResultCode {
     forward!(ncclGatherConfig(
         sendbuff, recvbuff, count, datatype, root, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclScatterConfig`; never intercepted.
@@ -558,7 +563,7 @@ pub extern "C" fn pncclScatterConfig(
 ) -> ResultCode {
     forward!(ncclScatterConfig(
         sendbuff, recvbuff, count, datatype, root, comm, stream, config
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclSend`; never intercepted.
@@ -571,7 +576,7 @@ pub extern "C" fn pncclSend(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclSend(sendbuff, count, datatype, peer, comm, stream))
+    forward!(ncclSend(sendbuff, count, datatype, peer, comm, stream); live comm)
 }
 
 /// Forwards to the real `pncclRecv`; never intercepted.
@@ -584,7 +589,7 @@ pub extern "C" fn pncclRecv(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclRecv(recvbuff, count, datatype, peer, comm, stream))
+    forward!(ncclRecv(recvbuff, count, datatype, peer, comm, stream); live comm)
 }
 
 /// Forwards to the real `pncclPutSignal`; never intercepted.
@@ -614,7 +619,7 @@ pub extern "C" fn pncclPutSignal(
         flags,
         comm,
         stream
-    ))
+    ); live comm)
 }
 
 /// Forwards to the real `pncclSignal`; never intercepted.
@@ -627,7 +632,7 @@ pub extern "C" fn pncclSignal(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclSignal(peer, sigIdx, ctx, flags, comm, stream))
+    forward!(ncclSignal(peer, sigIdx, ctx, flags, comm, stream); live comm)
 }
 
 /// Forwards to the real `pncclWaitSignal`; never intercepted.
@@ -638,7 +643,7 @@ pub extern "C" fn pncclWaitSignal(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclWaitSignal(nDesc, signalDescs, comm, stream))
+    forward!(ncclWaitSignal(nDesc, signalDescs, comm, stream); live comm)
 }
 
 /// Forwards to the real `pncclGroupStart`; never intercepted.

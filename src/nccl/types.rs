@@ -355,6 +355,14 @@ pub struct ncclTeam_t {
     pub stride: c_int,
 }
 
+impl ncclTeam_t {
+    /// Whether a communicator could have produced this team: at least one rank, this rank
+    /// inside it, a positive stride.
+    pub fn is_plausible(&self) -> bool {
+        self.nRanks >= 1 && (0..self.nRanks).contains(&self.rank) && self.stride >= 1
+    }
+}
+
 /// A multimem handle of the device API, passed by value (one pointer); not part of `nccl.h`.
 #[repr(C)]
 #[derive(Clone, Copy)]
