@@ -15,7 +15,7 @@
 #      GPU (each rank on its own stream), n = 2..8, every type and op, every element checked,
 #      every rank bitwise equal to the others, in place and out of place
 #   4. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%)
-#   5. CUDA IPC across processes (pending: not built yet)
+#   5. ranks as processes over CUDA IPC on the same GPU (MPS if it can be started)
 #   6. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -156,11 +156,31 @@ for t in float bfloat16; do
     --timeout-ms 60000
 done
 
-# 5. Processes over CUDA IPC.
-echo
-echo "== processes over CUDA IPC"
-echo "not built yet: the CUDA backend of stragglar bench runs ranks as threads only"
-record "processes over CUDA IPC (2..4)" PENDING "not built yet"
+# 5. Ranks as processes over CUDA IPC on the same GPU. Without MPS their kernels time-slice,
+#    so a waiting rank spins until its slice ends: small sizes. MPS is started if it can be.
+MPS_STARTED=0
+if [ "$DRY" = 0 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+  export CUDA_MPS_PIPE_DIRECTORY="$OUT/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$OUT/mps-log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d 2>/dev/null; then MPS_STARTED=1; echo "MPS started"; fi
+fi
+processes() {
+  local failures=0
+  for n in 2 3 4; do
+    if ! "$BIN" bench --backend cuda --ranks-as processes --ranks "$n" -d float,bfloat16,int32 \
+      -o sum,avg,max -b 1 -e 64K -f 16 -n 2 -w 1 --straggler $((n - 1)) --timeout-ms 60000 \
+      >"$OUT/processes-$n.log" 2>&1; then
+      failures=$((failures + 1))
+      echo "FAILED: $n processes (see $OUT/processes-$n.log)"
+      grep -v '^ ' "$OUT/processes-$n.log" | tail -5
+    else
+      echo "$n processes: ok"
+    fi
+  done
+  [ "$failures" = 0 ]
+}
+step "processes over CUDA IPC: n=2,3,4 (MPS: $([ "$MPS_STARTED" = 1 ] && echo on || echo off))" processes.log processes
+if [ "$MPS_STARTED" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; fi
 
 # 6. PyTorch under LD_PRELOAD, world size 1.
 torch_check() {

@@ -33,12 +33,12 @@ fn the_dry_run_lists_every_check_and_ends_with_the_summary() {
         "8 ranks, 1K..256M, stragglar",
         "8 ranks, 1K..256M, ring",
         "kernel bandwidth vs cuMemcpyDtoD",
-        "processes over CUDA IPC",
+        "processes over CUDA IPC: n=2,3,4",
         "PyTorch LD_PRELOAD, world size 1",
     ] {
         assert!(summary.contains(check), "{check} missing from:\n{summary}");
     }
-    assert!(!summary.contains("FAIL"));
+    assert!(!summary.contains("FAIL") && !summary.contains("PENDING"));
 }
 
 #[test]
@@ -63,4 +63,42 @@ fn the_cuda_backend_without_a_gpu_says_why_and_fails_cleanly() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--backend cuda:"), "{stderr}");
+}
+
+#[test]
+fn cuda_workers_refuse_bad_arguments_and_the_process_mode_fails_cleanly_without_a_gpu() {
+    let worker = Command::new(env!("CARGO_BIN_EXE_stragglar"))
+        .args(["__bench-cuda-worker", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert_eq!(worker.status.code(), Some(2));
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_stragglar"))
+        .args([
+            "bench",
+            "--backend",
+            "cuda",
+            "--ranks-as",
+            "processes",
+            "--ranks",
+            "3",
+        ])
+        .args([
+            "-d",
+            "float,half",
+            "-o",
+            "all",
+            "-b",
+            "1K",
+            "-e",
+            "4K",
+            "-f",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--backend cuda:"));
 }

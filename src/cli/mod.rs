@@ -36,6 +36,9 @@ pub fn run(argv: Vec<String>) -> i32 {
     if command == bench::WORKER_COMMAND {
         return bench::worker_main(rest);
     }
+    if command == bench::CUDA_WORKER_COMMAND {
+        return bench::cuda_worker_main(rest);
+    }
     let args = Args::new(rest);
     let result: Result<i32, UsageError> = match command.as_str() {
         "help" | "--help" | "-h" => {

@@ -269,6 +269,14 @@ fn spawn_processes(
 /// The hidden subcommand a worker process runs.
 pub const WORKER_COMMAND: &str = "__bench-worker";
 
+/// The hidden subcommand of a CUDA-backend worker process.
+pub const CUDA_WORKER_COMMAND: &str = cuda::ipc::WORKER_COMMAND;
+
+/// Runs one CUDA-backend worker process (ranks as processes over CUDA IPC).
+pub fn cuda_worker_main(argv: Vec<String>) -> i32 {
+    cuda::ipc::worker_main(argv)
+}
+
 /// Entry point of a worker process: `__bench-worker COMM_ID RANK <bench options>`.
 pub fn worker_main(mut argv: Vec<String>) -> i32 {
     if argv.len() < 2 {

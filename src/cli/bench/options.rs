@@ -253,9 +253,6 @@ impl BenchOptions {
     fn validate(&self) -> Result<(), UsageError> {
         let fail = |m: String| Err(UsageError(m));
         if self.backend == Backend::Cuda {
-            if self.ranks_as == RanksAs::Processes {
-                return fail("--backend cuda runs its ranks as threads of one process (--ranks-as threads); processes over CUDA IPC are not built yet".into());
-            }
             if self.algo == BenchAlgo::Auto
                 || self.delay_us > 0
                 || self.jitter_us > 0
@@ -345,9 +342,23 @@ impl BenchOptions {
             "-c".into(),
             self.check.to_string(),
             "-o".into(),
-            self.op.name().into(),
+            self.ops
+                .iter()
+                .map(|o| o.name())
+                .collect::<Vec<_>>()
+                .join(","),
             "-d".into(),
-            self.dtype.name().into(),
+            self.dtypes
+                .iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join(","),
+            "--backend".into(),
+            match self.backend {
+                Backend::Host => "host",
+                Backend::Cuda => "cuda",
+            }
+            .into(),
             "--ranks".into(),
             self.ranks.to_string(),
             "--ranks-as".into(),

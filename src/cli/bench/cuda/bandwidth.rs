@@ -1,0 +1,74 @@
+//! `--bandwidth`: the kernels' element-wise code (the bandwidth probe kernel) against the
+//! device's own `cuMemcpyDtoD` on the same bytes.
+
+use super::{GpuKernels, THREADS};
+use crate::cli::bench::options::BenchOptions;
+use crate::engine::cuda::driver::{copy_async, DeviceMemory, Event, GpuError, Stream};
+use crate::gpu::kernels::{op_code, APPLY_PROBE_KERNEL};
+use crate::gpu::launch::RawApply;
+use crate::reduce::ReduceOp;
+
+/// Prints the bandwidth of the kernels' element-wise code (1, 2 and `ranks - 1` operands)
+/// against `cuMemcpyDtoD` on the same bytes, all as memory traffic (bytes read + written).
+pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), String> {
+    let err = |e: GpuError| e.to_string();
+    let bytes = (options.max_bytes.max(1 << 20) as usize) / 16 * 16;
+    let operands = (options.ranks - 1).clamp(2, 8);
+    let buffers = (0..=operands)
+        .map(|_| DeviceMemory::zeroed(&gpu.device, bytes))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    let stream = Stream::new(&gpu.device).map_err(err)?;
+    let (start, end) = (
+        Event::new(&gpu.device).map_err(err)?,
+        Event::new(&gpu.device).map_err(err)?,
+    );
+    let iters = options.iters.max(5);
+    let time = |work: &dyn Fn() -> Result<(), GpuError>| -> Result<f64, GpuError> {
+        work()?;
+        start.record(&stream)?;
+        for _ in 0..iters {
+            work()?;
+        }
+        end.record(&stream)?;
+        Ok(start.elapsed_ms(&end)? as f64 * 1e-3 / iters as f64)
+    };
+    let copy_rate = {
+        // SAFETY: both buffers hold `bytes` bytes and outlive the synchronised timing.
+        let t = time(&|| unsafe { copy_async(&stream, buffers[0].ptr, buffers[1].ptr, bytes) })
+            .map_err(err)?;
+        2.0 * bytes as f64 / t / 1e9
+    };
+    println!(
+        "#\n# kernel bandwidth on {bytes} B of {} (memory traffic: bytes read + written)",
+        options.dtypes[0].name()
+    );
+    println!("#   cuMemcpyDtoD                    {copy_rate:>8.1} GB/s  (the reference)");
+    for k in [1usize, 2, operands] {
+        let mut args = RawApply {
+            output: buffers[0].ptr,
+            bytes: bytes as u64,
+            operand_count: k as u32,
+            op: op_code(ReduceOp::Sum),
+            datatype: options.dtypes[0].nccl_code(),
+            ..Default::default()
+        };
+        for (slot, b) in args.operands.iter_mut().zip(&buffers[1..]) {
+            *slot = b.ptr;
+        }
+        // SAFETY: every operand and the output hold `bytes` bytes and outlive the timing.
+        let t = time(&|| unsafe { gpu.probe.launch(stream.raw, sms * 2, THREADS, &args) })
+            .map_err(err)?;
+        let rate = (k + 1) as f64 * bytes as f64 / t / 1e9;
+        let what = if k == 1 {
+            "copy".to_string()
+        } else {
+            format!("reduce of {k}")
+        };
+        println!(
+            "#   {APPLY_PROBE_KERNEL} {what:<10} {rate:>8.1} GB/s  {:>5.1}% of the copy rate",
+            100.0 * rate / copy_rate
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,143 @@
+//! The ranks this process holds (all of them with ranks as threads, one in a worker process):
+//! one size of one type and op, checked and timed on each.
+
+use std::error::Error;
+
+use super::GpuKernels;
+use crate::cli::bench::data;
+use crate::cli::bench::options::BenchOptions;
+use crate::engine::cuda::driver::{DeviceMemory, Event, GpuError, Stream};
+use crate::engine::cuda::rank::CudaRank;
+use crate::plan::Plan;
+use crate::reduce::{DataType, ReduceOp, Scale};
+
+/// One rank held here: its engine state and its own stream.
+pub struct Local {
+    pub rank: usize,
+    pub comm: CudaRank,
+    pub stream: Stream,
+}
+
+/// What one rank measured for one size: out of place, then in place.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    /// Microseconds per call, from this rank's own stream.
+    pub time_us: [f64; 2],
+    /// Elements that differ from the expectation.
+    pub wrong: [u64; 2],
+    /// A digest of the output, which every rank must share.
+    pub digest: [u64; 2],
+}
+
+/// The copy-in scaling of `rank` for the check data.
+pub fn scale_of(dtype: DataType, op: ReduceOp, ranks: usize, rank: usize) -> Scale {
+    let encoded = data::encode(dtype, data::premul_scalar(rank) as f64);
+    let mut scalar = [0u8; 8];
+    scalar[..encoded.len()].copy_from_slice(&encoded);
+    Scale::for_op(op, dtype, ranks, Some(scalar)).expect("a host scalar")
+}
+
+/// Runs `plan` with `op` on every local rank: one checked call and `iters` timed ones, out of
+/// place and in place. Every rank of the communicator must run the same sequence.
+pub fn run_size(
+    options: &BenchOptions,
+    gpu: &GpuKernels,
+    locals: &mut [Local],
+    plan: &Plan,
+    op: ReduceOp,
+    seed: usize,
+) -> Result<Vec<Outcome>, Box<dyn Error>> {
+    let n = options.ranks;
+    let dtype = plan.dtype;
+    let bytes = plan.count * dtype.size();
+    let inputs: Vec<Vec<u8>> = locals
+        .iter()
+        .map(|l| data::input(dtype, op, l.rank, plan.count, seed))
+        .collect();
+    let device_inputs = inputs
+        .iter()
+        .map(|d| {
+            let m = DeviceMemory::zeroed(&gpu.device, bytes)?;
+            m.upload(d)?;
+            Ok(m)
+        })
+        .collect::<Result<Vec<_>, GpuError>>()?;
+    let outputs = locals
+        .iter()
+        .map(|_| DeviceMemory::zeroed(&gpu.device, bytes))
+        .collect::<Result<Vec<_>, GpuError>>()?;
+    let mut outcomes = vec![
+        Outcome {
+            time_us: [0.0; 2],
+            wrong: [0; 2],
+            digest: [0; 2],
+        };
+        locals.len()
+    ];
+    for (placement, in_place) in [false, true].into_iter().enumerate() {
+        let buffers = |i: usize| {
+            if in_place {
+                (outputs[i].ptr, outputs[i].ptr)
+            } else {
+                (device_inputs[i].ptr, outputs[i].ptr)
+            }
+        };
+        let call = |locals: &mut [Local]| -> Result<(), Box<dyn Error>> {
+            for (i, l) in locals.iter_mut().enumerate() {
+                let (input, output) = buffers(i);
+                let scale = scale_of(dtype, op, n, l.rank);
+                // SAFETY: input and output hold `plan.count` elements on this device and
+                // live until the streams are synchronised, before this function returns.
+                unsafe {
+                    l.comm
+                        .all_reduce(plan, op, scale, input, output, l.stream.raw)
+                }?;
+            }
+            Ok(())
+        };
+        // The checked call: in place, the output buffer starts as the input.
+        for (i, l) in locals.iter_mut().enumerate() {
+            if in_place {
+                outputs[i].upload(&inputs[i])?;
+            }
+            l.comm.prepare(plan)?;
+        }
+        call(locals)?;
+        for l in locals.iter() {
+            l.stream.synchronize()?;
+        }
+        for (i, output) in outputs.iter().enumerate() {
+            let mut out = vec![0u8; bytes];
+            output.download(&mut out)?;
+            if options.check > 0 {
+                outcomes[i].wrong[placement] = data::count_wrong(dtype, op, n, &out, seed);
+            }
+            outcomes[i].digest[placement] = data::digest(&out);
+        }
+        // Timing: warm-up, then `iters` calls queued back to back on every rank's stream.
+        for _ in 0..options.warmup {
+            call(locals)?;
+        }
+        let starts = locals
+            .iter()
+            .map(|_| Event::new(&gpu.device))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ends = locals
+            .iter()
+            .map(|_| Event::new(&gpu.device))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (l, e) in locals.iter().zip(&starts) {
+            e.record(&l.stream)?;
+        }
+        for _ in 0..options.iters {
+            call(locals)?;
+        }
+        for (l, e) in locals.iter().zip(&ends) {
+            e.record(&l.stream)?;
+        }
+        for (i, (s, e)) in starts.iter().zip(&ends).enumerate() {
+            outcomes[i].time_us[placement] = s.elapsed_ms(e)? as f64 * 1e3 / options.iters as f64;
+        }
+    }
+    Ok(outcomes)
+}

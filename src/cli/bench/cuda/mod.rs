@@ -1,0 +1,427 @@
+//! `stragglar bench --backend cuda`: the GPU engine on one GPU, with every rank a thread of
+//! this process on its own stream (peers' staging addressed as plain device pointers) or a
+//! worker process (peers' staging opened through CUDA IPC). The kernels and the protocol are
+//! the library's; only the setup differs (no NCCL communicator). Every element of every rank
+//! is checked, and ranks must agree bit for bit. `--bandwidth` first measures the kernels'
+//! element-wise code against the device's own device-to-device copy rate.
+
+mod bandwidth;
+pub mod ipc;
+mod local;
+
+use std::io::{BufRead, BufReader};
+use std::sync::Arc;
+
+use super::options::{BenchAlgo, BenchOptions, RanksAs};
+use crate::engine::cuda::driver::{Device, GpuError, Kernel, Stream};
+use crate::engine::cuda::rank::{status_text, CudaRank, RankConfig};
+use crate::engine::cuda::staging::StagingLayout;
+use crate::engine::host::runner::{PlanCache, Shape};
+use crate::gpu::kernels::{ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL};
+use crate::gpu::nvrtc;
+use crate::gpu::probe::{probe, Driver};
+use crate::plan::Plan;
+use crate::reduce::{DataType, ReduceOp};
+use crate::schedule::Algorithm;
+use local::{run_size, Local, Outcome};
+
+/// Threads per block of the AllReduce kernel.
+const THREADS: u32 = 512;
+/// The most blocks one rank's grid takes.
+const MAX_BLOCKS: u32 = 32;
+
+/// The loaded kernels of one GPU.
+pub struct GpuKernels {
+    pub device: Arc<Device>,
+    pub all_reduce: Arc<Kernel>,
+    pub probe: Kernel,
+    pub arch: String,
+}
+
+/// Opens GPU 0 and loads the kernels (compiled with NVRTC, or from the cache); the reason as
+/// text when anything is missing.
+pub fn open_gpu() -> Result<GpuKernels, String> {
+    match probe().driver {
+        Driver::Devices(n) if n > 0 => {}
+        Driver::Devices(_) => return Err("the CUDA driver sees no GPU".into()),
+        Driver::Missing => return Err("no CUDA driver (libcuda.so) on this machine".into()),
+        Driver::Unusable(why) => return Err(why),
+    }
+    let gpu = |e: GpuError| e.to_string();
+    let device = Device::open(0).map_err(gpu)?;
+    let arch = device.arch().map_err(gpu)?;
+    let cache = nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref());
+    let (cubin, _) = nvrtc::cubin_cached(&arch, cache.as_deref()).map_err(|e| e.to_string())?;
+    let all_reduce = Arc::new(Kernel::load(&device, &cubin, ALL_REDUCE_KERNEL).map_err(gpu)?);
+    let probe = Kernel::load(&device, &cubin, APPLY_PROBE_KERNEL).map_err(gpu)?;
+    Ok(GpuKernels {
+        device,
+        all_reduce,
+        probe,
+        arch,
+    })
+}
+
+/// The grid of each rank when `ranks` ranks share one GPU of `sms` multiprocessors: every
+/// rank's blocks must be resident at once (they wait on each other's flags).
+pub fn shared_gpu_blocks(sms: u32, ranks: usize) -> u32 {
+    (sms / ranks.max(1) as u32).clamp(1, MAX_BLOCKS)
+}
+
+/// What every rank of a run derives alike from the options: the grid, the staging layout,
+/// the sizes, the (type, op) pairs and their plans.
+pub struct Setup {
+    pub blocks: u32,
+    pub layout: StagingLayout,
+    pub algorithm: Algorithm,
+    pub sizes: Vec<u64>,
+    pub combos: Vec<(DataType, ReduceOp)>,
+    straggler: usize,
+    ranks: usize,
+    cache: PlanCache,
+}
+
+impl Setup {
+    /// Plans every size of every type once, to size the staging.
+    pub fn new(options: &BenchOptions, sms: u32) -> Result<Setup, String> {
+        let blocks = shared_gpu_blocks(sms, options.ranks);
+        let algorithm = match options.algo {
+            BenchAlgo::Ring => Algorithm::Ring,
+            _ => Algorithm::Stragglar,
+        };
+        let mut setup = Setup {
+            blocks,
+            layout: StagingLayout {
+                arena_bytes: 64,
+                values: 1,
+                blocks: blocks as u64,
+            },
+            algorithm,
+            sizes: options.sizes(),
+            combos: options
+                .dtypes
+                .iter()
+                .flat_map(|&d| options.ops.iter().map(move |&o| (d, o)))
+                .collect(),
+            straggler: options.straggler,
+            ranks: options.ranks,
+            cache: PlanCache::default(),
+        };
+        for dtype in options.dtypes.clone() {
+            for bytes in setup.sizes.clone() {
+                let plan = setup.plan(dtype, bytes)?;
+                setup.layout.arena_bytes =
+                    setup.layout.arena_bytes.max(plan.max_arena_bytes() as u64);
+                setup.layout.values = setup.layout.values.max(plan.max_values() as u64);
+            }
+        }
+        if setup.layout.arena_bytes > options.buffer_bytes as u64 {
+            return Err(format!(
+                "the largest size needs {} B of staging per rank and parity; --buffer-bytes allows {} (lower -e)",
+                setup.layout.arena_bytes, options.buffer_bytes
+            ));
+        }
+        Ok(setup)
+    }
+
+    /// The plan of `bytes` (whole elements) of `dtype`.
+    pub fn plan(&mut self, dtype: DataType, bytes: u64) -> Result<Plan, String> {
+        let shape = Shape {
+            algorithm: self.algorithm,
+            ranks: self.ranks,
+            straggler: self.straggler,
+            dtype,
+        };
+        Ok(self
+            .cache
+            .get(shape, bytes as usize / dtype.size())?
+            .clone())
+    }
+
+    /// How rank `rank` runs.
+    pub fn rank_config(&self, options: &BenchOptions, rank: usize) -> RankConfig {
+        RankConfig {
+            rank,
+            ranks: options.ranks,
+            layout: self.layout,
+            blocks: self.blocks,
+            threads: THREADS,
+            timeout: options.timeout_ms.map(std::time::Duration::from_millis),
+        }
+    }
+}
+
+/// One size's result over all ranks.
+struct Row {
+    bytes: u64,
+    count: usize,
+    /// Microseconds per call, out of place and in place: the slowest rank's.
+    time_us: [f64; 2],
+    wrong: [u64; 2],
+    /// Rank outputs that differ from rank 0's.
+    disagreements: u64,
+}
+
+impl Row {
+    fn combine(plan: &Plan, outcomes: &[Outcome]) -> Row {
+        let mut row = Row {
+            bytes: (plan.count * plan.dtype.size()) as u64,
+            count: plan.count,
+            time_us: [0.0; 2],
+            wrong: [0; 2],
+            disagreements: 0,
+        };
+        for o in outcomes {
+            for p in 0..2 {
+                row.time_us[p] = row.time_us[p].max(o.time_us[p]);
+                row.wrong[p] += o.wrong[p];
+                row.disagreements += (o.digest[p] != outcomes[0].digest[p]) as u64;
+            }
+        }
+        row
+    }
+}
+
+/// Runs `stragglar bench --backend cuda`; exit status 1 on any wrong element or failure.
+pub fn run(options: &BenchOptions) -> i32 {
+    let gpu = match open_gpu() {
+        Ok(g) => g,
+        Err(why) => {
+            eprintln!("stragglar bench --backend cuda: {why}");
+            return 1;
+        }
+    };
+    let result = match options.ranks_as {
+        RanksAs::Threads => run_threads(options, &gpu),
+        RanksAs::Processes => run_processes(options, &gpu),
+    };
+    match result {
+        Ok(0) => 0,
+        Ok(bad) => {
+            eprintln!("stragglar bench: {bad} wrong element(s) or disagreement(s)");
+            1
+        }
+        Err(e) => {
+            eprintln!("stragglar bench --backend cuda: {e}");
+            1
+        }
+    }
+}
+
+fn preamble(options: &BenchOptions, gpu: &GpuKernels) -> Result<Setup, String> {
+    let err = |e: GpuError| e.to_string();
+    let sms = gpu.device.sm_count().map_err(err)? as u32;
+    let setup = Setup::new(options, sms)?;
+    let how = match options.ranks_as {
+        RanksAs::Threads => "threads",
+        RanksAs::Processes => "processes (CUDA IPC)",
+    };
+    println!(
+        "# stragglar bench --backend cuda: {} ranks as {how} on one {} ({}, {sms} SMs), {} x {THREADS} threads per rank",
+        options.ranks,
+        gpu.device.name().map_err(err)?,
+        gpu.arch,
+        setup.blocks
+    );
+    if options.bandwidth {
+        bandwidth::table(options, gpu, sms)?;
+    }
+    print_header();
+    Ok(setup)
+}
+
+fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> {
+    let err = |e: GpuError| e.to_string();
+    let mut setup = preamble(options, gpu)?;
+    let mut locals = Vec::with_capacity(options.ranks);
+    for rank in 0..options.ranks {
+        let config = setup.rank_config(options, rank);
+        locals.push(Local {
+            rank,
+            comm: CudaRank::new(&gpu.device, &gpu.all_reduce, config).map_err(err)?,
+            stream: Stream::new(&gpu.device).map_err(err)?,
+        });
+    }
+    let peers: Vec<_> = locals.iter().map(|l| l.comm.own_peer()).collect();
+    for l in &mut locals {
+        l.comm.connect(&peers).map_err(|e| e.to_string())?;
+    }
+    let mut bad = 0;
+    let mut seed = 0;
+    for (dtype, op) in setup.combos.clone() {
+        for bytes in setup.sizes.clone() {
+            seed += 1;
+            let plan = setup.plan(dtype, bytes)?;
+            let outcomes =
+                run_size(options, gpu, &mut locals, &plan, op, seed).map_err(|e| e.to_string())?;
+            let row = Row::combine(&plan, &outcomes);
+            bad += row.wrong[0] + row.wrong[1] + row.disagreements;
+            print_row(options, &row, dtype, op, setup.algorithm);
+        }
+    }
+    for l in &locals {
+        if l.comm.status() != 0 {
+            return Err(format!(
+                "rank {}: a kernel gave up: {}",
+                l.rank,
+                status_text(l.comm.status())
+            ));
+        }
+    }
+    println!("# wrong elements and rank disagreements: {bad}");
+    Ok(bad)
+}
+
+fn run_processes(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> {
+    let mut setup = preamble(options, gpu)?;
+    let dir = std::env::temp_dir().join(format!(
+        "stragglar-cuda-{}-{}",
+        std::process::id(),
+        super::fresh_comm_id()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let result = collect(options, &mut setup, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Runs the workers and prints a row once every rank reported a size.
+fn collect(
+    options: &BenchOptions,
+    setup: &mut Setup,
+    dir: &std::path::Path,
+) -> Result<u64, String> {
+    let mut children =
+        ipc::spawn(options, dir).map_err(|e| format!("cannot start workers: {e}"))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (rank, child) in children.iter_mut().enumerate() {
+        let stdout = child.stdout.take().expect("piped stdout");
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(outcome) = ipc::parse_outcome(&line) {
+                    let _ = tx.send((rank, outcome));
+                }
+            }
+        });
+    }
+    drop(tx);
+    let mut pending: std::collections::BTreeMap<(usize, usize), Vec<Outcome>> = Default::default();
+    let mut bad = 0;
+    for (_, (combo, size, outcome)) in rx {
+        let entry = pending.entry((combo, size)).or_default();
+        entry.push(outcome);
+        if entry.len() == options.ranks {
+            let outcomes = pending.remove(&(combo, size)).expect("present");
+            let (dtype, op) = setup.combos[combo];
+            let plan = setup.plan(dtype, setup.sizes[size])?;
+            let row = Row::combine(&plan, &outcomes);
+            bad += row.wrong[0] + row.wrong[1] + row.disagreements;
+            print_row(options, &row, dtype, op, setup.algorithm);
+        }
+    }
+    let mut failed = Vec::new();
+    for (rank, mut child) in children.into_iter().enumerate() {
+        match child.wait() {
+            Ok(status) if status.success() => {}
+            Ok(status) => failed.push(format!("rank {rank} ended with {status}")),
+            Err(e) => failed.push(format!("rank {rank}: {e}")),
+        }
+    }
+    if !failed.is_empty() || !pending.is_empty() {
+        return Err(format!(
+            "{}; {} size(s) incomplete",
+            failed.join(", "),
+            pending.len()
+        ));
+    }
+    println!("# wrong elements and rank disagreements: {bad}");
+    Ok(bad)
+}
+
+fn print_header() {
+    println!(
+        "#\n# {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}",
+        "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
+    );
+    println!(
+        "# {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}",
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        ""
+    );
+}
+
+/// Prints one nccl-tests style line.
+fn print_row(
+    options: &BenchOptions,
+    row: &Row,
+    dtype: DataType,
+    op: ReduceOp,
+    algorithm: Algorithm,
+) {
+    let bw = |t: f64| {
+        let alg = if t > 0.0 {
+            row.bytes as f64 / t / 1e3
+        } else {
+            0.0
+        };
+        let n = options.ranks as f64;
+        (alg, alg * 2.0 * (n - 1.0) / n)
+    };
+    let (a0, b0) = bw(row.time_us[0]);
+    let (a1, b1) = bw(row.time_us[1]);
+    println!(
+        "  {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10.1} {:>8.2} {:>8.2} {:>6} | {:>10.1} {:>8.2} {:>8.2} {:>6}",
+        row.bytes,
+        row.count,
+        dtype.name(),
+        op.name(),
+        if algorithm == Algorithm::Ring { "ring" } else { "sg" },
+        row.time_us[0],
+        a0,
+        b0,
+        row.wrong[0] + row.disagreements,
+        row.time_us[1],
+        a1,
+        b1,
+        row.wrong[1]
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_gpu_grids_stay_resident() {
+        assert_eq!(shared_gpu_blocks(132, 8), 16);
+        assert_eq!(shared_gpu_blocks(132, 2), MAX_BLOCKS);
+        assert_eq!(shared_gpu_blocks(4, 8), 1);
+        for ranks in 1..=64 {
+            let b = shared_gpu_blocks(132, ranks);
+            assert!(b >= 1 && (b as usize * ranks <= 132 || b == 1));
+        }
+    }
+
+    #[test]
+    fn without_a_driver_the_backend_says_why() {
+        if let Driver::Devices(n) = probe().driver {
+            if n > 0 {
+                return;
+            }
+        }
+        let why = open_gpu().err().expect("no GPU here");
+        assert!(!why.is_empty());
+    }
+}
