@@ -7,6 +7,11 @@
 #include "nccl.h"
 
 /**
+ * Entries of `stragglarStats_t::fallbacks`: one per cause that keeps an AllReduce on NCCL.
+ */
+#define STRAGGLAR_FALLBACK_COUNT 11
+
+/**
  * Which real NCCL this process forwards to. Strings live as long as the process.
  */
 typedef struct stragglarNcclBinding_t {
@@ -28,6 +33,33 @@ typedef struct stragglarNcclBinding_t {
   const char *detail;
 } stragglarNcclBinding_t;
 
+/**
+ * What a communicator's `ncclAllReduce` calls did so far in this process.
+ */
+typedef struct stragglarStats_t {
+  /**
+   * Valid calls (refused ones are not counted).
+   */
+  uint64_t allReduceCalls;
+  /**
+   * Calls StragglAR ran.
+   */
+  uint64_t onStragglar;
+  /**
+   * Calls forwarded to NCCL.
+   */
+  uint64_t onNccl;
+  /**
+   * Forwarded calls by cause; `stragglarFallbackName(i)` names cause `i`.
+   */
+  uint64_t fallbacks[STRAGGLAR_FALLBACK_COUNT];
+  /**
+   * The rank designated as the straggler, or -1 for none.
+   */
+  int designatedStraggler;
+  int reserved;
+} stragglarStats_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -42,6 +74,19 @@ ncclResult_t stragglarGetVersion(int *version);
  * Writes `*out` only on success.
  */
 ncclResult_t stragglarGetNcclBinding(struct stragglarNcclBinding_t *out);
+
+/**
+ * Copies the AllReduce counters of `comm` into `*stats` (zeros for a communicator that made
+ * no call yet). `ncclInvalidArgument` for NULL arguments and destroyed communicators; writes
+ * `*stats` only on success.
+ */
+ncclResult_t stragglarGetStats(ncclComm_t comm, struct stragglarStats_t *stats);
+
+/**
+ * The name of fallback cause `index` (`"too-few-ranks"`, ...), or `"unknown"`. The string is
+ * static.
+ */
+const char *stragglarFallbackName(int index);
 
 #ifdef __cplusplus
 }  // extern "C"

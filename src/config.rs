@@ -35,6 +35,11 @@ pub const SETTINGS: &[SettingDoc] = &[
         meaning: "staging per rank and call parity (K/M/G); larger messages run in segments",
     },
     SettingDoc {
+        name: "STRAGGLAR_MIN_BYTES",
+        default: "64K",
+        meaning: "smaller AllReduce calls stay on NCCL (provisional until measured on GPUs)",
+    },
+    SettingDoc {
         name: "STRAGGLAR_TIMEOUT_MS",
         default: "(unset: no deadline)",
         meaning: "give up a wait on peers after this many ms (as NCCL, none by default)",
@@ -60,6 +65,11 @@ pub const SETTINGS: &[SettingDoc] = &[
 /// tensor-parallel activation (64-80 MiB) whole, twice over.
 pub const DEFAULT_BUFFER_BYTES: usize = 256 << 20;
 
+/// Default of `STRAGGLAR_MIN_BYTES`: 64 KiB. Provisional: below some size the fixed cost of a
+/// launch and its flag handshakes outweighs what the straggler's delay hides; the value is to
+/// be set from `stragglar bench --backend cuda` on multi-GPU hardware.
+pub const DEFAULT_MIN_BYTES: usize = 64 << 10;
+
 /// The effective configuration of this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -69,6 +79,10 @@ pub struct Config {
     pub nccl_lib: Option<String>,
     /// `STRAGGLAR_BUFFER_BYTES`: staging bytes per rank and call parity.
     pub buffer_bytes: usize,
+    /// `STRAGGLAR_MIN_BYTES`: AllReduce calls below this many bytes stay on NCCL.
+    pub min_bytes: usize,
+    /// NCCL's own `NCCL_P2P_DISABLE` (set and not 0): peer-to-peer transfers are forbidden.
+    pub p2p_disabled: bool,
     /// `STRAGGLAR_TIMEOUT_MS`: deadline of a wait on peers; `None` waits forever.
     pub timeout_ms: Option<u64>,
     /// `STRAGGLAR_CACHE_DIR`: where compiled kernels are kept, if given.
@@ -85,6 +99,8 @@ impl Default for Config {
             enabled: true,
             nccl_lib: None,
             buffer_bytes: DEFAULT_BUFFER_BYTES,
+            min_bytes: DEFAULT_MIN_BYTES,
+            p2p_disabled: false,
             timeout_ms: None,
             cache_dir: None,
             log_level: Level::Warn,
@@ -149,6 +165,19 @@ impl Config {
             },
         );
         read(
+            "STRAGGLAR_MIN_BYTES",
+            "64K",
+            &mut |v| match crate::cli::args::parse_bytes(v) {
+                Ok(bytes) if bytes <= usize::MAX as u64 => {
+                    config.min_bytes = bytes as usize;
+                    true
+                }
+                _ => false,
+            },
+        );
+        config.p2p_disabled =
+            lookup("NCCL_P2P_DISABLE").is_some_and(|v| !matches!(v.trim(), "" | "0"));
+        read(
             "STRAGGLAR_TIMEOUT_MS",
             "(unset)",
             &mut |v| match v.parse::<u64>() {
@@ -195,6 +224,7 @@ impl Config {
                     .unwrap_or_else(|| "(unset: search)".into()),
             ),
             ("STRAGGLAR_BUFFER_BYTES", self.buffer_bytes.to_string()),
+            ("STRAGGLAR_MIN_BYTES", self.min_bytes.to_string()),
             (
                 "STRAGGLAR_TIMEOUT_MS",
                 self.timeout_ms

@@ -125,6 +125,7 @@ pointers!(
     ResultCode,
     RedOpCode,
     stragglarNcclBinding_t,
+    stragglarStats_t,
 );
 
 impl Hostile for ncclComm_t {
@@ -350,7 +351,7 @@ fn every_export() -> Vec<Entry> {
             ncclTeamWorld, pncclTeamWorld, ncclTeamLsa, pncclTeamLsa, ncclTeamCftMultimem,
             pncclTeamCftMultimem, ncclTeamRail, pncclTeamRail, ncclGetErrorString,
             ncclGetLastError, stragglarGetVersion, stragglarGetNcclBinding, ncclCommFinalize,
-            ncclCommDestroy, ncclCommAbort, ncclMemFree, ncclGetVersion, ncclCommResume,
+            ncclCommDestroy, stragglarFallbackName, ncclCommAbort, ncclMemFree, ncclGetVersion, ncclCommResume,
             ncclGroupSimulateEnd, ncclSetEncryption, pncclMemFree, pncclGetVersion,
             pncclCommFinalize, pncclCommDestroy, pncclCommAbort, pncclGetErrorString,
             pncclGetLastError, pncclCommResume, pncclGroupSimulateEnd, pncclSetEncryption,
@@ -364,7 +365,7 @@ fn every_export() -> Vec<Entry> {
             ncclParamGetI8, ncclParamGetI16, ncclParamGetI32, ncclParamGetI64, ncclParamGetU8,
             ncclParamGetU16, ncclParamGetU32, ncclParamGetU64, ncclParamGetStr,
             ncclParamGetAllParameterKeys, ncclRedOpDestroy, pncclMemAlloc, pncclCommRevoke,
-            pncclCommGetUniqueId, pncclCommGetAsyncError, pncclCommCount, pncclCommCuDevice,
+            pncclCommGetUniqueId, stragglarGetStats, pncclCommGetAsyncError, pncclCommCount, pncclCommCuDevice,
             pncclCommUserRank, pncclCommDeregister, pncclCommSuspend, pncclCommWindowDeregister,
             pncclRedOpDestroy, pncclParamBind, pncclParamGetI8, pncclParamGetI16,
             pncclParamGetI32, pncclParamGetI64, pncclParamGetU8, pncclParamGetU16,

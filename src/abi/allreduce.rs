@@ -5,10 +5,11 @@ use std::sync::atomic::AtomicBool;
 
 use super::guard::{check_live, guard};
 use crate::forward;
-use crate::intercept::{route_all_reduce, AllReduceCall, Route};
+use crate::intercept::{count_fallback, facts_of, limits, route_all_reduce, AllReduceCall, Route};
 use crate::nccl::types::*;
 
-/// AllReduce: routed by [`route_all_reduce`], then run by the real NCCL (or refused).
+/// AllReduce: routed by [`route_all_reduce`], counted on its communicator, then run by the
+/// real NCCL (or refused).
 #[no_mangle]
 pub extern "C" fn ncclAllReduce(
     sendbuff: *const c_void,
@@ -37,10 +38,13 @@ pub extern "C" fn ncclAllReduce(
             op,
             comm,
         };
-        match route_all_reduce(&call) {
-            Route::Forward => forward!(ncclAllReduce(
-                sendbuff, recvbuff, count, datatype, op, comm, stream
-            )),
+        match route_all_reduce(&call, &facts_of(&call), &limits()) {
+            Route::Forward(cause) => {
+                count_fallback(comm, cause);
+                forward!(ncclAllReduce(
+                    sendbuff, recvbuff, count, datatype, op, comm, stream
+                ))
+            }
             Route::Refuse(code) => code,
         }
     })

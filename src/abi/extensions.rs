@@ -7,8 +7,9 @@ use std::os::raw::{c_char, c_int};
 
 use once_cell::sync::OnceCell;
 
-use super::guard::guard;
-use crate::nccl::types::ResultCode;
+use super::guard::{check_live, guard};
+use crate::intercept::fallback::Fallback;
+use crate::nccl::types::{ncclComm_t, ResultCode};
 use crate::nccl::{binding, loader::FoundBy};
 
 /// `STRAGGLAR_VERSION_CODE`: major * 10000 + minor * 100 + patch of this crate's version.
@@ -104,5 +105,75 @@ pub extern "C" fn stragglarGetNcclBinding(out: *mut stragglarNcclBinding_t) -> R
         // SAFETY: checked non-NULL; the caller owns the struct.
         unsafe { out.write(value) };
         ResultCode::SUCCESS
+    })
+}
+
+/// Entries of `stragglarStats_t::fallbacks`: one per cause that keeps an AllReduce on NCCL.
+pub const STRAGGLAR_FALLBACK_COUNT: usize = 11;
+
+const _: () = assert!(STRAGGLAR_FALLBACK_COUNT == Fallback::ALL.len());
+
+/// What a communicator's `ncclAllReduce` calls did so far in this process.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct stragglarStats_t {
+    /// Valid calls (refused ones are not counted).
+    pub allReduceCalls: u64,
+    /// Calls StragglAR ran.
+    pub onStragglar: u64,
+    /// Calls forwarded to NCCL.
+    pub onNccl: u64,
+    /// Forwarded calls by cause; `stragglarFallbackName(i)` names cause `i`.
+    pub fallbacks: [u64; STRAGGLAR_FALLBACK_COUNT],
+    /// The rank designated as the straggler, or -1 for none.
+    pub designatedStraggler: c_int,
+    pub reserved: c_int,
+}
+
+/// Copies the AllReduce counters of `comm` into `*stats` (zeros for a communicator that made
+/// no call yet). `ncclInvalidArgument` for NULL arguments and destroyed communicators; writes
+/// `*stats` only on success.
+#[no_mangle]
+pub extern "C" fn stragglarGetStats(comm: ncclComm_t, stats: *mut stragglarStats_t) -> ResultCode {
+    guard("stragglarGetStats", || {
+        static LIVE_WARNED: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
+        if comm.is_null() || stats.is_null() {
+            return ResultCode::INVALID_ARGUMENT;
+        }
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "stragglarGetStats") {
+            return code;
+        }
+        let s = crate::registry::stats().get(comm).unwrap_or_default();
+        let value = stragglarStats_t {
+            allReduceCalls: s.calls,
+            onStragglar: s.on_stragglar,
+            onNccl: s.on_nccl(),
+            fallbacks: s.fallbacks,
+            designatedStraggler: -1,
+            reserved: 0,
+        };
+        // SAFETY: checked non-NULL; the caller owns the struct.
+        unsafe { stats.write(value) };
+        ResultCode::SUCCESS
+    })
+}
+
+/// The name of fallback cause `index` (`"too-few-ranks"`, ...), or `"unknown"`. The string is
+/// static.
+#[no_mangle]
+pub extern "C" fn stragglarFallbackName(index: c_int) -> *const c_char {
+    guard("stragglarFallbackName", || {
+        static NAMES: OnceCell<Vec<CString>> = OnceCell::new();
+        let names = NAMES.get_or_init(|| {
+            Fallback::ALL
+                .iter()
+                .map(|f| CString::new(f.name()).expect("names have no NUL"))
+                .collect()
+        });
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| names.get(i))
+            .map_or(c"unknown".as_ptr(), |n| n.as_ptr())
     })
 }

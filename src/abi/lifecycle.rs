@@ -77,6 +77,8 @@ fn record(
         info.cuda_device,
         if blocking { "blocking" } else { "nonblocking" }
     );
+    // A new communicator (perhaps at a reused address) starts its counters from zero.
+    registry::stats().remove(comm);
     registry::comms().insert(comm, info);
 }
 
@@ -87,6 +89,9 @@ fn retire(comm: ncclComm_t, state: CommState) {
     }
     if state == CommState::Destroyed {
         registry::redops().remove_comm(comm);
+        if let Some(stats) = registry::stats().remove(comm) {
+            crate::intercept::report::log_at_destroy(comm, &stats);
+        }
     }
 }
 

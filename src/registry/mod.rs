@@ -10,6 +10,7 @@ pub mod comm_config;
 pub mod comms;
 pub mod groups;
 pub mod redops;
+pub mod stats;
 
 pub use comms::{CommInfo, CommOrigin, CommState, CommTable};
 pub use redops::{PreMulSum, RedOpTable, Scalar};
@@ -19,6 +20,12 @@ use once_cell::sync::Lazy;
 /// The process's communicators.
 pub fn comms() -> &'static CommTable {
     static TABLE: Lazy<CommTable> = Lazy::new(CommTable::default);
+    &TABLE
+}
+
+/// The process's per-communicator AllReduce counters.
+pub fn stats() -> &'static stats::StatsTable {
+    static TABLE: Lazy<stats::StatsTable> = Lazy::new(stats::StatsTable::default);
     &TABLE
 }
 

@@ -1,0 +1,107 @@
+//! Why an AllReduce goes to NCCL instead of StragglAR: one cause per call, counted per
+//! communicator and logged once per communicator and cause. (With `STRAGGLAR_ENABLE=0` the
+//! library is a pure forwarder and counts nothing.)
+
+/// A reason to forward a valid AllReduce to NCCL. The order of [`Fallback::ALL`] is the order
+/// in which `eligibility::check` tests them, and the index in `stragglarStats_t::fallbacks`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fallback {
+    /// `NCCL_P2P_DISABLE` is set: the user forbids peer-to-peer transfers.
+    P2pDisabled,
+    /// The communicator was not made through our init functions (its size is unknown).
+    UnknownComm,
+    /// Fewer than 4 ranks: StragglAR never wins at n = 3 (the model), and needs a straggler.
+    TooFewRanks,
+    /// fp8 types (and any type the kernels do not reduce).
+    UnsupportedType,
+    /// A PreMulSum op made on another communicator, or whose scalar lives on the device.
+    UnsupportedOp,
+    /// Zero elements: nothing to run.
+    Empty,
+    /// Below `STRAGGLAR_MIN_BYTES`.
+    BelowMinBytes,
+    /// Above `STRAGGLAR_BUFFER_BYTES`.
+    AboveBufferBytes,
+    /// Inside `ncclGroupStart`/`ncclGroupEnd`.
+    InGroup,
+    /// A nonblocking communicator (its asynchronous state is not tracked yet).
+    NonblockingComm,
+    /// The GPU engine is not available to `ncclAllReduce` in this version.
+    NoGpuEngine,
+}
+
+impl Fallback {
+    /// Every cause, in test order.
+    pub const ALL: [Fallback; 11] = [
+        Fallback::P2pDisabled,
+        Fallback::UnknownComm,
+        Fallback::TooFewRanks,
+        Fallback::UnsupportedType,
+        Fallback::UnsupportedOp,
+        Fallback::Empty,
+        Fallback::BelowMinBytes,
+        Fallback::AboveBufferBytes,
+        Fallback::InGroup,
+        Fallback::NonblockingComm,
+        Fallback::NoGpuEngine,
+    ];
+
+    /// The index in [`Fallback::ALL`] and in `stragglarStats_t::fallbacks`.
+    pub fn index(self) -> usize {
+        Fallback::ALL
+            .iter()
+            .position(|&f| f == self)
+            .expect("every cause is listed")
+    }
+
+    /// A short name (what `stragglarFallbackName` returns).
+    pub fn name(self) -> &'static str {
+        match self {
+            Fallback::P2pDisabled => "p2p-disabled",
+            Fallback::UnknownComm => "unknown-comm",
+            Fallback::TooFewRanks => "too-few-ranks",
+            Fallback::UnsupportedType => "unsupported-type",
+            Fallback::UnsupportedOp => "unsupported-op",
+            Fallback::Empty => "empty",
+            Fallback::BelowMinBytes => "below-min-bytes",
+            Fallback::AboveBufferBytes => "above-buffer-bytes",
+            Fallback::InGroup => "in-group",
+            Fallback::NonblockingComm => "nonblocking-comm",
+            Fallback::NoGpuEngine => "no-gpu-engine",
+        }
+    }
+
+    /// What a log line says.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Fallback::P2pDisabled => "NCCL_P2P_DISABLE is set",
+            Fallback::UnknownComm => "the communicator was not made through this library",
+            Fallback::TooFewRanks => "fewer than 4 ranks",
+            Fallback::UnsupportedType => "a data type the kernels do not reduce (fp8)",
+            Fallback::UnsupportedOp => {
+                "a PreMulSum op with a device scalar or from another communicator"
+            }
+            Fallback::Empty => "zero elements",
+            Fallback::BelowMinBytes => "smaller than STRAGGLAR_MIN_BYTES",
+            Fallback::AboveBufferBytes => "larger than STRAGGLAR_BUFFER_BYTES",
+            Fallback::InGroup => "inside ncclGroupStart/ncclGroupEnd",
+            Fallback::NonblockingComm => "a nonblocking communicator",
+            Fallback::NoGpuEngine => "the GPU engine does not serve ncclAllReduce in this version",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indices_and_names_are_unique() {
+        let mut names = std::collections::HashSet::new();
+        for (i, f) in Fallback::ALL.iter().enumerate() {
+            assert_eq!(f.index(), i);
+            assert!(names.insert(f.name()));
+            assert!(!f.describe().is_empty());
+        }
+    }
+}

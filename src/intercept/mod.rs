@@ -1,0 +1,224 @@
+//! The single interception point of `ncclAllReduce`: checks the call and decides its route.
+//!
+//! An invalid call is refused; a valid one is checked for StragglAR (`eligibility`), and the
+//! cause that keeps it on NCCL is counted per communicator. In this version the GPU engine does
+//! not serve `ncclAllReduce` yet, so every valid call ends on NCCL, with the first cause that
+//! applies (`no-gpu-engine` when nothing else does).
+
+pub mod eligibility;
+pub mod fallback;
+pub mod report;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::nccl::types::{ncclComm_t, DataTypeCode, RedOpCode, ResultCode};
+use eligibility::{CallFacts, Limits};
+use fallback::Fallback;
+
+/// Largest `ncclDataType_t` value of the API we mirror (2.32: `ncclFloat8e5m2`).
+const LAST_DATA_TYPE: i32 = 11;
+
+/// The arguments of one `ncclAllReduce`, as the caller passed them.
+#[derive(Debug, Clone, Copy)]
+pub struct AllReduceCall {
+    pub send: usize,
+    pub recv: usize,
+    /// Elements, not bytes.
+    pub count: usize,
+    pub datatype: DataTypeCode,
+    pub op: RedOpCode,
+    pub comm: ncclComm_t,
+}
+
+/// Where a call goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// To the real NCCL, unchanged, for this cause.
+    Forward(Fallback),
+    /// Nowhere: the arguments are invalid; return this code.
+    Refuse(ResultCode),
+}
+
+/// Why a call is refused: one kind per cause, each logged once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Invalid {
+    NullComm,
+    DataType,
+    Op,
+    NullBuffer,
+}
+
+impl Invalid {
+    const ALL: [Invalid; 4] = [
+        Invalid::NullComm,
+        Invalid::DataType,
+        Invalid::Op,
+        Invalid::NullBuffer,
+    ];
+
+    fn describe(self, call: &AllReduceCall) -> String {
+        match self {
+            Invalid::NullComm => "comm is NULL".into(),
+            Invalid::DataType => format!("datatype {} is not an ncclDataType_t", call.datatype.0),
+            Invalid::Op => format!("op {} is not an ncclRedOp_t", call.op.0),
+            Invalid::NullBuffer => format!("a NULL buffer with count {}", call.count),
+        }
+    }
+}
+
+/// Which cause, if any, refuses the call.
+fn invalid(call: &AllReduceCall) -> Option<Invalid> {
+    if call.comm.is_null() {
+        return Some(Invalid::NullComm);
+    }
+    if !(0..=LAST_DATA_TYPE).contains(&call.datatype.0) {
+        return Some(Invalid::DataType);
+    }
+    if call.op.0 < 0 {
+        return Some(Invalid::Op);
+    }
+    if call.count > 0 && (call.send == 0 || call.recv == 0) {
+        return Some(Invalid::NullBuffer);
+    }
+    None
+}
+
+/// Whether the WARN for each cause was logged.
+static WARNED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
+
+/// What the route depends on besides the arguments: the communicator as our registry knows it,
+/// the group depth and the configuration.
+pub fn facts_of(call: &AllReduceCall) -> CallFacts {
+    let info = crate::registry::comms().get(call.comm);
+    let premul = crate::registry::redops().get(call.comm, call.op);
+    CallFacts {
+        count: call.count,
+        datatype: call.datatype.0,
+        op: call.op.0,
+        op_is_host_premulsum: premul
+            .is_some_and(|p| matches!(p.scalar, crate::registry::Scalar::Host { .. })),
+        nranks: info.as_ref().and_then(|i| i.nranks),
+        blocking: info.as_ref().is_none_or(|i| i.blocking),
+        in_group: crate::registry::groups::depth() > 0,
+    }
+}
+
+/// The configuration's part of the route.
+pub fn limits() -> Limits {
+    let config = crate::config::get();
+    Limits {
+        p2p_disabled: config.p2p_disabled,
+        min_bytes: config.min_bytes,
+        buffer_bytes: config.buffer_bytes,
+    }
+}
+
+/// Decides the route of one AllReduce from `facts` (see [`facts_of`]). Depends only on the
+/// arguments and on state that is identical on every rank, so every rank takes the same route.
+pub fn route_all_reduce(call: &AllReduceCall, facts: &CallFacts, limits: &Limits) -> Route {
+    if let Some(cause) = invalid(call) {
+        let index = Invalid::ALL.iter().position(|&c| c == cause).unwrap_or(0);
+        if !WARNED[index].swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "ncclAllReduce: {}; returning ncclInvalidArgument (logged once per cause)",
+                cause.describe(call)
+            );
+        }
+        return Route::Refuse(ResultCode::INVALID_ARGUMENT);
+    }
+    match eligibility::check(facts, limits) {
+        Err(cause) => Route::Forward(cause),
+        // Eligible; the GPU engine is not wired into ncclAllReduce yet.
+        Ok(()) => Route::Forward(Fallback::NoGpuEngine),
+    }
+}
+
+/// Counts a forwarded call on its communicator and logs the cause at INFO the first time it
+/// keeps that communicator's calls on NCCL.
+pub fn count_fallback(comm: ncclComm_t, cause: Fallback) {
+    if crate::registry::stats().of(comm).fell_back(cause) {
+        log::info!(
+            "ncclAllReduce on communicator {comm:p} goes to NCCL: {} (logged once per communicator and cause)",
+            cause.describe()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(datatype: i32, op: i32) -> AllReduceCall {
+        AllReduceCall {
+            send: 0x1000,
+            recv: 0x2000,
+            count: 16,
+            datatype: DataTypeCode(datatype),
+            op: RedOpCode(op),
+            comm: 0x10 as ncclComm_t,
+        }
+    }
+
+    #[test]
+    fn valid_calls_forward_with_their_cause() {
+        let f = |c: &AllReduceCall| facts_of(c);
+        let l = Limits {
+            p2p_disabled: false,
+            min_bytes: 0,
+            buffer_bytes: 1 << 30,
+        };
+        let unknown = Route::Forward(Fallback::UnknownComm);
+        assert_eq!(route_all_reduce(&call(7, 0), &f(&call(7, 0)), &l), unknown);
+        assert_eq!(
+            route_all_reduce(&call(11, 4), &f(&call(11, 4)), &l),
+            unknown
+        );
+        let dynamic = call(9, 0x1234_5678);
+        assert_eq!(route_all_reduce(&dynamic, &f(&dynamic), &l), unknown);
+        let empty = AllReduceCall {
+            count: 0,
+            send: 0,
+            recv: 0,
+            ..call(7, 0)
+        };
+        assert_eq!(route_all_reduce(&empty, &f(&empty), &l), unknown);
+        let known = CallFacts {
+            nranks: Some(8),
+            ..f(&call(7, 0))
+        };
+        assert_eq!(
+            route_all_reduce(&call(7, 0), &known, &l),
+            Route::Forward(Fallback::NoGpuEngine)
+        );
+        assert_eq!(
+            route_all_reduce(
+                &call(7, 0),
+                &known,
+                &Limits {
+                    p2p_disabled: true,
+                    ..l
+                }
+            ),
+            Route::Forward(Fallback::P2pDisabled)
+        );
+    }
+
+    #[test]
+    fn invalid_calls_are_refused() {
+        let refuse = Route::Refuse(ResultCode::INVALID_ARGUMENT);
+        let route_all_reduce = |c: &AllReduceCall| route_all_reduce(c, &facts_of(c), &limits());
+        assert_eq!(route_all_reduce(&call(12, 0)), refuse);
+        assert_eq!(route_all_reduce(&call(-1, 0)), refuse);
+        assert_eq!(route_all_reduce(&call(7, -5)), refuse);
+        let no_comm = AllReduceCall {
+            comm: std::ptr::null_mut(),
+            ..call(7, 0)
+        };
+        assert_eq!(route_all_reduce(&no_comm), refuse);
+        let no_recv = AllReduceCall {
+            recv: 0,
+            ..call(7, 0)
+        };
+        assert_eq!(route_all_reduce(&no_recv), refuse);
+    }
+}
