@@ -14,6 +14,7 @@
 #   3. correctness: stragglar bench --backend cuda, ranks as threads of one process sharing the
 #      GPU (each rank on its own stream), n = 2..8, every type and op, every element checked,
 #      every rank bitwise equal to the others, in place and out of place
+#      the same under CUDA graph capture and replay (--graph)
 #   4. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%)
 #   5. ranks as processes over CUDA IPC on the same GPU (MPS if it can be started)
 #   6. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash
@@ -148,6 +149,16 @@ for algo in stragglar ring; do
     "$BIN" bench --backend cuda --ranks 8 --algo "$algo" -b 1K -e 256M -f 4 -n 10 -w 2 \
     --straggler 7 --timeout-ms 60000 --buffer-bytes 1G
 done
+
+# CUDA graphs: each rank's timed calls captured once and replayed; the replays are checked
+# (the epochs live in device memory and must advance with no host help).
+graphs() {
+  for n in 4 8; do
+    "$BIN" bench --backend cuda --graph --ranks "$n" -d float,bfloat16,int32 -o sum,avg,min \
+      -b 1K -e 16M -f 4 -n 5 -w 1 --straggler 1 --timeout-ms 60000 || return 1
+  done
+}
+step "CUDA graph capture and replay: 4 and 8 ranks" graphs.log graphs
 
 # 4. Kernel bandwidth against the device's copy rate.
 for t in float bfloat16; do

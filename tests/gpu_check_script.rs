@@ -32,6 +32,7 @@ fn the_dry_run_lists_every_check_and_ends_with_the_summary() {
         "bench --backend cuda: n=2,3,4,5,6,7,8, types all, ops all",
         "8 ranks, 1K..256M, stragglar",
         "8 ranks, 1K..256M, ring",
+        "CUDA graph capture and replay",
         "kernel bandwidth vs cuMemcpyDtoD",
         "processes over CUDA IPC: n=2,3,4",
         "PyTorch LD_PRELOAD, world size 1",

@@ -66,6 +66,9 @@ pub struct BenchOptions {
     pub backend: Backend,
     /// `--bandwidth` (CUDA backend): first measure the kernels against the device's copy rate.
     pub bandwidth: bool,
+    /// `--graph` (CUDA backend): the timed calls are captured once into a CUDA graph per rank
+    /// and replayed, and the replayed results are checked too.
+    pub graph: bool,
     pub algo: BenchAlgo,
     /// The rank the schedule treats as the straggler.
     pub straggler: usize,
@@ -149,6 +152,7 @@ impl BenchOptions {
             }
         };
         let bandwidth = args.flag(&["--bandwidth"]);
+        let graph = args.flag(&["--graph"]);
         let ranks: usize = args.parsed(&["--ranks"], "a rank count")?.unwrap_or(8);
         let ranks_as = match args.value(&["--ranks-as"])?.as_deref() {
             None if backend == Backend::Cuda => RanksAs::Threads,
@@ -233,6 +237,7 @@ impl BenchOptions {
             ranks_as,
             backend,
             bandwidth,
+            graph,
             algo,
             straggler,
             late_ranks,
@@ -261,8 +266,11 @@ impl BenchOptions {
             {
                 return fail("--backend cuda takes --algo stragglar|ring and no --delay-us, --jitter-us, --fault or --link-gbs (host-engine emulations)".into());
             }
-        } else if self.bandwidth {
-            return fail("--bandwidth measures GPU kernels: use it with --backend cuda".into());
+        } else if self.bandwidth || self.graph {
+            return fail(
+                "--bandwidth and --graph are about GPU kernels: use them with --backend cuda"
+                    .into(),
+            );
         } else if self.ops.len() > 1 || self.dtypes.len() > 1 {
             return fail("several types or ops (-d all, -o all, lists) need --backend cuda; the host engine runs one of each".into());
         }
@@ -386,6 +394,9 @@ impl BenchOptions {
         ];
         if let Some(f) = self.step_factor {
             a.extend(["-f".into(), f.to_string()]);
+        }
+        if self.graph {
+            a.push("--graph".into());
         }
         if let Some(g) = self.link_gbs {
             a.extend(["--link-gbs".into(), g.to_string()]);

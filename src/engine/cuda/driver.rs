@@ -501,3 +501,82 @@ pub unsafe fn copy_async(
         result::memcpy_dtod_async(dst, src, bytes, stream.raw)
     })
 }
+
+/// A CUDA graph captured from a stream, instantiated and ready to launch.
+pub struct Graph {
+    device: Arc<Device>,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+// SAFETY: graph handles may be used from any thread (one at a time, which `&mut`/ownership
+// of the launching code ensures).
+unsafe impl Send for Graph {}
+
+impl Graph {
+    /// Captures what `work` enqueues on `stream` (thread-local capture mode: other threads
+    /// may keep using the driver) and instantiates it.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of `device`'s context for the whole capture.
+    pub unsafe fn capture(
+        device: &Arc<Device>,
+        stream: sys::CUstream,
+        work: impl FnOnce() -> Result<(), GpuError>,
+    ) -> Result<Graph, GpuError> {
+        let _current = device.current()?;
+        // SAFETY: a live stream of this context (the caller's promise).
+        wrap("cuStreamBeginCapture", unsafe {
+            result::stream::begin_capture(
+                stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        })?;
+        let worked = work();
+        // SAFETY: capture began on this stream above; ending it is required whatever `work` did.
+        let graph = wrap("cuStreamEndCapture", unsafe {
+            result::stream::end_capture(stream)
+        })?;
+        if let Err(e) = worked {
+            // SAFETY: the graph just captured, destroyed once.
+            let _ = unsafe { result::graph::destroy(graph) };
+            return Err(e);
+        }
+        // SAFETY: a valid captured graph.
+        match wrap("cuGraphInstantiate", unsafe {
+            result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0))
+        }) {
+            Ok(exec) => Ok(Graph {
+                device: device.clone(),
+                graph,
+                exec,
+            }),
+            Err(e) => {
+                // SAFETY: as above.
+                let _ = unsafe { result::graph::destroy(graph) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Launches (replays) the graph on `stream`.
+    pub fn launch(&self, stream: &Stream) -> Result<(), GpuError> {
+        let _current = self.device.current()?;
+        // SAFETY: an instantiated graph and a live stream of the same context.
+        wrap("cuGraphLaunch", unsafe {
+            result::graph::launch(self.exec, stream.raw)
+        })
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if let Ok(_current) = self.device.current() {
+            // SAFETY: created in `capture`, destroyed once here.
+            unsafe {
+                let _ = result::graph::exec_destroy(self.exec);
+                let _ = result::graph::destroy(self.graph);
+            }
+        }
+    }
+}

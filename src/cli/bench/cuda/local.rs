@@ -6,7 +6,7 @@ use std::error::Error;
 use super::GpuKernels;
 use crate::cli::bench::data;
 use crate::cli::bench::options::BenchOptions;
-use crate::engine::cuda::driver::{DeviceMemory, Event, GpuError, Stream};
+use crate::engine::cuda::driver::{DeviceMemory, Event, GpuError, Graph, Stream};
 use crate::engine::cuda::rank::CudaRank;
 use crate::plan::Plan;
 use crate::reduce::{DataType, ReduceOp, Scale};
@@ -114,10 +114,32 @@ pub fn run_size(
             }
             outcomes[i].digest[placement] = data::digest(&out);
         }
-        // Timing: warm-up, then `iters` calls queued back to back on every rank's stream.
+        // Timing: warm-up, then `iters` calls queued back to back on every rank's stream
+        // (with --graph: captured once per rank into a CUDA graph, replayed, and checked).
         for _ in 0..options.warmup {
             call(locals)?;
         }
+        let graphs = if options.graph {
+            let mut graphs = Vec::with_capacity(locals.len());
+            for i in 0..locals.len() {
+                let stream = locals[i].stream.raw;
+                let capture = || {
+                    for _ in 0..options.iters {
+                        call(&mut locals[i..=i]).map_err(|e| GpuError {
+                            call: "ncclStragglarAllReduce during capture",
+                            detail: e.to_string(),
+                        })?;
+                    }
+                    Ok(())
+                };
+                // SAFETY: the rank's own stream, alive for the whole capture.
+                let graph = unsafe { Graph::capture(&gpu.device, stream, capture) }?;
+                graphs.push(graph);
+            }
+            Some(graphs)
+        } else {
+            None
+        };
         let starts = locals
             .iter()
             .map(|_| Event::new(&gpu.device))
@@ -129,14 +151,37 @@ pub fn run_size(
         for (l, e) in locals.iter().zip(&starts) {
             e.record(&l.stream)?;
         }
-        for _ in 0..options.iters {
-            call(locals)?;
+        match &graphs {
+            Some(graphs) => {
+                for (l, g) in locals.iter().zip(graphs) {
+                    g.launch(&l.stream)?;
+                }
+            }
+            None => {
+                for _ in 0..options.iters {
+                    call(locals)?;
+                }
+            }
         }
         for (l, e) in locals.iter().zip(&ends) {
             e.record(&l.stream)?;
         }
         for (i, (s, e)) in starts.iter().zip(&ends).enumerate() {
             outcomes[i].time_us[placement] = s.elapsed_ms(e)? as f64 * 1e3 / options.iters as f64;
+        }
+        // Replayed calls must be right too (out of place: each replay recomputes the same
+        // result from the unchanged input; the epochs advance on the device).
+        if graphs.is_some() && !in_place {
+            for (i, output) in outputs.iter().enumerate() {
+                let mut out = vec![0u8; bytes];
+                output.download(&mut out)?;
+                if options.check > 0 {
+                    outcomes[i].wrong[placement] += data::count_wrong(dtype, op, n, &out, seed);
+                }
+                if data::digest(&out) != outcomes[i].digest[placement] {
+                    outcomes[i].wrong[placement] += 1;
+                }
+            }
         }
     }
     Ok(outcomes)
