@@ -4,4 +4,5 @@
 
 pub mod driver;
 pub mod rank;
+pub mod setup;
 pub mod staging;
