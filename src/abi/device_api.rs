@@ -315,7 +315,7 @@ pub extern "C" fn ncclLsaBarrierCreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclLsaBarrierCreateRequirement(team, nBarriers, outHandle, outReq); team team; outputs outHandle, outReq)
+    forward!(ncclLsaBarrierCreateRequirement(team, nBarriers, outHandle, outReq); team team; require nBarriers >= 0 => "nBarriers is negative"; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `pncclLsaBarrierCreateRequirement`; never intercepted.
@@ -326,7 +326,7 @@ pub extern "C" fn pncclLsaBarrierCreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclLsaBarrierCreateRequirement(team, nBarriers, outHandle, outReq); team team; outputs outHandle, outReq)
+    forward!(ncclLsaBarrierCreateRequirement(team, nBarriers, outHandle, outReq); team team; require nBarriers >= 0 => "nBarriers is negative"; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `ncclGinBarrierCreateRequirement` (device API).
@@ -338,7 +338,7 @@ pub extern "C" fn ncclGinBarrierCreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclGinBarrierCreateRequirement(comm, team, nBarriers, outHandle, outReq); live comm; team team; outputs outHandle, outReq)
+    forward!(ncclGinBarrierCreateRequirement(comm, team, nBarriers, outHandle, outReq); live comm; team team; require nBarriers >= 0 => "nBarriers is negative"; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `pncclGinBarrierCreateRequirement`; never intercepted.
@@ -350,19 +350,19 @@ pub extern "C" fn pncclGinBarrierCreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclGinBarrierCreateRequirement(comm, team, nBarriers, outHandle, outReq); live comm; team team; outputs outHandle, outReq)
+    forward!(ncclGinBarrierCreateRequirement(comm, team, nBarriers, outHandle, outReq); live comm; team team; require nBarriers >= 0 => "nBarriers is negative"; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `ncclLLA2ACalcSlots` (device API).
 #[no_mangle]
 pub extern "C" fn ncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int {
-    forward!(ncclLLA2ACalcSlots(maxElts, maxEltSize))
+    forward!(ncclLLA2ACalcSlots(maxElts, maxEltSize); require maxElts >= 0 && maxEltSize >= 1 => "maxElts is negative or maxEltSize below 1")
 }
 
 /// Forwards to the real `pncclLLA2ACalcSlots`; never intercepted.
 #[no_mangle]
 pub extern "C" fn pncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int {
-    forward!(ncclLLA2ACalcSlots(maxElts, maxEltSize))
+    forward!(ncclLLA2ACalcSlots(maxElts, maxEltSize); require maxElts >= 0 && maxEltSize >= 1 => "maxElts is negative or maxEltSize below 1")
 }
 
 /// Forwards to the real `ncclLLA2ACreateRequirement` (device API).
@@ -373,7 +373,7 @@ pub extern "C" fn ncclLLA2ACreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclLLA2ACreateRequirement(nBlocks, nSlots, outHandle, outReq); outputs outHandle, outReq)
+    forward!(ncclLLA2ACreateRequirement(nBlocks, nSlots, outHandle, outReq); require nBlocks >= 1 && nSlots >= 1 => "nBlocks or nSlots below 1"; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `pncclLLA2ACreateRequirement`; never intercepted.
@@ -384,7 +384,7 @@ pub extern "C" fn pncclLLA2ACreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclLLA2ACreateRequirement(nBlocks, nSlots, outHandle, outReq); outputs outHandle, outReq)
+    forward!(ncclLLA2ACreateRequirement(nBlocks, nSlots, outHandle, outReq); require nBlocks >= 1 && nSlots >= 1 => "nBlocks or nSlots below 1"; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `ncclGinOutboxCreateRequirement` (device API).
@@ -395,7 +395,7 @@ pub extern "C" fn ncclGinOutboxCreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclGinOutboxCreateRequirement(nBlocks, size_log2, outHandle, outReq); outputs outHandle, outReq)
+    forward!(ncclGinOutboxCreateRequirement(nBlocks, size_log2, outHandle, outReq); require nBlocks >= 1 && (0..63).contains(&size_log2) => "nBlocks below 1 or size_log2 outside 0..63"; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `pncclGinOutboxCreateRequirement`; never intercepted.
@@ -406,7 +406,7 @@ pub extern "C" fn pncclGinOutboxCreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclGinOutboxCreateRequirement(nBlocks, size_log2, outHandle, outReq); outputs outHandle, outReq)
+    forward!(ncclGinOutboxCreateRequirement(nBlocks, size_log2, outHandle, outReq); require nBlocks >= 1 && (0..63).contains(&size_log2) => "nBlocks below 1 or size_log2 outside 0..63"; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `ncclGinInboxA2ACreateRequirement` (device API).
@@ -418,7 +418,7 @@ pub extern "C" fn ncclGinInboxA2ACreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclGinInboxA2ACreateRequirement(peers, nBlocks, size_log2, outHandle, outReq); team peers; outputs outHandle, outReq)
+    forward!(ncclGinInboxA2ACreateRequirement(peers, nBlocks, size_log2, outHandle, outReq); team peers; require peers.nRanks >= 2 && nBlocks >= 1 && (0..63).contains(&size_log2) => "peers has fewer than 2 ranks (NCCL divides by the other ranks), nBlocks is below 1 or size_log2 outside 0..63"; outputs outHandle, outReq)
 }
 
 /// Forwards to the real `pncclGinInboxA2ACreateRequirement`; never intercepted.
@@ -430,5 +430,5 @@ pub extern "C" fn pncclGinInboxA2ACreateRequirement(
     outHandle: *mut DeviceApiOpaque,
     outReq: *mut DeviceApiOpaque,
 ) -> ResultCode {
-    forward!(ncclGinInboxA2ACreateRequirement(peers, nBlocks, size_log2, outHandle, outReq); team peers; outputs outHandle, outReq)
+    forward!(ncclGinInboxA2ACreateRequirement(peers, nBlocks, size_log2, outHandle, outReq); team peers; require peers.nRanks >= 2 && nBlocks >= 1 && (0..63).contains(&size_log2) => "peers has fewer than 2 ranks (NCCL divides by the other ranks), nBlocks is below 1 or size_log2 outside 0..63"; outputs outHandle, outReq)
 }

@@ -2,8 +2,9 @@
 //!
 //! `forward!(ncclX(comm, t, b); live comm; team t; outputs b)` refuses a NULL communicator or
 //! one that was already destroyed (`live`, see `guard::check_live`), a device-API team no
-//! communicator could have produced (`team`: NCCL divides by its size and stride), and a NULL
-//! output pointer (`ncclInvalidArgument` and one WARN each), then calls the real `pncclX` (or `ncclX`)
+//! communicator could have produced (`team`: NCCL divides by its size and stride), arguments
+//! that fail a stated requirement (`require cond => "why"`, e.g. counts NCCL divides by), and
+//! a NULL output pointer (`ncclInvalidArgument` and one WARN each), then calls the real `pncclX` (or `ncclX`)
 //! with the arguments unchanged and returns its result bit for bit, all inside the panic guard.
 //! The function-pointer type is inferred from the export `ncclX` itself, so every signature is
 //! written exactly once, in the export.
@@ -35,7 +36,7 @@ macro_rules! __placeholder_type {
 #[macro_export]
 #[doc(hidden)]
 macro_rules! forward {
-    ($export:ident ( $($arg:ident),* ) $(; live $live:ident)? $(; team $team:ident)? $(; outputs $($out:ident),+)?) => {{
+    ($export:ident ( $($arg:ident),* ) $(; live $live:ident)? $(; team $team:ident)? $(; require $cond:expr => $what:literal)? $(; outputs $($out:ident),+)?) => {{
         static SYMBOL: $crate::nccl::Symbol = $crate::nccl::Symbol::new(
             $crate::abi::guard::cstr(concat!("p", stringify!($export), "\0")),
             $crate::abi::guard::cstr(concat!(stringify!($export), "\0")),
@@ -58,6 +59,14 @@ macro_rules! forward {
                     static TEAM_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
                     return $crate::abi::guard::FailureValue::from_code(
                         $crate::abi::guard::reject_team(&TEAM_WARNED, stringify!($export), stringify!($team)),
+                    );
+                }
+            )?
+            $(
+                if !($cond) {
+                    static REQUIRE_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+                    return $crate::abi::guard::FailureValue::from_code(
+                        $crate::abi::guard::reject_value(&REQUIRE_WARNED, stringify!($export), $what),
                     );
                 }
             )?

@@ -84,6 +84,14 @@ pub fn reject_team(warned: &AtomicBool, function: &str, argument: &str) -> Resul
     ResultCode::INVALID_ARGUMENT
 }
 
+/// Refuses, with one WARN per call site, arguments that fail a requirement `why` states.
+pub fn reject_value(warned: &AtomicBool, function: &str, why: &str) -> ResultCode {
+    if !warned.swap(true, Ordering::Relaxed) {
+        log::warn!("{function}: {why}; returning ncclInvalidArgument");
+    }
+    ResultCode::INVALID_ARGUMENT
+}
+
 /// Refuses, with one WARN per call site, an application's call on a communicator whose Destroy
 /// or Abort has already returned: forwarding it would be a use after free inside NCCL. The
 /// calls NCCL makes itself during teardown pass.
