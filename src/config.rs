@@ -5,6 +5,7 @@
 
 use once_cell::sync::OnceCell;
 
+use crate::detect::policy::{AlgoMode, StragglerMode};
 use crate::logging::{self, Level};
 
 /// Documentation of one setting: its variable, default and meaning.
@@ -43,6 +44,26 @@ pub const SETTINGS: &[SettingDoc] = &[
         name: "STRAGGLAR_TIMEOUT_MS",
         default: "(unset: no deadline)",
         meaning: "give up a wait on peers after this many ms (as NCCL, none by default)",
+    },
+    SettingDoc {
+        name: "STRAGGLAR_ALGO",
+        default: "auto",
+        meaning: "auto (StragglAR when a straggler is designated and the model says it wins), stragglar, or nccl",
+    },
+    SettingDoc {
+        name: "STRAGGLAR_STRAGGLER",
+        default: "auto",
+        meaning: "auto (detected), off, or a rank of the communicator (fixes the summation order)",
+    },
+    SettingDoc {
+        name: "STRAGGLAR_REPORT_INTERVAL",
+        default: "600",
+        meaning: "seconds between AllReduce reports per communicator at INFO (0: only at destroy)",
+    },
+    SettingDoc {
+        name: "STRAGGLAR_TRACE_DIR",
+        default: "(unset: no traces)",
+        meaning: "write per-rank Chrome trace JSON (one event per AllReduce) into this directory",
     },
     SettingDoc {
         name: "STRAGGLAR_CACHE_DIR",
@@ -85,6 +106,14 @@ pub struct Config {
     pub p2p_disabled: bool,
     /// `STRAGGLAR_TIMEOUT_MS`: deadline of a wait on peers; `None` waits forever.
     pub timeout_ms: Option<u64>,
+    /// `STRAGGLAR_ALGO`.
+    pub algo: AlgoMode,
+    /// `STRAGGLAR_STRAGGLER`.
+    pub straggler: StragglerMode,
+    /// `STRAGGLAR_REPORT_INTERVAL` in seconds; 0 reports only at destroy.
+    pub report_interval_s: u64,
+    /// `STRAGGLAR_TRACE_DIR`, if given.
+    pub trace_dir: Option<String>,
     /// `STRAGGLAR_CACHE_DIR`: where compiled kernels are kept, if given.
     pub cache_dir: Option<String>,
     /// `STRAGGLAR_DEBUG`.
@@ -102,6 +131,10 @@ impl Default for Config {
             min_bytes: DEFAULT_MIN_BYTES,
             p2p_disabled: false,
             timeout_ms: None,
+            algo: AlgoMode::Auto,
+            straggler: StragglerMode::Auto,
+            report_interval_s: 600,
+            trace_dir: None,
             cache_dir: None,
             log_level: Level::Warn,
             log_file: None,
@@ -192,6 +225,47 @@ impl Config {
                 Err(_) => false,
             },
         );
+        read("STRAGGLAR_ALGO", "auto", &mut |v| match v {
+            "auto" => true,
+            "stragglar" => {
+                config.algo = AlgoMode::Stragglar;
+                true
+            }
+            "nccl" => {
+                config.algo = AlgoMode::Baseline;
+                true
+            }
+            _ => false,
+        });
+        read("STRAGGLAR_STRAGGLER", "auto", &mut |v| match v {
+            "auto" => true,
+            "off" => {
+                config.straggler = StragglerMode::Off;
+                true
+            }
+            rank => match rank.parse::<usize>() {
+                Ok(r) => {
+                    config.straggler = StragglerMode::Fixed(r);
+                    true
+                }
+                Err(_) => false,
+            },
+        });
+        read(
+            "STRAGGLAR_REPORT_INTERVAL",
+            "600",
+            &mut |v| match v.parse::<u64>() {
+                Ok(s) => {
+                    config.report_interval_s = s;
+                    true
+                }
+                Err(_) => false,
+            },
+        );
+        read("STRAGGLAR_TRACE_DIR", "(unset)", &mut |v| {
+            config.trace_dir = (!v.is_empty()).then(|| v.to_string());
+            !v.is_empty()
+        });
         read("STRAGGLAR_CACHE_DIR", "(unset)", &mut |v| {
             config.cache_dir = (!v.is_empty()).then(|| v.to_string());
             !v.is_empty()
@@ -229,6 +303,33 @@ impl Config {
                 "STRAGGLAR_TIMEOUT_MS",
                 self.timeout_ms
                     .map_or_else(|| "(unset: no deadline)".into(), |ms| ms.to_string()),
+            ),
+            (
+                "STRAGGLAR_ALGO",
+                match self.algo {
+                    AlgoMode::Auto => "auto",
+                    AlgoMode::Stragglar => "stragglar",
+                    AlgoMode::Baseline => "nccl",
+                }
+                .to_string(),
+            ),
+            (
+                "STRAGGLAR_STRAGGLER",
+                match self.straggler {
+                    StragglerMode::Auto => "auto".to_string(),
+                    StragglerMode::Off => "off".to_string(),
+                    StragglerMode::Fixed(r) => r.to_string(),
+                },
+            ),
+            (
+                "STRAGGLAR_REPORT_INTERVAL",
+                self.report_interval_s.to_string(),
+            ),
+            (
+                "STRAGGLAR_TRACE_DIR",
+                self.trace_dir
+                    .clone()
+                    .unwrap_or_else(|| "(unset: no traces)".into()),
             ),
             (
                 "STRAGGLAR_CACHE_DIR",

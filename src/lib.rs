@@ -4,13 +4,14 @@
 //! - `schedule`: StragglAR and baseline schedules, the replay verifier, the cost model (std only);
 //! - `detect`: straggler tracking and the per-call policy, from arrival records (pure);
 //! - `config`, `logging`: `STRAGGLAR_*` settings and NCCL-shaped log lines;
-//! - `gpu`: the CUDA driver and NVRTC (cudarc, loaded dynamically);
-//! - `engine`: executing plans (the host engine over shared memory);
+//! - `gpu`: the CUDA driver and NVRTC (cudarc, loaded dynamically), the kernel sources;
+//! - `engine`: executing plans (the host engine over shared memory, the GPU engine);
 //! - `nccl`: finding and binding the real NCCL, and its C types;
 //! - `plan`: schedules lowered to per-rank programs, and their `#[repr(C)]` encoding (pure);
 //! - `reduce`: element-wise reduction of every NCCL data type and op (pure);
 //! - `registry`: what we know about communicators, ops and groups;
 //! - `intercept`: the route of each `ncclAllReduce`;
+//! - `trace`: per-rank Chrome traces of AllReduce calls (`STRAGGLAR_TRACE_DIR`);
 //! - `abi`: the exported C functions;
 //! - `cli`: the `stragglar` tool.
 
@@ -27,3 +28,4 @@ pub mod plan;
 pub mod reduce;
 pub mod registry;
 pub mod schedule;
+pub mod trace;

@@ -31,6 +31,10 @@ pub struct CallFacts {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub p2p_disabled: bool,
+    /// `STRAGGLAR_ALGO=nccl`.
+    pub forced_nccl: bool,
+    /// `STRAGGLAR_STRAGGLER=off`.
+    pub straggler_off: bool,
     /// `STRAGGLAR_MIN_BYTES`.
     pub min_bytes: usize,
     /// `STRAGGLAR_BUFFER_BYTES`.
@@ -42,6 +46,12 @@ pub struct Limits {
 pub fn check(facts: &CallFacts, limits: &Limits) -> Result<(), Fallback> {
     if limits.p2p_disabled {
         return Err(Fallback::P2pDisabled);
+    }
+    if limits.forced_nccl {
+        return Err(Fallback::ForcedNccl);
+    }
+    if limits.straggler_off {
+        return Err(Fallback::StragglerOff);
     }
     let Some(nranks) = facts.nranks else {
         return Err(Fallback::UnknownComm);
@@ -93,6 +103,8 @@ mod tests {
     fn limits() -> Limits {
         Limits {
             p2p_disabled: false,
+            forced_nccl: false,
+            straggler_off: false,
             min_bytes: 64 << 10,
             buffer_bytes: 256 << 20,
         }

@@ -8,6 +8,10 @@
 pub enum Fallback {
     /// `NCCL_P2P_DISABLE` is set: the user forbids peer-to-peer transfers.
     P2pDisabled,
+    /// `STRAGGLAR_ALGO=nccl`.
+    ForcedNccl,
+    /// `STRAGGLAR_STRAGGLER=off`: StragglAR needs a straggler.
+    StragglerOff,
     /// The communicator was not made through our init functions (its size is unknown).
     UnknownComm,
     /// Fewer than 4 ranks: StragglAR never wins at n = 3 (the model), and needs a straggler.
@@ -32,8 +36,10 @@ pub enum Fallback {
 
 impl Fallback {
     /// Every cause, in test order.
-    pub const ALL: [Fallback; 11] = [
+    pub const ALL: [Fallback; 13] = [
         Fallback::P2pDisabled,
+        Fallback::ForcedNccl,
+        Fallback::StragglerOff,
         Fallback::UnknownComm,
         Fallback::TooFewRanks,
         Fallback::UnsupportedType,
@@ -58,6 +64,8 @@ impl Fallback {
     pub fn name(self) -> &'static str {
         match self {
             Fallback::P2pDisabled => "p2p-disabled",
+            Fallback::ForcedNccl => "algo-nccl",
+            Fallback::StragglerOff => "straggler-off",
             Fallback::UnknownComm => "unknown-comm",
             Fallback::TooFewRanks => "too-few-ranks",
             Fallback::UnsupportedType => "unsupported-type",
@@ -75,6 +83,8 @@ impl Fallback {
     pub fn describe(self) -> &'static str {
         match self {
             Fallback::P2pDisabled => "NCCL_P2P_DISABLE is set",
+            Fallback::ForcedNccl => "STRAGGLAR_ALGO=nccl",
+            Fallback::StragglerOff => "STRAGGLAR_STRAGGLER=off",
             Fallback::UnknownComm => "the communicator was not made through this library",
             Fallback::TooFewRanks => "fewer than 4 ranks",
             Fallback::UnsupportedType => "a data type the kernels do not reduce (fp8)",

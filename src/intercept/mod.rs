@@ -108,6 +108,8 @@ pub fn limits() -> Limits {
     let config = crate::config::get();
     Limits {
         p2p_disabled: config.p2p_disabled,
+        forced_nccl: config.algo == crate::detect::policy::AlgoMode::Baseline,
+        straggler_off: config.straggler == crate::detect::policy::StragglerMode::Off,
         min_bytes: config.min_bytes,
         buffer_bytes: config.buffer_bytes,
     }
@@ -136,11 +138,20 @@ pub fn route_all_reduce(call: &AllReduceCall, facts: &CallFacts, limits: &Limits
 /// Counts a forwarded call on its communicator and logs the cause at INFO the first time it
 /// keeps that communicator's calls on NCCL.
 pub fn count_fallback(comm: ncclComm_t, cause: Fallback) {
-    if crate::registry::stats().of(comm).fell_back(cause) {
+    let stats = crate::registry::stats().of(comm);
+    if stats.fell_back(cause) {
         log::info!(
             "ncclAllReduce on communicator {comm:p} goes to NCCL: {} (logged once per communicator and cause)",
             cause.describe()
         );
+    }
+    if log::log_enabled!(log::Level::Info) {
+        let interval = crate::config::get()
+            .report_interval_s
+            .saturating_mul(1_000_000_000);
+        if stats.report_due(crate::engine::host::link::now_ns(), interval) {
+            log::info!("{}", report::summary(comm, &stats.snapshot()));
+        }
     }
 }
 
@@ -164,6 +175,8 @@ mod tests {
         let f = |c: &AllReduceCall| facts_of(c);
         let l = Limits {
             p2p_disabled: false,
+            forced_nccl: false,
+            straggler_off: false,
             min_bytes: 0,
             buffer_bytes: 1 << 30,
         };

@@ -19,6 +19,9 @@ pub struct CommStats {
     fallbacks: [AtomicU64; Fallback::ALL.len()],
     /// Whether each cause was already logged for this communicator.
     logged: [AtomicBool; Fallback::ALL.len()],
+    /// When the last periodic report was due (ns on the monotonic clock; 0 before the first
+    /// call).
+    last_report_ns: AtomicU64,
 }
 
 /// A copy of one communicator's counters.
@@ -49,6 +52,27 @@ impl CommStats {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.fallbacks[cause.index()].fetch_add(1, Ordering::Relaxed);
         !self.logged[cause.index()].swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether a periodic report is due at `now_ns` (every `interval_ns`, counted from the
+    /// first call); true for exactly one caller per period.
+    pub fn report_due(&self, now_ns: u64, interval_ns: u64) -> bool {
+        let last = self.last_report_ns.load(Ordering::Relaxed);
+        if last == 0 {
+            let _ = self.last_report_ns.compare_exchange(
+                0,
+                now_ns.max(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            return false;
+        }
+        interval_ns > 0
+            && now_ns.saturating_sub(last) >= interval_ns
+            && self
+                .last_report_ns
+                .compare_exchange(last, now_ns, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// The counters now.
@@ -116,6 +140,14 @@ mod tests {
         assert_eq!(snap.on_stragglar, 1);
         assert_eq!(snap.on_nccl(), 3);
         assert_eq!(snap.fallbacks[Fallback::TooFewRanks.index()], 2);
+        assert!(
+            !s.report_due(1_000, 500),
+            "the first call starts the period"
+        );
+        assert!(!s.report_due(1_400, 500));
+        assert!(s.report_due(1_600, 500));
+        assert!(!s.report_due(1_700, 500), "once per period");
+        assert!(!s.report_due(9_000, 0), "interval 0: never");
         assert_eq!(table.remove(comm), Some(snap));
         assert_eq!(table.get(comm), None);
         assert_eq!(table.of(comm).snapshot(), StatsSnapshot::default());

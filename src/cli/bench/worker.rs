@@ -6,7 +6,6 @@ use super::data;
 use super::options::{BenchAlgo, BenchOptions};
 use std::collections::HashMap;
 
-use crate::detect::policy::{AlgoMode, StragglerMode};
 use crate::detect::{ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
 use crate::engine::host::comm::CallRecord;
 use crate::engine::host::link::LinkModel;
@@ -110,7 +109,11 @@ impl Chooser {
         };
         Chooser {
             fixed,
-            policy: Policy::new(options.ranks, AlgoMode::Auto, StragglerMode::Auto, link),
+            // STRAGGLAR_ALGO and STRAGGLAR_STRAGGLER steer the policy as in the library.
+            policy: {
+                let config = crate::config::get();
+                Policy::new(options.ranks, config.algo, config.straggler, link)
+            },
             detectors: HashMap::new(),
         }
     }
@@ -174,6 +177,13 @@ pub fn run(
         chooser: Chooser::new(options),
         layout,
         // The bench always gives PreMulSum a host scalar, so a scale always exists.
+        trace: match &crate::config::get().trace_dir {
+            Some(dir) => Some(
+                crate::trace::TraceWriter::create(std::path::Path::new(dir), rank)
+                    .map_err(|e| EngineError::Setup(format!("STRAGGLAR_TRACE_DIR {dir}: {e}")))?,
+            ),
+            None => None,
+        },
         scale: Scale::for_op(
             options.op,
             options.dtype,
@@ -234,6 +244,8 @@ struct RankRun<'a> {
     scale: Scale,
     /// Calls made so far (seeds the jitter).
     calls: u64,
+    /// `STRAGGLAR_TRACE_DIR`'s writer for this rank, if set.
+    trace: Option<crate::trace::TraceWriter>,
 }
 
 impl RankRun<'_> {
@@ -280,6 +292,7 @@ impl RankRun<'_> {
         } else {
             Buffers::OutOfPlace { input, output }
         };
+        let started = crate::engine::host::link::now_ns();
         let record = all_reduce(
             &mut self.comm,
             &mut self.cache,
@@ -289,9 +302,27 @@ impl RankRun<'_> {
             self.layout,
             buffers,
         )?;
+        let mut designated = None;
         if let Some(record) = &record {
-            let designated = self.chooser.observe(options.ranks, bytes, record);
+            designated = self.chooser.observe(options.ranks, bytes, record);
             half.designated = designated.map_or(-1, |r| r as i64);
+        }
+        if let Some(trace) = &mut self.trace {
+            let finished = crate::engine::host::link::now_ns();
+            let event = crate::trace::CallEvent {
+                start_us: started as f64 / 1e3,
+                duration_us: finished.saturating_sub(started) as f64 / 1e3,
+                bytes: bytes as u64,
+                algorithm: if stragglar { "stragglar" } else { "ring" },
+                straggler: stragglar.then_some(shape.straggler),
+                last_rank: record.as_ref().map(|r| r.last_rank),
+                lead_us: record.as_ref().map_or(0.0, |r| r.lead_ns() as f64 / 1e3),
+                designated,
+            };
+            if let Err(e) = trace.call(&event) {
+                log::warn!("{}: {e}; tracing stops", trace.path().display());
+                self.trace = None;
+            }
         }
         Ok((record, stragglar))
     }

@@ -16,11 +16,13 @@ pub const SETUP_VERSION: u32 = 1;
 
 /// The settings whose values must agree on every rank (a rank that disagrees would take
 /// another path and hang the job), in the order of `SetupRecord::settings`.
-pub const AGREED_SETTINGS: [&str; 4] = [
+pub const AGREED_SETTINGS: [&str; 6] = [
     "STRAGGLAR_ENABLE",
     "STRAGGLAR_BUFFER_BYTES",
     "STRAGGLAR_MIN_BYTES",
     "NCCL_P2P_DISABLE",
+    "STRAGGLAR_ALGO",
+    "STRAGGLAR_STRAGGLER",
 ];
 
 /// Why a rank could not take part (0 in `SetupRecord::failure` means it could).
@@ -56,7 +58,7 @@ pub struct SetupRecord {
     /// The GPU's UUID.
     pub device_uuid: [u8; 16],
     /// A hash of each of [`AGREED_SETTINGS`]' effective values.
-    pub settings: [u64; 4],
+    pub settings: [u64; 6],
     /// The staging allocation's IPC handle.
     pub staging_handle: [u8; 64],
     /// The staging layout: arena bytes, values, blocks.
@@ -155,12 +157,14 @@ impl Identity {
 }
 
 /// The hashes of [`AGREED_SETTINGS`]' effective values in `config`.
-pub fn settings_of(config: &crate::config::Config) -> [u64; 4] {
+pub fn settings_of(config: &crate::config::Config) -> [u64; 6] {
     [
         setting_hash(if config.enabled { "1" } else { "0" }),
         setting_hash(&config.buffer_bytes.to_string()),
         setting_hash(&config.min_bytes.to_string()),
         setting_hash(if config.p2p_disabled { "1" } else { "0" }),
+        setting_hash(&format!("{:?}", config.algo)),
+        setting_hash(&format!("{:?}", config.straggler)),
     ]
 }
 
@@ -170,7 +174,7 @@ impl SetupRecord {
         rank: usize,
         ranks: usize,
         identity: &Identity,
-        settings: [u64; 4],
+        settings: [u64; 6],
         staging_handle: [u8; 64],
         layout: StagingLayout,
     ) -> SetupRecord {
@@ -203,7 +207,7 @@ impl SetupRecord {
             host: [0; 64],
             boot_id: [0; 40],
             device_uuid: [0; 16],
-            settings: [0; 4],
+            settings: [0; 6],
             staging_handle: [0; 64],
             layout: [0; 3],
         }
@@ -294,7 +298,7 @@ mod tests {
                     boot_id: "0f6b1c9e-aaaa-bbbb-cccc-123456789abc".into(),
                     device_uuid: [r as u8; 16],
                 };
-                SetupRecord::ready(r, n, &identity, [1, 2, 3, 4], [r as u8; 64], layout())
+                SetupRecord::ready(r, n, &identity, [1, 2, 3, 4, 5, 6], [r as u8; 64], layout())
             })
             .collect()
     }
@@ -390,6 +394,6 @@ mod tests {
         assert_eq!(field::<4>("abcdef"), *b"abcd");
         assert_eq!(field::<4>("ab"), [b'a', b'b', 0, 0]);
         assert_ne!(setting_hash("256M"), setting_hash("128M"));
-        assert_eq!(std::mem::size_of::<SetupRecord>(), 264);
+        assert_eq!(std::mem::size_of::<SetupRecord>(), 280);
     }
 }
