@@ -5,6 +5,8 @@
 //! panic escaping, a hang or a written output), at most one log line per cause, and no memory
 //! growth.
 
+mod support;
+
 use std::ffi::c_void;
 use std::os::raw::c_int;
 
@@ -17,7 +19,7 @@ use stragglar::abi::lifecycle::{
 use stragglar::abi::passthrough::*;
 use stragglar::abi::redops::{ncclRedOpCreatePreMulSum, ncclRedOpDestroy};
 use stragglar::nccl::types::*;
-use stragglar::registry::{self, groups, CommInfo, CommOrigin, CommState};
+use stragglar::registry::groups;
 
 struct Rng(u64);
 
@@ -170,23 +172,7 @@ fn hostile_call(rng: &mut Rng, buf: &mut [u8; 64]) -> Option<String> {
 
 #[test]
 fn hostile_arguments_from_many_threads_get_error_codes() {
-    let log = std::env::temp_dir().join(format!("stragglar-fuzz-{}.log", std::process::id()));
-    // This test binary reads the configuration once, here, before any call.
-    std::env::set_var("STRAGGLAR_DEBUG_FILE", &log);
-    if let Ok(real) = std::env::var("STRAGGLAR_TEST_REAL_NCCL") {
-        std::env::set_var("STRAGGLAR_NCCL_LIB", real);
-    }
-    registry::comms().insert(
-        DEAD as ncclComm_t,
-        CommInfo {
-            nranks: Some(8),
-            rank: Some(3),
-            cuda_device: Some(0),
-            blocking: true,
-            origin: CommOrigin::InitRank,
-            state: CommState::Destroyed,
-        },
-    );
+    let log = support::fuzz_setup("fuzz", false, DEAD);
     let mut id = ncclUniqueId { internal: [0; 128] };
     let _ = ncclGetUniqueId(&mut id);
     let mut comm: ncclComm_t = std::ptr::null_mut();

@@ -8,6 +8,8 @@
 //! Without a GPU, NCCL fails every communicator creation early; with one, a random but valid
 //! `ncclCommInitRank` would wait for peers, so the test does not run where a GPU is present.
 
+mod support;
+
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -22,7 +24,7 @@ use stragglar::abi::passthrough::*;
 use stragglar::abi::redops::*;
 use stragglar::abi::twins::*;
 use stragglar::nccl::types::*;
-use stragglar::registry::{self, groups, CommInfo, CommOrigin, CommState};
+use stragglar::registry::groups;
 
 /// A communicator the registry knows as destroyed: every call on it must be refused.
 const DEAD: usize = 0xdead_0000;
@@ -433,13 +435,7 @@ fn every_export() -> Vec<Entry> {
 
 /// The names `nm -D` lists as defined functions of our library.
 fn exported_names() -> Vec<String> {
-    let lib = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("libstragglar.so");
+    let lib = support::stragglar_so();
     let out = std::process::Command::new("nm")
         .args(["-D", "--defined-only"])
         .arg(&lib)
@@ -496,25 +492,11 @@ fn every_export_survives_hostile_arguments_from_many_threads() {
         );
         return;
     }
-    let log =
-        std::env::temp_dir().join(format!("stragglar-fuzz-exports-{}.log", std::process::id()));
     // This test binary reads the configuration once, here, before any call.
-    std::env::set_var("STRAGGLAR_DEBUG_FILE", &log);
-    if std::env::var_os(WITHOUT_NCCL).is_some() {
-        std::env::set_var("STRAGGLAR_NCCL_LIB", "/nonexistent/libnccl.so.2");
-    } else if let Ok(real) = std::env::var("STRAGGLAR_TEST_REAL_NCCL") {
-        std::env::set_var("STRAGGLAR_NCCL_LIB", real);
-    }
-    registry::comms().insert(
-        DEAD as ncclComm_t,
-        CommInfo {
-            nranks: Some(4),
-            rank: Some(1),
-            cuda_device: Some(0),
-            blocking: true,
-            origin: CommOrigin::InitRank,
-            state: CommState::Destroyed,
-        },
+    let log = support::fuzz_setup(
+        "fuzz-exports",
+        std::env::var_os(WITHOUT_NCCL).is_some(),
+        DEAD,
     );
     let mut id = ncclUniqueId { internal: [0; 128] };
     let _ = ncclGetUniqueId(&mut id);

@@ -259,7 +259,13 @@ fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
             "_Static_assert(__builtin_offsetof(RawLaunch, {field}) == {offset}, \"{field}\");\n"
         );
     }
-    std::fs::write(&program, text).unwrap();
+    compile_as_nvrtc_sees_it(&program, &text);
+}
+
+/// Writes `text` to `program` and compiles it as C11 with the NVRTC branch of our headers
+/// (`__CUDACC_RTC__`) and no system headers at all.
+fn compile_as_nvrtc_sees_it(program: &Path, text: &str) {
+    std::fs::write(program, text).unwrap();
     compile(
         "cc",
         &[
@@ -269,7 +275,7 @@ fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
             "-Wall",
             "-Werror",
         ],
-        &program,
+        program,
         &[root().join("cuda")],
     );
 }
@@ -299,19 +305,7 @@ fn plan_h_compiles_without_system_headers_and_matches_rust_sizes() {
         "_Static_assert(__builtin_offsetof(RawPlanHeader, value_bases_at) == {}, \"offsets\");\n",
         std::mem::offset_of!(RawPlanHeader, value_bases_at)
     );
-    std::fs::write(&program, text).unwrap();
-    compile(
-        "cc",
-        &[
-            "-std=c11",
-            "-D__CUDACC_RTC__",
-            "-nostdinc",
-            "-Wall",
-            "-Werror",
-        ],
-        &program,
-        &[root().join("cuda")],
-    );
+    compile_as_nvrtc_sees_it(&program, &text);
 }
 
 #[test]

@@ -95,3 +95,30 @@ pub fn clean_command(program: &Path) -> Command {
     }
     cmd
 }
+
+/// Prepares a fuzzing test binary, before its first NCCL call (the configuration is read once
+/// per process): logs go to a fresh file, whose path is returned; the real NCCL is the one the
+/// test environment names, unless `without_nccl`; and `dead` is registered as a communicator
+/// that was destroyed, so every call on it must be refused.
+pub fn fuzz_setup(name: &str, without_nccl: bool, dead: usize) -> PathBuf {
+    use stragglar::registry::{self, CommInfo, CommOrigin, CommState};
+    let log = std::env::temp_dir().join(format!("stragglar-{name}-{}.log", std::process::id()));
+    std::env::set_var("STRAGGLAR_DEBUG_FILE", &log);
+    if without_nccl {
+        std::env::set_var("STRAGGLAR_NCCL_LIB", "/nonexistent/libnccl.so.2");
+    } else if let Ok(real) = std::env::var("STRAGGLAR_TEST_REAL_NCCL") {
+        std::env::set_var("STRAGGLAR_NCCL_LIB", real);
+    }
+    registry::comms().insert(
+        dead as stragglar::nccl::types::ncclComm_t,
+        CommInfo {
+            nranks: Some(8),
+            rank: Some(3),
+            cuda_device: Some(0),
+            blocking: true,
+            origin: CommOrigin::InitRank,
+            state: CommState::Destroyed,
+        },
+    );
+    log
+}
