@@ -11,7 +11,10 @@
  *  - every wait polls the abort word, the awaited peer's failure word and this rank's own, and
  *    gives up after timeout_ns (when nonzero), writing a STATUS_* code instead of hanging;
  *  - the epoch lives in device memory and is advanced by the last block to finish, so a
- *    replayed CUDA graph stays correct with no host involvement. */
+ *    replayed CUDA graph stays correct with no host involvement.
+ * Unlike the host engine, the kernel does not order remote reads by their plan turn
+ * (RawStep::turn): the results are the same; only the order in which a rank's sends are served
+ * differs (a performance question, to be measured on NVSwitch hardware). */
 
 #include "stragglar_reduce.h"
 
@@ -330,12 +333,12 @@ extern "C" void stragglar_emulate_apply_thread(const RawApply* args, uint32_t bl
 /* Bytes of scratch one emulated block needs. */
 extern "C" uint64_t stragglar_emulate_scratch_bytes(void) { return sizeof(sg_scratch); }
 #else
-SG_GLOBAL void __launch_bounds__(1024) ncclStragglarAllReduce(RawLaunch args) {
+SG_GLOBAL void __launch_bounds__(MAX_THREADS, 2) ncclStragglarAllReduce(RawLaunch args) {
   __shared__ sg_scratch scratch;
   sg_all_reduce(&args, &scratch);
 }
 
-SG_GLOBAL void __launch_bounds__(1024) ncclStragglarApplyProbe(RawApply args) {
+SG_GLOBAL void __launch_bounds__(MAX_THREADS, 2) ncclStragglarApplyProbe(RawApply args) {
   __shared__ sg_scratch scratch;
   sg_apply_probe(&args, &scratch);
 }

@@ -37,6 +37,12 @@
 #define OP_PREMULSUM 5
 
 /**
+ * The most threads per block the kernels are built for (`__launch_bounds__`): two such blocks
+ * fit on one SM, which the co-residency of ranks sharing a GPU relies on.
+ */
+#define MAX_THREADS 512
+
+/**
  * `RawLaunch::status` values a kernel writes when it gives up (0 means no error).
  */
 #define STATUS_OK 0

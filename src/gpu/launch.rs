@@ -18,6 +18,10 @@ pub const OP_AVG: u32 = 4;
 /// `RawLaunch::op` of a premultiplied sum (each rank's input scaled by its own scalar).
 pub const OP_PREMULSUM: u32 = 5;
 
+/// The most threads per block the kernels are built for (`__launch_bounds__`): two such blocks
+/// fit on one SM, which the co-residency of ranks sharing a GPU relies on.
+pub const MAX_THREADS: u32 = 512;
+
 /// `RawLaunch::status` values a kernel writes when it gives up (0 means no error).
 pub const STATUS_OK: u32 = 0;
 /// The host raised the abort word.

@@ -40,6 +40,19 @@ fn wrap<T>(call: &'static str, r: Result<T, result::DriverError>) -> Result<T, G
     })
 }
 
+/// The legacy default stream (`CU_STREAM_LEGACY`), on which the synchronous copies and
+/// memsets run.
+const LEGACY_STREAM: sys::CUstream = 0x1 as sys::CUstream;
+
+/// Waits for the work of the legacy stream only: our kernels run on non-blocking streams and are
+/// not waited for, so this never waits on a kernel that spins for a peer.
+fn synchronize_legacy() -> Result<(), GpuError> {
+    // SAFETY: CU_STREAM_LEGACY is a valid stream handle in every context.
+    wrap("cuStreamSynchronize(legacy)", unsafe {
+        result::stream::synchronize(LEGACY_STREAM)
+    })
+}
+
 /// One GPU, through its primary context (shared with the CUDA runtime, PyTorch included).
 pub struct Device {
     pub ordinal: i32,
@@ -158,7 +171,7 @@ impl DeviceMemory {
         wrap("cuMemsetD8", unsafe {
             result::memset_d8_sync(ptr, 0, memory.bytes)
         })?;
-        wrap("cuCtxSynchronize", result::ctx::synchronize())?;
+        synchronize_legacy()?;
         Ok(memory)
     }
 
@@ -483,6 +496,19 @@ impl Drop for Event {
             let _ = unsafe { result::event::destroy(self.raw) };
         }
     }
+}
+
+/// Whether `stream` is capturing a CUDA graph (no allocation or synchronisation may happen).
+///
+/// # Safety
+/// `stream` must be a live stream of `device`'s context.
+pub unsafe fn is_capturing(device: &Device, stream: sys::CUstream) -> Result<bool, GpuError> {
+    let _current = device.current()?;
+    // SAFETY: the caller's live stream of this context.
+    let status = wrap("cuStreamIsCapturing", unsafe {
+        result::stream::is_capturing(stream)
+    })?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 /// Copies `bytes` from `src` to `dst` on `stream` (device to device), asynchronously.

@@ -11,8 +11,8 @@ use super::driver::{Device, DeviceMemory, GpuError, Kernel};
 use super::staging::StagingLayout;
 use crate::gpu::kernels::op_code;
 use crate::gpu::launch::{
-    RawLaunch, RawPeer, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
-    STATUS_TIMEOUT,
+    RawLaunch, RawPeer, MAX_THREADS, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK,
+    STATUS_PEER_FAILED, STATUS_TIMEOUT,
 };
 use crate::nccl::types::ResultCode;
 use crate::plan::{encode, Plan};
@@ -111,6 +111,10 @@ impl CudaRank {
         kernel: &Arc<Kernel>,
         config: RankConfig,
     ) -> Result<CudaRank, GpuError> {
+        assert!(
+            (1..=MAX_THREADS).contains(&config.threads) && config.blocks >= 1,
+            "the kernel is built for 1..={MAX_THREADS} threads per block"
+        );
         let staging = DeviceMemory::zeroed(device, config.layout.allocation_bytes() as usize)?;
         let words = super::driver::HostWords::new(device, 2)?;
         Ok(CudaRank {
@@ -210,6 +214,15 @@ impl CudaRank {
         }
         if plan.count == 0 {
             return Ok(());
+        }
+        // SAFETY: the caller vouches that `stream` is a live stream of this device.
+        if !self.plans.contains_key(&plan.fingerprint)
+            && unsafe { super::driver::is_capturing(&self.device, stream) }?
+        {
+            return Err(CallError::Unfit(
+                "the plan must be prepared before graph capture (no allocation while capturing)"
+                    .into(),
+            ));
         }
         self.prepare(plan)?;
         let peers = self

@@ -148,7 +148,14 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
         for (size, &bytes) in setup.sizes.clone().iter().enumerate() {
             seed += 1;
             let plan = setup.plan(dtype, bytes)?;
-            let o = run_size(options, &gpu, &mut locals, &plan, op, seed)?[0];
+            let o = match run_size(options, &gpu, &mut locals, &plan, op, seed) {
+                Ok(o) => o[0],
+                Err(e) => {
+                    // Peers waiting on this rank give up instead of hanging.
+                    locals[0].comm.abort();
+                    return Err(e);
+                }
+            };
             let mut out = stdout.lock();
             writeln!(
                 out,

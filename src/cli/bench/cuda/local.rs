@@ -82,9 +82,10 @@ pub fn run_size(
                 (device_inputs[i].ptr, outputs[i].ptr)
             }
         };
-        let call = |locals: &mut [Local]| -> Result<(), Box<dyn Error>> {
+        // `first` is the index of `locals[0]` among all local ranks (a graph captures one).
+        let call = |locals: &mut [Local], first: usize| -> Result<(), Box<dyn Error>> {
             for (i, l) in locals.iter_mut().enumerate() {
-                let (input, output) = buffers(i);
+                let (input, output) = buffers(first + i);
                 let scale = scale_of(dtype, op, n, l.rank);
                 // SAFETY: input and output hold `plan.count` elements on this device and
                 // live until the streams are synchronised, before this function returns.
@@ -102,7 +103,7 @@ pub fn run_size(
             }
             l.comm.prepare(plan)?;
         }
-        call(locals)?;
+        call(locals, 0)?;
         for l in locals.iter() {
             l.stream.synchronize()?;
         }
@@ -117,7 +118,7 @@ pub fn run_size(
         // Timing: warm-up, then `iters` calls queued back to back on every rank's stream
         // (with --graph: captured once per rank into a CUDA graph, replayed, and checked).
         for _ in 0..options.warmup {
-            call(locals)?;
+            call(locals, 0)?;
         }
         let graphs = if options.graph {
             let mut graphs = Vec::with_capacity(locals.len());
@@ -125,7 +126,7 @@ pub fn run_size(
                 let stream = locals[i].stream.raw;
                 let capture = || {
                     for _ in 0..options.iters {
-                        call(&mut locals[i..=i]).map_err(|e| GpuError {
+                        call(&mut locals[i..=i], i).map_err(|e| GpuError {
                             call: "ncclStragglarAllReduce during capture",
                             detail: e.to_string(),
                         })?;
@@ -159,7 +160,7 @@ pub fn run_size(
             }
             None => {
                 for _ in 0..options.iters {
-                    call(locals)?;
+                    call(locals, 0)?;
                 }
             }
         }

@@ -184,6 +184,12 @@ impl Row {
 
 /// Runs `stragglar bench --backend cuda`; exit status 1 on any wrong element or failure.
 pub fn run(options: &BenchOptions) -> i32 {
+    // Every rank's stream needs its own hardware queue: with the driver's default of 8, two
+    // ranks' streams could share one, and a captured graph of one rank would queue its later
+    // calls ahead of a peer's first. Set before the driver initialises.
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
     let gpu = match open_gpu() {
         Ok(g) => g,
         Err(why) => {
@@ -252,8 +258,16 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
         for bytes in setup.sizes.clone() {
             seed += 1;
             let plan = setup.plan(dtype, bytes)?;
-            let outcomes =
-                run_size(options, gpu, &mut locals, &plan, op, seed).map_err(|e| e.to_string())?;
+            let outcomes = match run_size(options, gpu, &mut locals, &plan, op, seed) {
+                Ok(o) => o,
+                Err(e) => {
+                    // Release every kernel still waiting before the buffers are freed.
+                    for l in &locals {
+                        l.comm.abort();
+                    }
+                    return Err(e.to_string());
+                }
+            };
             let row = Row::combine(&plan, &outcomes);
             bad += row.wrong[0] + row.wrong[1] + row.disagreements;
             print_row(options, &row, dtype, op, setup.algorithm);
