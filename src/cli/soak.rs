@@ -150,15 +150,26 @@ fn run_comm(
                 };
                 let mut cache = PlanCache::default();
                 let mut rng = Rng(seed ^ comm_index.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
+                // Reused across calls: fresh multi-megabyte buffers would page-fault each time.
+                let (mut input, mut output) = (Vec::new(), Vec::new());
                 for i in 0..calls as u64 {
                     let call = first_call + i;
                     let spec = draw(&mut rng, ranks, max_bytes);
-                    let input = data::input(spec.dtype, spec.op, rank, spec.count, call as usize);
-                    let mut output = if spec.in_place {
-                        input.clone()
+                    data::input_into(
+                        &mut input,
+                        spec.dtype,
+                        spec.op,
+                        rank,
+                        spec.count,
+                        call as usize,
+                    );
+                    output.clear();
+                    if spec.in_place {
+                        output.extend_from_slice(&input);
                     } else {
-                        vec![0u8; input.len()]
-                    };
+                        // Poison: an element the engine fails to write shows as wrong.
+                        output.resize(input.len(), 0xa5);
+                    }
                     let scalar = (spec.op == ReduceOp::PreMulSum).then(|| {
                         let e = data::encode(spec.dtype, data::premul_scalar(rank) as f64);
                         let mut b = [0u8; 8];
@@ -210,7 +221,13 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         .map_or(Ok(64 << 20), |v| parse_bytes(&v))?;
     let max_ranks: usize = args.parsed(&["--max-ranks"], "a rank count")?.unwrap_or(16);
     let budget: Option<u64> = args.parsed(&["--seconds"], "seconds")?;
+    let from_call: u64 = args.parsed(&["--from-call"], "a call number")?.unwrap_or(0);
     args.finish()?;
+    if from_call % CALLS_PER_COMM as u64 != 0 || from_call > calls {
+        return Err(UsageError(format!(
+            "--from-call must be a multiple of {CALLS_PER_COMM} (where a communicator starts) and at most --calls"
+        )));
+    }
     if !(2..=64).contains(&max_ranks) || max_bytes == 0 {
         return Err(UsageError(
             "--max-ranks must be 2..64 and --max-bytes positive".into(),
@@ -221,6 +238,13 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         (0u64, 0u64, 0u64, 0u64, Vec::new());
     let mut rng = Rng(seed | 1);
     let mut comm_index = 0;
+    // Resuming: the communicators before `from_call` are drawn (so every later one is the same
+    // as in a run from the start) but not run.
+    while done < from_call {
+        let _ = rng.below(max_ranks as u64 - 1);
+        done += CALLS_PER_COMM as u64;
+        comm_index += 1;
+    }
     let mut last_progress = Instant::now();
     while done < calls && budget.is_none_or(|b| start.elapsed().as_secs() < b) {
         let ranks = 2 + rng.below(max_ranks as u64 - 1) as usize;
@@ -256,8 +280,8 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    println!("stragglar soak: seed {seed}, {comm_index} communicators of 2..{max_ranks} ranks, sizes up to {max_bytes} B");
-    println!("calls {done}  elements checked {elements}  wrong elements {wrong}  rank disagreements {disagreements}  failures {}  in {seconds:.1} s", failures.len());
+    println!("stragglar soak: seed {seed}, communicators {} to {comm_index} of 2..{max_ranks} ranks, sizes up to {max_bytes} B", from_call / CALLS_PER_COMM as u64);
+    println!("calls {from_call}..{done} ({} run)  elements checked {elements}  wrong elements {wrong}  rank disagreements {disagreements}  failures {}  in {seconds:.1} s", done - from_call, failures.len());
     for f in &failures {
         eprintln!("stragglar soak: {f}");
     }

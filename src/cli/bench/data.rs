@@ -66,25 +66,42 @@ pub fn decode(dtype: DataType, b: &[u8]) -> f64 {
 /// Inputs and expectations repeat with this period in the element index (see [`value`]).
 const PERIOD: usize = 9;
 
-/// `PERIOD` consecutive elements from `i = 0`, encoded, tiled to `count` elements.
-fn tile(dtype: DataType, count: usize, element: impl Fn(usize) -> f64) -> Vec<u8> {
+/// `PERIOD` consecutive elements from `i = 0`, encoded, tiled to `count` elements into `out`
+/// (replacing its contents; its allocation is reused).
+fn tile_into(out: &mut Vec<u8>, dtype: DataType, count: usize, element: impl Fn(usize) -> f64) {
     let pattern: Vec<u8> = (0..PERIOD)
         .flat_map(|i| encode(dtype, element(i)))
         .collect();
     let bytes = count * dtype.size();
-    let mut out = Vec::with_capacity(bytes);
+    out.clear();
     out.extend_from_slice(&pattern[..bytes.min(pattern.len())]);
     // Doubling: each copy appends what is already there, so a whole period stays aligned.
     while out.len() < bytes {
         let take = out.len().min(bytes - out.len());
         out.extend_from_within(..take);
     }
-    out
 }
 
 /// Rank `rank`'s whole input for check round `seed`.
 pub fn input(dtype: DataType, op: ReduceOp, rank: usize, count: usize, seed: usize) -> Vec<u8> {
-    tile(dtype, count, |i| value(dtype, op, rank, i, seed) as f64)
+    let mut out = Vec::new();
+    input_into(&mut out, dtype, op, rank, count, seed);
+    out
+}
+
+/// [`input`] into an existing buffer (long runs reuse one, sparing the page faults of fresh
+/// memory on every call).
+pub fn input_into(
+    out: &mut Vec<u8>,
+    dtype: DataType,
+    op: ReduceOp,
+    rank: usize,
+    count: usize,
+    seed: usize,
+) {
+    tile_into(out, dtype, count, |i| {
+        value(dtype, op, rank, i, seed) as f64
+    })
 }
 
 /// The exact expected element `i`, in f64.
