@@ -111,3 +111,48 @@ fn algo_nccl_keeps_every_call_on_the_baseline() {
         assert!(!t.contains("\"algorithm\":\"stragglar\""));
     }
 }
+
+#[test]
+fn the_bench_ends_with_a_straggler_report_from_the_shared_records() {
+    // Ranks as processes: the report travels from rank 0's worker to the parent.
+    let out = Command::new(env!("CARGO_BIN_EXE_stragglar"))
+        .args([
+            "bench", "--ranks", "3", "--algo", "auto", "-b", "4K", "-e", "4K",
+        ])
+        .args([
+            "-n",
+            "60",
+            "-w",
+            "1",
+            "--late-rank",
+            "1",
+            "--delay-us",
+            "3000",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = text
+        .split("# straggler report:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no straggler report in:\n{text}"));
+    assert!(
+        report.contains("sizes 2^13 B: straggler 1 since call"),
+        "{report}"
+    );
+    let share: f64 = report
+        .lines()
+        .find(|l| l.starts_with("#     1 "))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no line for rank 1 in:\n{report}"));
+    assert!(
+        share > 75.0,
+        "rank 1 arrived last in {share}% of calls:\n{report}"
+    );
+}

@@ -8,6 +8,8 @@
 
 pub mod policy;
 pub mod rule;
+pub mod tally;
 
 pub use policy::{Choice, Policy};
 pub use rule::{ArrivalRecord, Detector, DetectorConfig};
+pub use tally::ArrivalTally;

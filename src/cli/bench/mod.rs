@@ -23,6 +23,8 @@ use worker::{Half, SizeResult};
 /// What a rank sends the parent.
 enum Message {
     Size(usize, SizeResult),
+    /// A line of the rank's straggler report.
+    Report(usize, String),
     Failed(usize, String),
     /// The rank's thread or process output ended.
     Ended(usize),
@@ -42,6 +44,8 @@ pub struct Outcome {
     pub rows: Vec<Row>,
     /// What went wrong on which rank.
     pub failures: Vec<String>,
+    /// Rank 0's straggler report (every rank's is the same).
+    pub straggler_report: String,
 }
 
 impl Outcome {
@@ -72,6 +76,7 @@ pub fn execute(
     let mut outcome = Outcome {
         rows: Vec::new(),
         failures: Vec::new(),
+        straggler_report: String::new(),
     };
     let mut settled = vec![false; options.ranks];
     let mut first_failure: Option<std::time::Instant> = None;
@@ -100,6 +105,11 @@ pub fn execute(
                     outcome.rows.push(row);
                 }
             }
+            Some(Message::Report(0, line)) => {
+                outcome.straggler_report.push_str(&line);
+                outcome.straggler_report.push('\n');
+            }
+            Some(Message::Report(..)) => {}
             Some(Message::Failed(rank, why)) => {
                 settled[rank] = true;
                 last_settled = std::time::Instant::now();
@@ -149,6 +159,7 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
     })
     .map_err(UsageError)?;
     print!("{}", report::footer(&outcome.rows));
+    print!("{}", outcome.straggler_report);
     if let Some(path) = &options.json {
         if let Err(e) = std::fs::write(path, report::json(&options, &outcome.rows)) {
             eprintln!("stragglar bench: cannot write {}: {e}", path.display());
@@ -220,8 +231,15 @@ fn spawn_threads(options: &BenchOptions, comm_id: u64, tx: mpsc::Sender<Message>
                 let sent = worker::run(&options, comm_id, rank, |r| {
                     let _ = tx.send(Message::Size(rank, r));
                 });
-                if let Err(e) = sent {
-                    let _ = tx.send(Message::Failed(rank, e.to_string()));
+                match sent {
+                    Ok(report) => {
+                        for line in report.lines() {
+                            let _ = tx.send(Message::Report(rank, line.to_string()));
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Message::Failed(rank, e.to_string()));
+                    }
                 }
                 let _ = tx.send(Message::Ended(rank));
             }))
@@ -249,6 +267,10 @@ fn spawn_processes(
         let tx = tx.clone();
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(report) = line.strip_prefix("REPORT ") {
+                    let _ = tx.send(Message::Report(rank, report.to_string()));
+                    continue;
+                }
                 match parse_line(&line) {
                     Some(Ok(result)) => {
                         let _ = tx.send(Message::Size(rank, result));
@@ -295,7 +317,12 @@ pub fn worker_main(mut argv: Vec<String>) -> i32 {
     };
     let result = worker::run(&options, comm_id, rank, |r| println!("{}", format_line(&r)));
     match result {
-        Ok(()) => 0,
+        Ok(report) => {
+            for line in report.lines() {
+                println!("REPORT {line}");
+            }
+            0
+        }
         Err(e) => {
             println!("FAILED {e}");
             1

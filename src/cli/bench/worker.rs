@@ -6,7 +6,7 @@ use super::data;
 use super::options::{BenchAlgo, BenchOptions};
 use std::collections::HashMap;
 
-use crate::detect::{ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
+use crate::detect::{ArrivalRecord, ArrivalTally, Choice, Detector, DetectorConfig, Policy};
 use crate::engine::host::comm::CallRecord;
 use crate::engine::host::link::LinkModel;
 use crate::engine::host::runner::{all_reduce, layout_for, PlanCache, Shape};
@@ -146,12 +146,13 @@ impl Chooser {
 }
 
 /// Joins communicator `comm_id` as `rank` and runs the sweep, calling `report` per size.
+/// Returns the straggler report of the run (the same on every rank).
 pub fn run(
     options: &BenchOptions,
     comm_id: u64,
     rank: usize,
     mut report: impl FnMut(SizeResult),
-) -> Result<(), EngineError> {
+) -> Result<String, EngineError> {
     let layout = layout(options).map_err(EngineError::Setup)?;
     let comm = HostComm::join(HostCommConfig {
         comm_id,
@@ -176,7 +177,6 @@ pub fn run(
         cache: PlanCache::default(),
         chooser: Chooser::new(options),
         layout,
-        // The bench always gives PreMulSum a host scalar, so a scale always exists.
         trace: match &crate::config::get().trace_dir {
             Some(dir) => Some(
                 crate::trace::TraceWriter::create(std::path::Path::new(dir), rank)
@@ -184,6 +184,8 @@ pub fn run(
             ),
             None => None,
         },
+        tally: ArrivalTally::new(options.ranks),
+        // The bench always gives PreMulSum a host scalar, so a scale always exists.
         scale: Scale::for_op(
             options.op,
             options.dtype,
@@ -230,7 +232,7 @@ pub fn run(
         }
         report(result);
     }
-    Ok(())
+    Ok(run.tally.table())
 }
 
 /// One rank's communicator and choices during a run.
@@ -246,6 +248,8 @@ struct RankRun<'a> {
     calls: u64,
     /// `STRAGGLAR_TRACE_DIR`'s writer for this rank, if set.
     trace: Option<crate::trace::TraceWriter>,
+    /// The run's arrival records, for the straggler report.
+    tally: ArrivalTally,
 }
 
 impl RankRun<'_> {
@@ -306,6 +310,26 @@ impl RankRun<'_> {
         if let Some(record) = &record {
             designated = self.chooser.observe(options.ranks, bytes, record);
             half.designated = designated.map_or(-1, |r| r as i64);
+            let arrivals = ArrivalRecord {
+                last_rank: record.last_rank,
+                lead_ns: record.lead_ns(),
+            };
+            let class = size_class(bytes);
+            let changed = self.tally.observe(&arrivals, class, designated, stragglar);
+            // Every rank sees the same change; rank 0 says it.
+            match (changed, self.rank) {
+                (Some(Some(before)), 0) => log::warn!(
+                    "designated straggler for sizes 2^{class} B changed from rank {before} to {} at call {}",
+                    designated.map_or("none".to_string(), |r| format!("rank {r}")),
+                    self.calls
+                ),
+                (Some(None), 0) => log::info!(
+                    "rank {} designated as the straggler for sizes 2^{class} B at call {}",
+                    designated.map_or(-1, |r| r as i64),
+                    self.calls
+                ),
+                _ => {}
+            }
         }
         if let Some(trace) = &mut self.trace {
             let finished = crate::engine::host::link::now_ns();
