@@ -342,12 +342,13 @@ macro_rules! entries {
 }
 
 /// Every export. `ncclGetUniqueId` takes only NULL here: each real call starts a bootstrap
-/// listener in NCCL, which thousands of calls would pile up (it is called once, validly, below).
+/// listener in NCCL, which thousands of calls would pile up (it is called once, validly, below);
+/// the parameter dumps run once each.
 fn every_export() -> Vec<Entry> {
     let mut all = entries![
         0 => [
-            ncclGroupStart, ncclGroupEnd, ncclResetDebugInit, ncclParamDumpAll, pncclResetDebugInit,
-            pncclGroupStart, pncclGroupEnd, pncclParamDumpAll,
+            ncclGroupStart, ncclGroupEnd, ncclResetDebugInit, pncclResetDebugInit,
+            pncclGroupStart, pncclGroupEnd,
         ],
         1 => [
             ncclTeamWorld, pncclTeamWorld, ncclTeamLsa, pncclTeamLsa, ncclTeamCftMultimem,
@@ -422,6 +423,22 @@ fn every_export() -> Vec<Entry> {
             ncclPutSignal, pncclPutSignal,
         ],
     ];
+    // The parameter dump prints NCCL's whole registry to stdout: once each is enough.
+    static DUMPED: [std::sync::Once; 2] = [std::sync::Once::new(), std::sync::Once::new()];
+    all.push((
+        "ncclParamDumpAll",
+        Box::new(|_: &mut Ctx| {
+            DUMPED[0].call_once(|| ncclParamDumpAll());
+            Ok(())
+        }),
+    ));
+    all.push((
+        "pncclParamDumpAll",
+        Box::new(|_: &mut Ctx| {
+            DUMPED[1].call_once(|| pncclParamDumpAll());
+            Ok(())
+        }),
+    ));
     all.push((
         "ncclGetUniqueId",
         Box::new(|_: &mut Ctx| ncclGetUniqueId(std::ptr::null_mut()).judge()),
