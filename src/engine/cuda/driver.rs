@@ -117,14 +117,10 @@ impl Device {
         wrap("cuDeviceGetName", result::device::get_name(self.device))
     }
 
-    /// The device's UUID, as 32 hex digits.
-    pub fn uuid(&self) -> Result<String, GpuError> {
+    /// The device's UUID.
+    pub fn uuid(&self) -> Result<[u8; 16], GpuError> {
         let uuid = wrap("cuDeviceGetUuid", result::device::get_uuid(self.device))?;
-        Ok(uuid
-            .bytes
-            .iter()
-            .map(|b| format!("{:02x}", *b as u8))
-            .collect())
+        Ok(uuid.bytes.map(|b| b as u8))
     }
 }
 
@@ -188,6 +184,21 @@ impl DeviceMemory {
         })
     }
 
+    /// Writes `value` at byte `offset` (4-byte aligned) and waits until it has landed. Runs on
+    /// the legacy stream, so it never waits for our kernels on their non-blocking streams.
+    pub fn write_u32(&self, offset: u64, value: u32) -> Result<(), GpuError> {
+        assert!(
+            offset % 4 == 0 && offset + 4 <= self.bytes as u64,
+            "a word inside the allocation"
+        );
+        let _current = self.device.current()?;
+        // SAFETY: the word lies inside this live allocation (asserted).
+        wrap("cuMemcpyHtoD", unsafe {
+            result::memcpy_htod_sync(self.ptr + offset, &[value])
+        })?;
+        synchronize_legacy()
+    }
+
     /// Copies the start of this memory into `out` and waits for the copy.
     pub fn download<T: Copy>(&self, out: &mut [T]) -> Result<(), GpuError> {
         assert!(
@@ -248,6 +259,21 @@ impl IpcMapping {
             device: device.clone(),
             ptr,
         })
+    }
+}
+
+impl IpcMapping {
+    /// Reads the `u32` at `offset` in the mapped allocation (a synchronous round trip to the
+    /// peer's memory).
+    pub fn read_u32(&self, offset: u64) -> Result<u32, GpuError> {
+        let _current = self.device.current()?;
+        let mut value = [0u32; 1];
+        // SAFETY: the mapping is open; the caller's offset lies inside the peer's staging,
+        // whose layout every rank shares.
+        wrap("cuMemcpyDtoH", unsafe {
+            result::memcpy_dtoh_sync(&mut value, self.ptr + offset)
+        })?;
+        Ok(value[0])
     }
 }
 

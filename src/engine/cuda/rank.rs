@@ -187,9 +187,14 @@ impl CudaRank {
         self.words.word(STATUS_WORD).load(Ordering::Acquire)
     }
 
-    /// Raises the abort word: every running and later kernel of this rank gives up.
+    /// Raises the abort word (every running and later kernel of this rank gives up) and marks
+    /// this rank failed in its staging, where every peer's waits on it look (best effort: the
+    /// GPU may already be unusable).
     pub fn abort(&self) {
         self.words.word(ABORT_WORD).store(1, Ordering::Release);
+        let _ = self
+            .staging
+            .write_u32(self.config.layout.failed(), STATUS_ABORTED);
     }
 
     /// Queues one AllReduce of `plan` on `stream`: `input` and `output` hold `plan.count`

@@ -1,7 +1,9 @@
-//! Ranks as processes on one GPU: each worker allocates its staging, publishes the CUDA IPC
-//! handle in a rendezvous directory (written to a temporary name, then renamed, so readers
-//! never see half a handle), opens every peer's handle once, and runs the sweep for its own
-//! rank, printing one `outcome` line per size for the parent to combine.
+//! Ranks as processes on one GPU: each worker allocates its staging and runs the library's
+//! setup protocol (`engine::cuda::setup::run_setup`: the records all-gathered, the verdict,
+//! every peer's staging opened through CUDA IPC and probed, the second all-gather), with a
+//! rendezvous directory standing in for NCCL's AllGather (files written to a temporary name,
+//! then renamed, so readers never see half of one). Then it runs the sweep for its own rank,
+//! printing one `outcome` line per size for the parent to combine.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -12,8 +14,12 @@ use super::local::{run_size, Local, Outcome};
 use super::{open_gpu, Setup};
 use crate::cli::args::Args;
 use crate::cli::bench::options::BenchOptions;
-use crate::engine::cuda::driver::{IpcMapping, Stream};
+use crate::engine::cuda::driver::{Device, IpcMapping, Stream};
 use crate::engine::cuda::rank::CudaRank;
+use crate::engine::cuda::setup::{
+    run_setup, settings_of, Exchange, Identity, PeerAccess, SetupError, SetupRecord,
+};
+use crate::engine::cuda::staging::StagingLayout;
 
 /// The hidden subcommand a worker runs: `__bench-cuda-worker DIR RANK OPTIONS...`.
 pub const WORKER_COMMAND: &str = "__bench-cuda-worker";
@@ -21,24 +27,64 @@ pub const WORKER_COMMAND: &str = "__bench-cuda-worker";
 /// How long a worker waits for its peers' handles.
 const RENDEZVOUS: Duration = Duration::from_secs(120);
 
-fn handle_path(dir: &Path, rank: usize) -> PathBuf {
-    dir.join(format!("rank-{rank}.handle"))
+/// An all-gather through files in a directory shared by the ranks' processes.
+struct DirExchange<'a> {
+    dir: &'a Path,
+    rank: usize,
+    ranks: usize,
+    round: usize,
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+impl DirExchange<'_> {
+    fn path(&self, rank: usize) -> PathBuf {
+        self.dir.join(format!("round-{}-rank-{rank}", self.round))
+    }
 }
 
-fn unhex(text: &str) -> Option<[u8; 64]> {
-    let text = text.trim();
-    if text.len() != 128 {
-        return None;
+impl Exchange for DirExchange<'_> {
+    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<u8>, String> {
+        let temporary = self
+            .dir
+            .join(format!(".round-{}-rank-{}", self.round, self.rank));
+        std::fs::write(&temporary, mine)
+            .and_then(|()| std::fs::rename(&temporary, self.path(self.rank)))
+            .map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let deadline = Instant::now() + RENDEZVOUS;
+        let mut all = Vec::with_capacity(mine.len() * self.ranks);
+        for rank in 0..self.ranks {
+            loop {
+                if let Ok(bytes) = std::fs::read(self.path(rank)) {
+                    all.extend_from_slice(&bytes);
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!("rank {rank} never joined round {}", self.round));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        self.round += 1;
+        Ok(all)
     }
-    let mut out = [0u8; 64];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+}
+
+/// Peers' staging opened through CUDA IPC; the probe reads a peer's failure word, which a
+/// freshly zeroed staging holds as 0.
+struct IpcPeers<'a> {
+    device: &'a std::sync::Arc<Device>,
+    layout: StagingLayout,
+}
+
+impl PeerAccess for IpcPeers<'_> {
+    type Mapping = IpcMapping;
+
+    fn open(&mut self, record: &SetupRecord) -> Result<IpcMapping, String> {
+        IpcMapping::open(self.device, &record.staging_handle).map_err(|e| e.to_string())
     }
-    Some(out)
+
+    fn probe(&mut self, mapping: &IpcMapping) -> bool {
+        mapping.read_u32(self.layout.failed()) == Ok(0)
+    }
 }
 
 /// Starts one worker per rank; their stdout is piped.
@@ -108,34 +154,39 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
         &gpu.all_reduce,
         setup.rank_config(options, rank),
     )?;
-    let own = handle_path(dir, rank);
-    let temporary = dir.join(format!(".rank-{rank}.tmp"));
-    std::fs::write(&temporary, hex(&comm.staging().ipc_handle()?))?;
-    std::fs::rename(&temporary, &own)?;
-    let deadline = Instant::now() + RENDEZVOUS;
-    let mut mappings = Vec::new();
-    let mut peers = Vec::new();
-    for peer in 0..options.ranks {
-        if peer == rank {
-            peers.push(comm.own_peer());
-            continue;
+    let identity = Identity::this_host(gpu.device.uuid()?);
+    let record = SetupRecord::ready(
+        rank,
+        options.ranks,
+        &identity,
+        settings_of(crate::config::get()),
+        comm.staging().ipc_handle()?,
+        setup.layout,
+    );
+    let mut exchange = DirExchange {
+        dir,
+        rank,
+        ranks: options.ranks,
+        round: 0,
+    };
+    let mut access = IpcPeers {
+        device: &gpu.device,
+        layout: setup.layout,
+    };
+    let mappings = match run_setup(&mut exchange, &mut access, &record) {
+        Ok(m) => m,
+        Err(SetupError::Refused(verdict)) => {
+            return Err(format!("setup refused: {}", verdict.describe()).into())
         }
-        let handle = loop {
-            if let Some(h) = std::fs::read_to_string(handle_path(dir, peer))
-                .ok()
-                .and_then(|t| unhex(&t))
-            {
-                break h;
-            }
-            if Instant::now() > deadline {
-                return Err(format!("rank {peer} never published its handle").into());
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        };
-        let mapping = IpcMapping::open(&gpu.device, &handle)?;
-        peers.push(setup.layout.peer(mapping.ptr));
-        mappings.push(mapping);
-    }
+        Err(SetupError::Exchange(why)) => return Err(format!("setup failed: {why}").into()),
+    };
+    let peers: Vec<_> = mappings
+        .iter()
+        .map(|m| {
+            m.as_ref()
+                .map_or(comm.own_peer(), |m| setup.layout.peer(m.ptr))
+        })
+        .collect();
     let mut locals = [Local {
         rank,
         comm,
@@ -184,10 +235,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn handles_and_outcomes_round_trip() {
-        let handle: [u8; 64] = std::array::from_fn(|i| (i * 37) as u8);
-        assert_eq!(unhex(&hex(&handle)), Some(handle));
-        assert_eq!(unhex("abc"), None);
+    fn outcomes_parse() {
         let line = "outcome 2 5 10.5 11 0 3 17 18";
         let (combo, size, o) = parse_outcome(line).unwrap();
         assert_eq!((combo, size), (2, 5));
@@ -195,5 +243,34 @@ mod tests {
         assert_eq!(o.wrong, [0, 3]);
         assert_eq!(o.digest, [17, 18]);
         assert!(parse_outcome("size 1 2").is_none());
+    }
+
+    #[test]
+    fn the_directory_exchange_gathers_in_rank_order() {
+        let dir = std::env::temp_dir().join(format!("stragglar-dirx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..3)
+                .map(|rank| {
+                    let dir = &dir;
+                    scope.spawn(move || {
+                        let mut x = DirExchange {
+                            dir,
+                            rank,
+                            ranks: 3,
+                            round: 0,
+                        };
+                        let first = x.all_gather(&[rank as u8; 2]).unwrap();
+                        let second = x.all_gather(&[10 + rank as u8]).unwrap();
+                        [first, second].concat()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+        for r in results {
+            assert_eq!(r, vec![0, 0, 1, 1, 2, 2, 10, 11, 12]);
+        }
     }
 }
