@@ -46,6 +46,11 @@ pub const SETTINGS: &[SettingDoc] = &[
         meaning: "give up a wait on peers after this many ms (as NCCL, none by default)",
     },
     SettingDoc {
+        name: "STRAGGLAR_GPU_ENGINE",
+        default: "0",
+        meaning: "1 runs eligible AllReduce calls on the GPU engine (experimental: not yet run on several GPUs)",
+    },
+    SettingDoc {
         name: "STRAGGLAR_ALGO",
         default: "auto",
         meaning: "auto (StragglAR when a straggler is designated and the model says it wins), stragglar, or nccl",
@@ -106,6 +111,8 @@ pub struct Config {
     pub p2p_disabled: bool,
     /// `STRAGGLAR_TIMEOUT_MS`: deadline of a wait on peers; `None` waits forever.
     pub timeout_ms: Option<u64>,
+    /// `STRAGGLAR_GPU_ENGINE`: whether eligible calls run on the GPU engine.
+    pub gpu_engine: bool,
     /// `STRAGGLAR_ALGO`.
     pub algo: AlgoMode,
     /// `STRAGGLAR_STRAGGLER`.
@@ -131,6 +138,7 @@ impl Default for Config {
             min_bytes: DEFAULT_MIN_BYTES,
             p2p_disabled: false,
             timeout_ms: None,
+            gpu_engine: false,
             algo: AlgoMode::Auto,
             straggler: StragglerMode::Auto,
             report_interval_s: 600,
@@ -225,6 +233,14 @@ impl Config {
                 Err(_) => false,
             },
         );
+        read("STRAGGLAR_GPU_ENGINE", "0", &mut |v| match v {
+            "0" => true,
+            "1" => {
+                config.gpu_engine = true;
+                true
+            }
+            _ => false,
+        });
         read("STRAGGLAR_ALGO", "auto", &mut |v| match v {
             "auto" => true,
             "stragglar" => {
@@ -303,6 +319,10 @@ impl Config {
                 "STRAGGLAR_TIMEOUT_MS",
                 self.timeout_ms
                     .map_or_else(|| "(unset: no deadline)".into(), |ms| ms.to_string()),
+            ),
+            (
+                "STRAGGLAR_GPU_ENGINE",
+                if self.gpu_engine { "1" } else { "0" }.to_string(),
             ),
             (
                 "STRAGGLAR_ALGO",

@@ -5,7 +5,11 @@ use std::sync::atomic::AtomicBool;
 
 use super::guard::{check_live, guard};
 use crate::forward;
-use crate::intercept::{count_fallback, facts_of, limits, route_all_reduce, AllReduceCall, Route};
+use crate::intercept::fallback::Fallback;
+use crate::intercept::{
+    count_fallback, count_stragglar, engine_call, facts_of, limits, route_all_reduce,
+    AllReduceCall, Route,
+};
 use crate::nccl::types::*;
 
 /// AllReduce: routed by [`route_all_reduce`], counted on its communicator, then run by the
@@ -38,7 +42,20 @@ pub extern "C" fn ncclAllReduce(
             op,
             comm,
         };
-        match route_all_reduce(&call, &facts_of(&call), &limits()) {
+        let mut route = route_all_reduce(&call, &facts_of(&call), &limits());
+        if route == Route::Forward(Fallback::NoGpuEngine) && crate::config::get().gpu_engine {
+            // Eligible, and the (experimental) GPU engine is on.
+            match engine_call(&call, stream)
+                .and_then(|c| crate::engine::cuda::library::all_reduce(&c))
+            {
+                Ok(code) => {
+                    count_stragglar(comm);
+                    return code;
+                }
+                Err(cause) => route = Route::Forward(cause),
+            }
+        }
+        match route {
             Route::Forward(cause) => {
                 count_fallback(comm, cause);
                 forward!(ncclAllReduce(

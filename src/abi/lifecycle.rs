@@ -362,6 +362,7 @@ pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ResultCode {
         if !tracking() {
             return forward!(ncclCommFinalize(comm));
         }
+        crate::engine::cuda::library::forget(comm, false);
         let rc: ResultCode = calling_real(|| forward!(ncclCommFinalize(comm)));
         if made(rc) {
             retire(comm, CommState::Finalized);
@@ -386,6 +387,7 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> Result
         if !tracking() {
             return forward!(ncclCommRevoke(comm, revokeFlags));
         }
+        crate::engine::cuda::library::forget(comm, true);
         let rc: ResultCode = calling_real(|| forward!(ncclCommRevoke(comm, revokeFlags)));
         if made(rc) {
             retire(comm, CommState::Revoked);
@@ -406,6 +408,7 @@ pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ResultCode {
         if !tracking() {
             return forward!(ncclCommDestroy(comm));
         }
+        crate::engine::cuda::library::forget(comm, false);
         let rc: ResultCode = calling_real(|| forward!(ncclCommDestroy(comm)));
         if made(rc) {
             retire(comm, CommState::Destroyed);
@@ -426,6 +429,7 @@ pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ResultCode {
         if !tracking() {
             return forward!(ncclCommAbort(comm));
         }
+        crate::engine::cuda::library::forget(comm, true);
         let rc: ResultCode = calling_real(|| forward!(ncclCommAbort(comm)));
         retire(comm, CommState::Destroyed);
         rc

@@ -53,7 +53,18 @@ pub extern "C" fn ncclCommGetAsyncError(
     comm: ncclComm_t,
     asyncError: *mut ResultCode,
 ) -> ResultCode {
-    forward!(ncclCommGetAsyncError(comm, asyncError); live comm; outputs asyncError)
+    crate::abi::guard::guard("ncclCommGetAsyncError", || {
+        let rc: ResultCode =
+            forward!(ncclCommGetAsyncError(comm, asyncError); live comm; outputs asyncError);
+        // A kernel of the GPU engine that gave up makes the communicator's state an error too.
+        if rc == ResultCode::SUCCESS && crate::config::get().gpu_engine {
+            if let Some(code) = crate::engine::cuda::library::async_error(comm) {
+                // SAFETY: the forward above checked `asyncError` non-NULL and NCCL wrote it.
+                unsafe { *asyncError = code };
+            }
+        }
+        rc
+    })
 }
 
 /// Forwards to the real `ncclCommCount`.

@@ -30,13 +30,19 @@ pub enum Fallback {
     InGroup,
     /// A nonblocking communicator (its asynchronous state is not tracked yet).
     NonblockingComm,
-    /// The GPU engine is not available to `ncclAllReduce` in this version.
+    /// The GPU engine is off (`STRAGGLAR_GPU_ENGINE=0`, the default in this version).
     NoGpuEngine,
+    /// No usable CUDA driver, device or NVRTC for the GPU engine here.
+    GpuUnavailable,
+    /// The communicator's setup refused the GPU engine (the same verdict on every rank).
+    SetupRefused,
+    /// The first eligible call came during graph capture, when setup cannot run.
+    CapturingBeforeSetup,
 }
 
 impl Fallback {
     /// Every cause, in test order.
-    pub const ALL: [Fallback; 13] = [
+    pub const ALL: [Fallback; 16] = [
         Fallback::P2pDisabled,
         Fallback::ForcedNccl,
         Fallback::StragglerOff,
@@ -50,6 +56,9 @@ impl Fallback {
         Fallback::InGroup,
         Fallback::NonblockingComm,
         Fallback::NoGpuEngine,
+        Fallback::GpuUnavailable,
+        Fallback::SetupRefused,
+        Fallback::CapturingBeforeSetup,
     ];
 
     /// The index in [`Fallback::ALL`] and in `stragglarStats_t::fallbacks`.
@@ -76,6 +85,9 @@ impl Fallback {
             Fallback::InGroup => "in-group",
             Fallback::NonblockingComm => "nonblocking-comm",
             Fallback::NoGpuEngine => "no-gpu-engine",
+            Fallback::GpuUnavailable => "gpu-unavailable",
+            Fallback::SetupRefused => "setup-refused",
+            Fallback::CapturingBeforeSetup => "capturing-before-setup",
         }
     }
 
@@ -96,7 +108,10 @@ impl Fallback {
             Fallback::AboveBufferBytes => "larger than STRAGGLAR_BUFFER_BYTES",
             Fallback::InGroup => "inside ncclGroupStart/ncclGroupEnd",
             Fallback::NonblockingComm => "a nonblocking communicator",
-            Fallback::NoGpuEngine => "the GPU engine does not serve ncclAllReduce in this version",
+            Fallback::NoGpuEngine => "the GPU engine is off (STRAGGLAR_GPU_ENGINE=0)",
+            Fallback::GpuUnavailable => "no usable CUDA driver, device or NVRTC for the GPU engine",
+            Fallback::SetupRefused => "the communicator's setup refused the GPU engine",
+            Fallback::CapturingBeforeSetup => "the first eligible call came during graph capture",
         }
     }
 }

@@ -135,6 +135,55 @@ pub fn route_all_reduce(call: &AllReduceCall, facts: &CallFacts, limits: &Limits
     }
 }
 
+/// Counts a call StragglAR ran on its communicator.
+pub fn count_stragglar(comm: ncclComm_t) {
+    crate::registry::stats().of(comm).ran_stragglar();
+}
+
+/// The GPU engine's view of an eligible call, or the cause that keeps it on NCCL.
+pub fn engine_call(
+    call: &AllReduceCall,
+    stream: crate::nccl::types::cudaStream_t,
+) -> Result<crate::engine::cuda::library::EngineCall, Fallback> {
+    use crate::reduce::{DataType, ReduceOp, Scale};
+    let info = crate::registry::comms()
+        .get(call.comm)
+        .ok_or(Fallback::UnknownComm)?;
+    let (Some(ranks), Some(rank), Some(device)) = (info.nranks, info.rank, info.cuda_device) else {
+        return Err(Fallback::UnknownComm);
+    };
+    let dtype = DataType::from_nccl(call.datatype.0).ok_or(Fallback::UnsupportedType)?;
+    let (op, scalar) = match call.op.0 {
+        0 => (ReduceOp::Sum, None),
+        1 => (ReduceOp::Prod, None),
+        2 => (ReduceOp::Max, None),
+        3 => (ReduceOp::Min, None),
+        4 => (ReduceOp::Avg, None),
+        _ => match crate::registry::redops().get(call.comm, call.op) {
+            Some(crate::registry::PreMulSum {
+                scalar: crate::registry::Scalar::Host { bytes, .. },
+                ..
+            }) => (ReduceOp::PreMulSum, Some(bytes)),
+            _ => return Err(Fallback::UnsupportedOp),
+        },
+    };
+    let scale: Scale =
+        Scale::for_op(op, dtype, ranks as usize, scalar).ok_or(Fallback::UnsupportedOp)?;
+    Ok(crate::engine::cuda::library::EngineCall {
+        comm: call.comm,
+        rank: rank as usize,
+        ranks: ranks as usize,
+        device,
+        send: call.send as u64,
+        recv: call.recv as u64,
+        count: call.count,
+        dtype,
+        op,
+        scale,
+        stream,
+    })
+}
+
 /// Counts a forwarded call on its communicator and logs the cause at INFO the first time it
 /// keeps that communicator's calls on NCCL.
 pub fn count_fallback(comm: ncclComm_t, cause: Fallback) {

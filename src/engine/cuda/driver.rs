@@ -199,6 +199,21 @@ impl DeviceMemory {
         synchronize_legacy()
     }
 
+    /// Reads the `u32` at byte `offset` (4-byte aligned).
+    pub fn read_u32(&self, offset: u64) -> Result<u32, GpuError> {
+        assert!(
+            offset % 4 == 0 && offset + 4 <= self.bytes as u64,
+            "a word inside the allocation"
+        );
+        let _current = self.device.current()?;
+        let mut value = [0u32; 1];
+        // SAFETY: the word lies inside this live allocation (asserted).
+        wrap("cuMemcpyDtoH", unsafe {
+            result::memcpy_dtoh_sync(&mut value, self.ptr + offset)
+        })?;
+        Ok(value[0])
+    }
+
     /// Copies the start of this memory into `out` and waits for the copy.
     pub fn download<T: Copy>(&self, out: &mut [T]) -> Result<(), GpuError> {
         assert!(
@@ -501,6 +516,34 @@ impl Event {
         })
     }
 
+    /// Records the event on a raw stream (the caller's, in the library).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this event's context.
+    pub unsafe fn record_raw(&self, stream: sys::CUstream) -> Result<(), GpuError> {
+        let _current = self.device.current()?;
+        // SAFETY: live event; the caller vouches for the stream.
+        wrap("cuEventRecord", unsafe {
+            result::event::record(self.raw, stream)
+        })
+    }
+
+    /// Makes later work on `stream` wait for this event (capturable).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this event's context.
+    pub unsafe fn wait_on(&self, stream: sys::CUstream) -> Result<(), GpuError> {
+        let _current = self.device.current()?;
+        // SAFETY: live event; the caller vouches for the stream.
+        wrap("cuStreamWaitEvent", unsafe {
+            result::stream::wait_event(
+                stream,
+                self.raw,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        })
+    }
+
     /// Milliseconds from `self` to `end` (both recorded and complete).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32, GpuError> {
         let _current = self.device.current()?;
@@ -522,6 +565,18 @@ impl Drop for Event {
             let _ = unsafe { result::event::destroy(self.raw) };
         }
     }
+}
+
+/// Waits for everything queued on a raw stream (the caller's).
+///
+/// # Safety
+/// `stream` must be a live stream of `device`'s context.
+pub unsafe fn synchronize_raw(device: &Device, stream: sys::CUstream) -> Result<(), GpuError> {
+    let _current = device.current()?;
+    // SAFETY: the caller vouches for the stream.
+    wrap("cuStreamSynchronize", unsafe {
+        result::stream::synchronize(stream)
+    })
 }
 
 /// Whether `stream` is capturing a CUDA graph (no allocation or synchronisation may happen).

@@ -3,6 +3,7 @@
 //! threads of one process).
 
 pub mod driver;
+pub mod library;
 pub mod rank;
 pub mod setup;
 pub mod staging;

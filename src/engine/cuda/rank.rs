@@ -138,6 +138,11 @@ impl CudaRank {
         &self.staging
     }
 
+    /// The staging layout.
+    pub fn layout(&self) -> StagingLayout {
+        self.config.layout
+    }
+
     /// Uploads every rank's memory as this rank addresses it (`peers[rank]` is its own).
     pub fn connect(&mut self, peers: &[RawPeer]) -> Result<(), CallError> {
         if peers.len() != self.config.ranks || peers[self.config.rank] != self.own_peer() {

@@ -16,13 +16,14 @@ pub const SETUP_VERSION: u32 = 1;
 
 /// The settings whose values must agree on every rank (a rank that disagrees would take
 /// another path and hang the job), in the order of `SetupRecord::settings`.
-pub const AGREED_SETTINGS: [&str; 6] = [
+pub const AGREED_SETTINGS: [&str; 7] = [
     "STRAGGLAR_ENABLE",
     "STRAGGLAR_BUFFER_BYTES",
     "STRAGGLAR_MIN_BYTES",
     "NCCL_P2P_DISABLE",
     "STRAGGLAR_ALGO",
     "STRAGGLAR_STRAGGLER",
+    "STRAGGLAR_GPU_ENGINE",
 ];
 
 /// Why a rank could not take part (0 in `SetupRecord::failure` means it could).
@@ -58,7 +59,7 @@ pub struct SetupRecord {
     /// The GPU's UUID.
     pub device_uuid: [u8; 16],
     /// A hash of each of [`AGREED_SETTINGS`]' effective values.
-    pub settings: [u64; 6],
+    pub settings: [u64; 7],
     /// The staging allocation's IPC handle.
     pub staging_handle: [u8; 64],
     /// The staging layout: arena bytes, values, blocks.
@@ -157,7 +158,7 @@ impl Identity {
 }
 
 /// The hashes of [`AGREED_SETTINGS`]' effective values in `config`.
-pub fn settings_of(config: &crate::config::Config) -> [u64; 6] {
+pub fn settings_of(config: &crate::config::Config) -> [u64; 7] {
     [
         setting_hash(if config.enabled { "1" } else { "0" }),
         setting_hash(&config.buffer_bytes.to_string()),
@@ -165,6 +166,7 @@ pub fn settings_of(config: &crate::config::Config) -> [u64; 6] {
         setting_hash(if config.p2p_disabled { "1" } else { "0" }),
         setting_hash(&format!("{:?}", config.algo)),
         setting_hash(&format!("{:?}", config.straggler)),
+        setting_hash(if config.gpu_engine { "1" } else { "0" }),
     ]
 }
 
@@ -174,7 +176,7 @@ impl SetupRecord {
         rank: usize,
         ranks: usize,
         identity: &Identity,
-        settings: [u64; 6],
+        settings: [u64; 7],
         staging_handle: [u8; 64],
         layout: StagingLayout,
     ) -> SetupRecord {
@@ -207,7 +209,7 @@ impl SetupRecord {
             host: [0; 64],
             boot_id: [0; 40],
             device_uuid: [0; 16],
-            settings: [0; 6],
+            settings: [0; 7],
             staging_handle: [0; 64],
             layout: [0; 3],
         }
@@ -298,7 +300,14 @@ mod tests {
                     boot_id: "0f6b1c9e-aaaa-bbbb-cccc-123456789abc".into(),
                     device_uuid: [r as u8; 16],
                 };
-                SetupRecord::ready(r, n, &identity, [1, 2, 3, 4, 5, 6], [r as u8; 64], layout())
+                SetupRecord::ready(
+                    r,
+                    n,
+                    &identity,
+                    [1, 2, 3, 4, 5, 6, 7],
+                    [r as u8; 64],
+                    layout(),
+                )
             })
             .collect()
     }
@@ -394,7 +403,7 @@ mod tests {
         assert_eq!(field::<4>("abcdef"), *b"abcd");
         assert_eq!(field::<4>("ab"), [b'a', b'b', 0, 0]);
         assert_ne!(setting_hash("256M"), setting_hash("128M"));
-        assert_eq!(std::mem::size_of::<SetupRecord>(), 280);
+        assert_eq!(std::mem::size_of::<SetupRecord>(), 288);
     }
 }
 
@@ -456,7 +465,7 @@ fn record_from(bytes: &[u8]) -> SetupRecord {
     let host = take(64).try_into().expect("64 bytes");
     let boot_id = take(40).try_into().expect("40 bytes");
     let device_uuid = take(16).try_into().expect("16 bytes");
-    let mut settings = [0u64; 6];
+    let mut settings = [0u64; 7];
     for w in &mut settings {
         *w = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
     }
@@ -617,7 +626,7 @@ mod protocol_tests {
                             rank,
                             n,
                             &identity,
-                            [7; 6],
+                            [7; 7],
                             [rank as u8; 64],
                             layout,
                         );
@@ -688,7 +697,7 @@ mod protocol_tests {
             values: 2,
             blocks: 3,
         };
-        let r = SetupRecord::ready(1, 2, &identity, [1, 2, 3, 4, 5, 6], [8; 64], layout);
+        let r = SetupRecord::ready(1, 2, &identity, [1, 2, 3, 4, 5, 6, 7], [8; 64], layout);
         let bytes = record_bytes(&r);
         assert_eq!(bytes.len(), std::mem::size_of::<SetupRecord>());
         assert_eq!(record_from(&bytes), r);
