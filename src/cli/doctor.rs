@@ -52,9 +52,12 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         Some(dir) => println!("  kernels:   cached in {}", dir.display()),
         None => println!("  kernels:   no cache directory (set STRAGGLAR_CACHE_DIR)"),
     }
-    let verdict = match &gpu.driver {
-        Driver::Devices(n) if *n > 0 => {
-            "GPUs present; the GPU engine runs under `stragglar bench --backend cuda`, but ncclAllReduce does not use it yet: every AllReduce is forwarded to the real NCCL"
+    let verdict = match (&gpu.driver, config.gpu_engine) {
+        (Driver::Devices(n), true) if *n > 0 => {
+            "GPUs present and STRAGGLAR_GPU_ENGINE=1: eligible AllReduce calls run on the GPU engine (experimental)"
+        }
+        (Driver::Devices(n), false) if *n > 0 => {
+            "GPUs present; the GPU engine runs under `stragglar bench --backend cuda`; ncclAllReduce uses it only with STRAGGLAR_GPU_ENGINE=1 (experimental), so every AllReduce is forwarded to the real NCCL"
         }
         _ => "no usable GPU: every call is forwarded to the real NCCL",
     };
