@@ -77,8 +77,10 @@ fn record(
         info.cuda_device,
         if blocking { "blocking" } else { "nonblocking" }
     );
-    // A new communicator (perhaps at a reused address) starts its counters from zero.
+    // A new communicator (perhaps at a reused address) starts its counters and its engine
+    // state from zero.
     registry::stats().remove(comm);
+    crate::engine::cuda::library::forget(comm, false);
     registry::comms().insert(comm, info);
 }
 

@@ -181,12 +181,15 @@ impl DeviceMemory {
         // SAFETY: the destination holds at least `size_of_val(data)` bytes (asserted).
         wrap("cuMemcpyHtoD", unsafe {
             result::memcpy_htod_sync(self.ptr, data)
-        })
+        })?;
+        // A copy from pageable memory may return before its DMA lands, and our kernels run on
+        // streams that are not ordered after the legacy stream.
+        synchronize_legacy()
     }
 
-    /// Writes `value` at byte `offset` (4-byte aligned) and waits until it has landed. Runs on
-    /// the legacy stream, so it never waits for our kernels on their non-blocking streams.
-    pub fn write_u32(&self, offset: u64, value: u32) -> Result<(), GpuError> {
+    /// Writes `value` at byte `offset` (4-byte aligned) without waiting for it to land (a
+    /// signal to peers: waiting could block behind work queued on the legacy stream).
+    pub fn post_u32(&self, offset: u64, value: u32) -> Result<(), GpuError> {
         assert!(
             offset % 4 == 0 && offset + 4 <= self.bytes as u64,
             "a word inside the allocation"
@@ -195,8 +198,7 @@ impl DeviceMemory {
         // SAFETY: the word lies inside this live allocation (asserted).
         wrap("cuMemcpyHtoD", unsafe {
             result::memcpy_htod_sync(self.ptr + offset, &[value])
-        })?;
-        synchronize_legacy()
+        })
     }
 
     /// Reads the `u32` at byte `offset` (4-byte aligned).
@@ -513,6 +515,19 @@ impl Event {
         // SAFETY: live event and stream of the same context.
         wrap("cuEventRecord", unsafe {
             result::event::record(self.raw, stream.raw)
+        })
+    }
+
+    /// A new event for ordering work only (no timing: cheaper to record and wait on).
+    pub fn ordering(device: &Arc<Device>) -> Result<Event, GpuError> {
+        let _current = device.current()?;
+        let raw = wrap(
+            "cuEventCreate",
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING),
+        )?;
+        Ok(Event {
+            device: device.clone(),
+            raw,
         })
     }
 

@@ -15,7 +15,7 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::driver::{self, Device, DeviceMemory, Event, IpcMapping, Kernel};
-use super::rank::{status_text, CallError, CudaRank, RankConfig};
+use super::rank::{status_text, CallError, Control, CudaRank, RankConfig};
 use super::setup::{
     run_setup, settings_of, Exchange, Identity, LocalFailure, PeerAccess, SetupError, SetupRecord,
 };
@@ -54,6 +54,8 @@ struct Ready {
     mappings: Vec<Option<IpcMapping>>,
     plans: PlanCache,
     straggler: usize,
+    /// Calls launched so far: the epoch every peer must reach before the staging is freed.
+    launched: u64,
     /// Orders this communicator's launches across the caller's streams.
     last: Event,
     last_stream: cudaStream_t,
@@ -64,12 +66,30 @@ struct Ready {
 unsafe impl Send for Ready {}
 
 enum State {
+    /// The first eligible call is setting it up (the entry exists so that a concurrent abort
+    /// finds it).
+    SettingUp,
     Ready(Box<Ready>),
     /// Kept on NCCL for good (the verdict was the same on every rank).
     Refused,
 }
 
-static ENGINES: Lazy<Mutex<HashMap<usize, Arc<Mutex<State>>>>> = Lazy::new(Default::default);
+/// One communicator's engine: its state behind a lock, and its abort and status words beside
+/// it, so that an abort or a watchdog's poll never waits for a call that holds the lock.
+struct Entry {
+    state: Mutex<State>,
+    control: Mutex<Option<Control>>,
+    /// Set by `forget`: a setup still running must not install its result.
+    forgotten: std::sync::atomic::AtomicBool,
+    /// Whether the asynchronous error was logged.
+    reported: std::sync::atomic::AtomicBool,
+}
+
+static ENGINES: Lazy<Mutex<HashMap<usize, Arc<Entry>>>> = Lazy::new(Default::default);
+
+/// Communicators aborted while the engine served them: their memory is never freed (freeing
+/// would wait on kernels NCCL's own abort has yet to release; the process is usually ending).
+static ABANDONED: Lazy<Mutex<Vec<Ready>>> = Lazy::new(Default::default);
 
 /// A GPU opened, and our kernel loaded on it (or why not: NVRTC missing, compilation failed).
 type Loaded = Result<(Arc<Device>, Result<Arc<Kernel>, String>), String>;
@@ -202,16 +222,13 @@ fn assumed_straggler(ranks: usize) -> usize {
     }
 }
 
-fn set_up(call: &EngineCall) -> Result<Ready, Fallback> {
-    // Without a driver or device NCCL cannot run here either, so no peer waits on this rank's
-    // setup; from here on, a local failure still joins both all-gathers with a failed record.
-    let (device, kernel) = gpu(call.device).map_err(|_| Fallback::GpuUnavailable)?;
-    // SAFETY: the caller's stream of this communicator's device.
-    if unsafe { driver::is_capturing(&device, call.stream.cast()) }.unwrap_or(true) {
-        return Err(Fallback::CapturingBeforeSetup);
-    }
-    let straggler = assumed_straggler(call.ranks);
-    let layout = layout(call.ranks, straggler).map_err(|_| Fallback::GpuUnavailable)?;
+/// What this rank brings to the setup: its staging (if it could make it) and its record.
+fn local_part(
+    call: &EngineCall,
+    device: &Arc<Device>,
+    kernel: &Result<Arc<Kernel>, String>,
+    layout: StagingLayout,
+) -> (Result<CudaRank, LocalFailure>, SetupRecord) {
     let config = RankConfig {
         rank: call.rank,
         ranks: call.ranks,
@@ -226,7 +243,7 @@ fn set_up(call: &EngineCall) -> Result<Ready, Fallback> {
     let rank = kernel
         .as_ref()
         .map_err(|_| LocalFailure::NoKernels)
-        .and_then(|k| CudaRank::new(&device, k, config).map_err(|_| LocalFailure::NoMemory));
+        .and_then(|k| CudaRank::new(device, k, config).map_err(|_| LocalFailure::NoMemory));
     let record = match &rank {
         Err(why) => failed(*why),
         Ok(r) => match (device.uuid(), r.staging().ipc_handle()) {
@@ -241,6 +258,32 @@ fn set_up(call: &EngineCall) -> Result<Ready, Fallback> {
             _ => failed(LocalFailure::NoIpc),
         },
     };
+    (rank, record)
+}
+
+fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
+    // Without a driver or device NCCL cannot run here either, so no peer waits on this rank's
+    // setup; from here on, a local failure still joins both all-gathers with a failed record.
+    let (device, kernel) = gpu(call.device).map_err(|_| Fallback::GpuUnavailable)?;
+    // SAFETY: the caller's stream of this communicator's device.
+    if unsafe { driver::is_capturing(&device, call.stream.cast()) }.unwrap_or(true) {
+        return Err(Fallback::CapturingBeforeSetup);
+    }
+    let straggler = assumed_straggler(call.ranks);
+    let layout = layout(call.ranks, straggler).map_err(|_| Fallback::GpuUnavailable)?;
+    // A panic in the local steps must not make this rank skip the collectives its peers run.
+    let local = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        local_part(call, &device, &kernel, layout)
+    }));
+    let (mut rank, record) = local.unwrap_or_else(|_| {
+        (
+            Err(LocalFailure::NoMemory),
+            SetupRecord::failed(call.rank, call.ranks, LocalFailure::NoMemory),
+        )
+    });
+    if let Ok(r) = &rank {
+        *entry.control.lock() = Some(r.control());
+    }
     let mut exchange = NcclExchange {
         device: &device,
         comm: call.comm,
@@ -251,7 +294,22 @@ fn set_up(call: &EngineCall) -> Result<Ready, Fallback> {
         device: &device,
         layout,
     };
-    let mappings = match run_setup(&mut exchange, &mut access, &record) {
+    let mut last = None;
+    let finish = |mappings: &[Option<IpcMapping>]| {
+        let Ok(r) = &mut rank else {
+            return false;
+        };
+        let peers: Vec<_> = mappings
+            .iter()
+            .map(|m| m.as_ref().map_or(r.own_peer(), |m| layout.peer(m.ptr)))
+            .collect();
+        last = r
+            .connect(&peers)
+            .ok()
+            .and_then(|()| Event::ordering(&device).ok());
+        last.is_some()
+    };
+    let mappings = match run_setup(&mut exchange, &mut access, &record, finish) {
         Ok(m) => m,
         Err(SetupError::Refused(verdict)) => {
             log::warn!(
@@ -266,13 +324,10 @@ fn set_up(call: &EngineCall) -> Result<Ready, Fallback> {
             return Err(Fallback::SetupRefused);
         }
     };
-    let mut rank = rank.map_err(|_| Fallback::SetupRefused)?;
-    let peers: Vec<_> = mappings
-        .iter()
-        .map(|m| m.as_ref().map_or(rank.own_peer(), |m| layout.peer(m.ptr)))
-        .collect();
-    rank.connect(&peers).map_err(|_| Fallback::SetupRefused)?;
-    let last = Event::new(&device).map_err(|_| Fallback::SetupRefused)?;
+    // The final verdict was Eligible on every rank, so this rank's steps all succeeded.
+    let (Ok(rank), Some(last)) = (rank, last) else {
+        return Err(Fallback::SetupRefused);
+    };
     log::info!(
         "communicator {:p}: the GPU engine serves its AllReduce ({} ranks, {} B of staging per rank)",
         call.comm,
@@ -284,128 +339,178 @@ fn set_up(call: &EngineCall) -> Result<Ready, Fallback> {
         mappings,
         plans: PlanCache::default(),
         straggler,
+        launched: 0,
         last,
         last_stream: call.stream,
     })
 }
 
-fn launch(ready: &mut Ready, call: &EngineCall) -> Result<(), CallError> {
+/// Launches one call. `Err(Fallback)` keeps it on NCCL (the same on every rank: it depends on
+/// the plan cache and the capture state, which every rank shares); `Ok(Err(_))` is a failure
+/// of this rank, after which its peers are told.
+fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>, Fallback> {
     let shape = Shape {
         algorithm: Algorithm::Stragglar,
         ranks: call.ranks,
         straggler: ready.straggler,
         dtype: call.dtype,
     };
-    let plan = ready
-        .plans
-        .get(shape, call.count)
-        .map_err(CallError::Unfit)?
-        .clone();
     let stream = call.stream.cast();
-    if call.stream != ready.last_stream {
-        // SAFETY: both are the caller's live streams of this device.
-        unsafe { ready.last.wait_on(stream) }?;
-        ready.last_stream = call.stream;
+    // SAFETY: the caller's stream of this device.
+    let capturing = unsafe { driver::is_capturing(ready.rank.device(), stream) }.unwrap_or(true);
+    let plan = match ready.plans.get(shape, call.count) {
+        Ok(plan) => plan.clone(),
+        Err(_) => return Err(Fallback::AboveBufferBytes),
+    };
+    if capturing && !ready.rank.has_plan(&plan) {
+        // No allocation while capturing: this size stays on NCCL until it is seen eagerly.
+        return Err(Fallback::CapturingBeforeSetup);
     }
-    // SAFETY: the caller's buffers hold `count` elements on this device (NCCL's contract for
-    // ncclAllReduce), and the stream is the caller's.
-    unsafe {
-        ready
-            .rank
-            .all_reduce(&plan, call.op, call.scale, call.send, call.recv, stream)
-    }?;
-    // SAFETY: as above.
-    unsafe { ready.last.record_raw(stream) }?;
-    Ok(())
+    let result = (|| {
+        // Calls on different streams are ordered by the event (not across a capture boundary:
+        // a captured graph is replayed on the stream it was captured from).
+        if !capturing && call.stream != ready.last_stream {
+            // SAFETY: both are the caller's live streams of this device.
+            unsafe { ready.last.wait_on(stream) }?;
+            ready.last_stream = call.stream;
+        }
+        // SAFETY: the caller's buffers hold `count` elements on this device (NCCL's contract
+        // for ncclAllReduce), and the stream is the caller's.
+        unsafe {
+            ready
+                .rank
+                .all_reduce(&plan, call.op, call.scale, call.send, call.recv, stream)
+        }?;
+        ready.launched += 1;
+        if !capturing {
+            // SAFETY: as above.
+            unsafe { ready.last.record_raw(stream) }?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        // Peers already launched this call: tell them this rank will not.
+        ready.rank.abort();
+        ready.rank.mark_failed();
+    }
+    Ok(result)
 }
 
 /// Runs one eligible call on the GPU engine, setting the communicator up on its first call.
 /// `Err` names why the call stays on NCCL; `Ok` is the call's result code.
 pub fn all_reduce(call: &EngineCall) -> Result<ResultCode, Fallback> {
-    let state = ENGINES.lock().get(&(call.comm as usize)).cloned();
-    let state = match state {
-        Some(s) => s,
-        None => {
-            let (made, first) = match set_up(call) {
-                Ok(ready) => (State::Ready(Box::new(ready)), None),
-                // Not capturing now may mean capturing later: try again at the next call.
-                Err(Fallback::CapturingBeforeSetup) => return Err(Fallback::CapturingBeforeSetup),
-                Err(cause) => (State::Refused, Some(cause)),
-            };
-            ENGINES
-                .lock()
-                .insert(call.comm as usize, Arc::new(Mutex::new(made)));
-            if let Some(cause) = first {
-                return Err(cause);
+    let key = call.comm as usize;
+    let (entry, fresh) = {
+        let mut engines = ENGINES.lock();
+        match engines.get(&key) {
+            Some(e) => (e.clone(), false),
+            None => {
+                let e = Arc::new(Entry {
+                    state: Mutex::new(State::SettingUp),
+                    control: Mutex::new(None),
+                    forgotten: Default::default(),
+                    reported: Default::default(),
+                });
+                engines.insert(key, e.clone());
+                (e, true)
             }
-            ENGINES
-                .lock()
-                .get(&(call.comm as usize))
-                .cloned()
-                .expect("just inserted")
         }
     };
-    let mut state = state.lock();
+    let mut state = entry.state.lock();
+    if fresh {
+        match set_up(call, &entry) {
+            Ok(ready) if entry.forgotten.load(std::sync::atomic::Ordering::Acquire) => {
+                // Destroyed or aborted while setting up: nothing of it may be used.
+                ready.rank.abort();
+                ABANDONED.lock().push(ready);
+                return Err(Fallback::SetupRefused);
+            }
+            Ok(ready) => *state = State::Ready(Box::new(ready)),
+            Err(Fallback::CapturingBeforeSetup) => {
+                // Not capturing later may let it set up: forget this attempt.
+                ENGINES.lock().remove(&key);
+                return Err(Fallback::CapturingBeforeSetup);
+            }
+            Err(cause) => {
+                *state = State::Refused;
+                return Err(cause);
+            }
+        }
+    }
     match &mut *state {
-        State::Refused => Err(Fallback::SetupRefused),
-        State::Ready(ready) => Ok(match launch(ready, call) {
-            Ok(()) => ResultCode::SUCCESS,
+        State::SettingUp | State::Refused => Err(Fallback::SetupRefused),
+        State::Ready(ready) => match launch(ready, call)? {
+            Ok(()) => Ok(ResultCode::SUCCESS),
             Err(e) => {
                 log::warn!("ncclAllReduce on communicator {:p}: {e}", call.comm);
-                e.nccl_code()
+                Ok(e.nccl_code())
             }
-        }),
+        },
     }
 }
 
-/// The asynchronous error the engine holds for `comm`, if a kernel of it gave up.
+/// The asynchronous error the engine holds for `comm`, if a kernel of it gave up (logged once).
+/// Never waits for a call in progress.
 pub fn async_error(comm: ncclComm_t) -> Option<ResultCode> {
-    let state = ENGINES.lock().get(&(comm as usize)).cloned()?;
-    let state = state.lock();
-    match &*state {
-        State::Ready(ready) if ready.rank.status() != STATUS_OK => {
-            log::warn!(
-                "communicator {comm:p}: {}",
-                status_text(ready.rank.status())
-            );
-            Some(CallError::Failed(ready.rank.status()).nccl_code())
-        }
-        _ => None,
+    let entry = ENGINES.lock().get(&(comm as usize)).cloned()?;
+    let status = entry.control.lock().as_ref().map(Control::status)?;
+    if status == STATUS_OK {
+        return None;
     }
+    if !entry
+        .reported
+        .swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        log::warn!("communicator {comm:p}: {}", status_text(status));
+    }
+    Some(CallError::Failed(status).nccl_code())
 }
 
 /// How long a destroyed communicator waits for its peers to finish reading its staging.
 const DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Forgets `comm` (Destroy, Abort, Finalize, Revoke). With `abort`, every kernel of it still
-/// waiting is released first; otherwise the staging is kept until every peer has finished as
-/// many calls as this rank (their epochs, read through the mappings), so no peer still reads it
-/// when it is freed.
+/// Forgets `comm` (Destroy, Abort, Finalize, Revoke; or a new communicator at its address).
+/// With `abort`, every kernel of it is released first, without waiting for anything, and its
+/// memory is abandoned (freeing it would wait for kernels NCCL's abort has yet to release).
+/// Otherwise the staging is freed once every peer has finished as many calls as this rank
+/// launched (their epochs, read through the mappings; 10 s at most).
 pub fn forget(comm: ncclComm_t, abort: bool) {
-    let Some(state) = ENGINES.lock().remove(&(comm as usize)) else {
+    let Some(entry) = ENGINES.lock().remove(&(comm as usize)) else {
         return;
     };
-    let state = state.lock();
-    let State::Ready(ready) = &*state else {
-        return;
-    };
+    entry
+        .forgotten
+        .store(true, std::sync::atomic::Ordering::Release);
     if abort {
-        ready.rank.abort();
+        if let Some(control) = entry.control.lock().as_ref() {
+            control.abort();
+        }
+        // A call or a setup in progress holds the state; it finds `forgotten` set.
+        if let Some(mut state) = entry.state.try_lock() {
+            if let State::Ready(ready) = std::mem::replace(&mut *state, State::Refused) {
+                ABANDONED.lock().push(*ready);
+            }
+        }
         return;
     }
+    let mut state = entry.state.lock();
+    let State::Ready(ready) = std::mem::replace(&mut *state, State::Refused) else {
+        return;
+    };
     let layout = ready.rank.layout();
-    let own = ready.rank.staging().read_u32(layout.epoch()).unwrap_or(0);
+    let target = ready.launched as u32;
     let deadline = std::time::Instant::now() + DRAIN;
     for mapping in ready.mappings.iter().flatten() {
         while mapping
             .read_u32(layout.epoch())
-            .is_ok_and(|peer| peer.wrapping_sub(own) > u32::MAX / 2)
+            .is_ok_and(|peer| target.wrapping_sub(peer) as i32 > 0)
             && std::time::Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
-    // The staging is freed with the last reference (cuMemFree waits for our own kernels).
+    // Freed here (cuMemFree waits for this rank's own kernels).
+    drop(ready);
 }
 
 #[cfg(test)]

@@ -90,13 +90,29 @@ impl From<GpuError> for CallError {
     }
 }
 
+/// A rank's abort and status words (host-mapped), shareable across threads.
+#[derive(Clone)]
+pub struct Control(Arc<super::driver::HostWords>);
+
+impl Control {
+    /// Raises the abort word.
+    pub fn abort(&self) {
+        self.0.word(ABORT_WORD).store(1, Ordering::Release);
+    }
+
+    /// The status a kernel of this rank left (0 while all is well).
+    pub fn status(&self) -> u32 {
+        self.0.word(STATUS_WORD).load(Ordering::Acquire)
+    }
+}
+
 /// One rank of a GPU-engine communicator.
 pub struct CudaRank {
     device: Arc<Device>,
     kernel: Arc<Kernel>,
     config: RankConfig,
     staging: DeviceMemory,
-    words: super::driver::HostWords,
+    words: Arc<super::driver::HostWords>,
     /// `RawPeer[ranks]` in device memory, once connected.
     peer_table: Option<DeviceMemory>,
     /// Uploaded plan blobs by plan fingerprint.
@@ -116,7 +132,7 @@ impl CudaRank {
             "the kernel is built for 1..={MAX_THREADS} threads per block"
         );
         let staging = DeviceMemory::zeroed(device, config.layout.allocation_bytes() as usize)?;
-        let words = super::driver::HostWords::new(device, 2)?;
+        let words = Arc::new(super::driver::HostWords::new(device, 2)?);
         Ok(CudaRank {
             device: device.clone(),
             kernel: kernel.clone(),
@@ -141,6 +157,16 @@ impl CudaRank {
     /// The staging layout.
     pub fn layout(&self) -> StagingLayout {
         self.config.layout
+    }
+
+    /// The GPU this rank runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Whether `plan` is uploaded already (a call of it needs no allocation).
+    pub fn has_plan(&self, plan: &Plan) -> bool {
+        self.plans.contains_key(&plan.fingerprint)
     }
 
     /// Uploads every rank's memory as this rank addresses it (`peers[rank]` is its own).
@@ -189,17 +215,27 @@ impl CudaRank {
 
     /// The status a kernel of this rank left (0 while all is well).
     pub fn status(&self) -> u32 {
-        self.words.word(STATUS_WORD).load(Ordering::Acquire)
+        self.control().status()
     }
 
-    /// Raises the abort word (every running and later kernel of this rank gives up) and marks
-    /// this rank failed in its staging, where every peer's waits on it look (best effort: the
-    /// GPU may already be unusable).
+    /// Raises the abort word: every running and later kernel of this rank gives up (and then
+    /// marks this rank failed where its peers look). Never waits for the GPU.
     pub fn abort(&self) {
-        self.words.word(ABORT_WORD).store(1, Ordering::Release);
+        self.control().abort()
+    }
+
+    /// The abort and status words, usable without holding this rank (a watchdog aborting a
+    /// communicator must not wait for the lock a stuck call holds).
+    pub fn control(&self) -> Control {
+        Control(self.words.clone())
+    }
+
+    /// Marks this rank failed in its staging, where every peer's waits on it look, for a
+    /// failure on the host side (no kernel of this rank ran to report it). Best effort.
+    pub fn mark_failed(&self) {
         let _ = self
             .staging
-            .write_u32(self.config.layout.failed(), STATUS_ABORTED);
+            .post_u32(self.config.layout.failed(), STATUS_ABORTED);
     }
 
     /// Queues one AllReduce of `plan` on `stream`: `input` and `output` hold `plan.count`

@@ -271,8 +271,8 @@ pub fn verdict(records: &[SetupRecord]) -> Verdict {
     Verdict::Eligible
 }
 
-/// The verdict of the second all-gather: `peer_access[r]` is 1 when rank `r` wrote and read
-/// back a token through every peer's mapping.
+/// The verdict of the second all-gather: `peer_access[r]` is 1 when rank `r` opened and read
+/// through every peer's mapping and finished its local steps.
 pub fn peer_verdict(peer_access: &[u32]) -> Verdict {
     match peer_access.iter().position(|&ok| ok != 1) {
         Some(rank) => Verdict::PeerAccessFailed { rank },
@@ -499,14 +499,16 @@ pub enum SetupError {
 }
 
 /// Runs the setup protocol for this rank: all-gathers the records, computes the verdict,
-/// opens every peer's staging and probes it, all-gathers whether that worked, and computes the
-/// final verdict. Every rank makes the same collective calls whatever happens locally, so a
-/// local failure never leaves a peer waiting. On success, `mappings[r]` is peer `r`'s open
-/// mapping (`None` for this rank).
+/// opens every peer's staging and probes it, runs `finish` on the mappings (the local steps
+/// that must succeed before the engine can run: connecting the peer table, ...), all-gathers
+/// whether all that worked, and computes the final verdict. Every rank makes the same
+/// collective calls whatever happens locally, so a local failure never leaves a peer waiting.
+/// On success, `mappings[r]` is peer `r`'s open mapping (`None` for this rank).
 pub fn run_setup<E: Exchange, P: PeerAccess>(
     exchange: &mut E,
     peers: &mut P,
     mine: &SetupRecord,
+    finish: impl FnOnce(&[Option<P::Mapping>]) -> bool,
 ) -> Result<Vec<Option<P::Mapping>>, SetupError> {
     let size = std::mem::size_of::<SetupRecord>();
     let gathered = exchange
@@ -542,6 +544,7 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
             }
         }
     }
+    let ok = ok && finish(&mappings);
     let flags = exchange
         .all_gather(&(ok as u32).to_le_bytes())
         .map_err(SetupError::Exchange)?;
@@ -637,7 +640,7 @@ mod protocol_tests {
                             barrier,
                         };
                         let mut peers = FakePeers { rank, broken };
-                        run_setup(&mut exchange, &mut peers, &mine)
+                        run_setup(&mut exchange, &mut peers, &mine, |_| true)
                     })
                 })
                 .collect();
@@ -701,5 +704,48 @@ mod protocol_tests {
         let bytes = record_bytes(&r);
         assert_eq!(bytes.len(), std::mem::size_of::<SetupRecord>());
         assert_eq!(record_from(&bytes), r);
+    }
+}
+
+#[cfg(test)]
+mod finish_tests {
+    use super::*;
+
+    struct Solo;
+
+    impl Exchange for Solo {
+        fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<u8>, String> {
+            Ok(mine.to_vec())
+        }
+    }
+
+    impl PeerAccess for Solo {
+        type Mapping = ();
+        fn open(&mut self, _: &SetupRecord) -> Result<(), String> {
+            Ok(())
+        }
+        fn probe(&mut self, _: &()) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_failed_local_step_is_gathered_not_skipped() {
+        let identity = Identity {
+            host: "h".into(),
+            boot_id: "b".into(),
+            device_uuid: [1; 16],
+        };
+        let layout = StagingLayout {
+            arena_bytes: 64,
+            values: 1,
+            blocks: 1,
+        };
+        let mine = SetupRecord::ready(0, 1, &identity, [0; 7], [0; 64], layout);
+        assert!(run_setup(&mut Solo, &mut Solo, &mine, |_| true).is_ok());
+        assert_eq!(
+            run_setup(&mut Solo, &mut Solo, &mine, |_| false).unwrap_err(),
+            SetupError::Refused(Verdict::PeerAccessFailed { rank: 0 })
+        );
     }
 }

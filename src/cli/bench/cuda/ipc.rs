@@ -173,26 +173,29 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
         device: &gpu.device,
         layout: setup.layout,
     };
-    let mappings = match run_setup(&mut exchange, &mut access, &record) {
+    let mut locals = [Local {
+        rank,
+        comm,
+        stream: Stream::new(&gpu.device)?,
+    }];
+    let layout = setup.layout;
+    let connect = |mappings: &[Option<IpcMapping>]| {
+        let peers: Vec<_> = mappings
+            .iter()
+            .map(|m| {
+                m.as_ref()
+                    .map_or(locals[0].comm.own_peer(), |m| layout.peer(m.ptr))
+            })
+            .collect();
+        locals[0].comm.connect(&peers).is_ok()
+    };
+    let mappings = match run_setup(&mut exchange, &mut access, &record, connect) {
         Ok(m) => m,
         Err(SetupError::Refused(verdict)) => {
             return Err(format!("setup refused: {}", verdict.describe()).into())
         }
         Err(SetupError::Exchange(why)) => return Err(format!("setup failed: {why}").into()),
     };
-    let peers: Vec<_> = mappings
-        .iter()
-        .map(|m| {
-            m.as_ref()
-                .map_or(comm.own_peer(), |m| setup.layout.peer(m.ptr))
-        })
-        .collect();
-    let mut locals = [Local {
-        rank,
-        comm,
-        stream: Stream::new(&gpu.device)?,
-    }];
-    locals[0].comm.connect(&peers)?;
     let stdout = std::io::stdout();
     let mut seed = 0;
     for (combo, &(dtype, op)) in setup.combos.clone().iter().enumerate() {
@@ -204,6 +207,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
                 Err(e) => {
                     // Peers waiting on this rank give up instead of hanging.
                     locals[0].comm.abort();
+                    locals[0].comm.mark_failed();
                     return Err(e);
                 }
             };
