@@ -207,13 +207,8 @@ impl DeviceMemory {
             offset % 4 == 0 && offset + 4 <= self.bytes as u64,
             "a word inside the allocation"
         );
-        let _current = self.device.current()?;
-        let mut value = [0u32; 1];
         // SAFETY: the word lies inside this live allocation (asserted).
-        wrap("cuMemcpyDtoH", unsafe {
-            result::memcpy_dtoh_sync(&mut value, self.ptr + offset)
-        })?;
-        Ok(value[0])
+        unsafe { read_word(&self.device, self.ptr + offset) }
     }
 
     /// Copies the start of this memory into `out` and waits for the copy.
@@ -283,14 +278,9 @@ impl IpcMapping {
     /// Reads the `u32` at `offset` in the mapped allocation (a synchronous round trip to the
     /// peer's memory).
     pub fn read_u32(&self, offset: u64) -> Result<u32, GpuError> {
-        let _current = self.device.current()?;
-        let mut value = [0u32; 1];
         // SAFETY: the mapping is open; the caller's offset lies inside the peer's staging,
         // whose layout every rank shares.
-        wrap("cuMemcpyDtoH", unsafe {
-            result::memcpy_dtoh_sync(&mut value, self.ptr + offset)
-        })?;
-        Ok(value[0])
+        unsafe { read_word(&self.device, self.ptr + offset) }
     }
 }
 
@@ -592,6 +582,20 @@ pub unsafe fn synchronize_raw(device: &Device, stream: sys::CUstream) -> Result<
     wrap("cuStreamSynchronize", unsafe {
         result::stream::synchronize(stream)
     })
+}
+
+/// Reads one `u32` of device memory synchronously.
+///
+/// # Safety
+/// `address` must be 4 readable bytes of `device`'s address space.
+unsafe fn read_word(device: &Device, address: sys::CUdeviceptr) -> Result<u32, GpuError> {
+    let _current = device.current()?;
+    let mut value = [0u32; 1];
+    // SAFETY: the caller vouches for the address.
+    wrap("cuMemcpyDtoH", unsafe {
+        result::memcpy_dtoh_sync(&mut value, address)
+    })?;
+    Ok(value[0])
 }
 
 /// Whether `stream` is capturing a CUDA graph (no allocation or synchronisation may happen).

@@ -196,9 +196,10 @@ impl Exchange for NcclExchange<'_> {
 }
 
 /// Peers' staging through CUDA IPC; the probe reads a peer's failure word (0 when fresh).
-struct IpcAccess<'a> {
-    device: &'a Arc<Device>,
-    layout: StagingLayout,
+/// Shared with the CUDA bench's process mode.
+pub struct IpcAccess<'a> {
+    pub device: &'a Arc<Device>,
+    pub layout: StagingLayout,
 }
 
 impl PeerAccess for IpcAccess<'_> {

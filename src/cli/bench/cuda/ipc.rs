@@ -14,12 +14,12 @@ use super::local::{run_size, Local, Outcome};
 use super::{open_gpu, Setup};
 use crate::cli::args::Args;
 use crate::cli::bench::options::BenchOptions;
-use crate::engine::cuda::driver::{Device, IpcMapping, Stream};
+use crate::engine::cuda::driver::{IpcMapping, Stream};
+use crate::engine::cuda::library::IpcAccess;
 use crate::engine::cuda::rank::CudaRank;
 use crate::engine::cuda::setup::{
-    run_setup, settings_of, Exchange, Identity, PeerAccess, SetupError, SetupRecord,
+    run_setup, settings_of, Exchange, Identity, SetupError, SetupRecord,
 };
-use crate::engine::cuda::staging::StagingLayout;
 
 /// The hidden subcommand a worker runs: `__bench-cuda-worker DIR RANK OPTIONS...`.
 pub const WORKER_COMMAND: &str = "__bench-cuda-worker";
@@ -65,25 +65,6 @@ impl Exchange for DirExchange<'_> {
         }
         self.round += 1;
         Ok(all)
-    }
-}
-
-/// Peers' staging opened through CUDA IPC; the probe reads a peer's failure word, which a
-/// freshly zeroed staging holds as 0.
-struct IpcPeers<'a> {
-    device: &'a std::sync::Arc<Device>,
-    layout: StagingLayout,
-}
-
-impl PeerAccess for IpcPeers<'_> {
-    type Mapping = IpcMapping;
-
-    fn open(&mut self, record: &SetupRecord) -> Result<IpcMapping, String> {
-        IpcMapping::open(self.device, &record.staging_handle).map_err(|e| e.to_string())
-    }
-
-    fn probe(&mut self, mapping: &IpcMapping) -> bool {
-        mapping.read_u32(self.layout.failed()) == Ok(0)
     }
 }
 
@@ -169,7 +150,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
         ranks: options.ranks,
         round: 0,
     };
-    let mut access = IpcPeers {
+    let mut access = IpcAccess {
         device: &gpu.device,
         layout: setup.layout,
     };
