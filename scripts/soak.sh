@@ -2,7 +2,7 @@
 # The full soak of the host engine: 10^5 seeded AllReduce calls with random world sizes
 # (2..16), sizes (log-uniform up to 64 MiB, some empty), types, ops, placements, algorithms,
 # designated and actually-late ranks; every element checked, every rank compared bit for bit.
-# Takes about 2.8 hours on 2 cores (10 calls per second). A run can be split: FROM_CALL (a
+# Takes about 2 hours on 2 cores (about 14 calls per second). A run can be split: FROM_CALL (a
 # multiple of 40, where a communicator starts) resumes the same seeded sequence there.
 # usage: scripts/soak.sh [SEED] [CALLS] [MAX_BYTES] [FROM_CALL]
 set -euo pipefail
