@@ -90,7 +90,10 @@ static WARNED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
 /// the group depth and the configuration.
 pub fn facts_of(call: &AllReduceCall) -> CallFacts {
     let info = crate::registry::comms().get(call.comm);
-    let premul = crate::registry::redops().get(call.comm, call.op);
+    // Only a dynamic op (a PreMulSum) needs the op table's lock.
+    let premul = (call.op.0 > 4)
+        .then(|| crate::registry::redops().get(call.comm, call.op))
+        .flatten();
     CallFacts {
         count: call.count,
         datatype: call.datatype.0,

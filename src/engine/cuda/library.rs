@@ -359,40 +359,44 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
     let stream = call.stream.cast();
     // SAFETY: the caller's stream of this device.
     let capturing = unsafe { driver::is_capturing(ready.rank.device(), stream) }.unwrap_or(true);
-    let plan = match ready.plans.get(shape, call.count) {
-        Ok(plan) => plan.clone(),
-        Err(_) => return Err(Fallback::AboveBufferBytes),
+    // Fields borrowed apart: the plan stays in the cache (no copy of it per call).
+    let Ready {
+        rank,
+        plans,
+        launched,
+        last,
+        last_stream,
+        ..
+    } = ready;
+    let Ok(plan) = plans.get(shape, call.count) else {
+        return Err(Fallback::AboveBufferBytes);
     };
-    if capturing && !ready.rank.has_plan(&plan) {
+    if capturing && !rank.has_plan(plan) {
         // No allocation while capturing: this size stays on NCCL until it is seen eagerly.
         return Err(Fallback::CapturingBeforeSetup);
     }
     let result = (|| {
         // Calls on different streams are ordered by the event (not across a capture boundary:
         // a captured graph is replayed on the stream it was captured from).
-        if !capturing && call.stream != ready.last_stream {
+        if !capturing && call.stream != *last_stream {
             // SAFETY: both are the caller's live streams of this device.
-            unsafe { ready.last.wait_on(stream) }?;
-            ready.last_stream = call.stream;
+            unsafe { last.wait_on(stream) }?;
+            *last_stream = call.stream;
         }
         // SAFETY: the caller's buffers hold `count` elements on this device (NCCL's contract
         // for ncclAllReduce), and the stream is the caller's.
-        unsafe {
-            ready
-                .rank
-                .all_reduce(&plan, call.op, call.scale, call.send, call.recv, stream)
-        }?;
-        ready.launched += 1;
+        unsafe { rank.all_reduce(plan, call.op, call.scale, call.send, call.recv, stream) }?;
+        *launched += 1;
         if !capturing {
             // SAFETY: as above.
-            unsafe { ready.last.record_raw(stream) }?;
+            unsafe { last.record_raw(stream) }?;
         }
         Ok(())
     })();
     if result.is_err() {
         // Peers already launched this call: tell them this rank will not.
-        ready.rank.abort();
-        ready.rank.mark_failed();
+        rank.abort();
+        rank.mark_failed();
     }
     Ok(result)
 }
