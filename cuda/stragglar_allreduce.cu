@@ -16,6 +16,7 @@
  * (RawStep::turn): the results are the same; only the order in which a rank's sends are served
  * differs (a performance question, to be measured on NVSwitch hardware). */
 
+#include "stragglar_arrival.h"
 #include "stragglar_reduce.h"
 
 /* The most operands one combine takes (the host engine's MAX_OPERANDS). */
@@ -62,8 +63,10 @@ SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint6
   if (*begin > *end) *begin = *end;
 }
 
-SG_DEVICE uint32_t* sg_flag(const RawPeer* peer, uint32_t parity, uint32_t value) {
-  return (uint32_t*)peer->flags[parity] + (uint64_t)value * SG_BLOCKS + SG_BLOCK;
+/* The flag of this block's slice of `value` (the grid's data blocks are `blocks`). */
+SG_DEVICE uint32_t* sg_flag(const sg_call* call, uint32_t rank, uint32_t value) {
+  const RawPeer* peer = &call->peers[rank];
+  return (uint32_t*)peer->flags[call->parity] + (uint64_t)value * call->args->blocks + SG_BLOCK;
 }
 
 /* Gives up the call on this rank: records why where the host and the peers look. */
@@ -106,7 +109,7 @@ SG_DEVICE uint32_t sg_wait(const sg_call* call, const uint32_t* flag, uint32_t w
 SG_DEVICE void sg_publish(const sg_call* call, uint32_t value) {
   sg_block_sync();
   if (SG_THREAD == 0) {
-    sg_store_release(sg_flag(&call->peers[call->args->rank], call->parity, value), call->flag);
+    sg_store_release(sg_flag(call, call->args->rank, value), call->flag);
   }
 }
 
@@ -198,7 +201,7 @@ SG_DEVICE void sg_copy_in(const sg_call* call, sg_scratch* s) {
     uint64_t start = chunks[c].start * plan->elem_size;
     uint64_t bytes = (chunks[c].end - chunks[c].start) * plan->elem_size;
     uint64_t begin, end;
-    sg_slice(bytes, SG_BLOCK, SG_BLOCKS, &begin, &end);
+    sg_slice(bytes, SG_BLOCK, a->blocks, &begin, &end);
     sg_block_sync();
     if (SG_THREAD == 0) s->operands[0] = (const unsigned char*)a->input + start;
     sg_block_sync();
@@ -217,15 +220,14 @@ SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* st
   uint64_t start = chunk->start * plan->elem_size;
   uint64_t bytes = (chunk->end - chunk->start) * plan->elem_size;
   uint64_t begin, end;
-  sg_slice(bytes, SG_BLOCK, SG_BLOCKS, &begin, &end);
+  sg_slice(bytes, SG_BLOCK, a->blocks, &begin, &end);
   /* The previous step's readers of the scratch are done before thread 0 rewrites it. */
   sg_block_sync();
   if (SG_THREAD == 0) {
     uint32_t status = STATUS_OK;
     for (uint32_t i = 0; status == STATUS_OK && i < step->source_count; ++i) {
       if (sources[i].rank != a->rank) {
-        const uint32_t* flag =
-            sg_flag(&call->peers[sources[i].rank], call->parity, sources[i].value);
+        const uint32_t* flag = sg_flag(call, sources[i].rank, sources[i].value);
         status = sg_wait(call, flag, call->flag, sources[i].rank);
       }
       s->operands[i] = sg_value_at(call, sources[i].rank, sources[i].value);
@@ -248,8 +250,26 @@ SG_DEVICE bool sg_plan_ok(const RawLaunch* a, const RawPlanHeader* plan) {
          plan->ranks >= 1 && plan->ranks <= SG_MAX_OPERANDS;
 }
 
-/* The kernel body, shared by the GPU entry point and the host emulation. */
+/* The arrival block (index `blocks`, present when the launch takes a ticket): thread 0 runs
+ * the arrival protocol beside the plan, never delaying it. */
+SG_DEVICE void sg_arrival_block(const RawLaunch* a) {
+  if (SG_THREAD != 0 || a->arrival.board == 0) return;
+  const RawPeer* peers = (const RawPeer*)a->peers;
+  sg_watch w;
+  w.abort = (const uint32_t*)a->abort;
+  w.status = (uint32_t*)a->status;
+  w.failed = (uint32_t*)peers[a->rank].failed;
+  w.timeout_ns = a->timeout_ns;
+  sg_arrive(&a->arrival, a->rank, &w);
+}
+
+/* The kernel body, shared by the GPU entry point and the host emulation. Blocks
+ * 0..blocks-1 run the plan; block `blocks`, if launched, records the arrival. */
 SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
+  if (SG_BLOCK >= a->blocks) {
+    sg_arrival_block(a);
+    return;
+  }
   sg_call call;
   call.args = a;
   call.plan = (const RawPlanHeader*)a->plan;
@@ -277,11 +297,22 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   /* The last block to finish advances the epoch for the next launch. */
   sg_block_sync();
   if (SG_THREAD == 0) {
-    if (sg_atomic_add((uint32_t*)a->finished_blocks, 1) == SG_BLOCKS - 1) {
+    if (sg_atomic_add((uint32_t*)a->finished_blocks, 1) == a->blocks - 1) {
       sg_store_volatile((uint32_t*)a->finished_blocks, 0);
       sg_store_release64((uint64_t*)a->epoch, epoch);
     }
   }
+}
+
+/* The ticket kernel's body (thread 0 of its one block). */
+SG_DEVICE void sg_ticket(const RawTicket* t) {
+  if (SG_THREAD != 0) return;
+  sg_watch w;
+  w.abort = (const uint32_t*)t->abort;
+  w.status = (uint32_t*)t->status;
+  w.failed = (uint32_t*)t->failed;
+  w.timeout_ns = t->timeout_ns;
+  sg_arrive(&t->arrival, t->rank, &w);
 }
 
 /* The bandwidth probe's body: out = op-fold of the operands over `bytes`, block b taking its
@@ -330,6 +361,16 @@ extern "C" void stragglar_emulate_apply_thread(const RawApply* args, uint32_t bl
   sg_apply_probe(args, (sg_scratch*)scratch);
 }
 
+/* Runs the ticket kernel (its one working thread). */
+extern "C" void stragglar_emulate_ticket(const RawTicket* args) {
+  sg_self.block = 0;
+  sg_self.blocks = 1;
+  sg_self.thread = 0;
+  sg_self.threads = 1;
+  sg_self.barrier = 0;
+  sg_ticket(args);
+}
+
 /* Bytes of scratch one emulated block needs. */
 extern "C" uint64_t stragglar_emulate_scratch_bytes(void) { return sizeof(sg_scratch); }
 #else
@@ -337,6 +378,8 @@ SG_GLOBAL void __launch_bounds__(MAX_THREADS, 2) ncclStragglarAllReduce(RawLaunc
   __shared__ sg_scratch scratch;
   sg_all_reduce(&args, &scratch);
 }
+
+SG_GLOBAL void ncclStragglarTicket(RawTicket args) { sg_ticket(&args); }
 
 SG_GLOBAL void __launch_bounds__(MAX_THREADS, 2) ncclStragglarApplyProbe(RawApply args) {
   __shared__ sg_scratch scratch;

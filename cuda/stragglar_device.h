@@ -5,6 +5,8 @@
  * Memory-model contract (both platforms):
  *  - sg_store_release(p, v): every write this block made before the preceding sg_block_sync()
  *    is visible, system-wide, to whoever observes v with sg_load_acquire;
+ *  - sg_atomic_add64_sys(p, v): an acquire-release read-modify-write any GPU of the system (and
+ *    a peer through CUDA IPC) sees in one total order;
  *  - sg_load_acquire(p): after it and a following sg_block_sync(), the whole block sees what the
  *    writer published;
  *  - data other ranks wrote is read with sg_load16_fresh / sg_load_elem_fresh, never from a
@@ -60,6 +62,9 @@ SG_DEVICE void sg_store_volatile(uint32_t* p, uint32_t v) {
 SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v) {
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 }
+SG_DEVICE uint64_t sg_atomic_add64_sys(uint64_t* p, uint64_t v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+}
 SG_DEVICE uint64_t sg_now_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -113,6 +118,12 @@ SG_DEVICE void sg_store_volatile(uint32_t* p, uint32_t v) {
 SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v) {
   uint32_t old;
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v)
+               : "memory");
+  return old;
+}
+SG_DEVICE uint64_t sg_atomic_add64_sys(uint64_t* p, uint64_t v) {
+  uint64_t old;
+  asm volatile("atom.acq_rel.sys.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v)
                : "memory");
   return old;
 }

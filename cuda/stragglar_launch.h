@@ -68,9 +68,47 @@
 #define STATUS_BAD_PLAN 4
 
 /**
+ * Slots of the arrival board: call `c` uses slot `c % BOARD_SLOTS`. Every rank's ticket of
+ * call `c - 2` is taken before any rank starts call `c` (a rank starting `c` finished `c - 1`,
+ * which needed every rank to have started it, so to have finished `c - 2`), so 4 slots never
+ * mix two calls.
+ */
+#define BOARD_SLOTS 4
+
+/**
+ * Entries of a rank's host-mapped record ring: the record of call `c` is at `c % RING_ENTRIES`
+ * from the start of this rank's call `c + 1` until that of call `c + 1 + RING_ENTRIES`.
+ */
+#define RING_ENTRIES 64
+
+/**
  * Operands the bandwidth probe folds at most (the length of `RawApply::operands`).
  */
 #define APPLY_MAX_OPERANDS 8
+
+/**
+ * Where a launch records its arrival (part of [`RawLaunch`] and [`RawTicket`]).
+ */
+typedef struct RawArrival {
+  /**
+   * `RawBoardSlot[BOARD_SLOTS]`: rank 0's board as this rank sees it; 0 takes no ticket.
+   */
+  uint64_t board;
+  /**
+   * `RawRingEntry[RING_ENTRIES]`: this rank's host-mapped ring.
+   */
+  uint64_t ring;
+  /**
+   * The call's number among this communicator's ticketed calls (0, 1, ...), the same on
+   * every rank.
+   */
+  uint64_t call;
+  /**
+   * The communicator's size.
+   */
+  uint32_t ranks;
+  uint32_t reserved;
+} RawArrival;
 
 /**
  * Everything one launch needs. All ranks launch with identical `blocks`, `threads`, `op`
@@ -131,6 +169,11 @@ typedef struct RawLaunch {
   uint32_t blocks;
   uint32_t threads;
   uint32_t reserved;
+  /**
+   * The arrival record of this call: `board` nonzero adds one block (index `blocks`) to the
+   * grid that runs [`RawTicket`]'s protocol alongside the plan; 0 (graph capture) takes none.
+   */
+  struct RawArrival arrival;
 } RawLaunch;
 
 /**
@@ -179,5 +222,57 @@ typedef struct RawApply {
   int32_t datatype;
   uint32_t reserved;
 } RawApply;
+
+/**
+ * The ticket kernel (`ncclStragglarTicket`, one block): the arrival record of a call that
+ * goes to NCCL, so the policy keeps seeing arrivals while it forwards. Only the second-to-last
+ * arrival waits (for the last, as NCCL's kernel would); the others return at once.
+ */
+typedef struct RawTicket {
+  struct RawArrival arrival;
+  /**
+   * As in [`RawLaunch`].
+   */
+  uint64_t abort;
+  uint64_t status;
+  /**
+   * `uint32_t`: this rank's failure word (its staging's), raised with `status`.
+   */
+  uint64_t failed;
+  uint64_t timeout_ns;
+  uint32_t rank;
+  uint32_t reserved;
+} RawTicket;
+
+/**
+ * One slot of the arrival board (in rank 0's staging; 32 bytes). The packed words hold a tag,
+ * `(call % 0xffffffff) + 1`, in their high 32 bits, so a reader knows which call wrote them.
+ */
+typedef struct RawBoardSlot {
+  /**
+   * Tickets taken in this slot over all its calls: call `c` hands out
+   * `(c / BOARD_SLOTS) * ranks ..` onwards, its arrival order.
+   */
+  uint64_t arrived;
+  /**
+   * Tag and the rank that arrived last (written by that rank).
+   */
+  uint64_t last;
+  /**
+   * Tag and the lead in nanoseconds, saturated to `u32::MAX` (written by the second-to-last
+   * arrival, which measured it on its own clock from its ticket to the last ticket).
+   */
+  uint64_t lead;
+  uint64_t reserved;
+} RawBoardSlot;
+
+/**
+ * One call's record in a rank's host-mapped ring: the board slot's `last` and `lead` words,
+ * copied by that rank's next ticketed launch once both carry the call's tag.
+ */
+typedef struct RawRingEntry {
+  uint64_t last;
+  uint64_t lead;
+} RawRingEntry;
 
 #endif  /* STRAGGLAR_LAUNCH_H_ */

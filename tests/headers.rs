@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cbindgen::{Builder, Config, ItemType, Language, Style};
-use stragglar::gpu::launch::{RawLaunch, RawPeer};
+use stragglar::gpu::launch::{RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket};
 use stragglar::nccl::types::{ncclConfig_t, ncclUniqueId};
 use stragglar::plan::{RawChunk, RawPlanHeader, RawSource, RawStep, RawValue};
 
@@ -227,9 +227,16 @@ fn generate_launch_h() -> String {
     config.include_guard = Some("STRAGGLAR_LAUNCH_H_".into());
     config.sys_includes.clear();
     config.includes = vec!["stragglar_plan.h".into()];
-    config.export.include = ["RawLaunch", "RawPeer", "RawApply"]
-        .map(String::from)
-        .to_vec();
+    config.export.include = [
+        "RawLaunch",
+        "RawPeer",
+        "RawApply",
+        "RawTicket",
+        "RawBoardSlot",
+        "RawRingEntry",
+    ]
+    .map(String::from)
+    .to_vec();
     build(config, &["src/gpu/launch.rs"])
 }
 
@@ -246,14 +253,19 @@ fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
         "_Static_assert(sizeof(RawLaunch) == {}, \"RawLaunch\");\n",
         std::mem::size_of::<RawLaunch>()
     );
-    text += &format!(
-        "_Static_assert(sizeof(RawPeer) == {}, \"RawPeer\");\n",
-        std::mem::size_of::<RawPeer>()
-    );
+    for (name, size) in [
+        ("RawPeer", std::mem::size_of::<RawPeer>()),
+        ("RawTicket", std::mem::size_of::<RawTicket>()),
+        ("RawBoardSlot", std::mem::size_of::<RawBoardSlot>()),
+        ("RawRingEntry", std::mem::size_of::<RawRingEntry>()),
+    ] {
+        text += &format!("_Static_assert(sizeof({name}) == {size}, \"{name}\");\n");
+    }
     for (field, offset) in [
         ("scale", std::mem::offset_of!(RawLaunch, scale)),
         ("op", std::mem::offset_of!(RawLaunch, op)),
         ("threads", std::mem::offset_of!(RawLaunch, threads)),
+        ("arrival", std::mem::offset_of!(RawLaunch, arrival)),
     ] {
         text += &format!(
             "_Static_assert(__builtin_offsetof(RawLaunch, {field}) == {offset}, \"{field}\");\n"

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use stragglar::engine::host::runner::{PlanCache, Shape};
 use stragglar::gpu::kernels::op_code;
 use stragglar::gpu::launch::{
-    RawApply, RawLaunch, RawPeer, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
-    STATUS_TIMEOUT,
+    RawApply, RawArrival, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS,
+    RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED, STATUS_TIMEOUT,
 };
 use stragglar::plan::{encode, simulate, Plan};
 use stragglar::reduce::{DataType, ReduceOp, Scale};
@@ -37,10 +37,14 @@ type ApplyFn = unsafe extern "C" fn(
     *mut c_void,
 );
 
+/// `stragglar_emulate_ticket`: the ticket kernel's one working thread.
+type TicketFn = unsafe extern "C" fn(*const RawTicket);
+
 /// The emulated kernel, compiled once per test binary.
 struct Kernel {
     thread: ThreadFn,
     apply: ApplyFn,
+    ticket: TicketFn,
     scratch_bytes: usize,
 }
 
@@ -97,6 +101,10 @@ fn kernel() -> &'static Kernel {
                 ))
             },
             // SAFETY: as above.
+            ticket: unsafe {
+                std::mem::transmute::<*mut c_void, TicketFn>(symbol("stragglar_emulate_ticket"))
+            },
+            // SAFETY: as above.
             thread: unsafe {
                 std::mem::transmute::<*mut c_void, ThreadFn>(symbol("stragglar_emulate_thread"))
             },
@@ -131,6 +139,8 @@ struct RankMemory {
     epoch: Aligned,
     finished: Aligned,
     status: Aligned,
+    /// `RawRingEntry[RING_ENTRIES]`: the records this rank copied.
+    ring: Aligned,
 }
 
 /// A communicator of `ranks` emulated GPUs with a fixed grid.
@@ -143,6 +153,13 @@ struct Comm {
     abort: Aligned,
     timeout_ns: u64,
     calls: u64,
+    /// Rank 0's arrival board (`RawBoardSlot[BOARD_SLOTS]`).
+    board: Aligned,
+    /// Whether launches record arrivals (an extra block), and the next ticketed call.
+    ticketing: bool,
+    arrivals: std::cell::Cell<u64>,
+    /// A rank that launches this long after the others, for the next call only.
+    late: Option<(usize, Duration)>,
 }
 
 const ARENA_BYTES: usize = 1 << 20;
@@ -161,6 +178,7 @@ impl Comm {
                 epoch: Aligned::new(8),
                 finished: Aligned::new(4),
                 status: Aligned::new(4),
+                ring: Aligned::new(RING_ENTRIES as usize * std::mem::size_of::<RawRingEntry>()),
             })
             .collect();
         let peers = memory
@@ -181,7 +199,91 @@ impl Comm {
             // A regression fails the test instead of hanging it.
             timeout_ns: 60_000_000_000,
             calls: 0,
+            board: Aligned::new(BOARD_SLOTS as usize * std::mem::size_of::<RawBoardSlot>()),
+            ticketing: true,
+            arrivals: std::cell::Cell::new(0),
+            late: None,
         }
+    }
+
+    /// Blocks per launch: the plan's, and the arrival block when ticketing.
+    fn grid(&self) -> u32 {
+        self.blocks + u32::from(self.ticketing)
+    }
+
+    /// The arrival part of the next launch on `rank` (the call number is taken by `prepare` or
+    /// `tickets`, once per call for all ranks).
+    fn arrival(&mut self, rank: usize, call: u64) -> RawArrival {
+        if !self.ticketing {
+            return RawArrival::default();
+        }
+        RawArrival {
+            board: self.board.addr(),
+            ring: self.memory[rank].ring.addr(),
+            call,
+            ranks: self.ranks as u32,
+            reserved: 0,
+        }
+    }
+
+    /// The record of call `call` in `rank`'s ring, if it holds it: (last rank, lead ns).
+    fn record(&mut self, rank: usize, call: u64) -> Option<(u32, u32)> {
+        let at = (call % RING_ENTRIES as u64) as usize * 16;
+        let bytes = self.memory[rank].ring.bytes();
+        let last = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+        let lead = u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap());
+        let tag = ((call % 0xffff_ffff) + 1) << 32;
+        (last >> 32 << 32 == tag && lead >> 32 << 32 == tag).then_some((last as u32, lead as u32))
+    }
+
+    /// Waits (at most 10 s) until `count` ranks took their ticket of call `call`, then `delay`:
+    /// the late rank really arrives last, however loaded the machine.
+    fn hold_back(&self, call: u64, count: usize, delay: Duration) {
+        let slot = self.board.addr() as usize
+            + (call % BOARD_SLOTS as u64) as usize * std::mem::size_of::<RawBoardSlot>();
+        let first = (call / BOARD_SLOTS as u64) * self.ranks as u64;
+        // SAFETY: `arrived` is the slot's first word, a live aligned u64 that the emulated
+        // kernels only touch atomically.
+        let arrived = unsafe { std::sync::atomic::AtomicU64::from_ptr(slot as *mut u64) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while arrived.load(Ordering::Acquire) < first + count as u64 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(delay);
+    }
+
+    /// Runs the ticket kernel on the ranks in `launched` (a call that goes to NCCL), the late
+    /// rank (if any) after the others.
+    fn tickets(&mut self, launched: &[usize]) {
+        let call = self.arrivals.get();
+        self.arrivals.set(call + 1);
+        let tickets: Vec<RawTicket> = (0..self.ranks)
+            .map(|r| RawTicket {
+                arrival: self.arrival(r, call),
+                abort: self.abort.addr(),
+                status: self.memory[r].status.addr(),
+                failed: self.memory[r].failed.addr(),
+                timeout_ns: self.timeout_ns,
+                rank: r as u32,
+                reserved: 0,
+            })
+            .collect();
+        let k = kernel();
+        let late = self.late.take();
+        std::thread::scope(|scope| {
+            let order = launched.iter().filter(|&&r| Some(r) != late.map(|l| l.0));
+            for &r in order {
+                let t = &tickets[r];
+                // SAFETY: every address in the ticket is live memory of this Comm.
+                scope.spawn(move || unsafe { (k.ticket)(t) });
+            }
+            if let Some((r, delay)) = late.filter(|l| launched.contains(&l.0)) {
+                self.hold_back(call, launched.len() - 1, delay);
+                let t = &tickets[r];
+                // SAFETY: as above.
+                scope.spawn(move || unsafe { (k.ticket)(t) });
+            }
+        });
     }
 
     fn status(&mut self, rank: usize) -> u32 {
@@ -196,7 +298,7 @@ impl Comm {
     /// are byte buffers with `offset` bytes of misalignment before the data.
     #[allow(clippy::too_many_arguments)]
     fn prepare(
-        &self,
+        &mut self,
         plan: &Plan,
         op: ReduceOp,
         scales: &[Scale],
@@ -207,6 +309,9 @@ impl Comm {
         corrupt_plan_of: Option<usize>,
     ) -> (Vec<Vec<u64>>, Vec<RawLaunch>) {
         assert!(plan.max_arena_bytes() <= ARENA_BYTES && plan.max_values() <= MAX_VALUES);
+        let call = self.arrivals.get();
+        self.arrivals.set(call + 1);
+        let arrivals: Vec<RawArrival> = (0..self.ranks).map(|r| self.arrival(r, call)).collect();
         let blobs: Vec<Vec<u64>> = (0..self.ranks)
             .map(|r| {
                 let bytes = encode(plan, r).bytes;
@@ -254,6 +359,7 @@ impl Comm {
                     blocks: self.blocks,
                     threads: self.threads,
                     reserved: 0,
+                    arrival: arrivals[r],
                 }
             })
             .collect();
@@ -285,13 +391,25 @@ impl Comm {
             corrupt_plan_of,
         );
         let k = kernel();
+        let late = self.late.take();
+        let grid = self.grid();
         std::thread::scope(|scope| {
-            for &r in launched {
-                for block in 0..self.blocks {
+            let launch_rank = |r: usize| {
+                for block in 0..grid {
                     let launch = &launches[r];
                     let threads = self.threads;
                     scope.spawn(move || emulate_block(k, launch, block, threads));
                 }
+            };
+            for &r in launched.iter().filter(|&&r| Some(r) != late.map(|l| l.0)) {
+                launch_rank(r);
+            }
+            if let Some((r, delay)) = late.filter(|l| launched.contains(&l.0)) {
+                match self.ticketing {
+                    true => self.hold_back(launches[r].arrival.call, launched.len() - 1, delay),
+                    false => std::thread::sleep(delay),
+                }
+                launch_rank(r);
             }
         });
         self.calls += 1;
@@ -740,7 +858,7 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
     let ranks = 5;
     let calls = 10;
     let mut cache = PlanCache::default();
-    let comm = Comm::new(ranks, 2, 2);
+    let mut comm = Comm::new(ranks, 2, 2);
     let mut prepared = Vec::new();
     for call in 0..calls {
         let dtype = DataType::ALL[call % DataType::ALL.len()];
@@ -785,7 +903,7 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
     std::thread::scope(|scope| {
         for rank in 0..ranks {
             let prepared = &prepared;
-            let (blocks, threads) = (comm.blocks, comm.threads);
+            let (blocks, threads) = (comm.grid(), comm.threads);
             scope.spawn(move || {
                 for (call, (_, launches, _, _, _, _)) in prepared.iter().enumerate() {
                     // Stagger the ranks differently on every call.
@@ -815,6 +933,108 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
             );
         }
     }
+}
+
+#[test]
+fn arrival_records_name_the_late_rank_identically_on_every_rank() {
+    // Calls alternate between the AllReduce kernel (its arrival block runs beside the plan)
+    // and the ticket kernel (a call the policy sends to NCCL); one rank, a different one each
+    // call, launches 30 ms after the others. Every rank's ring must hold the same record of
+    // every call: the late rank, and a lead of about the delay, measured on one clock.
+    let ranks = 5;
+    let calls = 10u64;
+    let late_of = |call: u64| (call * 3 % 5) as usize;
+    let delay = Duration::from_millis(30);
+    let mut cache = PlanCache::default();
+    let mut comm = Comm::new(ranks, 2, 2);
+    let everyone: Vec<usize> = (0..ranks).collect();
+    for call in 0..calls {
+        comm.late = Some((late_of(call), delay));
+        if call % 2 == 0 {
+            check(
+                &mut comm,
+                &mut cache,
+                &Case {
+                    algorithm: Algorithm::Stragglar,
+                    ranks,
+                    straggler: (call % 5) as usize,
+                    dtype: DataType::F32,
+                    op: ReduceOp::Sum,
+                    count: 1500 + call as usize,
+                    offset: 0,
+                    in_place: false,
+                    raw: false,
+                    seed: 40 + call,
+                },
+            );
+        } else {
+            comm.tickets(&everyone);
+        }
+    }
+    // The next ticketed launch copies the last call's record.
+    comm.tickets(&everyone);
+    for call in 0..calls {
+        let (last, lead) = comm.record(0, call).expect("rank 0 holds the record");
+        for r in 1..ranks {
+            assert_eq!(comm.record(r, call), Some((last, lead)), "call {call} rank {r}");
+        }
+        assert_eq!(last as usize, late_of(call), "call {call}");
+        let lead = Duration::from_nanos(lead as u64);
+        assert!(lead >= delay / 2 && lead < Duration::from_secs(20), "call {call}: {lead:?}");
+    }
+    for r in 0..ranks {
+        assert_eq!(comm.status(r), STATUS_OK);
+    }
+}
+
+#[test]
+fn many_ticketed_calls_wrap_the_ring_and_reuse_the_board() {
+    // More calls than the ring has entries, and each board slot reused many times.
+    let ranks = 4;
+    let calls = RING_ENTRIES as u64 + 9;
+    let mut comm = Comm::new(ranks, 1, 1);
+    let everyone: Vec<usize> = (0..ranks).collect();
+    for call in 0..calls {
+        comm.late = Some(((call % 4) as usize, Duration::from_millis(2)));
+        comm.tickets(&everyone);
+    }
+    for call in 0..calls - 1 {
+        // Records 0..calls-1 were copied; entry k was last written by the newest of them.
+        let held = call + RING_ENTRIES as u64 + 1 >= calls;
+        for r in 0..ranks {
+            let record = comm.record(r, call);
+            if held {
+                assert_eq!(record.map(|(last, _)| last as u64), Some(call % 4), "call {call}");
+            } else {
+                assert_eq!(record, None, "call {call}'s entry was reused");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_ticket_waiting_for_an_absent_rank_is_released_by_the_abort_word() {
+    // Rank 3 never arrives: the second-to-last arrival waits for it (as NCCL's kernel would)
+    // until the abort word is raised; the others return at once.
+    let mut comm = Comm::new(4, 1, 1);
+    let abort_word = comm.abort.addr() as usize;
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            // SAFETY: the abort word is a live, aligned u32 that the kernel only reads.
+            unsafe { AtomicU32::from_ptr(abort_word as *mut u32) }.store(1, Ordering::Release);
+        });
+        comm.tickets(&[0, 1, 2]);
+    });
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let statuses: Vec<u32> = (0..3).map(|r| comm.status(r)).collect();
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == STATUS_ABORTED).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert!(statuses.iter().all(|&s| s == STATUS_ABORTED || s == STATUS_OK));
 }
 
 #[test]

@@ -73,6 +73,14 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
         stragglar::gpu::cubin::check(&cubin, arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
         let other = if arch == "sm_80" { "sm_90" } else { "sm_80" };
         assert!(stragglar::gpu::cubin::check(&cubin, other).is_err());
+        use stragglar::gpu::kernels::{ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL, TICKET_KERNEL};
+        for kernel in [ALL_REDUCE_KERNEL, TICKET_KERNEL, APPLY_PROBE_KERNEL] {
+            let name = kernel.as_bytes();
+            assert!(
+                cubin.windows(name.len()).any(|w| w == name),
+                "{arch}: no {kernel} in the CUBIN"
+            );
+        }
         assert!(stdout.contains(arch), "{stdout}");
     }
 }

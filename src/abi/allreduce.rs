@@ -58,9 +58,14 @@ pub extern "C" fn ncclAllReduce(
         match route {
             Route::Forward(cause) => {
                 count_fallback(comm, cause);
-                forward!(ncclAllReduce(
+                let code = forward!(ncclAllReduce(
                     sendbuff, recvbuff, count, datatype, op, comm, stream
-                ))
+                ));
+                if cause == Fallback::PolicyNccl {
+                    // The GPU engine's next launch on this communicator follows NCCL's kernel.
+                    crate::engine::cuda::library::forwarded(comm, stream);
+                }
+                code
             }
             Route::Refuse(code) => code,
         }

@@ -9,7 +9,9 @@
 pub mod policy;
 pub mod rule;
 pub mod tally;
+pub mod tracker;
 
 pub use policy::{Choice, Policy};
 pub use rule::{ArrivalRecord, Detector, DetectorConfig};
 pub use tally::ArrivalTally;
+pub use tracker::{size_class, Observed, Tracker};

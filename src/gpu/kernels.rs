@@ -7,11 +7,13 @@ use super::launch::{OP_AVG, OP_MAX, OP_MIN, OP_PREMULSUM, OP_PROD, OP_SUM};
 
 /// The AllReduce kernel's entry point (an `nccl` prefix: profilers classify by it).
 pub const ALL_REDUCE_KERNEL: &str = "ncclStragglarAllReduce";
+/// The ticket kernel's entry point: the arrival record of a call that goes to NCCL.
+pub const TICKET_KERNEL: &str = "ncclStragglarTicket";
 /// The bandwidth probe's entry point (the AllReduce kernel's element-wise code alone).
 pub const APPLY_PROBE_KERNEL: &str = "ncclStragglarApplyProbe";
 
 /// The sources, in include order: `(file name, text)`.
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 6] = [
     (
         "stragglar_plan.h",
         include_str!("../../cuda/stragglar_plan.h"),
@@ -23,6 +25,10 @@ pub const SOURCES: [(&str, &str); 5] = [
     (
         "stragglar_device.h",
         include_str!("../../cuda/stragglar_device.h"),
+    ),
+    (
+        "stragglar_arrival.h",
+        include_str!("../../cuda/stragglar_arrival.h"),
     ),
     (
         "stragglar_reduce.h",
@@ -92,6 +98,7 @@ mod tests {
         assert!(!unit.contains("#include \"stragglar_"));
         assert!(unit.contains(ALL_REDUCE_KERNEL));
         assert!(unit.contains(APPLY_PROBE_KERNEL));
+        assert!(unit.contains(TICKET_KERNEL));
         for (name, _) in SOURCES {
             assert!(unit.contains(&format!("#line 1 \"{name}\"")), "{name}");
         }

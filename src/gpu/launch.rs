@@ -82,6 +82,77 @@ pub struct RawLaunch {
     pub blocks: u32,
     pub threads: u32,
     pub reserved: u32,
+    /// The arrival record of this call: `board` nonzero adds one block (index `blocks`) to the
+    /// grid that runs [`RawTicket`]'s protocol alongside the plan; 0 (graph capture) takes none.
+    pub arrival: RawArrival,
+}
+
+/// Slots of the arrival board: call `c` uses slot `c % BOARD_SLOTS`. Every rank's ticket of
+/// call `c - 2` is taken before any rank starts call `c` (a rank starting `c` finished `c - 1`,
+/// which needed every rank to have started it, so to have finished `c - 2`), so 4 slots never
+/// mix two calls.
+pub const BOARD_SLOTS: u32 = 4;
+
+/// Entries of a rank's host-mapped record ring: the record of call `c` is at `c % RING_ENTRIES`
+/// from the start of this rank's call `c + 1` until that of call `c + 1 + RING_ENTRIES`.
+pub const RING_ENTRIES: u32 = 64;
+
+/// One slot of the arrival board (in rank 0's staging; 32 bytes). The packed words hold a tag,
+/// `(call % 0xffffffff) + 1`, in their high 32 bits, so a reader knows which call wrote them.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawBoardSlot {
+    /// Tickets taken in this slot over all its calls: call `c` hands out
+    /// `(c / BOARD_SLOTS) * ranks ..` onwards, its arrival order.
+    pub arrived: u64,
+    /// Tag and the rank that arrived last (written by that rank).
+    pub last: u64,
+    /// Tag and the lead in nanoseconds, saturated to `u32::MAX` (written by the second-to-last
+    /// arrival, which measured it on its own clock from its ticket to the last ticket).
+    pub lead: u64,
+    pub reserved: u64,
+}
+
+/// One call's record in a rank's host-mapped ring: the board slot's `last` and `lead` words,
+/// copied by that rank's next ticketed launch once both carry the call's tag.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawRingEntry {
+    pub last: u64,
+    pub lead: u64,
+}
+
+/// Where a launch records its arrival (part of [`RawLaunch`] and [`RawTicket`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawArrival {
+    /// `RawBoardSlot[BOARD_SLOTS]`: rank 0's board as this rank sees it; 0 takes no ticket.
+    pub board: u64,
+    /// `RawRingEntry[RING_ENTRIES]`: this rank's host-mapped ring.
+    pub ring: u64,
+    /// The call's number among this communicator's ticketed calls (0, 1, ...), the same on
+    /// every rank.
+    pub call: u64,
+    /// The communicator's size.
+    pub ranks: u32,
+    pub reserved: u32,
+}
+
+/// The ticket kernel (`ncclStragglarTicket`, one block): the arrival record of a call that
+/// goes to NCCL, so the policy keeps seeing arrivals while it forwards. Only the second-to-last
+/// arrival waits (for the last, as NCCL's kernel would); the others return at once.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawTicket {
+    pub arrival: RawArrival,
+    /// As in [`RawLaunch`].
+    pub abort: u64,
+    pub status: u64,
+    /// `uint32_t`: this rank's failure word (its staging's), raised with `status`.
+    pub failed: u64,
+    pub timeout_ns: u64,
+    pub rank: u32,
+    pub reserved: u32,
 }
 
 /// Operands the bandwidth probe folds at most (the length of `RawApply::operands`).
@@ -122,7 +193,11 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(std::mem::size_of::<RawPeer>(), 40);
-        assert_eq!(std::mem::size_of::<RawLaunch>(), 104);
+        assert_eq!(std::mem::size_of::<RawLaunch>(), 136);
+        assert_eq!(std::mem::size_of::<RawArrival>(), 32);
+        assert_eq!(std::mem::size_of::<RawTicket>(), 72);
+        assert_eq!(std::mem::size_of::<RawBoardSlot>(), 32);
+        assert_eq!(std::mem::size_of::<RawRingEntry>(), 16);
         assert_eq!(std::mem::size_of::<RawApply>(), 96);
     }
 }

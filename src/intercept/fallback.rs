@@ -38,11 +38,14 @@ pub enum Fallback {
     SetupRefused,
     /// The first eligible call came during graph capture, when setup cannot run.
     CapturingBeforeSetup,
+    /// The straggler policy chose NCCL for this call: no straggler is designated for its size,
+    /// or the designated one's lead does not pay for it (a ticket still records its arrivals).
+    PolicyNccl,
 }
 
 impl Fallback {
     /// Every cause, in test order.
-    pub const ALL: [Fallback; 16] = [
+    pub const ALL: [Fallback; 17] = [
         Fallback::P2pDisabled,
         Fallback::ForcedNccl,
         Fallback::StragglerOff,
@@ -59,6 +62,7 @@ impl Fallback {
         Fallback::GpuUnavailable,
         Fallback::SetupRefused,
         Fallback::CapturingBeforeSetup,
+        Fallback::PolicyNccl,
     ];
 
     /// The index in [`Fallback::ALL`] and in `stragglarStats_t::fallbacks`.
@@ -88,6 +92,7 @@ impl Fallback {
             Fallback::GpuUnavailable => "gpu-unavailable",
             Fallback::SetupRefused => "setup-refused",
             Fallback::CapturingBeforeSetup => "capturing-before-setup",
+            Fallback::PolicyNccl => "policy-nccl",
         }
     }
 
@@ -112,6 +117,9 @@ impl Fallback {
             Fallback::GpuUnavailable => "no usable CUDA driver, device or NVRTC for the GPU engine",
             Fallback::SetupRefused => "the communicator's setup refused the GPU engine",
             Fallback::CapturingBeforeSetup => "the first eligible call came during graph capture",
+            Fallback::PolicyNccl => {
+                "the straggler policy chose NCCL (no straggler designated for this size, or its lead does not pay)"
+            }
         }
     }
 }

@@ -341,6 +341,14 @@ impl HostWords {
         unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host.add(i)) }
     }
 
+    /// The 64-bit word made of words `2 * i` and `2 * i + 1`, for atomic access from the host.
+    pub fn word64(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
+        assert!(2 * i + 1 < self.len);
+        // SAFETY: in bounds, 8-byte aligned (page-aligned base, even word index), alive as
+        // long as `self`; the GPU accesses it only with atomic or release/acquire operations.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.host.add(2 * i).cast()) }
+    }
+
     /// The device address of word `i`.
     pub fn device_address(&self, i: usize) -> u64 {
         assert!(i < self.len);
@@ -354,6 +362,25 @@ impl Drop for HostWords {
             // SAFETY: allocated by cuMemHostAlloc in `new`, freed once here.
             let _ = unsafe { result::free_host(self.host.cast::<c_void>()) };
         }
+    }
+}
+
+/// The kernels one rank launches, loaded from one CUBIN.
+pub struct Kernels {
+    /// `ncclStragglarAllReduce`.
+    pub all_reduce: Kernel,
+    /// `ncclStragglarTicket`.
+    pub ticket: Kernel,
+}
+
+impl Kernels {
+    /// Loads both kernels of `cubin` on `device`.
+    pub fn load(device: &Arc<Device>, cubin: &[u8]) -> Result<Kernels, GpuError> {
+        use crate::gpu::kernels::{ALL_REDUCE_KERNEL, TICKET_KERNEL};
+        Ok(Kernels {
+            all_reduce: Kernel::load(device, cubin, ALL_REDUCE_KERNEL)?,
+            ticket: Kernel::load(device, cubin, TICKET_KERNEL)?,
+        })
     }
 }
 

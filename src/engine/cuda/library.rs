@@ -7,6 +7,11 @@
 //! engine or keeps the communicator on NCCL for good. Enabled calls launch our kernel on the
 //! caller's stream; calls of one communicator on different streams are ordered by an event, so
 //! a rank never starts call e+1 before its call e (the premise of the two parities).
+//!
+//! Every eligible call outside graph capture records its arrivals on the GPUs (the kernel's
+//! arrival block, or the ticket kernel before a call the policy sends to NCCL), and the policy
+//! decides each call from the records of calls at least [`RECORD_LAG`] older, which every rank
+//! reads identically from its own host-mapped ring: the same choice on every rank.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,22 +19,41 @@ use std::sync::Arc;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::driver::{self, Device, DeviceMemory, Event, IpcMapping, Kernel};
+use super::driver::{self, Device, DeviceMemory, Event, IpcMapping, Kernels};
 use super::rank::{status_text, CallError, Control, CudaRank, RankConfig};
 use super::setup::{
     run_setup, settings_of, Exchange, Identity, LocalFailure, PeerAccess, SetupError, SetupRecord,
 };
 use super::staging::StagingLayout;
 use crate::engine::host::runner::{PlanCache, Shape};
-use crate::gpu::kernels::ALL_REDUCE_KERNEL;
-use crate::gpu::launch::{MAX_THREADS, STATUS_OK};
+use crate::detect::policy::Policy;
+use crate::detect::{ArrivalRecord, Choice, Tracker};
+use crate::gpu::launch::{MAX_THREADS, RING_ENTRIES, STATUS_ABORTED, STATUS_OK, STATUS_TIMEOUT};
 use crate::intercept::fallback::Fallback;
 use crate::nccl::types::{cudaStream_t, ncclComm_t, DataTypeCode, ResultCode};
 use crate::reduce::{DataType, ReduceOp, Scale};
+use crate::schedule::model::Link;
 use crate::schedule::Algorithm;
 
 /// Blocks per rank on a GPU of its own (each rank of a communicator has one).
 const BLOCKS: u32 = 16;
+
+/// Ticketed calls between a call and the first call its arrival record can decide. A record
+/// reaches a rank's ring when that rank's GPU starts the next ticketed call, so a host more
+/// than this many calls ahead of its GPU waits for it (as NCCL's host waits when its queue is
+/// full); 32 is the detector's window, and keeps the wait rare.
+pub const RECORD_LAG: u64 = 32;
+
+// The ring must still hold a record when it is due: written at most `RECORD_LAG - 2` calls
+// before, overwritten `RING_ENTRIES` calls after it was written.
+const _: () = assert!(RECORD_LAG >= 2 && RECORD_LAG < RING_ENTRIES as u64 + 2);
+
+/// The model's links for the policy: an NVSwitch GPU (ALGORITHM.md section 4: 3 us per round,
+/// 450 GiB/s per direction), until the engine is calibrated on such hardware.
+const NVSWITCH_LINK: Link = Link {
+    alpha: 3e-6,
+    bandwidth: 450.0 * 1024.0 * 1024.0 * 1024.0,
+};
 
 /// One call, as the engine needs it.
 pub struct EngineCall {
@@ -53,8 +77,9 @@ struct Ready {
     /// Peers' staging, open for the communicator's lifetime.
     mappings: Vec<Option<IpcMapping>>,
     plans: PlanCache,
-    straggler: usize,
-    /// Calls launched so far: the epoch every peer must reach before the staging is freed.
+    /// The straggler policy and its arrival records.
+    tracker: Tracker,
+    /// Kernels launched so far: the epoch every peer must reach before the staging is freed.
     launched: u64,
     /// Orders this communicator's launches across the caller's streams.
     last: Event,
@@ -91,8 +116,8 @@ static ENGINES: Lazy<Mutex<HashMap<usize, Arc<Entry>>>> = Lazy::new(Default::def
 /// would wait on kernels NCCL's own abort has yet to release; the process is usually ending).
 static ABANDONED: Lazy<Mutex<Vec<Ready>>> = Lazy::new(Default::default);
 
-/// A GPU opened, and our kernel loaded on it (or why not: NVRTC missing, compilation failed).
-type Loaded = Result<(Arc<Device>, Result<Arc<Kernel>, String>), String>;
+/// A GPU opened, and our kernels loaded on it (or why not: NVRTC missing, compilation failed).
+type Loaded = Result<(Arc<Device>, Result<Arc<Kernels>, String>), String>;
 
 /// Each GPU as the engine found it, once (the reasons are logged once).
 static GPUS: Lazy<Mutex<HashMap<i32, Loaded>>> = Lazy::new(Default::default);
@@ -127,7 +152,7 @@ fn load(ordinal: i32) -> Loaded {
         let cache = crate::gpu::nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref());
         let (cubin, _) =
             crate::gpu::nvrtc::cubin_cached(&arch, cache.as_deref()).map_err(|e| e.to_string())?;
-        Kernel::load(&device, &cubin, ALL_REDUCE_KERNEL)
+        Kernels::load(&device, &cubin)
             .map(Arc::new)
             .map_err(|e| e.to_string())
     })();
@@ -135,8 +160,8 @@ fn load(ordinal: i32) -> Loaded {
 }
 
 /// The staging every rank of an `n`-rank communicator allocates: room for the largest plan of
-/// `STRAGGLAR_BUFFER_BYTES` of any type (so every eligible call fits).
-fn layout(ranks: usize, straggler: usize) -> Result<StagingLayout, String> {
+/// `STRAGGLAR_BUFFER_BYTES` of any type and any straggler (so every eligible call fits).
+fn layout(ranks: usize) -> Result<StagingLayout, String> {
     let buffer = crate::config::get().buffer_bytes;
     let mut cache = PlanCache::default();
     let mut layout = StagingLayout {
@@ -144,16 +169,18 @@ fn layout(ranks: usize, straggler: usize) -> Result<StagingLayout, String> {
         values: 1,
         blocks: BLOCKS as u64,
     };
-    for dtype in [DataType::U8, DataType::F16, DataType::F32, DataType::F64] {
-        let shape = Shape {
-            algorithm: Algorithm::Stragglar,
-            ranks,
-            straggler,
-            dtype,
-        };
-        let plan = cache.get(shape, buffer / dtype.size())?;
-        layout.arena_bytes = layout.arena_bytes.max(plan.max_arena_bytes() as u64);
-        layout.values = layout.values.max(plan.max_values() as u64);
+    for straggler in 0..ranks {
+        for dtype in [DataType::U8, DataType::F16, DataType::F32, DataType::F64] {
+            let shape = Shape {
+                algorithm: Algorithm::Stragglar,
+                ranks,
+                straggler,
+                dtype,
+            };
+            let plan = cache.get(shape, buffer / dtype.size())?;
+            layout.arena_bytes = layout.arena_bytes.max(plan.max_arena_bytes() as u64);
+            layout.values = layout.values.max(plan.max_values() as u64);
+        }
     }
     Ok(layout)
 }
@@ -214,20 +241,18 @@ impl PeerAccess for IpcAccess<'_> {
     }
 }
 
-/// The straggler the plans assume until the device records arrive: `STRAGGLAR_STRAGGLER` when
-/// fixed, else the last rank. Correctness never depends on it.
-fn assumed_straggler(ranks: usize) -> usize {
-    match crate::config::get().straggler {
-        crate::detect::policy::StragglerMode::Fixed(r) if r < ranks => r,
-        _ => ranks - 1,
-    }
+/// The policy of an `n`-rank communicator, from the configuration.
+fn tracker(ranks: usize) -> Tracker {
+    let config = crate::config::get();
+    let policy = Policy::new(ranks, config.algo, config.straggler, NVSWITCH_LINK);
+    Tracker::new(policy, ranks, RECORD_LAG)
 }
 
 /// What this rank brings to the setup: its staging (if it could make it) and its record.
 fn local_part(
     call: &EngineCall,
     device: &Arc<Device>,
-    kernel: &Result<Arc<Kernel>, String>,
+    kernel: &Result<Arc<Kernels>, String>,
     layout: StagingLayout,
 ) -> (Result<CudaRank, LocalFailure>, SetupRecord) {
     let config = RankConfig {
@@ -270,8 +295,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     if unsafe { driver::is_capturing(&device, call.stream.cast()) }.unwrap_or(true) {
         return Err(Fallback::CapturingBeforeSetup);
     }
-    let straggler = assumed_straggler(call.ranks);
-    let layout = layout(call.ranks, straggler).map_err(|_| Fallback::GpuUnavailable)?;
+    let layout = layout(call.ranks).map_err(|_| Fallback::GpuUnavailable)?;
     // A panic in the local steps must not make this rank skip the collectives its peers run.
     let local = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         local_part(call, &device, &kernel, layout)
@@ -339,26 +363,118 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         rank,
         mappings,
         plans: PlanCache::default(),
-        straggler,
+        tracker: tracker(call.ranks),
         launched: 0,
         last,
         last_stream: call.stream,
     })
 }
 
+/// How long a host waits for a due arrival record without a timeout configured before it
+/// says so in the log (it keeps waiting: the record comes unless a rank is stuck, and then the
+/// abort word, which a watchdog raises, releases it).
+const RECORD_WAIT_WARN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits until this rank's ring holds the record of ticketed call `call`, which a launch this
+/// rank already made copies there. Gives up on an abort, a kernel failure of this rank, or
+/// `STRAGGLAR_TIMEOUT_MS`.
+fn await_record(rank: &CudaRank, call: u64) -> Result<ArrivalRecord, CallError> {
+    let timeout = crate::config::get()
+        .timeout_ms
+        .map(std::time::Duration::from_millis);
+    let control = rank.control();
+    let started = std::time::Instant::now();
+    let mut warned = false;
+    for spin in 0u64.. {
+        if let Some(record) = rank.record(call) {
+            return Ok(record);
+        }
+        if control.status() != STATUS_OK {
+            return Err(CallError::Failed(control.status()));
+        }
+        if control.aborted() {
+            return Err(CallError::Failed(STATUS_ABORTED));
+        }
+        let waited = started.elapsed();
+        if timeout.is_some_and(|t| waited > t) {
+            return Err(CallError::Failed(STATUS_TIMEOUT));
+        }
+        if !warned && waited > RECORD_WAIT_WARN {
+            warned = true;
+            log::warn!(
+                "still waiting after {} s for the arrival record of call {call}: a rank of this communicator is stuck",
+                waited.as_secs()
+            );
+        }
+        if spin < 1000 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+/// Feeds the tracker every due record (waiting for them) and logs designation changes (rank 0
+/// says it; every rank sees the same change).
+fn feed_due_records(ready: &mut Ready, comm: ncclComm_t, rank: usize) -> Result<(), CallError> {
+    while let Some(call) = ready.tracker.due() {
+        let record = await_record(&ready.rank, call)?;
+        let Some(observed) = ready.tracker.feed(record) else {
+            break;
+        };
+        match (observed.changed, rank) {
+            (Some(before), 0) => {
+                let who = |r: Option<usize>| r.map_or("none".to_string(), |r| format!("rank {r}"));
+                log::warn!(
+                    "communicator {comm:p}: designated straggler for sizes 2^{} B changed from {} to {} at call {}",
+                    observed.class,
+                    who(before),
+                    who(observed.designated),
+                    observed.call
+                );
+            }
+            _ => continue,
+        }
+    }
+    Ok(())
+}
+
+/// Orders this communicator's next launch after everything queued on `stream` so far (calls on
+/// different streams: a rank never starts call e+1 before its call e).
+fn order_after(ready: &mut Ready, stream: cudaStream_t) -> Result<(), CallError> {
+    // SAFETY: the caller's live stream of this device.
+    unsafe { ready.last.record_raw(stream.cast()) }?;
+    ready.last_stream = stream;
+    Ok(())
+}
+
 /// Launches one call. `Err(Fallback)` keeps it on NCCL (the same on every rank: it depends on
-/// the plan cache and the capture state, which every rank shares); `Ok(Err(_))` is a failure
-/// of this rank, after which its peers are told.
+/// the policy's shared records, the plan cache and the capture state, which every rank
+/// shares); `Ok(Err(_))` is a failure of this rank, after which its peers are told.
 fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>, Fallback> {
-    let shape = Shape {
-        algorithm: Algorithm::Stragglar,
-        ranks: call.ranks,
-        straggler: ready.straggler,
-        dtype: call.dtype,
-    };
     let stream = call.stream.cast();
     // SAFETY: the caller's stream of this device.
     let capturing = unsafe { driver::is_capturing(ready.rank.device(), stream) }.unwrap_or(true);
+    let bytes = call.count * call.dtype.size();
+    // A captured call records no arrival (its replays would put the ring's numbering out of
+    // step); it runs the choice of the moment, fixed for every replay.
+    let choice = if capturing {
+        ready.tracker.peek(bytes)
+    } else {
+        if let Err(e) = feed_due_records(ready, call.comm, call.rank) {
+            // This rank cannot take part in the call: its peers must not wait for it.
+            ready.rank.abort();
+            ready.rank.mark_failed();
+            return Ok(Err(e));
+        }
+        ready.tracker.decide(bytes)
+    };
+    let ticket = !capturing;
+    let straggler = match choice {
+        Choice::Stragglar { straggler } => Some(straggler),
+        Choice::Baseline => None,
+    };
     // Fields borrowed apart: the plan stays in the cache (no copy of it per call).
     let Ready {
         rank,
@@ -368,12 +484,21 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
         last_stream,
         ..
     } = ready;
-    let Ok(plan) = plans.get(shape, call.count) else {
-        return Err(Fallback::AboveBufferBytes);
-    };
-    if capturing && !rank.has_plan(plan) {
+    let plan = straggler.and_then(|straggler| {
+        let shape = Shape {
+            algorithm: Algorithm::Stragglar,
+            ranks: call.ranks,
+            straggler,
+            dtype: call.dtype,
+        };
+        plans.get(shape, call.count).ok()
+    });
+    if capturing && plan.is_some_and(|p| !rank.has_plan(p)) {
         // No allocation while capturing: this size stays on NCCL until it is seen eagerly.
         return Err(Fallback::CapturingBeforeSetup);
+    }
+    if capturing && plan.is_none() {
+        return Err(Fallback::PolicyNccl);
     }
     let result = (|| {
         // Calls on different streams are ordered by the event (not across a capture boundary:
@@ -383,9 +508,15 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
             unsafe { last.wait_on(stream) }?;
             *last_stream = call.stream;
         }
-        // SAFETY: the caller's buffers hold `count` elements on this device (NCCL's contract
-        // for ncclAllReduce), and the stream is the caller's.
-        unsafe { rank.all_reduce(plan, call.op, call.scale, call.send, call.recv, stream) }?;
+        match plan {
+            // SAFETY: the caller's buffers hold `count` elements on this device (NCCL's
+            // contract for ncclAllReduce), and the stream is the caller's.
+            Some(plan) => unsafe {
+                rank.all_reduce(plan, call.op, call.scale, call.send, call.recv, stream, ticket)
+            }?,
+            // SAFETY: the caller's stream, not capturing.
+            None => unsafe { rank.ticket(stream) }?,
+        }
         *launched += 1;
         if !capturing {
             // SAFETY: as above.
@@ -397,8 +528,29 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
         // Peers already launched this call: tell them this rank will not.
         rank.abort();
         rank.mark_failed();
+        return Ok(result);
     }
-    Ok(result)
+    match plan {
+        Some(_) => Ok(Ok(())),
+        // The ticket is queued; NCCL runs the call (see `forwarded`).
+        None => Err(Fallback::PolicyNccl),
+    }
+}
+
+/// Called after a call the policy sent to NCCL was forwarded on `stream`: the communicator's
+/// next launch is ordered after NCCL's kernel too, not just after the ticket.
+pub fn forwarded(comm: ncclComm_t, stream: cudaStream_t) {
+    let Some(entry) = ENGINES.lock().get(&(comm as usize)).cloned() else {
+        return;
+    };
+    let mut state = entry.state.lock();
+    if let State::Ready(ready) = &mut *state {
+        if let Err(e) = order_after(ready, stream) {
+            log::warn!("ncclAllReduce on communicator {comm:p}: {e}");
+            ready.rank.abort();
+            ready.rank.mark_failed();
+        }
+    }
 }
 
 /// Runs one eligible call on the GPU engine, setting the communicator up on its first call.
@@ -560,7 +712,7 @@ mod tests {
 
     #[test]
     fn the_staging_fits_every_eligible_call() {
-        let l = layout(8, 7).unwrap();
+        let l = layout(8).unwrap();
         assert!(l.arena_bytes >= crate::config::get().buffer_bytes as u64);
         assert_eq!(l.blocks, BLOCKS as u64);
     }

@@ -1,18 +1,19 @@
 //! One rank of a GPU-engine communicator: its staging allocation, its host-mapped abort and
 //! status words, the table of every rank's memory as this rank addresses it, the plans it has
-//! uploaded, and the launch of one AllReduce.
+//! uploaded, its ring of arrival records, and the launch of one AllReduce or one ticket.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::driver::{Device, DeviceMemory, GpuError, Kernel};
+use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::staging::StagingLayout;
+use crate::detect::ArrivalRecord;
 use crate::gpu::kernels::op_code;
 use crate::gpu::launch::{
-    RawLaunch, RawPeer, MAX_THREADS, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK,
-    STATUS_PEER_FAILED, STATUS_TIMEOUT,
+    RawArrival, RawLaunch, RawPeer, RawRingEntry, RawTicket, MAX_THREADS, RING_ENTRIES,
+    STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED, STATUS_TIMEOUT,
 };
 use crate::nccl::types::ResultCode;
 use crate::plan::{encode, Plan};
@@ -104,17 +105,34 @@ impl Control {
     pub fn status(&self) -> u32 {
         self.0.word(STATUS_WORD).load(Ordering::Acquire)
     }
+
+    /// Whether the abort word is raised.
+    pub fn aborted(&self) -> bool {
+        self.0.word(ABORT_WORD).load(Ordering::Acquire) != 0
+    }
+}
+
+/// The tag the kernels put in the high half of call `call`'s packed record words
+/// (`sg_tag` in cuda/stragglar_arrival.h).
+fn record_tag(call: u64) -> u64 {
+    ((call % 0xffff_ffff) + 1) << 32
 }
 
 /// One rank of a GPU-engine communicator.
 pub struct CudaRank {
     device: Arc<Device>,
-    kernel: Arc<Kernel>,
+    kernels: Arc<Kernels>,
     config: RankConfig,
     staging: DeviceMemory,
-    words: Arc<super::driver::HostWords>,
+    words: Arc<HostWords>,
     /// `RawPeer[ranks]` in device memory, once connected.
     peer_table: Option<DeviceMemory>,
+    /// Rank 0's arrival board as this rank addresses it, once connected.
+    board: u64,
+    /// `RawRingEntry[RING_ENTRIES]`, host-mapped: the records this rank's launches copy.
+    ring: HostWords,
+    /// Ticketed calls launched so far (the next one's number).
+    arrivals: u64,
     /// Uploaded plan blobs by plan fingerprint.
     plans: HashMap<u64, DeviceMemory>,
 }
@@ -124,7 +142,7 @@ impl CudaRank {
     /// this returns) and its host-mapped words.
     pub fn new(
         device: &Arc<Device>,
-        kernel: &Arc<Kernel>,
+        kernels: &Arc<Kernels>,
         config: RankConfig,
     ) -> Result<CudaRank, GpuError> {
         assert!(
@@ -132,14 +150,19 @@ impl CudaRank {
             "the kernel is built for 1..={MAX_THREADS} threads per block"
         );
         let staging = DeviceMemory::zeroed(device, config.layout.allocation_bytes() as usize)?;
-        let words = Arc::new(super::driver::HostWords::new(device, 2)?);
+        let words = Arc::new(HostWords::new(device, 2)?);
+        let ring_words = RING_ENTRIES as usize * std::mem::size_of::<RawRingEntry>() / 4;
+        let ring = HostWords::new(device, ring_words)?;
         Ok(CudaRank {
             device: device.clone(),
-            kernel: kernel.clone(),
+            kernels: kernels.clone(),
             config,
             staging,
             words,
             peer_table: None,
+            board: 0,
+            ring,
+            arrivals: 0,
             plans: HashMap::new(),
         })
     }
@@ -179,6 +202,78 @@ impl CudaRank {
         let table = DeviceMemory::zeroed(&self.device, std::mem::size_of_val(peers))?;
         table.upload(peers)?;
         self.peer_table = Some(table);
+        let layout = self.config.layout;
+        self.board = layout.base_of(&peers[0]) + layout.board();
+        Ok(())
+    }
+
+    /// Ticketed calls launched so far: the next ticketed call's number.
+    pub fn arrivals(&self) -> u64 {
+        self.arrivals
+    }
+
+    /// The arrival record of ticketed call `call`, once this rank's ring holds it (from the
+    /// start of this rank's call `call + 1` on, for `RING_ENTRIES` calls). Identical on every
+    /// rank: each copies the same board words.
+    pub fn record(&self, call: u64) -> Option<ArrivalRecord> {
+        let entry = (call % RING_ENTRIES as u64) as usize * 2;
+        let tag = record_tag(call);
+        let last = self.ring.word64(entry).load(Ordering::Acquire);
+        let lead = self.ring.word64(entry + 1).load(Ordering::Acquire);
+        let tagged = |w: u64| w & !0xffff_ffff == tag;
+        (tagged(last) && tagged(lead)).then(|| ArrivalRecord {
+            last_rank: (last & 0xffff_ffff) as usize,
+            lead_ns: lead & 0xffff_ffff,
+        })
+    }
+
+    /// Where the next launch records its arrival (a ticket), or a launch that takes none.
+    fn arrival(&self, ticket: bool) -> RawArrival {
+        if !ticket {
+            return RawArrival::default();
+        }
+        RawArrival {
+            board: self.board,
+            ring: self.ring.device_address(0),
+            call: self.arrivals,
+            ranks: self.config.ranks as u32,
+            reserved: 0,
+        }
+    }
+
+    fn timeout_ns(&self) -> u64 {
+        self.config
+            .timeout
+            .map_or(0, |t| t.as_nanos().max(1) as u64)
+    }
+
+    /// Queues the ticket kernel on `stream`: the arrival record of a call that goes to NCCL.
+    /// Fails fast once a kernel of this rank gave up.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this device, not capturing (a replayed ticket would
+    /// put the ring's numbering out of step with this rank's).
+    pub unsafe fn ticket(&mut self, stream: cudarc::driver::sys::CUstream) -> Result<(), CallError> {
+        match self.status() {
+            STATUS_OK => {}
+            status => return Err(CallError::Failed(status)),
+        }
+        if self.peer_table.is_none() {
+            return Err(CallError::Unfit("not connected to the peers".into()));
+        }
+        let args = RawTicket {
+            arrival: self.arrival(true),
+            abort: self.words.device_address(ABORT_WORD),
+            status: self.words.device_address(STATUS_WORD),
+            failed: self.staging.ptr + self.config.layout.failed(),
+            timeout_ns: self.timeout_ns(),
+            rank: self.config.rank as u32,
+            reserved: 0,
+        };
+        // SAFETY: every address in `args` is live memory of this rank (staging, rank 0's
+        // mapped board, host words); the caller vouches for the stream.
+        unsafe { self.kernels.ticket.launch(stream, 1, 32, &args) }?;
+        self.arrivals += 1;
         Ok(())
     }
 
@@ -240,7 +335,9 @@ impl CudaRank {
 
     /// Queues one AllReduce of `plan` on `stream`: `input` and `output` hold `plan.count`
     /// elements (the same address for in place). A call with zero elements launches nothing
-    /// and does not advance the epoch. Fails fast once a kernel of this rank gave up.
+    /// and does not advance the epoch (with `ticket`, it launches the ticket kernel instead).
+    /// With `ticket`, the launch also records its arrival (never while `stream` captures).
+    /// Fails fast once a kernel of this rank gave up.
     ///
     /// # Safety
     /// `input` and `output` must be device memory of this device holding `plan.count`
@@ -253,13 +350,15 @@ impl CudaRank {
         input: u64,
         output: u64,
         stream: cudarc::driver::sys::CUstream,
+        ticket: bool,
     ) -> Result<(), CallError> {
         match self.status() {
             STATUS_OK => {}
             status => return Err(CallError::Failed(status)),
         }
         if plan.count == 0 {
-            return Ok(());
+            // SAFETY: as the caller vouches.
+            return if ticket { unsafe { self.ticket(stream) } } else { Ok(()) };
         }
         // SAFETY: the caller vouches that `stream` is a live stream of this device.
         if !self.plans.contains_key(&plan.fingerprint)
@@ -289,10 +388,7 @@ impl CudaRank {
             finished_blocks: self.staging.ptr + layout.finished_blocks(),
             abort: self.words.device_address(ABORT_WORD),
             status: self.words.device_address(STATUS_WORD),
-            timeout_ns: self
-                .config
-                .timeout
-                .map_or(0, |t| t.as_nanos().max(1) as u64),
+            timeout_ns: self.timeout_ns(),
             scale,
             has_scale,
             op: op_code(op),
@@ -300,13 +396,21 @@ impl CudaRank {
             blocks: self.config.blocks,
             threads: self.config.threads,
             reserved: 0,
+            arrival: self.arrival(ticket),
         };
+        // The arrival block runs beside the plan's blocks.
+        let grid = self.config.blocks + u32::from(ticket);
         // SAFETY: every address in `args` is live device memory of this rank (staging, plan,
-        // peer table, host words) or the caller's buffers, which the caller vouches for.
+        // peer table, host words, rank 0's mapped board) or the caller's buffers, which the
+        // caller vouches for.
         unsafe {
-            self.kernel
-                .launch(stream, self.config.blocks, self.config.threads, &args)
+            self.kernels
+                .all_reduce
+                .launch(stream, grid, self.config.threads, &args)
         }?;
+        if ticket {
+            self.arrivals += 1;
+        }
         Ok(())
     }
 }

@@ -1,9 +1,10 @@
 //! Where one rank's staging allocation keeps what: both arena parities, both flag parities, the
-//! failure word, the epoch and the finished-blocks counter. One plain allocation per rank,
+//! failure word, the epoch, the finished-blocks counter and the arrival board (used on rank 0
+//! only). One plain allocation per rank,
 //! rounded up to 2 MiB (the granularity CUDA IPC maps), identical in layout on every rank, so
 //! a peer's `RawPeer` follows from its base address alone.
 
-use crate::gpu::launch::RawPeer;
+use crate::gpu::launch::{RawBoardSlot, RawPeer, BOARD_SLOTS};
 
 /// Alignment of every region: a 256-byte boundary keeps vector loads and cache lines apart.
 const REGION_ALIGN: u64 = 256;
@@ -59,9 +60,27 @@ impl StagingLayout {
         self.epoch() + REGION_ALIGN
     }
 
+    /// Offset of the arrival board (`RawBoardSlot[BOARD_SLOTS]`): every rank's tickets go to
+    /// rank 0's.
+    pub fn board(&self) -> u64 {
+        self.finished_blocks() + REGION_ALIGN
+    }
+
+    fn board_bytes() -> u64 {
+        BOARD_SLOTS as u64 * std::mem::size_of::<RawBoardSlot>() as u64
+    }
+
     /// Bytes to allocate: everything, rounded up to the IPC granule.
     pub fn allocation_bytes(&self) -> u64 {
-        align(self.finished_blocks() + REGION_ALIGN, ALLOCATION_GRANULE)
+        align(
+            self.board() + align(Self::board_bytes(), REGION_ALIGN),
+            ALLOCATION_GRANULE,
+        )
+    }
+
+    /// The base address of the allocation `peer` describes (its parity-0 arena is first).
+    pub fn base_of(&self, peer: &RawPeer) -> u64 {
+        peer.arena[0] - self.arena(0)
     }
 
     /// The `RawPeer` of the rank whose allocation is mapped at `base` in this process.
@@ -96,6 +115,7 @@ mod tests {
                 (l.failed(), 4),
                 (l.epoch(), 8),
                 (l.finished_blocks(), 4),
+                (l.board(), StagingLayout::board_bytes()),
             ];
             for (i, &(at, len)) in regions.iter().enumerate() {
                 assert_eq!(at % REGION_ALIGN, 0);
@@ -107,6 +127,7 @@ mod tests {
             assert_eq!(l.allocation_bytes() % ALLOCATION_GRANULE, 0);
             let p = l.peer(1 << 40);
             assert_eq!(p.flags[1], (1 << 40) + l.flags(1));
+            assert_eq!(l.base_of(&p), 1 << 40);
         }
     }
 }

@@ -85,10 +85,10 @@ pub fn spawn(options: &BenchOptions, dir: &Path) -> std::io::Result<Vec<Child>> 
         .collect()
 }
 
-/// Parses a worker's `outcome COMBO SIZE T0 T1 W0 W1 D0 D1` line.
+/// Parses a worker's `outcome COMBO SIZE T0 T1 W0 W1 D0 D1 R` line.
 pub fn parse_outcome(line: &str) -> Option<(usize, usize, Outcome)> {
     let f: Vec<&str> = line.split_whitespace().collect();
-    if f.len() != 9 || f[0] != "outcome" {
+    if f.len() != 10 || f[0] != "outcome" {
         return None;
     }
     Some((
@@ -98,6 +98,7 @@ pub fn parse_outcome(line: &str) -> Option<(usize, usize, Outcome)> {
             time_us: [f[3].parse().ok()?, f[4].parse().ok()?],
             wrong: [f[5].parse().ok()?, f[6].parse().ok()?],
             digest: [f[7].parse().ok()?, f[8].parse().ok()?],
+            records: f[9].parse().ok()?,
         },
     ))
 }
@@ -132,7 +133,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
     let mut setup = Setup::new(options, sms)?;
     let comm = CudaRank::new(
         &gpu.device,
-        &gpu.all_reduce,
+        &gpu.kernels,
         setup.rank_config(options, rank),
     )?;
     let identity = Identity::this_host(gpu.device.uuid()?);
@@ -195,8 +196,14 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
             let mut out = stdout.lock();
             writeln!(
                 out,
-                "outcome {combo} {size} {} {} {} {} {} {}",
-                o.time_us[0], o.time_us[1], o.wrong[0], o.wrong[1], o.digest[0], o.digest[1]
+                "outcome {combo} {size} {} {} {} {} {} {} {}",
+                o.time_us[0],
+                o.time_us[1],
+                o.wrong[0],
+                o.wrong[1],
+                o.digest[0],
+                o.digest[1],
+                o.records
             )?;
             out.flush()?;
         }
@@ -221,12 +228,13 @@ mod tests {
 
     #[test]
     fn outcomes_parse() {
-        let line = "outcome 2 5 10.5 11 0 3 17 18";
+        let line = "outcome 2 5 10.5 11 0 3 17 18 19";
         let (combo, size, o) = parse_outcome(line).unwrap();
         assert_eq!((combo, size), (2, 5));
         assert_eq!(o.time_us, [10.5, 11.0]);
         assert_eq!(o.wrong, [0, 3]);
         assert_eq!(o.digest, [17, 18]);
+        assert_eq!(o.records, 19);
         assert!(parse_outcome("size 1 2").is_none());
     }
 

@@ -8,6 +8,7 @@ use crate::cli::bench::data;
 use crate::cli::bench::options::BenchOptions;
 use crate::engine::cuda::driver::{DeviceMemory, Event, GpuError, Graph, Stream};
 use crate::engine::cuda::rank::CudaRank;
+use crate::gpu::launch::RING_ENTRIES;
 use crate::plan::Plan;
 use crate::reduce::{DataType, ReduceOp, Scale};
 
@@ -27,6 +28,22 @@ pub struct Outcome {
     pub wrong: [u64; 2],
     /// A digest of the output, which every rank must share.
     pub digest: [u64; 2],
+    /// A digest of the arrival records in the rank's ring after the size ran, which every
+    /// rank must share too (`u64::MAX` when one is missing).
+    pub records: u64,
+}
+
+/// A digest of the arrival records `comm`'s ring holds once its stream is idle: those of every
+/// ticketed call but the last (copied by the next call), at most a ring's worth.
+fn records_digest(comm: &CudaRank) -> u64 {
+    let calls = comm.arrivals();
+    let held = calls.saturating_sub(1).min(RING_ENTRIES as u64 - 1);
+    (calls.saturating_sub(1) - held..calls.saturating_sub(1)).fold(0xcbf2_9ce4_8422_2325, |h, c| {
+        match comm.record(c) {
+            Some(r) => (h ^ (r.last_rank as u64) ^ (r.lead_ns.min(1) << 32)).wrapping_mul(0x100_0000_01b3),
+            None => u64::MAX,
+        }
+    })
 }
 
 /// The copy-in scaling of `rank` for the check data.
@@ -71,6 +88,7 @@ pub fn run_size(
             time_us: [0.0; 2],
             wrong: [0; 2],
             digest: [0; 2],
+            records: 0,
         };
         locals.len()
     ];
@@ -83,7 +101,8 @@ pub fn run_size(
             }
         };
         // `first` is the index of `locals[0]` among all local ranks (a graph captures one).
-        let call = |locals: &mut [Local], first: usize| -> Result<(), Box<dyn Error>> {
+        // Eager calls record their arrivals; captured ones must not (see `CudaRank::ticket`).
+        let call = |locals: &mut [Local], first: usize, ticket: bool| -> Result<(), Box<dyn Error>> {
             for (i, l) in locals.iter_mut().enumerate() {
                 let (input, output) = buffers(first + i);
                 let scale = scale_of(dtype, op, n, l.rank);
@@ -91,7 +110,7 @@ pub fn run_size(
                 // live until the streams are synchronised, before this function returns.
                 unsafe {
                     l.comm
-                        .all_reduce(plan, op, scale, input, output, l.stream.raw)
+                        .all_reduce(plan, op, scale, input, output, l.stream.raw, ticket)
                 }?;
             }
             Ok(())
@@ -103,7 +122,7 @@ pub fn run_size(
             }
             l.comm.prepare(plan)?;
         }
-        call(locals, 0)?;
+        call(locals, 0, true)?;
         for l in locals.iter() {
             l.stream.synchronize()?;
         }
@@ -118,7 +137,7 @@ pub fn run_size(
         // Timing: warm-up, then `iters` calls queued back to back on every rank's stream
         // (with --graph: captured once per rank into a CUDA graph, replayed, and checked).
         for _ in 0..options.warmup {
-            call(locals, 0)?;
+            call(locals, 0, true)?;
         }
         let graphs = if options.graph {
             let mut graphs = Vec::with_capacity(locals.len());
@@ -126,7 +145,7 @@ pub fn run_size(
                 let stream = locals[i].stream.raw;
                 let capture = || {
                     for _ in 0..options.iters {
-                        call(&mut locals[i..=i], i).map_err(|e| GpuError {
+                        call(&mut locals[i..=i], i, false).map_err(|e| GpuError {
                             call: "ncclStragglarAllReduce during capture",
                             detail: e.to_string(),
                         })?;
@@ -160,7 +179,7 @@ pub fn run_size(
             }
             None => {
                 for _ in 0..options.iters {
-                    call(locals, 0)?;
+                    call(locals, 0, true)?;
                 }
             }
         }
@@ -184,6 +203,9 @@ pub fn run_size(
                 }
             }
         }
+    }
+    for (o, l) in outcomes.iter_mut().zip(locals.iter()) {
+        o.records = records_digest(&l.comm);
     }
     Ok(outcomes)
 }

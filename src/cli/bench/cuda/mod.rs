@@ -13,11 +13,11 @@ use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 
 use super::options::{BenchAlgo, BenchOptions, RanksAs};
-use crate::engine::cuda::driver::{Device, GpuError, Kernel, Stream};
+use crate::engine::cuda::driver::{Device, GpuError, Kernel, Kernels, Stream};
 use crate::engine::cuda::rank::{status_text, CudaRank, RankConfig};
 use crate::engine::cuda::staging::StagingLayout;
 use crate::engine::host::runner::{PlanCache, Shape};
-use crate::gpu::kernels::{ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL};
+use crate::gpu::kernels::APPLY_PROBE_KERNEL;
 use crate::gpu::nvrtc;
 use crate::gpu::probe::{probe, Driver};
 use crate::plan::Plan;
@@ -33,7 +33,8 @@ const MAX_BLOCKS: u32 = 32;
 /// The loaded kernels of one GPU.
 pub struct GpuKernels {
     pub device: Arc<Device>,
-    pub all_reduce: Arc<Kernel>,
+    /// The AllReduce and ticket kernels.
+    pub kernels: Arc<Kernels>,
     pub probe: Kernel,
     pub arch: String,
 }
@@ -52,11 +53,11 @@ pub fn open_gpu() -> Result<GpuKernels, String> {
     let arch = device.arch().map_err(gpu)?;
     let cache = nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref());
     let (cubin, _) = nvrtc::cubin_cached(&arch, cache.as_deref()).map_err(|e| e.to_string())?;
-    let all_reduce = Arc::new(Kernel::load(&device, &cubin, ALL_REDUCE_KERNEL).map_err(gpu)?);
+    let kernels = Arc::new(Kernels::load(&device, &cubin).map_err(gpu)?);
     let probe = Kernel::load(&device, &cubin, APPLY_PROBE_KERNEL).map_err(gpu)?;
     Ok(GpuKernels {
         device,
-        all_reduce,
+        kernels,
         probe,
         arch,
     })
@@ -177,6 +178,7 @@ impl Row {
                 row.wrong[p] += o.wrong[p];
                 row.disagreements += (o.digest[p] != outcomes[0].digest[p]) as u64;
             }
+            row.disagreements += (o.records != outcomes[0].records) as u64;
         }
         row
     }
@@ -244,7 +246,7 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
         let config = setup.rank_config(options, rank);
         locals.push(Local {
             rank,
-            comm: CudaRank::new(&gpu.device, &gpu.all_reduce, config).map_err(err)?,
+            comm: CudaRank::new(&gpu.device, &gpu.kernels, config).map_err(err)?,
             stream: Stream::new(&gpu.device).map_err(err)?,
         });
     }

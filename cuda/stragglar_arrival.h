@@ -1,0 +1,98 @@
+/* Arrival records: which rank arrived last at each ticketed call, and by how much, recorded by
+ * the GPUs themselves and identical on every rank, so every rank's policy reads the same
+ * history without exchanging anything (../shared/ALGORITHM.md; src/detect for the rule).
+ *
+ * Protocol for call c (one thread per rank: the AllReduce kernel's extra block, or the ticket
+ * kernel before a call that goes to NCCL), on the board in rank 0's staging:
+ *  1. copy the record of call c-1 from its board slot into this rank's host-mapped ring, once
+ *     both of its words carry c-1's tag (they will: this rank finished c-1, so every rank
+ *     arrived at it, and its second-to-last arrival is about to finish measuring);
+ *  2. take a ticket: atomicAdd on the slot's counter gives this rank's arrival position;
+ *  3. the last arrival writes its rank; the second-to-last waits for the last ticket and
+ *     writes the time it waited on its own clock (the lead), so no two clocks are compared.
+ * Slot reuse is safe with 4 slots (see BOARD_SLOTS). Every spin watches the abort word and
+ * the timeout, like the AllReduce kernel's waits. */
+
+#ifndef STRAGGLAR_ARRIVAL_H_
+#define STRAGGLAR_ARRIVAL_H_
+
+#include "stragglar_device.h"
+
+/* What a spin watches, and where it reports giving up. */
+struct sg_watch {
+  const uint32_t* abort;
+  uint32_t* status;
+  uint32_t* failed; /* this rank's failure word, which its peers watch */
+  uint64_t timeout_ns;
+};
+
+/* The tag of call c in the high half of a packed word: never 0 (a word nobody wrote). */
+SG_DEVICE uint64_t sg_tag(uint64_t call) { return ((call % 0xffffffffull) + 1) << 32; }
+
+/* Whether the spin must stop; records why (once) when it must. `start` is 0 until the first
+ * check. */
+SG_DEVICE uint32_t sg_watch_check(const sg_watch* w, uint64_t* start) {
+  uint32_t status = STATUS_OK;
+  if (*start == 0) *start = sg_now_ns();
+  if (sg_load_volatile(w->abort) != 0) {
+    status = STATUS_ABORTED;
+  } else if (w->timeout_ns != 0 && sg_now_ns() - *start > w->timeout_ns) {
+    status = STATUS_TIMEOUT;
+  }
+  if (status != STATUS_OK) {
+    sg_store_volatile(w->failed, status);
+    sg_store_release(w->status, status);
+  }
+  return status;
+}
+
+/* Waits until the packed word at `p` carries `tag`; returns its value, or 0 if given up. */
+SG_DEVICE uint64_t sg_await_tag(const sg_watch* w, const uint64_t* p, uint64_t tag) {
+  uint64_t start = 0;
+  uint32_t polls = 0;
+  for (;;) {
+    uint64_t v = sg_load_acquire64(p);
+    if ((v & 0xffffffff00000000ull) == tag) return v;
+    if ((++polls & 31u) == 0 && sg_watch_check(w, &start) != STATUS_OK) return 0;
+    sg_pause();
+  }
+}
+
+/* Runs the arrival protocol of call `a->call` for `rank` (one thread). Returns a STATUS_*. */
+SG_DEVICE uint32_t sg_arrive(const RawArrival* a, uint32_t rank, const sg_watch* w) {
+  RawBoardSlot* board = (RawBoardSlot*)a->board;
+  RawRingEntry* ring = (RawRingEntry*)a->ring;
+  const uint64_t call = a->call;
+  if (call > 0) {
+    const RawBoardSlot* previous = &board[(call - 1) % BOARD_SLOTS];
+    uint64_t tag = sg_tag(call - 1);
+    uint64_t last = sg_await_tag(w, &previous->last, tag);
+    uint64_t lead = last ? sg_await_tag(w, &previous->lead, tag) : 0;
+    if (!lead) return sg_load_volatile(w->status);
+    RawRingEntry* entry = &ring[(call - 1) % RING_ENTRIES];
+    sg_store_release64(&entry->last, last);
+    sg_store_release64(&entry->lead, lead);
+  }
+  RawBoardSlot* slot = &board[call % BOARD_SLOTS];
+  const uint64_t first = (call / BOARD_SLOTS) * a->ranks;
+  const uint64_t tag = sg_tag(call);
+  uint64_t arrived_at = sg_now_ns();
+  uint64_t position = sg_atomic_add64_sys(&slot->arrived, 1) - first;
+  if (position + 1 == a->ranks) sg_store_release64(&slot->last, tag | rank);
+  if (position + 2 == a->ranks || a->ranks == 1) {
+    uint64_t start = 0;
+    uint32_t polls = 0;
+    while (sg_load_acquire64(&slot->arrived) - first < a->ranks) {
+      if ((++polls & 31u) == 0 && sg_watch_check(w, &start) != STATUS_OK) {
+        return sg_load_volatile(w->status);
+      }
+      sg_pause();
+    }
+    uint64_t lead = sg_now_ns() - arrived_at;
+    if (a->ranks == 1) lead = 0;
+    sg_store_release64(&slot->lead, tag | (lead < 0xffffffffull ? lead : 0xffffffffull));
+  }
+  return STATUS_OK;
+}
+
+#endif /* STRAGGLAR_ARRIVAL_H_ */

@@ -1,0 +1,277 @@
+//! One communicator's straggler tracking: a detector per size class, the policy, the tally for
+//! the report, and the lag between a call and the moment its arrival record can be read.
+//!
+//! The host engine reads a call's record when the call returns (lag 1); the GPU engine's
+//! records reach the host ring only after later launches ran on the GPU, so its calls are
+//! decided from the records of calls at least `lag` ticketed calls older. Every rank feeds the
+//! same records in the same order at the same call numbers, so every rank makes the same
+//! choice for every call, however far its host runs ahead of its GPU.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::policy::{Choice, Policy};
+use super::rule::{ArrivalRecord, Detector, DetectorConfig};
+use super::tally::ArrivalTally;
+
+/// The size class of a call: the bit length of its byte count (a power-of-two bucket).
+/// Designations are kept per class: in a DDP step only the first bucket sees the straggler's
+/// compute delay.
+pub fn size_class(bytes: usize) -> u32 {
+    usize::BITS - bytes.leading_zeros()
+}
+
+/// A decided call whose record is not fed yet.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    class: u32,
+    stragglar: bool,
+}
+
+/// What feeding one record changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observed {
+    /// The call the record belongs to (its number among the tracked calls).
+    pub call: u64,
+    /// Its size class.
+    pub class: u32,
+    /// The class's designation after it.
+    pub designated: Option<usize>,
+    /// `Some(previous)` when this record changed the class's designation.
+    pub changed: Option<Option<usize>>,
+}
+
+/// One communicator's tracking state. Calls are numbered 0, 1, ... in the order they are
+/// decided; record `k` must be fed before call `k + lag` is decided.
+#[derive(Debug, Clone)]
+pub struct Tracker {
+    policy: Policy,
+    ranks: usize,
+    lag: u64,
+    detectors: HashMap<u32, Detector>,
+    /// Calls decided and not yet fed, oldest first (call `fed` is the front).
+    pending: VecDeque<Pending>,
+    /// Records fed so far: the number of the next one due.
+    fed: u64,
+    tally: ArrivalTally,
+}
+
+impl Tracker {
+    /// A tracker for `ranks` ranks whose records become readable `lag` (at least 1) calls
+    /// after their own.
+    pub fn new(policy: Policy, ranks: usize, lag: u64) -> Self {
+        Tracker {
+            policy,
+            ranks,
+            lag: lag.max(1),
+            detectors: HashMap::new(),
+            pending: VecDeque::new(),
+            fed: 0,
+            tally: ArrivalTally::new(ranks),
+        }
+    }
+
+    /// The next call's number.
+    pub fn calls(&self) -> u64 {
+        self.fed + self.pending.len() as u64
+    }
+
+    /// The record that must be fed before the next call can be decided, if one is due.
+    pub fn due(&self) -> Option<u64> {
+        (self.pending.len() as u64 >= self.lag).then_some(self.fed)
+    }
+
+    /// The choice for the next call, of `bytes`, from the records fed so far. Every due
+    /// record must have been fed (see [`Tracker::due`]).
+    pub fn decide(&mut self, bytes: usize) -> Choice {
+        debug_assert!(self.due().is_none(), "a due record was not fed");
+        let class = size_class(bytes);
+        let ranks = self.ranks;
+        let detector = self
+            .detectors
+            .entry(class)
+            .or_insert_with(|| Detector::new(ranks, DetectorConfig::default()));
+        let choice = self.policy.choose(detector, bytes);
+        self.pending.push_back(Pending {
+            class,
+            stragglar: matches!(choice, Choice::Stragglar { .. }),
+        });
+        choice
+    }
+
+    /// The choice [`Tracker::decide`] would make for a call of `bytes`, without tracking a
+    /// call (for calls that record no arrival, such as those captured into a CUDA graph).
+    pub fn peek(&self, bytes: usize) -> Choice {
+        match self.detectors.get(&size_class(bytes)) {
+            Some(detector) => self.policy.choose(detector, bytes),
+            None => self
+                .policy
+                .choose(&Detector::new(self.ranks, DetectorConfig::default()), bytes),
+        }
+    }
+
+    /// Feeds the record of the oldest decided call (number [`Tracker::due`] or earlier);
+    /// `None` when no call awaits one.
+    pub fn feed(&mut self, record: ArrivalRecord) -> Option<Observed> {
+        let pending = self.pending.pop_front()?;
+        let call = self.fed;
+        self.fed += 1;
+        let designated = self
+            .detectors
+            .get_mut(&pending.class)
+            .expect("a decided call created its class's detector")
+            .observe(record);
+        let changed = self
+            .tally
+            .observe(&record, pending.class, designated, pending.stragglar);
+        Some(Observed {
+            call,
+            class: pending.class,
+            designated,
+            changed,
+        })
+    }
+
+    /// The straggler report of the records fed so far.
+    pub fn table(&self) -> String {
+        self.tally.table()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::policy::{AlgoMode, StragglerMode};
+    use crate::schedule::model::Link;
+
+    const LINK: Link = Link {
+        alpha: 20e-6,
+        bandwidth: 20e6,
+    };
+
+    fn tracker(lag: u64) -> Tracker {
+        Tracker::new(
+            Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, LINK),
+            8,
+            lag,
+        )
+    }
+
+    /// A deterministic arrival pattern: rank 5 last with a long lead in most calls, random
+    /// otherwise.
+    fn record(call: u64) -> ArrivalRecord {
+        let x = call.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
+        if x % 10 < 8 {
+            ArrivalRecord {
+                last_rank: 5,
+                lead_ns: 300_000_000 + x % 1000,
+            }
+        } else {
+            ArrivalRecord {
+                last_rank: (x % 8) as usize,
+                lead_ns: x % 5000,
+            }
+        }
+    }
+
+    #[test]
+    fn a_record_is_due_exactly_lag_calls_after_its_own() {
+        let mut t = tracker(3);
+        for call in 0..3 {
+            assert_eq!(t.due(), None);
+            t.decide(1 << 20);
+            assert_eq!(t.calls(), call + 1);
+        }
+        assert_eq!(t.due(), Some(0));
+        assert_eq!(t.feed(record(0)).map(|o| o.call), Some(0));
+        assert_eq!(t.due(), None);
+        t.decide(1 << 20);
+        assert_eq!(t.due(), Some(1));
+        let mut empty = tracker(1);
+        assert_eq!(empty.feed(record(0)), None, "no call awaits a record");
+        assert_eq!(empty.peek(1 << 20), Choice::Baseline);
+        assert_eq!(empty.calls(), 0, "peeking tracks no call");
+    }
+
+    /// Runs `calls` calls of `sizes` (cycling), feeding each due record; `early` feeds every
+    /// record as soon as it exists instead (a rank whose GPU is ahead changes nothing: the
+    /// records are fed when due, never earlier). Returns every choice.
+    fn run(lag: u64, calls: u64, sizes: &[usize]) -> Vec<Choice> {
+        let mut t = tracker(lag);
+        (0..calls)
+            .map(|c| {
+                while let Some(k) = t.due() {
+                    t.feed(record(k));
+                }
+                t.decide(sizes[c as usize % sizes.len()])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_persistent_straggler_is_used_once_its_records_arrive() {
+        let choices = run(32, 400, &[4 << 20]);
+        let first = choices
+            .iter()
+            .position(|c| *c == Choice::Stragglar { straggler: 5 })
+            .expect("rank 5 is designated");
+        // The window's records arrive 32 calls late, so the first use comes after both.
+        assert!((32..=32 + 32 + 16).contains(&first), "{first}");
+        assert!(choices[first..]
+            .iter()
+            .all(|c| *c == Choice::Stragglar { straggler: 5 }));
+    }
+
+    #[test]
+    fn size_classes_are_tracked_apart_and_the_report_counts_them() {
+        let mut t = tracker(2);
+        for c in 0..200u64 {
+            while let Some(k) = t.due() {
+                let o = t.feed(record(k)).unwrap();
+                assert_eq!(o.call, k);
+                assert_eq!(o.class, size_class(if k % 2 == 0 { 1 << 20 } else { 1 << 10 }));
+            }
+            t.decide(if c % 2 == 0 { 1 << 20 } else { 1 << 10 });
+        }
+        let table = t.table();
+        assert!(table.contains("198 calls"), "{table}");
+        assert!(table.contains("sizes 2^21 B: straggler 5"), "{table}");
+        assert!(table.contains("sizes 2^11 B: straggler 5"), "{table}");
+    }
+
+    #[test]
+    fn a_due_record_was_always_copied_by_a_launched_call() {
+        // The GPU engine copies record k into the ring at the start of call k + 1; a host that
+        // waits for a due record must already have launched that call, or it waits forever.
+        for lag in 2..=40 {
+            let mut t = tracker(lag);
+            for c in 0..300u64 {
+                while let Some(k) = t.due() {
+                    assert!(k + 1 < c, "lag {lag}: call {c} waits for record {k}");
+                    t.feed(record(k));
+                }
+                t.decide(1 << 20);
+            }
+        }
+    }
+
+    #[test]
+    fn every_rank_chooses_alike_whatever_it_feeds_early() {
+        // A rank feeds only due records: feeding is driven by call numbers alone, so ranks
+        // whose GPUs deliver records at different times still choose alike. Cross-check two
+        // drivers: one feeding all due records at once, one one per call at most.
+        let sizes = [64 << 10, 1 << 20, 8 << 20, 3 << 20];
+        let reference = run(32, 600, &sizes);
+        let mut t = tracker(32);
+        let mut choices = Vec::new();
+        for c in 0..600u64 {
+            if let Some(k) = t.due() {
+                t.feed(record(k));
+            }
+            assert_eq!(t.due(), None, "one record per call keeps up with lag 32");
+            choices.push(t.decide(sizes[c as usize % sizes.len()]));
+        }
+        assert_eq!(choices, reference);
+        assert!(reference.contains(&Choice::Baseline));
+        assert!(reference.contains(&Choice::Stragglar { straggler: 5 }));
+    }
+}
