@@ -920,7 +920,6 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
             });
         }
     });
-    let mut comm = comm;
     for rank in 0..ranks {
         assert_eq!(comm.status(rank), STATUS_OK);
         assert_eq!(comm.epoch(rank), calls as u64);
@@ -976,11 +975,18 @@ fn arrival_records_name_the_late_rank_identically_on_every_rank() {
     for call in 0..calls {
         let (last, lead) = comm.record(0, call).expect("rank 0 holds the record");
         for r in 1..ranks {
-            assert_eq!(comm.record(r, call), Some((last, lead)), "call {call} rank {r}");
+            assert_eq!(
+                comm.record(r, call),
+                Some((last, lead)),
+                "call {call} rank {r}"
+            );
         }
         assert_eq!(last as usize, late_of(call), "call {call}");
         let lead = Duration::from_nanos(lead as u64);
-        assert!(lead >= delay / 2 && lead < Duration::from_secs(20), "call {call}: {lead:?}");
+        assert!(
+            lead >= delay / 2 && lead < Duration::from_secs(20),
+            "call {call}: {lead:?}"
+        );
     }
     for r in 0..ranks {
         assert_eq!(comm.status(r), STATUS_OK);
@@ -1004,7 +1010,11 @@ fn many_ticketed_calls_wrap_the_ring_and_reuse_the_board() {
         for r in 0..ranks {
             let record = comm.record(r, call);
             if held {
-                assert_eq!(record.map(|(last, _)| last as u64), Some(call % 4), "call {call}");
+                assert_eq!(
+                    record.map(|(last, _)| last as u64),
+                    Some(call % 4),
+                    "call {call}"
+                );
             } else {
                 assert_eq!(record, None, "call {call}'s entry was reused");
             }
@@ -1034,7 +1044,9 @@ fn a_ticket_waiting_for_an_absent_rank_is_released_by_the_abort_word() {
         1,
         "{statuses:?}"
     );
-    assert!(statuses.iter().all(|&s| s == STATUS_ABORTED || s == STATUS_OK));
+    assert!(statuses
+        .iter()
+        .all(|&s| s == STATUS_ABORTED || s == STATUS_OK));
 }
 
 #[test]

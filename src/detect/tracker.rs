@@ -228,7 +228,10 @@ mod tests {
             while let Some(k) = t.due() {
                 let o = t.feed(record(k)).unwrap();
                 assert_eq!(o.call, k);
-                assert_eq!(o.class, size_class(if k % 2 == 0 { 1 << 20 } else { 1 << 10 }));
+                assert_eq!(
+                    o.class,
+                    size_class(if k % 2 == 0 { 1 << 20 } else { 1 << 10 })
+                );
             }
             t.decide(if c % 2 == 0 { 1 << 20 } else { 1 << 10 });
         }

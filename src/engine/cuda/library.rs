@@ -20,14 +20,14 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::driver::{self, Device, DeviceMemory, Event, IpcMapping, Kernels};
-use super::rank::{status_text, CallError, Control, CudaRank, RankConfig};
+use super::rank::{status_text, CallError, Control, CudaRank, Operands, RankConfig};
 use super::setup::{
     run_setup, settings_of, Exchange, Identity, LocalFailure, PeerAccess, SetupError, SetupRecord,
 };
 use super::staging::StagingLayout;
-use crate::engine::host::runner::{PlanCache, Shape};
 use crate::detect::policy::Policy;
 use crate::detect::{ArrivalRecord, Choice, Tracker};
+use crate::engine::host::runner::{PlanCache, Shape};
 use crate::gpu::launch::{MAX_THREADS, RING_ENTRIES, STATUS_ABORTED, STATUS_OK, STATUS_TIMEOUT};
 use crate::intercept::fallback::Fallback;
 use crate::nccl::types::{cudaStream_t, ncclComm_t, DataTypeCode, ResultCode};
@@ -508,12 +508,16 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
             unsafe { last.wait_on(stream) }?;
             *last_stream = call.stream;
         }
+        let operands = Operands {
+            op: call.op,
+            scale: call.scale,
+            input: call.send,
+            output: call.recv,
+        };
         match plan {
             // SAFETY: the caller's buffers hold `count` elements on this device (NCCL's
             // contract for ncclAllReduce), and the stream is the caller's.
-            Some(plan) => unsafe {
-                rank.all_reduce(plan, call.op, call.scale, call.send, call.recv, stream, ticket)
-            }?,
+            Some(plan) => unsafe { rank.all_reduce(plan, operands, stream, ticket) }?,
             // SAFETY: the caller's stream, not capturing.
             None => unsafe { rank.ticket(stream) }?,
         }

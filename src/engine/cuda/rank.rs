@@ -118,6 +118,17 @@ fn record_tag(call: u64) -> u64 {
     ((call % 0xffff_ffff) + 1) << 32
 }
 
+/// What one AllReduce launch reduces, besides its plan.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Operands {
+    pub op: ReduceOp,
+    /// The copy-in scaling (`Scale::for_op`).
+    pub scale: Scale,
+    /// Device addresses of the caller's buffers, `plan.count` elements each (equal in place).
+    pub input: u64,
+    pub output: u64,
+}
+
 /// One rank of a GPU-engine communicator.
 pub struct CudaRank {
     device: Arc<Device>,
@@ -221,7 +232,7 @@ impl CudaRank {
         let last = self.ring.word64(entry).load(Ordering::Acquire);
         let lead = self.ring.word64(entry + 1).load(Ordering::Acquire);
         let tagged = |w: u64| w & !0xffff_ffff == tag;
-        (tagged(last) && tagged(lead)).then(|| ArrivalRecord {
+        (tagged(last) && tagged(lead)).then_some(ArrivalRecord {
             last_rank: (last & 0xffff_ffff) as usize,
             lead_ns: lead & 0xffff_ffff,
         })
@@ -253,7 +264,10 @@ impl CudaRank {
     /// # Safety
     /// `stream` must be a live stream of this device, not capturing (a replayed ticket would
     /// put the ring's numbering out of step with this rank's).
-    pub unsafe fn ticket(&mut self, stream: cudarc::driver::sys::CUstream) -> Result<(), CallError> {
+    pub unsafe fn ticket(
+        &mut self,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<(), CallError> {
         match self.status() {
             STATUS_OK => {}
             status => return Err(CallError::Failed(status)),
@@ -333,8 +347,8 @@ impl CudaRank {
             .post_u32(self.config.layout.failed(), STATUS_ABORTED);
     }
 
-    /// Queues one AllReduce of `plan` on `stream`: `input` and `output` hold `plan.count`
-    /// elements (the same address for in place). A call with zero elements launches nothing
+    /// Queues one AllReduce of `plan` on `stream`: the operands' `input` and `output` hold
+    /// `plan.count` elements (the same address for in place). A call with zero elements launches nothing
     /// and does not advance the epoch (with `ticket`, it launches the ticket kernel instead).
     /// With `ticket`, the launch also records its arrival (never while `stream` captures).
     /// Fails fast once a kernel of this rank gave up.
@@ -345,20 +359,27 @@ impl CudaRank {
     pub unsafe fn all_reduce(
         &mut self,
         plan: &Plan,
-        op: ReduceOp,
-        scale: Scale,
-        input: u64,
-        output: u64,
+        operands: Operands,
         stream: cudarc::driver::sys::CUstream,
         ticket: bool,
     ) -> Result<(), CallError> {
+        let Operands {
+            op,
+            scale,
+            input,
+            output,
+        } = operands;
         match self.status() {
             STATUS_OK => {}
             status => return Err(CallError::Failed(status)),
         }
         if plan.count == 0 {
             // SAFETY: as the caller vouches.
-            return if ticket { unsafe { self.ticket(stream) } } else { Ok(()) };
+            return if ticket {
+                unsafe { self.ticket(stream) }
+            } else {
+                Ok(())
+            };
         }
         // SAFETY: the caller vouches that `stream` is a live stream of this device.
         if !self.plans.contains_key(&plan.fingerprint)

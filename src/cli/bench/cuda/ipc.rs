@@ -131,11 +131,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
     let gpu = open_gpu()?;
     let sms = gpu.device.sm_count()? as u32;
     let mut setup = Setup::new(options, sms)?;
-    let comm = CudaRank::new(
-        &gpu.device,
-        &gpu.kernels,
-        setup.rank_config(options, rank),
-    )?;
+    let comm = CudaRank::new(&gpu.device, &gpu.kernels, setup.rank_config(options, rank))?;
     let identity = Identity::this_host(gpu.device.uuid()?);
     let record = SetupRecord::ready(
         rank,

@@ -7,7 +7,7 @@ use super::GpuKernels;
 use crate::cli::bench::data;
 use crate::cli::bench::options::BenchOptions;
 use crate::engine::cuda::driver::{DeviceMemory, Event, GpuError, Graph, Stream};
-use crate::engine::cuda::rank::CudaRank;
+use crate::engine::cuda::rank::{CudaRank, Operands};
 use crate::gpu::launch::RING_ENTRIES;
 use crate::plan::Plan;
 use crate::reduce::{DataType, ReduceOp, Scale};
@@ -40,7 +40,9 @@ fn records_digest(comm: &CudaRank) -> u64 {
     let held = calls.saturating_sub(1).min(RING_ENTRIES as u64 - 1);
     (calls.saturating_sub(1) - held..calls.saturating_sub(1)).fold(0xcbf2_9ce4_8422_2325, |h, c| {
         match comm.record(c) {
-            Some(r) => (h ^ (r.last_rank as u64) ^ (r.lead_ns.min(1) << 32)).wrapping_mul(0x100_0000_01b3),
+            Some(r) => {
+                (h ^ (r.last_rank as u64) ^ (r.lead_ns.min(1) << 32)).wrapping_mul(0x100_0000_01b3)
+            }
             None => u64::MAX,
         }
     })
@@ -102,19 +104,23 @@ pub fn run_size(
         };
         // `first` is the index of `locals[0]` among all local ranks (a graph captures one).
         // Eager calls record their arrivals; captured ones must not (see `CudaRank::ticket`).
-        let call = |locals: &mut [Local], first: usize, ticket: bool| -> Result<(), Box<dyn Error>> {
-            for (i, l) in locals.iter_mut().enumerate() {
-                let (input, output) = buffers(first + i);
-                let scale = scale_of(dtype, op, n, l.rank);
-                // SAFETY: input and output hold `plan.count` elements on this device and
-                // live until the streams are synchronised, before this function returns.
-                unsafe {
-                    l.comm
-                        .all_reduce(plan, op, scale, input, output, l.stream.raw, ticket)
-                }?;
-            }
-            Ok(())
-        };
+        let call =
+            |locals: &mut [Local], first: usize, ticket: bool| -> Result<(), Box<dyn Error>> {
+                for (i, l) in locals.iter_mut().enumerate() {
+                    let (input, output) = buffers(first + i);
+                    let scale = scale_of(dtype, op, n, l.rank);
+                    let operands = Operands {
+                        op,
+                        scale,
+                        input,
+                        output,
+                    };
+                    // SAFETY: input and output hold `plan.count` elements on this device and
+                    // live until the streams are synchronised, before this function returns.
+                    unsafe { l.comm.all_reduce(plan, operands, l.stream.raw, ticket) }?;
+                }
+                Ok(())
+            };
         // The checked call: in place, the output buffer starts as the input.
         for (i, l) in locals.iter_mut().enumerate() {
             if in_place {
