@@ -87,8 +87,9 @@ impl ArrivalTally {
         Some(before)
     }
 
-    /// The table: one line per rank that ever arrived last, then the decision.
-    pub fn table(&self) -> String {
+    /// The table: one line per rank that ever arrived last (with its host and device from
+    /// `members`, indexed by rank, when given), then the decision of each size class.
+    pub fn table(&self, members: &[String]) -> String {
         let mut out = format!(
             "# straggler report: {} calls (from the arrival records every rank shares)\n#  rank  arrived-last  median lead  p90 lead\n#                 (%)         (us)      (us)\n",
             self.calls
@@ -100,10 +101,13 @@ impl ArrivalTally {
             }
             let us = |q| quantile(&self.leads[rank], q).map_or(0.0, |ns| ns as f64 / 1e3);
             out += &format!(
-                "#  {rank:>4}  {:>12.1}  {:>11.1}  {:>8.1}\n",
+                "#  {rank:>4}  {:>12.1}  {:>11.1}  {:>8.1}{}\n",
                 100.0 * count as f64 / self.calls.max(1) as f64,
                 us(0.5),
-                us(0.9)
+                us(0.9),
+                members
+                    .get(rank)
+                    .map_or(String::new(), |m| format!("  {m}"))
             );
         }
         for (class, d) in &self.classes {
@@ -146,7 +150,7 @@ mod tests {
             None,
             "another class"
         );
-        let text = t.table();
+        let text = t.table(&[]);
         assert!(text.contains("12 calls"), "{text}");
         // Rank 3 was last in 11 of 12 calls; its leads 1000, 2000..9000, 9000, 9000: median
         // 5000 (nearest rank), p90 9000.

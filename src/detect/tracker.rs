@@ -131,9 +131,9 @@ impl Tracker {
         })
     }
 
-    /// The straggler report of the records fed so far.
-    pub fn table(&self) -> String {
-        self.tally.table()
+    /// The straggler report of the records fed so far (`members`: see `ArrivalTally::table`).
+    pub fn table(&self, members: &[String]) -> String {
+        self.tally.table(members)
     }
 }
 
@@ -235,7 +235,9 @@ mod tests {
             }
             t.decide(if c % 2 == 0 { 1 << 20 } else { 1 << 10 });
         }
-        let table = t.table();
+        let members: Vec<String> = (0..8).map(|r| format!("host{r} GPU-0000000{r}")).collect();
+        let table = t.table(&members);
+        assert!(table.contains("host5 GPU-00000005"), "{table}");
         assert!(table.contains("198 calls"), "{table}");
         assert!(table.contains("sizes 2^21 B: straggler 5"), "{table}");
         assert!(table.contains("sizes 2^11 B: straggler 5"), "{table}");

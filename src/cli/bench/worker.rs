@@ -6,7 +6,9 @@ use super::data;
 use super::options::{BenchAlgo, BenchOptions};
 use std::collections::HashMap;
 
-use crate::detect::{ArrivalRecord, ArrivalTally, Choice, Detector, DetectorConfig, Policy};
+use crate::detect::{
+    size_class, ArrivalRecord, ArrivalTally, Choice, Detector, DetectorConfig, Policy,
+};
 use crate::engine::host::comm::CallRecord;
 use crate::engine::host::link::LinkModel;
 use crate::engine::host::runner::{all_reduce, layout_for, PlanCache, Shape};
@@ -81,11 +83,6 @@ pub fn layout(options: &BenchOptions) -> Result<SegmentLayout, String> {
 /// latency and copy rate on a small machine.
 const HOST_ALPHA: f64 = 10e-6;
 const HOST_BANDWIDTH: f64 = 2e9;
-
-/// The size class of a call: the bit length of its byte count (a power-of-two bucket).
-fn size_class(bytes: usize) -> u32 {
-    usize::BITS - bytes.leading_zeros()
-}
 
 /// How each call's algorithm is chosen: fixed by `--algo`, or by the policy from the arrival
 /// records of earlier calls, one detector per size class (power of two), as the library keeps
@@ -232,7 +229,7 @@ pub fn run(
         }
         report(result);
     }
-    Ok(run.tally.table())
+    Ok(run.tally.table(&[]))
 }
 
 /// One rank's communicator and choices during a run.

@@ -79,6 +79,10 @@ struct Ready {
     plans: PlanCache,
     /// The straggler policy and its arrival records.
     tracker: Tracker,
+    /// Each rank's host and GPU, for the report.
+    members: Vec<String>,
+    /// When the straggler report was last logged (every `STRAGGLAR_REPORT_INTERVAL` at INFO).
+    reported_at: std::time::Instant,
     /// Kernels launched so far: the epoch every peer must reach before the staging is freed.
     launched: u64,
     /// Orders this communicator's launches across the caller's streams.
@@ -334,8 +338,8 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
             .and_then(|()| Event::ordering(&device).ok());
         last.is_some()
     };
-    let mappings = match run_setup(&mut exchange, &mut access, &record, finish) {
-        Ok(m) => m,
+    let joined = match run_setup(&mut exchange, &mut access, &record, finish) {
+        Ok(joined) => joined,
         Err(SetupError::Refused(verdict)) => {
             log::warn!(
                 "communicator {:p}: StragglAR stays off: {}",
@@ -361,7 +365,9 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     );
     Ok(Ready {
         rank,
-        mappings,
+        mappings: joined.mappings,
+        members: joined.records.iter().map(SetupRecord::member).collect(),
+        reported_at: std::time::Instant::now(),
         plans: PlanCache::default(),
         tracker: tracker(call.ranks),
         launched: 0,
@@ -440,6 +446,25 @@ fn feed_due_records(ready: &mut Ready, comm: ncclComm_t, rank: usize) -> Result<
     Ok(())
 }
 
+/// Logs the straggler report at INFO (a table per communicator; see `ArrivalTally::table`).
+fn log_report(ready: &Ready, comm: ncclComm_t) {
+    if ready.tracker.calls() > 0 {
+        log::info!(
+            "communicator {comm:p}: straggler report\n{}",
+            ready.tracker.table(&ready.members).trim_end()
+        );
+    }
+}
+
+/// Logs the report when `STRAGGLAR_REPORT_INTERVAL` seconds passed since the last one.
+fn maybe_log_report(ready: &mut Ready, comm: ncclComm_t) {
+    let interval = std::time::Duration::from_secs(crate::config::get().report_interval_s);
+    if log::log_enabled!(log::Level::Info) && ready.reported_at.elapsed() >= interval {
+        ready.reported_at = std::time::Instant::now();
+        log_report(ready, comm);
+    }
+}
+
 /// Orders this communicator's next launch after everything queued on `stream` so far (calls on
 /// different streams: a rank never starts call e+1 before its call e).
 fn order_after(ready: &mut Ready, stream: cudaStream_t) -> Result<(), CallError> {
@@ -468,6 +493,7 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
             ready.rank.mark_failed();
             return Ok(Err(e));
         }
+        maybe_log_report(ready, call.comm);
         ready.tracker.decide(bytes)
     };
     let ticket = !capturing;
@@ -658,6 +684,7 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     let State::Ready(ready) = std::mem::replace(&mut *state, State::Refused) else {
         return;
     };
+    log_report(&ready, comm);
     let layout = ready.rank.layout();
     let target = ready.launched as u32;
     let deadline = std::time::Instant::now() + DRAIN;

@@ -171,6 +171,22 @@ pub fn settings_of(config: &crate::config::Config) -> [u64; 7] {
 }
 
 impl SetupRecord {
+    /// Who this rank is, for reports: its host name and the first 8 hex digits of its GPU's
+    /// UUID (as `nvidia-smi -L` prints them).
+    pub fn member(&self) -> String {
+        let end = self
+            .host
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.host.len());
+        let host = String::from_utf8_lossy(&self.host[..end]);
+        let uuid: String = self.device_uuid[..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("{host} GPU-{uuid}")
+    }
+
     /// A ready rank's record.
     pub fn ready(
         rank: usize,
@@ -316,6 +332,11 @@ mod tests {
     fn ready_ranks_on_one_host_with_distinct_gpus_are_eligible() {
         assert_eq!(verdict(&records(8)), Verdict::Eligible);
         assert_eq!(records(8)[3].staging_layout(), layout());
+    }
+
+    #[test]
+    fn a_member_is_named_by_host_and_gpu() {
+        assert_eq!(records(12)[11].member(), "node7 GPU-0b0b0b0b");
     }
 
     #[test]
@@ -498,18 +519,25 @@ pub enum SetupError {
     Exchange(String),
 }
 
+/// A communicator this rank joined: its peers' open mappings (`mappings[r]`, `None` for this
+/// rank) and every rank's setup record.
+#[derive(Debug)]
+pub struct Joined<M> {
+    pub mappings: Vec<Option<M>>,
+    pub records: Vec<SetupRecord>,
+}
+
 /// Runs the setup protocol for this rank: all-gathers the records, computes the verdict,
 /// opens every peer's staging and probes it, runs `finish` on the mappings (the local steps
 /// that must succeed before the engine can run: connecting the peer table, ...), all-gathers
 /// whether all that worked, and computes the final verdict. Every rank makes the same
 /// collective calls whatever happens locally, so a local failure never leaves a peer waiting.
-/// On success, `mappings[r]` is peer `r`'s open mapping (`None` for this rank).
 pub fn run_setup<E: Exchange, P: PeerAccess>(
     exchange: &mut E,
     peers: &mut P,
     mine: &SetupRecord,
     finish: impl FnOnce(&[Option<P::Mapping>]) -> bool,
-) -> Result<Vec<Option<P::Mapping>>, SetupError> {
+) -> Result<Joined<P::Mapping>, SetupError> {
     let size = std::mem::size_of::<SetupRecord>();
     let gathered = exchange
         .all_gather(&record_bytes(mine))
@@ -553,7 +581,7 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
         .map(|c| u32::from_le_bytes(c.try_into().unwrap_or([0; 4])))
         .collect();
     match peer_verdict(&flags) {
-        Verdict::Eligible => Ok(mappings),
+        Verdict::Eligible => Ok(Joined { mappings, records }),
         refused => Err(SetupError::Refused(refused)),
     }
 }
@@ -606,7 +634,7 @@ mod protocol_tests {
         n: usize,
         broken: Vec<(usize, usize)>,
         tweak: impl Fn(usize, &mut SetupRecord) + Sync,
-    ) -> Vec<Result<Vec<Option<usize>>, SetupError>> {
+    ) -> Vec<Result<Joined<usize>, SetupError>> {
         let slots = Arc::new(Mutex::new(vec![Vec::new(); n]));
         let barrier = Arc::new(Barrier::new(n));
         std::thread::scope(|scope| {
@@ -651,7 +679,7 @@ mod protocol_tests {
     #[test]
     fn every_rank_maps_every_peer_when_all_is_well() {
         for (rank, result) in run(5, vec![], |_, _| {}).into_iter().enumerate() {
-            let mappings = result.unwrap();
+            let mappings = result.unwrap().mappings;
             assert_eq!(mappings.len(), 5);
             for (peer, m) in mappings.iter().enumerate() {
                 assert_eq!(*m, (peer != rank).then_some(peer));

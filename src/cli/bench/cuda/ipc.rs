@@ -168,7 +168,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
         locals[0].comm.connect(&peers).is_ok()
     };
     let mappings = match run_setup(&mut exchange, &mut access, &record, connect) {
-        Ok(m) => m,
+        Ok(joined) => joined.mappings,
         Err(SetupError::Refused(verdict)) => {
             return Err(format!("setup refused: {}", verdict.describe()).into())
         }
