@@ -23,6 +23,7 @@ fn main() {
                 blocking: true,
                 origin: CommOrigin::InitRank,
                 state: CommState::Live,
+                single_process: false,
             },
         );
     }

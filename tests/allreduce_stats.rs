@@ -24,6 +24,7 @@ fn register(address: usize, nranks: i32) -> ncclComm_t {
             blocking: true,
             origin: CommOrigin::InitRank,
             state: CommState::Live,
+            single_process: false,
         },
     );
     comm

@@ -21,6 +21,7 @@ fn calls_on_a_destroyed_communicator_are_refused() {
             blocking: true,
             origin: CommOrigin::InitRank,
             state: CommState::Destroyed,
+            single_process: false,
         },
     );
     let mut count = 0;

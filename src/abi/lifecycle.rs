@@ -33,9 +33,9 @@ fn blocking_of(config: *const ncclConfig_t, parent: ncclComm_t) -> bool {
     effective_blocking(env.as_deref(), requested, config.is_null(), inherited)
 }
 
-/// Records a communicator the real NCCL handed out. Asks NCCL for what the call did not say,
-/// but only once the communicator is ready (`ncclSuccess`): a nonblocking one in progress must
-/// not be queried.
+/// Records a communicator the real NCCL handed out (as a child of `parent`, NULL for none).
+/// Asks NCCL for what the call did not say, but only once the communicator is ready
+/// (`ncclSuccess`): a nonblocking one in progress must not be queried.
 fn record(
     comm: ncclComm_t,
     rc: ResultCode,
@@ -43,6 +43,7 @@ fn record(
     nranks: Option<i32>,
     rank: Option<i32>,
     blocking: bool,
+    parent: ncclComm_t,
 ) {
     if comm.is_null() {
         return;
@@ -54,6 +55,11 @@ fn record(
         blocking,
         origin,
         state: CommState::Live,
+        single_process: origin == CommOrigin::InitAll
+            || (matches!(origin, CommOrigin::Split | CommOrigin::Shrink)
+                && registry::comms()
+                    .get(parent)
+                    .is_some_and(|p| p.single_process)),
     };
     if rc == ResultCode::SUCCESS {
         let (mut count, mut me, mut device) = (-1, -1, -1);
@@ -129,6 +135,7 @@ pub extern "C" fn ncclCommInitRank(
                 Some(nranks),
                 Some(rank),
                 blocking,
+                std::ptr::null_mut(),
             );
         }
         rc
@@ -160,6 +167,7 @@ pub extern "C" fn ncclCommInitRankConfig(
                 Some(nranks),
                 Some(rank),
                 blocking,
+                std::ptr::null_mut(),
             );
         }
         rc
@@ -191,6 +199,7 @@ pub extern "C" fn ncclCommInitAll(
                     Some(ndev),
                     Some(i as i32),
                     blocking,
+                    std::ptr::null_mut(),
                 );
             }
         }
@@ -224,6 +233,7 @@ pub extern "C" fn ncclCommInitRankScalable(
                 Some(nranks),
                 Some(myrank),
                 blocking,
+                std::ptr::null_mut(),
             );
         }
         rc
@@ -264,6 +274,7 @@ pub extern "C" fn ncclCommSplit(
                 None,
                 None,
                 blocking,
+                comm,
             );
         }
         rc
@@ -305,6 +316,7 @@ pub extern "C" fn ncclCommShrink(
                 None,
                 None,
                 blocking,
+                comm,
             );
         }
         rc
@@ -342,6 +354,7 @@ pub extern "C" fn ncclCommGrow(
                 Some(nRanks),
                 rank,
                 blocking,
+                std::ptr::null_mut(),
             );
         }
         rc

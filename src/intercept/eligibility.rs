@@ -25,6 +25,8 @@ pub struct CallFacts {
     pub blocking: bool,
     /// Inside `ncclGroupStart`/`ncclGroupEnd`.
     pub in_group: bool,
+    /// Every rank of the communicator lives in this process (`CommInfo::single_process`).
+    pub single_process: bool,
 }
 
 /// The configuration the route depends on.
@@ -58,6 +60,9 @@ pub fn check(facts: &CallFacts, limits: &Limits) -> Result<(), Fallback> {
     };
     if nranks < 4 {
         return Err(Fallback::TooFewRanks);
+    }
+    if facts.single_process {
+        return Err(Fallback::SingleProcess);
     }
     let Some(dtype) = DataType::from_nccl(facts.datatype) else {
         return Err(Fallback::UnsupportedType);
@@ -97,6 +102,7 @@ mod tests {
             nranks: Some(8),
             blocking: true,
             in_group: false,
+            single_process: false,
         }
     }
 
@@ -118,7 +124,7 @@ mod tests {
     #[test]
     fn each_cause_is_found_and_the_first_wins() {
         let l = limits();
-        let cases: [(CallFacts, Limits, Fallback); 11] = [
+        let cases: [(CallFacts, Limits, Fallback); 12] = [
             (
                 facts(),
                 Limits {
@@ -152,6 +158,15 @@ mod tests {
                 Fallback::UnsupportedType,
             ),
             (CallFacts { op: 5, ..facts() }, l, Fallback::UnsupportedOp),
+            (
+                CallFacts {
+                    single_process: true,
+                    datatype: 99,
+                    ..facts()
+                },
+                l,
+                Fallback::SingleProcess,
+            ),
             (
                 CallFacts {
                     count: 0,

@@ -16,6 +16,9 @@ pub enum Fallback {
     UnknownComm,
     /// Fewer than 4 ranks: StragglAR never wins at n = 3 (the model), and needs a straggler.
     TooFewRanks,
+    /// Every rank lives in this process (`ncclCommInitAll`, or split from such a communicator):
+    /// the one thread that may drive them all cannot block in one rank's setup.
+    SingleProcess,
     /// fp8 types (and any type the kernels do not reduce).
     UnsupportedType,
     /// A PreMulSum op made on another communicator, or whose scalar lives on the device.
@@ -45,12 +48,13 @@ pub enum Fallback {
 
 impl Fallback {
     /// Every cause, in test order.
-    pub const ALL: [Fallback; 17] = [
+    pub const ALL: [Fallback; 18] = [
         Fallback::P2pDisabled,
         Fallback::ForcedNccl,
         Fallback::StragglerOff,
         Fallback::UnknownComm,
         Fallback::TooFewRanks,
+        Fallback::SingleProcess,
         Fallback::UnsupportedType,
         Fallback::UnsupportedOp,
         Fallback::Empty,
@@ -81,6 +85,7 @@ impl Fallback {
             Fallback::StragglerOff => "straggler-off",
             Fallback::UnknownComm => "unknown-comm",
             Fallback::TooFewRanks => "too-few-ranks",
+            Fallback::SingleProcess => "single-process",
             Fallback::UnsupportedType => "unsupported-type",
             Fallback::UnsupportedOp => "unsupported-op",
             Fallback::Empty => "empty",
@@ -104,6 +109,9 @@ impl Fallback {
             Fallback::StragglerOff => "STRAGGLAR_STRAGGLER=off",
             Fallback::UnknownComm => "the communicator was not made through this library",
             Fallback::TooFewRanks => "fewer than 4 ranks",
+            Fallback::SingleProcess => {
+                "every rank lives in this process (ncclCommInitAll or a split of it)"
+            }
             Fallback::UnsupportedType => "a data type the kernels do not reduce (fp8)",
             Fallback::UnsupportedOp => {
                 "a PreMulSum op with a device scalar or from another communicator"

@@ -103,6 +103,7 @@ pub fn facts_of(call: &AllReduceCall) -> CallFacts {
         nranks: info.as_ref().and_then(|i| i.nranks),
         blocking: info.as_ref().is_none_or(|i| i.blocking),
         in_group: crate::registry::groups::depth() > 0,
+        single_process: info.as_ref().is_some_and(|i| i.single_process),
     }
 }
 
@@ -265,6 +266,37 @@ mod tests {
                 }
             ),
             Route::Forward(Fallback::P2pDisabled)
+        );
+    }
+
+    #[test]
+    fn a_communicator_with_every_rank_in_this_process_stays_on_nccl() {
+        use crate::registry::{CommInfo, CommOrigin, CommState};
+        let comm = 0x5100 as ncclComm_t;
+        crate::registry::comms().insert(
+            comm,
+            CommInfo {
+                nranks: Some(8),
+                rank: Some(2),
+                cuda_device: Some(2),
+                blocking: true,
+                origin: CommOrigin::InitAll,
+                state: CommState::Live,
+                single_process: true,
+            },
+        );
+        let c = AllReduceCall {
+            comm,
+            count: 1 << 20,
+            ..call(7, 0)
+        };
+        let l = Limits {
+            min_bytes: 0,
+            ..limits()
+        };
+        assert_eq!(
+            route_all_reduce(&c, &facts_of(&c), &l),
+            Route::Forward(Fallback::SingleProcess)
         );
     }
 

@@ -48,6 +48,9 @@ pub struct CommInfo {
     pub blocking: bool,
     pub origin: CommOrigin,
     pub state: CommState,
+    /// Every rank lives in this process (`ncclCommInitAll`, or split or shrunk from such a
+    /// communicator): one thread may drive them all, so nothing may block on one rank's peers.
+    pub single_process: bool,
 }
 
 /// Communicators by handle. Entries of destroyed communicators stay (state `Destroyed`) until
@@ -133,6 +136,7 @@ mod tests {
             blocking: true,
             origin,
             state: CommState::Live,
+            single_process: false,
         }
     }
 

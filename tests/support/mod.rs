@@ -118,6 +118,7 @@ pub fn fuzz_setup(name: &str, without_nccl: bool, dead: usize) -> PathBuf {
             blocking: true,
             origin: CommOrigin::InitRank,
             state: CommState::Destroyed,
+            single_process: false,
         },
     );
     log

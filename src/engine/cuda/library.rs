@@ -456,10 +456,13 @@ fn log_report(ready: &Ready, comm: ncclComm_t) {
     }
 }
 
-/// Logs the report when `STRAGGLAR_REPORT_INTERVAL` seconds passed since the last one.
+/// Logs the report when `STRAGGLAR_REPORT_INTERVAL` seconds passed since the last one (0: only
+/// at destroy).
 fn maybe_log_report(ready: &mut Ready, comm: ncclComm_t) {
-    let interval = std::time::Duration::from_secs(crate::config::get().report_interval_s);
-    if log::log_enabled!(log::Level::Info) && ready.reported_at.elapsed() >= interval {
+    let seconds = crate::config::get().report_interval_s;
+    let interval = std::time::Duration::from_secs(seconds);
+    if seconds > 0 && log::log_enabled!(log::Level::Info) && ready.reported_at.elapsed() >= interval
+    {
         ready.reported_at = std::time::Instant::now();
         log_report(ready, comm);
     }
