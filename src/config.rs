@@ -41,6 +41,11 @@ pub const SETTINGS: &[SettingDoc] = &[
         meaning: "smaller AllReduce calls stay on NCCL (provisional until measured on GPUs)",
     },
     SettingDoc {
+        name: "STRAGGLAR_STAGING_CAP",
+        default: "4G",
+        meaning: "most GPU-engine staging per device, over all communicators (K/M/G); beyond it setup refuses",
+    },
+    SettingDoc {
         name: "STRAGGLAR_TIMEOUT_MS",
         default: "(unset: no deadline)",
         meaning: "give up a wait on peers after this many ms (as NCCL, none by default)",
@@ -96,6 +101,11 @@ pub const DEFAULT_BUFFER_BYTES: usize = 256 << 20;
 /// be set from `stragglar bench --backend cuda` on multi-GPU hardware.
 pub const DEFAULT_MIN_BYTES: usize = 64 << 10;
 
+/// Default of `STRAGGLAR_STAGING_CAP`: 4 GiB per device, room for the staging of four 8-rank
+/// communicators at the default `STRAGGLAR_BUFFER_BYTES` (878 MiB each: a data-parallel group
+/// and tensor-parallel ones), 5% of an 80 GB GPU.
+pub const DEFAULT_STAGING_CAP: u64 = 4 << 30;
+
 /// The effective configuration of this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -107,6 +117,8 @@ pub struct Config {
     pub buffer_bytes: usize,
     /// `STRAGGLAR_MIN_BYTES`: AllReduce calls below this many bytes stay on NCCL.
     pub min_bytes: usize,
+    /// `STRAGGLAR_STAGING_CAP`: staging bytes the GPU engine may hold per device.
+    pub staging_cap: u64,
     /// NCCL's own `NCCL_P2P_DISABLE` (set and not 0): peer-to-peer transfers are forbidden.
     pub p2p_disabled: bool,
     /// `STRAGGLAR_TIMEOUT_MS`: deadline of a wait on peers; `None` waits forever.
@@ -136,6 +148,7 @@ impl Default for Config {
             nccl_lib: None,
             buffer_bytes: DEFAULT_BUFFER_BYTES,
             min_bytes: DEFAULT_MIN_BYTES,
+            staging_cap: DEFAULT_STAGING_CAP,
             p2p_disabled: false,
             timeout_ms: None,
             gpu_engine: false,
@@ -214,6 +227,17 @@ impl Config {
                     true
                 }
                 _ => false,
+            },
+        );
+        read(
+            "STRAGGLAR_STAGING_CAP",
+            "4G",
+            &mut |v| match crate::cli::args::parse_bytes(v) {
+                Ok(bytes) => {
+                    config.staging_cap = bytes;
+                    true
+                }
+                Err(_) => false,
             },
         );
         config.p2p_disabled =
@@ -315,6 +339,7 @@ impl Config {
             ),
             ("STRAGGLAR_BUFFER_BYTES", self.buffer_bytes.to_string()),
             ("STRAGGLAR_MIN_BYTES", self.min_bytes.to_string()),
+            ("STRAGGLAR_STAGING_CAP", self.staging_cap.to_string()),
             (
                 "STRAGGLAR_TIMEOUT_MS",
                 self.timeout_ms
@@ -424,14 +449,16 @@ mod tests {
             ("STRAGGLAR_DEBUG_FILE", "/tmp/s.%h.%p"),
             ("STRAGGLAR_BUFFER_BYTES", "64M"),
             ("STRAGGLAR_TIMEOUT_MS", "1500"),
+            ("STRAGGLAR_STAGING_CAP", "1G"),
         ]);
         assert_eq!(config.buffer_bytes, 64 << 20);
+        assert_eq!(config.staging_cap, 1 << 30);
         assert_eq!(config.timeout_ms, Some(1500));
         assert!(!config.enabled);
         assert_eq!(config.log_level, Level::Info);
         assert_eq!(config.nccl_lib.as_deref(), Some("/x/libnccl.so.2"));
         assert_eq!(config.log_file.as_deref(), Some("/tmp/s.%h.%p"));
-        assert_eq!(notices.len(), 6);
+        assert_eq!(notices.len(), 7);
         assert!(notices.iter().all(|n| matches!(n, Notice::Set { .. })));
     }
 

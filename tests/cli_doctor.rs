@@ -89,6 +89,10 @@ fn doctor_says_plainly_when_there_is_no_gpu() {
         assert!(out.contains("this machine has no usable GPU"), "{out}");
     }
     assert!(out.contains("verdict:"), "{out}");
+    assert!(
+        out.contains("per rank of an 8-rank communicator") && out.contains("cap 4096 MiB"),
+        "{out}"
+    );
 }
 
 #[test]

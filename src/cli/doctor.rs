@@ -62,6 +62,20 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         _ => "no usable GPU: every call is forwarded to the real NCCL",
     };
     println!("  verdict:   {verdict}");
+    let cap = config.staging_cap;
+    match crate::engine::cuda::library::staging_bytes(8) {
+        Ok(bytes) => println!(
+            "  staging:   {} MiB per rank of an 8-rank communicator (STRAGGLAR_BUFFER_BYTES {} MiB); cap {} MiB per device (STRAGGLAR_STAGING_CAP), room for {}",
+            bytes >> 20,
+            config.buffer_bytes >> 20,
+            cap >> 20,
+            match cap / bytes.max(1) {
+                1 => "1 such communicator".to_string(),
+                k => format!("{k} such communicators"),
+            }
+        ),
+        Err(why) => println!("  staging:   cannot be planned: {why}"),
+    }
     println!();
     println!("settings (STRAGGLAR_*)");
     for ((name, value), doc) in config.effective().into_iter().zip(SETTINGS) {

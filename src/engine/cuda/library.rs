@@ -19,6 +19,7 @@ use std::sync::Arc;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
+use super::budget::StagingBudget;
 use super::driver::{self, Device, DeviceMemory, Event, IpcMapping, Kernels};
 use super::rank::{status_text, CallError, Control, CudaRank, Operands, RankConfig};
 use super::setup::{
@@ -88,6 +89,8 @@ struct Ready {
     /// Orders this communicator's launches across the caller's streams.
     last: Event,
     last_stream: cudaStream_t,
+    /// The staging counted against the device's cap (released after `rank` frees it).
+    _reservation: Reservation,
 }
 
 // SAFETY: the raw stream handle is only compared and passed back to the driver, which lets any
@@ -119,6 +122,36 @@ static ENGINES: Lazy<Mutex<HashMap<usize, Arc<Entry>>>> = Lazy::new(Default::def
 /// Communicators aborted while the engine served them: their memory is never freed (freeing
 /// would wait on kernels NCCL's own abort has yet to release; the process is usually ending).
 static ABANDONED: Lazy<Mutex<Vec<Ready>>> = Lazy::new(Default::default);
+
+/// Staging in use per device, against `STRAGGLAR_STAGING_CAP`.
+static BUDGET: Lazy<Mutex<StagingBudget>> = Lazy::new(Default::default);
+
+/// Staging bytes counted against a device's cap until dropped (an abandoned communicator's
+/// never is: its memory is never freed either).
+struct Reservation {
+    device: i32,
+    bytes: u64,
+}
+
+impl Reservation {
+    /// Reserves `bytes` on `device`, or says why not (once per device, at WARN).
+    fn take(device: i32, bytes: u64) -> Option<Reservation> {
+        let cap = crate::config::get().staging_cap;
+        match BUDGET.lock().reserve(device, bytes, cap) {
+            Ok(_) => Some(Reservation { device, bytes }),
+            Err(over) => {
+                log::warn!("{over}: this communicator stays on NCCL");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        BUDGET.lock().release(self.device, self.bytes);
+    }
+}
 
 /// A GPU opened, and our kernels loaded on it (or why not: NVRTC missing, compilation failed).
 type Loaded = Result<(Arc<Device>, Result<Arc<Kernels>, String>), String>;
@@ -189,6 +222,11 @@ fn layout(ranks: usize) -> Result<StagingLayout, String> {
     Ok(layout)
 }
 
+/// Staging bytes one rank of an `n`-rank communicator allocates (for doctor).
+pub fn staging_bytes(ranks: usize) -> Result<u64, String> {
+    layout(ranks).map(|l| l.allocation_bytes())
+}
+
 /// The setup's AllGather through the real communicator, on the caller's stream.
 struct NcclExchange<'a> {
     device: &'a Arc<Device>,
@@ -252,12 +290,14 @@ fn tracker(ranks: usize) -> Tracker {
     Tracker::new(policy, ranks, RECORD_LAG)
 }
 
-/// What this rank brings to the setup: its staging (if it could make it) and its record.
+/// What this rank brings to the setup: its staging (if it could make it, under the cap
+/// `reserved` says it fits) and its record.
 fn local_part(
     call: &EngineCall,
     device: &Arc<Device>,
     kernel: &Result<Arc<Kernels>, String>,
     layout: StagingLayout,
+    reserved: bool,
 ) -> (Result<CudaRank, LocalFailure>, SetupRecord) {
     let config = RankConfig {
         rank: call.rank,
@@ -273,7 +313,10 @@ fn local_part(
     let rank = kernel
         .as_ref()
         .map_err(|_| LocalFailure::NoKernels)
-        .and_then(|k| CudaRank::new(device, k, config).map_err(|_| LocalFailure::NoMemory));
+        .and_then(|k| match reserved {
+            true => CudaRank::new(device, k, config).map_err(|_| LocalFailure::NoMemory),
+            false => Err(LocalFailure::NoMemory),
+        });
     let record = match &rank {
         Err(why) => failed(*why),
         Ok(r) => match (device.uuid(), r.staging().ipc_handle()) {
@@ -301,8 +344,9 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     }
     let layout = layout(call.ranks).map_err(|_| Fallback::GpuUnavailable)?;
     // A panic in the local steps must not make this rank skip the collectives its peers run.
+    let reservation = Reservation::take(call.device, layout.allocation_bytes());
     let local = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        local_part(call, &device, &kernel, layout)
+        local_part(call, &device, &kernel, layout, reservation.is_some())
     }));
     let (mut rank, record) = local.unwrap_or_else(|_| {
         (
@@ -357,11 +401,17 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     let (Ok(rank), Some(last)) = (rank, last) else {
         return Err(Fallback::SetupRefused);
     };
+    let Some(reservation) = reservation else {
+        return Err(Fallback::SetupRefused);
+    };
     log::info!(
-        "communicator {:p}: the GPU engine serves its AllReduce ({} ranks, {} B of staging per rank)",
+        "communicator {:p}: the GPU engine serves its AllReduce ({} ranks, {} MiB of staging on device {}: {} of STRAGGLAR_STAGING_CAP {} MiB in use)",
         call.comm,
         call.ranks,
-        layout.allocation_bytes()
+        layout.allocation_bytes() >> 20,
+        call.device,
+        BUDGET.lock().used(call.device) >> 20,
+        crate::config::get().staging_cap >> 20
     );
     Ok(Ready {
         rank,
@@ -373,6 +423,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         launched: 0,
         last,
         last_stream: call.stream,
+        _reservation: reservation,
     })
 }
 
