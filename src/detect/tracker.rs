@@ -80,22 +80,27 @@ impl Tracker {
         (self.pending.len() as u64 >= self.lag).then_some(self.fed)
     }
 
-    /// The choice for the next call, of `bytes`, from the records fed so far. Every due
-    /// record must have been fed (see [`Tracker::due`]).
+    /// The choice for the next call, of `bytes`, from the records fed so far, and the call
+    /// tracked. Every due record must have been fed (see [`Tracker::due`]).
     pub fn decide(&mut self, bytes: usize) -> Choice {
+        let choice = self.peek(bytes);
+        self.track(bytes, choice);
+        choice
+    }
+
+    /// Tracks the next call, of `bytes`, whose choice was made elsewhere (a fixed algorithm):
+    /// its record still feeds the detector and the report.
+    pub fn track(&mut self, bytes: usize, choice: Choice) {
         debug_assert!(self.due().is_none(), "a due record was not fed");
         let class = size_class(bytes);
         let ranks = self.ranks;
-        let detector = self
-            .detectors
+        self.detectors
             .entry(class)
             .or_insert_with(|| Detector::new(ranks, DetectorConfig::default()));
-        let choice = self.policy.choose(detector, bytes);
         self.pending.push_back(Pending {
             class,
             stragglar: matches!(choice, Choice::Stragglar { .. }),
         });
-        choice
     }
 
     /// The choice [`Tracker::decide`] would make for a call of `bytes`, without tracking a
@@ -190,6 +195,15 @@ mod tests {
         assert_eq!(empty.feed(record(0)), None, "no call awaits a record");
         assert_eq!(empty.peek(1 << 20), Choice::Baseline);
         assert_eq!(empty.calls(), 0, "peeking tracks no call");
+        empty.track(1 << 20, Choice::Stragglar { straggler: 2 });
+        assert_eq!(empty.calls(), 1);
+        assert_eq!(empty.due(), Some(0));
+        empty.feed(record(0));
+        assert!(
+            empty.table(&[]).contains("1 calls on StragglAR"),
+            "{}",
+            empty.table(&[])
+        );
     }
 
     /// Runs `calls` calls of `sizes` (cycling), feeding each due record; `early` feeds every

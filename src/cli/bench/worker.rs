@@ -4,11 +4,7 @@ use std::time::{Duration, Instant};
 
 use super::data;
 use super::options::{BenchAlgo, BenchOptions};
-use std::collections::HashMap;
-
-use crate::detect::{
-    size_class, ArrivalRecord, ArrivalTally, Choice, Detector, DetectorConfig, Policy,
-};
+use crate::detect::{ArrivalRecord, Choice, Observed, Policy, Tracker};
 use crate::engine::host::comm::CallRecord;
 use crate::engine::host::link::LinkModel;
 use crate::engine::host::runner::{all_reduce, layout_for, PlanCache, Shape};
@@ -85,12 +81,11 @@ const HOST_ALPHA: f64 = 10e-6;
 const HOST_BANDWIDTH: f64 = 2e9;
 
 /// How each call's algorithm is chosen: fixed by `--algo`, or by the policy from the arrival
-/// records of earlier calls, one detector per size class (power of two), as the library keeps
-/// them.
+/// records of earlier calls, through the library's own `Tracker` (a detector per size class;
+/// lag 1: the host engine's record is read when the call returns).
 struct Chooser {
     fixed: Option<Shape>,
-    policy: Policy,
-    detectors: HashMap<u32, Detector>,
+    tracker: Tracker,
 }
 
 impl Chooser {
@@ -104,38 +99,42 @@ impl Chooser {
             alpha: (options.link_latency_us * 1e-6).max(HOST_ALPHA),
             bandwidth: options.link_gbs.map_or(HOST_BANDWIDTH, |g| g * 1e9),
         };
+        // STRAGGLAR_ALGO and STRAGGLAR_STRAGGLER steer the policy as in the library.
+        let config = crate::config::get();
+        let policy = Policy::new(options.ranks, config.algo, config.straggler, link);
         Chooser {
             fixed,
-            // STRAGGLAR_ALGO and STRAGGLAR_STRAGGLER steer the policy as in the library.
-            policy: {
-                let config = crate::config::get();
-                Policy::new(options.ranks, config.algo, config.straggler, link)
-            },
-            detectors: HashMap::new(),
+            tracker: Tracker::new(policy, options.ranks, 1),
         }
     }
 
-    fn detector(&mut self, ranks: usize, bytes: usize) -> &mut Detector {
-        self.detectors
-            .entry(size_class(bytes))
-            .or_insert_with(|| Detector::new(ranks, DetectorConfig::default()))
-    }
-
-    fn shape(&mut self, options: &BenchOptions, bytes: usize) -> Shape {
-        if let Some(shape) = self.fixed {
-            return shape;
-        }
-        self.detector(options.ranks, bytes);
-        let detector = &self.detectors[&size_class(bytes)];
-        let choice = self.policy.choose(detector, bytes);
+    /// The shape of the next call, of `bytes`; `recorded` when the call will leave an arrival
+    /// record (every call with elements), which is then tracked.
+    fn shape(&mut self, options: &BenchOptions, bytes: usize, recorded: bool) -> Shape {
+        let choice = match self.fixed {
+            Some(shape) => {
+                if recorded {
+                    let choice = match shape.algorithm {
+                        Algorithm::Stragglar => Choice::Stragglar {
+                            straggler: shape.straggler,
+                        },
+                        _ => Choice::Baseline,
+                    };
+                    self.tracker.track(bytes, choice);
+                }
+                return shape;
+            }
+            None if recorded => self.tracker.decide(bytes),
+            None => self.tracker.peek(bytes),
+        };
         match choice {
             Choice::Stragglar { straggler } => stragglar_shape(options, straggler),
             Choice::Baseline => ring_shape(options),
         }
     }
 
-    fn observe(&mut self, ranks: usize, bytes: usize, record: &CallRecord) -> Option<usize> {
-        self.detector(ranks, bytes).observe(ArrivalRecord {
+    fn observe(&mut self, record: &CallRecord) -> Option<Observed> {
+        self.tracker.feed(ArrivalRecord {
             last_rank: record.last_rank,
             lead_ns: record.lead_ns(),
         })
@@ -181,7 +180,6 @@ pub fn run(
             ),
             None => None,
         },
-        tally: ArrivalTally::new(options.ranks),
         // The bench always gives PreMulSum a host scalar, so a scale always exists.
         scale: Scale::for_op(
             options.op,
@@ -229,7 +227,7 @@ pub fn run(
         }
         report(result);
     }
-    Ok(run.tally.table(&[]))
+    Ok(run.chooser.tracker.table(&[]))
 }
 
 /// One rank's communicator and choices during a run.
@@ -245,8 +243,6 @@ struct RankRun<'a> {
     calls: u64,
     /// `STRAGGLAR_TRACE_DIR`'s writer for this rank, if set.
     trace: Option<crate::trace::TraceWriter>,
-    /// The run's arrival records, for the straggler report.
-    tally: ArrivalTally,
 }
 
 impl RankRun<'_> {
@@ -275,7 +271,9 @@ impl RankRun<'_> {
             std::thread::sleep(Duration::from_micros(late_us));
         }
         let bytes = input.len();
-        let shape = self.chooser.shape(options, bytes);
+        let shape = self
+            .chooser
+            .shape(options, bytes, bytes / options.dtype.size() > 0);
         let stragglar = shape.algorithm == Algorithm::Stragglar;
         half.choices = data::digest_more(
             half.choices,
@@ -304,17 +302,12 @@ impl RankRun<'_> {
             buffers,
         )?;
         let mut designated = None;
-        if let Some(record) = &record {
-            designated = self.chooser.observe(options.ranks, bytes, record);
+        if let Some(observed) = record.as_ref().and_then(|r| self.chooser.observe(r)) {
+            designated = observed.designated;
             half.designated = designated.map_or(-1, |r| r as i64);
-            let arrivals = ArrivalRecord {
-                last_rank: record.last_rank,
-                lead_ns: record.lead_ns(),
-            };
-            let class = size_class(bytes);
-            let changed = self.tally.observe(&arrivals, class, designated, stragglar);
+            let class = observed.class;
             // Every rank sees the same change; rank 0 says it.
-            match (changed, self.rank) {
+            match (observed.changed, self.rank) {
                 (Some(Some(before)), 0) => log::warn!(
                     "designated straggler for sizes 2^{class} B changed from rank {before} to {} at call {}",
                     designated.map_or("none".to_string(), |r| format!("rank {r}")),
