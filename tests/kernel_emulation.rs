@@ -1050,6 +1050,88 @@ fn a_ticket_waiting_for_an_absent_rank_is_released_by_the_abort_word() {
 }
 
 #[test]
+fn every_rank_decides_alike_from_its_own_ring() {
+    // The GPU engine's loop, with emulated GPUs: each rank's tracker reads due records from
+    // its own ring only, decides, and the call runs the AllReduce kernel (StragglAR with the
+    // designated straggler) or the ticket kernel (the call NCCL would run). Rank 3 is late in
+    // most calls, a random rank in the others: every rank must choose alike on every call, and
+    // StragglAR must take over once rank 3 is designated.
+    use stragglar::detect::policy::{AlgoMode, StragglerMode};
+    use stragglar::detect::{ArrivalRecord, Choice, Policy, Tracker};
+    use stragglar::schedule::model::Link;
+    let ranks = 4;
+    let link = Link {
+        alpha: 20e-6,
+        bandwidth: 20e6,
+    };
+    let mut trackers: Vec<Tracker> = (0..ranks)
+        .map(|_| {
+            let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
+            Tracker::new(policy, ranks, 2)
+        })
+        .collect();
+    let mut comm = Comm::new(ranks, 1, 2);
+    let mut cache = PlanCache::default();
+    let everyone: Vec<usize> = (0..ranks).collect();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut on_stragglar = Vec::new();
+    for call in 0..70u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let late = if x % 6 == 0 { (x / 6 % 4) as usize } else { 3 };
+        comm.late = Some((late, Duration::from_millis(8)));
+        let choices: Vec<Choice> = trackers
+            .iter_mut()
+            .enumerate()
+            .map(|(r, t)| {
+                while let Some(k) = t.due() {
+                    let (last, lead) = comm.record(r, k).expect("a due record is in the ring");
+                    t.feed(ArrivalRecord {
+                        last_rank: last as usize,
+                        lead_ns: lead as u64,
+                    });
+                }
+                t.decide(64 << 10)
+            })
+            .collect();
+        assert!(
+            choices.iter().all(|c| *c == choices[0]),
+            "call {call}: {choices:?}"
+        );
+        match choices[0] {
+            Choice::Stragglar { straggler } => {
+                on_stragglar.push(call);
+                check(
+                    &mut comm,
+                    &mut cache,
+                    &Case {
+                        algorithm: Algorithm::Stragglar,
+                        ranks,
+                        straggler,
+                        dtype: DataType::F32,
+                        op: ReduceOp::Sum,
+                        count: 16 << 10,
+                        offset: 0,
+                        in_place: false,
+                        raw: false,
+                        seed: call,
+                    },
+                );
+            }
+            Choice::Baseline => comm.tickets(&everyone),
+        }
+    }
+    let table = trackers[0].table(&[]);
+    assert!(trackers.iter().all(|t| t.table(&[]) == table));
+    assert!(
+        on_stragglar.len() > 10 && on_stragglar.last() == Some(&69),
+        "StragglAR calls {on_stragglar:?}\n{table}"
+    );
+    assert!(table.contains("straggler 3"), "{table}");
+}
+
+#[test]
 fn the_bandwidth_probe_folds_with_the_same_element_code() {
     use stragglar::reduce::combine;
     let k = kernel();
