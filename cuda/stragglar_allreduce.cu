@@ -254,11 +254,12 @@ SG_DEVICE bool sg_plan_ok(const RawLaunch* a, const RawPlanHeader* plan) {
  * the arrival protocol beside the plan, never delaying it. */
 SG_DEVICE void sg_arrival_block(const RawLaunch* a) {
   if (SG_THREAD != 0 || a->arrival.board == 0) return;
-  const RawPeer* peers = (const RawPeer*)a->peers;
   sg_watch w;
   w.abort = (const uint32_t*)a->abort;
   w.status = (uint32_t*)a->status;
-  w.failed = (uint32_t*)peers[a->rank].failed;
+  w.peers = (const RawPeer*)a->peers;
+  w.rank = a->rank;
+  w.ranks = a->arrival.ranks;
   w.timeout_ns = a->timeout_ns;
   sg_arrive(&a->arrival, a->rank, &w);
 }
@@ -310,7 +311,9 @@ SG_DEVICE void sg_ticket(const RawTicket* t) {
   sg_watch w;
   w.abort = (const uint32_t*)t->abort;
   w.status = (uint32_t*)t->status;
-  w.failed = (uint32_t*)t->failed;
+  w.peers = (const RawPeer*)t->peers;
+  w.rank = t->rank;
+  w.ranks = t->arrival.ranks;
   w.timeout_ns = t->timeout_ns;
   sg_arrive(&t->arrival, t->rank, &w);
 }

@@ -10,8 +10,9 @@
  *  2. take a ticket: atomicAdd on the slot's counter gives this rank's arrival position;
  *  3. the last arrival writes its rank; the second-to-last waits for the last ticket and
  *     writes the time it waited on its own clock (the lead), so no two clocks are compared.
- * Slot reuse is safe with 4 slots (see BOARD_SLOTS). Every spin watches the abort word and
- * the timeout, like the AllReduce kernel's waits. */
+ * Slot reuse is safe with 4 slots (see BOARD_SLOTS). Every spin watches the abort word, every
+ * rank's failure word (a rank that failed on its host never takes its ticket) and the timeout,
+ * like the AllReduce kernel's waits. */
 
 #ifndef STRAGGLAR_ARRIVAL_H_
 #define STRAGGLAR_ARRIVAL_H_
@@ -22,8 +23,9 @@
 struct sg_watch {
   const uint32_t* abort;
   uint32_t* status;
-  uint32_t* failed; /* this rank's failure word, which its peers watch */
-  uint64_t timeout_ns;
+  const RawPeer* peers; /* every rank's failure word; this rank's is where it reports */
+  uint32_t rank, ranks;
+  uint64_t timeout_ns; /* 0: no deadline */
 };
 
 /* The tag of call c in the high half of a packed word: never 0 (a word nobody wrote). */
@@ -32,15 +34,23 @@ SG_DEVICE uint64_t sg_tag(uint64_t call) { return ((call % 0xffffffffull) + 1) <
 /* Whether the spin must stop; records why (once) when it must. `start` is 0 until the first
  * check. */
 SG_DEVICE uint32_t sg_watch_check(const sg_watch* w, uint64_t* start) {
+  uint32_t* own_failed = (uint32_t*)w->peers[w->rank].failed;
   uint32_t status = STATUS_OK;
   if (*start == 0) *start = sg_now_ns();
   if (sg_load_volatile(w->abort) != 0) {
     status = STATUS_ABORTED;
+  } else if (sg_load_volatile(own_failed) != 0) {
+    status = sg_load_volatile(own_failed);
   } else if (w->timeout_ns != 0 && sg_now_ns() - *start > w->timeout_ns) {
     status = STATUS_TIMEOUT;
   }
+  for (uint32_t r = 0; status == STATUS_OK && r < w->ranks; ++r) {
+    if (r != w->rank && sg_load_volatile((const uint32_t*)w->peers[r].failed) != 0) {
+      status = STATUS_PEER_FAILED;
+    }
+  }
   if (status != STATUS_OK) {
-    sg_store_volatile(w->failed, status);
+    sg_store_volatile(own_failed, status);
     sg_store_release(w->status, status);
   }
   return status;

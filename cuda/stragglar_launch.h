@@ -226,7 +226,8 @@ typedef struct RawApply {
 /**
  * The ticket kernel (`ncclStragglarTicket`, one block): the arrival record of a call that
  * goes to NCCL, so the policy keeps seeing arrivals while it forwards. Only the second-to-last
- * arrival waits (for the last, as NCCL's kernel would); the others return at once.
+ * arrival waits (for the last, as NCCL's kernel would); the others return at once. Its spins
+ * watch the abort word and every rank's failure word like the AllReduce kernel's.
  */
 typedef struct RawTicket {
   struct RawArrival arrival;
@@ -236,9 +237,12 @@ typedef struct RawTicket {
   uint64_t abort;
   uint64_t status;
   /**
-   * `uint32_t`: this rank's failure word (its staging's), raised with `status`.
+   * `const RawPeer[ranks]`: every rank's failure word (this rank's is raised with `status`).
    */
-  uint64_t failed;
+  uint64_t peers;
+  /**
+   * As in [`RawLaunch`]; the library passes 0 (a call NCCL runs waits as long as NCCL's).
+   */
   uint64_t timeout_ns;
   uint32_t rank;
   uint32_t reserved;

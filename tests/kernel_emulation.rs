@@ -262,7 +262,7 @@ impl Comm {
                 arrival: self.arrival(r, call),
                 abort: self.abort.addr(),
                 status: self.memory[r].status.addr(),
-                failed: self.memory[r].failed.addr(),
+                peers: self.peers.as_ptr() as u64,
                 timeout_ns: self.timeout_ns,
                 rank: r as u32,
                 reserved: 0,
@@ -1047,6 +1047,39 @@ fn a_ticket_waiting_for_an_absent_rank_is_released_by_the_abort_word() {
     assert!(statuses
         .iter()
         .all(|&s| s == STATUS_ABORTED || s == STATUS_OK));
+}
+
+#[test]
+fn a_ticket_waiting_for_a_rank_that_failed_on_its_host_is_released_by_its_failure_word() {
+    // Rank 3 failed before its launch (as the library's `mark_failed` reports it) and never
+    // takes its ticket; no abort, no deadline: its failure word alone releases the rank that
+    // waits for the last ticket, which reports a peer failure.
+    let mut comm = Comm::new(4, 1, 1);
+    comm.timeout_ns = 0;
+    let failed_word = comm.memory[3].failed.addr() as usize;
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            // SAFETY: rank 3's failure word is a live, aligned u32 the kernels only read.
+            unsafe { AtomicU32::from_ptr(failed_word as *mut u32) }
+                .store(STATUS_ABORTED, Ordering::Release);
+        });
+        comm.tickets(&[0, 1, 2]);
+    });
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let statuses: Vec<u32> = (0..3).map(|r| comm.status(r)).collect();
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|&&s| s == STATUS_PEER_FAILED)
+            .count(),
+        1,
+        "{statuses:?}"
+    );
+    assert!(statuses
+        .iter()
+        .all(|&s| s == STATUS_PEER_FAILED || s == STATUS_OK));
 }
 
 #[test]

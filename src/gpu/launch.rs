@@ -140,7 +140,8 @@ pub struct RawArrival {
 
 /// The ticket kernel (`ncclStragglarTicket`, one block): the arrival record of a call that
 /// goes to NCCL, so the policy keeps seeing arrivals while it forwards. Only the second-to-last
-/// arrival waits (for the last, as NCCL's kernel would); the others return at once.
+/// arrival waits (for the last, as NCCL's kernel would); the others return at once. Its spins
+/// watch the abort word and every rank's failure word like the AllReduce kernel's.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RawTicket {
@@ -148,8 +149,9 @@ pub struct RawTicket {
     /// As in [`RawLaunch`].
     pub abort: u64,
     pub status: u64,
-    /// `uint32_t`: this rank's failure word (its staging's), raised with `status`.
-    pub failed: u64,
+    /// `const RawPeer[ranks]`: every rank's failure word (this rank's is raised with `status`).
+    pub peers: u64,
+    /// As in [`RawLaunch`]; the library passes 0 (a call NCCL runs waits as long as NCCL's).
     pub timeout_ns: u64,
     pub rank: u32,
     pub reserved: u32,
@@ -197,6 +199,9 @@ mod tests {
         assert_eq!(std::mem::size_of::<RawArrival>(), 32);
         assert_eq!(std::mem::size_of::<RawTicket>(), 72);
         assert_eq!(std::mem::size_of::<RawBoardSlot>(), 32);
+        // `CudaRank::board_settled` reads the tags at these offsets.
+        assert_eq!(std::mem::offset_of!(RawBoardSlot, last), 8);
+        assert_eq!(std::mem::offset_of!(RawBoardSlot, lead), 16);
         assert_eq!(std::mem::size_of::<RawRingEntry>(), 16);
         assert_eq!(std::mem::size_of::<RawApply>(), 96);
     }

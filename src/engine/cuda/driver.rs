@@ -122,6 +122,34 @@ impl Device {
         let uuid = wrap("cuDeviceGetUuid", result::device::get_uuid(self.device))?;
         Ok(uuid.bytes.map(|b| b as u8))
     }
+
+    /// Whether this GPU's atomics on the memory of the GPU with `peer_uuid` are native (the
+    /// arrival tickets are system-scope atomics on rank 0's staging): `Some(true)` for this
+    /// GPU itself, `None` when that GPU is not visible to this process.
+    pub fn native_atomics_with(&self, peer_uuid: &[u8; 16]) -> Result<Option<bool>, GpuError> {
+        if &self.uuid()? == peer_uuid {
+            return Ok(Some(true));
+        }
+        for ordinal in 0..wrap("cuDeviceGetCount", result::device::get_count())? {
+            let peer = wrap("cuDeviceGet", result::device::get(ordinal))?;
+            let uuid = wrap("cuDeviceGetUuid", result::device::get_uuid(peer))?;
+            if uuid.bytes.map(|b| b as u8) != *peer_uuid {
+                continue;
+            }
+            let mut value = 0;
+            // SAFETY: two valid device handles and a writable output.
+            check("cuDeviceGetP2PAttribute", unsafe {
+                sys::cuDeviceGetP2PAttribute(
+                    &mut value,
+                    sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+                    self.device,
+                    peer,
+                )
+            })?;
+            return Ok(Some(value != 0));
+        }
+        Ok(None)
+    }
 }
 
 impl Drop for Device {

@@ -29,7 +29,7 @@ use super::staging::StagingLayout;
 use crate::detect::policy::Policy;
 use crate::detect::{ArrivalRecord, Choice, Tracker};
 use crate::engine::host::runner::{PlanCache, Shape};
-use crate::gpu::launch::{MAX_THREADS, RING_ENTRIES, STATUS_ABORTED, STATUS_OK, STATUS_TIMEOUT};
+use crate::gpu::launch::{MAX_THREADS, RING_ENTRIES, STATUS_ABORTED, STATUS_OK};
 use crate::intercept::fallback::Fallback;
 use crate::nccl::types::{cudaStream_t, ncclComm_t, DataTypeCode, ResultCode};
 use crate::reduce::{DataType, ReduceOp, Scale};
@@ -84,8 +84,12 @@ struct Ready {
     members: Vec<String>,
     /// When the straggler report was last logged (every `STRAGGLAR_REPORT_INTERVAL` at INFO).
     reported_at: std::time::Instant,
-    /// Kernels launched so far: the epoch every peer must reach before the staging is freed.
+    /// AllReduce kernels launched so far (those that advance the epoch, not tickets): the epoch
+    /// every peer must reach before the staging is freed.
     launched: u64,
+    /// A ticket was queued for a call the policy sent to NCCL, and NCCL's kernel is not yet
+    /// ordered before this communicator's next launch (see [`forwarded`]).
+    ticket_awaits_nccl: bool,
     /// Orders this communicator's launches across the caller's streams.
     last: Event,
     last_stream: cudaStream_t,
@@ -283,6 +287,29 @@ impl PeerAccess for IpcAccess<'_> {
     }
 }
 
+/// Whether this GPU's system-scope atomics on rank 0's staging (the arrival tickets) are
+/// native; says why not at WARN.
+pub fn tickets_are_atomic(device: &Device, records: &[SetupRecord]) -> bool {
+    let Some(board_owner) = records.first() else {
+        return false;
+    };
+    match device.native_atomics_with(&board_owner.device_uuid) {
+        Ok(Some(true)) => true,
+        Ok(Some(false)) => {
+            log::warn!("this GPU has no native atomics on rank 0's GPU (a PCIe path without them): StragglAR stays off");
+            false
+        }
+        Ok(None) => {
+            log::warn!("rank 0's GPU is not visible to this process: StragglAR stays off");
+            false
+        }
+        Err(e) => {
+            log::warn!("peer atomics unknown: {e}: StragglAR stays off");
+            false
+        }
+    }
+}
+
 /// The policy of an `n`-rank communicator, from the configuration.
 fn tracker(ranks: usize) -> Tracker {
     let config = crate::config::get();
@@ -368,10 +395,13 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         layout,
     };
     let mut last = None;
-    let finish = |mappings: &[Option<IpcMapping>]| {
+    let finish = |mappings: &[Option<IpcMapping>], records: &[SetupRecord]| {
         let Ok(r) = &mut rank else {
             return false;
         };
+        if !tickets_are_atomic(&device, records) {
+            return false;
+        }
         let peers: Vec<_> = mappings
             .iter()
             .map(|m| m.as_ref().map_or(r.own_peer(), |m| layout.peer(m.ptr)))
@@ -421,6 +451,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         plans: PlanCache::default(),
         tracker: tracker(call.ranks),
         launched: 0,
+        ticket_awaits_nccl: false,
         last,
         last_stream: call.stream,
         _reservation: reservation,
@@ -433,12 +464,10 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
 const RECORD_WAIT_WARN: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Waits until this rank's ring holds the record of ticketed call `call`, which a launch this
-/// rank already made copies there. Gives up on an abort, a kernel failure of this rank, or
-/// `STRAGGLAR_TIMEOUT_MS`.
+/// rank already made copies there. Gives up on an abort or a kernel failure of this rank (the
+/// kernels apply `STRAGGLAR_TIMEOUT_MS` to their own waits; the host does not time the GPU,
+/// which may rightly be many calls behind).
 fn await_record(rank: &CudaRank, call: u64) -> Result<ArrivalRecord, CallError> {
-    let timeout = crate::config::get()
-        .timeout_ms
-        .map(std::time::Duration::from_millis);
     let control = rank.control();
     let started = std::time::Instant::now();
     let mut warned = false;
@@ -453,9 +482,6 @@ fn await_record(rank: &CudaRank, call: u64) -> Result<ArrivalRecord, CallError> 
             return Err(CallError::Failed(STATUS_ABORTED));
         }
         let waited = started.elapsed();
-        if timeout.is_some_and(|t| waited > t) {
-            return Err(CallError::Failed(STATUS_TIMEOUT));
-        }
         if !warned && waited > RECORD_WAIT_WARN {
             warned = true;
             log::warn!(
@@ -534,7 +560,15 @@ fn order_after(ready: &mut Ready, stream: cudaStream_t) -> Result<(), CallError>
 fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>, Fallback> {
     let stream = call.stream.cast();
     // SAFETY: the caller's stream of this device.
-    let capturing = unsafe { driver::is_capturing(ready.rank.device(), stream) }.unwrap_or(true);
+    let capturing = match unsafe { driver::is_capturing(ready.rank.device(), stream) } {
+        Ok(capturing) => capturing,
+        Err(e) => {
+            // Its peers take a ticket for this call and this rank cannot tell whether to.
+            ready.rank.abort();
+            ready.rank.mark_failed();
+            return Ok(Err(e.into()));
+        }
+    };
     let bytes = call.count * call.dtype.size();
     // A captured call records no arrival (its replays would put the ring's numbering out of
     // step); it runs the choice of the moment, fixed for every replay.
@@ -562,6 +596,7 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
         launched,
         last,
         last_stream,
+        ticket_awaits_nccl,
         ..
     } = ready;
     let plan = straggler.and_then(|straggler| {
@@ -595,13 +630,19 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
             output: call.recv,
         };
         match plan {
-            // SAFETY: the caller's buffers hold `count` elements on this device (NCCL's
-            // contract for ncclAllReduce), and the stream is the caller's.
-            Some(plan) => unsafe { rank.all_reduce(plan, operands, stream, ticket) }?,
-            // SAFETY: the caller's stream, not capturing.
-            None => unsafe { rank.ticket(stream) }?,
+            Some(plan) => {
+                // SAFETY: the caller's buffers hold `count` elements on this device (NCCL's
+                // contract for ncclAllReduce), and the stream is the caller's.
+                unsafe { rank.all_reduce(plan, operands, stream, ticket) }?;
+                // A call without elements queues a ticket only and leaves the epoch alone.
+                *launched += u64::from(plan.count > 0);
+            }
+            None => {
+                // SAFETY: the caller's stream, not capturing.
+                unsafe { rank.ticket(stream) }?;
+                *ticket_awaits_nccl = true;
+            }
         }
-        *launched += 1;
         if !capturing {
             // SAFETY: as above.
             unsafe { last.record_raw(stream) }?;
@@ -622,13 +663,17 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
 }
 
 /// Called after a call the policy sent to NCCL was forwarded on `stream`: the communicator's
-/// next launch is ordered after NCCL's kernel too, not just after the ticket.
+/// next launch is ordered after NCCL's kernel too, not just after the ticket. Does nothing for
+/// a call that queued no ticket (one captured into a graph).
 pub fn forwarded(comm: ncclComm_t, stream: cudaStream_t) {
     let Some(entry) = ENGINES.lock().get(&(comm as usize)).cloned() else {
         return;
     };
     let mut state = entry.state.lock();
     if let State::Ready(ready) = &mut *state {
+        if !std::mem::take(&mut ready.ticket_awaits_nccl) {
+            return;
+        }
         if let Err(e) = order_after(ready, stream) {
             log::warn!("ncclAllReduce on communicator {comm:p}: {e}");
             ready.rank.abort();
@@ -678,15 +723,24 @@ pub fn all_reduce(call: &EngineCall) -> Result<ResultCode, Fallback> {
             }
         }
     }
-    match &mut *state {
-        State::SettingUp | State::Refused => Err(Fallback::SetupRefused),
-        State::Ready(ready) => match launch(ready, call)? {
-            Ok(()) => Ok(ResultCode::SUCCESS),
-            Err(e) => {
-                log::warn!("ncclAllReduce on communicator {:p}: {e}", call.comm);
-                Ok(e.nccl_code())
-            }
-        },
+    let outcome = match &mut *state {
+        State::SettingUp | State::Refused => return Err(Fallback::SetupRefused),
+        State::Ready(ready) => launch(ready, call),
+    };
+    if entry.forgotten.load(std::sync::atomic::Ordering::Acquire) {
+        // Aborted (or destroyed) while this call ran: `forget` could not take the state, so
+        // the memory is abandoned here, never freed under kernels NCCL's abort has yet to stop.
+        if let State::Ready(ready) = std::mem::replace(&mut *state, State::Refused) {
+            ready.rank.abort();
+            ABANDONED.lock().push(*ready);
+        }
+    }
+    match outcome? {
+        Ok(()) => Ok(ResultCode::SUCCESS),
+        Err(e) => {
+            log::warn!("ncclAllReduce on communicator {:p}: {e}", call.comm);
+            Ok(e.nccl_code())
+        }
     }
 }
 
@@ -750,6 +804,11 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
         {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+    // Rank 0's board takes every rank's tickets: it stays until the last call's record is
+    // complete, so no peer's ticket writes into freed memory.
+    while !ready.rank.board_settled() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
     // Freed here (cuMemFree waits for this rank's own kernels).
     drop(ready);

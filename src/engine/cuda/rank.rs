@@ -12,8 +12,9 @@ use super::staging::StagingLayout;
 use crate::detect::ArrivalRecord;
 use crate::gpu::kernels::op_code;
 use crate::gpu::launch::{
-    RawArrival, RawLaunch, RawPeer, RawRingEntry, RawTicket, MAX_THREADS, RING_ENTRIES,
-    STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED, STATUS_TIMEOUT,
+    RawArrival, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS,
+    MAX_THREADS, RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
+    STATUS_TIMEOUT,
 };
 use crate::nccl::types::ResultCode;
 use crate::plan::{encode, Plan};
@@ -238,6 +239,26 @@ impl CudaRank {
         })
     }
 
+    /// Whether no rank can still write to this rank's arrival board: true except on rank 0
+    /// while the record of the last ticketed call is incomplete (a read that fails counts as
+    /// settled: nothing better can be known).
+    pub fn board_settled(&self) -> bool {
+        if self.config.rank != 0 || self.arrivals == 0 {
+            return true;
+        }
+        let call = self.arrivals - 1;
+        let slot = self.config.layout.board()
+            + (call % BOARD_SLOTS as u64) * std::mem::size_of::<RawBoardSlot>() as u64;
+        let tag = (record_tag(call) >> 32) as u32;
+        // The high halves of the slot's `last` (offset 8) and `lead` (offset 16) words.
+        [slot + 12, slot + 20]
+            .iter()
+            .all(|&at| match self.staging.read_u32(at) {
+                Ok(t) => t == tag,
+                Err(_) => true,
+            })
+    }
+
     /// Where the next launch records its arrival (a ticket), or a launch that takes none.
     fn arrival(&self, ticket: bool) -> RawArrival {
         if !ticket {
@@ -272,15 +293,16 @@ impl CudaRank {
             STATUS_OK => {}
             status => return Err(CallError::Failed(status)),
         }
-        if self.peer_table.is_none() {
+        let Some(peers) = &self.peer_table else {
             return Err(CallError::Unfit("not connected to the peers".into()));
-        }
+        };
         let args = RawTicket {
             arrival: self.arrival(true),
             abort: self.words.device_address(ABORT_WORD),
             status: self.words.device_address(STATUS_WORD),
-            failed: self.staging.ptr + self.config.layout.failed(),
-            timeout_ns: self.timeout_ns(),
+            peers: peers.ptr,
+            // The call is NCCL's: its ticket waits for the last arrival as long as NCCL would.
+            timeout_ns: 0,
             rank: self.config.rank as u32,
             reserved: 0,
         };

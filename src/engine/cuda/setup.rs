@@ -528,15 +528,16 @@ pub struct Joined<M> {
 }
 
 /// Runs the setup protocol for this rank: all-gathers the records, computes the verdict,
-/// opens every peer's staging and probes it, runs `finish` on the mappings (the local steps
-/// that must succeed before the engine can run: connecting the peer table, ...), all-gathers
+/// opens every peer's staging and probes it, runs `finish` on the mappings and the gathered
+/// records (the local steps that must succeed before the engine can run: connecting the peer
+/// table, checking atomics on rank 0's GPU, ...), all-gathers
 /// whether all that worked, and computes the final verdict. Every rank makes the same
 /// collective calls whatever happens locally, so a local failure never leaves a peer waiting.
 pub fn run_setup<E: Exchange, P: PeerAccess>(
     exchange: &mut E,
     peers: &mut P,
     mine: &SetupRecord,
-    finish: impl FnOnce(&[Option<P::Mapping>]) -> bool,
+    finish: impl FnOnce(&[Option<P::Mapping>], &[SetupRecord]) -> bool,
 ) -> Result<Joined<P::Mapping>, SetupError> {
     let size = std::mem::size_of::<SetupRecord>();
     let gathered = exchange
@@ -572,7 +573,7 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
             }
         }
     }
-    let ok = ok && finish(&mappings);
+    let ok = ok && finish(&mappings, &records);
     let flags = exchange
         .all_gather(&(ok as u32).to_le_bytes())
         .map_err(SetupError::Exchange)?;
@@ -668,7 +669,7 @@ mod protocol_tests {
                             barrier,
                         };
                         let mut peers = FakePeers { rank, broken };
-                        run_setup(&mut exchange, &mut peers, &mine, |_| true)
+                        run_setup(&mut exchange, &mut peers, &mine, |_, _| true)
                     })
                 })
                 .collect();
@@ -770,9 +771,9 @@ mod finish_tests {
             blocks: 1,
         };
         let mine = SetupRecord::ready(0, 1, &identity, [0; 7], [0; 64], layout);
-        assert!(run_setup(&mut Solo, &mut Solo, &mine, |_| true).is_ok());
+        assert!(run_setup(&mut Solo, &mut Solo, &mine, |_, _| true).is_ok());
         assert_eq!(
-            run_setup(&mut Solo, &mut Solo, &mine, |_| false).unwrap_err(),
+            run_setup(&mut Solo, &mut Solo, &mine, |_, _| false).unwrap_err(),
             SetupError::Refused(Verdict::PeerAccessFailed { rank: 0 })
         );
     }

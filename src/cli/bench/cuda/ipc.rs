@@ -157,7 +157,10 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
         stream: Stream::new(&gpu.device)?,
     }];
     let layout = setup.layout;
-    let connect = |mappings: &[Option<IpcMapping>]| {
+    let connect = |mappings: &[Option<IpcMapping>], records: &[SetupRecord]| {
+        if !crate::engine::cuda::library::tickets_are_atomic(&gpu.device, records) {
+            return false;
+        }
         let peers: Vec<_> = mappings
             .iter()
             .map(|m| {
