@@ -384,6 +384,14 @@ SG_GLOBAL void __launch_bounds__(MAX_THREADS, 2) ncclStragglarAllReduce(RawLaunc
 
 SG_GLOBAL void ncclStragglarTicket(RawTicket args) { sg_ticket(&args); }
 
+/* `stragglar bench` only: holds its stream for `ns` nanoseconds of %globaltimer, so that a rank
+ * sharing a GPU with its peers arrives late on the device, not just on the host. */
+SG_GLOBAL void ncclStragglarDelay(uint64_t ns) {
+  if (threadIdx.x != 0) return;
+  uint64_t start = sg_now_ns();
+  while (sg_now_ns() - start < ns) sg_pause();
+}
+
 SG_GLOBAL void __launch_bounds__(MAX_THREADS, 2) ncclStragglarApplyProbe(RawApply args) {
   __shared__ sg_scratch scratch;
   sg_apply_probe(&args, &scratch);

@@ -160,6 +160,20 @@ graphs() {
 }
 step "CUDA graph capture and replay: 4 and 8 ranks" graphs.log graphs
 
+# The straggler policy on the GPU: rank 3 held back on the device for 300 us before each call;
+# every rank decides from its own ring of arrival records (as ncclAllReduce does), so the
+# bench fails on any disagreement; the last rows must show rank 3 designated and StragglAR used.
+policy() {
+  "$BIN" bench --backend cuda --ranks 4 --algo auto --late-rank 3 --delay-us 300 \
+    -b 1M -e 4M -f 2 -n 60 -w 4 --timeout-ms 60000 >"$OUT/policy-table.log" 2>&1
+  local status=$?
+  cat "$OUT/policy-table.log"
+  [ "$status" = 0 ] || return 1
+  grep -E '^ +[0-9]+ ' "$OUT/policy-table.log" | tail -n 1 |
+    awk '$NF == 3 && $(NF-1) > 0 { found = 1 } END { exit !found }'
+}
+step "straggler policy on the GPU: 4 ranks, rank 3 late" policy.log policy
+
 # 4. Kernel bandwidth against the device's copy rate.
 for t in float bfloat16; do
   step "kernel bandwidth vs cuMemcpyDtoD ($t)" "bandwidth-$t.log" \

@@ -73,8 +73,15 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
         stragglar::gpu::cubin::check(&cubin, arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
         let other = if arch == "sm_80" { "sm_90" } else { "sm_80" };
         assert!(stragglar::gpu::cubin::check(&cubin, other).is_err());
-        use stragglar::gpu::kernels::{ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL, TICKET_KERNEL};
-        for kernel in [ALL_REDUCE_KERNEL, TICKET_KERNEL, APPLY_PROBE_KERNEL] {
+        use stragglar::gpu::kernels::{
+            ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL, DELAY_KERNEL, TICKET_KERNEL,
+        };
+        for kernel in [
+            ALL_REDUCE_KERNEL,
+            TICKET_KERNEL,
+            APPLY_PROBE_KERNEL,
+            DELAY_KERNEL,
+        ] {
             let name = kernel.as_bytes();
             assert!(
                 cubin.windows(name.len()).any(|w| w == name),

@@ -258,13 +258,13 @@ impl BenchOptions {
     fn validate(&self) -> Result<(), UsageError> {
         let fail = |m: String| Err(UsageError(m));
         if self.backend == Backend::Cuda {
-            if self.algo == BenchAlgo::Auto
-                || self.delay_us > 0
-                || self.jitter_us > 0
-                || self.fault.is_some()
-                || self.link_gbs.is_some()
-            {
-                return fail("--backend cuda takes --algo stragglar|ring and no --delay-us, --jitter-us, --fault or --link-gbs (host-engine emulations)".into());
+            if self.jitter_us > 0 || self.fault.is_some() || self.link_gbs.is_some() {
+                return fail("--backend cuda takes no --jitter-us, --fault or --link-gbs (host-engine emulations; --delay-us delays the late rank on the GPU)".into());
+            }
+            if self.graph && (self.algo == BenchAlgo::Auto || self.delay_us > 0) {
+                return fail(
+                    "--graph replays fixed calls: it takes no --algo auto or --delay-us".into(),
+                );
             }
         } else if self.bandwidth || self.graph {
             return fail(

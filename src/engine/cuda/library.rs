@@ -27,9 +27,9 @@ use super::setup::{
 };
 use super::staging::StagingLayout;
 use crate::detect::policy::Policy;
-use crate::detect::{ArrivalRecord, Choice, Tracker};
+use crate::detect::{Choice, Tracker};
 use crate::engine::host::runner::{PlanCache, Shape};
-use crate::gpu::launch::{MAX_THREADS, RING_ENTRIES, STATUS_ABORTED, STATUS_OK};
+use crate::gpu::launch::{MAX_THREADS, RING_ENTRIES, STATUS_OK};
 use crate::intercept::fallback::Fallback;
 use crate::nccl::types::{cudaStream_t, ncclComm_t, DataTypeCode, ResultCode};
 use crate::reduce::{DataType, ReduceOp, Scale};
@@ -51,7 +51,7 @@ const _: () = assert!(RECORD_LAG >= 2 && RECORD_LAG < RING_ENTRIES as u64 + 2);
 
 /// The model's links for the policy: an NVSwitch GPU (ALGORITHM.md section 4: 3 us per round,
 /// 450 GiB/s per direction), until the engine is calibrated on such hardware.
-const NVSWITCH_LINK: Link = Link {
+pub const NVSWITCH_LINK: Link = Link {
     alpha: 3e-6,
     bandwidth: 450.0 * 1024.0 * 1024.0 * 1024.0,
 };
@@ -458,51 +458,11 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     })
 }
 
-/// How long a host waits for a due arrival record without a timeout configured before it
-/// says so in the log (it keeps waiting: the record comes unless a rank is stuck, and then the
-/// abort word, which a watchdog raises, releases it).
-const RECORD_WAIT_WARN: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Waits until this rank's ring holds the record of ticketed call `call`, which a launch this
-/// rank already made copies there. Gives up on an abort or a kernel failure of this rank (the
-/// kernels apply `STRAGGLAR_TIMEOUT_MS` to their own waits; the host does not time the GPU,
-/// which may rightly be many calls behind).
-fn await_record(rank: &CudaRank, call: u64) -> Result<ArrivalRecord, CallError> {
-    let control = rank.control();
-    let started = std::time::Instant::now();
-    let mut warned = false;
-    for spin in 0u64.. {
-        if let Some(record) = rank.record(call) {
-            return Ok(record);
-        }
-        if control.status() != STATUS_OK {
-            return Err(CallError::Failed(control.status()));
-        }
-        if control.aborted() {
-            return Err(CallError::Failed(STATUS_ABORTED));
-        }
-        let waited = started.elapsed();
-        if !warned && waited > RECORD_WAIT_WARN {
-            warned = true;
-            log::warn!(
-                "still waiting after {} s for the arrival record of call {call}: a rank of this communicator is stuck",
-                waited.as_secs()
-            );
-        }
-        if spin < 1000 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(20));
-        }
-    }
-    unreachable!("the loop returns")
-}
-
 /// Feeds the tracker every due record (waiting for them) and logs designation changes (rank 0
 /// says it; every rank sees the same change).
 fn feed_due_records(ready: &mut Ready, comm: ncclComm_t, rank: usize) -> Result<(), CallError> {
     while let Some(call) = ready.tracker.due() {
-        let record = await_record(&ready.rank, call)?;
+        let record = ready.rank.await_record(call)?;
         let Some(observed) = ready.tracker.feed(record) else {
             break;
         };

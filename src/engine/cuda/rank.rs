@@ -113,6 +113,11 @@ impl Control {
     }
 }
 
+/// How long a host waits for a due arrival record before it says so in the log (it keeps
+/// waiting: the record comes unless a rank is stuck, and then the abort word, which a watchdog
+/// raises, releases it).
+const RECORD_WAIT_WARN: Duration = Duration::from_secs(60);
+
 /// The tag the kernels put in the high half of call `call`'s packed record words
 /// (`sg_tag` in cuda/stragglar_arrival.h).
 fn record_tag(call: u64) -> u64 {
@@ -257,6 +262,45 @@ impl CudaRank {
                 Ok(t) => t == tag,
                 Err(_) => true,
             })
+    }
+
+    /// Waits until the ring holds the record of ticketed call `call`, which a launch this rank
+    /// already made copies there (the start of call `call + 1`). Gives up on an abort or a
+    /// kernel failure of this rank: the kernels apply `STRAGGLAR_TIMEOUT_MS` to their own
+    /// waits, and the host does not time the GPU, which may rightly be many calls behind.
+    pub fn await_record(&self, call: u64) -> Result<ArrivalRecord, CallError> {
+        debug_assert!(
+            call < self.arrivals,
+            "record {call} has no launch to copy it"
+        );
+        let control = self.control();
+        let started = std::time::Instant::now();
+        let mut warned = false;
+        for spin in 0u64.. {
+            if let Some(record) = self.record(call) {
+                return Ok(record);
+            }
+            if control.status() != STATUS_OK {
+                return Err(CallError::Failed(control.status()));
+            }
+            if control.aborted() {
+                return Err(CallError::Failed(STATUS_ABORTED));
+            }
+            let waited = started.elapsed();
+            if !warned && waited > RECORD_WAIT_WARN {
+                warned = true;
+                log::warn!(
+                    "still waiting after {} s for the arrival record of call {call}: a rank of this communicator is stuck",
+                    waited.as_secs()
+                );
+            }
+            if spin < 1000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        unreachable!("the loop returns")
     }
 
     /// Where the next launch records its arrival (a ticket), or a launch that takes none.

@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::local::{run_size, Local, Outcome};
+use super::steering::{Plans, Steering};
 use super::{open_gpu, Setup};
 use crate::cli::args::Args;
 use crate::cli::bench::options::BenchOptions;
@@ -85,10 +86,10 @@ pub fn spawn(options: &BenchOptions, dir: &Path) -> std::io::Result<Vec<Child>> 
         .collect()
 }
 
-/// Parses a worker's `outcome COMBO SIZE T0 T1 W0 W1 D0 D1 R` line.
+/// Parses a worker's `outcome COMBO SIZE T0 T1 W0 W1 D0 D1 R CALLS SG CHOICES DESIGNATED` line.
 pub fn parse_outcome(line: &str) -> Option<(usize, usize, Outcome)> {
     let f: Vec<&str> = line.split_whitespace().collect();
-    if f.len() != 10 || f[0] != "outcome" {
+    if f.len() != 14 || f[0] != "outcome" {
         return None;
     }
     Some((
@@ -99,6 +100,10 @@ pub fn parse_outcome(line: &str) -> Option<(usize, usize, Outcome)> {
             wrong: [f[5].parse().ok()?, f[6].parse().ok()?],
             digest: [f[7].parse().ok()?, f[8].parse().ok()?],
             records: f[9].parse().ok()?,
+            calls: f[10].parse().ok()?,
+            stragglar_calls: f[11].parse().ok()?,
+            choices: f[12].parse().ok()?,
+            designated: f[13].parse().ok()?,
         },
     ))
 }
@@ -155,6 +160,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
         rank,
         comm,
         stream: Stream::new(&gpu.device)?,
+        steering: Steering::new(options.ranks, setup.auto),
     }];
     let layout = setup.layout;
     let connect = |mappings: &[Option<IpcMapping>], records: &[SetupRecord]| {
@@ -182,8 +188,8 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
     for (combo, &(dtype, op)) in setup.combos.clone().iter().enumerate() {
         for (size, &bytes) in setup.sizes.clone().iter().enumerate() {
             seed += 1;
-            let plan = setup.plan(dtype, bytes)?;
-            let o = match run_size(options, &gpu, &mut locals, &plan, op, seed) {
+            let plans = Plans::for_size(&mut setup, dtype, bytes)?;
+            let o = match run_size(options, &gpu, &mut locals, &plans, op, seed) {
                 Ok(o) => o[0],
                 Err(e) => {
                     // Peers waiting on this rank give up instead of hanging.
@@ -195,14 +201,18 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
             let mut out = stdout.lock();
             writeln!(
                 out,
-                "outcome {combo} {size} {} {} {} {} {} {} {}",
+                "outcome {combo} {size} {} {} {} {} {} {} {} {} {} {} {}",
                 o.time_us[0],
                 o.time_us[1],
                 o.wrong[0],
                 o.wrong[1],
                 o.digest[0],
                 o.digest[1],
-                o.records
+                o.records,
+                o.calls,
+                o.stragglar_calls,
+                o.choices,
+                o.designated
             )?;
             out.flush()?;
         }
@@ -227,13 +237,17 @@ mod tests {
 
     #[test]
     fn outcomes_parse() {
-        let line = "outcome 2 5 10.5 11 0 3 17 18 19";
+        let line = "outcome 2 5 10.5 11 0 3 17 18 19 40 30 77 -1";
         let (combo, size, o) = parse_outcome(line).unwrap();
         assert_eq!((combo, size), (2, 5));
         assert_eq!(o.time_us, [10.5, 11.0]);
         assert_eq!(o.wrong, [0, 3]);
         assert_eq!(o.digest, [17, 18]);
         assert_eq!(o.records, 19);
+        assert_eq!(
+            (o.calls, o.stragglar_calls, o.choices, o.designated),
+            (40, 30, 77, -1)
+        );
         assert!(parse_outcome("size 1 2").is_none());
     }
 

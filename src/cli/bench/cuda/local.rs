@@ -3,20 +3,21 @@
 
 use std::error::Error;
 
+use super::steering::{Plans, Steering};
 use super::GpuKernels;
 use crate::cli::bench::data;
 use crate::cli::bench::options::BenchOptions;
 use crate::engine::cuda::driver::{DeviceMemory, Event, GpuError, Graph, Stream};
 use crate::engine::cuda::rank::{CudaRank, Operands};
 use crate::gpu::launch::RING_ENTRIES;
-use crate::plan::Plan;
 use crate::reduce::{DataType, ReduceOp, Scale};
 
-/// One rank held here: its engine state and its own stream.
+/// One rank held here: its engine state, its own stream and its choices.
 pub struct Local {
     pub rank: usize,
     pub comm: CudaRank,
     pub stream: Stream,
+    pub steering: Steering,
 }
 
 /// What one rank measured for one size: out of place, then in place.
@@ -31,6 +32,12 @@ pub struct Outcome {
     /// A digest of the arrival records in the rank's ring after the size ran, which every
     /// rank must share too (`u64::MAX` when one is missing).
     pub records: u64,
+    /// Eager calls of the size, those on StragglAR, and a digest of every choice (the same on
+    /// every rank); the designated straggler after the size (-1 for none).
+    pub calls: u64,
+    pub stragglar_calls: u64,
+    pub choices: u64,
+    pub designated: i64,
 }
 
 /// A digest of the arrival records `comm`'s ring holds once its stream is idle: those of every
@@ -56,19 +63,24 @@ pub fn scale_of(dtype: DataType, op: ReduceOp, ranks: usize, rank: usize) -> Sca
     Scale::for_op(op, dtype, ranks, Some(scalar)).expect("a host scalar")
 }
 
-/// Runs `plan` with `op` on every local rank: one checked call and `iters` timed ones, out of
-/// place and in place. Every rank of the communicator must run the same sequence.
+/// Runs one size with `op` on every local rank: one checked call and `iters` timed ones, out of
+/// place and in place, each call on the plan its rank's steering picks among `plans`. Every
+/// rank of the communicator must run the same sequence.
 pub fn run_size(
     options: &BenchOptions,
     gpu: &GpuKernels,
     locals: &mut [Local],
-    plan: &Plan,
+    plans: &Plans,
     op: ReduceOp,
     seed: usize,
 ) -> Result<Vec<Outcome>, Box<dyn Error>> {
     let n = options.ranks;
+    let plan = plans.reference();
     let dtype = plan.dtype;
     let bytes = plan.count * dtype.size();
+    for l in locals.iter_mut() {
+        l.steering.start_size();
+    }
     let inputs: Vec<Vec<u8>> = locals
         .iter()
         .map(|l| data::input(dtype, op, l.rank, plan.count, seed))
@@ -91,6 +103,10 @@ pub fn run_size(
             wrong: [0; 2],
             digest: [0; 2],
             records: 0,
+            calls: 0,
+            stragglar_calls: 0,
+            choices: 0,
+            designated: -1,
         };
         locals.len()
     ];
@@ -104,23 +120,35 @@ pub fn run_size(
         };
         // `first` is the index of `locals[0]` among all local ranks (a graph captures one).
         // Eager calls record their arrivals; captured ones must not (see `CudaRank::ticket`).
-        let call =
-            |locals: &mut [Local], first: usize, ticket: bool| -> Result<(), Box<dyn Error>> {
-                for (i, l) in locals.iter_mut().enumerate() {
-                    let (input, output) = buffers(first + i);
-                    let scale = scale_of(dtype, op, n, l.rank);
-                    let operands = Operands {
-                        op,
-                        scale,
-                        input,
-                        output,
-                    };
-                    // SAFETY: input and output hold `plan.count` elements on this device and
-                    // live until the streams are synchronised, before this function returns.
-                    unsafe { l.comm.all_reduce(plan, operands, l.stream.raw, ticket) }?;
+        let call = |locals: &mut [Local],
+                    first: usize,
+                    ticket: bool|
+         -> Result<(), Box<dyn Error>> {
+            for (i, l) in locals.iter_mut().enumerate() {
+                let (input, output) = buffers(first + i);
+                let scale = scale_of(dtype, op, n, l.rank);
+                // Captured calls (fixed plans only) take no ticket and make no choice.
+                let plan = match ticket {
+                    true => l.steering.next(&l.comm, plans, bytes)?,
+                    false => plan,
+                };
+                if ticket && options.delay_us > 0 && l.rank == options.late_rank(l.steering.calls) {
+                    let ns = options.delay_us.saturating_mul(1000);
+                    // SAFETY: the delay kernel takes one u64 by value; the stream is live.
+                    unsafe { gpu.delay.launch(l.stream.raw, 1, 32, &ns) }?;
                 }
-                Ok(())
-            };
+                let operands = Operands {
+                    op,
+                    scale,
+                    input,
+                    output,
+                };
+                // SAFETY: input and output hold `plan.count` elements on this device and
+                // live until the streams are synchronised, before this function returns.
+                unsafe { l.comm.all_reduce(plan, operands, l.stream.raw, ticket) }?;
+            }
+            Ok(())
+        };
         // The checked call: in place, the output buffer starts as the input.
         for (i, l) in locals.iter_mut().enumerate() {
             if in_place {
@@ -212,6 +240,10 @@ pub fn run_size(
     }
     for (o, l) in outcomes.iter_mut().zip(locals.iter()) {
         o.records = records_digest(&l.comm);
+        o.calls = l.steering.size_calls;
+        o.stragglar_calls = l.steering.stragglar_calls;
+        o.choices = l.steering.choices;
+        o.designated = l.steering.designated.map_or(-1, |r| r as i64);
     }
     Ok(outcomes)
 }

@@ -8,6 +8,7 @@
 mod bandwidth;
 pub mod ipc;
 mod local;
+mod steering;
 
 use std::io::{BufRead, BufReader};
 use std::sync::Arc;
@@ -17,13 +18,14 @@ use crate::engine::cuda::driver::{Device, GpuError, Kernel, Kernels, Stream};
 use crate::engine::cuda::rank::{status_text, CudaRank, RankConfig};
 use crate::engine::cuda::staging::StagingLayout;
 use crate::engine::host::runner::{PlanCache, Shape};
-use crate::gpu::kernels::APPLY_PROBE_KERNEL;
+use crate::gpu::kernels::{APPLY_PROBE_KERNEL, DELAY_KERNEL};
 use crate::gpu::nvrtc;
 use crate::gpu::probe::{probe, Driver};
 use crate::plan::Plan;
 use crate::reduce::{DataType, ReduceOp};
 use crate::schedule::Algorithm;
 use local::{run_size, Local, Outcome};
+use steering::{Plans, Steering};
 
 /// Threads per block of the AllReduce kernel.
 const THREADS: u32 = 512;
@@ -35,6 +37,8 @@ pub struct GpuKernels {
     pub device: Arc<Device>,
     /// The AllReduce and ticket kernels.
     pub kernels: Arc<Kernels>,
+    /// The late rank's device-side delay (`--delay-us`).
+    pub delay: Kernel,
     pub probe: Kernel,
     pub arch: String,
 }
@@ -55,9 +59,11 @@ pub fn open_gpu() -> Result<GpuKernels, String> {
     let (cubin, _) = nvrtc::cubin_cached(&arch, cache.as_deref()).map_err(|e| e.to_string())?;
     let kernels = Arc::new(Kernels::load(&device, &cubin).map_err(gpu)?);
     let probe = Kernel::load(&device, &cubin, APPLY_PROBE_KERNEL).map_err(gpu)?;
+    let delay = Kernel::load(&device, &cubin, DELAY_KERNEL).map_err(gpu)?;
     Ok(GpuKernels {
         device,
         kernels,
+        delay,
         probe,
         arch,
     })
@@ -78,7 +84,9 @@ pub struct Setup {
     pub sizes: Vec<u64>,
     pub combos: Vec<(DataType, ReduceOp)>,
     straggler: usize,
-    ranks: usize,
+    pub ranks: usize,
+    /// `--algo auto`: each call's plan comes from the policy (see `steering`).
+    pub auto: bool,
     cache: PlanCache,
 }
 
@@ -106,14 +114,22 @@ impl Setup {
                 .collect(),
             straggler: options.straggler,
             ranks: options.ranks,
+            auto: options.algo == BenchAlgo::Auto,
             cache: PlanCache::default(),
         };
         for dtype in options.dtypes.clone() {
             for bytes in setup.sizes.clone() {
-                let plan = setup.plan(dtype, bytes)?;
-                setup.layout.arena_bytes =
-                    setup.layout.arena_bytes.max(plan.max_arena_bytes() as u64);
-                setup.layout.values = setup.layout.values.max(plan.max_values() as u64);
+                // With --algo auto, Ring runs too (StragglAR's sizes do not depend on which
+                // rank is the straggler).
+                let mut plans = vec![setup.plan(dtype, bytes)?];
+                if setup.auto {
+                    plans.push(setup.plan_of(Algorithm::Ring, 0, dtype, bytes)?);
+                }
+                for plan in plans {
+                    setup.layout.arena_bytes =
+                        setup.layout.arena_bytes.max(plan.max_arena_bytes() as u64);
+                    setup.layout.values = setup.layout.values.max(plan.max_values() as u64);
+                }
             }
         }
         if setup.layout.arena_bytes > options.buffer_bytes as u64 {
@@ -125,12 +141,23 @@ impl Setup {
         Ok(setup)
     }
 
-    /// The plan of `bytes` (whole elements) of `dtype`.
+    /// The plan of `bytes` (whole elements) of `dtype`, with `--algo` and `--straggler`.
     pub fn plan(&mut self, dtype: DataType, bytes: u64) -> Result<Plan, String> {
+        self.plan_of(self.algorithm, self.straggler, dtype, bytes)
+    }
+
+    /// The plan of `bytes` of `dtype` with `algorithm` and `straggler`.
+    pub fn plan_of(
+        &mut self,
+        algorithm: Algorithm,
+        straggler: usize,
+        dtype: DataType,
+        bytes: u64,
+    ) -> Result<Plan, String> {
         let shape = Shape {
-            algorithm: self.algorithm,
+            algorithm,
             ranks: self.ranks,
-            straggler: self.straggler,
+            straggler,
             dtype,
         };
         Ok(self
@@ -159,8 +186,12 @@ struct Row {
     /// Microseconds per call, out of place and in place: the slowest rank's.
     time_us: [f64; 2],
     wrong: [u64; 2],
-    /// Rank outputs that differ from rank 0's.
+    /// Rank outputs, rings or choices that differ from rank 0's.
     disagreements: u64,
+    /// Rank 0's eager calls, those on StragglAR, and its designation after the size.
+    calls: u64,
+    stragglar_calls: u64,
+    designated: i64,
 }
 
 impl Row {
@@ -171,6 +202,9 @@ impl Row {
             time_us: [0.0; 2],
             wrong: [0; 2],
             disagreements: 0,
+            calls: outcomes.first().map_or(0, |o| o.calls),
+            stragglar_calls: outcomes.first().map_or(0, |o| o.stragglar_calls),
+            designated: outcomes.first().map_or(-1, |o| o.designated),
         };
         for o in outcomes {
             for p in 0..2 {
@@ -179,6 +213,7 @@ impl Row {
                 row.disagreements += (o.digest[p] != outcomes[0].digest[p]) as u64;
             }
             row.disagreements += (o.records != outcomes[0].records) as u64;
+            row.disagreements += (o.choices != outcomes[0].choices) as u64;
         }
         row
     }
@@ -234,7 +269,7 @@ fn preamble(options: &BenchOptions, gpu: &GpuKernels) -> Result<Setup, String> {
     if options.bandwidth {
         bandwidth::table(options, gpu, sms)?;
     }
-    print_header();
+    print_header(options.algo == BenchAlgo::Auto);
     Ok(setup)
 }
 
@@ -248,6 +283,7 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
             rank,
             comm: CudaRank::new(&gpu.device, &gpu.kernels, config).map_err(err)?,
             stream: Stream::new(&gpu.device).map_err(err)?,
+            steering: Steering::new(options.ranks, setup.auto),
         });
     }
     let peers: Vec<_> = locals.iter().map(|l| l.comm.own_peer()).collect();
@@ -259,8 +295,8 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
     for (dtype, op) in setup.combos.clone() {
         for bytes in setup.sizes.clone() {
             seed += 1;
-            let plan = setup.plan(dtype, bytes)?;
-            let outcomes = match run_size(options, gpu, &mut locals, &plan, op, seed) {
+            let plans = Plans::for_size(&mut setup, dtype, bytes)?;
+            let outcomes = match run_size(options, gpu, &mut locals, &plans, op, seed) {
                 Ok(o) => o,
                 Err(e) => {
                     // Release every kernel still waiting before the buffers are freed.
@@ -270,7 +306,7 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
                     return Err(e.to_string());
                 }
             };
-            let row = Row::combine(&plan, &outcomes);
+            let row = Row::combine(plans.reference(), &outcomes);
             bad += row.wrong[0] + row.wrong[1] + row.disagreements;
             print_row(options, &row, dtype, op, setup.algorithm);
         }
@@ -355,13 +391,18 @@ fn collect(
     Ok(bad)
 }
 
-fn print_header() {
+fn print_header(auto: bool) {
+    let policy = |a: &str, b: &str| match auto {
+        true => format!(" | {a:>5} {b:>5}"),
+        false => String::new(),
+    };
     println!(
-        "#\n# {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}",
-        "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
+        "#\n# {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}{}",
+        "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
+        policy("sg%", "strag")
     );
     println!(
-        "# {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}",
+        "# {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}{}",
         "(B)",
         "(elements)",
         "",
@@ -374,11 +415,13 @@ fn print_header() {
         "(us)",
         "(GB/s)",
         "(GB/s)",
-        ""
+        "",
+        policy("", "")
     );
 }
 
-/// Prints one nccl-tests style line.
+/// Prints one nccl-tests style line; with `--algo auto`, the share of calls the policy ran on
+/// StragglAR and the straggler it designated (`-` for none).
 fn print_row(
     options: &BenchOptions,
     row: &Row,
@@ -397,13 +440,29 @@ fn print_row(
     };
     let (a0, b0) = bw(row.time_us[0]);
     let (a1, b1) = bw(row.time_us[1]);
+    let auto = options.algo == BenchAlgo::Auto;
+    let policy = match auto {
+        true => format!(
+            " | {:>5.0} {:>5}",
+            100.0 * row.stragglar_calls as f64 / row.calls.max(1) as f64,
+            match row.designated {
+                -1 => "-".to_string(),
+                r => r.to_string(),
+            }
+        ),
+        false => String::new(),
+    };
     println!(
-        "  {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10.1} {:>8.2} {:>8.2} {:>6} | {:>10.1} {:>8.2} {:>8.2} {:>6}",
+        "  {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10.1} {:>8.2} {:>8.2} {:>6} | {:>10.1} {:>8.2} {:>8.2} {:>6}{policy}",
         row.bytes,
         row.count,
         dtype.name(),
         op.name(),
-        if algorithm == Algorithm::Ring { "ring" } else { "sg" },
+        match (auto, algorithm) {
+            (true, _) => "auto",
+            (false, Algorithm::Ring) => "ring",
+            (false, _) => "sg",
+        },
         row.time_us[0],
         a0,
         b0,
