@@ -54,11 +54,33 @@ typedef struct stragglarStats_t {
    */
   uint64_t fallbacks[STRAGGLAR_FALLBACK_COUNT];
   /**
-   * The rank designated as the straggler, or -1 for none.
+   * The rank designated as the straggler by the last arrival record read (for that call's
+   * size class), or -1 for none (always -1 unless the GPU engine serves the communicator).
    */
   int designatedStraggler;
   int reserved;
 } stragglarStats_t;
+
+/**
+ * One rank's arrivals on a communicator: a line of its straggler report, from the arrival
+ * records every rank shares (kept by the GPU engine).
+ */
+typedef struct stragglarArrivals_t {
+  /**
+   * Calls whose arrival records were read.
+   */
+  uint64_t calls;
+  /**
+   * Of them, the calls where this rank arrived last.
+   */
+  uint64_t arrivedLast;
+  /**
+   * Its lead over the second-to-last arrival when it arrived last (the most recent 4096
+   * such calls), in microseconds: median and 90th percentile; 0 when it never did.
+   */
+  double medianLeadUs;
+  double p90LeadUs;
+} stragglarArrivals_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -81,6 +103,14 @@ ncclResult_t stragglarGetNcclBinding(struct stragglarNcclBinding_t *out);
  * `*stats` only on success.
  */
 ncclResult_t stragglarGetStats(ncclComm_t comm, struct stragglarStats_t *stats);
+
+/**
+ * Copies rank `rank`'s arrivals on `comm` into `*arrivals`. `ncclInvalidArgument` for NULL
+ * arguments, destroyed communicators and ranks outside the communicator; `ncclInvalidUsage`
+ * when no arrival records are kept for `comm` (the GPU engine does not serve it). Writes
+ * `*arrivals` only on success.
+ */
+ncclResult_t stragglarGetArrivals(ncclComm_t comm, int rank, struct stragglarArrivals_t *arrivals);
 
 /**
  * The name of fallback cause `index` (`"too-few-ranks"`, ...), or `"unknown"`. The string is

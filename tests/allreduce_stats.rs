@@ -4,7 +4,8 @@
 use std::ffi::CStr;
 
 use stragglar::abi::extensions::{
-    stragglarFallbackName, stragglarGetStats, stragglarStats_t, STRAGGLAR_FALLBACK_COUNT,
+    stragglarArrivals_t, stragglarFallbackName, stragglarGetArrivals, stragglarGetStats,
+    stragglarStats_t, STRAGGLAR_FALLBACK_COUNT,
 };
 use stragglar::intercept::fallback::Fallback;
 use stragglar::intercept::{
@@ -123,6 +124,44 @@ fn stragglar_get_stats_returns_the_counters_and_refuses_bad_arguments() {
         ResultCode::INVALID_ARGUMENT
     );
     assert_eq!(stats, before, "no output written on failure");
+}
+
+#[test]
+fn stragglar_get_arrivals_needs_the_gpu_engine_and_refuses_bad_arguments() {
+    let comm = register(0x6300, 4);
+    let untouched = stragglarArrivals_t {
+        calls: 7,
+        arrivedLast: 7,
+        medianLeadUs: 7.0,
+        p90LeadUs: 7.0,
+    };
+    let mut a = untouched;
+    // No GPU engine serves it (none runs here): no records.
+    assert_eq!(
+        stragglarGetArrivals(comm, 1, &mut a),
+        ResultCode::INVALID_USAGE
+    );
+    for rank in [-1, 4, i32::MAX] {
+        assert_eq!(
+            stragglarGetArrivals(comm, rank, &mut a),
+            ResultCode::INVALID_ARGUMENT,
+            "rank {rank}"
+        );
+    }
+    assert_eq!(
+        stragglarGetArrivals(std::ptr::null_mut(), 0, &mut a),
+        ResultCode::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        stragglarGetArrivals(comm, 0, std::ptr::null_mut()),
+        ResultCode::INVALID_ARGUMENT
+    );
+    registry::comms().set_state(comm, CommState::Destroyed);
+    assert_eq!(
+        stragglarGetArrivals(comm, 0, &mut a),
+        ResultCode::INVALID_ARGUMENT
+    );
+    assert_eq!(a, untouched, "no output written on failure");
 }
 
 #[test]

@@ -128,6 +128,7 @@ pointers!(
     RedOpCode,
     stragglarNcclBinding_t,
     stragglarStats_t,
+    stragglarArrivals_t,
 );
 
 impl Hostile for ncclComm_t {
@@ -379,7 +380,7 @@ fn every_export() -> Vec<Entry> {
             pncclGetLsaMultimemDevicePointer, ncclTeamRankToWorld, pncclTeamRankToWorld,
             ncclTeamRankToLsa, pncclTeamRankToLsa, ncclCommInitAll, ncclCommMemStats,
             ncclWinGetUserPtr, ncclParamGetParameter, pncclCommInitAll, pncclCommMemStats,
-            pncclWinGetUserPtr, pncclParamGetParameter,
+            pncclWinGetUserPtr, pncclParamGetParameter, stragglarGetArrivals,
         ],
         4 => [
             ncclGetMultimemDevicePointer, pncclGetMultimemDevicePointer, ncclGetLsaDevicePointer,

@@ -125,7 +125,8 @@ pub struct stragglarStats_t {
     pub onNccl: u64,
     /// Forwarded calls by cause; `stragglarFallbackName(i)` names cause `i`.
     pub fallbacks: [u64; STRAGGLAR_FALLBACK_COUNT],
-    /// The rank designated as the straggler, or -1 for none.
+    /// The rank designated as the straggler by the last arrival record read (for that call's
+    /// size class), or -1 for none (always -1 unless the GPU engine serves the communicator).
     pub designatedStraggler: c_int,
     pub reserved: c_int,
 }
@@ -150,11 +151,76 @@ pub extern "C" fn stragglarGetStats(comm: ncclComm_t, stats: *mut stragglarStats
             onStragglar: s.on_stragglar,
             onNccl: s.on_nccl(),
             fallbacks: s.fallbacks,
-            designatedStraggler: -1,
+            designatedStraggler: crate::engine::cuda::library::designated(comm)
+                .map_or(-1, |r| r as c_int),
             reserved: 0,
         };
         // SAFETY: checked non-NULL; the caller owns the struct.
         unsafe { stats.write(value) };
+        ResultCode::SUCCESS
+    })
+}
+
+/// One rank's arrivals on a communicator: a line of its straggler report, from the arrival
+/// records every rank shares (kept by the GPU engine).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct stragglarArrivals_t {
+    /// Calls whose arrival records were read.
+    pub calls: u64,
+    /// Of them, the calls where this rank arrived last.
+    pub arrivedLast: u64,
+    /// Its lead over the second-to-last arrival when it arrived last (the most recent 4096
+    /// such calls), in microseconds: median and 90th percentile; 0 when it never did.
+    pub medianLeadUs: f64,
+    pub p90LeadUs: f64,
+}
+
+/// Copies rank `rank`'s arrivals on `comm` into `*arrivals`. `ncclInvalidArgument` for NULL
+/// arguments, destroyed communicators and ranks outside the communicator; `ncclInvalidUsage`
+/// when no arrival records are kept for `comm` (the GPU engine does not serve it). Writes
+/// `*arrivals` only on success.
+#[no_mangle]
+pub extern "C" fn stragglarGetArrivals(
+    comm: ncclComm_t,
+    rank: c_int,
+    arrivals: *mut stragglarArrivals_t,
+) -> ResultCode {
+    guard("stragglarGetArrivals", || {
+        static LIVE_WARNED: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
+        static UNSERVED_WARNED: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
+        if comm.is_null() || arrivals.is_null() {
+            return ResultCode::INVALID_ARGUMENT;
+        }
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "stragglarGetArrivals") {
+            return code;
+        }
+        let nranks = crate::registry::comms().get(comm).and_then(|i| i.nranks);
+        let Some(rank) = usize::try_from(rank)
+            .ok()
+            .filter(|&r| nranks.is_none_or(|n| r < n as usize))
+        else {
+            return ResultCode::INVALID_ARGUMENT;
+        };
+        let Some(a) = crate::engine::cuda::library::arrivals(comm, rank) else {
+            if !UNSERVED_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!(
+                    "stragglarGetArrivals: no arrival records for communicator {comm:p} (the GPU engine does not serve it); returning ncclInvalidUsage (logged once)"
+                );
+            }
+            return ResultCode::INVALID_USAGE;
+        };
+        let us = |ns: Option<u64>| ns.map_or(0.0, |ns| ns as f64 / 1e3);
+        let value = stragglarArrivals_t {
+            calls: a.calls,
+            arrivedLast: a.arrived_last,
+            medianLeadUs: us(a.median_lead_ns),
+            p90LeadUs: us(a.p90_lead_ns),
+        };
+        // SAFETY: checked non-NULL; the caller owns the struct.
+        unsafe { arrivals.write(value) };
         ResultCode::SUCCESS
     })
 }

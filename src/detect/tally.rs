@@ -31,6 +31,19 @@ struct Designation {
     changes: u64,
 }
 
+/// One rank's line of the report.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankArrivals {
+    /// Calls whose records were tallied.
+    pub calls: u64,
+    /// Of them, those where the rank arrived last.
+    pub arrived_last: u64,
+    /// Its lead when it did (the most recent ones), nanoseconds: median and 90th percentile,
+    /// `None` when it never did.
+    pub median_lead_ns: Option<u64>,
+    pub p90_lead_ns: Option<u64>,
+}
+
 /// `q` (0..=1) of `values`, nearest rank; `None` when empty.
 fn quantile(values: &[u64], q: f64) -> Option<u64> {
     if values.is_empty() {
@@ -85,6 +98,17 @@ impl ArrivalTally {
             changes: d.changes + 1,
         };
         Some(before)
+    }
+
+    /// `rank`'s line of the report (`None` for a rank outside the communicator).
+    pub fn rank(&self, rank: usize) -> Option<RankArrivals> {
+        let leads = self.leads.get(rank)?;
+        Some(RankArrivals {
+            calls: self.calls,
+            arrived_last: self.last_counts[rank],
+            median_lead_ns: quantile(leads, 0.5),
+            p90_lead_ns: quantile(leads, 0.9),
+        })
     }
 
     /// The table: one line per rank that ever arrived last (with its host and device from

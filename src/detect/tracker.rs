@@ -136,6 +136,11 @@ impl Tracker {
         })
     }
 
+    /// `rank`'s arrivals over the records fed so far (`None` outside the communicator).
+    pub fn arrivals(&self, rank: usize) -> Option<super::tally::RankArrivals> {
+        self.tally.rank(rank)
+    }
+
     /// The straggler report of the records fed so far (`members`: see `ArrivalTally::table`).
     pub fn table(&self, members: &[String]) -> String {
         self.tally.table(members)
@@ -252,6 +257,15 @@ mod tests {
         let members: Vec<String> = (0..8).map(|r| format!("host{r} GPU-0000000{r}")).collect();
         let table = t.table(&members);
         assert!(table.contains("host5 GPU-00000005"), "{table}");
+        let five = t.arrivals(5).unwrap();
+        assert_eq!(five.calls, 198);
+        assert!(
+            five.arrived_last > 100 && five.arrived_last < 198,
+            "{five:?}"
+        );
+        assert!(five.median_lead_ns.unwrap() >= 300_000_000);
+        assert!(five.p90_lead_ns >= five.median_lead_ns);
+        assert_eq!(t.arrivals(8), None);
         assert!(table.contains("198 calls"), "{table}");
         assert!(table.contains("sizes 2^21 B: straggler 5"), "{table}");
         assert!(table.contains("sizes 2^11 B: straggler 5"), "{table}");

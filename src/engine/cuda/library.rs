@@ -80,6 +80,8 @@ struct Ready {
     plans: PlanCache,
     /// The straggler policy and its arrival records.
     tracker: Tracker,
+    /// The designation after the last record read (of that record's size class).
+    designated: Option<usize>,
     /// Each rank's host and GPU, for the report.
     members: Vec<String>,
     /// When the straggler report was last logged (every `STRAGGLAR_REPORT_INTERVAL` at INFO).
@@ -450,6 +452,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         reported_at: std::time::Instant::now(),
         plans: PlanCache::default(),
         tracker: tracker(call.ranks),
+        designated: None,
         launched: 0,
         ticket_awaits_nccl: false,
         last,
@@ -466,6 +469,7 @@ fn feed_due_records(ready: &mut Ready, comm: ncclComm_t, rank: usize) -> Result<
         let Some(observed) = ready.tracker.feed(record) else {
             break;
         };
+        ready.designated = observed.designated;
         match (observed.changed, rank) {
             (Some(before), 0) => {
                 let who = |r: Option<usize>| r.map_or("none".to_string(), |r| format!("rank {r}"));
@@ -702,6 +706,28 @@ pub fn all_reduce(call: &EngineCall) -> Result<ResultCode, Fallback> {
             Ok(e.nccl_code())
         }
     }
+}
+
+/// Runs `f` on the engine state of `comm`, if the GPU engine serves it.
+fn with_ready<T>(comm: ncclComm_t, f: impl FnOnce(&Ready) -> T) -> Option<T> {
+    let entry = ENGINES.lock().get(&(comm as usize)).cloned()?;
+    let state = entry.state.lock();
+    match &*state {
+        State::Ready(ready) => Some(f(ready)),
+        _ => None,
+    }
+}
+
+/// The straggler designated after the last arrival record the engine read for `comm` (for
+/// that record's size class); `None` when none is or the engine does not serve `comm`.
+pub fn designated(comm: ncclComm_t) -> Option<usize> {
+    with_ready(comm, |ready| ready.designated).flatten()
+}
+
+/// `rank`'s arrivals on `comm` (a line of its straggler report); `None` when the engine does
+/// not serve `comm` or `rank` is not one of its ranks.
+pub fn arrivals(comm: ncclComm_t, rank: usize) -> Option<crate::detect::tally::RankArrivals> {
+    with_ready(comm, |ready| ready.tracker.arrivals(rank)).flatten()
 }
 
 /// The asynchronous error the engine holds for `comm`, if a kernel of it gave up (logged once).
