@@ -643,7 +643,7 @@ pub unsafe fn synchronize_raw(device: &Device, stream: sys::CUstream) -> Result<
 ///
 /// # Safety
 /// `address` must be 4 readable bytes of `device`'s address space.
-unsafe fn read_word(device: &Device, address: sys::CUdeviceptr) -> Result<u32, GpuError> {
+pub unsafe fn read_word(device: &Device, address: sys::CUdeviceptr) -> Result<u32, GpuError> {
     let _current = device.current()?;
     let mut value = [0u32; 1];
     // SAFETY: the caller vouches for the address.

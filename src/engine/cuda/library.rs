@@ -123,6 +123,20 @@ struct Entry {
     reported: std::sync::atomic::AtomicBool,
 }
 
+impl Drop for Entry {
+    /// The last reference to a forgotten communicator's engine goes: if a call still held its
+    /// state when `forget` ran (so `forget` could not take it), the memory is abandoned here
+    /// rather than freed under kernels NCCL's abort has yet to stop.
+    fn drop(&mut self) {
+        if self.forgotten.load(std::sync::atomic::Ordering::Acquire) {
+            if let State::Ready(ready) = std::mem::replace(self.state.get_mut(), State::Refused) {
+                ready.rank.abort();
+                ABANDONED.lock().push(*ready);
+            }
+        }
+    }
+}
+
 static ENGINES: Lazy<Mutex<HashMap<usize, Arc<Entry>>>> = Lazy::new(Default::default);
 
 /// Communicators aborted while the engine served them: their memory is never freed (freeing
@@ -604,7 +618,6 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
             None => {
                 // SAFETY: the caller's stream, not capturing.
                 unsafe { rank.ticket(stream) }?;
-                *ticket_awaits_nccl = true;
             }
         }
         if !capturing {
@@ -621,8 +634,11 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
     }
     match plan {
         Some(_) => Ok(Ok(())),
-        // The ticket is queued; NCCL runs the call (see `forwarded`).
-        None => Err(Fallback::PolicyNccl),
+        None => {
+            // The ticket is queued; NCCL runs the call (see `forwarded`).
+            *ticket_awaits_nccl = true;
+            Err(Fallback::PolicyNccl)
+        }
     }
 }
 
@@ -791,8 +807,9 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
-    // Rank 0's board takes every rank's tickets: it stays until the last call's record is
-    // complete, so no peer's ticket writes into freed memory.
+    // Every rank's tickets go to rank 0's board, and a waiting ticket reads every rank's
+    // failure word: each rank stays until the last call's record is complete, so no peer's
+    // arrival protocol touches freed memory.
     while !ready.rank.board_settled() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }

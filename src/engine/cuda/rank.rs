@@ -209,7 +209,8 @@ impl CudaRank {
         self.plans.contains_key(&plan.fingerprint)
     }
 
-    /// Uploads every rank's memory as this rank addresses it (`peers[rank]` is its own).
+    /// Uploads every rank's memory as this rank addresses it (`peers[rank]` is its own). The
+    /// peers' memory must stay mapped while this rank is connected: until it is dropped.
     pub fn connect(&mut self, peers: &[RawPeer]) -> Result<(), CallError> {
         if peers.len() != self.config.ranks || peers[self.config.rank] != self.own_peer() {
             return Err(CallError::Unfit(
@@ -244,24 +245,27 @@ impl CudaRank {
         })
     }
 
-    /// Whether no rank can still write to this rank's arrival board: true except on rank 0
-    /// while the record of the last ticketed call is incomplete (a read that fails counts as
-    /// settled: nothing better can be known).
+    /// Whether every rank's arrival protocol is over: the record of the last ticketed call is
+    /// complete on rank 0's board, so no rank still spins on a ticket (reading every rank's
+    /// failure word) or writes to the board. A read that fails counts as settled: nothing
+    /// better can be known. Read through rank 0's board as this rank maps it.
     pub fn board_settled(&self) -> bool {
-        if self.config.rank != 0 || self.arrivals == 0 {
+        if self.arrivals == 0 || self.board == 0 {
             return true;
         }
         let call = self.arrivals - 1;
-        let slot = self.config.layout.board()
-            + (call % BOARD_SLOTS as u64) * std::mem::size_of::<RawBoardSlot>() as u64;
+        let slot =
+            self.board + (call % BOARD_SLOTS as u64) * std::mem::size_of::<RawBoardSlot>() as u64;
         let tag = (record_tag(call) >> 32) as u32;
         // The high halves of the slot's `last` (offset 8) and `lead` (offset 16) words.
-        [slot + 12, slot + 20]
-            .iter()
-            .all(|&at| match self.staging.read_u32(at) {
+        [slot + 12, slot + 20].iter().all(|&at| {
+            // SAFETY: rank 0's board, this rank's own staging or a mapping of it that stays
+            // open while this rank is connected (the contract of `connect`).
+            match unsafe { super::driver::read_word(&self.device, at) } {
                 Ok(t) => t == tag,
                 Err(_) => true,
-            })
+            }
+        })
     }
 
     /// Waits until the ring holds the record of ticketed call `call`, which a launch this rank

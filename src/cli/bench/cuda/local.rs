@@ -154,7 +154,10 @@ pub fn run_size(
             if in_place {
                 outputs[i].upload(&inputs[i])?;
             }
-            l.comm.prepare(plan)?;
+            // Every plan the steering may pick is uploaded before any call is timed.
+            for plan in plans.all() {
+                l.comm.prepare(plan)?;
+            }
         }
         call(locals, 0, true)?;
         for l in locals.iter() {

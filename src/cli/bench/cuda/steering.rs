@@ -40,6 +40,14 @@ impl Plans {
         }
     }
 
+    /// Every plan a call of this size may run.
+    pub fn all(&self) -> Vec<&Plan> {
+        match self {
+            Plans::Fixed(plan) => vec![plan],
+            Plans::Auto { stragglar, ring } => stragglar.iter().chain([ring]).collect(),
+        }
+    }
+
     fn of(&self, choice: Choice) -> &Plan {
         match (self, choice) {
             (Plans::Fixed(plan), _) => plan,
