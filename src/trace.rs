@@ -36,9 +36,15 @@ pub struct TraceWriter {
 impl TraceWriter {
     /// Creates `dir/stragglar-trace-rank<R>-pid<P>.json`.
     pub fn create(dir: &Path, rank: usize) -> std::io::Result<TraceWriter> {
+        Self::create_labelled(dir, rank, "")
+    }
+
+    /// Creates `dir/stragglar-trace-rank<R>-pid<P><label>.json` (a label tells apart the
+    /// communicators of one process).
+    pub fn create_labelled(dir: &Path, rank: usize, label: &str) -> std::io::Result<TraceWriter> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join(format!(
-            "stragglar-trace-rank{rank}-pid{}.json",
+            "stragglar-trace-rank{rank}-pid{}{label}.json",
             std::process::id()
         ));
         let mut out = BufWriter::new(File::create(&path)?);
@@ -95,7 +101,8 @@ mod tests {
     fn a_trace_is_valid_json_with_one_event_per_call() {
         let dir = std::env::temp_dir().join(format!("stragglar-trace-test-{}", std::process::id()));
         let path = {
-            let mut w = TraceWriter::create(&dir, 3).unwrap();
+            let mut w = TraceWriter::create_labelled(&dir, 3, "-comm1").unwrap();
+            assert!(w.path().to_str().unwrap().ends_with("-comm1.json"));
             for i in 0..3 {
                 w.call(&CallEvent {
                     start_us: 10.0 * i as f64,

@@ -82,6 +82,10 @@ struct Ready {
     tracker: Tracker,
     /// The designation after the last record read (of that record's size class).
     designated: Option<usize>,
+    /// `STRAGGLAR_TRACE_DIR`'s writer for this communicator, and the tracked calls whose
+    /// records are not read yet: (host enqueue time in us, bytes, the straggler StragglAR ran).
+    trace: Option<crate::trace::TraceWriter>,
+    untraced: std::collections::VecDeque<(f64, u64, Option<usize>)>,
     /// Each rank's host and GPU, for the report.
     members: Vec<String>,
     /// When the straggler report was last logged (every `STRAGGLAR_REPORT_INTERVAL` at INFO).
@@ -467,6 +471,8 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         plans: PlanCache::default(),
         tracker: tracker(call.ranks),
         designated: None,
+        trace: open_trace(call),
+        untraced: Default::default(),
         launched: 0,
         ticket_awaits_nccl: false,
         last,
@@ -484,6 +490,7 @@ fn feed_due_records(ready: &mut Ready, comm: ncclComm_t, rank: usize) -> Result<
             break;
         };
         ready.designated = observed.designated;
+        trace_call(ready, &record, comm);
         match (observed.changed, rank) {
             (Some(before), 0) => {
                 let who = |r: Option<usize>| r.map_or("none".to_string(), |r| format!("rank {r}"));
@@ -499,6 +506,54 @@ fn feed_due_records(ready: &mut Ready, comm: ncclComm_t, rank: usize) -> Result<
         }
     }
     Ok(())
+}
+
+/// This rank's trace of `call`'s communicator, with `STRAGGLAR_TRACE_DIR`.
+fn open_trace(call: &EngineCall) -> Option<crate::trace::TraceWriter> {
+    let dir = crate::config::get().trace_dir.as_deref()?;
+    let label = format!("-comm{:x}", call.comm as usize);
+    match crate::trace::TraceWriter::create_labelled(std::path::Path::new(dir), call.rank, &label) {
+        Ok(writer) => Some(writer),
+        Err(e) => {
+            log::warn!(
+                "STRAGGLAR_TRACE_DIR {dir}: {e}; no trace for communicator {:p}",
+                call.comm
+            );
+            None
+        }
+    }
+}
+
+/// Writes the trace event of the call whose record was just read (its host enqueue time: the
+/// GPU-side duration is not measured), with the record and the designation after it.
+fn trace_call(ready: &mut Ready, record: &crate::detect::ArrivalRecord, comm: ncclComm_t) {
+    let Some((start_us, bytes, straggler)) = ready.untraced.pop_front() else {
+        return;
+    };
+    let Some(trace) = &mut ready.trace else {
+        return;
+    };
+    let event = crate::trace::CallEvent {
+        start_us,
+        duration_us: 0.0,
+        bytes,
+        algorithm: if straggler.is_some() {
+            "stragglar"
+        } else {
+            "nccl"
+        },
+        straggler,
+        last_rank: Some(record.last_rank),
+        lead_us: record.lead_ns as f64 / 1e3,
+        designated: ready.designated,
+    };
+    if let Err(e) = trace.call(&event) {
+        log::warn!(
+            "{}: {e}; tracing of communicator {comm:p} stops",
+            trace.path().display()
+        );
+        ready.trace = None;
+    }
 }
 
 /// Logs the straggler report at INFO (a table per communicator; see `ArrivalTally::table`).
@@ -560,7 +615,16 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
             return Ok(Err(e));
         }
         maybe_log_report(ready, call.comm);
-        ready.tracker.decide(bytes)
+        let choice = ready.tracker.decide(bytes);
+        if ready.trace.is_some() {
+            let straggler = match choice {
+                Choice::Stragglar { straggler } => Some(straggler),
+                Choice::Baseline => None,
+            };
+            let now_us = crate::engine::host::link::now_ns() as f64 / 1e3;
+            ready.untraced.push_back((now_us, bytes as u64, straggler));
+        }
+        choice
     };
     let ticket = !capturing;
     let straggler = match choice {
