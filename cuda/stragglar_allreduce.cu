@@ -250,17 +250,25 @@ SG_DEVICE bool sg_plan_ok(const RawLaunch* a, const RawPlanHeader* plan) {
          plan->ranks >= 1 && plan->ranks <= SG_MAX_OPERANDS;
 }
 
+/* What the arrival protocol of a launch watches (the words of RawLaunch or RawTicket). */
+SG_DEVICE sg_watch sg_watch_of(uint64_t abort, uint64_t status, uint64_t peers, uint32_t rank,
+                               uint32_t ranks, uint64_t timeout_ns) {
+  sg_watch w;
+  w.abort = (const uint32_t*)abort;
+  w.status = (uint32_t*)status;
+  w.peers = (const RawPeer*)peers;
+  w.rank = rank;
+  w.ranks = ranks;
+  w.timeout_ns = timeout_ns;
+  return w;
+}
+
 /* The arrival block (index `blocks`, present when the launch takes a ticket): thread 0 runs
  * the arrival protocol beside the plan, never delaying it. */
 SG_DEVICE void sg_arrival_block(const RawLaunch* a) {
   if (SG_THREAD != 0 || a->arrival.board == 0) return;
-  sg_watch w;
-  w.abort = (const uint32_t*)a->abort;
-  w.status = (uint32_t*)a->status;
-  w.peers = (const RawPeer*)a->peers;
-  w.rank = a->rank;
-  w.ranks = a->arrival.ranks;
-  w.timeout_ns = a->timeout_ns;
+  sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
+                           a->timeout_ns);
   sg_arrive(&a->arrival, a->rank, &w);
 }
 
@@ -308,13 +316,8 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
 /* The ticket kernel's body (thread 0 of its one block). */
 SG_DEVICE void sg_ticket(const RawTicket* t) {
   if (SG_THREAD != 0) return;
-  sg_watch w;
-  w.abort = (const uint32_t*)t->abort;
-  w.status = (uint32_t*)t->status;
-  w.peers = (const RawPeer*)t->peers;
-  w.rank = t->rank;
-  w.ranks = t->arrival.ranks;
-  w.timeout_ns = t->timeout_ns;
+  sg_watch w = sg_watch_of(t->abort, t->status, t->peers, t->rank, t->arrival.ranks,
+                           t->timeout_ns);
   sg_arrive(&t->arrival, t->rank, &w);
 }
 

@@ -1022,31 +1022,42 @@ fn many_ticketed_calls_wrap_the_ring_and_reuse_the_board() {
     }
 }
 
+/// Runs a ticketed call of ranks 0..=2 of 4 (rank 3 never arrives) while another thread sets
+/// the u32 at `word` to `value` after 50 ms; returns the three statuses, after asserting that
+/// the call ended.
+fn tickets_released_by(comm: &mut Comm, word: u64, value: u32) -> Vec<u32> {
+    let word = word as usize;
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            // SAFETY: an aligned u32 of the Comm (abort or failure word) the kernels only read.
+            unsafe { AtomicU32::from_ptr(word as *mut u32) }.store(value, Ordering::Release);
+        });
+        comm.tickets(&[0, 1, 2]);
+    });
+    assert!(started.elapsed() < Duration::from_secs(30));
+    (0..3).map(|r| comm.status(r)).collect()
+}
+
+/// Exactly one status is `status` (the rank that waited for the last ticket), the others OK.
+fn one_waiter_gave_up(statuses: &[u32], status: u32) {
+    let waiters = statuses.iter().filter(|&&s| s == status).count();
+    assert_eq!(waiters, 1, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|&s| s == status || s == STATUS_OK),
+        "{statuses:?}"
+    );
+}
+
 #[test]
 fn a_ticket_waiting_for_an_absent_rank_is_released_by_the_abort_word() {
     // Rank 3 never arrives: the second-to-last arrival waits for it (as NCCL's kernel would)
     // until the abort word is raised; the others return at once.
     let mut comm = Comm::new(4, 1, 1);
-    let abort_word = comm.abort.addr() as usize;
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            std::thread::sleep(Duration::from_millis(100));
-            // SAFETY: the abort word is a live, aligned u32 that the kernel only reads.
-            unsafe { AtomicU32::from_ptr(abort_word as *mut u32) }.store(1, Ordering::Release);
-        });
-        comm.tickets(&[0, 1, 2]);
-    });
-    assert!(started.elapsed() < Duration::from_secs(30));
-    let statuses: Vec<u32> = (0..3).map(|r| comm.status(r)).collect();
-    assert_eq!(
-        statuses.iter().filter(|&&s| s == STATUS_ABORTED).count(),
-        1,
-        "{statuses:?}"
-    );
-    assert!(statuses
-        .iter()
-        .all(|&s| s == STATUS_ABORTED || s == STATUS_OK));
+    let abort = comm.abort.addr();
+    let statuses = tickets_released_by(&mut comm, abort, 1);
+    one_waiter_gave_up(&statuses, STATUS_ABORTED);
 }
 
 #[test]
@@ -1056,30 +1067,9 @@ fn a_ticket_waiting_for_a_rank_that_failed_on_its_host_is_released_by_its_failur
     // waits for the last ticket, which reports a peer failure.
     let mut comm = Comm::new(4, 1, 1);
     comm.timeout_ns = 0;
-    let failed_word = comm.memory[3].failed.addr() as usize;
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
-            // SAFETY: rank 3's failure word is a live, aligned u32 the kernels only read.
-            unsafe { AtomicU32::from_ptr(failed_word as *mut u32) }
-                .store(STATUS_ABORTED, Ordering::Release);
-        });
-        comm.tickets(&[0, 1, 2]);
-    });
-    assert!(started.elapsed() < Duration::from_secs(30));
-    let statuses: Vec<u32> = (0..3).map(|r| comm.status(r)).collect();
-    assert_eq!(
-        statuses
-            .iter()
-            .filter(|&&s| s == STATUS_PEER_FAILED)
-            .count(),
-        1,
-        "{statuses:?}"
-    );
-    assert!(statuses
-        .iter()
-        .all(|&s| s == STATUS_PEER_FAILED || s == STATUS_OK));
+    let failed = comm.memory[3].failed.addr();
+    let statuses = tickets_released_by(&mut comm, failed, STATUS_ABORTED);
+    one_waiter_gave_up(&statuses, STATUS_PEER_FAILED);
 }
 
 #[test]
