@@ -34,6 +34,16 @@ pub enum Choice {
     Baseline,
 }
 
+impl Choice {
+    /// The straggler StragglAR runs with, or `None` for the baseline.
+    pub fn straggler(self) -> Option<usize> {
+        match self {
+            Choice::Stragglar { straggler } => Some(straggler),
+            Choice::Baseline => None,
+        }
+    }
+}
+
 /// The policy of one communicator.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -146,6 +156,8 @@ mod tests {
         );
         let nobody = Detector::new(8, DetectorConfig::default());
         assert_eq!(p.choose(&nobody, 1 << 20), Choice::Baseline);
+        assert_eq!(Choice::Baseline.straggler(), None);
+        assert_eq!(p.choose(&late, 1 << 20).straggler(), Some(7));
     }
 
     #[test]

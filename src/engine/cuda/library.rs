@@ -27,7 +27,7 @@ use super::setup::{
 };
 use super::staging::StagingLayout;
 use crate::detect::policy::Policy;
-use crate::detect::{Choice, Tracker};
+use crate::detect::Tracker;
 use crate::engine::host::runner::{PlanCache, Shape};
 use crate::gpu::launch::{MAX_THREADS, RING_ENTRIES, STATUS_OK};
 use crate::intercept::fallback::Fallback;
@@ -90,8 +90,9 @@ struct Ready {
     members: Vec<String>,
     /// When the straggler report was last logged (every `STRAGGLAR_REPORT_INTERVAL` at INFO).
     reported_at: std::time::Instant,
-    /// AllReduce kernels launched so far (those that advance the epoch, not tickets): the epoch
-    /// every peer must reach before the staging is freed.
+    /// Eager AllReduce kernels launched so far (those that advance the epoch; not tickets, not
+    /// captured calls): with this rank's own epoch, what every peer must reach before the
+    /// staging is freed.
     launched: u64,
     /// A ticket was queued for a call the policy sent to NCCL, and NCCL's kernel is not yet
     /// ordered before this communicator's next launch (see [`forwarded`]).
@@ -617,20 +618,15 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
         maybe_log_report(ready, call.comm);
         let choice = ready.tracker.decide(bytes);
         if ready.trace.is_some() {
-            let straggler = match choice {
-                Choice::Stragglar { straggler } => Some(straggler),
-                Choice::Baseline => None,
-            };
             let now_us = crate::engine::host::link::now_ns() as f64 / 1e3;
-            ready.untraced.push_back((now_us, bytes as u64, straggler));
+            ready
+                .untraced
+                .push_back((now_us, bytes as u64, choice.straggler()));
         }
         choice
     };
     let ticket = !capturing;
-    let straggler = match choice {
-        Choice::Stragglar { straggler } => Some(straggler),
-        Choice::Baseline => None,
-    };
+    let straggler = choice.straggler();
     // Fields borrowed apart: the plan stays in the cache (no copy of it per call).
     let Ready {
         rank,
@@ -676,8 +672,9 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
                 // SAFETY: the caller's buffers hold `count` elements on this device (NCCL's
                 // contract for ncclAllReduce), and the stream is the caller's.
                 unsafe { rank.all_reduce(plan, operands, stream, ticket) }?;
-                // A call without elements queues a ticket only and leaves the epoch alone.
-                *launched += u64::from(plan.count > 0);
+                // A call without elements queues a ticket only and leaves the epoch alone; a
+                // captured one advances it only when (if ever) it is replayed.
+                *launched += u64::from(plan.count > 0 && !capturing);
             }
             None => {
                 // SAFETY: the caller's stream, not capturing.
@@ -860,7 +857,14 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     };
     log_report(&ready, comm);
     let layout = ready.rank.layout();
-    let target = ready.launched as u32;
+    // Eager calls launched, or more where graph replays advanced this rank's epoch.
+    let own = ready.rank.staging().read_u32(layout.epoch()).unwrap_or(0);
+    let launched = ready.launched as u32;
+    let target = if own.wrapping_sub(launched) as i32 > 0 {
+        own
+    } else {
+        launched
+    };
     let deadline = std::time::Instant::now() + DRAIN;
     for mapping in ready.mappings.iter().flatten() {
         while mapping

@@ -120,10 +120,7 @@ impl Steering {
                 tracker.decide(bytes)
             }
         };
-        let code = match choice {
-            Choice::Stragglar { straggler } => straggler as u64,
-            Choice::Baseline => u64::MAX,
-        };
+        let code = choice.straggler().map_or(u64::MAX, |s| s as u64);
         self.choices = crate::cli::bench::data::digest_more(self.choices, code);
         self.stragglar_calls += u64::from(code != u64::MAX);
         Ok(plans.of(choice))
