@@ -178,8 +178,9 @@ pub struct stragglarArrivals_t {
 
 /// Copies rank `rank`'s arrivals on `comm` into `*arrivals`. `ncclInvalidArgument` for NULL
 /// arguments, destroyed communicators and ranks outside the communicator; `ncclInvalidUsage`
-/// when no arrival records are kept for `comm` (the GPU engine does not serve it). Writes
-/// `*arrivals` only on success.
+/// when no arrival records are kept for `comm` (the GPU engine does not serve it);
+/// `ncclInProgress` when a call of `comm` holds its state for over 10 ms (its host waiting for
+/// its GPU): ask again. Writes `*arrivals` only on success.
 #[no_mangle]
 pub extern "C" fn stragglarGetArrivals(
     comm: ncclComm_t,
@@ -197,6 +198,7 @@ pub extern "C" fn stragglarGetArrivals(
         if let Err(code) = check_live(comm, &LIVE_WARNED, "stragglarGetArrivals") {
             return code;
         }
+        use crate::engine::cuda::library::{arrivals as arrivals_of, NoArrivals};
         let nranks = crate::registry::comms().get(comm).and_then(|i| i.nranks);
         let Some(rank) = usize::try_from(rank)
             .ok()
@@ -204,13 +206,18 @@ pub extern "C" fn stragglarGetArrivals(
         else {
             return ResultCode::INVALID_ARGUMENT;
         };
-        let Some(a) = crate::engine::cuda::library::arrivals(comm, rank) else {
-            if !UNSERVED_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                log::warn!(
-                    "stragglarGetArrivals: no arrival records for communicator {comm:p} (the GPU engine does not serve it); returning ncclInvalidUsage (logged once)"
-                );
+        let a = match arrivals_of(comm, rank) {
+            Ok(a) => a,
+            Err(NoArrivals::NoSuchRank) => return ResultCode::INVALID_ARGUMENT,
+            Err(NoArrivals::Busy) => return ResultCode::IN_PROGRESS,
+            Err(NoArrivals::Unserved) => {
+                if !UNSERVED_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    log::warn!(
+                        "stragglarGetArrivals: no arrival records for communicator {comm:p} (the GPU engine does not serve it); returning ncclInvalidUsage (logged once)"
+                    );
+                }
+                return ResultCode::INVALID_USAGE;
             }
-            return ResultCode::INVALID_USAGE;
         };
         let us = |ns: Option<u64>| ns.map_or(0.0, |ns| ns as f64 / 1e3);
         let value = stragglarArrivals_t {

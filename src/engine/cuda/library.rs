@@ -80,8 +80,9 @@ struct Ready {
     plans: PlanCache,
     /// The straggler policy and its arrival records.
     tracker: Tracker,
-    /// The designation after the last record read (of that record's size class).
-    designated: Option<usize>,
+    /// The designation after the last record read (of that record's size class), shared with
+    /// the entry so that `stragglarGetStats` never waits for a call: the rank, or -1.
+    designated: Arc<std::sync::atomic::AtomicI64>,
     /// `STRAGGLAR_TRACE_DIR`'s writer for this communicator, and the tracked calls whose
     /// records are not read yet: (host enqueue time in us, bytes, the straggler StragglAR ran).
     trace: Option<crate::trace::TraceWriter>,
@@ -126,6 +127,8 @@ struct Entry {
     forgotten: std::sync::atomic::AtomicBool,
     /// Whether the asynchronous error was logged.
     reported: std::sync::atomic::AtomicBool,
+    /// The designated straggler, or -1 (see `Ready::designated`).
+    designated: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl Drop for Entry {
@@ -135,8 +138,7 @@ impl Drop for Entry {
     fn drop(&mut self) {
         if self.forgotten.load(std::sync::atomic::Ordering::Acquire) {
             if let State::Ready(ready) = std::mem::replace(self.state.get_mut(), State::Refused) {
-                ready.rank.abort();
-                ABANDONED.lock().push(*ready);
+                abandon(*ready);
             }
         }
     }
@@ -147,6 +149,14 @@ static ENGINES: Lazy<Mutex<HashMap<usize, Arc<Entry>>>> = Lazy::new(Default::def
 /// Communicators aborted while the engine served them: their memory is never freed (freeing
 /// would wait on kernels NCCL's own abort has yet to release; the process is usually ending).
 static ABANDONED: Lazy<Mutex<Vec<Ready>>> = Lazy::new(Default::default);
+
+/// Abandons `ready`'s memory after raising its abort word; its trace is closed (made valid
+/// JSON) first.
+fn abandon(mut ready: Ready) {
+    ready.rank.abort();
+    ready.trace = None;
+    ABANDONED.lock().push(ready);
+}
 
 /// Staging in use per device, against `STRAGGLAR_STAGING_CAP`.
 static BUDGET: Lazy<Mutex<StagingBudget>> = Lazy::new(Default::default);
@@ -471,7 +481,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         reported_at: std::time::Instant::now(),
         plans: PlanCache::default(),
         tracker: tracker(call.ranks),
-        designated: None,
+        designated: entry.designated.clone(),
         trace: open_trace(call),
         untraced: Default::default(),
         launched: 0,
@@ -490,8 +500,11 @@ fn feed_due_records(ready: &mut Ready, comm: ncclComm_t, rank: usize) -> Result<
         let Some(observed) = ready.tracker.feed(record) else {
             break;
         };
-        ready.designated = observed.designated;
-        trace_call(ready, &record, comm);
+        ready.designated.store(
+            observed.designated.map_or(-1, |r| r as i64),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        trace_call(ready, &record, observed.designated, comm);
         match (observed.changed, rank) {
             (Some(before), 0) => {
                 let who = |r: Option<usize>| r.map_or("none".to_string(), |r| format!("rank {r}"));
@@ -527,7 +540,12 @@ fn open_trace(call: &EngineCall) -> Option<crate::trace::TraceWriter> {
 
 /// Writes the trace event of the call whose record was just read (its host enqueue time: the
 /// GPU-side duration is not measured), with the record and the designation after it.
-fn trace_call(ready: &mut Ready, record: &crate::detect::ArrivalRecord, comm: ncclComm_t) {
+fn trace_call(
+    ready: &mut Ready,
+    record: &crate::detect::ArrivalRecord,
+    designated: Option<usize>,
+    comm: ncclComm_t,
+) {
     let Some((start_us, bytes, straggler)) = ready.untraced.pop_front() else {
         return;
     };
@@ -546,7 +564,7 @@ fn trace_call(ready: &mut Ready, record: &crate::detect::ArrivalRecord, comm: nc
         straggler,
         last_rank: Some(record.last_rank),
         lead_us: record.lead_ns as f64 / 1e3,
-        designated: ready.designated,
+        designated,
     };
     if let Err(e) = trace.call(&event) {
         log::warn!(
@@ -616,14 +634,7 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
             return Ok(Err(e));
         }
         maybe_log_report(ready, call.comm);
-        let choice = ready.tracker.decide(bytes);
-        if ready.trace.is_some() {
-            let now_us = crate::engine::host::link::now_ns() as f64 / 1e3;
-            ready
-                .untraced
-                .push_back((now_us, bytes as u64, choice.straggler()));
-        }
-        choice
+        ready.tracker.decide(bytes)
     };
     let ticket = !capturing;
     let straggler = choice.straggler();
@@ -635,6 +646,8 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
         last,
         last_stream,
         ticket_awaits_nccl,
+        trace,
+        untraced,
         ..
     } = ready;
     let plan = straggler.and_then(|straggler| {
@@ -652,6 +665,11 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
     }
     if capturing && plan.is_none() {
         return Err(Fallback::PolicyNccl);
+    }
+    if !capturing && trace.is_some() {
+        // The call as it runs: StragglAR with its plan, or NCCL after a ticket.
+        let now_us = crate::engine::host::link::now_ns() as f64 / 1e3;
+        untraced.push_back((now_us, bytes as u64, plan.and(straggler)));
     }
     let result = (|| {
         // Calls on different streams are ordered by the event (not across a capture boundary:
@@ -737,6 +755,7 @@ pub fn all_reduce(call: &EngineCall) -> Result<ResultCode, Fallback> {
                     control: Mutex::new(None),
                     forgotten: Default::default(),
                     reported: Default::default(),
+                    designated: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
                 });
                 engines.insert(key, e.clone());
                 (e, true)
@@ -748,8 +767,7 @@ pub fn all_reduce(call: &EngineCall) -> Result<ResultCode, Fallback> {
         match set_up(call, &entry) {
             Ok(ready) if entry.forgotten.load(std::sync::atomic::Ordering::Acquire) => {
                 // Destroyed or aborted while setting up: nothing of it may be used.
-                ready.rank.abort();
-                ABANDONED.lock().push(ready);
+                abandon(ready);
                 return Err(Fallback::SetupRefused);
             }
             Ok(ready) => *state = State::Ready(Box::new(ready)),
@@ -772,8 +790,7 @@ pub fn all_reduce(call: &EngineCall) -> Result<ResultCode, Fallback> {
         // Aborted (or destroyed) while this call ran: `forget` could not take the state, so
         // the memory is abandoned here, never freed under kernels NCCL's abort has yet to stop.
         if let State::Ready(ready) = std::mem::replace(&mut *state, State::Refused) {
-            ready.rank.abort();
-            ABANDONED.lock().push(*ready);
+            abandon(*ready);
         }
     }
     match outcome? {
@@ -785,26 +802,44 @@ pub fn all_reduce(call: &EngineCall) -> Result<ResultCode, Fallback> {
     }
 }
 
-/// Runs `f` on the engine state of `comm`, if the GPU engine serves it.
-fn with_ready<T>(comm: ncclComm_t, f: impl FnOnce(&Ready) -> T) -> Option<T> {
-    let entry = ENGINES.lock().get(&(comm as usize)).cloned()?;
-    let state = entry.state.lock();
-    match &*state {
-        State::Ready(ready) => Some(f(ready)),
-        _ => None,
-    }
-}
-
 /// The straggler designated after the last arrival record the engine read for `comm` (for
-/// that record's size class); `None` when none is or the engine does not serve `comm`.
+/// that record's size class); `None` when none is or the engine does not serve `comm`. Never
+/// waits for a call in progress.
 pub fn designated(comm: ncclComm_t) -> Option<usize> {
-    with_ready(comm, |ready| ready.designated).flatten()
+    let entry = ENGINES.lock().get(&(comm as usize)).cloned()?;
+    usize::try_from(entry.designated.load(std::sync::atomic::Ordering::Relaxed)).ok()
 }
 
-/// `rank`'s arrivals on `comm` (a line of its straggler report); `None` when the engine does
-/// not serve `comm` or `rank` is not one of its ranks.
-pub fn arrivals(comm: ncclComm_t, rank: usize) -> Option<crate::detect::tally::RankArrivals> {
-    with_ready(comm, |ready| ready.tracker.arrivals(rank)).flatten()
+/// Why `arrivals` has no line to give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoArrivals {
+    /// The GPU engine does not serve the communicator: no records are kept.
+    Unserved,
+    /// The rank is not one of the communicator's.
+    NoSuchRank,
+    /// A call of the communicator holds its state (its host waits for its GPU): try again.
+    Busy,
+}
+
+/// `rank`'s arrivals on `comm` (a line of its straggler report). Waits at most 10 ms for a
+/// call in progress.
+pub fn arrivals(
+    comm: ncclComm_t,
+    rank: usize,
+) -> Result<crate::detect::tally::RankArrivals, NoArrivals> {
+    let entry = ENGINES
+        .lock()
+        .get(&(comm as usize))
+        .cloned()
+        .ok_or(NoArrivals::Unserved)?;
+    let state = entry
+        .state
+        .try_lock_for(std::time::Duration::from_millis(10))
+        .ok_or(NoArrivals::Busy)?;
+    match &*state {
+        State::Ready(ready) => ready.tracker.arrivals(rank).ok_or(NoArrivals::NoSuchRank),
+        _ => Err(NoArrivals::Unserved),
+    }
 }
 
 /// The asynchronous error the engine holds for `comm`, if a kernel of it gave up (logged once).
@@ -846,7 +881,7 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
         // A call or a setup in progress holds the state; it finds `forgotten` set.
         if let Some(mut state) = entry.state.try_lock() {
             if let State::Ready(ready) = std::mem::replace(&mut *state, State::Refused) {
-                ABANDONED.lock().push(*ready);
+                abandon(*ready);
             }
         }
         return;
@@ -857,23 +892,25 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     };
     log_report(&ready, comm);
     let layout = ready.rank.layout();
-    // Eager calls launched, or more where graph replays advanced this rank's epoch.
-    let own = ready.rank.staging().read_u32(layout.epoch()).unwrap_or(0);
     let launched = ready.launched as u32;
-    let target = if own.wrapping_sub(launched) as i32 > 0 {
-        own
-    } else {
-        launched
+    let behind = |a: u32, b: u32| b.wrapping_sub(a) as i32 > 0;
+    // Every eager call of this rank has run, and every peer has run as many calls as this
+    // rank did (more than its eager launches where graph replays advanced its epoch): read
+    // afresh on every pass, since this rank's own calls may still be finishing.
+    let drained = || {
+        let Ok(own) = ready.rank.staging().read_u32(layout.epoch()) else {
+            return true;
+        };
+        let target = if behind(launched, own) { own } else { launched };
+        !behind(own, launched)
+            && ready.mappings.iter().flatten().all(|m| {
+                m.read_u32(layout.epoch())
+                    .map_or(true, |peer| !behind(peer, target))
+            })
     };
     let deadline = std::time::Instant::now() + DRAIN;
-    for mapping in ready.mappings.iter().flatten() {
-        while mapping
-            .read_u32(layout.epoch())
-            .is_ok_and(|peer| target.wrapping_sub(peer) as i32 > 0)
-            && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+    while !drained() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
     // Every rank's tickets go to rank 0's board, and a waiting ticket reads every rank's
     // failure word: each rank stays until the last call's record is complete, so no peer's
