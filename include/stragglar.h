@@ -107,8 +107,9 @@ ncclResult_t stragglarGetStats(ncclComm_t comm, struct stragglarStats_t *stats);
 /**
  * Copies rank `rank`'s arrivals on `comm` into `*arrivals`. `ncclInvalidArgument` for NULL
  * arguments, destroyed communicators and ranks outside the communicator; `ncclInvalidUsage`
- * when no arrival records are kept for `comm` (the GPU engine does not serve it). Writes
- * `*arrivals` only on success.
+ * when no arrival records are kept for `comm` (the GPU engine does not serve it);
+ * `ncclInProgress` when a call of `comm` holds its state for over 10 ms (its host waiting for
+ * its GPU): ask again. Writes `*arrivals` only on success.
  */
 ncclResult_t stragglarGetArrivals(ncclComm_t comm, int rank, struct stragglarArrivals_t *arrivals);
 
