@@ -934,6 +934,22 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
     }
 }
 
+/// A StragglAR f32 sum of `count` elements out of place: the arrival-record tests' call.
+fn f32_sum(ranks: usize, straggler: usize, count: usize, seed: u64) -> Case {
+    Case {
+        algorithm: Algorithm::Stragglar,
+        ranks,
+        straggler,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        count,
+        offset: 0,
+        in_place: false,
+        raw: false,
+        seed,
+    }
+}
+
 #[test]
 fn arrival_records_name_the_late_rank_identically_on_every_rank() {
     // Calls alternate between the AllReduce kernel (its arrival block runs beside the plan)
@@ -950,22 +966,8 @@ fn arrival_records_name_the_late_rank_identically_on_every_rank() {
     for call in 0..calls {
         comm.late = Some((late_of(call), delay));
         if call % 2 == 0 {
-            check(
-                &mut comm,
-                &mut cache,
-                &Case {
-                    algorithm: Algorithm::Stragglar,
-                    ranks,
-                    straggler: (call % 5) as usize,
-                    dtype: DataType::F32,
-                    op: ReduceOp::Sum,
-                    count: 1500 + call as usize,
-                    offset: 0,
-                    in_place: false,
-                    raw: false,
-                    seed: 40 + call,
-                },
-            );
+            let case = f32_sum(ranks, (call % 5) as usize, 1500 + call as usize, 40 + call);
+            check(&mut comm, &mut cache, &case);
         } else {
             comm.tickets(&everyone);
         }
@@ -1128,18 +1130,7 @@ fn every_rank_decides_alike_from_its_own_ring() {
                 check(
                     &mut comm,
                     &mut cache,
-                    &Case {
-                        algorithm: Algorithm::Stragglar,
-                        ranks,
-                        straggler,
-                        dtype: DataType::F32,
-                        op: ReduceOp::Sum,
-                        count: 16 << 10,
-                        offset: 0,
-                        in_place: false,
-                        raw: false,
-                        seed: call,
-                    },
+                    &f32_sum(ranks, straggler, 16 << 10, call),
                 );
             }
             Choice::Baseline => comm.tickets(&everyone),
