@@ -358,13 +358,17 @@ fn collect(
         });
     }
     drop(tx);
-    let mut pending: std::collections::BTreeMap<(usize, usize), Vec<Outcome>> = Default::default();
+    let mut pending: std::collections::BTreeMap<(usize, usize), Vec<(usize, Outcome)>> =
+        Default::default();
     let mut bad = 0;
-    for (_, (combo, size, outcome)) in rx {
+    for (rank, (combo, size, outcome)) in rx {
         let entry = pending.entry((combo, size)).or_default();
-        entry.push(outcome);
+        entry.push((rank, outcome));
         if entry.len() == options.ranks {
-            let outcomes = pending.remove(&(combo, size)).expect("present");
+            // In rank order: rank 0's outcome is the one the others are compared with.
+            let mut ranked = pending.remove(&(combo, size)).expect("present");
+            ranked.sort_by_key(|&(rank, _)| rank);
+            let outcomes: Vec<Outcome> = ranked.into_iter().map(|(_, o)| o).collect();
             let (dtype, op) = setup.combos[combo];
             let plan = setup.plan(dtype, setup.sizes[size])?;
             let row = Row::combine(&plan, &outcomes);
