@@ -495,31 +495,31 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
 /// Feeds the tracker every due record (waiting for them) and logs designation changes (rank 0
 /// says it; every rank sees the same change).
 fn feed_due_records(ready: &mut Ready, comm: ncclComm_t, rank: usize) -> Result<(), CallError> {
-    while let Some(call) = ready.tracker.due() {
-        let record = ready.rank.await_record(call)?;
-        let Some(observed) = ready.tracker.feed(record) else {
-            break;
-        };
-        ready.designated.store(
+    let Ready {
+        rank: engine,
+        tracker,
+        designated,
+        trace,
+        untraced,
+        ..
+    } = ready;
+    engine.feed_due(tracker, |record, observed| {
+        designated.store(
             observed.designated.map_or(-1, |r| r as i64),
             std::sync::atomic::Ordering::Relaxed,
         );
-        trace_call(ready, &record, observed.designated, comm);
-        match (observed.changed, rank) {
-            (Some(before), 0) => {
-                let who = |r: Option<usize>| r.map_or("none".to_string(), |r| format!("rank {r}"));
-                log::warn!(
-                    "communicator {comm:p}: designated straggler for sizes 2^{} B changed from {} to {} at call {}",
-                    observed.class,
-                    who(before),
-                    who(observed.designated),
-                    observed.call
-                );
-            }
-            _ => continue,
+        trace_call(trace, untraced, record, observed.designated, comm);
+        if let (Some(before), 0) = (observed.changed, rank) {
+            let who = |r: Option<usize>| r.map_or("none".to_string(), |r| format!("rank {r}"));
+            log::warn!(
+                "communicator {comm:p}: designated straggler for sizes 2^{} B changed from {} to {} at call {}",
+                observed.class,
+                who(before),
+                who(observed.designated),
+                observed.call
+            );
         }
-    }
-    Ok(())
+    })
 }
 
 /// This rank's trace of `call`'s communicator, with `STRAGGLAR_TRACE_DIR`.
@@ -541,15 +541,16 @@ fn open_trace(call: &EngineCall) -> Option<crate::trace::TraceWriter> {
 /// Writes the trace event of the call whose record was just read (its host enqueue time: the
 /// GPU-side duration is not measured), with the record and the designation after it.
 fn trace_call(
-    ready: &mut Ready,
+    trace: &mut Option<crate::trace::TraceWriter>,
+    untraced: &mut std::collections::VecDeque<(f64, u64, Option<usize>)>,
     record: &crate::detect::ArrivalRecord,
     designated: Option<usize>,
     comm: ncclComm_t,
 ) {
-    let Some((start_us, bytes, straggler)) = ready.untraced.pop_front() else {
+    let Some((start_us, bytes, straggler)) = untraced.pop_front() else {
         return;
     };
-    let Some(trace) = &mut ready.trace else {
+    let Some(writer) = trace else {
         return;
     };
     let event = crate::trace::CallEvent {
@@ -566,12 +567,12 @@ fn trace_call(
         lead_us: record.lead_ns as f64 / 1e3,
         designated,
     };
-    if let Err(e) = trace.call(&event) {
+    if let Err(e) = writer.call(&event) {
         log::warn!(
             "{}: {e}; tracing of communicator {comm:p} stops",
-            trace.path().display()
+            writer.path().display()
         );
-        ready.trace = None;
+        *trace = None;
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::staging::StagingLayout;
-use crate::detect::ArrivalRecord;
+use crate::detect::{ArrivalRecord, Observed, Tracker};
 use crate::gpu::kernels::op_code;
 use crate::gpu::launch::{
     RawArrival, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS,
@@ -305,6 +305,23 @@ impl CudaRank {
             }
         }
         unreachable!("the loop returns")
+    }
+
+    /// Feeds `tracker` every due record from this rank's ring, waiting for each (see
+    /// [`CudaRank::await_record`]), and hands each record and what it changed to `each`.
+    pub fn feed_due(
+        &self,
+        tracker: &mut Tracker,
+        mut each: impl FnMut(&ArrivalRecord, Observed),
+    ) -> Result<(), CallError> {
+        while let Some(call) = tracker.due() {
+            let record = self.await_record(call)?;
+            match tracker.feed(record) {
+                Some(observed) => each(&record, observed),
+                None => break,
+            }
+        }
+        Ok(())
     }
 
     /// Where the next launch records its arrival (a ticket), or a launch that takes none.

@@ -111,12 +111,8 @@ impl Steering {
                 None => Choice::Baseline,
             },
             Some(tracker) => {
-                while let Some(call) = tracker.due() {
-                    let record = comm.await_record(call)?;
-                    if let Some(observed) = tracker.feed(record) {
-                        self.designated = observed.designated;
-                    }
-                }
+                let designated = &mut self.designated;
+                comm.feed_due(tracker, |_, observed| *designated = observed.designated)?;
                 tracker.decide(bytes)
             }
         };
