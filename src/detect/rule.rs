@@ -25,6 +25,10 @@ pub struct ArrivalRecord {
     pub lead_ns: u64,
 }
 
+/// The longest window a detector keeps: the median of its leads is taken on the stack, with no
+/// allocation on `ncclAllReduce`'s path.
+pub const MAX_WINDOW: usize = 64;
+
 /// The rule's parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DetectorConfig {
@@ -63,8 +67,13 @@ pub struct Detector {
 }
 
 impl Detector {
-    /// A detector for `ranks` ranks with nothing designated.
+    /// A detector for `ranks` ranks with nothing designated (a window over [`MAX_WINDOW`] is
+    /// shortened to it).
     pub fn new(ranks: usize, config: DetectorConfig) -> Self {
+        let config = DetectorConfig {
+            window: config.window.clamp(1, MAX_WINDOW),
+            ..config
+        };
         Detector {
             config,
             ranks,
@@ -98,17 +107,18 @@ impl Detector {
     /// The median lead of `rank` over the remembered calls where it arrived last (the lower
     /// median for an even count), in nanoseconds.
     pub fn median_lead_ns(&self, rank: usize) -> Option<u64> {
-        let mut leads: Vec<u64> = self
-            .history
-            .iter()
-            .filter(|r| r.last_rank == rank)
-            .map(|r| r.lead_ns)
-            .collect();
-        if leads.is_empty() {
+        let mut leads = [0u64; MAX_WINDOW];
+        let mut n = 0;
+        for r in self.history.iter().filter(|r| r.last_rank == rank) {
+            leads[n] = r.lead_ns;
+            n += 1;
+        }
+        if n == 0 {
             return None;
         }
+        let leads = &mut leads[..n];
         leads.sort_unstable();
-        Some(leads[(leads.len() - 1) / 2])
+        Some(leads[(n - 1) / 2])
     }
 
     /// Adds one call's record and applies the rule. Returns the designation after it.
@@ -156,6 +166,27 @@ impl Detector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_longer_than_the_stack_buffer_is_shortened() {
+        let config = DetectorConfig {
+            window: 1000,
+            ..DetectorConfig::default()
+        };
+        let mut d = Detector::new(4, config);
+        for i in 0..100u64 {
+            d.observe(ArrivalRecord {
+                last_rank: 2,
+                lead_ns: i,
+            });
+        }
+        assert_eq!(d.remembered(), MAX_WINDOW);
+        assert_eq!(
+            d.median_lead_ns(2),
+            Some(36 + 31),
+            "median of leads 36..100"
+        );
+    }
 
     fn record(last_rank: usize) -> ArrivalRecord {
         ArrivalRecord {
