@@ -12,7 +12,7 @@ use super::comm::{Buffers, CallRecord, EngineError, HostComm};
 use super::segment::SegmentLayout;
 use crate::plan::{chunk_range, lower, Plan};
 use crate::reduce::{DataType, ReduceOp, Scale};
-use crate::schedule::{verify, Algorithm, PlanRequest};
+use crate::schedule::{verify, Algorithm, PlanRequest, Schedule};
 
 /// Which schedule a call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -28,6 +28,8 @@ pub struct Shape {
 #[derive(Default)]
 pub struct PlanCache {
     plans: HashMap<(Shape, usize), Plan>,
+    /// Verified schedules by (algorithm, ranks, straggler): a new count only lowers one.
+    schedules: HashMap<(Algorithm, usize, usize), Schedule>,
     /// Segments needed by (shape, count, arena bytes): computed once per message shape.
     segments: HashMap<(Shape, usize, usize), usize>,
 }
@@ -36,12 +38,19 @@ impl PlanCache {
     /// The plan of `count` elements of `shape`.
     pub fn get(&mut self, shape: Shape, count: usize) -> Result<&Plan, String> {
         if let std::collections::hash_map::Entry::Vacant(slot) = self.plans.entry((shape, count)) {
-            let schedule = shape
-                .algorithm
-                .schedule(&PlanRequest::new(shape.ranks, shape.straggler))
-                .map_err(|e| e.to_string())?;
-            verify(&schedule).map_err(|e| format!("{e:?}"))?;
-            slot.insert(lower(&schedule, count, shape.dtype).map_err(|e| e.to_string())?);
+            let key = (shape.algorithm, shape.ranks, shape.straggler);
+            let schedule = match self.schedules.entry(key) {
+                std::collections::hash_map::Entry::Occupied(s) => s.into_mut(),
+                std::collections::hash_map::Entry::Vacant(s) => {
+                    let schedule = shape
+                        .algorithm
+                        .schedule(&PlanRequest::new(shape.ranks, shape.straggler))
+                        .map_err(|e| e.to_string())?;
+                    verify(&schedule).map_err(|e| format!("{e:?}"))?;
+                    s.insert(schedule)
+                }
+            };
+            slot.insert(lower(schedule, count, shape.dtype).map_err(|e| e.to_string())?);
         }
         Ok(&self.plans[&(shape, count)])
     }
