@@ -17,6 +17,7 @@
  * differs (a performance question, to be measured on NVSwitch hardware). */
 
 #include "stragglar_arrival.h"
+#include "stragglar_choice.h"
 #include "stragglar_reduce.h"
 
 /* The most operands one combine takes (the host engine's MAX_OPERANDS). */
@@ -246,7 +247,7 @@ SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* st
 }
 
 SG_DEVICE bool sg_plan_ok(const RawLaunch* a, const RawPlanHeader* plan) {
-  return plan->magic == PLAN_MAGIC && plan->version == PLAN_VERSION && plan->rank == a->rank &&
+  return plan != 0 && plan->magic == PLAN_MAGIC && plan->version == PLAN_VERSION && plan->rank == a->rank &&
          plan->ranks >= 1 && plan->ranks <= SG_MAX_OPERANDS;
 }
 
@@ -272,20 +273,93 @@ SG_DEVICE void sg_arrival_block(const RawLaunch* a) {
   sg_arrive(&a->arrival, a->rank, &w);
 }
 
+/* Whether a graph launch's state indices are in range (otherwise it fails as a bad plan). */
+SG_DEVICE bool sg_graph_ok(const RawLaunch* a) {
+  return a->rule.size_class < SIZE_CLASSES && a->rule.ranks == a->arrival.ranks &&
+         a->arrival.board != 0 && a->plans != 0;
+}
+
+/* A graph launch's plan: the choice the verdict of its size class gives (every block reads the
+ * same half of it, which no launch writes while this one runs; see RawClassState). */
+SG_DEVICE const RawPlanHeader* sg_graph_plan(const RawLaunch* a, uint32_t* choice) {
+  *choice = a->rule.ranks;
+  if (!sg_graph_ok(a)) return 0;
+  const RawGraphState* g = (const RawGraphState*)a->graph;
+  const RawClassState* own = &g->classes[a->rule.size_class];
+  RawVerdict verdict = own->verdict[own->calls & 1];
+  *choice = sg_choose(&a->rule, &verdict);
+  return (const RawPlanHeader*)((const uint64_t*)a->plans)[*choice];
+}
+
+/* A graph launch's arrival block (thread 0): the arrival protocol on the graph board, with the
+ * call's number from device memory; then the previous graph call's record, now complete, is
+ * fed to its class's detector, and the verdict is written for that class's next call. */
+SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
+  RawGraphState* g = (RawGraphState*)a->graph;
+  const uint32_t own_class = a->rule.size_class;
+  const uint64_t call = g->calls;
+  const uint64_t own_calls = g->classes[own_class].calls;
+  RawArrival arrival = a->arrival;
+  arrival.ring = (uint64_t)g->ring;
+  arrival.call = call;
+  sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
+                           a->timeout_ns);
+  if (sg_arrive(&arrival, a->rank, &w) != STATUS_OK) return;
+  if (call > 0 && g->previous_class != 0) {
+    const RawRingEntry* entry = &g->ring[(call - 1) % RING_ENTRIES];
+    const uint32_t fed_class = g->previous_class - 1;
+    RawClassState* fed = &g->classes[fed_class];
+    sg_observe(&fed->detector, &a->rule, (uint32_t)entry->last, (uint32_t)entry->lead);
+    RawVerdict verdict = sg_verdict(&fed->detector, &a->rule);
+    if (fed_class == own_class) {
+      fed->verdict[(own_calls + 1) & 1] = verdict; /* this call reads the other half */
+    } else {
+      fed->verdict[0] = verdict;
+      fed->verdict[1] = verdict;
+    }
+  }
+  g->previous_class = own_class + 1;
+  g->last_choice = choice + 1;
+  if (choice == a->rule.ranks) {
+    g->on_baseline += 1;
+  } else {
+    g->on_stragglar += 1;
+  }
+}
+
+/* Thread 0 of each block of a graph launch, once the block is done: the last of the grid's
+ * blocks (the arrival block included) advances the call numbers, after every block read them. */
+SG_DEVICE void sg_graph_finish(const RawLaunch* a) {
+  RawGraphState* g = (RawGraphState*)a->graph;
+  if (sg_atomic_add(&g->finished, 1) != a->blocks) return;
+  sg_store_volatile(&g->finished, 0);
+  if (sg_graph_ok(a)) g->classes[a->rule.size_class].calls += 1;
+  sg_store_release64(&g->calls, g->calls + 1);
+}
+
 /* The kernel body, shared by the GPU entry point and the host emulation. Blocks
- * 0..blocks-1 run the plan; block `blocks`, if launched, records the arrival. */
+ * 0..blocks-1 run the plan; block `blocks`, if launched, records the arrival (and, in a graph
+ * launch, feeds the device's detector). */
 SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
+  uint32_t choice = 0;
+  const RawPlanHeader* plan = (const RawPlanHeader*)a->plan;
+  if (a->graph != 0) plan = sg_graph_plan(a, &choice);
   if (SG_BLOCK >= a->blocks) {
-    sg_arrival_block(a);
+    if (a->graph == 0) {
+      sg_arrival_block(a);
+    } else if (SG_THREAD == 0) {
+      if (sg_graph_ok(a)) sg_graph_arrival(a, choice);
+      sg_graph_finish(a);
+    }
     return;
   }
   sg_call call;
   call.args = a;
-  call.plan = (const RawPlanHeader*)a->plan;
+  call.plan = plan;
   call.peers = (const RawPeer*)a->peers;
   call.math.op = a->op;
-  call.math.ranks = call.plan->ranks;
-  call.math.dt = (uint32_t)call.plan->datatype;
+  call.math.ranks = plan ? plan->ranks : 1;
+  call.math.dt = plan ? (uint32_t)plan->datatype : 0;
   call.math.scale = a->scale;
   uint64_t epoch = sg_load_acquire64((const uint64_t*)a->epoch) + 1;
   call.parity = (uint32_t)(epoch & 1);
@@ -295,8 +369,8 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
     if (SG_THREAD == 0) sg_fail(&call, STATUS_BAD_PLAN);
     status = STATUS_BAD_PLAN;
   }
-  const RawStep* steps = sg_at<RawStep>(call.plan, call.plan->steps_at);
   for (uint32_t i = 0; status == STATUS_OK && i < call.plan->step_count; ++i) {
+    const RawStep* steps = sg_at<RawStep>(call.plan, call.plan->steps_at);
     if (steps[i].kind == STEP_COPY_IN) {
       sg_copy_in(&call, s);
     } else {
@@ -310,6 +384,7 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
       sg_store_volatile((uint32_t*)a->finished_blocks, 0);
       sg_store_release64((uint64_t*)a->epoch, epoch);
     }
+    if (a->graph != 0) sg_graph_finish(a);
   }
 }
 
@@ -375,6 +450,18 @@ extern "C" void stragglar_emulate_ticket(const RawTicket* args) {
   sg_self.threads = 1;
   sg_self.barrier = 0;
   sg_ticket(args);
+}
+
+/* Runs the device rule over `n` records as graph launches would, one call per record: the
+ * choice of call i (written to choices[i]) from the records before it, then record i. */
+extern "C" void stragglar_emulate_rule(const RawRule* rule, RawDetector* detector,
+                                       const uint32_t* last, const uint32_t* lead, uint32_t n,
+                                       uint32_t* choices) {
+  for (uint32_t i = 0; i < n; ++i) {
+    RawVerdict verdict = sg_verdict(detector, rule);
+    choices[i] = sg_choose(rule, &verdict);
+    sg_observe(detector, rule, last[i], lead[i]);
+  }
 }
 
 /* Bytes of scratch one emulated block needs. */

@@ -87,6 +87,46 @@
 #define APPLY_MAX_OPERANDS 8
 
 /**
+ * `RawRule::algo`: StragglAR when the straggler's median lead pays for the call's size.
+ */
+#define RULE_ALGO_AUTO 0
+
+/**
+ * `RawRule::algo`: StragglAR on every call (`STRAGGLAR_ALGO=stragglar`).
+ */
+#define RULE_ALGO_STRAGGLAR 1
+
+/**
+ * `RawRule::algo`: the baseline on every call.
+ */
+#define RULE_ALGO_BASELINE 2
+
+/**
+ * `RawRule::fixed`: the straggler is the detector's designation (`STRAGGLAR_STRAGGLER=auto`).
+ */
+#define RULE_DETECTED 4294967295
+
+/**
+ * `RawRule::fixed`: no straggler is ever considered (`STRAGGLAR_STRAGGLER=off`).
+ */
+#define RULE_OFF 4294967294
+
+/**
+ * `RawRule::break_even_ns` of a size StragglAR never wins.
+ */
+#define RULE_NEVER UINT64_MAX
+
+/**
+ * Records a device detector keeps at most (the Rust rule's `MAX_WINDOW`).
+ */
+#define DETECTOR_WINDOW 64
+
+/**
+ * Size classes a graph state tracks: `size_class(bytes)` is 0..=64.
+ */
+#define SIZE_CLASSES 65
+
+/**
  * Where a launch records its arrival (part of [`RawLaunch`] and [`RawTicket`]).
  */
 typedef struct RawArrival {
@@ -109,6 +149,51 @@ typedef struct RawArrival {
   uint32_t ranks;
   uint32_t reserved;
 } RawArrival;
+
+/**
+ * The policy of one graph launch: the rule's parameters (the same for every call of a
+ * communicator) and the call's own size class and break-even lead.
+ */
+typedef struct RawRule {
+  /**
+   * The communicator's size.
+   */
+  uint32_t ranks;
+  /**
+   * Records remembered (1..=`DETECTOR_WINDOW`).
+   */
+  uint32_t window;
+  /**
+   * Last arrivals in the window that designate a rank (`DetectorConfig::on_count`).
+   */
+  uint32_t on_count;
+  /**
+   * Last arrivals in the window below which the designated rank is released.
+   */
+  uint32_t off_count;
+  /**
+   * Calls between two changes of the designation.
+   */
+  uint64_t min_dwell;
+  /**
+   * The median lead, in nanoseconds, from which StragglAR wins this call's size
+   * (`Policy::break_even_ns`); `RULE_NEVER` when it never does.
+   */
+  uint64_t break_even_ns;
+  /**
+   * `RULE_ALGO_*`.
+   */
+  uint32_t algo;
+  /**
+   * A fixed straggler's rank, `RULE_DETECTED` or `RULE_OFF`.
+   */
+  uint32_t fixed;
+  /**
+   * The call's size class (`crate::detect::size_class`), below `SIZE_CLASSES`.
+   */
+  uint32_t size_class;
+  uint32_t reserved;
+} RawRule;
 
 /**
  * Everything one launch needs. All ranks launch with identical `blocks`, `threads`, `op`
@@ -171,9 +256,25 @@ typedef struct RawLaunch {
   uint32_t reserved;
   /**
    * The arrival record of this call: `board` nonzero adds one block (index `blocks`) to the
-   * grid that runs [`RawTicket`]'s protocol alongside the plan; 0 (graph capture) takes none.
+   * grid that runs [`RawTicket`]'s protocol alongside the plan; 0 takes none. In a graph
+   * launch only `board` (rank 0's graph board) and `ranks` are read.
    */
   struct RawArrival arrival;
+  /**
+   * `RawGraphState*`, this rank's, in device memory: nonzero makes this a graph launch, whose
+   * call number, arrival record and plan come from device memory (see `super::choice`); 0
+   * for an eager launch, which runs `plan`.
+   */
+  uint64_t graph;
+  /**
+   * Graph launches: `const uint64_t[ranks + 1]`, this rank's plan blobs by choice (the
+   * StragglAR plan with straggler `s` at `s`, the Ring baseline at `ranks`).
+   */
+  uint64_t plans;
+  /**
+   * Graph launches: the policy that picks among `plans`.
+   */
+  struct RawRule rule;
 } RawLaunch;
 
 /**
@@ -278,5 +379,110 @@ typedef struct RawRingEntry {
   uint64_t last;
   uint64_t lead;
 } RawRingEntry;
+
+/**
+ * The device twin of `crate::detect::rule::Detector` (all zeroes: nothing observed, nothing
+ * designated). The remembered records sit at `call % window`: the rule only counts them and
+ * takes their median, which the order does not change.
+ */
+typedef struct RawDetector {
+  /**
+   * The last rank of each remembered record.
+   */
+  uint32_t last[64];
+  /**
+   * Its lead in nanoseconds (saturated to `u32::MAX`, as recorded).
+   */
+  uint32_t lead[64];
+  /**
+   * Records remembered (at most the window).
+   */
+  uint32_t len;
+  /**
+   * The designated rank plus one; 0 when none is.
+   */
+  uint32_t designated;
+  /**
+   * Records observed so far.
+   */
+  uint64_t calls;
+  /**
+   * `calls` when the designation last changed.
+   */
+  uint64_t changed_at;
+} RawDetector;
+
+/**
+ * What a call's choice needs from the detector of its size class: the rank whose lateness
+ * decides (`Policy::considered`) and its median lead.
+ */
+typedef struct RawVerdict {
+  /**
+   * The considered rank plus one; 0 when none is.
+   */
+  uint32_t straggler;
+  /**
+   * 1 when `lead_ns` holds that rank's median lead (it arrived last in a remembered call).
+   */
+  uint32_t has_lead;
+  uint64_t lead_ns;
+} RawVerdict;
+
+/**
+ * One size class of a graph state.
+ */
+typedef struct RawClassState {
+  struct RawDetector detector;
+  /**
+   * The verdict class call `k` reads at `verdict[k % 2]`: written only while no launch
+   * reads that half (by an earlier call, for a later one).
+   */
+  struct RawVerdict verdict[2];
+  /**
+   * Graph calls of this class completed.
+   */
+  uint64_t calls;
+} RawClassState;
+
+/**
+ * One rank's graph state, in its staging (zeroed at allocation: a fresh communicator, and
+ * so a split or shrunk one, starts with nothing observed).
+ */
+typedef struct RawGraphState {
+  /**
+   * Graph calls of this communicator completed: the next one's number, the same on every
+   * rank (all replay the same collectives in the same order).
+   */
+  uint64_t calls;
+  /**
+   * Blocks of the current graph call that have finished, the arrival block included.
+   */
+  uint32_t finished;
+  /**
+   * The size class of the previous graph call plus one (whose record the next call feeds);
+   * 0 before the first.
+   */
+  uint32_t previous_class;
+  /**
+   * The choice of the latest graph call plus one (a straggler's rank + 1, or `ranks + 1`
+   * for the baseline), for the host's report; 0 before the first.
+   */
+  uint32_t last_choice;
+  uint32_t reserved;
+  /**
+   * Graph calls on StragglAR and on the baseline so far (written by the arrival block).
+   */
+  uint64_t on_stragglar;
+  uint64_t on_baseline;
+  /**
+   * Records of graph calls, as copied from the board (the eager ring's format).
+   */
+  struct RawRingEntry ring[64];
+  /**
+   * The graph calls' arrival board (rank 0's is the one every rank uses).
+   */
+  struct RawBoardSlot board[4];
+  struct RawClassState classes[65];
+} RawGraphState;
 
 #endif  /* STRAGGLAR_LAUNCH_H_ */

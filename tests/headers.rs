@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cbindgen::{Builder, Config, ItemType, Language, Style};
+use stragglar::gpu::choice::{RawClassState, RawDetector, RawGraphState, RawRule};
 use stragglar::gpu::launch::{RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket};
 use stragglar::nccl::types::{ncclConfig_t, ncclUniqueId};
 use stragglar::plan::{RawChunk, RawPlanHeader, RawSource, RawStep, RawValue};
@@ -234,10 +235,12 @@ fn generate_launch_h() -> String {
         "RawTicket",
         "RawBoardSlot",
         "RawRingEntry",
+        "RawRule",
+        "RawGraphState",
     ]
     .map(String::from)
     .to_vec();
-    build(config, &["src/gpu/launch.rs"])
+    build(config, &["src/gpu/launch.rs", "src/gpu/choice.rs"])
 }
 
 #[test]
@@ -258,6 +261,10 @@ fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
         ("RawTicket", std::mem::size_of::<RawTicket>()),
         ("RawBoardSlot", std::mem::size_of::<RawBoardSlot>()),
         ("RawRingEntry", std::mem::size_of::<RawRingEntry>()),
+        ("RawRule", std::mem::size_of::<RawRule>()),
+        ("RawDetector", std::mem::size_of::<RawDetector>()),
+        ("RawClassState", std::mem::size_of::<RawClassState>()),
+        ("RawGraphState", std::mem::size_of::<RawGraphState>()),
     ] {
         text += &format!("_Static_assert(sizeof({name}) == {size}, \"{name}\");\n");
     }
@@ -266,6 +273,7 @@ fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
         ("op", std::mem::offset_of!(RawLaunch, op)),
         ("threads", std::mem::offset_of!(RawLaunch, threads)),
         ("arrival", std::mem::offset_of!(RawLaunch, arrival)),
+        ("rule", std::mem::offset_of!(RawLaunch, rule)),
     ] {
         text += &format!(
             "_Static_assert(__builtin_offsetof(RawLaunch, {field}) == {offset}, \"{field}\");\n"

@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use stragglar::engine::host::runner::{PlanCache, Shape};
+use stragglar::gpu::choice::{RawDetector, RawGraphState, RawRule};
 use stragglar::gpu::kernels::op_code;
 use stragglar::gpu::launch::{
     RawApply, RawArrival, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS,
@@ -40,11 +41,16 @@ type ApplyFn = unsafe extern "C" fn(
 /// `stragglar_emulate_ticket`: the ticket kernel's one working thread.
 type TicketFn = unsafe extern "C" fn(*const RawTicket);
 
+/// `stragglar_emulate_rule`: the device rule over a record stream, one choice per record.
+type RuleFn =
+    unsafe extern "C" fn(*const RawRule, *mut RawDetector, *const u32, *const u32, u32, *mut u32);
+
 /// The emulated kernel, compiled once per test binary.
 struct Kernel {
     thread: ThreadFn,
     apply: ApplyFn,
     ticket: TicketFn,
+    rule: RuleFn,
     scratch_bytes: usize,
 }
 
@@ -105,6 +111,10 @@ fn kernel() -> &'static Kernel {
                 std::mem::transmute::<*mut c_void, TicketFn>(symbol("stragglar_emulate_ticket"))
             },
             // SAFETY: as above.
+            rule: unsafe {
+                std::mem::transmute::<*mut c_void, RuleFn>(symbol("stragglar_emulate_rule"))
+            },
+            // SAFETY: as above.
             thread: unsafe {
                 std::mem::transmute::<*mut c_void, ThreadFn>(symbol("stragglar_emulate_thread"))
             },
@@ -141,6 +151,8 @@ struct RankMemory {
     status: Aligned,
     /// `RawRingEntry[RING_ENTRIES]`: the records this rank copied.
     ring: Aligned,
+    /// `RawGraphState`: graph launches' call numbers, records and device detectors.
+    graph: Aligned,
 }
 
 /// A communicator of `ranks` emulated GPUs with a fixed grid.
@@ -179,6 +191,7 @@ impl Comm {
                 finished: Aligned::new(4),
                 status: Aligned::new(4),
                 ring: Aligned::new(RING_ENTRIES as usize * std::mem::size_of::<RawRingEntry>()),
+                graph: Aligned::new(std::mem::size_of::<RawGraphState>()),
             })
             .collect();
         let peers = memory
@@ -239,7 +252,12 @@ impl Comm {
     /// Waits (at most 10 s) until `count` ranks took their ticket of call `call`, then `delay`:
     /// the late rank really arrives last, however loaded the machine.
     fn hold_back(&self, call: u64, count: usize, delay: Duration) {
-        let slot = self.board.addr() as usize
+        self.hold_back_on(self.board.addr(), call, count, delay)
+    }
+
+    /// [`Comm::hold_back`] on the board at `board`.
+    fn hold_back_on(&self, board: u64, call: u64, count: usize, delay: Duration) {
+        let slot = board as usize
             + (call % BOARD_SLOTS as u64) as usize * std::mem::size_of::<RawBoardSlot>();
         let first = (call / BOARD_SLOTS as u64) * self.ranks as u64;
         // SAFETY: `arrived` is the slot's first word, a live aligned u64 that the emulated
@@ -314,15 +332,7 @@ impl Comm {
         let arrivals: Vec<RawArrival> = (0..self.ranks).map(|r| self.arrival(r, call)).collect();
         let blobs: Vec<Vec<u64>> = (0..self.ranks)
             .map(|r| {
-                let bytes = encode(plan, r).bytes;
-                let mut words: Vec<u64> = bytes
-                    .chunks(8)
-                    .map(|c| {
-                        let mut w = [0u8; 8];
-                        w[..c.len()].copy_from_slice(c);
-                        u64::from_le_bytes(w)
-                    })
-                    .collect();
+                let mut words = blob_words(plan, r);
                 if corrupt_plan_of == Some(r) {
                     words[0] ^= 1;
                 }
@@ -360,6 +370,7 @@ impl Comm {
                     threads: self.threads,
                     reserved: 0,
                     arrival: arrivals[r],
+                    ..RawLaunch::default()
                 }
             })
             .collect();
@@ -390,9 +401,25 @@ impl Comm {
             in_place,
             corrupt_plan_of,
         );
+        let hold = self
+            .ticketing
+            .then(|| (self.board.addr(), launches[0].arrival.call));
+        self.execute(&launches, launched, self.grid(), hold);
+        self.calls += 1;
+    }
+
+    /// Runs `launches[r]` for each rank `r` in `launched` as `grid` blocks; the late rank (if
+    /// any) launches once the others took their ticket of `hold` (board, call), or after its
+    /// delay alone when the launches take no ticket.
+    fn execute(
+        &mut self,
+        launches: &[RawLaunch],
+        launched: &[usize],
+        grid: u32,
+        hold: Option<(u64, u64)>,
+    ) {
         let k = kernel();
         let late = self.late.take();
-        let grid = self.grid();
         std::thread::scope(|scope| {
             let launch_rank = |r: usize| {
                 for block in 0..grid {
@@ -405,15 +432,89 @@ impl Comm {
                 launch_rank(r);
             }
             if let Some((r, delay)) = late.filter(|l| launched.contains(&l.0)) {
-                match self.ticketing {
-                    true => self.hold_back(launches[r].arrival.call, launched.len() - 1, delay),
-                    false => std::thread::sleep(delay),
+                match hold {
+                    Some((board, call)) => {
+                        self.hold_back_on(board, call, launched.len() - 1, delay)
+                    }
+                    None => std::thread::sleep(delay),
                 }
                 launch_rank(r);
             }
         });
-        self.calls += 1;
     }
+
+    /// `rank`'s graph state as its kernels left it.
+    fn graph_state(&self, rank: usize) -> RawGraphState {
+        // SAFETY: the allocation holds one RawGraphState (all integers: any bits are valid),
+        // and no kernel runs while the test reads it.
+        unsafe { std::ptr::read(self.memory[rank].graph.addr() as *const RawGraphState) }
+    }
+
+    /// Rank 0's graph board, which every rank's graph launches use.
+    fn graph_board(&self) -> u64 {
+        self.memory[0].graph.addr() + std::mem::offset_of!(RawGraphState, board) as u64
+    }
+
+    /// Every rank's launch of one call captured into a graph, out of place, as a sum without
+    /// scaling: `tables[r]` lists rank `r`'s plan blobs by choice (straggler `s` at `s`, the
+    /// baseline at `ranks`). The same arguments serve every replay.
+    fn graph_launches(
+        &self,
+        tables: &[Vec<u64>],
+        rule: RawRule,
+        inputs: &[Aligned],
+        outputs: &[Aligned],
+    ) -> Vec<RawLaunch> {
+        (0..self.ranks)
+            .map(|r| {
+                let m = &self.memory[r];
+                RawLaunch {
+                    peers: self.peers.as_ptr() as u64,
+                    input: inputs[r].addr(),
+                    output: outputs[r].addr(),
+                    epoch: m.epoch.addr(),
+                    finished_blocks: m.finished.addr(),
+                    abort: self.abort.addr(),
+                    status: m.status.addr(),
+                    timeout_ns: self.timeout_ns,
+                    op: op_code(ReduceOp::Sum),
+                    rank: r as u32,
+                    blocks: self.blocks,
+                    threads: self.threads,
+                    arrival: RawArrival {
+                        board: self.graph_board(),
+                        ranks: self.ranks as u32,
+                        ..RawArrival::default()
+                    },
+                    graph: m.graph.addr(),
+                    plans: tables[r].as_ptr() as u64,
+                    rule,
+                    ..RawLaunch::default()
+                }
+            })
+            .collect()
+    }
+
+    /// Replays a captured call on every rank (the late rank after the others' tickets).
+    fn replay(&mut self, launches: &[RawLaunch]) {
+        let call = self.graph_state(0).calls;
+        let everyone: Vec<usize> = (0..self.ranks).collect();
+        let hold = Some((self.graph_board(), call));
+        self.execute(launches, &everyone, self.blocks + 1, hold);
+    }
+}
+
+/// `plan`'s blob for `rank`, as 8-byte words (8-byte aligned, as device memory would be).
+fn blob_words(plan: &Plan, rank: usize) -> Vec<u64> {
+    encode(plan, rank)
+        .bytes
+        .chunks(8)
+        .map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(w)
+        })
+        .collect()
 }
 
 /// Runs one block: `threads` OS threads sharing a barrier and the block's scratch.
@@ -1217,4 +1318,226 @@ fn the_bandwidth_probe_folds_with_the_same_element_code() {
             "{dtype:?} {op:?} x{operands}"
         );
     }
+}
+
+#[test]
+fn the_device_rule_chooses_exactly_what_the_rust_policy_chooses() {
+    // The twin that graph replays run on the GPU (cuda/stragglar_choice.h) against the one
+    // rule (src/detect): random settings, sizes and record streams in which a straggler
+    // settles, moves and is interrupted by others (some outside the communicator), with leads
+    // scattered around the size's break-even, so that the lead test decides many calls. Every
+    // choice, and the final designation, must agree.
+    use stragglar::detect::policy::{AlgoMode, StragglerMode};
+    use stragglar::detect::{ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
+    use stragglar::schedule::model::Link;
+    let k = kernel();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut outcomes = [0usize; 2];
+    for case in 0..300 {
+        let ranks = 2 + (next() % 9) as usize;
+        let algo = [AlgoMode::Auto, AlgoMode::Stragglar, AlgoMode::Baseline][match next() % 4 {
+            0 => 1,
+            1 => 2,
+            _ => 0,
+        }];
+        let straggler = match next() % 5 {
+            0 => StragglerMode::Fixed((next() % (ranks as u64 + 2)) as usize),
+            1 => StragglerMode::Off,
+            _ => StragglerMode::Auto,
+        };
+        let link = Link {
+            alpha: 1e-6 * (1 + next() % 20) as f64,
+            bandwidth: 1e9 * (1 + next() % 400) as f64,
+        };
+        let policy = Policy::new(ranks, algo, straggler, link);
+        let bytes = 1usize << (10 + next() % 20);
+        let rule = RawRule::new(&policy, bytes);
+        let break_even = policy
+            .break_even_ns(bytes)
+            .unwrap_or(1_000_000)
+            .min(u32::MAX as u64 / 2);
+        let calls = 400;
+        let mut home = (next() % ranks as u64) as u32;
+        let (mut last, mut lead) = (Vec::new(), Vec::new());
+        for _ in 0..calls {
+            if next() % 150 == 0 {
+                home = (next() % ranks as u64) as u32;
+            }
+            last.push(match next() % 10 {
+                0..=6 => home,
+                7 | 8 => (next() % ranks as u64) as u32,
+                _ => (next() % (ranks as u64 + 3)) as u32,
+            });
+            let l = match next() % 8 {
+                0 => break_even,
+                1 => break_even.saturating_sub(1),
+                _ => break_even / 2 + next() % (break_even + 1),
+            };
+            lead.push(l.min(u32::MAX as u64) as u32);
+        }
+        // SAFETY: RawDetector is plain integers; all zeroes is its empty state.
+        let mut device: RawDetector = unsafe { std::mem::zeroed() };
+        let mut choices = vec![0u32; calls];
+        // SAFETY: the arrays hold `calls` entries each; the rule and detector are live.
+        unsafe {
+            (k.rule)(
+                &rule,
+                &mut device,
+                last.as_ptr(),
+                lead.as_ptr(),
+                calls as u32,
+                choices.as_mut_ptr(),
+            )
+        };
+        let mut host = Detector::new(ranks, DetectorConfig::default());
+        for c in 0..calls {
+            let expected = match policy.choose(&host, bytes) {
+                Choice::Stragglar { straggler } => straggler as u32,
+                Choice::Baseline => ranks as u32,
+            };
+            assert_eq!(
+                choices[c], expected,
+                "case {case} call {c}: {ranks} ranks, {algo:?}, {straggler:?}, {bytes} B"
+            );
+            outcomes[usize::from(expected != ranks as u32)] += 1;
+            host.observe(ArrivalRecord {
+                last_rank: last[c] as usize,
+                lead_ns: lead[c] as u64,
+            });
+        }
+        assert_eq!(
+            device.designated,
+            host.designated().map_or(0, |r| r as u32 + 1),
+            "case {case}"
+        );
+    }
+    assert!(outcomes.iter().all(|&n| n > 10_000), "{outcomes:?}");
+}
+
+/// `count` f32s of `rank` whose sums round differently in different orders.
+fn uneven_floats(rank: usize, count: usize, seed: u64) -> Vec<u8> {
+    noise(seed ^ (rank as u64) << 24, count * 2)
+        .chunks(2)
+        .flat_map(|b| {
+            let v = (b[0] as f32 - 128.0) / 7.0 + b[1] as f32 * 1e-5;
+            v.to_le_bytes()
+        })
+        .collect()
+}
+
+#[test]
+fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
+    // One call captured into a graph and replayed, with the same launch arguments every time,
+    // on 4 emulated GPUs. Rank 2 is late in most replays, a random rank in the others. No host
+    // decides anything: each replay numbers itself, records its arrivals and feeds the device
+    // detectors. Every rank must pick the same plan on every replay, the one the Rust policy
+    // picks from the same records (two replays behind), StragglAR with rank 2 must take over,
+    // and every output must be that plan's, bit for bit.
+    use stragglar::detect::policy::{AlgoMode, StragglerMode};
+    use stragglar::detect::{ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
+    use stragglar::schedule::model::Link;
+    let ranks = 4;
+    let count = 4096;
+    let bytes = count * 4;
+    let link = Link {
+        alpha: 20e-6,
+        bandwidth: 20e6,
+    };
+    let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
+    let rule = RawRule::new(&policy, bytes);
+    let mut cache = PlanCache::default();
+    let plans: Vec<Plan> = (0..=ranks)
+        .map(|choice| {
+            let shape = Shape {
+                algorithm: if choice < ranks {
+                    Algorithm::Stragglar
+                } else {
+                    Algorithm::Ring
+                },
+                ranks,
+                straggler: choice % ranks,
+                dtype: DataType::F32,
+            };
+            cache.get(shape, count).unwrap().clone()
+        })
+        .collect();
+    let blobs: Vec<Vec<Vec<u64>>> = (0..ranks)
+        .map(|r| plans.iter().map(|p| blob_words(p, r)).collect())
+        .collect();
+    let tables: Vec<Vec<u64>> = blobs
+        .iter()
+        .map(|own| own.iter().map(|b| b.as_ptr() as u64).collect())
+        .collect();
+    let data: Vec<Vec<u8>> = (0..ranks).map(|r| uneven_floats(r, count, 5)).collect();
+    let expected: Vec<Vec<Vec<u8>>> = plans
+        .iter()
+        .map(|p| simulate(p, ReduceOp::Sum, &data, &vec![Scale::None; ranks]))
+        .collect();
+    assert_ne!(expected[2], expected[ranks], "the plans' sums must differ");
+    let inputs: Vec<Aligned> = data
+        .iter()
+        .map(|d| {
+            let mut a = Aligned::new(bytes);
+            a.bytes()[..bytes].copy_from_slice(d);
+            a
+        })
+        .collect();
+    let mut outputs: Vec<Aligned> = (0..ranks).map(|_| Aligned::new(bytes)).collect();
+    let mut comm = Comm::new(ranks, 2, 2);
+    let launches = comm.graph_launches(&tables, rule, &inputs, &outputs);
+    let mut host = Detector::new(ranks, DetectorConfig::default());
+    let mut x = 0x5851_f42d_4c95_7f2du64;
+    let mut on_stragglar = 0;
+    let replays = 56u64;
+    for replay in 0..replays {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let late = if x % 6 == 0 { (x / 6 % 4) as usize } else { 2 };
+        comm.late = Some((late, Duration::from_millis(8)));
+        let choice = match policy.choose(&host, bytes) {
+            Choice::Stragglar { straggler } => straggler,
+            Choice::Baseline => ranks,
+        };
+        on_stragglar += usize::from(choice < ranks);
+        comm.replay(&launches);
+        for r in 0..ranks {
+            let state = comm.graph_state(r);
+            assert_eq!(comm.status(r), STATUS_OK, "replay {replay} rank {r}");
+            assert_eq!(state.calls, replay + 1);
+            assert_eq!(
+                state.last_choice as usize,
+                choice + 1,
+                "replay {replay} rank {r}: the device chose otherwise"
+            );
+            assert!(
+                outputs[r].bytes()[..bytes] == expected[choice][r][..],
+                "replay {replay} rank {r}: not the output of choice {choice}"
+            );
+        }
+        if replay > 0 {
+            // This replay copied the previous one's record: the same on every rank.
+            let entry = comm.graph_state(0).ring[(replay - 1) as usize % RING_ENTRIES as usize];
+            assert_eq!(entry.last >> 32, (replay - 1) % 0xffff_ffff + 1, "tagged");
+            for r in 1..ranks {
+                let other = comm.graph_state(r).ring[(replay - 1) as usize % 64];
+                assert_eq!(other, entry, "replay {replay} rank {r}");
+            }
+            host.observe(ArrivalRecord {
+                last_rank: (entry.last & 0xffff_ffff) as usize,
+                lead_ns: entry.lead & 0xffff_ffff,
+            });
+        }
+    }
+    let state = comm.graph_state(0);
+    assert_eq!(state.on_stragglar + state.on_baseline, replays);
+    assert_eq!(state.on_stragglar as usize, on_stragglar);
+    assert_eq!(state.last_choice, 3, "StragglAR with rank 2 at the end");
+    assert!(on_stragglar >= 10, "{on_stragglar} replays on StragglAR");
 }

@@ -86,13 +86,54 @@ impl Policy {
             .break_even
     }
 
-    /// The straggler this call would designate.
-    pub fn straggler(&self, detector: &Detector) -> Option<usize> {
+    /// [`Policy::break_even`] in whole nanoseconds, rounded up: the lead a call of `bytes`
+    /// needs, compared with the recorded leads as integers (as the device twin compares them).
+    pub fn break_even_ns(&self, bytes: usize) -> Option<u64> {
+        self.break_even(bytes)
+            .map(|seconds| (seconds.max(0.0) * 1e9).ceil().min(u64::MAX as f64) as u64)
+    }
+
+    /// `STRAGGLAR_ALGO` as this policy applies it.
+    pub fn algo(&self) -> AlgoMode {
+        self.algo
+    }
+
+    /// `STRAGGLAR_STRAGGLER` as this policy applies it (a fixed rank outside the
+    /// communicator reads as `Auto`).
+    pub fn straggler_mode(&self) -> StragglerMode {
+        self.straggler
+    }
+
+    /// The communicator's size.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// The rank whose lateness decides a call: the fixed rank, the designated one, or none.
+    pub fn considered(&self, designated: Option<usize>) -> Option<usize> {
         match self.straggler {
-            StragglerMode::Auto => detector.designated(),
+            StragglerMode::Auto => designated,
             StragglerMode::Fixed(rank) => Some(rank),
             StragglerMode::Off => None,
         }
+    }
+
+    /// Whether some call could run StragglAR under this policy (otherwise it is the baseline's
+    /// for good, whatever the records say).
+    pub fn may_choose_stragglar(&self, bytes: usize) -> bool {
+        self.ranks >= 2
+            && match self.algo {
+                AlgoMode::Baseline => false,
+                AlgoMode::Stragglar => true,
+                AlgoMode::Auto => {
+                    self.straggler != StragglerMode::Off && self.break_even_ns(bytes).is_some()
+                }
+            }
+    }
+
+    /// The straggler this call would designate.
+    pub fn straggler(&self, detector: &Detector) -> Option<usize> {
+        self.considered(detector.designated())
     }
 
     /// The choice for a call of `bytes` given everything observed before it.
@@ -110,8 +151,8 @@ impl Policy {
                 let Some(rank) = straggler else {
                     return Choice::Baseline;
                 };
-                let lead = detector.median_lead_ns(rank).map(|ns| ns as f64 * 1e-9);
-                match (self.break_even(bytes), lead) {
+                let lead = detector.median_lead_ns(rank);
+                match (self.break_even_ns(bytes), lead) {
                     (Some(needed), Some(lead)) if lead >= needed => {
                         Choice::Stragglar { straggler: rank }
                     }

@@ -1,7 +1,9 @@
 //! The designation rule: which rank is the persistent straggler.
 //!
 //! Rank R becomes the designated straggler when it arrived last in at least `on_fraction` of
-//! the last `window` calls. It is released when its share falls below `off_fraction`, or
+//! the last `window` calls (compared as whole counts, `ceil(fraction * window)`, so that the
+//! device twin in cuda/stragglar_choice.h computes exactly the same). It is released when its
+//! share falls below `off_fraction`, or
 //! replaced when another rank reaches `on_fraction`; either only after `min_dwell` calls, so the
 //! designation never flaps. Defaults and why:
 //! - `window = 32` calls: long enough that one noisy step does not decide, short enough to follow
@@ -53,10 +55,31 @@ impl Default for DetectorConfig {
     }
 }
 
+impl DetectorConfig {
+    /// Arrivals in the window a rank needs to be designated: `ceil(on_fraction * window)`
+    /// (the rule compares whole counts, so its device twin needs no floating point).
+    pub fn on_count(&self) -> usize {
+        Self::count_of(self.on_fraction, self.window)
+    }
+
+    /// Arrivals in the window below which the designated rank is released:
+    /// `ceil(off_fraction * window)`.
+    pub fn off_count(&self) -> usize {
+        Self::count_of(self.off_fraction, self.window)
+    }
+
+    fn count_of(fraction: f64, window: usize) -> usize {
+        (fraction.clamp(0.0, 2.0) * window as f64).ceil() as usize
+    }
+}
+
 /// Tracks one communicator's (and size class's) arrivals and its designated straggler.
 #[derive(Debug, Clone)]
 pub struct Detector {
     config: DetectorConfig,
+    /// `config.on_count()` and `config.off_count()`, computed once.
+    on_count: usize,
+    off_count: usize,
     ranks: usize,
     history: VecDeque<ArrivalRecord>,
     designated: Option<usize>,
@@ -76,6 +99,8 @@ impl Detector {
         };
         Detector {
             config,
+            on_count: config.on_count(),
+            off_count: config.off_count(),
             ranks,
             history: VecDeque::with_capacity(config.window),
             designated: None,
@@ -87,6 +112,11 @@ impl Detector {
     /// The designated straggler, if any.
     pub fn designated(&self) -> Option<usize> {
         self.designated
+    }
+
+    /// The rule's parameters (the window clamped to [`MAX_WINDOW`]).
+    pub fn config(&self) -> DetectorConfig {
+        self.config
     }
 
     /// Calls observed so far.
@@ -135,10 +165,6 @@ impl Detector {
         self.designated
     }
 
-    fn share(&self, rank: usize) -> f64 {
-        self.last_count(rank) as f64 / self.config.window as f64
-    }
-
     /// The rank last most often in the window (the lowest on a tie).
     fn leader(&self) -> usize {
         (0..self.ranks)
@@ -149,11 +175,11 @@ impl Detector {
     fn apply_rule(&mut self) {
         let dwelt = self.calls - self.changed_at >= self.config.min_dwell;
         let leader = self.leader();
-        let leader_qualifies = self.share(leader) >= self.config.on_fraction;
+        let leader_qualifies = self.last_count(leader) >= self.on_count;
         let next = match self.designated {
             None if leader_qualifies => Some(leader),
             Some(current) if dwelt && leader != current && leader_qualifies => Some(leader),
-            Some(current) if dwelt && self.share(current) < self.config.off_fraction => None,
+            Some(current) if dwelt && self.last_count(current) < self.off_count => None,
             unchanged => unchanged,
         };
         if next != self.designated {

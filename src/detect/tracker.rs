@@ -16,7 +16,7 @@ use super::tally::ArrivalTally;
 /// The size class of a call: the bit length of its byte count (a power-of-two bucket).
 /// Designations are kept per class: in a DDP step only the first bucket sees the straggler's
 /// compute delay.
-pub fn size_class(bytes: usize) -> u32 {
+pub const fn size_class(bytes: usize) -> u32 {
     usize::BITS - bytes.leading_zeros()
 }
 

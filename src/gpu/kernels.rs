@@ -15,7 +15,7 @@ pub const DELAY_KERNEL: &str = "ncclStragglarDelay";
 pub const APPLY_PROBE_KERNEL: &str = "ncclStragglarApplyProbe";
 
 /// The sources, in include order: `(file name, text)`.
-pub const SOURCES: [(&str, &str); 6] = [
+pub const SOURCES: [(&str, &str); 7] = [
     (
         "stragglar_plan.h",
         include_str!("../../cuda/stragglar_plan.h"),
@@ -27,6 +27,10 @@ pub const SOURCES: [(&str, &str); 6] = [
     (
         "stragglar_device.h",
         include_str!("../../cuda/stragglar_device.h"),
+    ),
+    (
+        "stragglar_choice.h",
+        include_str!("../../cuda/stragglar_choice.h"),
     ),
     (
         "stragglar_arrival.h",

@@ -83,8 +83,18 @@ pub struct RawLaunch {
     pub threads: u32,
     pub reserved: u32,
     /// The arrival record of this call: `board` nonzero adds one block (index `blocks`) to the
-    /// grid that runs [`RawTicket`]'s protocol alongside the plan; 0 (graph capture) takes none.
+    /// grid that runs [`RawTicket`]'s protocol alongside the plan; 0 takes none. In a graph
+    /// launch only `board` (rank 0's graph board) and `ranks` are read.
     pub arrival: RawArrival,
+    /// `RawGraphState*`, this rank's, in device memory: nonzero makes this a graph launch, whose
+    /// call number, arrival record and plan come from device memory (see `super::choice`); 0
+    /// for an eager launch, which runs `plan`.
+    pub graph: u64,
+    /// Graph launches: `const uint64_t[ranks + 1]`, this rank's plan blobs by choice (the
+    /// StragglAR plan with straggler `s` at `s`, the Ring baseline at `ranks`).
+    pub plans: u64,
+    /// Graph launches: the policy that picks among `plans`.
+    pub rule: super::choice::RawRule,
 }
 
 /// Slots of the arrival board: call `c` uses slot `c % BOARD_SLOTS`. Every rank's ticket of
@@ -195,7 +205,7 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(std::mem::size_of::<RawPeer>(), 40);
-        assert_eq!(std::mem::size_of::<RawLaunch>(), 136);
+        assert_eq!(std::mem::size_of::<RawLaunch>(), 200);
         assert_eq!(std::mem::size_of::<RawArrival>(), 32);
         assert_eq!(std::mem::size_of::<RawTicket>(), 72);
         assert_eq!(std::mem::size_of::<RawBoardSlot>(), 32);

@@ -505,6 +505,7 @@ impl CudaRank {
             threads: self.config.threads,
             reserved: 0,
             arrival: self.arrival(ticket),
+            ..RawLaunch::default()
         };
         // The arrival block runs beside the plan's blocks.
         let grid = self.config.blocks + u32::from(ticket);

@@ -1,0 +1,113 @@
+/* The device twin of the straggler rule and the per-call policy (src/detect/rule.rs and
+ * src/detect/policy.rs), for CUDA graph replays: a replayed launch cannot carry a host
+ * decision, so the GPU keeps the detector of each size class in device memory and picks each
+ * call's plan itself (src/gpu/choice.rs describes the state).
+ *
+ * Every rank feeds the same records in the same order, and this code is integer-only and
+ * deterministic, so every rank designates the same straggler and picks the same plan. It must
+ * compute exactly what the Rust rule computes: tests/kernel_emulation.rs runs both over random
+ * record streams and settings and compares every choice. */
+
+#ifndef STRAGGLAR_CHOICE_H_
+#define STRAGGLAR_CHOICE_H_
+
+#include "stragglar_device.h"
+
+/* In how many remembered records `rank` arrived last. */
+SG_DEVICE uint32_t sg_last_count(const RawDetector* d, uint32_t rank) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < d->len; ++i) n += d->last[i] == rank ? 1u : 0u;
+  return n;
+}
+
+/* The rank last most often in the window (the lowest on a tie), and its count. */
+SG_DEVICE uint32_t sg_leader(const RawDetector* d, uint32_t ranks, uint32_t* count) {
+  uint32_t best = 0, best_count = 0;
+  for (uint32_t r = 0; r < ranks; ++r) {
+    uint32_t c = sg_last_count(d, r);
+    if (r == 0 || c > best_count) {
+      best = r;
+      best_count = c;
+    }
+  }
+  *count = best_count;
+  return best;
+}
+
+/* Adds one record and applies the rule (Detector::observe). A record naming a rank outside the
+ * communicator is ignored. */
+SG_DEVICE void sg_observe(RawDetector* d, const RawRule* rule, uint32_t last, uint32_t lead) {
+  if (last >= rule->ranks || rule->window == 0) return;
+  uint32_t window = rule->window < 64 ? rule->window : 64;
+  uint32_t at = (uint32_t)(d->calls % window);
+  d->last[at] = last;
+  d->lead[at] = lead;
+  if (d->len < window) d->len += 1;
+  d->calls += 1;
+  bool dwelt = d->calls - d->changed_at >= rule->min_dwell;
+  uint32_t leader_count = 0;
+  uint32_t leader = sg_leader(d, rule->ranks, &leader_count);
+  bool qualifies = leader_count >= rule->on_count;
+  uint32_t current = d->designated;
+  uint32_t next = current;
+  if (current == 0) {
+    if (qualifies) next = leader + 1;
+  } else if (dwelt && leader + 1 != current && qualifies) {
+    next = leader + 1;
+  } else if (dwelt && sg_last_count(d, current - 1) < rule->off_count) {
+    next = 0;
+  }
+  if (next != current) {
+    d->designated = next;
+    d->changed_at = d->calls;
+  }
+}
+
+/* What the next call's choice needs (Policy::considered, Detector::median_lead_ns: the lower
+ * median of the considered rank's leads). */
+SG_DEVICE RawVerdict sg_verdict(const RawDetector* d, const RawRule* rule) {
+  RawVerdict v;
+  v.straggler = 0;
+  v.has_lead = 0;
+  v.lead_ns = 0;
+  if (rule->fixed == RULE_OFF) return v;
+  uint32_t considered = rule->fixed == RULE_DETECTED ? d->designated : rule->fixed + 1;
+  if (considered == 0) return v;
+  v.straggler = considered;
+  uint32_t leads[64];
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < d->len && i < 64; ++i) {
+    if (d->last[i] != considered - 1) continue;
+    /* Insertion sort as the leads arrive: at most 64 of them. */
+    uint32_t j = n++;
+    while (j > 0 && leads[j - 1] > d->lead[i]) {
+      leads[j] = leads[j - 1];
+      --j;
+    }
+    leads[j] = d->lead[i];
+  }
+  if (n > 0) {
+    v.has_lead = 1;
+    v.lead_ns = leads[(n - 1) / 2];
+  }
+  return v;
+}
+
+/* The plan a call runs (Policy::choose): a straggler's rank for StragglAR, or `ranks` for the
+ * baseline. */
+SG_DEVICE uint32_t sg_choose(const RawRule* rule, const RawVerdict* v) {
+  const uint32_t baseline = rule->ranks;
+  if (rule->ranks < 2 || rule->algo == RULE_ALGO_BASELINE) return baseline;
+  uint32_t straggler = 0; /* plus one; 0: none */
+  if (rule->fixed == RULE_DETECTED) {
+    straggler = v->straggler;
+  } else if (rule->fixed != RULE_OFF) {
+    straggler = rule->fixed + 1;
+  }
+  if (rule->algo == RULE_ALGO_STRAGGLAR) return straggler ? straggler - 1 : rule->ranks - 1;
+  if (straggler == 0 || !v->has_lead || v->straggler != straggler) return baseline;
+  if (rule->break_even_ns == RULE_NEVER || v->lead_ns < rule->break_even_ns) return baseline;
+  return straggler - 1;
+}
+
+#endif /* STRAGGLAR_CHOICE_H_ */
