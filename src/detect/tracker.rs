@@ -70,6 +70,11 @@ impl Tracker {
         }
     }
 
+    /// The policy every call is decided by.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
     /// The next call's number.
     pub fn calls(&self) -> u64 {
         self.fed + self.pending.len() as u64

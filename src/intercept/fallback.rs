@@ -39,7 +39,8 @@ pub enum Fallback {
     GpuUnavailable,
     /// The communicator's setup refused the GPU engine (the same verdict on every rank).
     SetupRefused,
-    /// The first eligible call came during graph capture, when setup cannot run.
+    /// A call was captured into a graph before the communicator, or this message size, was
+    /// seen outside capture: setup and plan uploads cannot run while a stream captures.
     CapturingBeforeSetup,
     /// The straggler policy chose NCCL for this call: no straggler is designated for its size,
     /// or the designated one's lead does not pay for it (a ticket still records its arrivals).
@@ -124,7 +125,9 @@ impl Fallback {
             Fallback::NoGpuEngine => "the GPU engine is off (STRAGGLAR_GPU_ENGINE=0)",
             Fallback::GpuUnavailable => "no usable CUDA driver, device or NVRTC for the GPU engine",
             Fallback::SetupRefused => "the communicator's setup refused the GPU engine",
-            Fallback::CapturingBeforeSetup => "the first eligible call came during graph capture",
+            Fallback::CapturingBeforeSetup => {
+                "captured into a graph before the communicator or this size was seen outside capture"
+            }
             Fallback::PolicyNccl => {
                 "the straggler policy chose NCCL (no straggler designated for this size, or its lead does not pay)"
             }

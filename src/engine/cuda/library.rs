@@ -29,9 +29,11 @@ use super::staging::StagingLayout;
 use crate::detect::policy::Policy;
 use crate::detect::Tracker;
 use crate::engine::host::runner::{PlanCache, Shape};
+use crate::gpu::choice::RawRule;
 use crate::gpu::launch::{MAX_THREADS, RING_ENTRIES, STATUS_OK};
 use crate::intercept::fallback::Fallback;
 use crate::nccl::types::{cudaStream_t, ncclComm_t, DataTypeCode, ResultCode};
+use crate::plan::Plan;
 use crate::reduce::{DataType, ReduceOp, Scale};
 use crate::schedule::model::Link;
 use crate::schedule::Algorithm;
@@ -98,6 +100,8 @@ struct Ready {
     /// A ticket was queued for a call the policy sent to NCCL, and NCCL's kernel is not yet
     /// ordered before this communicator's next launch (see [`forwarded`]).
     ticket_awaits_nccl: bool,
+    /// Calls captured into graphs as graph launches (each replay chooses on the GPU).
+    captured: u64,
     /// Orders this communicator's launches across the caller's streams.
     last: Event,
     last_stream: cudaStream_t,
@@ -232,7 +236,8 @@ fn load(ordinal: i32) -> Loaded {
 }
 
 /// The staging every rank of an `n`-rank communicator allocates: room for the largest plan of
-/// `STRAGGLAR_BUFFER_BYTES` of any type and any straggler (so every eligible call fits).
+/// `STRAGGLAR_BUFFER_BYTES` of any type, any straggler and Ring (so every eligible call, and
+/// every plan a graph replay may pick, fits).
 fn layout(ranks: usize) -> Result<StagingLayout, String> {
     let buffer = crate::config::get().buffer_bytes;
     let mut cache = PlanCache::default();
@@ -241,10 +246,16 @@ fn layout(ranks: usize) -> Result<StagingLayout, String> {
         values: 1,
         blocks: BLOCKS as u64,
     };
-    for straggler in 0..ranks {
+    // StragglAR with every straggler, and Ring (the baseline of graph replays).
+    let shapes = (0..=ranks).map(|choice| (choice % ranks, choice == ranks));
+    for (straggler, ring) in shapes {
         for dtype in [DataType::U8, DataType::F16, DataType::F32, DataType::F64] {
             let shape = Shape {
-                algorithm: Algorithm::Stragglar,
+                algorithm: if ring {
+                    Algorithm::Ring
+                } else {
+                    Algorithm::Stragglar
+                },
                 ranks,
                 straggler,
                 dtype,
@@ -485,6 +496,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         trace: open_trace(call),
         untraced: Default::default(),
         launched: 0,
+        captured: 0,
         ticket_awaits_nccl: false,
         last,
         last_stream: call.stream,
@@ -623,21 +635,19 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
         }
     };
     let bytes = call.count * call.dtype.size();
-    // A captured call records no arrival (its replays would put the ring's numbering out of
-    // step); it runs the choice of the moment, fixed for every replay.
-    let choice = if capturing {
-        ready.tracker.peek(bytes)
-    } else {
-        if let Err(e) = feed_due_records(ready, call.comm, call.rank) {
-            // This rank cannot take part in the call: its peers must not wait for it.
-            ready.rank.abort();
-            ready.rank.mark_failed();
-            return Ok(Err(e));
-        }
-        maybe_log_report(ready, call.comm);
-        ready.tracker.decide(bytes)
-    };
-    let ticket = !capturing;
+    if capturing {
+        return capture(ready, call, bytes);
+    }
+    let prepared = feed_due_records(ready, call.comm, call.rank)
+        .and_then(|()| prepare_choices(ready, call, bytes));
+    if let Err(e) = prepared {
+        // This rank cannot take part in the call: its peers must not wait for it.
+        ready.rank.abort();
+        ready.rank.mark_failed();
+        return Ok(Err(e));
+    }
+    maybe_log_report(ready, call.comm);
+    let choice = ready.tracker.decide(bytes);
     let straggler = choice.straggler();
     // Fields borrowed apart: the plan stays in the cache (no copy of it per call).
     let Ready {
@@ -660,14 +670,7 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
         };
         plans.get(shape, call.count).ok()
     });
-    if capturing && plan.is_some_and(|p| !rank.has_plan(p)) {
-        // No allocation while capturing: this size stays on NCCL until it is seen eagerly.
-        return Err(Fallback::CapturingBeforeSetup);
-    }
-    if capturing && plan.is_none() {
-        return Err(Fallback::PolicyNccl);
-    }
-    if !capturing && trace.is_some() {
+    if trace.is_some() {
         // The call as it runs: StragglAR with its plan, or NCCL after a ticket.
         let now_us = crate::engine::host::link::now_ns() as f64 / 1e3;
         untraced.push_back((now_us, bytes as u64, plan.and(straggler)));
@@ -675,7 +678,7 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
     let result = (|| {
         // Calls on different streams are ordered by the event (not across a capture boundary:
         // a captured graph is replayed on the stream it was captured from).
-        if !capturing && call.stream != *last_stream {
+        if call.stream != *last_stream {
             // SAFETY: both are the caller's live streams of this device.
             unsafe { last.wait_on(stream) }?;
             *last_stream = call.stream;
@@ -690,20 +693,17 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
             Some(plan) => {
                 // SAFETY: the caller's buffers hold `count` elements on this device (NCCL's
                 // contract for ncclAllReduce), and the stream is the caller's.
-                unsafe { rank.all_reduce(plan, operands, stream, ticket) }?;
-                // A call without elements queues a ticket only and leaves the epoch alone; a
-                // captured one advances it only when (if ever) it is replayed.
-                *launched += u64::from(plan.count > 0 && !capturing);
+                unsafe { rank.all_reduce(plan, operands, stream, true) }?;
+                // A call without elements queues a ticket only and leaves the epoch alone.
+                *launched += u64::from(plan.count > 0);
             }
             None => {
                 // SAFETY: the caller's stream, not capturing.
                 unsafe { rank.ticket(stream) }?;
             }
         }
-        if !capturing {
-            // SAFETY: as above.
-            unsafe { last.record_raw(stream) }?;
-        }
+        // SAFETY: as above.
+        unsafe { last.record_raw(stream) }?;
         Ok(())
     })();
     if result.is_err() {
@@ -718,6 +718,83 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
             // The ticket is queued; NCCL runs the call (see `forwarded`).
             *ticket_awaits_nccl = true;
             Err(Fallback::PolicyNccl)
+        }
+    }
+}
+
+/// Captures one call into the caller's graph as a graph launch, whose every replay chooses its
+/// plan on the GPU from the records of earlier replays (`crate::gpu::choice`). It stays on NCCL
+/// (captured as usual) when the policy never picks StragglAR at this size, or when the size was
+/// never seen eagerly, so its plans are not uploaded (no allocation while capturing). Both
+/// follow from the settings and the calls so far: the same on every rank.
+fn capture(
+    ready: &mut Ready,
+    call: &EngineCall,
+    bytes: usize,
+) -> Result<Result<(), CallError>, Fallback> {
+    let policy = ready.tracker.policy();
+    if !policy.may_choose_stragglar(bytes) {
+        return Err(Fallback::PolicyNccl);
+    }
+    if !ready.rank.has_choices(call.count, call.dtype) {
+        return Err(Fallback::CapturingBeforeSetup);
+    }
+    let rule = RawRule::new(policy, bytes);
+    let operands = Operands {
+        op: call.op,
+        scale: call.scale,
+        input: call.send,
+        output: call.recv,
+    };
+    // SAFETY: the caller's buffers hold `count` elements on this device whenever the graph is
+    // replayed (CUDA's contract for captured work), and the stream is the caller's.
+    let result = unsafe {
+        ready
+            .rank
+            .all_reduce_graph(call.count, call.dtype, operands, call.stream.cast(), rule)
+    };
+    match result {
+        Ok(()) => ready.captured += 1,
+        Err(_) => {
+            // Its peers' graphs hold this call: their replays must not wait for this rank.
+            ready.rank.abort();
+            ready.rank.mark_failed();
+        }
+    }
+    Ok(result)
+}
+
+/// Uploads, at the first eager call of a size, every plan that a graph capturing that size may
+/// pick (StragglAR with each straggler, and Ring), so that capture allocates nothing. Done
+/// alike on every rank: the plans follow from the size and the settings. A size whose plans
+/// cannot be built stays on NCCL under capture.
+fn prepare_choices(ready: &mut Ready, call: &EngineCall, bytes: usize) -> Result<(), CallError> {
+    if call.count == 0
+        || ready.rank.has_choices(call.count, call.dtype)
+        || !ready.tracker.policy().may_choose_stragglar(bytes)
+    {
+        return Ok(());
+    }
+    let plans: Result<Vec<Plan>, String> = (0..=call.ranks)
+        .map(|choice| {
+            let shape = Shape {
+                algorithm: if choice < call.ranks {
+                    Algorithm::Stragglar
+                } else {
+                    Algorithm::Ring
+                },
+                ranks: call.ranks,
+                straggler: choice % call.ranks,
+                dtype: call.dtype,
+            };
+            ready.plans.get(shape, call.count).cloned()
+        })
+        .collect();
+    match plans {
+        Ok(plans) => ready.rank.prepare_choices(&plans),
+        Err(why) => {
+            log::debug!("graphs of {bytes} B stay on NCCL: {why}");
+            Ok(())
         }
     }
 }
@@ -892,6 +969,14 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
         return;
     };
     log_report(&ready, comm);
+    if ready.captured > 0 {
+        if let Some((stragglar, ring)) = ready.rank.graph_counts() {
+            log::info!(
+                "communicator {comm:p}: {} calls captured into graphs; their replays chose on the GPU: {stragglar} StragglAR, {ring} Ring",
+                ready.captured
+            );
+        }
+    }
     let layout = ready.rank.layout();
     let launched = ready.launched as u32;
     let behind = |a: u32, b: u32| b.wrapping_sub(a) as i32 > 0;

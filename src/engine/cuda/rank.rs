@@ -1,6 +1,7 @@
 //! One rank of a GPU-engine communicator: its staging allocation, its host-mapped abort and
 //! status words, the table of every rank's memory as this rank addresses it, the plans it has
-//! uploaded, its ring of arrival records, and the launch of one AllReduce or one ticket.
+//! uploaded, its ring of arrival records, and the launch of one AllReduce (eager, or captured
+//! into a graph with its plan chosen on the GPU) or one ticket.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::staging::StagingLayout;
 use crate::detect::{ArrivalRecord, Observed, Tracker};
+use crate::gpu::choice::{RawGraphState, RawRule};
 use crate::gpu::kernels::op_code;
 use crate::gpu::launch::{
     RawArrival, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS,
@@ -18,7 +20,7 @@ use crate::gpu::launch::{
 };
 use crate::nccl::types::ResultCode;
 use crate::plan::{encode, Plan};
-use crate::reduce::{ReduceOp, Scale};
+use crate::reduce::{DataType, ReduceOp, Scale};
 
 /// Index of the abort word among a rank's host words.
 const ABORT_WORD: usize = 0;
@@ -152,6 +154,11 @@ pub struct CudaRank {
     arrivals: u64,
     /// Uploaded plan blobs by plan fingerprint.
     plans: HashMap<u64, DeviceMemory>,
+    /// Rank 0's graph board as this rank addresses it, once connected.
+    graph_board: u64,
+    /// The plan tables of graph launches by (count, `ncclDataType_t`): `u64[ranks + 1]` in
+    /// device memory, the StragglAR plan with straggler `s` at `s`, the Ring baseline last.
+    choices: HashMap<(usize, i32), DeviceMemory>,
 }
 
 impl CudaRank {
@@ -181,6 +188,8 @@ impl CudaRank {
             ring,
             arrivals: 0,
             plans: HashMap::new(),
+            graph_board: 0,
+            choices: HashMap::new(),
         })
     }
 
@@ -222,6 +231,7 @@ impl CudaRank {
         self.peer_table = Some(table);
         let layout = self.config.layout;
         self.board = layout.base_of(&peers[0]) + layout.board();
+        self.graph_board = layout.base_of(&peers[0]) + layout.graph_board();
         Ok(())
     }
 
@@ -249,13 +259,22 @@ impl CudaRank {
     /// complete on rank 0's board, so no rank still spins on a ticket (reading every rank's
     /// failure word) or writes to the board. A read that fails counts as settled: nothing
     /// better can be known. Read through rank 0's board as this rank maps it.
+    /// The graph board is read alike, up to the graph calls this rank's GPU completed.
     pub fn board_settled(&self) -> bool {
-        if self.arrivals == 0 || self.board == 0 {
+        let graph_calls = self
+            .staging
+            .read_u32(self.config.layout.graph())
+            .map_or(0, u64::from);
+        self.settled(self.board, self.arrivals) && self.settled(self.graph_board, graph_calls)
+    }
+
+    /// Whether the record of call `calls - 1` is complete on `board`.
+    fn settled(&self, board: u64, calls: u64) -> bool {
+        if calls == 0 || board == 0 {
             return true;
         }
-        let call = self.arrivals - 1;
-        let slot =
-            self.board + (call % BOARD_SLOTS as u64) * std::mem::size_of::<RawBoardSlot>() as u64;
+        let call = calls - 1;
+        let slot = board + (call % BOARD_SLOTS as u64) * std::mem::size_of::<RawBoardSlot>() as u64;
         let tag = (record_tag(call) >> 32) as u32;
         // The high halves of the slot's `last` (offset 8) and `lead` (offset 16) words.
         [slot + 12, slot + 20].iter().all(|&at| {
@@ -450,12 +469,6 @@ impl CudaRank {
         stream: cudarc::driver::sys::CUstream,
         ticket: bool,
     ) -> Result<(), CallError> {
-        let Operands {
-            op,
-            scale,
-            input,
-            output,
-        } = operands;
         match self.status() {
             STATUS_OK => {}
             status => return Err(CallError::Failed(status)),
@@ -478,34 +491,10 @@ impl CudaRank {
             ));
         }
         self.prepare(plan)?;
-        let peers = self
-            .peer_table
-            .as_ref()
-            .ok_or_else(|| CallError::Unfit("not connected to the peers".into()))?;
-        let layout = self.config.layout;
-        let (scale, has_scale) = match scale {
-            Scale::None => ([0u8; 8], 0),
-            Scale::By(bytes) => (bytes, 1),
-        };
         let args = RawLaunch {
             plan: self.plans[&plan.fingerprint].ptr,
-            peers: peers.ptr,
-            input,
-            output,
-            epoch: self.staging.ptr + layout.epoch(),
-            finished_blocks: self.staging.ptr + layout.finished_blocks(),
-            abort: self.words.device_address(ABORT_WORD),
-            status: self.words.device_address(STATUS_WORD),
-            timeout_ns: self.timeout_ns(),
-            scale,
-            has_scale,
-            op: op_code(op),
-            rank: self.config.rank as u32,
-            blocks: self.config.blocks,
-            threads: self.config.threads,
-            reserved: 0,
             arrival: self.arrival(ticket),
-            ..RawLaunch::default()
+            ..self.launch_args(operands)?
         };
         // The arrival block runs beside the plan's blocks.
         let grid = self.config.blocks + u32::from(ticket);
@@ -521,5 +510,140 @@ impl CudaRank {
             self.arrivals += 1;
         }
         Ok(())
+    }
+
+    /// The arguments every AllReduce launch of this rank shares, for `operands`; the plan,
+    /// arrival and graph fields are left to the launch.
+    fn launch_args(&self, operands: Operands) -> Result<RawLaunch, CallError> {
+        let peers = self
+            .peer_table
+            .as_ref()
+            .ok_or_else(|| CallError::Unfit("not connected to the peers".into()))?;
+        let layout = self.config.layout;
+        let (scale, has_scale) = match operands.scale {
+            Scale::None => ([0u8; 8], 0),
+            Scale::By(bytes) => (bytes, 1),
+        };
+        Ok(RawLaunch {
+            peers: peers.ptr,
+            input: operands.input,
+            output: operands.output,
+            epoch: self.staging.ptr + layout.epoch(),
+            finished_blocks: self.staging.ptr + layout.finished_blocks(),
+            abort: self.words.device_address(ABORT_WORD),
+            status: self.words.device_address(STATUS_WORD),
+            timeout_ns: self.timeout_ns(),
+            scale,
+            has_scale,
+            op: op_code(operands.op),
+            rank: self.config.rank as u32,
+            blocks: self.config.blocks,
+            threads: self.config.threads,
+            ..RawLaunch::default()
+        })
+    }
+
+    /// Whether graph launches of `count` elements of `dtype` can be captured (every plan they
+    /// may pick is uploaded).
+    pub fn has_choices(&self, count: usize, dtype: DataType) -> bool {
+        self.choices.contains_key(&(count, dtype.nccl_code()))
+    }
+
+    /// Uploads every plan a graph launch of their size may pick, and their table: `plans[s]`
+    /// is StragglAR with straggler `s`, `plans[ranks]` the Ring baseline, all of one count and
+    /// type. Not during graph capture (it allocates).
+    pub fn prepare_choices(&mut self, plans: &[Plan]) -> Result<(), CallError> {
+        let ranks = self.config.ranks;
+        let Some(first) = plans.first() else {
+            return Err(CallError::Unfit("no plans to choose from".into()));
+        };
+        let key = (first.count, first.dtype.nccl_code());
+        if self.choices.contains_key(&key) {
+            return Ok(());
+        }
+        if plans.len() != ranks + 1 || plans.iter().any(|p| (p.count, p.dtype.nccl_code()) != key) {
+            return Err(CallError::Unfit(format!(
+                "a graph launch chooses among {} plans of one size",
+                ranks + 1
+            )));
+        }
+        for plan in plans {
+            self.prepare(plan)?;
+        }
+        let table: Vec<u64> = plans
+            .iter()
+            .map(|p| self.plans[&p.fingerprint].ptr)
+            .collect();
+        let memory = DeviceMemory::zeroed(&self.device, std::mem::size_of_val(&table[..]))?;
+        memory.upload(&table)?;
+        self.choices.insert(key, memory);
+        Ok(())
+    }
+
+    /// Queues one AllReduce captured into a graph: each replay numbers itself, records its
+    /// arrival on the graph board, feeds the device detector of its size class and runs the
+    /// plan `rule` picks from the records (see `crate::gpu::choice`), with no host involved.
+    /// `prepare_choices` must have uploaded the plans of `count` elements of `dtype`. A call
+    /// without elements queues nothing (on every rank alike).
+    ///
+    /// # Safety
+    /// As [`CudaRank::all_reduce`]: the operands hold `count` elements of this device for
+    /// every replay; `stream` is a live stream of this device.
+    pub unsafe fn all_reduce_graph(
+        &mut self,
+        count: usize,
+        dtype: DataType,
+        operands: Operands,
+        stream: cudarc::driver::sys::CUstream,
+        rule: RawRule,
+    ) -> Result<(), CallError> {
+        match self.status() {
+            STATUS_OK => {}
+            status => return Err(CallError::Failed(status)),
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let Some(table) = self.choices.get(&(count, dtype.nccl_code())) else {
+            return Err(CallError::Unfit(
+                "the plans must be prepared before graph capture (no allocation while capturing)"
+                    .into(),
+            ));
+        };
+        let args = RawLaunch {
+            arrival: RawArrival {
+                board: self.graph_board,
+                ranks: self.config.ranks as u32,
+                ..RawArrival::default()
+            },
+            graph: self.staging.ptr + self.config.layout.graph(),
+            plans: table.ptr,
+            rule,
+            ..self.launch_args(operands)?
+        };
+        // SAFETY: every address in `args` is live device memory of this rank (staging with its
+        // graph state, plan table and blobs, peer table, host words, rank 0's mapped graph
+        // board) or the caller's buffers, which the caller vouches for.
+        unsafe {
+            self.kernels.all_reduce.launch(
+                stream,
+                self.config.blocks + 1,
+                self.config.threads,
+                &args,
+            )
+        }?;
+        Ok(())
+    }
+
+    /// Graph calls on StragglAR and on the baseline so far, as this rank's GPU counted them
+    /// (for the straggler report); `None` when the device cannot be read.
+    pub fn graph_counts(&self) -> Option<(u64, u64)> {
+        let base = self.config.layout.graph();
+        let word = |offset: usize| self.staging.read_u32(base + offset as u64).map(u64::from);
+        let counter = |offset: usize| Some(word(offset).ok()? | word(offset + 4).ok()? << 32);
+        Some((
+            counter(std::mem::offset_of!(RawGraphState, on_stragglar))?,
+            counter(std::mem::offset_of!(RawGraphState, on_baseline))?,
+        ))
     }
 }

@@ -1,9 +1,11 @@
 //! Where one rank's staging allocation keeps what: both arena parities, both flag parities, the
-//! failure word, the epoch, the finished-blocks counter and the arrival board (used on rank 0
-//! only). One plain allocation per rank,
+//! failure word, the epoch, the finished-blocks counter, the arrival board (used on rank 0
+//! only) and the graph state (`RawGraphState`: graph launches' call numbers, records and
+//! device detectors). One plain allocation per rank,
 //! rounded up to 2 MiB (the granularity CUDA IPC maps), identical in layout on every rank, so
 //! a peer's `RawPeer` follows from its base address alone.
 
+use crate::gpu::choice::RawGraphState;
 use crate::gpu::launch::{RawBoardSlot, RawPeer, BOARD_SLOTS};
 
 /// Alignment of every region: a 256-byte boundary keeps vector loads and cache lines apart.
@@ -70,10 +72,24 @@ impl StagingLayout {
         BOARD_SLOTS as u64 * std::mem::size_of::<RawBoardSlot>() as u64
     }
 
+    /// Offset of the graph state (`RawGraphState`); its `board` is used on rank 0 only.
+    pub fn graph(&self) -> u64 {
+        self.board() + align(Self::board_bytes(), REGION_ALIGN)
+    }
+
+    /// Offset of the graph launches' arrival board (`RawBoardSlot[BOARD_SLOTS]`).
+    pub fn graph_board(&self) -> u64 {
+        self.graph() + std::mem::offset_of!(RawGraphState, board) as u64
+    }
+
+    fn graph_bytes() -> u64 {
+        std::mem::size_of::<RawGraphState>() as u64
+    }
+
     /// Bytes to allocate: everything, rounded up to the IPC granule.
     pub fn allocation_bytes(&self) -> u64 {
         align(
-            self.board() + align(Self::board_bytes(), REGION_ALIGN),
+            self.graph() + align(Self::graph_bytes(), REGION_ALIGN),
             ALLOCATION_GRANULE,
         )
     }
@@ -116,6 +132,7 @@ mod tests {
                 (l.epoch(), 8),
                 (l.finished_blocks(), 4),
                 (l.board(), StagingLayout::board_bytes()),
+                (l.graph(), StagingLayout::graph_bytes()),
             ];
             for (i, &(at, len)) in regions.iter().enumerate() {
                 assert_eq!(at % REGION_ALIGN, 0);
@@ -125,6 +142,7 @@ mod tests {
                 }
             }
             assert_eq!(l.allocation_bytes() % ALLOCATION_GRANULE, 0);
+            assert!(l.graph() < l.graph_board() && l.graph_board() < l.allocation_bytes());
             let p = l.peer(1 << 40);
             assert_eq!(p.flags[1], (1 << 40) + l.flags(1));
             assert_eq!(l.base_of(&p), 1 << 40);
