@@ -288,6 +288,7 @@ SG_DEVICE const RawPlanHeader* sg_graph_plan(const RawLaunch* a, uint32_t* choic
   const RawClassState* own = &g->classes[a->rule.size_class];
   RawVerdict verdict = own->verdict[own->calls & 1];
   *choice = sg_choose(&a->rule, &verdict);
+  if (*choice > a->rule.ranks) return 0; /* a damaged rule or state: fail as a bad plan */
   return (const RawPlanHeader*)((const uint64_t*)a->plans)[*choice];
 }
 

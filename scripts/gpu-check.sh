@@ -15,6 +15,7 @@
 #      GPU (each rank on its own stream), n = 2..8, every type and op, every element checked,
 #      every rank bitwise equal to the others, in place and out of place
 #      the same under CUDA graph capture and replay (--graph)
+#      the straggler policy found on the GPU, eagerly and in graph replays (--algo auto)
 #   4. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%)
 #   5. ranks as processes over CUDA IPC on the same GPU (MPS if it can be started)
 #   6. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash
@@ -173,6 +174,22 @@ policy() {
     awk '$NF == 3 && $(NF-1) > 0 { found = 1 } END { exit !found }'
 }
 step "straggler policy on the GPU: 4 ranks, rank 3 late" policy.log policy
+
+# The same under CUDA graphs: each rank captures its timed calls once as graph launches; every
+# replay numbers itself, records its arrival and picks StragglAR or Ring from the device's own
+# records (no host involved), rank 3 held back 300 us on the device in each. Every rank must
+# pick alike (replay outputs join the digest all ranks share); the last rows must show the
+# GPU's choice, StragglAR with rank 3.
+graph_policy() {
+  "$BIN" bench --backend cuda --ranks 4 --algo auto --graph --late-rank 3 --delay-us 300 \
+    -b 1M -e 4M -f 2 -n 60 -w 4 --timeout-ms 60000 >"$OUT/graph-policy-table.log" 2>&1
+  local status=$?
+  cat "$OUT/graph-policy-table.log"
+  [ "$status" = 0 ] || return 1
+  grep -E '^ +[0-9]+ ' "$OUT/graph-policy-table.log" | tail -n 1 |
+    awk '$NF == 3 && $(NF-1) > 0 { found = 1 } END { exit !found }'
+}
+step "policy in graph replays, on the GPU: 4 ranks, rank 3 late" graph-policy.log graph_policy
 
 # 4. Kernel bandwidth against the device's copy rate.
 for t in float bfloat16; do

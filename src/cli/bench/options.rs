@@ -67,7 +67,8 @@ pub struct BenchOptions {
     /// `--bandwidth` (CUDA backend): first measure the kernels against the device's copy rate.
     pub bandwidth: bool,
     /// `--graph` (CUDA backend): the timed calls are captured once into a CUDA graph per rank
-    /// and replayed, and the replayed results are checked too.
+    /// and replayed, and the replayed results are checked too. With `--algo auto` they are
+    /// graph launches, whose replays choose their plan on the GPU.
     pub graph: bool,
     pub algo: BenchAlgo,
     /// The rank the schedule treats as the straggler.
@@ -260,11 +261,6 @@ impl BenchOptions {
         if self.backend == Backend::Cuda {
             if self.jitter_us > 0 || self.fault.is_some() || self.link_gbs.is_some() {
                 return fail("--backend cuda takes no --jitter-us, --fault or --link-gbs (host-engine emulations; --delay-us delays the late rank on the GPU)".into());
-            }
-            if self.graph && (self.algo == BenchAlgo::Auto || self.delay_us > 0) {
-                return fail(
-                    "--graph replays fixed calls: it takes no --algo auto or --delay-us".into(),
-                );
             }
         } else if self.bandwidth || self.graph {
             return fail(

@@ -791,7 +791,9 @@ fn prepare_choices(ready: &mut Ready, call: &EngineCall, bytes: usize) -> Result
         })
         .collect();
     match plans {
-        Ok(plans) => ready.rank.prepare_choices(&plans),
+        Ok(plans) => ready
+            .rank
+            .prepare_choices(&plans.iter().collect::<Vec<_>>()),
         Err(why) => {
             log::debug!("graphs of {bytes} B stay on NCCL: {why}");
             Ok(())
@@ -970,10 +972,12 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     };
     log_report(&ready, comm);
     if ready.captured > 0 {
-        if let Some((stragglar, ring)) = ready.rank.graph_counts() {
+        if let Some(counts) = ready.rank.graph_counts() {
             log::info!(
-                "communicator {comm:p}: {} calls captured into graphs; their replays chose on the GPU: {stragglar} StragglAR, {ring} Ring",
-                ready.captured
+                "communicator {comm:p}: {} calls captured into graphs; their replays chose on the GPU: {} StragglAR, {} Ring",
+                ready.captured,
+                counts.stragglar,
+                counts.baseline
             );
         }
     }

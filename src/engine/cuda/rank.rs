@@ -126,6 +126,16 @@ fn record_tag(call: u64) -> u64 {
     ((call % 0xffff_ffff) + 1) << 32
 }
 
+/// What a rank's graph launches chose, counted on its GPU (the same on every rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GraphCounts {
+    /// Graph calls on StragglAR and on the Ring baseline.
+    pub stragglar: u64,
+    pub baseline: u64,
+    /// The straggler of the latest graph call, `None` when it ran Ring (or none ran).
+    pub last_straggler: Option<usize>,
+}
+
 /// What one AllReduce launch reduces, besides its plan.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Operands {
@@ -552,7 +562,7 @@ impl CudaRank {
     /// Uploads every plan a graph launch of their size may pick, and their table: `plans[s]`
     /// is StragglAR with straggler `s`, `plans[ranks]` the Ring baseline, all of one count and
     /// type. Not during graph capture (it allocates).
-    pub fn prepare_choices(&mut self, plans: &[Plan]) -> Result<(), CallError> {
+    pub fn prepare_choices(&mut self, plans: &[&Plan]) -> Result<(), CallError> {
         let ranks = self.config.ranks;
         let Some(first) = plans.first() else {
             return Err(CallError::Unfit("no plans to choose from".into()));
@@ -635,15 +645,19 @@ impl CudaRank {
         Ok(())
     }
 
-    /// Graph calls on StragglAR and on the baseline so far, as this rank's GPU counted them
-    /// (for the straggler report); `None` when the device cannot be read.
-    pub fn graph_counts(&self) -> Option<(u64, u64)> {
+    /// What this rank's graph launches chose so far, as its GPU counted them; `None` when the
+    /// device cannot be read. Synchronous: read once the replays are done (or at destroy).
+    pub fn graph_counts(&self) -> Option<GraphCounts> {
         let base = self.config.layout.graph();
         let word = |offset: usize| self.staging.read_u32(base + offset as u64).map(u64::from);
         let counter = |offset: usize| Some(word(offset).ok()? | word(offset + 4).ok()? << 32);
-        Some((
-            counter(std::mem::offset_of!(RawGraphState, on_stragglar))?,
-            counter(std::mem::offset_of!(RawGraphState, on_baseline))?,
-        ))
+        let last = word(std::mem::offset_of!(RawGraphState, last_choice)).ok()?;
+        Some(GraphCounts {
+            stragglar: counter(std::mem::offset_of!(RawGraphState, on_stragglar))?,
+            baseline: counter(std::mem::offset_of!(RawGraphState, on_baseline))?,
+            last_straggler: (1..=self.config.ranks as u64)
+                .contains(&last)
+                .then(|| last as usize - 1),
+        })
     }
 }

@@ -8,7 +8,7 @@ use super::GpuKernels;
 use crate::cli::bench::data;
 use crate::cli::bench::options::BenchOptions;
 use crate::engine::cuda::driver::{DeviceMemory, Event, GpuError, Graph, Stream};
-use crate::engine::cuda::rank::{CudaRank, Operands};
+use crate::engine::cuda::rank::{CudaRank, GraphCounts, Operands};
 use crate::gpu::launch::RING_ENTRIES;
 use crate::reduce::{DataType, ReduceOp, Scale};
 
@@ -119,20 +119,21 @@ pub fn run_size(
             }
         };
         // `first` is the index of `locals[0]` among all local ranks (a graph captures one).
-        // Eager calls record their arrivals; captured ones must not (see `CudaRank::ticket`).
+        // Eager calls (`captured` None) record their arrivals and choose on the host; captured
+        // call `k` is a graph launch choosing on the GPU (--algo auto) or the fixed plan.
         let call = |locals: &mut [Local],
                     first: usize,
-                    ticket: bool|
+                    captured: Option<u64>|
          -> Result<(), Box<dyn Error>> {
             for (i, l) in locals.iter_mut().enumerate() {
                 let (input, output) = buffers(first + i);
                 let scale = scale_of(dtype, op, n, l.rank);
-                // Captured calls (fixed plans only) take no ticket and make no choice.
-                let plan = match ticket {
-                    true => l.steering.next(&l.comm, plans, bytes)?,
-                    false => plan,
+                let plan = match captured {
+                    None => l.steering.next(&l.comm, plans, bytes)?,
+                    Some(_) => plan,
                 };
-                if ticket && options.delay_us > 0 && l.rank == options.late_rank(l.steering.calls) {
+                let late = options.late_rank(captured.unwrap_or(l.steering.calls));
+                if options.delay_us > 0 && l.rank == late {
                     let ns = options.delay_us.saturating_mul(1000);
                     // SAFETY: the delay kernel takes one u64 by value; the stream is live.
                     unsafe { gpu.delay.launch(l.stream.raw, 1, 32, &ns) }?;
@@ -143,9 +144,20 @@ pub fn run_size(
                     input,
                     output,
                 };
+                let rule = l.steering.rule(bytes).filter(|_| captured.is_some());
                 // SAFETY: input and output hold `plan.count` elements on this device and
-                // live until the streams are synchronised, before this function returns.
-                unsafe { l.comm.all_reduce(plan, operands, l.stream.raw, ticket) }?;
+                // live until the streams are synchronised (and the graphs replayed), before
+                // this function returns.
+                match rule {
+                    Some(rule) => unsafe {
+                        l.comm
+                            .all_reduce_graph(plan.count, dtype, operands, l.stream.raw, rule)
+                    }?,
+                    None => unsafe {
+                        l.comm
+                            .all_reduce(plan, operands, l.stream.raw, captured.is_none())
+                    }?,
+                }
             }
             Ok(())
         };
@@ -154,12 +166,16 @@ pub fn run_size(
             if in_place {
                 outputs[i].upload(&inputs[i])?;
             }
-            // Every plan the steering may pick is uploaded before any call is timed.
+            // Every plan the steering (or a graph launch) may pick is uploaded before any call
+            // is timed.
             for plan in plans.all() {
                 l.comm.prepare(plan)?;
             }
+            if options.graph && l.steering.rule(bytes).is_some() {
+                l.comm.prepare_choices(&plans.all())?;
+            }
         }
-        call(locals, 0, true)?;
+        call(locals, 0, None)?;
         for l in locals.iter() {
             l.stream.synchronize()?;
         }
@@ -174,15 +190,25 @@ pub fn run_size(
         // Timing: warm-up, then `iters` calls queued back to back on every rank's stream
         // (with --graph: captured once per rank into a CUDA graph, replayed, and checked).
         for _ in 0..options.warmup {
-            call(locals, 0, true)?;
+            call(locals, 0, None)?;
         }
+        let counts_before = locals
+            .iter()
+            .map(|l| match options.graph {
+                true => l
+                    .comm
+                    .graph_counts()
+                    .ok_or("the graph state cannot be read"),
+                false => Ok(GraphCounts::default()),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let graphs = if options.graph {
             let mut graphs = Vec::with_capacity(locals.len());
             for i in 0..locals.len() {
                 let stream = locals[i].stream.raw;
                 let capture = || {
-                    for _ in 0..options.iters {
-                        call(&mut locals[i..=i], i, false).map_err(|e| GpuError {
+                    for k in 1..=options.iters as u64 {
+                        call(&mut locals[i..=i], i, Some(k)).map_err(|e| GpuError {
                             call: "ncclStragglarAllReduce during capture",
                             detail: e.to_string(),
                         })?;
@@ -216,7 +242,7 @@ pub fn run_size(
             }
             None => {
                 for _ in 0..options.iters {
-                    call(locals, 0, true)?;
+                    call(locals, 0, None)?;
                 }
             }
         }
@@ -227,7 +253,9 @@ pub fn run_size(
             outcomes[i].time_us[placement] = s.elapsed_ms(e)? as f64 * 1e3 / options.iters as f64;
         }
         // Replayed calls must be right too (out of place: each replay recomputes the same
-        // result from the unchanged input; the epochs advance on the device).
+        // result from the unchanged input; the epochs advance on the device). A replay that
+        // chose its plan on the GPU may sum in another order than the checked call: its
+        // output joins the digest every rank must share instead.
         if graphs.is_some() && !in_place {
             for (i, output) in outputs.iter().enumerate() {
                 let mut out = vec![0u8; bytes];
@@ -235,9 +263,26 @@ pub fn run_size(
                 if options.check > 0 {
                     outcomes[i].wrong[placement] += data::count_wrong(dtype, op, n, &out, seed);
                 }
-                if data::digest(&out) != outcomes[i].digest[placement] {
+                let digest = data::digest(&out);
+                if locals[i].steering.rule(bytes).is_some() {
+                    outcomes[i].digest[placement] =
+                        data::digest_more(outcomes[i].digest[placement], digest);
+                } else if digest != outcomes[i].digest[placement] {
                     outcomes[i].wrong[placement] += 1;
                 }
+            }
+        }
+        if graphs.is_some() {
+            for (l, before) in locals.iter_mut().zip(&counts_before) {
+                let after = l
+                    .comm
+                    .graph_counts()
+                    .ok_or("the graph state cannot be read")?;
+                l.steering.count_replays(GraphCounts {
+                    stragglar: after.stragglar.saturating_sub(before.stragglar),
+                    baseline: after.baseline.saturating_sub(before.baseline),
+                    last_straggler: after.last_straggler,
+                });
             }
         }
     }

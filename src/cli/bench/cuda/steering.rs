@@ -6,7 +6,8 @@
 use super::Setup;
 use crate::detect::{Choice, Policy, Tracker};
 use crate::engine::cuda::library::{NVSWITCH_LINK, RECORD_LAG};
-use crate::engine::cuda::rank::{CallError, CudaRank};
+use crate::engine::cuda::rank::{CallError, CudaRank, GraphCounts};
+use crate::gpu::choice::RawRule;
 use crate::plan::Plan;
 use crate::reduce::DataType;
 use crate::schedule::Algorithm;
@@ -87,6 +88,26 @@ impl Steering {
             size_calls: 0,
             choices: 0,
             designated: None,
+        }
+    }
+
+    /// The rule graph launches of `bytes` choose by on the GPU (`--algo auto` only).
+    pub fn rule(&self, bytes: usize) -> Option<RawRule> {
+        self.tracker
+            .as_ref()
+            .map(|t| RawRule::new(t.policy(), bytes))
+    }
+
+    /// Counts graph replays whose choices the GPU made (`counts` since the size started): the
+    /// same columns as eager calls.
+    pub fn count_replays(&mut self, counts: GraphCounts) {
+        let replays = counts.stragglar + counts.baseline;
+        self.size_calls += replays;
+        self.stragglar_calls += counts.stragglar;
+        self.choices = crate::cli::bench::data::digest_more(self.choices, counts.stragglar);
+        self.choices = crate::cli::bench::data::digest_more(self.choices, replays);
+        if replays > 0 {
+            self.designated = counts.last_straggler;
         }
     }
 
