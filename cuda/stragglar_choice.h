@@ -13,10 +13,25 @@
 
 #include "stragglar_device.h"
 
+/* The window the rule applies (Detector::new clamps it to 1..=MAX_WINDOW). */
+SG_DEVICE uint32_t sg_window(const RawRule* rule) {
+  if (rule->window == 0) return 1;
+  return rule->window < DETECTOR_WINDOW ? rule->window : DETECTOR_WINDOW;
+}
+
+/* The fixed straggler of the rule plus one, or 0 (Policy::new reads a rank outside the
+ * communicator as auto). */
+SG_DEVICE uint32_t sg_fixed(const RawRule* rule) {
+  if (rule->fixed == RULE_DETECTED || rule->fixed == RULE_OFF || rule->fixed >= rule->ranks) {
+    return 0;
+  }
+  return rule->fixed + 1;
+}
+
 /* In how many remembered records `rank` arrived last. */
 SG_DEVICE uint32_t sg_last_count(const RawDetector* d, uint32_t rank) {
   uint32_t n = 0;
-  for (uint32_t i = 0; i < d->len; ++i) n += d->last[i] == rank ? 1u : 0u;
+  for (uint32_t i = 0; i < d->len && i < DETECTOR_WINDOW; ++i) n += d->last[i] == rank ? 1u : 0u;
   return n;
 }
 
@@ -37,8 +52,8 @@ SG_DEVICE uint32_t sg_leader(const RawDetector* d, uint32_t ranks, uint32_t* cou
 /* Adds one record and applies the rule (Detector::observe). A record naming a rank outside the
  * communicator is ignored. */
 SG_DEVICE void sg_observe(RawDetector* d, const RawRule* rule, uint32_t last, uint32_t lead) {
-  if (last >= rule->ranks || rule->window == 0) return;
-  uint32_t window = rule->window < 64 ? rule->window : 64;
+  if (last >= rule->ranks) return;
+  const uint32_t window = sg_window(rule);
   uint32_t at = (uint32_t)(d->calls % window);
   d->last[at] = last;
   d->lead[at] = lead;
@@ -71,12 +86,12 @@ SG_DEVICE RawVerdict sg_verdict(const RawDetector* d, const RawRule* rule) {
   v.has_lead = 0;
   v.lead_ns = 0;
   if (rule->fixed == RULE_OFF) return v;
-  uint32_t considered = rule->fixed == RULE_DETECTED ? d->designated : rule->fixed + 1;
+  uint32_t considered = sg_fixed(rule) ? sg_fixed(rule) : d->designated;
   if (considered == 0) return v;
   v.straggler = considered;
   uint32_t leads[64];
   uint32_t n = 0;
-  for (uint32_t i = 0; i < d->len && i < 64; ++i) {
+  for (uint32_t i = 0; i < d->len && i < DETECTOR_WINDOW; ++i) {
     if (d->last[i] != considered - 1) continue;
     /* Insertion sort as the leads arrive: at most 64 of them. */
     uint32_t j = n++;
@@ -99,10 +114,10 @@ SG_DEVICE uint32_t sg_choose(const RawRule* rule, const RawVerdict* v) {
   const uint32_t baseline = rule->ranks;
   if (rule->ranks < 2 || rule->algo == RULE_ALGO_BASELINE) return baseline;
   uint32_t straggler = 0; /* plus one; 0: none */
-  if (rule->fixed == RULE_DETECTED) {
-    straggler = v->straggler;
+  if (sg_fixed(rule)) {
+    straggler = sg_fixed(rule);
   } else if (rule->fixed != RULE_OFF) {
-    straggler = rule->fixed + 1;
+    straggler = v->straggler <= rule->ranks ? v->straggler : 0;
   }
   if (rule->algo == RULE_ALGO_STRAGGLAR) return straggler ? straggler - 1 : rule->ranks - 1;
   if (straggler == 0 || !v->has_lead || v->straggler != straggler) return baseline;

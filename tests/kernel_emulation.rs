@@ -404,19 +404,22 @@ impl Comm {
         let hold = self
             .ticketing
             .then(|| (self.board.addr(), launches[0].arrival.call));
-        self.execute(&launches, launched, self.grid(), hold);
+        self.execute(&launches, launched, self.grid(), hold, false);
         self.calls += 1;
     }
 
     /// Runs `launches[r]` for each rank `r` in `launched` as `grid` blocks; the late rank (if
     /// any) launches once the others took their ticket of `hold` (board, call), or after its
-    /// delay alone when the launches take no ticket.
+    /// delay alone when the launches take no ticket. With `arrival_first`, the late rank's
+    /// arrival block (the last) runs to its end before its other blocks start: as the last
+    /// arrival it waits for nobody, and whatever it writes is in place before they read.
     fn execute(
         &mut self,
         launches: &[RawLaunch],
         launched: &[usize],
         grid: u32,
         hold: Option<(u64, u64)>,
+        arrival_first: bool,
     ) {
         let k = kernel();
         let late = self.late.take();
@@ -438,7 +441,16 @@ impl Comm {
                     }
                     None => std::thread::sleep(delay),
                 }
-                launch_rank(r);
+                if arrival_first {
+                    emulate_block(k, &launches[r], grid - 1, self.threads);
+                    for block in 0..grid - 1 {
+                        let launch = &launches[r];
+                        let threads = self.threads;
+                        scope.spawn(move || emulate_block(k, launch, block, threads));
+                    }
+                } else {
+                    launch_rank(r);
+                }
             }
         });
     }
@@ -495,12 +507,12 @@ impl Comm {
             .collect()
     }
 
-    /// Replays a captured call on every rank (the late rank after the others' tickets).
-    fn replay(&mut self, launches: &[RawLaunch]) {
+    /// Replays a captured call on the ranks in `launched` (the late rank after the others'
+    /// tickets; its arrival block first with `arrival_first`, see [`Comm::execute`]).
+    fn replay(&mut self, launches: &[RawLaunch], launched: &[usize], arrival_first: bool) {
         let call = self.graph_state(0).calls;
-        let everyone: Vec<usize> = (0..self.ranks).collect();
         let hold = Some((self.graph_board(), call));
-        self.execute(launches, &everyone, self.blocks + 1, hold);
+        self.execute(launches, launched, self.blocks + 1, hold, arrival_first);
     }
 }
 
@@ -1323,10 +1335,11 @@ fn the_bandwidth_probe_folds_with_the_same_element_code() {
 #[test]
 fn the_device_rule_chooses_exactly_what_the_rust_policy_chooses() {
     // The twin that graph replays run on the GPU (cuda/stragglar_choice.h) against the one
-    // rule (src/detect): random settings, sizes and record streams in which a straggler
-    // settles, moves and is interrupted by others (some outside the communicator), with leads
-    // scattered around the size's break-even, so that the lead test decides many calls. Every
-    // choice, and the final designation, must agree.
+    // rule (src/detect): random settings and detector parameters (windows from 1 to past the
+    // longest, thresholds from 0 to past the window, dwells from 0), sizes and record streams
+    // in which a straggler settles, moves and is interrupted by others (some outside the
+    // communicator), with leads scattered around the size's break-even, so that the lead test
+    // decides many calls. Every choice, and the final designation, must agree.
     use stragglar::detect::policy::{AlgoMode, StragglerMode};
     use stragglar::detect::{ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
     use stragglar::schedule::model::Link;
@@ -1340,7 +1353,7 @@ fn the_device_rule_chooses_exactly_what_the_rust_policy_chooses() {
     };
     let mut outcomes = [0usize; 2];
     for case in 0..300 {
-        let ranks = 2 + (next() % 9) as usize;
+        let ranks = 1 + (next() % 10) as usize;
         let algo = [AlgoMode::Auto, AlgoMode::Stragglar, AlgoMode::Baseline][match next() % 4 {
             0 => 1,
             1 => 2,
@@ -1357,7 +1370,18 @@ fn the_device_rule_chooses_exactly_what_the_rust_policy_chooses() {
         };
         let policy = Policy::new(ranks, algo, straggler, link);
         let bytes = 1usize << (10 + next() % 20);
-        let rule = RawRule::new(&policy, bytes);
+        let fractions = [0.0, 0.3, 0.5, 0.75, 0.9, 1.0, 1.2];
+        let config = if case % 3 == 0 {
+            DetectorConfig::default()
+        } else {
+            DetectorConfig {
+                window: 1 + (next() % 80) as usize,
+                on_fraction: fractions[(next() % 7) as usize],
+                off_fraction: fractions[(next() % 7) as usize],
+                min_dwell: next() % 40,
+            }
+        };
+        let rule = RawRule::with_detector(&policy, config, bytes);
         let break_even = policy
             .break_even_ns(bytes)
             .unwrap_or(1_000_000)
@@ -1395,7 +1419,7 @@ fn the_device_rule_chooses_exactly_what_the_rust_policy_chooses() {
                 choices.as_mut_ptr(),
             )
         };
-        let mut host = Detector::new(ranks, DetectorConfig::default());
+        let mut host = Detector::new(ranks, config);
         for c in 0..calls {
             let expected = match policy.choose(&host, bytes) {
                 Choice::Stragglar { straggler } => straggler as u32,
@@ -1403,7 +1427,7 @@ fn the_device_rule_chooses_exactly_what_the_rust_policy_chooses() {
             };
             assert_eq!(
                 choices[c], expected,
-                "case {case} call {c}: {ranks} ranks, {algo:?}, {straggler:?}, {bytes} B"
+                "case {case} call {c}: {ranks} ranks, {algo:?}, {straggler:?}, {bytes} B, {config:?}"
             );
             outcomes[usize::from(expected != ranks as u32)] += 1;
             host.observe(ArrivalRecord {
@@ -1445,11 +1469,13 @@ struct Captured {
 }
 
 impl Captured {
-    /// Captures an f32 sum of `count` elements on `comm` under `policy`.
+    /// Captures an f32 sum of `count` elements on `comm` under `policy` with a detector of
+    /// `config`.
     fn new(
         comm: &Comm,
         cache: &mut PlanCache,
         policy: &stragglar::detect::Policy,
+        config: stragglar::detect::DetectorConfig,
         count: usize,
     ) -> Captured {
         let ranks = comm.ranks;
@@ -1493,7 +1519,7 @@ impl Captured {
             })
             .collect();
         let outputs: Vec<Aligned> = (0..ranks).map(|_| Aligned::new(bytes)).collect();
-        let rule = RawRule::new(policy, bytes);
+        let rule = RawRule::with_detector(policy, config, bytes);
         let launches = comm.graph_launches(&tables, rule, &inputs, &outputs);
         Captured {
             bytes,
@@ -1528,9 +1554,10 @@ fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
     let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
     let mut cache = PlanCache::default();
     let mut comm = Comm::new(ranks, 2, 2);
+    let config = DetectorConfig::default();
     let mut captured = [
-        Captured::new(&comm, &mut cache, &policy, 4096),
-        Captured::new(&comm, &mut cache, &policy, 300),
+        Captured::new(&comm, &mut cache, &policy, config, 4096),
+        Captured::new(&comm, &mut cache, &policy, config, 300),
     ];
     assert_ne!(size_class(captured[0].bytes), size_class(captured[1].bytes));
     let mut detectors = [0, 1].map(|_| Detector::new(ranks, DetectorConfig::default()));
@@ -1541,6 +1568,7 @@ fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
         x ^= x << 17;
         x
     };
+    let everyone: Vec<usize> = (0..ranks).collect();
     let mut classes = Vec::new();
     let mut last_stragglar = [false; 2];
     let mut on_stragglar = 0;
@@ -1566,7 +1594,9 @@ fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
         on_stragglar += usize::from(choice < ranks);
         last_stragglar[which] = choice == 2;
         classes.push(which);
-        comm.replay(&captured[which].launches);
+        // Odd replays: the late rank's arrival block writes the verdict of its class's next
+        // call before its data blocks read this call's (the other half).
+        comm.replay(&captured[which].launches, &everyone, replay % 2 == 1);
         let c = &mut captured[which];
         for r in 0..ranks {
             let state = comm.graph_state(r);
@@ -1607,4 +1637,121 @@ fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
         last_stragglar, [true; 2],
         "StragglAR with rank 2 in both classes"
     );
+}
+
+#[test]
+fn an_abort_during_a_replay_releases_every_rank_and_resets_the_graph_state() {
+    // Rank 3 never launches its replay; the abort word, raised 50 ms in, must release the
+    // three that did (no deadline set), each reporting the abort, and their graph state must
+    // be left consistent: the blocks' counter back at 0 and the call counted.
+    use stragglar::detect::policy::{AlgoMode, StragglerMode};
+    use stragglar::detect::Policy;
+    use stragglar::schedule::model::Link;
+    let ranks = 4;
+    let link = Link {
+        alpha: 20e-6,
+        bandwidth: 20e6,
+    };
+    let policy = Policy::new(ranks, AlgoMode::Stragglar, StragglerMode::Auto, link);
+    let mut cache = PlanCache::default();
+    let mut comm = Comm::new(ranks, 2, 2);
+    comm.timeout_ns = 0;
+    let config = stragglar::detect::DetectorConfig::default();
+    let captured = Captured::new(&comm, &mut cache, &policy, config, 1000);
+    let everyone: Vec<usize> = (0..ranks).collect();
+    comm.replay(&captured.launches, &everyone, false);
+    assert!((0..ranks).all(|r| comm.status(r) == STATUS_OK));
+    let abort = comm.abort.addr() as usize;
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            // SAFETY: the Comm's aligned abort word, which the kernels only read.
+            unsafe { AtomicU32::from_ptr(abort as *mut u32) }.store(1, Ordering::Release);
+        });
+        comm.replay(&captured.launches, &[0, 1, 2], false);
+    });
+    assert!(started.elapsed() < Duration::from_secs(30));
+    for r in 0..3 {
+        assert_eq!(comm.status(r), STATUS_ABORTED, "rank {r}");
+        let state = comm.graph_state(r);
+        assert_eq!((state.calls, state.finished), (2, 0), "rank {r}");
+    }
+}
+
+#[test]
+fn graph_choices_that_change_at_every_replay_stay_identical_on_every_rank() {
+    // A detector that follows every record (a window of one, no dwell) under STRAGGLAR_ALGO=
+    // stragglar: each replay runs StragglAR with the rank that was last two graph calls of its
+    // class before, and a random rank is late at every replay, so the choice changes at most
+    // replays. Two captured calls of different size classes; on odd replays the late rank's
+    // arrival block writes its verdict before its data blocks read theirs. Any replay reading a
+    // verdict half that is being written, or a stale one, shows as a rank or a choice that
+    // differs.
+    use stragglar::detect::policy::{AlgoMode, StragglerMode};
+    use stragglar::detect::{ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
+    use stragglar::schedule::model::Link;
+    let ranks = 4;
+    let link = Link {
+        alpha: 20e-6,
+        bandwidth: 20e6,
+    };
+    let policy = Policy::new(ranks, AlgoMode::Stragglar, StragglerMode::Auto, link);
+    let config = DetectorConfig {
+        window: 1,
+        on_fraction: 1.0,
+        off_fraction: 1.0,
+        min_dwell: 0,
+    };
+    let mut cache = PlanCache::default();
+    let mut comm = Comm::new(ranks, 2, 2);
+    let mut captured = [
+        Captured::new(&comm, &mut cache, &policy, config, 2048),
+        Captured::new(&comm, &mut cache, &policy, config, 200),
+    ];
+    let mut detectors = [0, 1].map(|_| Detector::new(ranks, config));
+    let everyone: Vec<usize> = (0..ranks).collect();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut random = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut classes = Vec::new();
+    let mut changes = 0;
+    let mut previous = None;
+    for replay in 0..64u64 {
+        let which = usize::from(random() % 3 == 0);
+        comm.late = Some(((random() % 4) as usize, Duration::from_millis(3)));
+        let choice = match policy.choose(&detectors[which], captured[which].bytes) {
+            Choice::Stragglar { straggler } => straggler,
+            Choice::Baseline => ranks,
+        };
+        changes += usize::from(previous.is_some_and(|p| p != choice));
+        previous = Some(choice);
+        classes.push(which);
+        comm.replay(&captured[which].launches, &everyone, replay % 2 == 1);
+        let c = &mut captured[which];
+        for r in 0..ranks {
+            assert_eq!(comm.status(r), STATUS_OK, "replay {replay} rank {r}");
+            assert_eq!(
+                comm.graph_state(r).last_choice as usize,
+                choice + 1,
+                "replay {replay} rank {r}"
+            );
+            assert!(
+                c.outputs[r].bytes()[..c.bytes] == c.expected[choice][r][..],
+                "replay {replay} rank {r}: not the output of choice {choice}"
+            );
+        }
+        if replay > 0 {
+            let entry = comm.graph_state(0).ring[(replay - 1) as usize % RING_ENTRIES as usize];
+            detectors[classes[replay as usize - 1]].observe(ArrivalRecord {
+                last_rank: (entry.last & 0xffff_ffff) as usize,
+                lead_ns: entry.lead & 0xffff_ffff,
+            });
+        }
+    }
+    assert!(changes >= 20, "the choice changed only {changes} times");
 }

@@ -65,7 +65,11 @@ pub struct RawRule {
 impl RawRule {
     /// The rule `policy` applies, with the default detector, to a call of `bytes`.
     pub fn new(policy: &Policy, bytes: usize) -> RawRule {
-        let config = DetectorConfig::default();
+        Self::with_detector(policy, DetectorConfig::default(), bytes)
+    }
+
+    /// The rule `policy` applies, with a detector of `config`, to a call of `bytes`.
+    pub fn with_detector(policy: &Policy, config: DetectorConfig, bytes: usize) -> RawRule {
         let window = config.window.clamp(1, MAX_WINDOW);
         let config = DetectorConfig { window, ..config };
         RawRule {

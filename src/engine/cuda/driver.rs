@@ -666,6 +666,60 @@ pub unsafe fn is_capturing(device: &Device, stream: sys::CUstream) -> Result<boo
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// What [`capture_of`] says of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capture {
+    /// Not capturing.
+    None,
+    /// Capturing, in the capture with this id (unique within the process).
+    Id(u64),
+    /// Capturing; the driver cannot name the capture (older than CUDA 12.3).
+    Unnamed,
+}
+
+/// Whether `stream` is capturing a CUDA graph, and in which capture (calls captured on two
+/// streams of one capture may be ordered by an event; calls of different captures may not).
+///
+/// # Safety
+/// `stream` must be a live stream of `device`'s context.
+pub unsafe fn capture_of(device: &Device, stream: sys::CUstream) -> Result<Capture, GpuError> {
+    // SAFETY: as the caller vouches.
+    if !unsafe { is_capturing(device, stream) }? {
+        return Ok(Capture::None);
+    }
+    // cudarc panics on a missing entry point: ask the library first.
+    // SAFETY: the driver library is loaded (`is_capturing` just called into it), and the
+    // symbol is only looked up, never called through this type.
+    let named = unsafe {
+        sys::culib()
+            .get::<*const c_void>(b"cuStreamGetCaptureInfo_v3")
+            .is_ok()
+    };
+    if !named {
+        return Ok(Capture::Unnamed);
+    }
+    let _current = device.current()?;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: sys::cuuint64_t = 0;
+    // SAFETY: the caller's live stream; the optional outputs are null, which the driver allows.
+    let r = unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream,
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    wrap("cuStreamGetCaptureInfo", r.result())?;
+    Ok(match status {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Capture::None,
+        _ => Capture::Id(id),
+    })
+}
+
 /// Copies `bytes` from `src` to `dst` on `stream` (device to device), asynchronously.
 ///
 /// # Safety

@@ -20,7 +20,7 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
 use super::budget::StagingBudget;
-use super::driver::{self, Device, DeviceMemory, Event, IpcMapping, Kernels};
+use super::driver::{self, Capture, Device, DeviceMemory, Event, IpcMapping, Kernels};
 use super::rank::{status_text, CallError, Control, CudaRank, Operands, RankConfig};
 use super::setup::{
     run_setup, settings_of, Exchange, Identity, LocalFailure, PeerAccess, SetupError, SetupRecord,
@@ -102,9 +102,19 @@ struct Ready {
     ticket_awaits_nccl: bool,
     /// Calls captured into graphs as graph launches (each replay chooses on the GPU).
     captured: u64,
+    /// Sizes, as (count, type), whose graph plans cannot be built: captured calls stay on NCCL.
+    unbuildable: std::collections::HashSet<(usize, DataType)>,
     /// Orders this communicator's launches across the caller's streams.
     last: Event,
     last_stream: cudaStream_t,
+    /// Orders its captured launches across the streams of one capture: recorded after each,
+    /// with the capture's id and the stream (a replay of two graph launches at once would mix
+    /// their device state). Replays and eager calls are ordered by the caller's streams.
+    captured_last: Event,
+    captured_stream: Option<(u64, cudaStream_t)>,
+    /// A captured launch failed: the failure word is written at the next call outside capture
+    /// (a synchronous copy while a stream captures would break the caller's capture).
+    failed_in_capture: bool,
     /// The staging counted against the device's cap (released after `rank` frees it).
     _reservation: Reservation,
 }
@@ -448,10 +458,14 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
             .iter()
             .map(|m| m.as_ref().map_or(r.own_peer(), |m| layout.peer(m.ptr)))
             .collect();
-        last = r
-            .connect(&peers)
-            .ok()
-            .and_then(|()| Event::ordering(&device).ok());
+        // Two ordering events: eager launches', and captured launches' (an event recorded in a
+        // capture may only be waited on within it).
+        last = r.connect(&peers).ok().and_then(|()| {
+            Some((
+                Event::ordering(&device).ok()?,
+                Event::ordering(&device).ok()?,
+            ))
+        });
         last.is_some()
     };
     let joined = match run_setup(&mut exchange, &mut access, &record, finish) {
@@ -470,7 +484,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         }
     };
     // The final verdict was Eligible on every rank, so this rank's steps all succeeded.
-    let (Ok(rank), Some(last)) = (rank, last) else {
+    let (Ok(rank), Some((last, captured_last))) = (rank, last) else {
         return Err(Fallback::SetupRefused);
     };
     let Some(reservation) = reservation else {
@@ -497,9 +511,13 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         untraced: Default::default(),
         launched: 0,
         captured: 0,
+        unbuildable: Default::default(),
         ticket_awaits_nccl: false,
         last,
         last_stream: call.stream,
+        captured_last,
+        captured_stream: None,
+        failed_in_capture: false,
         _reservation: reservation,
     })
 }
@@ -625,18 +643,22 @@ fn order_after(ready: &mut Ready, stream: cudaStream_t) -> Result<(), CallError>
 fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>, Fallback> {
     let stream = call.stream.cast();
     // SAFETY: the caller's stream of this device.
-    let capturing = match unsafe { driver::is_capturing(ready.rank.device(), stream) } {
-        Ok(capturing) => capturing,
+    let capture = match unsafe { driver::capture_of(ready.rank.device(), stream) } {
+        Ok(capture) => capture,
         Err(e) => {
-            // Its peers take a ticket for this call and this rank cannot tell whether to.
+            // Its peers take a ticket for this call (or capture it) and this rank cannot tell
+            // whether to. The stream may be capturing: the failure word waits (see `Ready`).
             ready.rank.abort();
-            ready.rank.mark_failed();
+            ready.failed_in_capture = true;
             return Ok(Err(e.into()));
         }
     };
     let bytes = call.count * call.dtype.size();
-    if capturing {
-        return capture(ready, call, bytes);
+    if capture != Capture::None {
+        return capture_call(ready, call, bytes, capture);
+    }
+    if std::mem::take(&mut ready.failed_in_capture) {
+        ready.rank.mark_failed();
     }
     let prepared = feed_due_records(ready, call.comm, call.rank)
         .and_then(|()| prepare_choices(ready, call, bytes));
@@ -727,10 +749,11 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
 /// (captured as usual) when the policy never picks StragglAR at this size, or when the size was
 /// never seen eagerly, so its plans are not uploaded (no allocation while capturing). Both
 /// follow from the settings and the calls so far: the same on every rank.
-fn capture(
+fn capture_call(
     ready: &mut Ready,
     call: &EngineCall,
     bytes: usize,
+    capture: Capture,
 ) -> Result<Result<(), CallError>, Fallback> {
     let policy = ready.tracker.policy();
     if !policy.may_choose_stragglar(bytes) {
@@ -746,19 +769,39 @@ fn capture(
         input: call.send,
         output: call.recv,
     };
-    // SAFETY: the caller's buffers hold `count` elements on this device whenever the graph is
-    // replayed (CUDA's contract for captured work), and the stream is the caller's.
-    let result = unsafe {
-        ready
-            .rank
-            .all_reduce_graph(call.count, call.dtype, operands, call.stream.cast(), rule)
+    let stream = call.stream.cast();
+    let id = match capture {
+        Capture::Id(id) => Some(id),
+        _ => None,
     };
+    let result = (|| {
+        if let (Some(id), Some((previous, other))) = (id, ready.captured_stream) {
+            if previous == id && other != call.stream {
+                // SAFETY: the caller's capturing stream; the event was recorded in this capture.
+                unsafe { ready.captured_last.wait_on(stream) }?;
+            }
+        }
+        // SAFETY: the caller's buffers hold `count` elements on this device whenever the graph
+        // is replayed (CUDA's contract for captured work), and the stream is the caller's.
+        unsafe {
+            ready
+                .rank
+                .all_reduce_graph(call.count, call.dtype, operands, stream, rule)
+        }?;
+        if let Some(id) = id {
+            // SAFETY: as above.
+            unsafe { ready.captured_last.record_raw(stream) }?;
+            ready.captured_stream = Some((id, call.stream));
+        }
+        Ok(())
+    })();
     match result {
         Ok(()) => ready.captured += 1,
         Err(_) => {
-            // Its peers' graphs hold this call: their replays must not wait for this rank.
+            // Its peers' graphs hold this call: their replays must not wait for this rank
+            // (its failure word is written at its next call outside capture, or at destroy).
             ready.rank.abort();
-            ready.rank.mark_failed();
+            ready.failed_in_capture = true;
         }
     }
     Ok(result)
@@ -771,6 +814,7 @@ fn capture(
 fn prepare_choices(ready: &mut Ready, call: &EngineCall, bytes: usize) -> Result<(), CallError> {
     if call.count == 0
         || ready.rank.has_choices(call.count, call.dtype)
+        || ready.unbuildable.contains(&(call.count, call.dtype))
         || !ready.tracker.policy().may_choose_stragglar(bytes)
     {
         return Ok(());
@@ -795,7 +839,9 @@ fn prepare_choices(ready: &mut Ready, call: &EngineCall, bytes: usize) -> Result
             .rank
             .prepare_choices(&plans.iter().collect::<Vec<_>>()),
         Err(why) => {
-            log::debug!("graphs of {bytes} B stay on NCCL: {why}");
+            // Not tried again: the same plans fail alike on every rank, every time.
+            log::info!("graphs of {bytes} B stay on NCCL: {why}");
+            ready.unbuildable.insert((call.count, call.dtype));
             Ok(())
         }
     }
@@ -971,15 +1017,8 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
         return;
     };
     log_report(&ready, comm);
-    if ready.captured > 0 {
-        if let Some(counts) = ready.rank.graph_counts() {
-            log::info!(
-                "communicator {comm:p}: {} calls captured into graphs; their replays chose on the GPU: {} StragglAR, {} Ring",
-                ready.captured,
-                counts.stragglar,
-                counts.baseline
-            );
-        }
+    if ready.failed_in_capture {
+        ready.rank.mark_failed();
     }
     let layout = ready.rank.layout();
     let launched = ready.launched as u32;
@@ -1007,6 +1046,16 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     // arrival protocol touches freed memory.
     while !ready.rank.board_settled() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    if ready.captured > 0 {
+        if let Some(counts) = ready.rank.graph_counts() {
+            log::info!(
+                "communicator {comm:p}: {} calls captured into graphs; their replays chose on the GPU: {} StragglAR, {} Ring",
+                ready.captured,
+                counts.stragglar,
+                counts.baseline
+            );
+        }
     }
     // Freed here (cuMemFree waits for this rank's own kernels).
     drop(ready);

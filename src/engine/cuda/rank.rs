@@ -126,6 +126,14 @@ fn record_tag(call: u64) -> u64 {
     ((call % 0xffff_ffff) + 1) << 32
 }
 
+/// The plans of one size that graph launches choose among, in one allocation: the blobs, then
+/// `u64[ranks + 1]` of their addresses at `table` (StragglAR with straggler `s` at `s`, Ring
+/// last).
+struct ChoiceTable {
+    memory: DeviceMemory,
+    table: u64,
+}
+
 /// What a rank's graph launches chose, counted on its GPU (the same on every rank).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GraphCounts {
@@ -166,9 +174,8 @@ pub struct CudaRank {
     plans: HashMap<u64, DeviceMemory>,
     /// Rank 0's graph board as this rank addresses it, once connected.
     graph_board: u64,
-    /// The plan tables of graph launches by (count, `ncclDataType_t`): `u64[ranks + 1]` in
-    /// device memory, the StragglAR plan with straggler `s` at `s`, the Ring baseline last.
-    choices: HashMap<(usize, i32), DeviceMemory>,
+    /// The plans graph launches choose among, by (count, `ncclDataType_t`).
+    choices: HashMap<(usize, i32), ChoiceTable>,
 }
 
 impl CudaRank {
@@ -271,10 +278,12 @@ impl CudaRank {
     /// better can be known. Read through rank 0's board as this rank maps it.
     /// The graph board is read alike, up to the graph calls this rank's GPU completed.
     pub fn board_settled(&self) -> bool {
-        let graph_calls = self
-            .staging
-            .read_u32(self.config.layout.graph())
-            .map_or(0, u64::from);
+        let calls = self.config.layout.graph() + std::mem::offset_of!(RawGraphState, calls) as u64;
+        let word = |at: u64| self.staging.read_u32(at).map(u64::from);
+        let graph_calls = match (word(calls), word(calls + 4)) {
+            (Ok(low), Ok(high)) => low | high << 32,
+            _ => 0,
+        };
         self.settled(self.board, self.arrivals) && self.settled(self.graph_board, graph_calls)
     }
 
@@ -561,7 +570,7 @@ impl CudaRank {
 
     /// Uploads every plan a graph launch of their size may pick, and their table: `plans[s]`
     /// is StragglAR with straggler `s`, `plans[ranks]` the Ring baseline, all of one count and
-    /// type. Not during graph capture (it allocates).
+    /// type. One allocation and one copy for the whole set. Not during graph capture.
     pub fn prepare_choices(&mut self, plans: &[&Plan]) -> Result<(), CallError> {
         let ranks = self.config.ranks;
         let Some(first) = plans.first() else {
@@ -571,22 +580,47 @@ impl CudaRank {
         if self.choices.contains_key(&key) {
             return Ok(());
         }
-        if plans.len() != ranks + 1 || plans.iter().any(|p| (p.count, p.dtype.nccl_code()) != key) {
+        let in_order = plans.len() == ranks + 1
+            && plans.iter().enumerate().all(|(choice, p)| {
+                (p.count, p.dtype.nccl_code()) == key
+                    && p.straggler == (choice < ranks).then_some(choice)
+            });
+        if !in_order {
             return Err(CallError::Unfit(format!(
-                "a graph launch chooses among {} plans of one size",
+                "a graph launch chooses among {} plans of one size: StragglAR with each straggler, then Ring",
                 ranks + 1
             )));
         }
         for plan in plans {
-            self.prepare(plan)?;
+            self.fits(plan)?;
         }
-        let table: Vec<u64> = plans
+        // Every blob at a 256-byte boundary, then the table of their addresses.
+        let blobs: Vec<Vec<u8>> = plans
             .iter()
-            .map(|p| self.plans[&p.fingerprint].ptr)
+            .map(|p| encode(p, self.config.rank).bytes)
             .collect();
-        let memory = DeviceMemory::zeroed(&self.device, std::mem::size_of_val(&table[..]))?;
-        memory.upload(&table)?;
-        self.choices.insert(key, memory);
+        let mut offsets = Vec::with_capacity(blobs.len());
+        let mut end = 0;
+        for blob in &blobs {
+            offsets.push(end);
+            end = (end + blob.len()).div_ceil(256) * 256;
+        }
+        let table_at = end;
+        let mut bytes = vec![0u8; table_at + 8 * blobs.len()];
+        let memory = DeviceMemory::zeroed(&self.device, bytes.len())?;
+        for (i, (blob, &at)) in blobs.iter().zip(&offsets).enumerate() {
+            bytes[at..at + blob.len()].copy_from_slice(blob);
+            let entry = table_at + 8 * i;
+            bytes[entry..entry + 8].copy_from_slice(&(memory.ptr + at as u64).to_le_bytes());
+        }
+        memory.upload(&bytes)?;
+        self.choices.insert(
+            key,
+            ChoiceTable {
+                memory,
+                table: table_at as u64,
+            },
+        );
         Ok(())
     }
 
@@ -627,7 +661,7 @@ impl CudaRank {
                 ..RawArrival::default()
             },
             graph: self.staging.ptr + self.config.layout.graph(),
-            plans: table.ptr,
+            plans: table.memory.ptr + table.table,
             rule,
             ..self.launch_args(operands)?
         };
