@@ -289,13 +289,9 @@ impl Lowering {
         Ok(())
     }
 
-    /// Checks completeness and lays out every rank's arena: `IN` first (value `c` at chunk
-    /// `c`'s place), then one aligned slot per produced value that a later step reads.
-    fn finish(
-        self,
-        in_bytes: usize,
-        chunk_bytes: impl Fn(usize) -> (usize, usize),
-    ) -> Result<Vec<RankProgram>, LowerError> {
+    /// Checks that every rank ends with every chunk complete; what is left is the lowering
+    /// without its arena layout.
+    fn finish(self, schedule: &Schedule) -> Result<Lowered, LowerError> {
         for rank in 0..self.ranks {
             if let Some(chunk) = self.output_written[rank]
                 .iter()
@@ -304,27 +300,83 @@ impl Lowering {
                 return Err(LowerError::Incomplete { rank, chunk });
             }
         }
-        let mut programs = self.programs;
+        // DefaultHasher::new() uses fixed keys: the same value in every process.
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (&self.programs, &self.reads).hash(&mut hasher);
+        Ok(Lowered {
+            ranks: self.ranks,
+            straggler: schedule.straggler,
+            chunks: self.chunks,
+            programs: self.programs,
+            reads: self.reads,
+            structure: hasher.finish(),
+        })
+    }
+}
+
+/// A schedule lowered to per-rank programs, for any count: the steps and values, without the
+/// arena offsets (the only part that depends on the count). Lowering is the costly part of a
+/// plan (it replays the schedule's contribution sets); a new count only lays out the arenas.
+#[derive(Debug, Clone)]
+pub struct Lowered {
+    ranks: usize,
+    straggler: Option<usize>,
+    /// Chunks of the schedule; values `0..chunks` of every rank are its `IN` chunks.
+    chunks: usize,
+    /// The programs, every `Value::offset` still `None`.
+    programs: Vec<RankProgram>,
+    /// `reads[rank][value]`: some later step reads this value (it gets an arena slot).
+    reads: Vec<Vec<bool>>,
+    /// A hash of the programs and reads, for the plans' fingerprints.
+    structure: u64,
+}
+
+impl Lowered {
+    /// The plan for `count` elements of `dtype`: every rank's arena laid out, `IN` first (value
+    /// `c` at chunk `c`'s place), then one aligned slot per produced value a later step reads.
+    pub fn plan(&self, count: usize, dtype: DataType) -> Plan {
+        let size = dtype.size();
+        let chunks = chunk_ranges(count, size, self.chunks);
+        let mut programs = self.programs.clone();
         for (program, reads) in programs.iter_mut().zip(&self.reads) {
-            let mut next = align_up(in_bytes);
+            let mut next = align_up(count * size);
             for (id, value) in program.values.iter_mut().enumerate() {
-                let (start, len) = chunk_bytes(value.chunk);
+                let range = chunks[value.chunk];
                 if id < self.chunks {
-                    value.offset = Some(start);
+                    value.offset = Some(range.start * size);
                 } else if reads[id] {
                     value.offset = Some(next);
-                    next += align_up(len);
+                    next += align_up(range.len() * size);
                 }
             }
             program.arena_bytes = next;
         }
-        Ok(programs)
+        // The offsets follow from the structure and the chunks: hashing those identifies the
+        // plan. DefaultHasher::new() uses fixed keys: the same value in every process.
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (
+            self.ranks,
+            self.straggler,
+            count,
+            dtype,
+            &chunks,
+            self.structure,
+        )
+            .hash(&mut hasher);
+        Plan {
+            ranks: self.ranks,
+            straggler: self.straggler,
+            count,
+            dtype,
+            chunks,
+            programs,
+            fingerprint: hasher.finish(),
+        }
     }
 }
 
-/// Lowers a verified `schedule` for `count` elements of `dtype`.
-pub fn lower(schedule: &Schedule, count: usize, dtype: DataType) -> Result<Plan, LowerError> {
-    let chunks = chunk_ranges(count, dtype.size(), schedule.chunks);
+/// Lowers a verified `schedule` to programs for any count (see [`Lowered::plan`]).
+pub fn lower_structure(schedule: &Schedule) -> Result<Lowered, LowerError> {
     let mut lowering = Lowering::new(schedule.ranks, schedule.chunks);
     for phase in &schedule.phases {
         if phase.kind == PhaseKind::ReduceScatter {
@@ -335,29 +387,10 @@ pub fn lower(schedule: &Schedule, count: usize, dtype: DataType) -> Result<Plan,
             }
         }
     }
-    let size = dtype.size();
-    let programs = lowering.finish(count * size, |chunk| {
-        let r = chunks[chunk];
-        (r.start * size, r.len() * size)
-    })?;
-    // DefaultHasher::new() uses fixed keys: the same value in every process.
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (
-        schedule.ranks,
-        schedule.straggler,
-        count,
-        dtype,
-        &chunks,
-        &programs,
-    )
-        .hash(&mut hasher);
-    Ok(Plan {
-        ranks: schedule.ranks,
-        straggler: schedule.straggler,
-        count,
-        dtype,
-        chunks,
-        programs,
-        fingerprint: hasher.finish(),
-    })
+    lowering.finish(schedule)
+}
+
+/// Lowers a verified `schedule` for `count` elements of `dtype`.
+pub fn lower(schedule: &Schedule, count: usize, dtype: DataType) -> Result<Plan, LowerError> {
+    Ok(lower_structure(schedule)?.plan(count, dtype))
 }

@@ -21,7 +21,7 @@ pub use encode::{
     PLAN_VERSION, STEP_COMBINE, STEP_COPY, STEP_COPY_IN, VALUE_NOT_KEPT,
 };
 pub use layout::{chunk_range, chunk_ranges, ElementRange, ALIGN_BYTES};
-pub use lower::{lower, LowerError};
+pub use lower::{lower, lower_structure, LowerError, Lowered};
 pub use simulate::{reference, simulate};
 
 use crate::reduce::DataType;

@@ -10,9 +10,9 @@ use std::collections::HashMap;
 
 use super::comm::{Buffers, CallRecord, EngineError, HostComm};
 use super::segment::SegmentLayout;
-use crate::plan::{chunk_range, lower, Plan};
+use crate::plan::{chunk_range, lower_structure, Lowered, Plan};
 use crate::reduce::{DataType, ReduceOp, Scale};
-use crate::schedule::{verify, Algorithm, PlanRequest, Schedule};
+use crate::schedule::{verify, Algorithm, PlanRequest};
 
 /// Which schedule a call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -28,8 +28,9 @@ pub struct Shape {
 #[derive(Default)]
 pub struct PlanCache {
     plans: HashMap<(Shape, usize), Plan>,
-    /// Verified schedules by (algorithm, ranks, straggler): a new count only lowers one.
-    schedules: HashMap<(Algorithm, usize, usize), Schedule>,
+    /// Verified schedules, lowered, by (algorithm, ranks, straggler): a new count only lays
+    /// out the arenas.
+    lowered: HashMap<(Algorithm, usize, usize), Lowered>,
     /// Segments needed by (shape, count, arena bytes): computed once per message shape.
     segments: HashMap<(Shape, usize, usize), usize>,
 }
@@ -39,7 +40,7 @@ impl PlanCache {
     pub fn get(&mut self, shape: Shape, count: usize) -> Result<&Plan, String> {
         if let std::collections::hash_map::Entry::Vacant(slot) = self.plans.entry((shape, count)) {
             let key = (shape.algorithm, shape.ranks, shape.straggler);
-            let schedule = match self.schedules.entry(key) {
+            let lowered = match self.lowered.entry(key) {
                 std::collections::hash_map::Entry::Occupied(s) => s.into_mut(),
                 std::collections::hash_map::Entry::Vacant(s) => {
                     let schedule = shape
@@ -47,10 +48,10 @@ impl PlanCache {
                         .schedule(&PlanRequest::new(shape.ranks, shape.straggler))
                         .map_err(|e| e.to_string())?;
                     verify(&schedule).map_err(|e| format!("{e:?}"))?;
-                    s.insert(schedule)
+                    s.insert(lower_structure(&schedule).map_err(|e| e.to_string())?)
                 }
             };
-            slot.insert(lower(schedule, count, shape.dtype).map_err(|e| e.to_string())?);
+            slot.insert(lowered.plan(count, shape.dtype));
         }
         Ok(&self.plans[&(shape, count)])
     }
