@@ -229,6 +229,19 @@ impl DeviceMemory {
         })
     }
 
+    /// Writes `value` to the `u32` at byte `offset` (4-byte aligned) on `stream`, without
+    /// waiting.
+    pub fn post_u32_async(&self, offset: u64, value: u32, stream: &Stream) -> Result<(), GpuError> {
+        assert!(
+            offset % 4 == 0 && offset + 4 <= self.bytes as u64,
+            "a word inside the allocation"
+        );
+        let _current = self.device.current()?;
+        // SAFETY: the word lies inside this live allocation (asserted); the stream is live.
+        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, stream.raw) };
+        wrap("cuMemsetD32Async", r.result())
+    }
+
     /// Reads the `u32` at byte `offset` (4-byte aligned).
     pub fn read_u32(&self, offset: u64) -> Result<u32, GpuError> {
         assert!(
@@ -673,8 +686,56 @@ pub enum Capture {
     None,
     /// Capturing, in the capture with this id (unique within the process).
     Id(u64),
-    /// Capturing; the driver cannot name the capture (older than CUDA 12.3).
+    /// Capturing; the driver did not name the capture.
     Unnamed,
+}
+
+/// `cuStreamGetCaptureInfo_v2` (CUDA 11.3 on): stream, status, id, graph, dependencies, count.
+type CaptureInfoV2 = unsafe extern "C" fn(
+    sys::CUstream,
+    *mut sys::CUstreamCaptureStatus,
+    *mut sys::cuuint64_t,
+    *mut c_void,
+    *mut c_void,
+    *mut usize,
+) -> sys::CUresult;
+
+/// `cuStreamGetCaptureInfo_v3` (CUDA 12.3 on): as v2, with edge data before the count.
+type CaptureInfoV3 = unsafe extern "C" fn(
+    sys::CUstream,
+    *mut sys::CUstreamCaptureStatus,
+    *mut sys::cuuint64_t,
+    *mut c_void,
+    *mut c_void,
+    *mut c_void,
+    *mut usize,
+) -> sys::CUresult;
+
+/// The driver's entry point that names a stream's capture, looked up once (cudarc would panic
+/// on a missing one).
+#[derive(Clone, Copy)]
+enum CaptureInfo {
+    V3(CaptureInfoV3),
+    V2(CaptureInfoV2),
+    Missing,
+}
+
+fn capture_info() -> CaptureInfo {
+    static ENTRY: std::sync::OnceLock<CaptureInfo> = std::sync::OnceLock::new();
+    *ENTRY.get_or_init(|| {
+        // SAFETY: the driver library is loaded (the caller just called into it); each symbol
+        // is read with the signature the CUDA headers give that versioned name.
+        unsafe {
+            let lib = sys::culib();
+            if let Ok(f) = lib.get::<CaptureInfoV3>(b"cuStreamGetCaptureInfo_v3\0") {
+                return CaptureInfo::V3(*f);
+            }
+            if let Ok(f) = lib.get::<CaptureInfoV2>(b"cuStreamGetCaptureInfo_v2\0") {
+                return CaptureInfo::V2(*f);
+            }
+            CaptureInfo::Missing
+        }
+    })
 }
 
 /// Whether `stream` is capturing a CUDA graph, and in which capture (calls captured on two
@@ -687,33 +748,22 @@ pub unsafe fn capture_of(device: &Device, stream: sys::CUstream) -> Result<Captu
     if !unsafe { is_capturing(device, stream) }? {
         return Ok(Capture::None);
     }
-    // cudarc panics on a missing entry point: ask the library first.
-    // SAFETY: the driver library is loaded (`is_capturing` just called into it), and the
-    // symbol is only looked up, never called through this type.
-    let named = unsafe {
-        sys::culib()
-            .get::<*const c_void>(b"cuStreamGetCaptureInfo_v3")
-            .is_ok()
-    };
-    if !named {
-        return Ok(Capture::Unnamed);
-    }
     let _current = device.current()?;
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut id: sys::cuuint64_t = 0;
+    let (null, no_count) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: the caller's live stream; the optional outputs are null, which the driver allows.
     let r = unsafe {
-        sys::cuStreamGetCaptureInfo_v3(
-            stream,
-            &mut status,
-            &mut id,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
+        match capture_info() {
+            CaptureInfo::V3(f) => f(stream, &mut status, &mut id, null, null, null, no_count),
+            CaptureInfo::V2(f) => f(stream, &mut status, &mut id, null, null, no_count),
+            CaptureInfo::Missing => return Ok(Capture::Unnamed),
+        }
     };
-    wrap("cuStreamGetCaptureInfo", r.result())?;
+    if r != sys::CUresult::CUDA_SUCCESS {
+        // It is capturing: the call is captured, only not ordered across streams.
+        return Ok(Capture::Unnamed);
+    }
     Ok(match status {
         sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Capture::None,
         _ => Capture::Id(id),

@@ -112,8 +112,8 @@ struct Ready {
     /// their device state). Replays and eager calls are ordered by the caller's streams.
     captured_last: Event,
     captured_stream: Option<(u64, cudaStream_t)>,
-    /// A captured launch failed: the failure word is written at the next call outside capture
-    /// (a synchronous copy while a stream captures would break the caller's capture).
+    /// A launch failed while its stream may have been capturing and the failure word could
+    /// not be queued: it is written at the next call outside capture, or at destroy.
     failed_in_capture: bool,
     /// The staging counted against the device's cap (released after `rank` frees it).
     _reservation: Reservation,
@@ -647,9 +647,8 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
         Ok(capture) => capture,
         Err(e) => {
             // Its peers take a ticket for this call (or capture it) and this rank cannot tell
-            // whether to. The stream may be capturing: the failure word waits (see `Ready`).
-            ready.rank.abort();
-            ready.failed_in_capture = true;
+            // whether to. The stream may be capturing: no synchronous copy (see `Ready`).
+            fail_while_capturing(ready);
             return Ok(Err(e.into()));
         }
     };
@@ -797,14 +796,20 @@ fn capture_call(
     })();
     match result {
         Ok(()) => ready.captured += 1,
-        Err(_) => {
-            // Its peers' graphs hold this call: their replays must not wait for this rank
-            // (its failure word is written at its next call outside capture, or at destroy).
-            ready.rank.abort();
-            ready.failed_in_capture = true;
-        }
+        // Its peers' graphs hold this call: their replays must not wait for this rank.
+        Err(_) => fail_while_capturing(ready),
     }
     Ok(result)
+}
+
+/// Gives this rank up while the caller's stream may be capturing: the abort word, and the
+/// failure word its peers watch, written on the rank's own stream (a synchronous copy would
+/// break the capture), or at its next call outside capture if even that fails.
+fn fail_while_capturing(ready: &mut Ready) {
+    ready.rank.abort();
+    if ready.rank.mark_failed_async().is_err() {
+        ready.failed_in_capture = true;
+    }
 }
 
 /// Uploads, at the first eager call of a size, every plan that a graph capturing that size may
@@ -819,25 +824,29 @@ fn prepare_choices(ready: &mut Ready, call: &EngineCall, bytes: usize) -> Result
     {
         return Ok(());
     }
-    let plans: Result<Vec<Plan>, String> = (0..=call.ranks)
-        .map(|choice| {
-            let shape = Shape {
-                algorithm: if choice < call.ranks {
-                    Algorithm::Stragglar
-                } else {
-                    Algorithm::Ring
-                },
-                ranks: call.ranks,
-                straggler: choice % call.ranks,
-                dtype: call.dtype,
-            };
-            ready.plans.get(shape, call.count).cloned()
+    let shapes: Vec<Shape> = (0..=call.ranks)
+        .map(|choice| Shape {
+            algorithm: if choice < call.ranks {
+                Algorithm::Stragglar
+            } else {
+                Algorithm::Ring
+            },
+            ranks: call.ranks,
+            straggler: choice % call.ranks,
+            dtype: call.dtype,
         })
         .collect();
-    match plans {
-        Ok(plans) => ready
-            .rank
-            .prepare_choices(&plans.iter().collect::<Vec<_>>()),
+    let built = shapes
+        .iter()
+        .try_for_each(|&shape| ready.plans.get(shape, call.count).map(|_| ()));
+    match built {
+        Ok(()) => {
+            let plans: Vec<&Plan> = shapes
+                .iter()
+                .filter_map(|&shape| ready.plans.built(shape, call.count))
+                .collect();
+            ready.rank.prepare_choices(&plans)
+        }
         Err(why) => {
             // Not tried again: the same plans fail alike on every rank, every time.
             log::info!("graphs of {bytes} B stay on NCCL: {why}");

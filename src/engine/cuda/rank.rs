@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
+use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels, Stream};
 use super::staging::StagingLayout;
 use crate::detect::{ArrivalRecord, Observed, Tracker};
 use crate::gpu::choice::{RawGraphState, RawRule};
@@ -170,8 +170,12 @@ pub struct CudaRank {
     ring: HostWords,
     /// Ticketed calls launched so far (the next one's number).
     arrivals: u64,
-    /// Uploaded plan blobs by plan fingerprint.
-    plans: HashMap<u64, DeviceMemory>,
+    /// Uploaded plan blobs: their device addresses by plan fingerprint, in `blobs` or in a
+    /// choice table (both live as long as this rank).
+    plans: HashMap<u64, u64>,
+    blobs: Vec<DeviceMemory>,
+    /// A stream of this rank's own, for the failure word while the caller's stream captures.
+    side: Stream,
     /// Rank 0's graph board as this rank addresses it, once connected.
     graph_board: u64,
     /// The plans graph launches choose among, by (count, `ncclDataType_t`).
@@ -205,6 +209,8 @@ impl CudaRank {
             ring,
             arrivals: 0,
             plans: HashMap::new(),
+            blobs: Vec::new(),
+            side: Stream::new(device)?,
             graph_board: 0,
             choices: HashMap::new(),
         })
@@ -423,7 +429,8 @@ impl CudaRank {
             let blob = encode(plan, self.config.rank).bytes;
             let memory = DeviceMemory::zeroed(&self.device, blob.len())?;
             memory.upload(&blob)?;
-            self.plans.insert(plan.fingerprint, memory);
+            self.plans.insert(plan.fingerprint, memory.ptr);
+            self.blobs.push(memory);
         }
         Ok(())
     }
@@ -472,6 +479,13 @@ impl CudaRank {
             .post_u32(self.config.layout.failed(), STATUS_ABORTED);
     }
 
+    /// [`CudaRank::mark_failed`] without synchronising: queued on this rank's own stream, so
+    /// that it is allowed while a caller's stream captures a graph.
+    pub fn mark_failed_async(&self) -> Result<(), GpuError> {
+        self.staging
+            .post_u32_async(self.config.layout.failed(), STATUS_ABORTED, &self.side)
+    }
+
     /// Queues one AllReduce of `plan` on `stream`: the operands' `input` and `output` hold
     /// `plan.count` elements (the same address for in place). A call with zero elements launches nothing
     /// and does not advance the epoch (with `ticket`, it launches the ticket kernel instead).
@@ -511,7 +525,7 @@ impl CudaRank {
         }
         self.prepare(plan)?;
         let args = RawLaunch {
-            plan: self.plans[&plan.fingerprint].ptr,
+            plan: self.plans[&plan.fingerprint],
             arrival: self.arrival(ticket),
             ..self.launch_args(operands)?
         };
@@ -614,6 +628,12 @@ impl CudaRank {
             bytes[entry..entry + 8].copy_from_slice(&(memory.ptr + at as u64).to_le_bytes());
         }
         memory.upload(&bytes)?;
+        // Eager calls of these plans use the same blobs (no second upload).
+        for (plan, &at) in plans.iter().zip(&offsets) {
+            self.plans
+                .entry(plan.fingerprint)
+                .or_insert(memory.ptr + at as u64);
+        }
         self.choices.insert(
             key,
             ChoiceTable {

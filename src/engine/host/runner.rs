@@ -55,6 +55,11 @@ impl PlanCache {
         }
         Ok(&self.plans[&(shape, count)])
     }
+
+    /// The plan of `count` elements of `shape` if it was built already.
+    pub fn built(&self, shape: Shape, count: usize) -> Option<&Plan> {
+        self.plans.get(&(shape, count))
+    }
 }
 
 /// The segment layout that fits every plan of `shapes` for messages up to `max_count`
