@@ -9,22 +9,12 @@ use std::time::Instant;
 use stragglar::engine::host::runner::{PlanCache, Shape};
 use stragglar::plan::encode;
 use stragglar::reduce::DataType;
-use stragglar::schedule::Algorithm;
 
 /// Distinct counts per measurement: each one is a new size to the cache.
 const SIZES: usize = 200;
 
 fn shape(ranks: usize, choice: usize) -> Shape {
-    Shape {
-        algorithm: if choice < ranks {
-            Algorithm::Stragglar
-        } else {
-            Algorithm::Ring
-        },
-        ranks,
-        straggler: choice % ranks,
-        dtype: DataType::F32,
-    }
+    Shape::of_choice(ranks, choice, DataType::F32)
 }
 
 /// Microseconds per new size of building `choices` plans (and, with `encode_rank`, encoding

@@ -164,32 +164,24 @@ step "CUDA graph capture and replay: 4 and 8 ranks" graphs.log graphs
 # The straggler policy on the GPU: rank 3 held back on the device for 300 us before each call;
 # every rank decides from its own ring of arrival records (as ncclAllReduce does), so the
 # bench fails on any disagreement; the last rows must show rank 3 designated and StragglAR used.
+# With --graph, each rank captures its timed calls once as graph launches: every replay numbers
+# itself, records its arrival and picks StragglAR or Ring from the device's own records (no
+# host involved); replay outputs join the digest all ranks share, and the last rows show the
+# GPU's choice. usage: policy TABLE [bench options...]
 policy() {
+  local table="$OUT/$1"
+  shift
   "$BIN" bench --backend cuda --ranks 4 --algo auto --late-rank 3 --delay-us 300 \
-    -b 1M -e 4M -f 2 -n 60 -w 4 --timeout-ms 60000 >"$OUT/policy-table.log" 2>&1
+    -b 1M -e 4M -f 2 -n 60 -w 4 --timeout-ms 60000 "$@" >"$table" 2>&1
   local status=$?
-  cat "$OUT/policy-table.log"
+  cat "$table"
   [ "$status" = 0 ] || return 1
-  grep -E '^ +[0-9]+ ' "$OUT/policy-table.log" | tail -n 1 |
+  grep -E '^ +[0-9]+ ' "$table" | tail -n 1 |
     awk '$NF == 3 && $(NF-1) > 0 { found = 1 } END { exit !found }'
 }
-step "straggler policy on the GPU: 4 ranks, rank 3 late" policy.log policy
-
-# The same under CUDA graphs: each rank captures its timed calls once as graph launches; every
-# replay numbers itself, records its arrival and picks StragglAR or Ring from the device's own
-# records (no host involved), rank 3 held back 300 us on the device in each. Every rank must
-# pick alike (replay outputs join the digest all ranks share); the last rows must show the
-# GPU's choice, StragglAR with rank 3.
-graph_policy() {
-  "$BIN" bench --backend cuda --ranks 4 --algo auto --graph --late-rank 3 --delay-us 300 \
-    -b 1M -e 4M -f 2 -n 60 -w 4 --timeout-ms 60000 >"$OUT/graph-policy-table.log" 2>&1
-  local status=$?
-  cat "$OUT/graph-policy-table.log"
-  [ "$status" = 0 ] || return 1
-  grep -E '^ +[0-9]+ ' "$OUT/graph-policy-table.log" | tail -n 1 |
-    awk '$NF == 3 && $(NF-1) > 0 { found = 1 } END { exit !found }'
-}
-step "policy in graph replays, on the GPU: 4 ranks, rank 3 late" graph-policy.log graph_policy
+step "straggler policy on the GPU: 4 ranks, rank 3 late" policy.log policy policy-table.log
+step "policy in graph replays, on the GPU: 4 ranks, rank 3 late" graph-policy.log \
+  policy graph-policy-table.log --graph
 
 # 4. Kernel bandwidth against the device's copy rate.
 for t in float bfloat16; do

@@ -1482,16 +1482,7 @@ impl Captured {
         let bytes = count * 4;
         let plans: Vec<Plan> = (0..=ranks)
             .map(|choice| {
-                let shape = Shape {
-                    algorithm: if choice < ranks {
-                        Algorithm::Stragglar
-                    } else {
-                        Algorithm::Ring
-                    },
-                    ranks,
-                    straggler: choice % ranks,
-                    dtype: DataType::F32,
-                };
+                let shape = Shape::of_choice(ranks, choice, DataType::F32);
                 cache.get(shape, count).unwrap().clone()
             })
             .collect();
@@ -1533,6 +1524,45 @@ impl Captured {
     }
 }
 
+/// Checks every rank after graph call `replay` ran `captured`: no failure, the call counted,
+/// `choice` made on the GPU, and that choice's output bit for bit.
+fn check_replay(comm: &mut Comm, captured: &mut Captured, replay: u64, choice: usize) {
+    let bytes = captured.bytes;
+    for r in 0..comm.ranks {
+        let state = comm.graph_state(r);
+        assert_eq!(comm.status(r), STATUS_OK, "replay {replay} rank {r}");
+        assert_eq!(state.calls, replay + 1, "replay {replay} rank {r}");
+        assert_eq!(
+            state.last_choice as usize,
+            choice + 1,
+            "replay {replay} ({bytes} B) rank {r}: the device chose otherwise"
+        );
+        assert!(
+            captured.outputs[r].bytes()[..bytes] == captured.expected[choice][r][..],
+            "replay {replay} rank {r}: not the output of choice {choice}"
+        );
+    }
+}
+
+/// The record of graph call `call`, which the next replay copied: tagged with the call, and
+/// the same on every rank.
+fn graph_record(comm: &Comm, call: u64) -> stragglar::detect::ArrivalRecord {
+    let at = call as usize % RING_ENTRIES as usize;
+    let entry = comm.graph_state(0).ring[at];
+    assert_eq!(
+        entry.last >> 32,
+        call % 0xffff_ffff + 1,
+        "call {call}: tagged"
+    );
+    for r in 1..comm.ranks {
+        assert_eq!(comm.graph_state(r).ring[at], entry, "call {call} rank {r}");
+    }
+    stragglar::detect::ArrivalRecord {
+        last_rank: (entry.last & 0xffff_ffff) as usize,
+        lead_ns: entry.lead & 0xffff_ffff,
+    }
+}
+
 #[test]
 fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
     // Two calls of different size classes captured into graphs and replayed in a random order,
@@ -1544,7 +1574,7 @@ fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
     // class), StragglAR with rank 2 must take over in both classes, and every output must be
     // that plan's, bit for bit.
     use stragglar::detect::policy::{AlgoMode, StragglerMode};
-    use stragglar::detect::{size_class, ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
+    use stragglar::detect::{size_class, Choice, Detector, DetectorConfig, Policy};
     use stragglar::schedule::model::Link;
     let ranks = 4;
     let link = Link {
@@ -1597,37 +1627,9 @@ fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
         // Odd replays: the late rank's arrival block writes the verdict of its class's next
         // call before its data blocks read this call's (the other half).
         comm.replay(&captured[which].launches, &everyone, replay % 2 == 1);
-        let c = &mut captured[which];
-        for r in 0..ranks {
-            let state = comm.graph_state(r);
-            assert_eq!(comm.status(r), STATUS_OK, "replay {replay} rank {r}");
-            assert_eq!(state.calls, replay + 1);
-            assert_eq!(
-                state.last_choice as usize,
-                choice + 1,
-                "replay {replay} ({bytes} B) rank {r}: the device chose otherwise"
-            );
-            assert!(
-                c.outputs[r].bytes()[..bytes] == c.expected[choice][r][..],
-                "replay {replay} rank {r}: not the output of choice {choice}"
-            );
-        }
+        check_replay(&mut comm, &mut captured[which], replay, choice);
         if replay > 0 {
-            // This replay copied the previous one's record: the same on every rank.
-            let at = (replay - 1) as usize % RING_ENTRIES as usize;
-            let entry = comm.graph_state(0).ring[at];
-            assert_eq!(entry.last >> 32, (replay - 1) % 0xffff_ffff + 1, "tagged");
-            for r in 1..ranks {
-                assert_eq!(
-                    comm.graph_state(r).ring[at],
-                    entry,
-                    "replay {replay} rank {r}"
-                );
-            }
-            detectors[classes[replay as usize - 1]].observe(ArrivalRecord {
-                last_rank: (entry.last & 0xffff_ffff) as usize,
-                lead_ns: entry.lead & 0xffff_ffff,
-            });
+            detectors[classes[replay as usize - 1]].observe(graph_record(&comm, replay - 1));
         }
     }
     let state = comm.graph_state(0);
@@ -1689,7 +1691,7 @@ fn graph_choices_that_change_at_every_replay_stay_identical_on_every_rank() {
     // verdict half that is being written, or a stale one, shows as a rank or a choice that
     // differs.
     use stragglar::detect::policy::{AlgoMode, StragglerMode};
-    use stragglar::detect::{ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
+    use stragglar::detect::{Choice, Detector, DetectorConfig, Policy};
     use stragglar::schedule::model::Link;
     let ranks = 4;
     let link = Link {
@@ -1732,25 +1734,9 @@ fn graph_choices_that_change_at_every_replay_stay_identical_on_every_rank() {
         previous = Some(choice);
         classes.push(which);
         comm.replay(&captured[which].launches, &everyone, replay % 2 == 1);
-        let c = &mut captured[which];
-        for r in 0..ranks {
-            assert_eq!(comm.status(r), STATUS_OK, "replay {replay} rank {r}");
-            assert_eq!(
-                comm.graph_state(r).last_choice as usize,
-                choice + 1,
-                "replay {replay} rank {r}"
-            );
-            assert!(
-                c.outputs[r].bytes()[..c.bytes] == c.expected[choice][r][..],
-                "replay {replay} rank {r}: not the output of choice {choice}"
-            );
-        }
+        check_replay(&mut comm, &mut captured[which], replay, choice);
         if replay > 0 {
-            let entry = comm.graph_state(0).ring[(replay - 1) as usize % RING_ENTRIES as usize];
-            detectors[classes[replay as usize - 1]].observe(ArrivalRecord {
-                last_rank: (entry.last & 0xffff_ffff) as usize,
-                lead_ns: entry.lead & 0xffff_ffff,
-            });
+            detectors[classes[replay as usize - 1]].observe(graph_record(&comm, replay - 1));
         }
     }
     assert!(changes >= 20, "the choice changed only {changes} times");

@@ -257,19 +257,9 @@ fn layout(ranks: usize) -> Result<StagingLayout, String> {
         blocks: BLOCKS as u64,
     };
     // StragglAR with every straggler, and Ring (the baseline of graph replays).
-    let shapes = (0..=ranks).map(|choice| (choice % ranks, choice == ranks));
-    for (straggler, ring) in shapes {
+    for choice in 0..=ranks {
         for dtype in [DataType::U8, DataType::F16, DataType::F32, DataType::F64] {
-            let shape = Shape {
-                algorithm: if ring {
-                    Algorithm::Ring
-                } else {
-                    Algorithm::Stragglar
-                },
-                ranks,
-                straggler,
-                dtype,
-            };
+            let shape = Shape::of_choice(ranks, choice, dtype);
             let plan = cache.get(shape, buffer / dtype.size())?;
             layout.arena_bytes = layout.arena_bytes.max(plan.max_arena_bytes() as u64);
             layout.values = layout.values.max(plan.max_values() as u64);
@@ -825,16 +815,7 @@ fn prepare_choices(ready: &mut Ready, call: &EngineCall, bytes: usize) -> Result
         return Ok(());
     }
     let shapes: Vec<Shape> = (0..=call.ranks)
-        .map(|choice| Shape {
-            algorithm: if choice < call.ranks {
-                Algorithm::Stragglar
-            } else {
-                Algorithm::Ring
-            },
-            ranks: call.ranks,
-            straggler: choice % call.ranks,
-            dtype: call.dtype,
-        })
+        .map(|choice| Shape::of_choice(call.ranks, choice, call.dtype))
         .collect();
     let built = shapes
         .iter()

@@ -398,10 +398,7 @@ impl CudaRank {
         &mut self,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), CallError> {
-        match self.status() {
-            STATUS_OK => {}
-            status => return Err(CallError::Failed(status)),
-        }
+        self.fail_fast()?;
         let Some(peers) = &self.peer_table else {
             return Err(CallError::Unfit("not connected to the peers".into()));
         };
@@ -459,6 +456,14 @@ impl CudaRank {
         self.control().status()
     }
 
+    /// `Err` once a kernel of this rank gave up: later launches fail fast.
+    fn fail_fast(&self) -> Result<(), CallError> {
+        match self.status() {
+            STATUS_OK => Ok(()),
+            status => Err(CallError::Failed(status)),
+        }
+    }
+
     /// Raises the abort word: every running and later kernel of this rank gives up (and then
     /// marks this rank failed where its peers look). Never waits for the GPU.
     pub fn abort(&self) {
@@ -502,10 +507,7 @@ impl CudaRank {
         stream: cudarc::driver::sys::CUstream,
         ticket: bool,
     ) -> Result<(), CallError> {
-        match self.status() {
-            STATUS_OK => {}
-            status => return Err(CallError::Failed(status)),
-        }
+        self.fail_fast()?;
         if plan.count == 0 {
             // SAFETY: as the caller vouches.
             return if ticket {
@@ -661,10 +663,7 @@ impl CudaRank {
         stream: cudarc::driver::sys::CUstream,
         rule: RawRule,
     ) -> Result<(), CallError> {
-        match self.status() {
-            STATUS_OK => {}
-            status => return Err(CallError::Failed(status)),
-        }
+        self.fail_fast()?;
         if count == 0 {
             return Ok(());
         }

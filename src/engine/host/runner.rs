@@ -24,6 +24,23 @@ pub struct Shape {
     pub dtype: DataType,
 }
 
+impl Shape {
+    /// The plan a graph launch runs for `choice` (see `crate::gpu::choice`): StragglAR with
+    /// straggler `choice` below `ranks`, Ring at `ranks`.
+    pub fn of_choice(ranks: usize, choice: usize, dtype: DataType) -> Shape {
+        Shape {
+            algorithm: if choice < ranks {
+                Algorithm::Stragglar
+            } else {
+                Algorithm::Ring
+            },
+            ranks,
+            straggler: choice % ranks.max(1),
+            dtype,
+        }
+    }
+}
+
 /// Plans by (shape, count), built on first use; identical on every rank.
 #[derive(Default)]
 pub struct PlanCache {
