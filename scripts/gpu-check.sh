@@ -7,6 +7,7 @@
 # usage: scripts/gpu-check.sh [--dry-run] [--quick]
 #   --dry-run  print every step without running anything (works on any machine)
 #   --quick    fewer world sizes, types and ops (a minute or two)
+# Each run of the binary (and the PyTorch check) is stopped after RUN_LIMIT_S seconds (240).
 #
 # What it checks:
 #   1. doctor: what the library sees (driver, GPUs, NVRTC, NCCL)
@@ -38,6 +39,12 @@ PYTHON="${PYTHON:-python3}"
 OUT="${OUT:-${TMPDIR:-/tmp}/stragglar-gpu-check}"
 mkdir -p "$OUT"
 export STRAGGLAR_CACHE_DIR="$OUT/kernel-cache"
+# PyTorch runs with the loader path it came with (an older toolkit's libraries would break it).
+ORIGINAL_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
+# No step may take the whole session: each run of the binary gives up after this many seconds
+# (the summary table still prints).
+RUN_LIMIT_S="${RUN_LIMIT_S:-240}"
+sg() { timeout -k 10 "$RUN_LIMIT_S" "$BIN" "$@"; }
 
 SUMMARY=()
 FAILED=0
@@ -68,8 +75,10 @@ step() {
 }
 
 # NVRTC: the machine's CUDA toolkit, or the one PyTorch's wheels bring.
+# An NVRTC newer than the driver writes CUBINs the driver cannot load: skipped.
 find_nvrtc_dir() {
-  local candidates=()
+  local candidates=() driver_major nvrtc_major
+  driver_major=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -1)
   if [ -n "${CUDA_HOME:-}" ]; then candidates+=("$CUDA_HOME/lib64"); fi
   candidates+=(/usr/local/cuda/lib64)
   local site
@@ -79,6 +88,11 @@ find_nvrtc_dir() {
   done
   for dir in "${candidates[@]}"; do
     if ls "$dir"/libnvrtc.so* >/dev/null 2>&1; then
+      nvrtc_major=$(ls "$dir"/libnvrtc.so.* 2>/dev/null | sed -n 's/.*libnvrtc\.so\.\([0-9]*\).*/\1/p' | head -1)
+      if [ -n "$driver_major" ] && [ -n "$nvrtc_major" ] && [ "$nvrtc_major" -gt "$driver_major" ]; then
+        echo "skipping NVRTC $nvrtc_major in $dir: the driver supports CUDA $driver_major" >&2
+        continue
+      fi
       echo "$dir"
       return 0
     fi
@@ -104,7 +118,7 @@ if [ "$DRY" = 0 ]; then
 fi
 
 # 1. What the library sees.
-step "doctor" doctor.log "$BIN" doctor
+step "doctor" doctor.log sg doctor
 
 # 2. Kernels for this GPU.
 ARCH=sm_90
@@ -112,7 +126,7 @@ if [ "$DRY" = 0 ]; then
   CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
   if [ -n "$CC" ]; then ARCH="sm_$CC"; fi
 fi
-step "kernels compile with NVRTC ($ARCH)" kernels.log "$BIN" kernels --arch "$ARCH" --out "$OUT/cubins"
+step "kernels compile with NVRTC ($ARCH)" kernels.log sg kernels --arch "$ARCH" --out "$OUT/cubins"
 
 # 3. Correctness: every type and op, world sizes 2..8, ranks as threads sharing the GPU, the
 #    straggler and the algorithm varied; one process per world size and algorithm.
@@ -130,7 +144,7 @@ matrix() {
     for algo in stragglar ring; do
       runs=$((runs + 1))
       local log="$OUT/matrix-$n-$algo.log"
-      if ! "$BIN" bench --backend cuda --ranks "$n" --algo "$algo" -d "$TYPES" -o "$OPS" \
+      if ! sg bench --backend cuda --ranks "$n" --algo "$algo" -d "$TYPES" -o "$OPS" \
         -b 1 -e 4M -f 16 -n 2 -w 1 --straggler $((runs % n)) --timeout-ms 20000 >"$log" 2>&1; then
         failures=$((failures + 1))
         echo "FAILED: n=$n $algo (see $log)"
@@ -147,7 +161,7 @@ step "bench --backend cuda: n=${RANKS// /,}, types $TYPES, ops $OPS" matrix.log 
 # Larger messages, both algorithms, with timings (nccl-tests style tables).
 for algo in stragglar ring; do
   step "bench --backend cuda: 8 ranks, 1K..256M, $algo" "sweep-$algo.log" \
-    "$BIN" bench --backend cuda --ranks 8 --algo "$algo" -b 1K -e 256M -f 4 -n 10 -w 2 \
+    sg bench --backend cuda --ranks 8 --algo "$algo" -b 1K -e 256M -f 4 -n 10 -w 2 \
     --straggler 7 --timeout-ms 60000 --buffer-bytes 1G
 done
 
@@ -155,7 +169,7 @@ done
 # (the epochs live in device memory and must advance with no host help).
 graphs() {
   for n in 4 8; do
-    "$BIN" bench --backend cuda --graph --ranks "$n" -d float,bfloat16,int32 -o sum,avg,min \
+    sg bench --backend cuda --graph --ranks "$n" -d float,bfloat16,int32 -o sum,avg,min \
       -b 1K -e 16M -f 4 -n 5 -w 1 --straggler 1 --timeout-ms 60000 || return 1
   done
 }
@@ -171,7 +185,7 @@ step "CUDA graph capture and replay: 4 and 8 ranks" graphs.log graphs
 policy() {
   local table="$OUT/$1"
   shift
-  "$BIN" bench --backend cuda --ranks 4 --algo auto --late-rank 3 --delay-us 300 \
+  sg bench --backend cuda --ranks 4 --algo auto --late-rank 3 --delay-us 300 \
     -b 1M -e 4M -f 2 -n 60 -w 4 --timeout-ms 60000 "$@" >"$table" 2>&1
   local status=$?
   cat "$table"
@@ -186,7 +200,7 @@ step "policy in graph replays, on the GPU: 4 ranks, rank 3 late" graph-policy.lo
 # 4. Kernel bandwidth against the device's copy rate.
 for t in float bfloat16; do
   step "kernel bandwidth vs cuMemcpyDtoD ($t)" "bandwidth-$t.log" \
-    "$BIN" bench --backend cuda --ranks 8 --bandwidth -d "$t" -b 256M -e 256M -n 20 -w 2 --buffer-bytes 1G \
+    sg bench --backend cuda --ranks 8 --bandwidth -d "$t" -b 256M -e 256M -n 20 -w 2 --buffer-bytes 1G \
     --timeout-ms 60000
 done
 
@@ -196,12 +210,22 @@ MPS_STARTED=0
 if [ "$DRY" = 0 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   export CUDA_MPS_PIPE_DIRECTORY="$OUT/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$OUT/mps-log"
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  if nvidia-cuda-mps-control -d 2>/dev/null; then MPS_STARTED=1; echo "MPS started"; fi
+  if nvidia-cuda-mps-control -d 2>/dev/null; then
+    # The daemon may start yet serve no client (in some containers): check one.
+    if sg doctor >"$OUT/mps-doctor.log" 2>&1; then
+      MPS_STARTED=1
+      echo "MPS started"
+    else
+      echo "MPS started but its clients fail (see $OUT/mps-doctor.log): running without it"
+      timeout 20 sh -c 'echo quit | nvidia-cuda-mps-control' || true
+    fi
+  fi
+  if [ "$MPS_STARTED" = 0 ]; then unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; fi
 fi
 processes() {
   local failures=0
   for n in 2 3 4; do
-    if ! "$BIN" bench --backend cuda --ranks-as processes --ranks "$n" -d float,bfloat16,int32 \
+    if ! sg bench --backend cuda --ranks-as processes --ranks "$n" -d float,bfloat16,int32 \
       -o sum,avg,max -b 1 -e 64K -f 16 -n 2 -w 1 --straggler $((n - 1)) --timeout-ms 60000 \
       >"$OUT/processes-$n.log" 2>&1; then
       failures=$((failures + 1))
@@ -214,11 +238,16 @@ processes() {
   [ "$failures" = 0 ]
 }
 step "processes over CUDA IPC: n=2,3,4 (MPS: $([ "$MPS_STARTED" = 1 ] && echo on || echo off))" processes.log processes
-if [ "$MPS_STARTED" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; fi
+if [ "$MPS_STARTED" = 1 ]; then
+  timeout 20 sh -c 'echo quit | nvidia-cuda-mps-control' || true
+  sleep 2
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
 
 # 6. PyTorch under LD_PRELOAD, world size 1.
 torch_check() {
-  STRAGGLAR_DEBUG=INFO LD_PRELOAD="$PWD/$LIB" "$PYTHON" - <<'PY'
+  LD_LIBRARY_PATH="$ORIGINAL_LD_LIBRARY_PATH" STRAGGLAR_DEBUG=INFO LD_PRELOAD="$PWD/$LIB" \
+    timeout -k 10 "$RUN_LIMIT_S" "$PYTHON" - <<'PY'
 import os, socket
 import torch
 import torch.distributed as dist

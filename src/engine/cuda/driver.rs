@@ -205,6 +205,9 @@ impl DeviceMemory {
             std::mem::size_of_val(data) <= self.bytes,
             "upload larger than the allocation"
         );
+        if data.is_empty() {
+            return Ok(());
+        }
         let _current = self.device.current()?;
         // SAFETY: the destination holds at least `size_of_val(data)` bytes (asserted).
         wrap("cuMemcpyHtoD", unsafe {
@@ -258,6 +261,9 @@ impl DeviceMemory {
             std::mem::size_of_val(out) <= self.bytes,
             "download larger than the allocation"
         );
+        if out.is_empty() {
+            return Ok(());
+        }
         let _current = self.device.current()?;
         // SAFETY: the source holds at least `size_of_val(out)` bytes (asserted).
         wrap("cuMemcpyDtoH", unsafe {
@@ -624,10 +630,11 @@ impl Event {
         wrap("cuEventSynchronize", unsafe {
             result::event::synchronize(end.raw)
         })?;
-        // SAFETY: both events are live and complete.
-        wrap("cuEventElapsedTime", unsafe {
-            result::event::elapsed(self.raw, end.raw)
-        })
+        let mut ms = 0f32;
+        // SAFETY: both events are live and complete; `ms` is a valid output.
+        let r = unsafe { event_elapsed()(&mut ms, self.raw, end.raw) };
+        wrap("cuEventElapsedTime", r.result())?;
+        Ok(ms)
     }
 }
 
@@ -677,6 +684,34 @@ pub unsafe fn is_capturing(device: &Device, stream: sys::CUstream) -> Result<boo
         result::stream::is_capturing(stream)
     })?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// `cuEventElapsedTime` and its `_v2` (CUDA 12.8 on): milliseconds between two events.
+type EventElapsed = unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> sys::CUresult;
+
+/// The driver's `cuEventElapsedTime`: `_v2` where the driver has it, the original otherwise
+/// (cudarc built for CUDA 13 asks for `_v2` alone and panics on older drivers).
+fn event_elapsed() -> EventElapsed {
+    static ENTRY: std::sync::OnceLock<EventElapsed> = std::sync::OnceLock::new();
+    *ENTRY.get_or_init(|| {
+        // SAFETY: the driver library is loaded (events exist); both names have this signature.
+        unsafe {
+            let lib = sys::culib();
+            lib.get::<EventElapsed>(b"cuEventElapsedTime_v2\0")
+                .or_else(|_| lib.get::<EventElapsed>(b"cuEventElapsedTime\0"))
+                .map(|f| *f)
+                .unwrap_or(elapsed_unavailable)
+        }
+    })
+}
+
+/// Stands in for an absent `cuEventElapsedTime`: every timing fails with an error.
+unsafe extern "C" fn elapsed_unavailable(
+    _ms: *mut f32,
+    _start: sys::CUevent,
+    _end: sys::CUevent,
+) -> sys::CUresult {
+    sys::CUresult::CUDA_ERROR_NOT_FOUND
 }
 
 /// What [`capture_of`] says of a stream.

@@ -23,7 +23,8 @@ use super::budget::StagingBudget;
 use super::driver::{self, Capture, Device, DeviceMemory, Event, IpcMapping, Kernels};
 use super::rank::{status_text, CallError, Control, CudaRank, Operands, RankConfig};
 use super::setup::{
-    run_setup, settings_of, Exchange, Identity, LocalFailure, PeerAccess, SetupError, SetupRecord,
+    run_setup, settings_of, Devices, Exchange, Identity, LocalFailure, PeerAccess, SetupError,
+    SetupRecord,
 };
 use super::staging::StagingLayout;
 use crate::detect::policy::Policy;
@@ -458,7 +459,13 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         });
         last.is_some()
     };
-    let joined = match run_setup(&mut exchange, &mut access, &record, finish) {
+    let joined = match run_setup(
+        &mut exchange,
+        &mut access,
+        &record,
+        Devices::OnePerRank,
+        finish,
+    ) {
         Ok(joined) => joined,
         Err(SetupError::Refused(verdict)) => {
             log::warn!(

@@ -241,8 +241,17 @@ impl SetupRecord {
     }
 }
 
+/// Whether ranks of one communicator may share a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Devices {
+    /// One GPU per rank, as NCCL requires (the library).
+    OnePerRank,
+    /// Several ranks on one GPU (`stragglar bench --ranks-as processes` on one GPU).
+    MayShare,
+}
+
 /// The verdict of the first all-gather: whether every rank may map every other's staging.
-pub fn verdict(records: &[SetupRecord]) -> Verdict {
+pub fn verdict(records: &[SetupRecord], devices: Devices) -> Verdict {
     let n = records.len();
     for (rank, r) in records.iter().enumerate() {
         if r.magic != SETUP_MAGIC
@@ -279,7 +288,7 @@ pub fn verdict(records: &[SetupRecord]) -> Verdict {
     }
     for a in 0..n {
         for b in a + 1..n {
-            if records[a].device_uuid == records[b].device_uuid {
+            if devices == Devices::OnePerRank && records[a].device_uuid == records[b].device_uuid {
                 return Verdict::SharedDevice { first: a, other: b };
             }
         }
@@ -330,7 +339,7 @@ mod tests {
 
     #[test]
     fn ready_ranks_on_one_host_with_distinct_gpus_are_eligible() {
-        assert_eq!(verdict(&records(8)), Verdict::Eligible);
+        assert_eq!(verdict(&records(8), Devices::OnePerRank), Verdict::Eligible);
         assert_eq!(records(8)[3].staging_layout(), layout());
     }
 
@@ -344,7 +353,7 @@ mod tests {
         let mut r = records(4);
         r[2] = SetupRecord::failed(2, 4, LocalFailure::NoKernels);
         assert_eq!(
-            verdict(&r),
+            verdict(&r, Devices::OnePerRank),
             Verdict::RankFailed {
                 rank: 2,
                 failure: 2
@@ -353,16 +362,22 @@ mod tests {
 
         let mut r = records(4);
         r[3].host = field("node8");
-        assert_eq!(verdict(&r), Verdict::SeveralHosts { first: 0, other: 3 });
+        assert_eq!(
+            verdict(&r, Devices::OnePerRank),
+            Verdict::SeveralHosts { first: 0, other: 3 }
+        );
 
         let mut r = records(4);
         r[1].boot_id = field("another-boot");
-        assert_eq!(verdict(&r), Verdict::SeveralHosts { first: 0, other: 1 });
+        assert_eq!(
+            verdict(&r, Devices::OnePerRank),
+            Verdict::SeveralHosts { first: 0, other: 1 }
+        );
 
         let mut r = records(4);
         r[2].settings[2] = 99;
         assert_eq!(
-            verdict(&r),
+            verdict(&r, Devices::OnePerRank),
             Verdict::SettingDiffers {
                 rank: 2,
                 setting: "STRAGGLAR_MIN_BYTES"
@@ -371,19 +386,36 @@ mod tests {
 
         let mut r = records(4);
         r[1].layout[2] = 8;
-        assert_eq!(verdict(&r), Verdict::LayoutDiffers { rank: 1 });
+        assert_eq!(
+            verdict(&r, Devices::OnePerRank),
+            Verdict::LayoutDiffers { rank: 1 }
+        );
 
         let mut r = records(4);
         r[3].device_uuid = r[1].device_uuid;
-        assert_eq!(verdict(&r), Verdict::SharedDevice { first: 1, other: 3 });
+        assert_eq!(
+            verdict(&r, Devices::OnePerRank),
+            Verdict::SharedDevice { first: 1, other: 3 }
+        );
+        assert_eq!(
+            verdict(&r, Devices::MayShare),
+            Verdict::Eligible,
+            "the bench's processes share one GPU"
+        );
 
         let mut r = records(4);
         r[1].version = 99;
-        assert_eq!(verdict(&r), Verdict::Incompatible { rank: 1 });
+        assert_eq!(
+            verdict(&r, Devices::OnePerRank),
+            Verdict::Incompatible { rank: 1 }
+        );
 
         let mut r = records(4);
         r.swap(1, 2);
-        assert_eq!(verdict(&r), Verdict::Incompatible { rank: 1 });
+        assert_eq!(
+            verdict(&r, Devices::OnePerRank),
+            Verdict::Incompatible { rank: 1 }
+        );
     }
 
     #[test]
@@ -537,6 +569,7 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
     exchange: &mut E,
     peers: &mut P,
     mine: &SetupRecord,
+    devices: Devices,
     finish: impl FnOnce(&[Option<P::Mapping>], &[SetupRecord]) -> bool,
 ) -> Result<Joined<P::Mapping>, SetupError> {
     let size = std::mem::size_of::<SetupRecord>();
@@ -550,7 +583,7 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
         )));
     }
     let records: Vec<SetupRecord> = gathered.chunks(size).map(record_from).collect();
-    let first = verdict(&records);
+    let first = verdict(&records, devices);
     if first != Verdict::Eligible {
         return Err(SetupError::Refused(first));
     }
@@ -669,7 +702,13 @@ mod protocol_tests {
                             barrier,
                         };
                         let mut peers = FakePeers { rank, broken };
-                        run_setup(&mut exchange, &mut peers, &mine, |_, _| true)
+                        run_setup(
+                            &mut exchange,
+                            &mut peers,
+                            &mine,
+                            Devices::OnePerRank,
+                            |_, _| true,
+                        )
                     })
                 })
                 .collect();
@@ -771,9 +810,17 @@ mod finish_tests {
             blocks: 1,
         };
         let mine = SetupRecord::ready(0, 1, &identity, [0; 7], [0; 64], layout);
-        assert!(run_setup(&mut Solo, &mut Solo, &mine, |_, _| true).is_ok());
+        assert!(
+            run_setup(&mut Solo, &mut Solo, &mine, Devices::OnePerRank, |_, _| {
+                true
+            })
+            .is_ok()
+        );
         assert_eq!(
-            run_setup(&mut Solo, &mut Solo, &mine, |_, _| false).unwrap_err(),
+            run_setup(&mut Solo, &mut Solo, &mine, Devices::OnePerRank, |_, _| {
+                false
+            })
+            .unwrap_err(),
             SetupError::Refused(Verdict::PeerAccessFailed { rank: 0 })
         );
     }

@@ -19,7 +19,7 @@ use crate::engine::cuda::driver::{IpcMapping, Stream};
 use crate::engine::cuda::library::IpcAccess;
 use crate::engine::cuda::rank::CudaRank;
 use crate::engine::cuda::setup::{
-    run_setup, settings_of, Exchange, Identity, SetupError, SetupRecord,
+    run_setup, settings_of, Devices, Exchange, Identity, SetupError, SetupRecord,
 };
 
 /// The hidden subcommand a worker runs: `__bench-cuda-worker DIR RANK OPTIONS...`.
@@ -176,7 +176,13 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
             .collect();
         locals[0].comm.connect(&peers).is_ok()
     };
-    let mappings = match run_setup(&mut exchange, &mut access, &record, connect) {
+    let mappings = match run_setup(
+        &mut exchange,
+        &mut access,
+        &record,
+        Devices::MayShare,
+        connect,
+    ) {
         Ok(joined) => joined.mappings,
         Err(SetupError::Refused(verdict)) => {
             return Err(format!("setup refused: {}", verdict.describe()).into())

@@ -69,10 +69,14 @@ pub fn open_gpu() -> Result<GpuKernels, String> {
     })
 }
 
-/// The grid of each rank when `ranks` ranks share one GPU of `sms` multiprocessors: every
-/// rank's blocks must be resident at once (they wait on each other's flags).
+/// The plan blocks of each rank when `ranks` ranks share one GPU of `sms` multiprocessors:
+/// every rank's blocks must be resident at once (they wait on each other's flags), with each
+/// rank's arrival block and one delay kernel (`--delay-us`) beside them, even where a
+/// multiprocessor holds a single block.
 pub fn shared_gpu_blocks(sms: u32, ranks: usize) -> u32 {
-    (sms / ranks.max(1) as u32).clamp(1, MAX_BLOCKS)
+    ((sms.saturating_sub(1)) / ranks.max(1) as u32)
+        .saturating_sub(1)
+        .clamp(1, MAX_BLOCKS)
 }
 
 /// What every rank of a run derives alike from the options: the grid, the staging layout,
@@ -484,12 +488,13 @@ mod tests {
 
     #[test]
     fn shared_gpu_grids_stay_resident() {
-        assert_eq!(shared_gpu_blocks(132, 8), 16);
+        assert_eq!(shared_gpu_blocks(132, 8), 15);
         assert_eq!(shared_gpu_blocks(132, 2), MAX_BLOCKS);
         assert_eq!(shared_gpu_blocks(4, 8), 1);
         for ranks in 1..=64 {
-            let b = shared_gpu_blocks(132, ranks);
-            assert!(b >= 1 && (b as usize * ranks <= 132 || b == 1));
+            let b = shared_gpu_blocks(132, ranks) as usize;
+            // Plan blocks and the arrival block of every rank, and one delay kernel.
+            assert!(b >= 1 && (ranks * (b + 1) < 132 || b == 1), "{ranks} ranks");
         }
     }
 
