@@ -268,7 +268,8 @@ typedef struct RawLaunch {
   uint64_t graph;
   /**
    * Graph launches: `const uint64_t[ranks + 1]`, this rank's plan blobs by choice (the
-   * StragglAR plan with straggler `s` at `s`, the Ring baseline at `ranks`).
+   * StragglAR plan with straggler `s` at `s`, the baseline at `ranks`: Ring, or StragglAR
+   * with the last rank where Ring does not fit the staging).
    */
   uint64_t plans;
   /**

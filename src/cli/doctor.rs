@@ -40,9 +40,16 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         Driver::Devices(0) => println!("  driver:    present, but it sees no GPU"),
         Driver::Devices(n) => println!("  driver:    present, {n} GPU(s)"),
     }
+    let driver_cuda = crate::gpu::probe::driver_cuda_version();
+    if let Some((major, minor)) = driver_cuda {
+        println!("  CUDA:      {major}.{minor} (the newest the driver supports)");
+    }
     match crate::gpu::nvrtc::version() {
         Some((major, minor)) => {
-            println!("  NVRTC:     {major}.{minor} (compiles the kernels on first use)")
+            println!("  NVRTC:     {major}.{minor} (compiles the kernels on first use)");
+            if driver_cuda.is_some_and(|(driver, _)| major > driver) {
+                println!("  warning:   this NVRTC is newer than the driver: its CUBINs will not load (put an older NVRTC first on LD_LIBRARY_PATH)");
+            }
         }
         None => {
             println!("  NVRTC:     not found (libnvrtc.so* is not on the loader's search path)")

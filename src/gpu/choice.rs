@@ -5,7 +5,8 @@
 //! host decision. A graph launch instead reads its call number from device memory, records
 //! its arrival on a board of its own, feeds the record to a device twin of the detector
 //! (`crate::detect::rule`), one per size class, and picks its plan (StragglAR with the chosen
-//! straggler, or the Ring baseline) from what earlier replays recorded. Every rank feeds the
+//! straggler, or the baseline, Ring where it fits the staging) from what earlier replays
+//! recorded. Every rank feeds the
 //! same records in the same order to the same rule, so every rank picks the same plan, with no
 //! host in the loop. The twin is tested against the Rust rule in tests/kernel_emulation.rs.
 

@@ -91,7 +91,8 @@ pub struct RawLaunch {
     /// for an eager launch, which runs `plan`.
     pub graph: u64,
     /// Graph launches: `const uint64_t[ranks + 1]`, this rank's plan blobs by choice (the
-    /// StragglAR plan with straggler `s` at `s`, the Ring baseline at `ranks`).
+    /// StragglAR plan with straggler `s` at `s`, the baseline at `ranks`: Ring, or StragglAR
+    /// with the last rank where Ring does not fit the staging).
     pub plans: u64,
     /// Graph launches: the policy that picks among `plans`.
     pub rule: super::choice::RawRule,

@@ -31,6 +31,25 @@ pub fn probe() -> GpuProbe {
     }
 }
 
+/// The CUDA version the driver supports, as (major, minor), when a driver loads.
+pub fn driver_cuda_version() -> Option<(i32, i32)> {
+    // SAFETY: is_culib_present only tries to dlopen the library.
+    let present =
+        catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }).unwrap_or(false);
+    if !present {
+        return None;
+    }
+    catch_unwind(|| {
+        let mut version = 0;
+        // SAFETY: a valid output; cuDriverGetVersion needs no cuInit.
+        let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
+        (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS)
+            .then_some((version / 1000, version % 1000 / 10))
+    })
+    .ok()
+    .flatten()
+}
+
 fn probe_driver() -> Driver {
     // SAFETY: is_culib_present only tries to dlopen the library.
     let present =

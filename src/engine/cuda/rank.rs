@@ -432,7 +432,8 @@ impl CudaRank {
         Ok(())
     }
 
-    fn fits(&self, plan: &Plan) -> Result<(), CallError> {
+    /// `Ok` when `plan` is one of this communicator's and fits its staging.
+    pub fn fits(&self, plan: &Plan) -> Result<(), CallError> {
         let layout = self.config.layout;
         if plan.ranks != self.config.ranks {
             return Err(CallError::Unfit(format!("a plan for {} ranks", plan.ranks)));
@@ -585,8 +586,9 @@ impl CudaRank {
     }
 
     /// Uploads every plan a graph launch of their size may pick, and their table: `plans[s]`
-    /// is StragglAR with straggler `s`, `plans[ranks]` the Ring baseline, all of one count and
-    /// type. One allocation and one copy for the whole set. Not during graph capture.
+    /// is StragglAR with straggler `s`, `plans[ranks]` the baseline (Ring, or a StragglAR plan
+    /// where Ring does not fit), all of one count and type. One allocation and one copy for the
+    /// whole set. Not during graph capture.
     pub fn prepare_choices(&mut self, plans: &[&Plan]) -> Result<(), CallError> {
         let ranks = self.config.ranks;
         let Some(first) = plans.first() else {
@@ -599,11 +601,11 @@ impl CudaRank {
         let in_order = plans.len() == ranks + 1
             && plans.iter().enumerate().all(|(choice, p)| {
                 (p.count, p.dtype.nccl_code()) == key
-                    && p.straggler == (choice < ranks).then_some(choice)
+                    && (choice == ranks || p.straggler == Some(choice))
             });
         if !in_order {
             return Err(CallError::Unfit(format!(
-                "a graph launch chooses among {} plans of one size: StragglAR with each straggler, then Ring",
+                "a graph launch chooses among {} plans of one size: StragglAR with each straggler, then the baseline",
                 ranks + 1
             )));
         }

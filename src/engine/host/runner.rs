@@ -26,7 +26,7 @@ pub struct Shape {
 
 impl Shape {
     /// The plan a graph launch runs for `choice` (see `crate::gpu::choice`): StragglAR with
-    /// straggler `choice` below `ranks`, Ring at `ranks`.
+    /// straggler `choice` below `ranks`, Ring at `ranks` (its baseline, where Ring fits).
     pub fn of_choice(ranks: usize, choice: usize, dtype: DataType) -> Shape {
         Shape {
             algorithm: if choice < ranks {
