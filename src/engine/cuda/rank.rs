@@ -398,6 +398,21 @@ impl CudaRank {
         &mut self,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), CallError> {
+        // The call is NCCL's: its ticket waits for the last arrival as long as NCCL would.
+        // SAFETY: as the caller vouches.
+        unsafe { self.ticket_within(stream, 0) }
+    }
+
+    /// [`CudaRank::ticket`] whose wait for the last arrival gives up after `timeout_ns` (0:
+    /// never).
+    ///
+    /// # Safety
+    /// As [`CudaRank::ticket`].
+    unsafe fn ticket_within(
+        &mut self,
+        stream: cudarc::driver::sys::CUstream,
+        timeout_ns: u64,
+    ) -> Result<(), CallError> {
         self.fail_fast()?;
         let Some(peers) = &self.peer_table else {
             return Err(CallError::Unfit("not connected to the peers".into()));
@@ -407,8 +422,7 @@ impl CudaRank {
             abort: self.words.device_address(ABORT_WORD),
             status: self.words.device_address(STATUS_WORD),
             peers: peers.ptr,
-            // The call is NCCL's: its ticket waits for the last arrival as long as NCCL would.
-            timeout_ns: 0,
+            timeout_ns,
             rank: self.config.rank as u32,
             reserved: 0,
         };
@@ -494,7 +508,8 @@ impl CudaRank {
 
     /// Queues one AllReduce of `plan` on `stream`: the operands' `input` and `output` hold
     /// `plan.count` elements (the same address for in place). A call with zero elements launches nothing
-    /// and does not advance the epoch (with `ticket`, it launches the ticket kernel instead).
+    /// and does not advance the epoch (with `ticket`, it launches the ticket kernel instead,
+    /// bound by this rank's deadline).
     /// With `ticket`, the launch also records its arrival (never while `stream` captures).
     /// Fails fast once a kernel of this rank gave up.
     ///
@@ -510,9 +525,10 @@ impl CudaRank {
     ) -> Result<(), CallError> {
         self.fail_fast()?;
         if plan.count == 0 {
+            // Our own call (not NCCL's): its ticket keeps this rank's deadline.
             // SAFETY: as the caller vouches.
             return if ticket {
-                unsafe { self.ticket(stream) }
+                unsafe { self.ticket_within(stream, self.timeout_ns()) }
             } else {
                 Ok(())
             };
