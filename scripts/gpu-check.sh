@@ -109,7 +109,11 @@ if [ "$DRY" = 0 ]; then
     fi
   done
   if NVRTC_DIR=$(find_nvrtc_dir); then
-    export LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # The loader is asked for libnvrtc.so before any versioned name, and the system's cache
+    # may hold another toolkit's: a link of that name to the chosen library comes first.
+    mkdir -p "$OUT/nvrtc"
+    ln -sf "$(ls "$NVRTC_DIR"/libnvrtc.so.[0-9]* | head -1)" "$OUT/nvrtc/libnvrtc.so"
+    export LD_LIBRARY_PATH="$OUT/nvrtc:$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     echo "NVRTC from $NVRTC_DIR"
   else
     echo "no libnvrtc found: the kernels cannot be compiled here" >&2
@@ -211,12 +215,14 @@ if [ "$DRY" = 0 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   export CUDA_MPS_PIPE_DIRECTORY="$OUT/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$OUT/mps-log"
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d 2>/dev/null; then
-    # The daemon may start yet serve no client (in some containers): check one.
-    if sg doctor >"$OUT/mps-doctor.log" 2>&1; then
+    # The daemon may start yet serve no client (in some containers): a small run, which
+    # creates a context and launches kernels, checks one.
+    if timeout -k 5 60 "$BIN" bench --backend cuda --ranks 2 -b 1K -e 1K -n 1 -w 1 \
+      --timeout-ms 10000 >"$OUT/mps-check.log" 2>&1; then
       MPS_STARTED=1
       echo "MPS started"
     else
-      echo "MPS started but its clients fail (see $OUT/mps-doctor.log): running without it"
+      echo "MPS started but its clients fail (see $OUT/mps-check.log): running without it"
       timeout 20 sh -c 'echo quit | nvidia-cuda-mps-control' || true
     fi
   fi

@@ -48,7 +48,7 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         Some((major, minor)) => {
             println!("  NVRTC:     {major}.{minor} (compiles the kernels on first use)");
             if driver_cuda.is_some_and(|(driver, _)| major > driver) {
-                println!("  warning:   this NVRTC is newer than the driver: its CUBINs will not load (put an older NVRTC first on LD_LIBRARY_PATH)");
+                println!("  warning:   this NVRTC is newer than the driver: its CUBINs will not load (put an older one first on LD_LIBRARY_PATH as libnvrtc.so, the name the loader tries first)");
             }
         }
         None => {

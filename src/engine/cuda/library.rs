@@ -809,7 +809,8 @@ fn fail_while_capturing(ready: &mut Ready) {
 }
 
 /// Uploads, at the first eager call of a size, every plan that a graph capturing that size may
-/// pick (StragglAR with each straggler, and Ring), so that capture allocates nothing. Done
+/// pick (StragglAR with each straggler, and the baseline: Ring where it fits), so that capture
+/// allocates nothing. Done
 /// alike on every rank: the plans follow from the size and the settings. A size whose plans
 /// cannot be built stays on NCCL under capture.
 fn prepare_choices(ready: &mut Ready, call: &EngineCall, bytes: usize) -> Result<(), CallError> {
