@@ -243,10 +243,11 @@ impl Comm {
     fn record(&mut self, rank: usize, call: u64) -> Option<(u32, u32)> {
         let at = (call % RING_ENTRIES as u64) as usize * 16;
         let bytes = self.memory[rank].ring.bytes();
-        let last = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
-        let lead = u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap());
-        let tag = ((call % 0xffff_ffff) + 1) << 32;
-        (last >> 32 << 32 == tag && lead >> 32 << 32 == tag).then_some((last as u32, lead as u32))
+        let entry = RawRingEntry {
+            last: u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()),
+            lead: u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap()),
+        };
+        untag(entry, call)
     }
 
     /// Waits (at most 10 s) until `count` ranks took their ticket of call `call`, then `delay`:
@@ -1549,18 +1550,22 @@ fn check_replay(comm: &mut Comm, captured: &mut Captured, replay: u64, choice: u
 fn graph_record(comm: &Comm, call: u64) -> stragglar::detect::ArrivalRecord {
     let at = call as usize % RING_ENTRIES as usize;
     let entry = comm.graph_state(0).ring[at];
-    assert_eq!(
-        entry.last >> 32,
-        call % 0xffff_ffff + 1,
-        "call {call}: tagged"
-    );
+    let (last, lead) = untag(entry, call).unwrap_or_else(|| panic!("call {call}: untagged"));
     for r in 1..comm.ranks {
         assert_eq!(comm.graph_state(r).ring[at], entry, "call {call} rank {r}");
     }
     stragglar::detect::ArrivalRecord {
-        last_rank: (entry.last & 0xffff_ffff) as usize,
-        lead_ns: entry.lead & 0xffff_ffff,
+        last_rank: last as usize,
+        lead_ns: lead as u64,
     }
+}
+
+/// A ring entry's (last rank, lead ns) when both its words carry call `call`'s tag (`sg_tag`
+/// in cuda/stragglar_arrival.h).
+fn untag(entry: RawRingEntry, call: u64) -> Option<(u32, u32)> {
+    let tag = ((call % 0xffff_ffff) + 1) << 32;
+    let tagged = |word: u64| word >> 32 << 32 == tag;
+    (tagged(entry.last) && tagged(entry.lead)).then_some((entry.last as u32, entry.lead as u32))
 }
 
 #[test]

@@ -183,20 +183,31 @@ impl DeviceMemory {
     /// Allocates `bytes` (at least 1) and zeroes them, synchronously: the memory is ready for
     /// peers (and for IPC export) when this returns.
     pub fn zeroed(device: &Arc<Device>, bytes: usize) -> Result<DeviceMemory, GpuError> {
+        let memory = Self::for_upload(device, bytes)?;
         let _current = device.current()?;
-        // SAFETY: the device's context is current.
-        let ptr = wrap("cuMemAlloc", unsafe { result::malloc_sync(bytes.max(1)) })?;
-        let memory = DeviceMemory {
-            device: device.clone(),
-            ptr,
-            bytes: bytes.max(1),
-        };
+        let ptr = memory.ptr;
         // SAFETY: `ptr` is a live allocation of `memory.bytes` bytes.
         wrap("cuMemsetD8", unsafe {
             result::memset_d8_sync(ptr, 0, memory.bytes)
         })?;
         synchronize_legacy()?;
         Ok(memory)
+    }
+
+    /// Allocates `bytes` (at least 1) without writing them: for memory that [`upload`] fills
+    /// whole before anything reads it (one copy and one wait, where `zeroed` then `upload`
+    /// would take two of each).
+    ///
+    /// [`upload`]: DeviceMemory::upload
+    pub fn for_upload(device: &Arc<Device>, bytes: usize) -> Result<DeviceMemory, GpuError> {
+        let _current = device.current()?;
+        // SAFETY: the device's context is current.
+        let ptr = wrap("cuMemAlloc", unsafe { result::malloc_sync(bytes.max(1)) })?;
+        Ok(DeviceMemory {
+            device: device.clone(),
+            ptr,
+            bytes: bytes.max(1),
+        })
     }
 
     /// Copies `data` to the start of this memory and waits for the copy.

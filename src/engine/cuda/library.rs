@@ -37,7 +37,6 @@ use crate::nccl::types::{cudaStream_t, ncclComm_t, DataTypeCode, ResultCode};
 use crate::plan::Plan;
 use crate::reduce::{DataType, ReduceOp, Scale};
 use crate::schedule::model::Link;
-use crate::schedule::Algorithm;
 
 /// Blocks per rank on a GPU of its own (each rank of a communicator has one).
 const BLOCKS: u32 = 16;
@@ -679,12 +678,7 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
         ..
     } = ready;
     let plan = straggler.and_then(|straggler| {
-        let shape = Shape {
-            algorithm: Algorithm::Stragglar,
-            ranks: call.ranks,
-            straggler,
-            dtype: call.dtype,
-        };
+        let shape = Shape::of_choice(call.ranks, straggler, call.dtype);
         plans.get(shape, call.count).ok()
     });
     if trace.is_some() {

@@ -249,7 +249,7 @@ impl CudaRank {
                 "the peer table does not match the communicator".into(),
             ));
         }
-        let table = DeviceMemory::zeroed(&self.device, std::mem::size_of_val(peers))?;
+        let table = DeviceMemory::for_upload(&self.device, std::mem::size_of_val(peers))?;
         table.upload(peers)?;
         self.peer_table = Some(table);
         let layout = self.config.layout;
@@ -438,7 +438,7 @@ impl CudaRank {
         self.fits(plan)?;
         if !self.plans.contains_key(&plan.fingerprint) {
             let blob = encode(plan, self.config.rank).bytes;
-            let memory = DeviceMemory::zeroed(&self.device, blob.len())?;
+            let memory = DeviceMemory::for_upload(&self.device, blob.len())?;
             memory.upload(&blob)?;
             self.plans.insert(plan.fingerprint, memory.ptr);
             self.blobs.push(memory);
@@ -641,7 +641,7 @@ impl CudaRank {
         }
         let table_at = end;
         let mut bytes = vec![0u8; table_at + 8 * blobs.len()];
-        let memory = DeviceMemory::zeroed(&self.device, bytes.len())?;
+        let memory = DeviceMemory::for_upload(&self.device, bytes.len())?;
         for (i, (blob, &at)) in blobs.iter().zip(&offsets).enumerate() {
             bytes[at..at + blob.len()].copy_from_slice(blob);
             let entry = table_at + 8 * i;
