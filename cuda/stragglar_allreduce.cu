@@ -38,9 +38,58 @@ struct sg_math {
   const unsigned char* scale;
 };
 
+/* Where a call's chunks and values lie, from its count and type alone (blobs hold neither):
+ * the same arithmetic as chunk_range and slot_bytes in src/plan/layout.rs, so every rank, and
+ * the host engine, agree on every byte range. */
+struct sg_layout {
+  uint64_t count;  /* elements */
+  uint64_t elem;   /* bytes per element */
+  uint64_t unit;   /* elements per 16-byte unit (1 for elements of 16 bytes or more) */
+  uint64_t units;  /* units in the message, the last one possibly partial */
+  uint64_t chunks;
+  uint64_t in_bytes;   /* the IN region: the message rounded up to 16 bytes */
+  uint64_t slot_bytes; /* one arena slot: the largest chunk rounded up to 16 bytes */
+};
+
+SG_DEVICE uint64_t sg_align16(uint64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+/* The layout of `count` elements of `elem` bytes in `chunks` chunks. A zero `elem` or `chunks`
+ * (a launch that fails sg_plan_ok) is taken as 1, so nothing divides by zero. */
+SG_DEVICE sg_layout sg_layout_of(uint64_t count, uint32_t elem, uint32_t chunks) {
+  if (elem == 0) elem = 1;
+  if (chunks == 0) chunks = 1;
+  sg_layout l;
+  l.count = count;
+  l.elem = elem;
+  l.unit = elem < 16 ? 16 / elem : 1;
+  l.units = (count + l.unit - 1) / l.unit;
+  l.chunks = chunks;
+  l.in_bytes = sg_align16(count * elem);
+  l.slot_bytes = sg_align16((l.units + chunks - 1) / chunks * l.unit * elem);
+  return l;
+}
+
+/* Byte range [*start, *start + *bytes) of chunk `c` in the caller's buffer (and in IN). */
+SG_DEVICE void sg_chunk(const sg_layout* l, uint64_t c, uint64_t* start, uint64_t* bytes) {
+  uint64_t first = c * l->units / l->chunks * l->unit;
+  uint64_t end = (c + 1) * l->units / l->chunks * l->unit;
+  first = first < l->count ? first : l->count;
+  end = end < l->count ? end : l->count;
+  *start = first * l->elem;
+  *bytes = (end - first) * l->elem;
+}
+
+/* Bytes per element of `dt`; 0 for a type the kernel does not know. */
+SG_DEVICE uint32_t sg_elem_size(uint32_t dt) {
+  uint32_t size = 0;
+  SG_WITH_LANE(dt, L, size = (uint32_t)sizeof(L::elem));
+  return size;
+}
+
 /* What a block knows about the current call. */
 struct sg_call {
   sg_math math;
+  sg_layout layout;
   const RawLaunch* args;
   const RawPlanHeader* plan;
   const RawPeer* peers;
@@ -114,12 +163,19 @@ SG_DEVICE void sg_publish(const sg_call* call, uint32_t value) {
   }
 }
 
-/* Where value `v` of rank `r` lives (its arena slot), or 0 if it is not kept. */
+/* Where value `v` of rank `r` lives (IN, or its arena slot), or 0 if it is not kept. */
 SG_DEVICE unsigned char* sg_value_at(const sg_call* call, uint32_t r, uint32_t v) {
   const uint32_t* bases = sg_at<uint32_t>(call->plan, call->plan->value_bases_at);
   const RawValue* value = sg_at<RawValue>(call->plan, call->plan->values_at) + bases[r] + v;
-  if (value->offset == VALUE_NOT_KEPT) return 0;
-  return (unsigned char*)call->peers[r].arena[call->parity] + value->offset;
+  uint64_t offset;
+  if (value->slot == SLOT_NONE) return 0;
+  if (value->slot == SLOT_INPUT) {
+    uint64_t bytes;
+    sg_chunk(&call->layout, value->chunk, &offset, &bytes);
+  } else {
+    offset = call->layout.in_bytes + (uint64_t)value->slot * call->layout.slot_bytes;
+  }
+  return (unsigned char*)call->peers[r].arena[call->parity] + offset;
 }
 
 /* One element of a possibly unaligned user buffer. */
@@ -195,12 +251,10 @@ SG_DEVICE void sg_apply_any(const sg_math* m, sg_scratch* s, uint32_t operands, 
 
 /* Copies this rank's input into IN, chunk by chunk, scaling it, publishing each slice. */
 SG_DEVICE void sg_copy_in(const sg_call* call, sg_scratch* s) {
-  const RawPlanHeader* plan = call->plan;
-  const RawChunk* chunks = sg_at<RawChunk>(plan, plan->chunks_at);
   const RawLaunch* a = call->args;
-  for (uint32_t c = 0; c < plan->chunk_count; ++c) {
-    uint64_t start = chunks[c].start * plan->elem_size;
-    uint64_t bytes = (chunks[c].end - chunks[c].start) * plan->elem_size;
+  for (uint32_t c = 0; c < call->plan->chunk_count; ++c) {
+    uint64_t start, bytes;
+    sg_chunk(&call->layout, c, &start, &bytes);
     uint64_t begin, end;
     sg_slice(bytes, SG_BLOCK, a->blocks, &begin, &end);
     sg_block_sync();
@@ -217,9 +271,8 @@ SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* st
   const RawPlanHeader* plan = call->plan;
   const RawLaunch* a = call->args;
   const RawSource* sources = sg_at<RawSource>(plan, plan->sources_at) + step->first_source;
-  const RawChunk* chunk = sg_at<RawChunk>(plan, plan->chunks_at) + step->chunk;
-  uint64_t start = chunk->start * plan->elem_size;
-  uint64_t bytes = (chunk->end - chunk->start) * plan->elem_size;
+  uint64_t start, bytes;
+  sg_chunk(&call->layout, step->chunk, &start, &bytes);
   uint64_t begin, end;
   sg_slice(bytes, SG_BLOCK, a->blocks, &begin, &end);
   /* The previous step's readers of the scratch are done before thread 0 rewrites it. */
@@ -246,9 +299,12 @@ SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* st
   return STATUS_OK;
 }
 
+/* Whether a launch may run `plan`: the blob is one of this rank's, of this layout, and the
+ * launch's type is one the kernel knows. */
 SG_DEVICE bool sg_plan_ok(const RawLaunch* a, const RawPlanHeader* plan) {
-  return plan != 0 && plan->magic == PLAN_MAGIC && plan->version == PLAN_VERSION && plan->rank == a->rank &&
-         plan->ranks >= 1 && plan->ranks <= SG_MAX_OPERANDS;
+  return plan != 0 && plan->magic == PLAN_MAGIC && plan->version == PLAN_VERSION &&
+         plan->rank == a->rank && plan->ranks >= 1 && plan->ranks <= SG_MAX_OPERANDS &&
+         plan->chunk_count >= 1 && sg_elem_size((uint32_t)a->datatype) != 0;
 }
 
 /* What the arrival protocol of a launch watches (the words of RawLaunch or RawTicket). */
@@ -360,8 +416,9 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   call.peers = (const RawPeer*)a->peers;
   call.math.op = a->op;
   call.math.ranks = plan ? plan->ranks : 1;
-  call.math.dt = plan ? (uint32_t)plan->datatype : 0;
+  call.math.dt = (uint32_t)a->datatype;
   call.math.scale = a->scale;
+  call.layout = sg_layout_of(a->count, sg_elem_size(call.math.dt), plan ? plan->chunk_count : 1);
   uint64_t epoch = sg_load_acquire64((const uint64_t*)a->epoch) + 1;
   call.parity = (uint32_t)(epoch & 1);
   call.flag = (uint32_t)((epoch - 1) % 0xffffffffull) + 1;
@@ -463,6 +520,16 @@ extern "C" void stragglar_emulate_rule(const RawRule* rule, RawDetector* detecto
     choices[i] = sg_choose(rule, &verdict);
     sg_observe(detector, rule, last[i], lead[i]);
   }
+}
+
+/* The kernel's layout of `count` elements of type `dt` in `chunks` chunks: out[0] the IN bytes,
+ * out[1] the slot bytes, then each chunk's start and length in bytes (2 + 2 * chunks words). */
+extern "C" void stragglar_emulate_layout(uint64_t count, uint32_t dt, uint32_t chunks,
+                                         uint64_t* out) {
+  sg_layout l = sg_layout_of(count, sg_elem_size(dt), chunks);
+  out[0] = l.in_bytes;
+  out[1] = l.slot_bytes;
+  for (uint32_t c = 0; c < chunks; ++c) sg_chunk(&l, c, &out[2 + 2 * c], &out[3 + 2 * c]);
 }
 
 /* Bytes of scratch one emulated block needs. */

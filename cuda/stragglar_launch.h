@@ -214,6 +214,11 @@ typedef struct RawLaunch {
   uint64_t input;
   uint64_t output;
   /**
+   * Elements in the call: with the type, it sets every chunk's range and arena slot
+   * (`plan::chunk_range`, `plan::slot_bytes`); identical on every rank.
+   */
+  uint64_t count;
+  /**
    * `uint64_t`: this rank's call counter. Every block reads it at start; the block that
    * finishes last stores the call's number, so graph replays advance it with no host help.
    */
@@ -253,7 +258,10 @@ typedef struct RawLaunch {
    */
   uint32_t blocks;
   uint32_t threads;
-  uint32_t reserved;
+  /**
+   * The `ncclDataType_t` of the elements (identical on every rank).
+   */
+  int32_t datatype;
   /**
    * The arrival record of this call: `board` nonzero adds one block (index `blocks`) to the
    * grid that runs [`RawTicket`]'s protocol alongside the plan; 0 takes none. In a graph

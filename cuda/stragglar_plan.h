@@ -27,7 +27,7 @@ typedef unsigned long long uint64_t;
 /**
  * `RawPlanHeader::version` of this layout.
  */
-#define PLAN_VERSION 1
+#define PLAN_VERSION 2
 
 /**
  * `RawStep::kind`: copy the caller's input into `IN`.
@@ -50,9 +50,14 @@ typedef unsigned long long uint64_t;
 #define NO_TURN UINT32_MAX
 
 /**
- * `RawValue::offset` of a value that is not kept in the arena.
+ * `RawValue::slot` of an `IN` chunk: it lives at its chunk's place at the arena's start.
  */
-#define VALUE_NOT_KEPT UINT64_MAX
+#define SLOT_INPUT (UINT32_MAX - 1)
+
+/**
+ * `RawValue::slot` of a value that is not kept in the arena (nobody reads it).
+ */
+#define SLOT_NONE UINT32_MAX
 
 /**
  * The header at byte 0 of a blob. Offsets are in bytes from the blob's start.
@@ -69,21 +74,8 @@ typedef struct RawPlanHeader {
    */
   uint32_t rank;
   /**
-   * The `ncclDataType_t` of the elements.
+   * Chunks the message is cut into (`chunk_range` of the launch's count and type).
    */
-  int32_t datatype;
-  /**
-   * Bytes per element.
-   */
-  uint32_t elem_size;
-  /**
-   * Elements in the caller's buffer.
-   */
-  uint64_t count;
-  /**
-   * Arena bytes this rank needs.
-   */
-  uint64_t arena_bytes;
   uint32_t chunk_count;
   uint32_t step_count;
   uint32_t source_count;
@@ -92,9 +84,10 @@ typedef struct RawPlanHeader {
    */
   uint32_t value_count;
   /**
-   * `RawChunk[chunk_count]`.
+   * Arena slots this rank uses (its kept produced values).
    */
-  uint64_t chunks_at;
+  uint32_t slot_count;
+  uint32_t reserved;
   /**
    * `RawStep[step_count]`.
    */
@@ -112,14 +105,6 @@ typedef struct RawPlanHeader {
    */
   uint64_t value_bases_at;
 } RawPlanHeader;
-
-/**
- * Element range `[start, end)` of one chunk.
- */
-typedef struct RawChunk {
-  uint64_t start;
-  uint64_t end;
-} RawChunk;
 
 /**
  * One step. Sources are `sources[first_source .. first_source + source_count]`.
@@ -156,15 +141,16 @@ typedef struct RawSource {
 } RawSource;
 
 /**
- * One value slot.
+ * One value of some rank.
  */
 typedef struct RawValue {
   uint32_t chunk;
-  uint32_t reserved;
   /**
-   * Byte offset in its rank's arena, or `VALUE_NOT_KEPT`.
+   * `SLOT_INPUT`, `SLOT_NONE`, or its slot `k`: arena bytes
+   * `[IN + k * slot, IN + (k + 1) * slot)`, where `IN` is the count's bytes rounded up to 16
+   * and `slot` is `slot_bytes` of the count.
    */
-  uint64_t offset;
+  uint32_t slot;
 } RawValue;
 
 #endif  /* STRAGGLAR_PLAN_H_ */

@@ -11,7 +11,7 @@ use cbindgen::{Builder, Config, ItemType, Language, Style};
 use stragglar::gpu::choice::{RawClassState, RawDetector, RawGraphState, RawRule};
 use stragglar::gpu::launch::{RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket};
 use stragglar::nccl::types::{ncclConfig_t, ncclUniqueId};
-use stragglar::plan::{RawChunk, RawPlanHeader, RawSource, RawStep, RawValue};
+use stragglar::plan::{RawPlanHeader, RawSource, RawStep, RawValue};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -209,15 +209,9 @@ fn generate_plan_h() -> String {
     config.include_guard = Some("STRAGGLAR_PLAN_H_".into());
     config.sys_includes.clear();
     config.after_includes = Some(PLAN_AFTER_INCLUDES.into());
-    config.export.include = [
-        "RawPlanHeader",
-        "RawChunk",
-        "RawStep",
-        "RawSource",
-        "RawValue",
-    ]
-    .map(String::from)
-    .to_vec();
+    config.export.include = ["RawPlanHeader", "RawStep", "RawSource", "RawValue"]
+        .map(String::from)
+        .to_vec();
     build(config, &["src/plan/encode.rs"])
 }
 
@@ -310,7 +304,6 @@ fn plan_h_compiles_without_system_headers_and_matches_rust_sizes() {
     let program = scratch("plan_layout.c");
     let sizes = [
         ("RawPlanHeader", std::mem::size_of::<RawPlanHeader>()),
-        ("RawChunk", std::mem::size_of::<RawChunk>()),
         ("RawStep", std::mem::size_of::<RawStep>()),
         ("RawSource", std::mem::size_of::<RawSource>()),
         ("RawValue", std::mem::size_of::<RawValue>()),
@@ -319,7 +312,8 @@ fn plan_h_compiles_without_system_headers_and_matches_rust_sizes() {
     for (name, size) in sizes {
         text += &format!("_Static_assert(sizeof({name}) == {size}, \"{name}\");\n");
     }
-    text += "_Static_assert(VALUE_NOT_KEPT == 0xffffffffffffffffULL, \"sentinel\");\n";
+    text += "_Static_assert(SLOT_NONE == 0xffffffffu, \"sentinel\");\n";
+    text += "_Static_assert(SLOT_INPUT == 0xfffffffeu, \"sentinel\");\n";
     text += "_Static_assert(NO_TURN == 0xffffffffu, \"sentinel\");\n";
     text += &format!(
         "_Static_assert(__builtin_offsetof(RawPlanHeader, value_bases_at) == {}, \"offsets\");\n",

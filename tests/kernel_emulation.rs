@@ -20,7 +20,7 @@ use stragglar::gpu::launch::{
     RawApply, RawArrival, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS,
     RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED, STATUS_TIMEOUT,
 };
-use stragglar::plan::{encode, simulate, Plan};
+use stragglar::plan::{simulate, Lowered, Plan};
 use stragglar::reduce::{DataType, ReduceOp, Scale};
 use stragglar::schedule::Algorithm;
 
@@ -45,12 +45,16 @@ type TicketFn = unsafe extern "C" fn(*const RawTicket);
 type RuleFn =
     unsafe extern "C" fn(*const RawRule, *mut RawDetector, *const u32, *const u32, u32, *mut u32);
 
+/// `stragglar_emulate_layout`: the kernel's chunk ranges and slot size for a count and type.
+type LayoutFn = unsafe extern "C" fn(u64, u32, u32, *mut u64);
+
 /// The emulated kernel, compiled once per test binary.
 struct Kernel {
     thread: ThreadFn,
     apply: ApplyFn,
     ticket: TicketFn,
     rule: RuleFn,
+    layout: LayoutFn,
     scratch_bytes: usize,
 }
 
@@ -113,6 +117,10 @@ fn kernel() -> &'static Kernel {
             // SAFETY: as above.
             rule: unsafe {
                 std::mem::transmute::<*mut c_void, RuleFn>(symbol("stragglar_emulate_rule"))
+            },
+            // SAFETY: as above.
+            layout: unsafe {
+                std::mem::transmute::<*mut c_void, LayoutFn>(symbol("stragglar_emulate_layout"))
             },
             // SAFETY: as above.
             thread: unsafe {
@@ -318,7 +326,7 @@ impl Comm {
     #[allow(clippy::too_many_arguments)]
     fn prepare(
         &mut self,
-        plan: &Plan,
+        plan: &Planned,
         op: ReduceOp,
         scales: &[Scale],
         inputs: &[Aligned],
@@ -327,13 +335,14 @@ impl Comm {
         in_place: bool,
         corrupt_plan_of: Option<usize>,
     ) -> (Vec<Vec<u64>>, Vec<RawLaunch>) {
+        let (lowered, plan) = (&plan.lowered, &plan.plan);
         assert!(plan.max_arena_bytes() <= ARENA_BYTES && plan.max_values() <= MAX_VALUES);
         let call = self.arrivals.get();
         self.arrivals.set(call + 1);
         let arrivals: Vec<RawArrival> = (0..self.ranks).map(|r| self.arrival(r, call)).collect();
         let blobs: Vec<Vec<u64>> = (0..self.ranks)
             .map(|r| {
-                let mut words = blob_words(plan, r);
+                let mut words = blob_words(lowered, r);
                 if corrupt_plan_of == Some(r) {
                     words[0] ^= 1;
                 }
@@ -369,7 +378,8 @@ impl Comm {
                     rank: r as u32,
                     blocks: self.blocks,
                     threads: self.threads,
-                    reserved: 0,
+                    count: plan.count as u64,
+                    datatype: plan.dtype.nccl_code(),
                     arrival: arrivals[r],
                     ..RawLaunch::default()
                 }
@@ -382,7 +392,7 @@ impl Comm {
     #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
-        plan: &Plan,
+        plan: &Planned,
         op: ReduceOp,
         scales: &[Scale],
         inputs: &mut [Aligned],
@@ -468,11 +478,12 @@ impl Comm {
         self.memory[0].graph.addr() + std::mem::offset_of!(RawGraphState, board) as u64
     }
 
-    /// Every rank's launch of one call captured into a graph, out of place, as a sum without
-    /// scaling: `tables[r]` lists rank `r`'s plan blobs by choice (straggler `s` at `s`, the
-    /// baseline at `ranks`). The same arguments serve every replay.
+    /// Every rank's launch of one call captured into a graph, out of place, as an f32 sum of
+    /// `count` elements without scaling: `tables[r]` lists rank `r`'s plan blobs by choice
+    /// (straggler `s` at `s`, the baseline at `ranks`). The same arguments serve every replay.
     fn graph_launches(
         &self,
+        count: usize,
         tables: &[Vec<u64>],
         rule: RawRule,
         inputs: &[Aligned],
@@ -485,6 +496,8 @@ impl Comm {
                     peers: self.peers.as_ptr() as u64,
                     input: inputs[r].addr(),
                     output: outputs[r].addr(),
+                    count: count as u64,
+                    datatype: DataType::F32.nccl_code(),
                     epoch: m.epoch.addr(),
                     finished_blocks: m.finished.addr(),
                     abort: self.abort.addr(),
@@ -517,9 +530,23 @@ impl Comm {
     }
 }
 
-/// `plan`'s blob for `rank`, as 8-byte words (8-byte aligned, as device memory would be).
-fn blob_words(plan: &Plan, rank: usize) -> Vec<u64> {
-    encode(plan, rank)
+/// A schedule lowered for any count, and its plan of one count (the interpreter's reference).
+struct Planned {
+    lowered: Lowered,
+    plan: Plan,
+}
+
+fn planned(cache: &mut PlanCache, shape: Shape, count: usize) -> Planned {
+    Planned {
+        lowered: cache.lowered(shape).unwrap().clone(),
+        plan: cache.get(shape, count).unwrap().clone(),
+    }
+}
+
+/// `plan`'s blob for `rank` (every count), as 8-byte words (8-byte aligned, as device memory
+/// would be).
+fn blob_words(plan: &Lowered, rank: usize) -> Vec<u64> {
+    plan.blob(rank)
         .bytes
         .chunks(8)
         .map(|c| {
@@ -662,13 +689,13 @@ fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
         straggler: case.straggler,
         dtype: case.dtype,
     };
-    let plan = cache.get(shape, case.count).unwrap().clone();
+    let plan = planned(cache, shape, case.count);
     let bytes = case.count * case.dtype.size();
     let data: Vec<Vec<u8>> = (0..case.ranks)
         .map(|r| input(case.dtype, case.op, r, case.count, case.seed, case.raw))
         .collect();
     let scales = scales(case.dtype, case.op, case.ranks);
-    let expected = simulate(&plan, case.op, &data, &scales);
+    let expected = simulate(&plan.plan, case.op, &data, &scales);
     let mut inputs: Vec<Aligned> = data
         .iter()
         .map(|d| {
@@ -727,6 +754,57 @@ fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
                 &got[e * size..(e + 1) * size],
                 &expected[r][e * size..(e + 1) * size]
             );
+        }
+    }
+}
+
+/// The kernel derives every chunk's range and every value's slot from the launch's count and
+/// type (a blob serves every size): its arithmetic must be `plan::layout`'s, or ranks would
+/// read each other's values at the wrong place and slots could overrun the staging.
+#[test]
+fn the_kernel_lays_out_every_count_and_type_as_the_plans_do() {
+    use stragglar::plan::{chunk_ranges, slot_bytes, ALIGN_BYTES};
+    let k = kernel();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut counts: Vec<u64> = (0..300).collect();
+    counts.extend([1023, 4096, 65_537, 1 << 28, (1 << 36) + 5]);
+    counts.extend((0..300).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % (1 << (x % 34))
+    }));
+    for dtype in DataType::ALL {
+        let size = dtype.size();
+        for chunks in [1usize, 2, 3, 7, 12, 31, 64, 255] {
+            for &count in &counts {
+                let mut out = vec![u64::MAX; 2 + 2 * chunks];
+                // SAFETY: `out` holds the 2 + 2 * chunks words the function writes.
+                unsafe {
+                    (k.layout)(
+                        count,
+                        dtype.nccl_code() as u32,
+                        chunks as u32,
+                        out.as_mut_ptr(),
+                    )
+                };
+                let count = count as usize;
+                let label = format!("{dtype:?} x {count} in {chunks}");
+                assert_eq!(
+                    out[0] as usize,
+                    (count * size).div_ceil(ALIGN_BYTES) * ALIGN_BYTES,
+                    "{label}: IN"
+                );
+                assert_eq!(out[1] as usize, slot_bytes(count, size, chunks), "{label}");
+                for (c, range) in chunk_ranges(count, size, chunks).iter().enumerate() {
+                    let got = (out[2 + 2 * c] as usize, out[3 + 2 * c] as usize);
+                    assert_eq!(
+                        got,
+                        (range.start * size, range.len() * size),
+                        "{label}: {c}"
+                    );
+                }
+            }
         }
     }
 }
@@ -841,7 +919,7 @@ fn call_with_absent_rank(
         straggler: absent,
         dtype: DataType::F32,
     };
-    let plan = cache.get(shape, 4096).unwrap().clone();
+    let plan = planned(&mut cache, shape, 4096);
     let mut inputs: Vec<Aligned> = (0..ranks).map(|_| Aligned::new(4096 * 4)).collect();
     let mut outputs: Vec<Aligned> = (0..ranks).map(|_| Aligned::new(4096 * 4)).collect();
     let launched: Vec<usize> = (0..ranks).filter(|&r| r != absent).collect();
@@ -913,7 +991,7 @@ fn a_corrupt_plan_is_refused_and_its_peers_give_up() {
         straggler: 0,
         dtype: DataType::I32,
     };
-    let plan = cache.get(shape, 100).unwrap().clone();
+    let plan = planned(&mut cache, shape, 100);
     let mut inputs: Vec<Aligned> = (0..3).map(|_| Aligned::new(400)).collect();
     let mut outputs: Vec<Aligned> = (0..3).map(|_| Aligned::new(400)).collect();
     comm.run(
@@ -988,12 +1066,12 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
             dtype,
         };
         let count = 2000 + 37 * call;
-        let plan = cache.get(shape, count).unwrap().clone();
+        let plan = planned(&mut cache, shape, count);
         let data: Vec<Vec<u8>> = (0..ranks)
             .map(|r| input(dtype, op, r, count, 7000 + call as u64, false))
             .collect();
         let scales = scales(dtype, op, ranks);
-        let expected = simulate(&plan, op, &data, &scales);
+        let expected = simulate(&plan.plan, op, &data, &scales);
         let inputs: Vec<Aligned> = data
             .iter()
             .map(|d| {
@@ -1481,14 +1559,11 @@ impl Captured {
     ) -> Captured {
         let ranks = comm.ranks;
         let bytes = count * 4;
-        let plans: Vec<Plan> = (0..=ranks)
-            .map(|choice| {
-                let shape = Shape::of_choice(ranks, choice, DataType::F32);
-                cache.get(shape, count).unwrap().clone()
-            })
+        let plans: Vec<Planned> = (0..=ranks)
+            .map(|choice| planned(cache, Shape::of_choice(ranks, choice, DataType::F32), count))
             .collect();
         let blobs: Vec<Vec<Vec<u64>>> = (0..ranks)
-            .map(|r| plans.iter().map(|p| blob_words(p, r)).collect())
+            .map(|r| plans.iter().map(|p| blob_words(&p.lowered, r)).collect())
             .collect();
         let tables: Vec<Vec<u64>> = blobs
             .iter()
@@ -1499,7 +1574,7 @@ impl Captured {
             .collect();
         let expected: Vec<Vec<Vec<u8>>> = plans
             .iter()
-            .map(|p| simulate(p, ReduceOp::Sum, &data, &vec![Scale::None; ranks]))
+            .map(|p| simulate(&p.plan, ReduceOp::Sum, &data, &vec![Scale::None; ranks]))
             .collect();
         assert_ne!(expected[2], expected[ranks], "the plans' sums must differ");
         let inputs: Vec<Aligned> = data
@@ -1512,7 +1587,7 @@ impl Captured {
             .collect();
         let outputs: Vec<Aligned> = (0..ranks).map(|_| Aligned::new(bytes)).collect();
         let rule = RawRule::with_detector(policy, config, bytes);
-        let launches = comm.graph_launches(&tables, rule, &inputs, &outputs);
+        let launches = comm.graph_launches(count, &tables, rule, &inputs, &outputs);
         Captured {
             bytes,
             launches,

@@ -31,7 +31,7 @@ fn the_plan_header_compiles_with_nvrtc() {
          extern \"C\" __global__ void ncclStragglarPlanProbe(const RawPlanHeader* plan, uint32_t* out) {{\n\
            const RawStep* steps = (const RawStep*)((const char*)plan + plan->steps_at);\n\
            out[0] = plan->step_count > 0 ? steps[0].kind : STEP_COPY_IN;\n\
-           out[1] = (uint32_t)(plan->count & 0xffffffffu);\n\
+           out[1] = plan->chunk_count + plan->slot_count;\n\
            out[2] = steps[0].turn == NO_TURN;\n\
          }}\n"
     );

@@ -59,6 +59,9 @@ pub struct RawLaunch {
     /// The caller's buffers (`count` elements each; may be the same buffer).
     pub input: u64,
     pub output: u64,
+    /// Elements in the call: with the type, it sets every chunk's range and arena slot
+    /// (`plan::chunk_range`, `plan::slot_bytes`); identical on every rank.
+    pub count: u64,
     /// `uint64_t`: this rank's call counter. Every block reads it at start; the block that
     /// finishes last stores the call's number, so graph replays advance it with no host help.
     pub epoch: u64,
@@ -81,7 +84,8 @@ pub struct RawLaunch {
     /// Blocks in the grid and threads per block (identical on every rank).
     pub blocks: u32,
     pub threads: u32,
-    pub reserved: u32,
+    /// The `ncclDataType_t` of the elements (identical on every rank).
+    pub datatype: i32,
     /// The arrival record of this call: `board` nonzero adds one block (index `blocks`) to the
     /// grid that runs [`RawTicket`]'s protocol alongside the plan; 0 takes none. In a graph
     /// launch only `board` (rank 0's graph board) and `ranks` are read.
@@ -206,7 +210,7 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(std::mem::size_of::<RawPeer>(), 40);
-        assert_eq!(std::mem::size_of::<RawLaunch>(), 200);
+        assert_eq!(std::mem::size_of::<RawLaunch>(), 208);
         assert_eq!(std::mem::size_of::<RawArrival>(), 32);
         assert_eq!(std::mem::size_of::<RawTicket>(), 72);
         assert_eq!(std::mem::size_of::<RawBoardSlot>(), 32);

@@ -39,8 +39,8 @@ pub enum Fallback {
     GpuUnavailable,
     /// The communicator's setup refused the GPU engine (the same verdict on every rank).
     SetupRefused,
-    /// A call was captured into a graph before the communicator, or this message size, was
-    /// seen outside capture: setup and plan uploads cannot run while a stream captures.
+    /// A call was captured into a graph before the communicator ran any call outside capture:
+    /// setup and the plan upload cannot run while a stream captures.
     CapturingBeforeSetup,
     /// The straggler policy chose NCCL for this call: no straggler is designated for its size,
     /// or the designated one's lead does not pay for it (a ticket still records its arrivals).
@@ -126,7 +126,7 @@ impl Fallback {
             Fallback::GpuUnavailable => "no usable CUDA driver, device or NVRTC for the GPU engine",
             Fallback::SetupRefused => "the communicator's setup refused the GPU engine",
             Fallback::CapturingBeforeSetup => {
-                "captured into a graph before the communicator or this size was seen outside capture"
+                "captured into a graph before the communicator ran a call outside capture"
             }
             Fallback::PolicyNccl => {
                 "the straggler policy chose NCCL (no straggler designated for this size, or its lead does not pay)"

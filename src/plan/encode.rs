@@ -1,16 +1,19 @@
-//! The `#[repr(C)]` encoding of one rank's plan that the CUDA kernels read.
+//! The `#[repr(C)]` encoding of one rank's program that the CUDA kernels read.
 //!
-//! A [`PlanBlob`] is one contiguous, 8-byte aligned byte buffer: a [`RawPlanHeader`], then the
-//! chunk ranges, this rank's steps, the steps' sources, every rank's value table, and the index
-//! of each rank's first value. `cuda/stragglar_plan.h` is generated from these definitions by
-//! cbindgen (tests/headers.rs), so kernel and host agree on the layout.
+//! A [`PlanBlob`] is one contiguous, 8-byte aligned byte buffer: a [`RawPlanHeader`], then this
+//! rank's steps, the steps' sources, every rank's value table, and the index of each rank's
+//! first value. A blob holds no count, type or byte offset: the launch gives the count and the
+//! type, and the kernel derives each chunk's range and each value's place from them exactly as
+//! `super::layout` does (`chunk_range`, `slot_bytes`). So one blob per rank and schedule serves
+//! every message size, uploaded once. `cuda/stragglar_plan.h` is generated from these
+//! definitions by cbindgen (tests/headers.rs), so kernel and host agree on the layout.
 
-use super::{Plan, Step};
+use super::{RankProgram, Step};
 
 /// `RawPlanHeader::magic`: "SGPL".
 pub const PLAN_MAGIC: u32 = 0x5347_504c;
 /// `RawPlanHeader::version` of this layout.
-pub const PLAN_VERSION: u32 = 1;
+pub const PLAN_VERSION: u32 = 2;
 /// `RawStep::kind`: copy the caller's input into `IN`.
 pub const STEP_COPY_IN: u32 = 0;
 /// `RawStep::kind`: reduce the sources into a new value.
@@ -19,8 +22,10 @@ pub const STEP_COMBINE: u32 = 1;
 pub const STEP_COPY: u32 = 2;
 /// `RawStep::turn` of an unordered read.
 pub const NO_TURN: u32 = u32::MAX;
-/// `RawValue::offset` of a value that is not kept in the arena.
-pub const VALUE_NOT_KEPT: u64 = u64::MAX;
+/// `RawValue::slot` of an `IN` chunk: it lives at its chunk's place at the arena's start.
+pub const SLOT_INPUT: u32 = u32::MAX - 1;
+/// `RawValue::slot` of a value that is not kept in the arena (nobody reads it).
+pub const SLOT_NONE: u32 = u32::MAX;
 
 /// The header at byte 0 of a blob. Offsets are in bytes from the blob's start.
 #[repr(C)]
@@ -32,21 +37,15 @@ pub struct RawPlanHeader {
     pub ranks: u32,
     /// The rank whose steps this blob holds.
     pub rank: u32,
-    /// The `ncclDataType_t` of the elements.
-    pub datatype: i32,
-    /// Bytes per element.
-    pub elem_size: u32,
-    /// Elements in the caller's buffer.
-    pub count: u64,
-    /// Arena bytes this rank needs.
-    pub arena_bytes: u64,
+    /// Chunks the message is cut into (`chunk_range` of the launch's count and type).
     pub chunk_count: u32,
     pub step_count: u32,
     pub source_count: u32,
     /// Values of all ranks together.
     pub value_count: u32,
-    /// `RawChunk[chunk_count]`.
-    pub chunks_at: u64,
+    /// Arena slots this rank uses (its kept produced values).
+    pub slot_count: u32,
+    pub reserved: u32,
     /// `RawStep[step_count]`.
     pub steps_at: u64,
     /// `RawSource[source_count]`.
@@ -55,14 +54,6 @@ pub struct RawPlanHeader {
     pub values_at: u64,
     /// `uint32_t[ranks]`: index of each rank's first value in the value array.
     pub value_bases_at: u64,
-}
-
-/// Element range `[start, end)` of one chunk.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawChunk {
-    pub start: u64,
-    pub end: u64,
 }
 
 /// One step. Sources are `sources[first_source .. first_source + source_count]`.
@@ -91,14 +82,15 @@ pub struct RawSource {
     pub value: u32,
 }
 
-/// One value slot.
+/// One value of some rank.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawValue {
     pub chunk: u32,
-    pub reserved: u32,
-    /// Byte offset in its rank's arena, or `VALUE_NOT_KEPT`.
-    pub offset: u64,
+    /// `SLOT_INPUT`, `SLOT_NONE`, or its slot `k`: arena bytes
+    /// `[IN + k * slot, IN + (k + 1) * slot)`, where `IN` is the count's bytes rounded up to 16
+    /// and `slot` is `slot_bytes` of the count.
+    pub slot: u32,
 }
 
 /// One rank's encoded plan.
@@ -127,9 +119,15 @@ fn words32(values: &[u32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// Encodes `rank`'s program of `plan`.
-pub fn encode(plan: &Plan, rank: usize) -> PlanBlob {
-    let program = &plan.programs[rank];
+/// Encodes `rank`'s program: `slots[r][v]` is the arena slot of value `v` of rank `r`
+/// (`None` for `IN` chunks, values `0..chunks`, and for values nobody reads).
+pub(super) fn encode_programs(
+    chunks: usize,
+    programs: &[RankProgram],
+    slots: &[Vec<Option<usize>>],
+    rank: usize,
+) -> PlanBlob {
+    let program = &programs[rank];
     let mut steps = Vec::new();
     let mut sources = Vec::new();
     for step in &program.steps {
@@ -173,24 +171,24 @@ pub fn encode(plan: &Plan, rank: usize) -> PlanBlob {
     }
     let mut values = Vec::new();
     let mut bases = Vec::new();
-    for p in &plan.programs {
+    for (p, slots) in programs.iter().zip(slots) {
         bases.push(values.len() as u32);
-        values.extend(p.values.iter().map(|v| RawValue {
-            chunk: v.chunk as u32,
-            reserved: 0,
-            offset: v.offset.map_or(VALUE_NOT_KEPT, |o| o as u64),
-        }));
+        values.extend(
+            p.values
+                .iter()
+                .zip(slots)
+                .enumerate()
+                .map(|(id, (v, slot))| RawValue {
+                    chunk: v.chunk as u32,
+                    slot: match slot {
+                        _ if id < chunks => SLOT_INPUT,
+                        Some(k) => *k as u32,
+                        None => SLOT_NONE,
+                    },
+                }),
+        );
     }
     let mut out = vec![0u8; std::mem::size_of::<RawPlanHeader>()];
-    let chunks: Vec<RawChunk> = plan
-        .chunks
-        .iter()
-        .map(|c| RawChunk {
-            start: c.start as u64,
-            end: c.end as u64,
-        })
-        .collect();
-    let chunks_at = push(&mut out, &chunks, |c| words(&[c.start, c.end]));
     let steps_at = push(&mut out, &steps, |s| {
         words32(&[
             s.kind,
@@ -204,42 +202,38 @@ pub fn encode(plan: &Plan, rank: usize) -> PlanBlob {
         ])
     });
     let sources_at = push(&mut out, &sources, |s| words32(&[s.rank, s.value]));
-    let values_at = push(&mut out, &values, |v| {
-        [words32(&[v.chunk, v.reserved]), words(&[v.offset])].concat()
-    });
+    let values_at = push(&mut out, &values, |v| words32(&[v.chunk, v.slot]));
     let value_bases_at = push(&mut out, &bases, |b| b.to_le_bytes().to_vec());
     let header = RawPlanHeader {
         magic: PLAN_MAGIC,
         version: PLAN_VERSION,
-        ranks: plan.ranks as u32,
+        ranks: programs.len() as u32,
         rank: rank as u32,
-        datatype: plan.dtype.nccl_code(),
-        elem_size: plan.dtype.size() as u32,
-        count: plan.count as u64,
-        arena_bytes: program.arena_bytes as u64,
-        chunk_count: chunks.len() as u32,
+        chunk_count: chunks as u32,
         step_count: steps.len() as u32,
         source_count: sources.len() as u32,
         value_count: values.len() as u32,
-        chunks_at,
+        slot_count: slots[rank].iter().flatten().count() as u32,
+        reserved: 0,
         steps_at,
         sources_at,
         values_at,
         value_bases_at,
     };
     let h = [
-        words32(&[header.magic, header.version, header.ranks, header.rank]),
-        (header.datatype as u32).to_le_bytes().to_vec(),
-        header.elem_size.to_le_bytes().to_vec(),
-        words(&[header.count, header.arena_bytes]),
         words32(&[
+            header.magic,
+            header.version,
+            header.ranks,
+            header.rank,
             header.chunk_count,
             header.step_count,
             header.source_count,
             header.value_count,
+            header.slot_count,
+            header.reserved,
         ]),
         words(&[
-            header.chunks_at,
             header.steps_at,
             header.sources_at,
             header.values_at,
@@ -247,6 +241,7 @@ pub fn encode(plan: &Plan, rank: usize) -> PlanBlob {
         ]),
     ]
     .concat();
+    debug_assert_eq!(h.len(), std::mem::size_of::<RawPlanHeader>());
     out[..h.len()].copy_from_slice(&h);
     PlanBlob { bytes: out }
 }

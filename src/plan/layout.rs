@@ -42,6 +42,19 @@ pub fn chunk_range(count: usize, elem_size: usize, chunks: usize, chunk: usize) 
     }
 }
 
+/// Bytes of one arena slot when `count` elements of `elem_size` bytes are cut into `chunks`:
+/// the largest chunk of [`chunk_ranges`] (at most one 16-byte unit above an even share),
+/// rounded up to [`ALIGN_BYTES`]. Every produced value gets one slot of this size, so a value's
+/// place in the arena follows from its slot index and the count alone (`sg_layout_of` in
+/// cuda/stragglar_allreduce.cu computes the same). A chunk clipped at `count` ends in a
+/// partial unit, which the rounding restores: no clipping is needed here.
+pub fn slot_bytes(count: usize, elem_size: usize, chunks: usize) -> usize {
+    assert!(chunks > 0 && elem_size > 0);
+    let unit = (ALIGN_BYTES / elem_size).max(1);
+    let units = count.div_ceil(unit);
+    align_up(units.div_ceil(chunks) * unit * elem_size)
+}
+
 /// Rounds `bytes` up to a multiple of [`ALIGN_BYTES`].
 pub fn align_up(bytes: usize) -> usize {
     bytes.div_ceil(ALIGN_BYTES) * ALIGN_BYTES
@@ -76,6 +89,24 @@ mod tests {
                         max <= min_nonempty_target + 2 * (ALIGN_BYTES / elem).max(1),
                         "uneven: {r:?}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_slot_holds_the_largest_chunk_and_no_more_than_one_unit_above_an_even_share() {
+        for elem in [1, 2, 4, 8] {
+            for chunks in 1..=17 {
+                for count in (0..300).chain([1023, 4097, 65_537, 1_000_003]) {
+                    let slot = slot_bytes(count, elem, chunks);
+                    let largest = chunk_ranges(count, elem, chunks)
+                        .iter()
+                        .map(|r| align_up(r.len() * elem))
+                        .max()
+                        .unwrap();
+                    assert_eq!(slot, largest, "{count} x {elem} B in {chunks}");
+                    assert!(slot <= align_up(count * elem / chunks) + ALIGN_BYTES.max(elem));
                 }
             }
         }

@@ -12,7 +12,8 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
-use super::layout::{align_up, chunk_ranges};
+use super::encode::{encode_programs, PlanBlob};
+use super::layout::{align_up, chunk_ranges, slot_bytes};
 use super::{Plan, RankProgram, Step, Turn, Value, ValueRef};
 use crate::reduce::DataType;
 use crate::schedule::{Contributions, PhaseKind, Schedule};
@@ -317,6 +318,11 @@ impl Lowering {
 /// A schedule lowered to per-rank programs, for any count: the steps and values, without the
 /// arena offsets (the only part that depends on the count). Lowering is the costly part of a
 /// plan (it replays the schedule's contribution sets); a new count only lays out the arenas.
+///
+/// Arena layout, for `count` elements: `IN` first (value `c` at chunk `c`'s place in the
+/// caller's buffer), then one slot of [`slot_bytes`] per produced value that a later step reads,
+/// in value order. A value's slot index does not depend on the count, so the device blobs
+/// ([`Lowered::blob`]) serve every count and type.
 #[derive(Debug, Clone)]
 pub struct Lowered {
     ranks: usize,
@@ -331,25 +337,105 @@ pub struct Lowered {
     structure: u64,
 }
 
+/// What a lowered schedule needs of a rank's staging, for any count (see
+/// [`ArenaNeed::arena_bytes`]): the same numbers on every rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ArenaNeed {
+    /// Chunks of the schedule.
+    pub chunks: usize,
+    /// The most arena slots (kept produced values) any rank has.
+    pub slots: usize,
+    /// The largest value table of any rank (flags per parity).
+    pub values: usize,
+}
+
+impl ArenaNeed {
+    /// Arena bytes the rank with the most slots needs for `count` elements of `dtype`: `IN`,
+    /// then its slots (a multiple of 16; non-decreasing in `count`).
+    pub fn arena_bytes(&self, count: usize, dtype: DataType) -> usize {
+        let size = dtype.size();
+        align_up(count * size) + self.slots * slot_bytes(count, size, self.chunks.max(1))
+    }
+
+    /// The larger of two needs, field by field (staging that fits both).
+    pub fn max(self, other: ArenaNeed) -> ArenaNeed {
+        ArenaNeed {
+            chunks: self.chunks.max(other.chunks),
+            slots: self.slots.max(other.slots),
+            values: self.values.max(other.values),
+        }
+    }
+}
+
 impl Lowered {
-    /// The plan for `count` elements of `dtype`: every rank's arena laid out, `IN` first (value
-    /// `c` at chunk `c`'s place), then one aligned slot per produced value a later step reads.
+    /// Ranks of the schedule.
+    pub fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// The straggler, if the algorithm has one.
+    pub fn straggler(&self) -> Option<usize> {
+        self.straggler
+    }
+
+    /// Identifies these programs (and so their blobs) in every process running this binary.
+    pub fn id(&self) -> u64 {
+        // DefaultHasher::new() uses fixed keys: the same value in every process.
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (self.ranks, self.straggler, self.chunks, self.structure).hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// The arena slot of each of `rank`'s values: `None` for the `IN` chunks and for values
+    /// nobody reads, otherwise its index among the rank's kept produced values.
+    pub(super) fn slots(&self, rank: usize) -> impl Iterator<Item = Option<usize>> + '_ {
+        let chunks = self.chunks;
+        self.reads[rank]
+            .iter()
+            .enumerate()
+            .scan(0, move |next, (id, &read)| {
+                Some((id >= chunks && read).then(|| {
+                    *next += 1;
+                    *next - 1
+                }))
+            })
+    }
+
+    /// What these programs need of the staging, for any count.
+    pub fn need(&self) -> ArenaNeed {
+        ArenaNeed {
+            chunks: self.chunks,
+            slots: (0..self.ranks)
+                .map(|rank| self.slots(rank).flatten().count())
+                .max()
+                .unwrap_or(0),
+            values: self
+                .programs
+                .iter()
+                .map(|p| p.values.len())
+                .max()
+                .unwrap_or(0),
+        }
+    }
+
+    /// The plan for `count` elements of `dtype`, laid out as the type's doc says.
     pub fn plan(&self, count: usize, dtype: DataType) -> Plan {
         let size = dtype.size();
         let chunks = chunk_ranges(count, size, self.chunks);
+        let in_bytes = align_up(count * size);
+        let slot = slot_bytes(count, size, self.chunks);
         let mut programs = self.programs.clone();
-        for (program, reads) in programs.iter_mut().zip(&self.reads) {
-            let mut next = align_up(count * size);
-            for (id, value) in program.values.iter_mut().enumerate() {
-                let range = chunks[value.chunk];
+        for (rank, program) in programs.iter_mut().enumerate() {
+            let mut used = 0;
+            for ((id, value), kept) in program.values.iter_mut().enumerate().zip(self.slots(rank)) {
                 if id < self.chunks {
-                    value.offset = Some(range.start * size);
-                } else if reads[id] {
-                    value.offset = Some(next);
-                    next += align_up(range.len() * size);
+                    value.offset = Some(chunks[value.chunk].start * size);
+                } else if let Some(k) = kept {
+                    value.offset = Some(in_bytes + k * slot);
+                    used = k + 1;
                 }
             }
-            program.arena_bytes = next;
+            program.arena_bytes = in_bytes + used * slot;
         }
         // The offsets follow from the structure and the chunks: hashing those identifies the
         // plan. DefaultHasher::new() uses fixed keys: the same value in every process.
@@ -372,6 +458,14 @@ impl Lowered {
             programs,
             fingerprint: hasher.finish(),
         }
+    }
+
+    /// `rank`'s device blob: its steps, and every rank's values with their slots (for any
+    /// count and type; the launch says which).
+    pub fn blob(&self, rank: usize) -> PlanBlob {
+        let slots: Vec<Vec<Option<usize>>> =
+            (0..self.ranks).map(|r| self.slots(r).collect()).collect();
+        encode_programs(self.chunks, &self.programs, &slots, rank)
     }
 }
 

@@ -17,11 +17,11 @@ mod lower;
 mod simulate;
 
 pub use encode::{
-    encode, PlanBlob, RawChunk, RawPlanHeader, RawSource, RawStep, RawValue, NO_TURN, PLAN_MAGIC,
-    PLAN_VERSION, STEP_COMBINE, STEP_COPY, STEP_COPY_IN, VALUE_NOT_KEPT,
+    PlanBlob, RawPlanHeader, RawSource, RawStep, RawValue, NO_TURN, PLAN_MAGIC, PLAN_VERSION,
+    SLOT_INPUT, SLOT_NONE, STEP_COMBINE, STEP_COPY, STEP_COPY_IN,
 };
-pub use layout::{chunk_range, chunk_ranges, ElementRange, ALIGN_BYTES};
-pub use lower::{lower, lower_structure, LowerError, Lowered};
+pub use layout::{chunk_range, chunk_ranges, slot_bytes, ElementRange, ALIGN_BYTES};
+pub use lower::{lower, lower_structure, ArenaNeed, LowerError, Lowered};
 pub use simulate::{reference, simulate};
 
 use crate::reduce::DataType;

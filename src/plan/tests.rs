@@ -206,16 +206,23 @@ fn arena_slots_never_overlap_and_fit() {
 
 #[test]
 fn encoded_plans_carry_the_program() {
-    let plan = plan_for(Algorithm::Stragglar, 6, 4, 1000, DataType::Bf16);
+    let lowered = lowered_for(Algorithm::Stragglar, 6, 4);
+    let plan = lowered.plan(1000, DataType::Bf16);
     for rank in 0..6 {
-        let blob = encode(&plan, rank);
+        let blob = lowered.blob(rank);
         assert_eq!(blob.bytes.len() % 8, 0);
         let word = |at: usize| u32::from_le_bytes(blob.bytes[at..at + 4].try_into().unwrap());
         let dword = |at: usize| u64::from_le_bytes(blob.bytes[at..at + 8].try_into().unwrap());
         assert_eq!(word(std::mem::offset_of!(RawPlanHeader, magic)), PLAN_MAGIC);
         assert_eq!(word(std::mem::offset_of!(RawPlanHeader, rank)), rank as u32);
-        assert_eq!(word(std::mem::offset_of!(RawPlanHeader, datatype)), 9);
-        assert_eq!(dword(std::mem::offset_of!(RawPlanHeader, count)), 1000);
+        assert_eq!(
+            word(std::mem::offset_of!(RawPlanHeader, version)),
+            PLAN_VERSION
+        );
+        assert_eq!(
+            word(std::mem::offset_of!(RawPlanHeader, chunk_count)) as usize,
+            plan.chunks.len()
+        );
         let steps = word(std::mem::offset_of!(RawPlanHeader, step_count)) as usize;
         assert_eq!(steps, plan.programs[rank].steps.len());
         let steps_at = dword(std::mem::offset_of!(RawPlanHeader, steps_at)) as usize;
@@ -280,6 +287,86 @@ fn encoded_plans_carry_the_program() {
             total
         );
         assert!(values_at + total * std::mem::size_of::<RawValue>() <= blob.bytes.len());
+    }
+}
+
+fn lowered_for(algorithm: Algorithm, ranks: usize, straggler: usize) -> Lowered {
+    let schedule = algorithm
+        .schedule(&PlanRequest::new(ranks, straggler))
+        .unwrap();
+    verify(&schedule).unwrap();
+    lower_structure(&schedule).unwrap()
+}
+
+/// The value table of `rank`'s blob for `owner`, as (chunk, slot).
+fn blob_values(blob: &PlanBlob, owner: usize) -> Vec<(u32, u32)> {
+    let word = |at: usize| u32::from_le_bytes(blob.bytes[at..at + 4].try_into().unwrap());
+    let dword = |at: usize| u64::from_le_bytes(blob.bytes[at..at + 8].try_into().unwrap());
+    let ranks = word(std::mem::offset_of!(RawPlanHeader, ranks)) as usize;
+    let values_at = dword(std::mem::offset_of!(RawPlanHeader, values_at)) as usize;
+    let bases_at = dword(std::mem::offset_of!(RawPlanHeader, value_bases_at)) as usize;
+    let total = word(std::mem::offset_of!(RawPlanHeader, value_count)) as usize;
+    let base = |r: usize| {
+        if r == ranks {
+            total
+        } else {
+            word(bases_at + 4 * r) as usize
+        }
+    };
+    (base(owner)..base(owner + 1))
+        .map(|v| {
+            let at = values_at + v * std::mem::size_of::<RawValue>();
+            (word(at), word(at + 4))
+        })
+        .collect()
+}
+
+/// One blob per rank serves every count and type: the place each value gets from its slot
+/// (the kernel's rule) is where the plan of that count puts it, and the staging need is the
+/// plan's.
+#[test]
+fn blobs_give_every_count_and_type_the_plans_arena_layout() {
+    for (algorithm, ranks, straggler) in [
+        (Algorithm::Stragglar, 4, 3),
+        (Algorithm::Stragglar, 7, 2),
+        (Algorithm::Ring, 5, 0),
+    ] {
+        let lowered = lowered_for(algorithm, ranks, straggler);
+        let blobs: Vec<PlanBlob> = (0..ranks).map(|r| lowered.blob(r)).collect();
+        let need = lowered.need();
+        for dtype in [DataType::U8, DataType::Bf16, DataType::F32, DataType::F64] {
+            for count in [0, 1, 5, 17, 1000, 4099, 65_537] {
+                let plan = lowered.plan(count, dtype);
+                let size = dtype.size();
+                let in_bytes = (count * size).div_ceil(ALIGN_BYTES) * ALIGN_BYTES;
+                let slot = slot_bytes(count, size, plan.chunks.len());
+                assert_eq!(need.arena_bytes(count, dtype), plan.max_arena_bytes());
+                assert_eq!(need.values, plan.max_values());
+                for (rank, blob) in blobs.iter().enumerate() {
+                    for owner in 0..ranks {
+                        let table = blob_values(blob, owner);
+                        let values = &plan.programs[owner].values;
+                        assert_eq!(table.len(), values.len());
+                        for (v, (&(chunk, k), value)) in table.iter().zip(values).enumerate() {
+                            let label = format!(
+                                "{algorithm:?} n={ranks} {dtype:?} x {count}: blob {rank}, value {v} of {owner}"
+                            );
+                            assert_eq!(chunk as usize, value.chunk, "{label}");
+                            let place = match k {
+                                SLOT_INPUT => Some(plan.chunk_bytes(value.chunk).start),
+                                SLOT_NONE => None,
+                                k => Some(in_bytes + k as usize * slot),
+                            };
+                            assert_eq!(place, value.offset, "{label}");
+                            if let Some(at) = place {
+                                let len = plan.chunk_bytes(value.chunk).len();
+                                assert!(at + len <= plan.programs[owner].arena_bytes, "{label}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -34,7 +34,7 @@ use crate::gpu::choice::RawRule;
 use crate::gpu::launch::{MAX_THREADS, RING_ENTRIES, STATUS_OK};
 use crate::intercept::fallback::Fallback;
 use crate::nccl::types::{cudaStream_t, ncclComm_t, DataTypeCode, ResultCode};
-use crate::plan::Plan;
+use crate::plan::Lowered;
 use crate::reduce::{DataType, ReduceOp, Scale};
 use crate::schedule::model::Link;
 
@@ -74,6 +74,20 @@ pub struct EngineCall {
     pub stream: cudaStream_t,
 }
 
+impl EngineCall {
+    /// What the call's kernel reduces.
+    fn operands(&self) -> Operands {
+        Operands {
+            count: self.count,
+            dtype: self.dtype,
+            op: self.op,
+            scale: self.scale,
+            input: self.send,
+            output: self.recv,
+        }
+    }
+}
+
 /// A communicator the engine serves.
 struct Ready {
     rank: CudaRank,
@@ -102,8 +116,8 @@ struct Ready {
     ticket_awaits_nccl: bool,
     /// Calls captured into graphs as graph launches (each replay chooses on the GPU).
     captured: u64,
-    /// Sizes, as (count, type), whose graph plans cannot be built: captured calls stay on NCCL.
-    unbuildable: std::collections::HashSet<(usize, DataType)>,
+    /// The plans graph launches choose among could not be built: captured calls stay on NCCL.
+    unbuildable: bool,
     /// Orders this communicator's launches across the caller's streams.
     last: Event,
     last_stream: cudaStream_t,
@@ -246,10 +260,10 @@ fn load(ordinal: i32) -> Loaded {
 }
 
 /// The staging every rank of an `n`-rank communicator allocates: room for the largest plan of
-/// `STRAGGLAR_BUFFER_BYTES` of any type and any straggler (so every eligible call fits).
-fn layout(ranks: usize) -> Result<StagingLayout, String> {
+/// `STRAGGLAR_BUFFER_BYTES` of any type and any straggler (so every eligible call fits). The
+/// schedules are lowered into `plans`, which the communicator keeps.
+fn layout(plans: &mut PlanCache, ranks: usize) -> Result<StagingLayout, String> {
     let buffer = crate::config::get().buffer_bytes;
-    let mut cache = PlanCache::default();
     let mut layout = StagingLayout {
         arena_bytes: 64,
         values: 1,
@@ -257,19 +271,21 @@ fn layout(ranks: usize) -> Result<StagingLayout, String> {
     };
     // StragglAR with every straggler (graph replays run Ring as their baseline where it fits).
     for choice in 0..ranks {
+        let need = plans
+            .lowered(Shape::of_choice(ranks, choice, DataType::U8))?
+            .need();
         for dtype in [DataType::U8, DataType::F16, DataType::F32, DataType::F64] {
-            let shape = Shape::of_choice(ranks, choice, dtype);
-            let plan = cache.get(shape, buffer / dtype.size())?;
-            layout.arena_bytes = layout.arena_bytes.max(plan.max_arena_bytes() as u64);
-            layout.values = layout.values.max(plan.max_values() as u64);
+            let arena = need.arena_bytes(buffer / dtype.size(), dtype);
+            layout.arena_bytes = layout.arena_bytes.max(arena as u64);
         }
+        layout.values = layout.values.max(need.values as u64);
     }
     Ok(layout)
 }
 
 /// Staging bytes one rank of an `n`-rank communicator allocates (for doctor).
 pub fn staging_bytes(ranks: usize) -> Result<u64, String> {
-    layout(ranks).map(|l| l.allocation_bytes())
+    layout(&mut PlanCache::default(), ranks).map(|l| l.allocation_bytes())
 }
 
 /// The setup's AllGather through the real communicator, on the caller's stream.
@@ -410,7 +426,8 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     if unsafe { driver::is_capturing(&device, call.stream.cast()) }.unwrap_or(true) {
         return Err(Fallback::CapturingBeforeSetup);
     }
-    let layout = layout(call.ranks).map_err(|_| Fallback::GpuUnavailable)?;
+    let mut plans = PlanCache::default();
+    let layout = layout(&mut plans, call.ranks).map_err(|_| Fallback::GpuUnavailable)?;
     // A panic in the local steps must not make this rank skip the collectives its peers run.
     let reservation = Reservation::take(call.device, layout.allocation_bytes());
     let local = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -499,14 +516,14 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         mappings: joined.mappings,
         members: joined.records.iter().map(SetupRecord::member).collect(),
         reported_at: std::time::Instant::now(),
-        plans: PlanCache::default(),
+        plans,
         tracker: tracker(call.ranks),
         designated: entry.designated.clone(),
         trace: open_trace(call),
         untraced: Default::default(),
         launched: 0,
         captured: 0,
-        unbuildable: Default::default(),
+        unbuildable: false,
         ticket_awaits_nccl: false,
         last,
         last_stream: call.stream,
@@ -654,8 +671,8 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
     if std::mem::take(&mut ready.failed_in_capture) {
         ready.rank.mark_failed();
     }
-    let prepared = feed_due_records(ready, call.comm, call.rank)
-        .and_then(|()| prepare_choices(ready, call, bytes));
+    let prepared =
+        feed_due_records(ready, call.comm, call.rank).and_then(|()| prepare_choices(ready, call));
     if let Err(e) = prepared {
         // This rank cannot take part in the call: its peers must not wait for it.
         ready.rank.abort();
@@ -665,7 +682,8 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
     maybe_log_report(ready, call.comm);
     let choice = ready.tracker.decide(bytes);
     let straggler = choice.straggler();
-    // Fields borrowed apart: the plan stays in the cache (no copy of it per call).
+    // Fields borrowed apart: the plan stays in the cache (no copy of it per call). It serves
+    // every count: a new size builds and uploads nothing.
     let Ready {
         rank,
         plans,
@@ -679,7 +697,7 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
     } = ready;
     let plan = straggler.and_then(|straggler| {
         let shape = Shape::of_choice(call.ranks, straggler, call.dtype);
-        plans.get(shape, call.count).ok()
+        plans.lowered(shape).ok()
     });
     if trace.is_some() {
         // The call as it runs: StragglAR with its plan, or NCCL after a ticket.
@@ -694,19 +712,14 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
             unsafe { last.wait_on(stream) }?;
             *last_stream = call.stream;
         }
-        let operands = Operands {
-            op: call.op,
-            scale: call.scale,
-            input: call.send,
-            output: call.recv,
-        };
+        let operands = call.operands();
         match plan {
             Some(plan) => {
                 // SAFETY: the caller's buffers hold `count` elements on this device (NCCL's
                 // contract for ncclAllReduce), and the stream is the caller's.
                 unsafe { rank.all_reduce(plan, operands, stream, true) }?;
                 // A call without elements queues a ticket only and leaves the epoch alone.
-                *launched += u64::from(plan.count > 0);
+                *launched += u64::from(call.count > 0);
             }
             None => {
                 // SAFETY: the caller's stream, not capturing.
@@ -735,9 +748,9 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
 
 /// Captures one call into the caller's graph as a graph launch, whose every replay chooses its
 /// plan on the GPU from the records of earlier replays (`crate::gpu::choice`). It stays on NCCL
-/// (captured as usual) when the policy never picks StragglAR at this size, or when the size was
-/// never seen eagerly, so its plans are not uploaded (no allocation while capturing). Both
-/// follow from the settings and the calls so far: the same on every rank.
+/// (captured as usual) when the policy never picks StragglAR at this size, or when the plans
+/// are not uploaded (no allocation while capturing; they are, from the first call outside
+/// capture on). Both follow from the settings and the calls so far: the same on every rank.
 fn capture_call(
     ready: &mut Ready,
     call: &EngineCall,
@@ -748,16 +761,11 @@ fn capture_call(
     if !policy.may_choose_stragglar(bytes) {
         return Err(Fallback::PolicyNccl);
     }
-    if !ready.rank.has_choices(call.count, call.dtype) {
+    if !ready.rank.has_choices() {
         return Err(Fallback::CapturingBeforeSetup);
     }
     let rule = RawRule::new(policy, bytes);
-    let operands = Operands {
-        op: call.op,
-        scale: call.scale,
-        input: call.send,
-        output: call.recv,
-    };
+    let operands = call.operands();
     let stream = call.stream.cast();
     let id = match capture {
         Capture::Id(id) => Some(id),
@@ -772,11 +780,7 @@ fn capture_call(
         }
         // SAFETY: the caller's buffers hold `count` elements on this device whenever the graph
         // is replayed (CUDA's contract for captured work), and the stream is the caller's.
-        unsafe {
-            ready
-                .rank
-                .all_reduce_graph(call.count, call.dtype, operands, stream, rule)
-        }?;
+        unsafe { ready.rank.all_reduce_graph(operands, stream, rule) }?;
         if let Some(id) = id {
             // SAFETY: as above.
             unsafe { ready.captured_last.record_raw(stream) }?;
@@ -802,51 +806,29 @@ fn fail_while_capturing(ready: &mut Ready) {
     }
 }
 
-/// Uploads, at the first eager call of a size, every plan that a graph capturing that size may
-/// pick (StragglAR with each straggler, and the baseline: Ring where it fits), so that capture
-/// allocates nothing. Done
-/// alike on every rank: the plans follow from the size and the settings. A size whose plans
-/// cannot be built stays on NCCL under capture.
-fn prepare_choices(ready: &mut Ready, call: &EngineCall, bytes: usize) -> Result<(), CallError> {
-    if call.count == 0
-        || ready.rank.has_choices(call.count, call.dtype)
-        || ready.unbuildable.contains(&(call.count, call.dtype))
-        || !ready.tracker.policy().may_choose_stragglar(bytes)
-    {
+/// Uploads, at the communicator's first call outside capture, every plan a graph launch may
+/// pick (StragglAR with each straggler, and Ring), for every size: capture allocates nothing,
+/// and eager calls use the same blobs. Done alike on every rank: the plans follow from the
+/// rank count. If they cannot be built, captured calls stay on NCCL.
+fn prepare_choices(ready: &mut Ready, call: &EngineCall) -> Result<(), CallError> {
+    if ready.unbuildable || ready.rank.has_choices() {
         return Ok(());
     }
-    let mut shapes: Vec<Shape> = (0..=call.ranks)
-        .map(|choice| Shape::of_choice(call.ranks, choice, call.dtype))
-        .collect();
-    let built = shapes
-        .iter()
-        .try_for_each(|&shape| ready.plans.get(shape, call.count).map(|_| ()));
-    // The staging is sized for StragglAR: where Ring's single-assignment arena (2.6 times the
-    // message at 8 ranks, against StragglAR's 1.7) does not fit, above about 65% of
-    // STRAGGLAR_BUFFER_BYTES, the baseline of graph replays is StragglAR with the last rank as
-    // the straggler.
-    let ring_fits = ready
-        .plans
-        .built(shapes[call.ranks], call.count)
-        .is_some_and(|ring| ready.rank.fits(ring).is_ok());
-    if !ring_fits {
-        shapes[call.ranks] = Shape::of_choice(call.ranks, call.ranks - 1, call.dtype);
-    }
-    match built {
-        Ok(()) => {
-            let plans: Vec<&Plan> = shapes
-                .iter()
-                .filter_map(|&shape| ready.plans.built(shape, call.count))
-                .collect();
-            ready.rank.prepare_choices(&plans)
-        }
-        Err(why) => {
-            // Not tried again: the same plans fail alike on every rank, every time.
-            log::info!("graphs of {bytes} B stay on NCCL: {why}");
-            ready.unbuildable.insert((call.count, call.dtype));
-            Ok(())
+    let shapes = (0..=call.ranks).map(|choice| Shape::of_choice(call.ranks, choice, call.dtype));
+    let mut plans = Vec::with_capacity(call.ranks + 1);
+    for shape in shapes {
+        match ready.plans.lowered(shape) {
+            Ok(plan) => plans.push(plan.clone()),
+            Err(why) => {
+                // Not tried again: the same plans fail alike on every rank, every time.
+                log::info!("communicator {:p}: graphs stay on NCCL: {why}", call.comm);
+                ready.unbuildable = true;
+                return Ok(());
+            }
         }
     }
+    let plans: Vec<&Lowered> = plans.iter().collect();
+    ready.rank.prepare_choices(&plans)
 }
 
 /// Called after a call the policy sent to NCCL was forwarded on `stream`: the communicator's
@@ -1105,7 +1087,7 @@ mod tests {
 
     #[test]
     fn the_staging_fits_every_eligible_call() {
-        let l = layout(8).unwrap();
+        let l = layout(&mut PlanCache::default(), 8).unwrap();
         assert!(l.arena_bytes >= crate::config::get().buffer_bytes as u64);
         assert_eq!(l.blocks, BLOCKS as u64);
     }

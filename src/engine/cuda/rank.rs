@@ -1,7 +1,8 @@
 //! One rank of a GPU-engine communicator: its staging allocation, its host-mapped abort and
-//! status words, the table of every rank's memory as this rank addresses it, the plans it has
-//! uploaded, its ring of arrival records, and the launch of one AllReduce (eager, or captured
-//! into a graph with its plan chosen on the GPU) or one ticket.
+//! status words, the table of every rank's memory as this rank addresses it, the plan blobs it
+//! has uploaded (one per schedule, for every message size), its ring of arrival records, and
+//! the launch of one AllReduce (eager, or captured into a graph with its plan chosen on the GPU)
+//! or one ticket.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -19,7 +20,7 @@ use crate::gpu::launch::{
     STATUS_TIMEOUT,
 };
 use crate::nccl::types::ResultCode;
-use crate::plan::{encode, Plan};
+use crate::plan::{ArenaNeed, Lowered};
 use crate::reduce::{DataType, ReduceOp, Scale};
 
 /// Index of the abort word among a rank's host words.
@@ -126,12 +127,19 @@ fn record_tag(call: u64) -> u64 {
     ((call % 0xffff_ffff) + 1) << 32
 }
 
-/// The plans of one size that graph launches choose among, in one allocation: the blobs, then
-/// `u64[ranks + 1]` of their addresses at `table` (StragglAR with straggler `s` at `s`, Ring
-/// last).
-struct ChoiceTable {
-    memory: DeviceMemory,
-    table: u64,
+/// The plans graph launches choose among, for every size, in one allocation: the blobs, then
+/// two tables of `u64[ranks + 1]` blob addresses, StragglAR with straggler `s` at `s` and the
+/// baseline last: Ring in one, StragglAR with the last rank as the straggler in the other (for
+/// sizes where Ring does not fit the staging).
+struct ChoiceTables {
+    /// Keeps the blobs and tables alive.
+    _memory: DeviceMemory,
+    /// Device addresses of the two tables.
+    ring_last: u64,
+    straggler_last: u64,
+    /// What the StragglAR plans (all of them together) and Ring need of the staging.
+    stragglar: ArenaNeed,
+    ring: ArenaNeed,
 }
 
 /// What a rank's graph launches chose, counted on its GPU (the same on every rank).
@@ -147,10 +155,13 @@ pub struct GraphCounts {
 /// What one AllReduce launch reduces, besides its plan.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Operands {
+    /// Elements in each buffer, and their type.
+    pub count: usize,
+    pub dtype: DataType,
     pub op: ReduceOp,
     /// The copy-in scaling (`Scale::for_op`).
     pub scale: Scale,
-    /// Device addresses of the caller's buffers, `plan.count` elements each (equal in place).
+    /// Device addresses of the caller's buffers, `count` elements each (equal in place).
     pub input: u64,
     pub output: u64,
 }
@@ -170,16 +181,16 @@ pub struct CudaRank {
     ring: HostWords,
     /// Ticketed calls launched so far (the next one's number).
     arrivals: u64,
-    /// Uploaded plan blobs: their device addresses by plan fingerprint, in `blobs` or in a
-    /// choice table (both live as long as this rank).
+    /// Uploaded plan blobs: their device addresses by `Lowered::id`, in `blobs` or in the
+    /// choice tables' allocation (both live as long as this rank). A blob serves every count.
     plans: HashMap<u64, u64>,
     blobs: Vec<DeviceMemory>,
     /// A stream of this rank's own, for the failure word while the caller's stream captures.
     side: Stream,
     /// Rank 0's graph board as this rank addresses it, once connected.
     graph_board: u64,
-    /// The plans graph launches choose among, by (count, `ncclDataType_t`).
-    choices: HashMap<(usize, i32), ChoiceTable>,
+    /// The plans graph launches choose among, once uploaded.
+    choices: Option<ChoiceTables>,
 }
 
 impl CudaRank {
@@ -212,7 +223,7 @@ impl CudaRank {
             blobs: Vec::new(),
             side: Stream::new(device)?,
             graph_board: 0,
-            choices: HashMap::new(),
+            choices: None,
         })
     }
 
@@ -236,9 +247,9 @@ impl CudaRank {
         &self.device
     }
 
-    /// Whether `plan` is uploaded already (a call of it needs no allocation).
-    pub fn has_plan(&self, plan: &Plan) -> bool {
-        self.plans.contains_key(&plan.fingerprint)
+    /// Whether `plan`'s blob is uploaded already (a call of it, of any size, allocates nothing).
+    pub fn has_plan(&self, plan: &Lowered) -> bool {
+        self.plans.contains_key(&plan.id())
     }
 
     /// Uploads every rank's memory as this rank addresses it (`peers[rank]` is its own). The
@@ -433,34 +444,39 @@ impl CudaRank {
         Ok(())
     }
 
-    /// Uploads `plan` (this rank's blob) unless it is there already. Not during graph capture.
-    pub fn prepare(&mut self, plan: &Plan) -> Result<(), CallError> {
-        self.fits(plan)?;
-        if !self.plans.contains_key(&plan.fingerprint) {
-            let blob = encode(plan, self.config.rank).bytes;
+    /// Uploads `plan`'s blob for this rank unless it is there already: once per schedule, for
+    /// every count. Not during graph capture.
+    pub fn prepare(&mut self, plan: &Lowered) -> Result<(), CallError> {
+        self.check_ranks(plan)?;
+        if !self.has_plan(plan) {
+            let blob = plan.blob(self.config.rank).bytes;
             let memory = DeviceMemory::for_upload(&self.device, blob.len())?;
             memory.upload(&blob)?;
-            self.plans.insert(plan.fingerprint, memory.ptr);
+            self.plans.insert(plan.id(), memory.ptr);
             self.blobs.push(memory);
         }
         Ok(())
     }
 
-    /// `Ok` when `plan` is one of this communicator's and fits its staging.
-    pub fn fits(&self, plan: &Plan) -> Result<(), CallError> {
-        let layout = self.config.layout;
-        if plan.ranks != self.config.ranks {
-            return Err(CallError::Unfit(format!("a plan for {} ranks", plan.ranks)));
-        }
-        if plan.max_arena_bytes() as u64 > layout.arena_bytes
-            || plan.max_values() as u64 > layout.values
-        {
+    fn check_ranks(&self, plan: &Lowered) -> Result<(), CallError> {
+        if plan.ranks() != self.config.ranks {
             return Err(CallError::Unfit(format!(
-                "the plan needs {} B of arena and {} flags; staging has {} B and {}",
-                plan.max_arena_bytes(),
-                plan.max_values(),
-                layout.arena_bytes,
-                layout.values
+                "a plan for {} ranks",
+                plan.ranks()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `Ok` when a plan needing `need` fits this rank's staging for `count` elements of
+    /// `dtype`.
+    pub fn fits(&self, need: ArenaNeed, count: usize, dtype: DataType) -> Result<(), CallError> {
+        let layout = self.config.layout;
+        let arena = need.arena_bytes(count, dtype);
+        if arena as u64 > layout.arena_bytes || need.values as u64 > layout.values {
+            return Err(CallError::Unfit(format!(
+                "the plan needs {arena} B of arena and {} flags; staging has {} B and {}",
+                need.values, layout.arena_bytes, layout.values
             )));
         }
         Ok(())
@@ -507,24 +523,26 @@ impl CudaRank {
     }
 
     /// Queues one AllReduce of `plan` on `stream`: the operands' `input` and `output` hold
-    /// `plan.count` elements (the same address for in place). A call with zero elements launches nothing
+    /// `count` elements (the same address for in place). A call with zero elements launches nothing
     /// and does not advance the epoch (with `ticket`, it launches the ticket kernel instead,
     /// bound by this rank's deadline).
     /// With `ticket`, the launch also records its arrival (never while `stream` captures).
     /// Fails fast once a kernel of this rank gave up.
     ///
     /// # Safety
-    /// `input` and `output` must be device memory of this device holding `plan.count`
-    /// elements until the kernel finishes; `stream` must be a live stream of this device.
+    /// `input` and `output` must be device memory of this device holding `count` elements
+    /// until the kernel finishes; `stream` must be a live stream of this device.
     pub unsafe fn all_reduce(
         &mut self,
-        plan: &Plan,
+        plan: &Lowered,
         operands: Operands,
         stream: cudarc::driver::sys::CUstream,
         ticket: bool,
     ) -> Result<(), CallError> {
         self.fail_fast()?;
-        if plan.count == 0 {
+        self.check_ranks(plan)?;
+        self.fits(plan.need(), operands.count, operands.dtype)?;
+        if operands.count == 0 {
             // Our own call (not NCCL's): its ticket keeps this rank's deadline.
             // SAFETY: as the caller vouches.
             return if ticket {
@@ -534,9 +552,7 @@ impl CudaRank {
             };
         }
         // SAFETY: the caller vouches that `stream` is a live stream of this device.
-        if !self.plans.contains_key(&plan.fingerprint)
-            && unsafe { super::driver::is_capturing(&self.device, stream) }?
-        {
+        if !self.has_plan(plan) && unsafe { super::driver::is_capturing(&self.device, stream) }? {
             return Err(CallError::Unfit(
                 "the plan must be prepared before graph capture (no allocation while capturing)"
                     .into(),
@@ -544,7 +560,7 @@ impl CudaRank {
         }
         self.prepare(plan)?;
         let args = RawLaunch {
-            plan: self.plans[&plan.fingerprint],
+            plan: self.plans[&plan.id()],
             arrival: self.arrival(ticket),
             ..self.launch_args(operands)?
         };
@@ -580,6 +596,8 @@ impl CudaRank {
             peers: peers.ptr,
             input: operands.input,
             output: operands.output,
+            count: operands.count as u64,
+            datatype: operands.dtype.nccl_code(),
             epoch: self.staging.ptr + layout.epoch(),
             finished_blocks: self.staging.ptr + layout.finished_blocks(),
             abort: self.words.device_address(ABORT_WORD),
@@ -595,101 +613,104 @@ impl CudaRank {
         })
     }
 
-    /// Whether graph launches of `count` elements of `dtype` can be captured (every plan they
-    /// may pick is uploaded).
-    pub fn has_choices(&self, count: usize, dtype: DataType) -> bool {
-        self.choices.contains_key(&(count, dtype.nccl_code()))
+    /// Whether graph launches can be captured: the plans they choose among are uploaded.
+    pub fn has_choices(&self) -> bool {
+        self.choices.is_some()
     }
 
-    /// Uploads every plan a graph launch of their size may pick, and their table: `plans[s]`
-    /// is StragglAR with straggler `s`, `plans[ranks]` the baseline (Ring, or a StragglAR plan
-    /// where Ring does not fit), all of one count and type. One allocation and one copy for the
-    /// whole set. Not during graph capture.
-    pub fn prepare_choices(&mut self, plans: &[&Plan]) -> Result<(), CallError> {
-        let ranks = self.config.ranks;
-        let Some(first) = plans.first() else {
-            return Err(CallError::Unfit("no plans to choose from".into()));
-        };
-        let key = (first.count, first.dtype.nccl_code());
-        if self.choices.contains_key(&key) {
+    /// Uploads every plan a graph launch may pick, for every size, and their tables: `plans[s]`
+    /// is StragglAR with straggler `s`, `plans[ranks]` Ring. One allocation and one copy for
+    /// the whole set; once per rank (later calls do nothing). Not during graph capture.
+    pub fn prepare_choices(&mut self, plans: &[&Lowered]) -> Result<(), CallError> {
+        if self.choices.is_some() {
             return Ok(());
         }
+        let ranks = self.config.ranks;
         let in_order = plans.len() == ranks + 1
             && plans.iter().enumerate().all(|(choice, p)| {
-                (p.count, p.dtype.nccl_code()) == key
-                    && (choice == ranks || p.straggler == Some(choice))
+                p.ranks() == ranks && (choice == ranks || p.straggler() == Some(choice))
             });
         if !in_order {
             return Err(CallError::Unfit(format!(
-                "a graph launch chooses among {} plans of one size: StragglAR with each straggler, then the baseline",
+                "a graph launch chooses among {} plans: StragglAR with each straggler, then Ring",
                 ranks + 1
             )));
         }
-        for plan in plans {
-            self.fits(plan)?;
-        }
-        // Every blob at a 256-byte boundary, then the table of their addresses.
+        // Every blob at a 256-byte boundary, then the two tables of their addresses.
         let blobs: Vec<Vec<u8>> = plans
             .iter()
-            .map(|p| encode(p, self.config.rank).bytes)
+            .map(|p| p.blob(self.config.rank).bytes)
             .collect();
         let mut offsets = Vec::with_capacity(blobs.len());
-        let mut end = 0;
+        let mut end = 0usize;
         for blob in &blobs {
             offsets.push(end);
             end = (end + blob.len()).div_ceil(256) * 256;
         }
-        let table_at = end;
-        let mut bytes = vec![0u8; table_at + 8 * blobs.len()];
+        let ring_last = end;
+        let straggler_last = ring_last + 8 * (ranks + 1);
+        let mut bytes = vec![0u8; straggler_last + 8 * (ranks + 1)];
         let memory = DeviceMemory::for_upload(&self.device, bytes.len())?;
-        for (i, (blob, &at)) in blobs.iter().zip(&offsets).enumerate() {
+        let address = |choice: usize| memory.ptr + offsets[choice] as u64;
+        for (choice, (blob, &at)) in blobs.iter().zip(&offsets).enumerate() {
             bytes[at..at + blob.len()].copy_from_slice(blob);
-            let entry = table_at + 8 * i;
-            bytes[entry..entry + 8].copy_from_slice(&(memory.ptr + at as u64).to_le_bytes());
+            let entry = ring_last + 8 * choice;
+            bytes[entry..entry + 8].copy_from_slice(&address(choice).to_le_bytes());
+            let baseline = if choice == ranks { ranks - 1 } else { choice };
+            let entry = straggler_last + 8 * choice;
+            bytes[entry..entry + 8].copy_from_slice(&address(baseline).to_le_bytes());
         }
         memory.upload(&bytes)?;
         // Eager calls of these plans use the same blobs (no second upload).
-        for (plan, &at) in plans.iter().zip(&offsets) {
-            self.plans
-                .entry(plan.fingerprint)
-                .or_insert(memory.ptr + at as u64);
+        for (choice, plan) in plans.iter().enumerate() {
+            self.plans.entry(plan.id()).or_insert(address(choice));
         }
-        self.choices.insert(
-            key,
-            ChoiceTable {
-                memory,
-                table: table_at as u64,
-            },
-        );
+        let stragglar = plans[..ranks]
+            .iter()
+            .fold(ArenaNeed::default(), |need, p| need.max(p.need()));
+        self.choices = Some(ChoiceTables {
+            ring_last: memory.ptr + ring_last as u64,
+            straggler_last: memory.ptr + straggler_last as u64,
+            _memory: memory,
+            stragglar,
+            ring: plans[ranks].need(),
+        });
         Ok(())
     }
 
     /// Queues one AllReduce captured into a graph: each replay numbers itself, records its
     /// arrival on the graph board, feeds the device detector of its size class and runs the
     /// plan `rule` picks from the records (see `crate::gpu::choice`), with no host involved.
-    /// `prepare_choices` must have uploaded the plans of `count` elements of `dtype`. A call
-    /// without elements queues nothing (on every rank alike).
+    /// `prepare_choices` must have uploaded the plans. The baseline is Ring where it fits the
+    /// staging at this size, StragglAR with the last rank as the straggler above (the staging
+    /// is sized for StragglAR: Ring's single-assignment arena is 2.6 times the message at 8
+    /// ranks, StragglAR's 1.7). A call without elements queues nothing (on every rank alike).
     ///
     /// # Safety
     /// As [`CudaRank::all_reduce`]: the operands hold `count` elements of this device for
     /// every replay; `stream` is a live stream of this device.
     pub unsafe fn all_reduce_graph(
         &mut self,
-        count: usize,
-        dtype: DataType,
         operands: Operands,
         stream: cudarc::driver::sys::CUstream,
         rule: RawRule,
     ) -> Result<(), CallError> {
         self.fail_fast()?;
-        if count == 0 {
-            return Ok(());
-        }
-        let Some(table) = self.choices.get(&(count, dtype.nccl_code())) else {
+        let Some(choices) = &self.choices else {
             return Err(CallError::Unfit(
                 "the plans must be prepared before graph capture (no allocation while capturing)"
                     .into(),
             ));
+        };
+        let (count, dtype) = (operands.count, operands.dtype);
+        self.fits(choices.stragglar, count, dtype)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let table = if self.fits(choices.ring, count, dtype).is_ok() {
+            choices.ring_last
+        } else {
+            choices.straggler_last
         };
         let args = RawLaunch {
             arrival: RawArrival {
@@ -698,7 +719,7 @@ impl CudaRank {
                 ..RawArrival::default()
             },
             graph: self.staging.ptr + self.config.layout.graph(),
-            plans: table.memory.ptr + table.table,
+            plans: table,
             rule,
             ..self.launch_args(operands)?
         };

@@ -53,29 +53,29 @@ pub struct PlanCache {
 }
 
 impl PlanCache {
-    /// The plan of `count` elements of `shape`.
-    pub fn get(&mut self, shape: Shape, count: usize) -> Result<&Plan, String> {
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.plans.entry((shape, count)) {
-            let key = (shape.algorithm, shape.ranks, shape.straggler);
-            let lowered = match self.lowered.entry(key) {
-                std::collections::hash_map::Entry::Occupied(s) => s.into_mut(),
-                std::collections::hash_map::Entry::Vacant(s) => {
-                    let schedule = shape
-                        .algorithm
-                        .schedule(&PlanRequest::new(shape.ranks, shape.straggler))
-                        .map_err(|e| e.to_string())?;
-                    verify(&schedule).map_err(|e| format!("{e:?}"))?;
-                    s.insert(lower_structure(&schedule).map_err(|e| e.to_string())?)
-                }
-            };
-            slot.insert(lowered.plan(count, shape.dtype));
+    /// The schedule of `shape`, lowered for any count (its plans' programs, and the GPU's blobs).
+    pub fn lowered(&mut self, shape: Shape) -> Result<&Lowered, String> {
+        let key = (shape.algorithm, shape.ranks, shape.straggler);
+        match self.lowered.entry(key) {
+            std::collections::hash_map::Entry::Occupied(s) => Ok(s.into_mut()),
+            std::collections::hash_map::Entry::Vacant(s) => {
+                let schedule = shape
+                    .algorithm
+                    .schedule(&PlanRequest::new(shape.ranks, shape.straggler))
+                    .map_err(|e| e.to_string())?;
+                verify(&schedule).map_err(|e| format!("{e:?}"))?;
+                Ok(s.insert(lower_structure(&schedule).map_err(|e| e.to_string())?))
+            }
         }
-        Ok(&self.plans[&(shape, count)])
     }
 
-    /// The plan of `count` elements of `shape` if it was built already.
-    pub fn built(&self, shape: Shape, count: usize) -> Option<&Plan> {
-        self.plans.get(&(shape, count))
+    /// The plan of `count` elements of `shape`.
+    pub fn get(&mut self, shape: Shape, count: usize) -> Result<&Plan, String> {
+        if !self.plans.contains_key(&(shape, count)) {
+            let plan = self.lowered(shape)?.plan(count, shape.dtype);
+            self.plans.insert((shape, count), plan);
+        }
+        Ok(&self.plans[&(shape, count)])
     }
 }
 

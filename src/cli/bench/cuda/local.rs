@@ -75,15 +75,14 @@ pub fn run_size(
     seed: usize,
 ) -> Result<Vec<Outcome>, Box<dyn Error>> {
     let n = options.ranks;
-    let plan = plans.reference();
-    let dtype = plan.dtype;
-    let bytes = plan.count * dtype.size();
+    let (count, dtype) = (plans.count, plans.dtype);
+    let bytes = count * dtype.size();
     for l in locals.iter_mut() {
         l.steering.start_size();
     }
     let inputs: Vec<Vec<u8>> = locals
         .iter()
-        .map(|l| data::input(dtype, op, l.rank, plan.count, seed))
+        .map(|l| data::input(dtype, op, l.rank, count, seed))
         .collect();
     let device_inputs = inputs
         .iter()
@@ -130,7 +129,7 @@ pub fn run_size(
                 let scale = scale_of(dtype, op, n, l.rank);
                 let plan = match captured {
                     None => l.steering.next(&l.comm, plans, bytes)?,
-                    Some(_) => plan,
+                    Some(_) => plans.all()[0],
                 };
                 let late = options.late_rank(captured.unwrap_or(l.steering.calls));
                 if options.delay_us > 0 && l.rank == late {
@@ -139,20 +138,19 @@ pub fn run_size(
                     unsafe { gpu.delay.launch(l.stream.raw, 1, 32, &ns) }?;
                 }
                 let operands = Operands {
+                    count,
+                    dtype,
                     op,
                     scale,
                     input,
                     output,
                 };
                 let rule = l.steering.rule(bytes).filter(|_| captured.is_some());
-                // SAFETY: input and output hold `plan.count` elements on this device and
+                // SAFETY: input and output hold `count` elements on this device and
                 // live until the streams are synchronised (and the graphs replayed), before
                 // this function returns.
                 match rule {
-                    Some(rule) => unsafe {
-                        l.comm
-                            .all_reduce_graph(plan.count, dtype, operands, l.stream.raw, rule)
-                    }?,
+                    Some(rule) => unsafe { l.comm.all_reduce_graph(operands, l.stream.raw, rule) }?,
                     None => unsafe {
                         l.comm
                             .all_reduce(plan, operands, l.stream.raw, captured.is_none())

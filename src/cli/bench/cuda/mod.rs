@@ -21,7 +21,7 @@ use crate::engine::host::runner::{PlanCache, Shape};
 use crate::gpu::kernels::{APPLY_PROBE_KERNEL, DELAY_KERNEL};
 use crate::gpu::nvrtc;
 use crate::gpu::probe::{probe, Driver};
-use crate::plan::Plan;
+use crate::plan::Lowered;
 use crate::reduce::{DataType, ReduceOp};
 use crate::schedule::Algorithm;
 use local::{run_size, Local, Outcome};
@@ -121,18 +121,21 @@ impl Setup {
             auto: options.algo == BenchAlgo::Auto,
             cache: PlanCache::default(),
         };
+        // With --algo auto, Ring runs too (StragglAR's needs do not depend on which rank is
+        // the straggler).
+        let mut needs = vec![setup.lowered_of(setup.algorithm, setup.straggler)?.need()];
+        if setup.auto {
+            needs.push(setup.lowered_of(Algorithm::Ring, 0)?.need());
+        }
         for dtype in options.dtypes.clone() {
             for bytes in setup.sizes.clone() {
-                // With --algo auto, Ring runs too (StragglAR's sizes do not depend on which
-                // rank is the straggler).
-                let mut plans = vec![setup.plan(dtype, bytes)?];
-                if setup.auto {
-                    plans.push(setup.plan_of(Algorithm::Ring, 0, dtype, bytes)?);
-                }
-                for plan in plans {
-                    setup.layout.arena_bytes =
-                        setup.layout.arena_bytes.max(plan.max_arena_bytes() as u64);
-                    setup.layout.values = setup.layout.values.max(plan.max_values() as u64);
+                let count = bytes as usize / dtype.size();
+                for need in &needs {
+                    setup.layout.arena_bytes = setup
+                        .layout
+                        .arena_bytes
+                        .max(need.arena_bytes(count, dtype) as u64);
+                    setup.layout.values = setup.layout.values.max(need.values as u64);
                 }
             }
         }
@@ -145,29 +148,20 @@ impl Setup {
         Ok(setup)
     }
 
-    /// The plan of `bytes` (whole elements) of `dtype`, with `--algo` and `--straggler`.
-    pub fn plan(&mut self, dtype: DataType, bytes: u64) -> Result<Plan, String> {
-        self.plan_of(self.algorithm, self.straggler, dtype, bytes)
-    }
-
-    /// The plan of `bytes` of `dtype` with `algorithm` and `straggler`.
-    pub fn plan_of(
+    /// The schedule of `algorithm` with `straggler`, lowered for any count.
+    pub fn lowered_of(
         &mut self,
         algorithm: Algorithm,
         straggler: usize,
-        dtype: DataType,
-        bytes: u64,
-    ) -> Result<Plan, String> {
+    ) -> Result<Lowered, String> {
         let shape = Shape {
             algorithm,
             ranks: self.ranks,
             straggler,
-            dtype,
+            // The lowering does not depend on the type.
+            dtype: DataType::U8,
         };
-        Ok(self
-            .cache
-            .get(shape, bytes as usize / dtype.size())?
-            .clone())
+        Ok(self.cache.lowered(shape)?.clone())
     }
 
     /// How rank `rank` runs.
@@ -199,10 +193,10 @@ struct Row {
 }
 
 impl Row {
-    fn combine(plan: &Plan, outcomes: &[Outcome]) -> Row {
+    fn combine(count: usize, dtype: DataType, outcomes: &[Outcome]) -> Row {
         let mut row = Row {
-            bytes: (plan.count * plan.dtype.size()) as u64,
-            count: plan.count,
+            bytes: (count * dtype.size()) as u64,
+            count,
             time_us: [0.0; 2],
             wrong: [0; 2],
             disagreements: 0,
@@ -310,7 +304,7 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
                     return Err(e.to_string());
                 }
             };
-            let row = Row::combine(plans.reference(), &outcomes);
+            let row = Row::combine(plans.count, plans.dtype, &outcomes);
             bad += row.wrong[0] + row.wrong[1] + row.disagreements;
             print_row(options, &row, dtype, op, setup.algorithm);
         }
@@ -374,8 +368,8 @@ fn collect(
             ranked.sort_by_key(|&(rank, _)| rank);
             let outcomes: Vec<Outcome> = ranked.into_iter().map(|(_, o)| o).collect();
             let (dtype, op) = setup.combos[combo];
-            let plan = setup.plan(dtype, setup.sizes[size])?;
-            let row = Row::combine(&plan, &outcomes);
+            let count = setup.sizes[size] as usize / dtype.size();
+            let row = Row::combine(count, dtype, &outcomes);
             bad += row.wrong[0] + row.wrong[1] + row.disagreements;
             print_row(options, &row, dtype, op, setup.algorithm);
         }

@@ -8,54 +8,74 @@ use crate::detect::{Choice, Policy, Tracker};
 use crate::engine::cuda::library::{NVSWITCH_LINK, RECORD_LAG};
 use crate::engine::cuda::rank::{CallError, CudaRank, GraphCounts};
 use crate::gpu::choice::RawRule;
-use crate::plan::Plan;
+use crate::plan::Lowered;
 use crate::reduce::DataType;
 use crate::schedule::Algorithm;
 
-/// The plans one size may run.
-pub enum Plans {
+/// The plans one size may run: schedules lowered for any count, run on `count` elements of
+/// `dtype`.
+pub struct Plans {
+    pub count: usize,
+    pub dtype: DataType,
+    choices: Choices,
+}
+
+enum Choices {
     /// `--algo stragglar|ring`: one plan.
-    Fixed(Plan),
+    Fixed(Lowered),
     /// `--algo auto`: StragglAR with each rank as the straggler, and Ring.
-    Auto { stragglar: Vec<Plan>, ring: Plan },
+    Auto {
+        stragglar: Vec<Lowered>,
+        ring: Lowered,
+    },
 }
 
 impl Plans {
-    /// The plans of `bytes` of `dtype`.
+    /// The plans of `bytes` (whole elements) of `dtype`.
     pub fn for_size(setup: &mut Setup, dtype: DataType, bytes: u64) -> Result<Plans, String> {
-        if !setup.auto {
-            return setup.plan(dtype, bytes).map(Plans::Fixed);
-        }
-        let stragglar = (0..setup.ranks)
-            .map(|s| setup.plan_of(Algorithm::Stragglar, s, dtype, bytes))
-            .collect::<Result<_, _>>()?;
-        let ring = setup.plan_of(Algorithm::Ring, 0, dtype, bytes)?;
-        Ok(Plans::Auto { stragglar, ring })
+        let choices = if setup.auto {
+            let stragglar = (0..setup.ranks)
+                .map(|s| setup.lowered_of(Algorithm::Stragglar, s))
+                .collect::<Result<_, _>>()?;
+            let ring = setup.lowered_of(Algorithm::Ring, 0)?;
+            Choices::Auto { stragglar, ring }
+        } else {
+            Choices::Fixed(setup.lowered_of(setup.algorithm, setup.straggler)?)
+        };
+        Ok(Plans {
+            count: bytes as usize / dtype.size(),
+            dtype,
+            choices,
+        })
     }
 
-    /// The plan every rank checks the size against (the same elements whatever the choice).
-    pub fn reference(&self) -> &Plan {
-        match self {
-            Plans::Fixed(plan) => plan,
-            Plans::Auto { ring, .. } => ring,
+    /// Every plan a call of this size may run (with `--algo auto`: StragglAR with each
+    /// straggler, then Ring, as `CudaRank::prepare_choices` takes them).
+    pub fn all(&self) -> Vec<&Lowered> {
+        match &self.choices {
+            Choices::Fixed(plan) => vec![plan],
+            Choices::Auto { stragglar, ring } => stragglar.iter().chain([ring]).collect(),
         }
     }
 
-    /// Every plan a call of this size may run.
-    pub fn all(&self) -> Vec<&Plan> {
-        match self {
-            Plans::Fixed(plan) => vec![plan],
-            Plans::Auto { stragglar, ring } => stragglar.iter().chain([ring]).collect(),
-        }
-    }
-
-    fn of(&self, choice: Choice) -> &Plan {
-        match (self, choice) {
-            (Plans::Fixed(plan), _) => plan,
-            (Plans::Auto { stragglar, .. }, Choice::Stragglar { straggler }) => {
+    fn of(&self, choice: Choice) -> &Lowered {
+        match (&self.choices, choice) {
+            (Choices::Fixed(plan), _) => plan,
+            (Choices::Auto { stragglar, .. }, Choice::Stragglar { straggler }) => {
                 &stragglar[straggler]
             }
-            (Plans::Auto { ring, .. }, Choice::Baseline) => ring,
+            (Choices::Auto { ring, .. }, Choice::Baseline) => ring,
+        }
+    }
+
+    /// What a call of the fixed plan counts as (`--algo stragglar|ring`).
+    fn fixed_choice(&self) -> Choice {
+        match &self.choices {
+            Choices::Fixed(plan) => match plan.straggler() {
+                Some(straggler) => Choice::Stragglar { straggler },
+                None => Choice::Baseline,
+            },
+            Choices::Auto { .. } => Choice::Baseline,
         }
     }
 }
@@ -123,14 +143,11 @@ impl Steering {
         comm: &CudaRank,
         plans: &'p Plans,
         bytes: usize,
-    ) -> Result<&'p Plan, CallError> {
+    ) -> Result<&'p Lowered, CallError> {
         self.calls += 1;
         self.size_calls += 1;
         let choice = match &mut self.tracker {
-            None => match plans.reference().straggler {
-                Some(straggler) => Choice::Stragglar { straggler },
-                None => Choice::Baseline,
-            },
+            None => plans.fixed_choice(),
             Some(tracker) => {
                 let designated = &mut self.designated;
                 comm.feed_due(tracker, |_, observed| *designated = observed.designated)?;
