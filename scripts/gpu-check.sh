@@ -53,6 +53,14 @@ record() { # name result detail
   if [ "$2" = FAIL ]; then FAILED=1; fi
 }
 
+# Records the host time to queue one eager call that a bench run printed: name, log file.
+host_cost() {
+  local line
+  line=$(grep -h '^# host time to queue one eager call' "$OUT/$2" 2>/dev/null | tail -n 1)
+  if [ -n "$line" ]; then record "$1" MEASURED "${line#*slowest rank): }"; fi
+  return 0
+}
+
 # Runs a step: name, log file, command...; records PASS or FAIL by exit status.
 step() {
   local name="$1" log="$2"
@@ -168,6 +176,7 @@ for algo in stragglar ring; do
     sg bench --backend cuda --ranks 8 --algo "$algo" -b 1K -e 256M -f 4 -n 10 -w 2 \
     --straggler 7 --timeout-ms 60000 --buffer-bytes 1G
 done
+host_cost "host time per eager call, 8 ranks, fixed plan" sweep-stragglar.log
 
 # CUDA graphs: each rank's timed calls captured once and replayed; the replays are checked
 # (the epochs live in device memory and must advance with no host help).
@@ -198,6 +207,7 @@ policy() {
     awk '$NF == 3 && $(NF-1) > 0 { found = 1 } END { exit !found }'
 }
 step "straggler policy on the GPU: 4 ranks, rank 3 late" policy.log policy policy-table.log
+host_cost "host time per eager call, 4 ranks, policy" policy-table.log
 step "policy in graph replays, on the GPU: 4 ranks, rank 3 late" graph-policy.log \
   policy graph-policy-table.log --graph
 

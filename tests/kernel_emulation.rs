@@ -183,6 +183,8 @@ struct Comm {
 }
 
 const ARENA_BYTES: usize = 1 << 20;
+/// What the bytes past a call's arenas hold while it runs (see `Comm::poison_past_arenas`).
+const POISON: u8 = 0xa5;
 const MAX_VALUES: usize = 512;
 
 impl Comm {
@@ -315,6 +317,33 @@ impl Comm {
 
     fn status(&mut self, rank: usize) -> u32 {
         u32::from_le_bytes(self.memory[rank].status.bytes()[..4].try_into().unwrap())
+    }
+
+    /// Fills every rank's arenas past what `plan` needs of them with a pattern, so that
+    /// [`Comm::assert_within_arenas`] can tell whether a call wrote past its slots.
+    fn poison_past_arenas(&mut self, plan: &Plan) {
+        for (m, program) in self.memory.iter_mut().zip(&plan.programs) {
+            for arena in &mut m.arenas {
+                arena.bytes()[program.arena_bytes..].fill(POISON);
+            }
+        }
+    }
+
+    /// Panics if a call wrote past the arena bytes `plan` gives a rank (the staging that the
+    /// library sizes from the same numbers would end there).
+    fn assert_within_arenas(&mut self, plan: &Plan, label: &str) {
+        for (r, (m, program)) in self.memory.iter_mut().zip(&plan.programs).enumerate() {
+            for (parity, arena) in m.arenas.iter_mut().enumerate() {
+                let past = &arena.bytes()[program.arena_bytes..];
+                if let Some(at) = past.iter().position(|&b| b != POISON) {
+                    panic!(
+                        "{label}: rank {r} wrote {} B past its {} B arena (parity {parity})",
+                        at + 1,
+                        program.arena_bytes
+                    );
+                }
+            }
+        }
     }
 
     fn epoch(&mut self, rank: usize) -> u64 {
@@ -709,6 +738,7 @@ fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
         .collect();
     let everyone: Vec<usize> = (0..case.ranks).collect();
     let epoch_before = comm.epoch(0);
+    comm.poison_past_arenas(&plan.plan);
     comm.run(
         &plan,
         case.op,
@@ -732,6 +762,7 @@ fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
         case.in_place,
         case.raw
     );
+    comm.assert_within_arenas(&plan.plan, &label);
     for r in 0..case.ranks {
         assert_eq!(comm.status(r), STATUS_OK, "{label}: rank {r} status");
         assert_eq!(comm.epoch(r), epoch_before + 1, "{label}: rank {r} epoch");

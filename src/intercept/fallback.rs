@@ -40,7 +40,8 @@ pub enum Fallback {
     /// The communicator's setup refused the GPU engine (the same verdict on every rank).
     SetupRefused,
     /// A call was captured into a graph before the communicator ran any call outside capture:
-    /// setup and the plan upload cannot run while a stream captures.
+    /// setup and the plan upload cannot run while a stream captures. (Also the cause when the
+    /// plans could not be built, which is logged once.)
     CapturingBeforeSetup,
     /// The straggler policy chose NCCL for this call: no straggler is designated for its size,
     /// or the designated one's lead does not pay for it (a ticket still records its arrivals).

@@ -356,15 +356,6 @@ impl ArenaNeed {
         let size = dtype.size();
         align_up(count * size) + self.slots * slot_bytes(count, size, self.chunks.max(1))
     }
-
-    /// The larger of two needs, field by field (staging that fits both).
-    pub fn max(self, other: ArenaNeed) -> ArenaNeed {
-        ArenaNeed {
-            chunks: self.chunks.max(other.chunks),
-            slots: self.slots.max(other.slots),
-            values: self.values.max(other.values),
-        }
-    }
 }
 
 impl Lowered {

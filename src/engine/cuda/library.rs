@@ -764,6 +764,11 @@ fn capture_call(
     if !ready.rank.has_choices() {
         return Err(Fallback::CapturingBeforeSetup);
     }
+    if ready.rank.choices_fit(call.count, call.dtype).is_err() {
+        // Eligibility keeps calls within the staging; should that ever not hold, the call
+        // stays on NCCL (alike on every rank: the staging layout is agreed) rather than fail.
+        return Err(Fallback::AboveBufferBytes);
+    }
     let rule = RawRule::new(policy, bytes);
     let operands = call.operands();
     let stream = call.stream.cast();

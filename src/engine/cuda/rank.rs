@@ -137,8 +137,8 @@ struct ChoiceTables {
     /// Device addresses of the two tables.
     ring_last: u64,
     straggler_last: u64,
-    /// What the StragglAR plans (all of them together) and Ring need of the staging.
-    stragglar: ArenaNeed,
+    /// What each StragglAR plan and Ring need of the staging.
+    stragglar: Vec<ArenaNeed>,
     ring: ArenaNeed,
 }
 
@@ -665,9 +665,7 @@ impl CudaRank {
         for (choice, plan) in plans.iter().enumerate() {
             self.plans.entry(plan.id()).or_insert(address(choice));
         }
-        let stragglar = plans[..ranks]
-            .iter()
-            .fold(ArenaNeed::default(), |need, p| need.max(p.need()));
+        let stragglar = plans[..ranks].iter().map(|p| p.need()).collect();
         self.choices = Some(ChoiceTables {
             ring_last: memory.ptr + ring_last as u64,
             straggler_last: memory.ptr + straggler_last as u64,
@@ -676,6 +674,26 @@ impl CudaRank {
             ring: plans[ranks].need(),
         });
         Ok(())
+    }
+
+    /// `Ok` when every StragglAR plan a graph launch may pick fits the staging at `count`
+    /// elements of `dtype` (the same answer on every rank: the staging layout is agreed).
+    pub fn choices_fit(&self, count: usize, dtype: DataType) -> Result<(), CallError> {
+        self.fitting_choices(count, dtype).map(|_| ())
+    }
+
+    /// The uploaded choices, when every StragglAR plan fits at `count` elements of `dtype`.
+    fn fitting_choices(&self, count: usize, dtype: DataType) -> Result<&ChoiceTables, CallError> {
+        let Some(choices) = &self.choices else {
+            return Err(CallError::Unfit(
+                "the plans must be prepared before graph capture (no allocation while capturing)"
+                    .into(),
+            ));
+        };
+        for &need in &choices.stragglar {
+            self.fits(need, count, dtype)?;
+        }
+        Ok(choices)
     }
 
     /// Queues one AllReduce captured into a graph: each replay numbers itself, records its
@@ -696,14 +714,8 @@ impl CudaRank {
         rule: RawRule,
     ) -> Result<(), CallError> {
         self.fail_fast()?;
-        let Some(choices) = &self.choices else {
-            return Err(CallError::Unfit(
-                "the plans must be prepared before graph capture (no allocation while capturing)"
-                    .into(),
-            ));
-        };
         let (count, dtype) = (operands.count, operands.dtype);
-        self.fits(choices.stragglar, count, dtype)?;
+        let choices = self.fitting_choices(count, dtype)?;
         if count == 0 {
             return Ok(());
         }

@@ -89,7 +89,7 @@ pub fn spawn(options: &BenchOptions, dir: &Path) -> std::io::Result<Vec<Child>> 
 /// Parses a worker's `outcome COMBO SIZE T0 T1 W0 W1 D0 D1 R CALLS SG CHOICES DESIGNATED` line.
 pub fn parse_outcome(line: &str) -> Option<(usize, usize, Outcome)> {
     let f: Vec<&str> = line.split_whitespace().collect();
-    if f.len() != 14 || f[0] != "outcome" {
+    if f.len() != 15 || f[0] != "outcome" {
         return None;
     }
     Some((
@@ -104,6 +104,7 @@ pub fn parse_outcome(line: &str) -> Option<(usize, usize, Outcome)> {
             stragglar_calls: f[11].parse().ok()?,
             choices: f[12].parse().ok()?,
             designated: f[13].parse().ok()?,
+            host_us: f[14].parse().ok()?,
         },
     ))
 }
@@ -207,7 +208,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
             let mut out = stdout.lock();
             writeln!(
                 out,
-                "outcome {combo} {size} {} {} {} {} {} {} {} {} {} {} {}",
+                "outcome {combo} {size} {} {} {} {} {} {} {} {} {} {} {} {}",
                 o.time_us[0],
                 o.time_us[1],
                 o.wrong[0],
@@ -218,7 +219,8 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
                 o.calls,
                 o.stragglar_calls,
                 o.choices,
-                o.designated
+                o.designated,
+                o.host_us
             )?;
             out.flush()?;
         }
@@ -243,7 +245,7 @@ mod tests {
 
     #[test]
     fn outcomes_parse() {
-        let line = "outcome 2 5 10.5 11 0 3 17 18 19 40 30 77 -1";
+        let line = "outcome 2 5 10.5 11 0 3 17 18 19 40 30 77 -1 2.25";
         let (combo, size, o) = parse_outcome(line).unwrap();
         assert_eq!((combo, size), (2, 5));
         assert_eq!(o.time_us, [10.5, 11.0]);
@@ -254,7 +256,9 @@ mod tests {
             (o.calls, o.stragglar_calls, o.choices, o.designated),
             (40, 30, 77, -1)
         );
+        assert_eq!(o.host_us, 2.25);
         assert!(parse_outcome("size 1 2").is_none());
+        assert!(parse_outcome(line.trim_end_matches(" 2.25")).is_none());
     }
 
     #[test]

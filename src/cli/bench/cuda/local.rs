@@ -38,6 +38,10 @@ pub struct Outcome {
     pub stragglar_calls: u64,
     pub choices: u64,
     pub designated: i64,
+    /// Host microseconds to queue one eager timed call on this rank (its choice, the record
+    /// reads it waits for, the launch), averaged over both placements; 0 when the timed calls
+    /// were graph replays.
+    pub host_us: f64,
 }
 
 /// A digest of the arrival records `comm`'s ring holds once its stream is idle: those of every
@@ -106,6 +110,7 @@ pub fn run_size(
             stragglar_calls: 0,
             choices: 0,
             designated: -1,
+            host_us: 0.0,
         };
         locals.len()
     ];
@@ -239,8 +244,15 @@ pub fn run_size(
                 }
             }
             None => {
+                let queued = std::time::Instant::now();
                 for _ in 0..options.iters {
                     call(locals, 0, None)?;
+                }
+                // Threads as ranks queue one after another: each gets an equal share.
+                let per_call = queued.elapsed().as_secs_f64() * 1e6
+                    / (options.iters.max(1) * locals.len()) as f64;
+                for o in outcomes.iter_mut() {
+                    o.host_us += per_call / 2.0;
                 }
             }
         }

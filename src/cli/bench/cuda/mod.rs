@@ -190,6 +190,37 @@ struct Row {
     calls: u64,
     stragglar_calls: u64,
     designated: i64,
+    /// Host microseconds to queue one eager call: the slowest rank's (0 for graph replays).
+    host_us: f64,
+}
+
+/// The host time to queue one eager call, over the rows of a run.
+#[derive(Default)]
+struct HostCost {
+    sum_us: f64,
+    rows: usize,
+    worst_us: f64,
+}
+
+impl HostCost {
+    fn add(&mut self, row: &Row) {
+        if row.host_us > 0.0 {
+            self.sum_us += row.host_us;
+            self.rows += 1;
+            self.worst_us = self.worst_us.max(row.host_us);
+        }
+    }
+
+    /// One comment line under the table (nothing when no eager call was timed).
+    fn print(&self) {
+        if self.rows > 0 {
+            println!(
+                "# host time to queue one eager call (choice, record reads, launch; slowest rank): mean {:.2} us, worst size {:.2} us",
+                self.sum_us / self.rows as f64,
+                self.worst_us
+            );
+        }
+    }
 }
 
 impl Row {
@@ -203,8 +234,10 @@ impl Row {
             calls: outcomes.first().map_or(0, |o| o.calls),
             stragglar_calls: outcomes.first().map_or(0, |o| o.stragglar_calls),
             designated: outcomes.first().map_or(-1, |o| o.designated),
+            host_us: 0.0,
         };
         for o in outcomes {
+            row.host_us = row.host_us.max(o.host_us);
             for p in 0..2 {
                 row.time_us[p] = row.time_us[p].max(o.time_us[p]);
                 row.wrong[p] += o.wrong[p];
@@ -289,6 +322,7 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
         l.comm.connect(&peers).map_err(|e| e.to_string())?;
     }
     let mut bad = 0;
+    let mut host = HostCost::default();
     let mut seed = 0;
     for (dtype, op) in setup.combos.clone() {
         for bytes in setup.sizes.clone() {
@@ -306,6 +340,7 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
             };
             let row = Row::combine(plans.count, plans.dtype, &outcomes);
             bad += row.wrong[0] + row.wrong[1] + row.disagreements;
+            host.add(&row);
             print_row(options, &row, dtype, op, setup.algorithm);
         }
     }
@@ -318,6 +353,7 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
             ));
         }
     }
+    host.print();
     println!("# wrong elements and rank disagreements: {bad}");
     Ok(bad)
 }
@@ -359,6 +395,7 @@ fn collect(
     let mut pending: std::collections::BTreeMap<(usize, usize), Vec<(usize, Outcome)>> =
         Default::default();
     let mut bad = 0;
+    let mut host = HostCost::default();
     for (rank, (combo, size, outcome)) in rx {
         let entry = pending.entry((combo, size)).or_default();
         entry.push((rank, outcome));
@@ -371,6 +408,7 @@ fn collect(
             let count = setup.sizes[size] as usize / dtype.size();
             let row = Row::combine(count, dtype, &outcomes);
             bad += row.wrong[0] + row.wrong[1] + row.disagreements;
+            host.add(&row);
             print_row(options, &row, dtype, op, setup.algorithm);
         }
     }
@@ -389,6 +427,7 @@ fn collect(
             pending.len()
         ));
     }
+    host.print();
     println!("# wrong elements and rank disagreements: {bad}");
     Ok(bad)
 }
