@@ -63,7 +63,7 @@ pub extern "C" fn ncclAllReduce(
                 ));
                 if cause == Fallback::PolicyNccl {
                     // The GPU engine's next launch on this communicator follows NCCL's kernel.
-                    crate::engine::cuda::library::forwarded(comm, stream);
+                    crate::engine::cuda::library::forwarded(comm, stream, code);
                 }
                 code
             }

@@ -1,7 +1,9 @@
 //! Whether a valid AllReduce may run on StragglAR: a pure function of inputs that are the same
 //! on every rank for the same call (the arguments, the communicator's size and kind, the
 //! group depth the program is at, and the configuration, which setup checks agrees), so every
-//! rank takes the same route.
+//! rank takes the same route. The one per-rank input, a nonblocking communicator's
+//! asynchronous state, is `ncclSuccess` on every rank of a correct program at every call: NCCL
+//! requires it before any call (see `super::nonblocking`).
 
 use super::fallback::Fallback;
 use crate::reduce::DataType;
@@ -23,6 +25,9 @@ pub struct CallFacts {
     /// The communicator's size, if it was made through our init functions.
     pub nranks: Option<i32>,
     pub blocking: bool,
+    /// For a nonblocking communicator: its asynchronous state is `ncclSuccess` (no operation
+    /// in progress, no error). Ignored for a blocking one.
+    pub async_ready: bool,
     /// Inside `ncclGroupStart`/`ncclGroupEnd`.
     pub in_group: bool,
     /// Every rank of the communicator lives in this process (`CommInfo::single_process`).
@@ -83,7 +88,7 @@ pub fn check(facts: &CallFacts, limits: &Limits) -> Result<(), Fallback> {
     if facts.in_group {
         return Err(Fallback::InGroup);
     }
-    if !facts.blocking {
+    if !facts.blocking && !facts.async_ready {
         return Err(Fallback::NonblockingComm);
     }
     Ok(())
@@ -101,6 +106,7 @@ mod tests {
             op_is_host_premulsum: false,
             nranks: Some(8),
             blocking: true,
+            async_ready: false,
             in_group: false,
             single_process: false,
         }
@@ -230,6 +236,22 @@ mod tests {
             ..facts()
         };
         assert_eq!(check(&premul, &l), Ok(()));
+    }
+
+    #[test]
+    fn a_nonblocking_communicator_is_eligible_once_its_state_is_success() {
+        let nonblocking = |async_ready| CallFacts {
+            blocking: false,
+            async_ready,
+            ..facts()
+        };
+        assert_eq!(
+            check(&nonblocking(false), &limits()),
+            Err(Fallback::NonblockingComm)
+        );
+        assert_eq!(check(&nonblocking(true), &limits()), Ok(()));
+        // A blocking communicator's state is not asked.
+        assert_eq!(check(&facts(), &limits()), Ok(()));
     }
 
     #[test]

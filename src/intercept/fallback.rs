@@ -31,7 +31,8 @@ pub enum Fallback {
     AboveBufferBytes,
     /// Inside `ncclGroupStart`/`ncclGroupEnd`.
     InGroup,
-    /// A nonblocking communicator (its asynchronous state is not tracked yet).
+    /// A nonblocking communicator whose asynchronous state is not `ncclSuccess` (an operation
+    /// still in progress, or an error).
     NonblockingComm,
     /// The GPU engine is off (`STRAGGLAR_GPU_ENGINE=0`, the default in this version).
     NoGpuEngine,
@@ -122,7 +123,9 @@ impl Fallback {
             Fallback::BelowMinBytes => "smaller than STRAGGLAR_MIN_BYTES",
             Fallback::AboveBufferBytes => "larger than STRAGGLAR_BUFFER_BYTES",
             Fallback::InGroup => "inside ncclGroupStart/ncclGroupEnd",
-            Fallback::NonblockingComm => "a nonblocking communicator",
+            Fallback::NonblockingComm => {
+                "a nonblocking communicator whose state is not ncclSuccess"
+            }
             Fallback::NoGpuEngine => "the GPU engine is off (STRAGGLAR_GPU_ENGINE=0)",
             Fallback::GpuUnavailable => "no usable CUDA driver, device or NVRTC for the GPU engine",
             Fallback::SetupRefused => "the communicator's setup refused the GPU engine",

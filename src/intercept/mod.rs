@@ -7,6 +7,7 @@
 
 pub mod eligibility;
 pub mod fallback;
+pub mod nonblocking;
 pub mod report;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,6 +92,7 @@ static WARNED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
 pub fn facts_of(call: &AllReduceCall) -> CallFacts {
     let info = crate::registry::comms().get(call.comm);
     // Only a dynamic op (a PreMulSum) needs the op table's lock.
+    let blocking = info.as_ref().is_none_or(|i| i.blocking);
     let premul = (call.op.0 > 4)
         .then(|| crate::registry::redops().get(call.comm, call.op))
         .flatten();
@@ -101,7 +103,10 @@ pub fn facts_of(call: &AllReduceCall) -> CallFacts {
         op_is_host_premulsum: premul
             .is_some_and(|p| matches!(p.scalar, crate::registry::Scalar::Host { .. })),
         nranks: info.as_ref().and_then(|i| i.nranks),
-        blocking: info.as_ref().is_none_or(|i| i.blocking),
+        blocking,
+        // Only a nonblocking communicator asks NCCL for its state.
+        async_ready: !blocking
+            && nonblocking::async_state(call.comm) == crate::nccl::types::ResultCode::SUCCESS,
         in_group: crate::registry::groups::depth() > 0,
         single_process: info.as_ref().is_some_and(|i| i.single_process),
     }

@@ -313,6 +313,12 @@ impl Exchange for NcclExchange<'_> {
                 self.stream,
             )
         });
+        // A nonblocking communicator may still be launching it: nothing may follow on the
+        // stream until NCCL's state settles.
+        let rc = match rc {
+            ResultCode::IN_PROGRESS => crate::intercept::nonblocking::settle(self.comm),
+            rc => rc,
+        };
         if rc != ResultCode::SUCCESS {
             return Err(format!("ncclAllGather returned {}", rc.0));
         }
@@ -836,10 +842,12 @@ fn prepare_choices(ready: &mut Ready, call: &EngineCall) -> Result<(), CallError
     ready.rank.prepare_choices(&plans)
 }
 
-/// Called after a call the policy sent to NCCL was forwarded on `stream`: the communicator's
-/// next launch is ordered after NCCL's kernel too, not just after the ticket. Does nothing for
-/// a call that queued no ticket (one captured into a graph).
-pub fn forwarded(comm: ncclComm_t, stream: cudaStream_t) {
+/// Called after a call the policy sent to NCCL was forwarded on `stream`, with NCCL's result:
+/// the communicator's next launch is ordered after NCCL's kernel too, not just after the
+/// ticket. Where a nonblocking communicator returned `ncclInProgress`, NCCL's helper thread may
+/// not have launched its kernel yet: the order is taken once its state settles. Does nothing
+/// for a call that queued no ticket (one captured into a graph).
+pub fn forwarded(comm: ncclComm_t, stream: cudaStream_t, code: ResultCode) {
     let Some(entry) = ENGINES.lock().get(&(comm as usize)).cloned() else {
         return;
     };
@@ -847,6 +855,19 @@ pub fn forwarded(comm: ncclComm_t, stream: cudaStream_t) {
     if let State::Ready(ready) = &mut *state {
         if !std::mem::take(&mut ready.ticket_awaits_nccl) {
             return;
+        }
+        if code == ResultCode::IN_PROGRESS {
+            let settled = crate::intercept::nonblocking::settle(comm);
+            if settled != ResultCode::SUCCESS {
+                // NCCL's call failed: the communicator is broken, and so is this rank's part.
+                log::warn!(
+                    "ncclAllReduce on communicator {comm:p}: NCCL's state is {}",
+                    settled.0
+                );
+                ready.rank.abort();
+                ready.rank.mark_failed();
+                return;
+            }
         }
         if let Err(e) = order_after(ready, stream) {
             log::warn!("ncclAllReduce on communicator {comm:p}: {e}");

@@ -1,0 +1,43 @@
+//! Nonblocking communicators (`config.blocking = 0`): NCCL may return `ncclInProgress` from a
+//! collective while its helper thread is still launching the work, and the application must
+//! poll `ncclCommGetAsyncError` until the state is `ncclSuccess` before its next NCCL call or
+//! any other work on the stream. An AllReduce may run on StragglAR only once that state is
+//! `ncclSuccess` (every rank of a correct program is there at each call), and where this
+//! library itself calls NCCL on such a communicator (the setup's all-gather, a call the policy
+//! forwards), it waits for the state to settle before it enqueues anything after NCCL's work.
+
+use crate::abi::passthrough::ncclCommGetAsyncError;
+use crate::nccl::types::{ncclComm_t, ResultCode};
+
+/// The real communicator's asynchronous state: `ncclSuccess`, `ncclInProgress` or an error
+/// (also the code of a query that failed).
+pub fn async_state(comm: ncclComm_t) -> ResultCode {
+    let mut state = ResultCode::SUCCESS;
+    let out: *mut ResultCode = &mut state;
+    let rc: ResultCode = crate::forward!(ncclCommGetAsyncError(comm, out); live comm; outputs out);
+    if rc == ResultCode::SUCCESS {
+        state
+    } else {
+        rc
+    }
+}
+
+/// Waits while the real communicator's state is `ncclInProgress` (NCCL's helper thread still
+/// launching an operation), spinning briefly, then sleeping 50 us between polls; returns the
+/// state it settled on. Does not wait for peers beyond what NCCL's launch itself needs, and an
+/// abort of the communicator ends the wait with its error.
+pub fn settle(comm: ncclComm_t) -> ResultCode {
+    let mut polls = 0u32;
+    loop {
+        let state = async_state(comm);
+        if state != ResultCode::IN_PROGRESS {
+            return state;
+        }
+        if polls < 1000 {
+            polls += 1;
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+}
