@@ -57,7 +57,7 @@ record() { # name result detail
 host_cost() {
   local line
   line=$(grep -h '^# host time to queue one eager call' "$OUT/$2" 2>/dev/null | tail -n 1)
-  if [ -n "$line" ]; then record "$1" MEASURED "${line#*slowest rank): }"; fi
+  if [ -n "$line" ]; then record "$1" MEASURED "${line#*): }"; fi
   return 0
 }
 

@@ -322,6 +322,7 @@ impl Comm {
     /// Fills every rank's arenas past what `plan` needs of them with a pattern, so that
     /// [`Comm::assert_within_arenas`] can tell whether a call wrote past its slots.
     fn poison_past_arenas(&mut self, plan: &Plan) {
+        assert!(plan.max_arena_bytes() <= ARENA_BYTES);
         for (m, program) in self.memory.iter_mut().zip(&plan.programs) {
             for arena in &mut m.arenas {
                 arena.bytes()[program.arena_bytes..].fill(POISON);

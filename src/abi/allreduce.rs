@@ -61,6 +61,9 @@ pub extern "C" fn ncclAllReduce(
                 let code = forward!(ncclAllReduce(
                     sendbuff, recvbuff, count, datatype, op, comm, stream
                 ));
+                if cause == Fallback::NonblockingComm && crate::config::get().gpu_engine {
+                    crate::engine::cuda::library::nccl_not_ready(comm);
+                }
                 if cause == Fallback::PolicyNccl {
                     // The GPU engine's next launch on this communicator follows NCCL's kernel.
                     crate::engine::cuda::library::forwarded(comm, stream, code);

@@ -90,9 +90,16 @@ static WARNED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
 /// What the route depends on besides the arguments: the communicator as our registry knows it,
 /// the group depth and the configuration.
 pub fn facts_of(call: &AllReduceCall) -> CallFacts {
-    let info = crate::registry::comms().get(call.comm);
-    // Only a dynamic op (a PreMulSum) needs the op table's lock.
+    let mut info = crate::registry::comms().get(call.comm);
     let blocking = info.as_ref().is_none_or(|i| i.blocking);
+    // Only a nonblocking communicator asks NCCL for its state; once it is ready, what its
+    // init left unknown is read (alike on every rank: NCCL requires ncclSuccess before a call).
+    let async_ready =
+        !blocking && nonblocking::async_state(call.comm) == crate::nccl::types::ResultCode::SUCCESS;
+    if async_ready {
+        info = crate::abi::lifecycle::completed_info(call.comm);
+    }
+    // Only a dynamic op (a PreMulSum) needs the op table's lock.
     let premul = (call.op.0 > 4)
         .then(|| crate::registry::redops().get(call.comm, call.op))
         .flatten();
@@ -104,9 +111,7 @@ pub fn facts_of(call: &AllReduceCall) -> CallFacts {
             .is_some_and(|p| matches!(p.scalar, crate::registry::Scalar::Host { .. })),
         nranks: info.as_ref().and_then(|i| i.nranks),
         blocking,
-        // Only a nonblocking communicator asks NCCL for its state.
-        async_ready: !blocking
-            && nonblocking::async_state(call.comm) == crate::nccl::types::ResultCode::SUCCESS,
+        async_ready,
         in_group: crate::registry::groups::depth() > 0,
         single_process: info.as_ref().is_some_and(|i| i.single_process),
     }

@@ -2,9 +2,11 @@
 //! collective while its helper thread is still launching the work, and the application must
 //! poll `ncclCommGetAsyncError` until the state is `ncclSuccess` before its next NCCL call or
 //! any other work on the stream. An AllReduce may run on StragglAR only once that state is
-//! `ncclSuccess` (every rank of a correct program is there at each call), and where this
-//! library itself calls NCCL on such a communicator (the setup's all-gather, a call the policy
-//! forwards), it waits for the state to settle before it enqueues anything after NCCL's work.
+//! `ncclSuccess` (every rank of a correct program is there at each call). Where this library
+//! itself calls NCCL on such a communicator, it enqueues nothing after NCCL's work before the
+//! state settles: the setup's all-gather waits for it (bounded, and given up on an abort), and a
+//! call the policy forwards is ordered before the next launch only then (see
+//! `engine::cuda::library::forwarded`).
 
 use crate::abi::passthrough::ncclCommGetAsyncError;
 use crate::nccl::types::{ncclComm_t, ResultCode};
@@ -24,14 +26,23 @@ pub fn async_state(comm: ncclComm_t) -> ResultCode {
 
 /// Waits while the real communicator's state is `ncclInProgress` (NCCL's helper thread still
 /// launching an operation), spinning briefly, then sleeping 50 us between polls; returns the
-/// state it settled on. Does not wait for peers beyond what NCCL's launch itself needs, and an
-/// abort of the communicator ends the wait with its error.
-pub fn settle(comm: ncclComm_t) -> ResultCode {
+/// state it settled on, or `None` when `stop` says to give up (checked before every poll: the
+/// communicator is being aborted or destroyed, and must not be queried any more) or after
+/// `limit`.
+pub fn settle(
+    comm: ncclComm_t,
+    stop: impl Fn() -> bool,
+    limit: Option<std::time::Duration>,
+) -> Option<ResultCode> {
+    let started = std::time::Instant::now();
     let mut polls = 0u32;
     loop {
+        if stop() || limit.is_some_and(|l| started.elapsed() > l) {
+            return None;
+        }
         let state = async_state(comm);
         if state != ResultCode::IN_PROGRESS {
-            return state;
+            return Some(state);
         }
         if polls < 1000 {
             polls += 1;

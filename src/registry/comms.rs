@@ -101,6 +101,17 @@ impl CommTable {
         self.entries.read().get(&key(comm)).cloned()
     }
 
+    /// Changes what is known of `comm` with `update` (not its state); returns the result, or
+    /// `None` for an unknown handle.
+    pub fn update(&self, comm: ncclComm_t, update: impl FnOnce(&mut CommInfo)) -> Option<CommInfo> {
+        let mut entries = self.entries.write();
+        let info = entries.get_mut(&key(comm))?;
+        let state = info.state;
+        update(info);
+        info.state = state;
+        Some(info.clone())
+    }
+
     /// Moves `comm` to `state`. Returns the previous state, or `None` for an unknown handle.
     pub fn set_state(&self, comm: ncclComm_t, state: CommState) -> Option<CommState> {
         let mut entries = self.entries.write();
@@ -138,6 +149,23 @@ mod tests {
             state: CommState::Live,
             single_process: false,
         }
+    }
+
+    #[test]
+    fn an_update_completes_what_is_known_but_never_the_state() {
+        let table = CommTable::default();
+        assert_eq!(table.update(handle(0x30), |i| i.rank = Some(3)), None);
+        table.insert(handle(0x30), info(CommOrigin::InitRankConfig));
+        table.set_state(handle(0x30), CommState::Destroyed);
+        let updated = table
+            .update(handle(0x30), |i| {
+                i.cuda_device = Some(5);
+                i.state = CommState::Live;
+            })
+            .unwrap();
+        assert_eq!(updated.cuda_device, Some(5));
+        assert_eq!(updated.state, CommState::Destroyed);
+        assert!(table.is_destroyed(handle(0x30)));
     }
 
     #[test]

@@ -114,6 +114,9 @@ struct Ready {
     /// A ticket was queued for a call the policy sent to NCCL, and NCCL's kernel is not yet
     /// ordered before this communicator's next launch (see [`forwarded`]).
     ticket_awaits_nccl: bool,
+    /// The stream of such a call that NCCL (nonblocking) was still launching when it returned:
+    /// the next eager launch orders itself after it first.
+    order_pending: Option<cudaStream_t>,
     /// Calls captured into graphs as graph launches (each replay chooses on the GPU).
     captured: u64,
     /// The plans graph launches choose among could not be built: captured calls stay on NCCL.
@@ -291,6 +294,8 @@ pub fn staging_bytes(ranks: usize) -> Result<u64, String> {
 /// The setup's AllGather through the real communicator, on the caller's stream.
 struct NcclExchange<'a> {
     device: &'a Arc<Device>,
+    /// Set when the communicator is aborted or destroyed meanwhile (see [`forget`]).
+    forgotten: &'a std::sync::atomic::AtomicBool,
     comm: ncclComm_t,
     stream: cudaStream_t,
     ranks: usize,
@@ -316,7 +321,14 @@ impl Exchange for NcclExchange<'_> {
         // A nonblocking communicator may still be launching it: nothing may follow on the
         // stream until NCCL's state settles.
         let rc = match rc {
-            ResultCode::IN_PROGRESS => crate::intercept::nonblocking::settle(self.comm),
+            ResultCode::IN_PROGRESS => {
+                let forgotten = || self.forgotten.load(std::sync::atomic::Ordering::Acquire);
+                let limit = crate::config::get()
+                    .timeout_ms
+                    .map(std::time::Duration::from_millis);
+                crate::intercept::nonblocking::settle(self.comm, forgotten, limit)
+                    .ok_or("the communicator was aborted, or STRAGGLAR_TIMEOUT_MS passed, while NCCL launched it")?
+            }
             rc => rc,
         };
         if rc != ResultCode::SUCCESS {
@@ -450,6 +462,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     }
     let mut exchange = NcclExchange {
         device: &device,
+        forgotten: &entry.forgotten,
         comm: call.comm,
         stream: call.stream,
         ranks: call.ranks,
@@ -531,6 +544,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         captured: 0,
         unbuildable: false,
         ticket_awaits_nccl: false,
+        order_pending: None,
         last,
         last_stream: call.stream,
         captured_last,
@@ -568,6 +582,7 @@ fn feed_due_records(ready: &mut Ready, comm: ncclComm_t, rank: usize) -> Result<
             );
         }
     })
+    .map(|_waited| ())
 }
 
 /// This rank's trace of `call`'s communicator, with `STRAGGLAR_TRACE_DIR`.
@@ -677,6 +692,14 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
     if std::mem::take(&mut ready.failed_in_capture) {
         ready.rank.mark_failed();
     }
+    if let Some(forwarded_on) = ready.order_pending.take() {
+        // NCCL's kernel of the forwarded call is queued by now (see `forwarded`).
+        if let Err(e) = order_after(ready, forwarded_on) {
+            ready.rank.abort();
+            ready.rank.mark_failed();
+            return Ok(Err(e));
+        }
+    }
     let prepared =
         feed_due_records(ready, call.comm, call.rank).and_then(|()| prepare_choices(ready, call));
     if let Err(e) = prepared {
@@ -770,9 +793,13 @@ fn capture_call(
     if !ready.rank.has_choices() {
         return Err(Fallback::CapturingBeforeSetup);
     }
-    if ready.rank.choices_fit(call.count, call.dtype).is_err() {
+    if let Err(e) = ready.rank.choices_fit(call.count, call.dtype) {
         // Eligibility keeps calls within the staging; should that ever not hold, the call
         // stays on NCCL (alike on every rank: the staging layout is agreed) rather than fail.
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            log::warn!("a captured ncclAllReduce of {bytes} B stays on NCCL: {e} (logged once)");
+        }
         return Err(Fallback::AboveBufferBytes);
     }
     let rule = RawRule::new(policy, bytes);
@@ -845,8 +872,10 @@ fn prepare_choices(ready: &mut Ready, call: &EngineCall) -> Result<(), CallError
 /// Called after a call the policy sent to NCCL was forwarded on `stream`, with NCCL's result:
 /// the communicator's next launch is ordered after NCCL's kernel too, not just after the
 /// ticket. Where a nonblocking communicator returned `ncclInProgress`, NCCL's helper thread may
-/// not have launched its kernel yet: the order is taken once its state settles. Does nothing
-/// for a call that queued no ticket (one captured into a graph).
+/// not have launched its kernel yet: the order is taken at the communicator's next eager
+/// launch, by when the application has seen `ncclSuccess` (NCCL requires it), so the call
+/// returns at once, as NCCL's did. Does nothing for a call that queued no ticket (one captured
+/// into a graph).
 pub fn forwarded(comm: ncclComm_t, stream: cudaStream_t, code: ResultCode) {
     let Some(entry) = ENGINES.lock().get(&(comm as usize)).cloned() else {
         return;
@@ -857,23 +886,40 @@ pub fn forwarded(comm: ncclComm_t, stream: cudaStream_t, code: ResultCode) {
             return;
         }
         if code == ResultCode::IN_PROGRESS {
-            let settled = crate::intercept::nonblocking::settle(comm);
-            if settled != ResultCode::SUCCESS {
-                // NCCL's call failed: the communicator is broken, and so is this rank's part.
-                log::warn!(
-                    "ncclAllReduce on communicator {comm:p}: NCCL's state is {}",
-                    settled.0
-                );
-                ready.rank.abort();
-                ready.rank.mark_failed();
-                return;
-            }
+            ready.order_pending = Some(stream);
+            return;
         }
         if let Err(e) = order_after(ready, stream) {
             log::warn!("ncclAllReduce on communicator {comm:p}: {e}");
             ready.rank.abort();
             ready.rank.mark_failed();
         }
+    }
+}
+
+/// Called when a call of a nonblocking communicator goes to NCCL because its state is not
+/// `ncclSuccess`: if NCCL reports an error, this rank's part of the engine is given up too, so
+/// that peers whose state is still fine, and which run the call on StragglAR, stop waiting for
+/// this rank instead of hanging. (A state still in progress at a call breaks NCCL's contract;
+/// nothing is done for it.)
+pub fn nccl_not_ready(comm: ncclComm_t) {
+    let Some(entry) = ENGINES.lock().get(&(comm as usize)).cloned() else {
+        return;
+    };
+    let state = crate::intercept::nonblocking::async_state(comm);
+    if state == ResultCode::SUCCESS || state == ResultCode::IN_PROGRESS {
+        return;
+    }
+    let mut engine = entry.state.lock();
+    if let State::Ready(ready) = &mut *engine {
+        if ready.rank.status() == STATUS_OK && !ready.rank.control().aborted() {
+            log::warn!(
+                "communicator {comm:p}: NCCL reports error {}; the GPU engine gives this rank up",
+                state.0
+            );
+        }
+        ready.rank.abort();
+        ready.rank.mark_failed();
     }
 }
 

@@ -364,19 +364,29 @@ impl CudaRank {
 
     /// Feeds `tracker` every due record from this rank's ring, waiting for each (see
     /// [`CudaRank::await_record`]), and hands each record and what it changed to `each`.
+    /// Returns how long it waited for records the GPU had not written yet.
     pub fn feed_due(
         &self,
         tracker: &mut Tracker,
         mut each: impl FnMut(&ArrivalRecord, Observed),
-    ) -> Result<(), CallError> {
+    ) -> Result<Duration, CallError> {
+        let mut waited = Duration::ZERO;
         while let Some(call) = tracker.due() {
-            let record = self.await_record(call)?;
+            let record = match self.record(call) {
+                Some(record) => record,
+                None => {
+                    let started = std::time::Instant::now();
+                    let record = self.await_record(call)?;
+                    waited += started.elapsed();
+                    record
+                }
+            };
             match tracker.feed(record) {
                 Some(observed) => each(&record, observed),
                 None => break,
             }
         }
-        Ok(())
+        Ok(waited)
     }
 
     /// Where the next launch records its arrival (a ticket), or a launch that takes none.

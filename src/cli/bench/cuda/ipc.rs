@@ -86,7 +86,8 @@ pub fn spawn(options: &BenchOptions, dir: &Path) -> std::io::Result<Vec<Child>> 
         .collect()
 }
 
-/// Parses a worker's `outcome COMBO SIZE T0 T1 W0 W1 D0 D1 R CALLS SG CHOICES DESIGNATED` line.
+/// Parses a worker's `outcome COMBO SIZE T0 T1 W0 W1 D0 D1 R CALLS SG CHOICES DESIGNATED HOST`
+/// line.
 pub fn parse_outcome(line: &str) -> Option<(usize, usize, Outcome)> {
     let f: Vec<&str> = line.split_whitespace().collect();
     if f.len() != 15 || f[0] != "outcome" {

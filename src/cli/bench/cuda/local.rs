@@ -38,9 +38,10 @@ pub struct Outcome {
     pub stragglar_calls: u64,
     pub choices: u64,
     pub designated: i64,
-    /// Host microseconds to queue one eager timed call on this rank (its choice, the record
-    /// reads it waits for, the launch), averaged over both placements; 0 when the timed calls
-    /// were graph replays.
+    /// Host microseconds to queue one eager timed call on this rank (its choice and launch,
+    /// and a held-back rank's delay kernel; waits for arrival records the GPU had not written
+    /// yet are left out), averaged over both placements; 0 when the timed calls were graph
+    /// replays. Threads as ranks each get an equal share of the loop's time.
     pub host_us: f64,
 }
 
@@ -244,12 +245,21 @@ pub fn run_size(
                 }
             }
             None => {
+                let waited_before: std::time::Duration =
+                    locals.iter().map(|l| l.steering.record_waits).sum();
                 let queued = std::time::Instant::now();
                 for _ in 0..options.iters {
                     call(locals, 0, None)?;
                 }
-                // Threads as ranks queue one after another: each gets an equal share.
-                let per_call = queued.elapsed().as_secs_f64() * 1e6
+                let elapsed = queued.elapsed();
+                let waited: std::time::Duration = locals
+                    .iter()
+                    .map(|l| l.steering.record_waits)
+                    .sum::<std::time::Duration>()
+                    - waited_before;
+                // Threads as ranks queue one after another: each gets an equal share, waits
+                // for records (GPU progress) left out.
+                let per_call = elapsed.saturating_sub(waited).as_secs_f64() * 1e6
                     / (options.iters.max(1) * locals.len()) as f64;
                 for o in outcomes.iter_mut() {
                     o.host_us += per_call / 2.0;

@@ -190,7 +190,8 @@ struct Row {
     calls: u64,
     stragglar_calls: u64,
     designated: i64,
-    /// Host microseconds to queue one eager call: the slowest rank's (0 for graph replays).
+    /// Host microseconds to queue one eager call: the largest of the ranks' (0 for graph
+    /// replays).
     host_us: f64,
 }
 
@@ -215,7 +216,7 @@ impl HostCost {
     fn print(&self) {
         if self.rows > 0 {
             println!(
-                "# host time to queue one eager call (choice, record reads, launch; slowest rank): mean {:.2} us, worst size {:.2} us",
+                "# host time to queue one eager call (choice and launch, waits for records left out): mean {:.2} us, worst size {:.2} us",
                 self.sum_us / self.rows as f64,
                 self.worst_us
             );

@@ -92,6 +92,9 @@ pub struct Steering {
     pub choices: u64,
     /// The designation of the last fed record's size class.
     pub designated: Option<usize>,
+    /// Time spent waiting for arrival records the GPU had not written yet (GPU progress, not
+    /// host cost).
+    pub record_waits: std::time::Duration,
 }
 
 impl Steering {
@@ -108,6 +111,7 @@ impl Steering {
             size_calls: 0,
             choices: 0,
             designated: None,
+            record_waits: std::time::Duration::ZERO,
         }
     }
 
@@ -150,7 +154,8 @@ impl Steering {
             None => plans.fixed_choice(),
             Some(tracker) => {
                 let designated = &mut self.designated;
-                comm.feed_due(tracker, |_, observed| *designated = observed.designated)?;
+                self.record_waits +=
+                    comm.feed_due(tracker, |_, observed| *designated = observed.designated)?;
                 tracker.decide(bytes)
             }
         };
