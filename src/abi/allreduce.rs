@@ -62,7 +62,8 @@ pub extern "C" fn ncclAllReduce(
                     sendbuff, recvbuff, count, datatype, op, comm, stream
                 ));
                 if cause == Fallback::NonblockingComm && crate::config::get().gpu_engine {
-                    crate::engine::cuda::library::nccl_not_ready(comm);
+                    let state = crate::intercept::nonblocking::async_state(comm);
+                    crate::engine::cuda::library::nccl_state_seen(comm, state);
                 }
                 if cause == Fallback::PolicyNccl {
                     // The GPU engine's next launch on this communicator follows NCCL's kernel.

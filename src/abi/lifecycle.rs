@@ -108,6 +108,10 @@ pub fn completed_info(comm: ncclComm_t) -> Option<CommInfo> {
     }
     let mut known = info.clone();
     read_identity(comm, &mut known);
+    if known == info {
+        // NCCL could not say (asked again at the next call; nothing changes meanwhile).
+        return Some(info);
+    }
     log::info!(
         "communicator {comm:p} is ready: rank {:?} of {:?} on device {:?}",
         known.rank,

@@ -56,6 +56,10 @@ pub extern "C" fn ncclCommGetAsyncError(
     crate::abi::guard::guard("ncclCommGetAsyncError", || {
         let rc: ResultCode =
             forward!(ncclCommGetAsyncError(comm, asyncError); live comm; outputs asyncError);
+        if rc == ResultCode::SUCCESS && crate::config::get().gpu_engine {
+            // SAFETY: the forward above checked `asyncError` non-NULL and NCCL wrote it.
+            crate::engine::cuda::library::nccl_state_seen(comm, unsafe { *asyncError });
+        }
         // A kernel of the GPU engine that gave up makes the communicator's state an error too.
         if rc == ResultCode::SUCCESS && crate::config::get().gpu_engine {
             if let Some(code) = crate::engine::cuda::library::async_error(comm) {

@@ -4,9 +4,9 @@
 //! any other work on the stream. An AllReduce may run on StragglAR only once that state is
 //! `ncclSuccess` (every rank of a correct program is there at each call). Where this library
 //! itself calls NCCL on such a communicator, it enqueues nothing after NCCL's work before the
-//! state settles: the setup's all-gather waits for it (bounded, and given up on an abort), and a
-//! call the policy forwards is ordered before the next launch only then (see
-//! `engine::cuda::library::forwarded`).
+//! state settles: the setup's all-gather waits for it (given up when the communicator is aborted
+//! or destroyed), and a call the policy forwards is ordered before the next launch only then
+//! (see `engine::cuda::library::forwarded`).
 
 use crate::abi::passthrough::ncclCommGetAsyncError;
 use crate::nccl::types::{ncclComm_t, ResultCode};
@@ -27,17 +27,13 @@ pub fn async_state(comm: ncclComm_t) -> ResultCode {
 /// Waits while the real communicator's state is `ncclInProgress` (NCCL's helper thread still
 /// launching an operation), spinning briefly, then sleeping 50 us between polls; returns the
 /// state it settled on, or `None` when `stop` says to give up (checked before every poll: the
-/// communicator is being aborted or destroyed, and must not be queried any more) or after
-/// `limit`.
-pub fn settle(
-    comm: ncclComm_t,
-    stop: impl Fn() -> bool,
-    limit: Option<std::time::Duration>,
-) -> Option<ResultCode> {
-    let started = std::time::Instant::now();
+/// communicator is being aborted or destroyed, and must not be queried any more). No deadline:
+/// NCCL's first operations connect to the peers, which may take long, and an operation that
+/// NCCL may still be launching must not be abandoned.
+pub fn settle(comm: ncclComm_t, stop: impl Fn() -> bool) -> Option<ResultCode> {
     let mut polls = 0u32;
     loop {
-        if stop() || limit.is_some_and(|l| started.elapsed() > l) {
+        if stop() {
             return None;
         }
         let state = async_state(comm);

@@ -31,7 +31,7 @@ use crate::detect::policy::Policy;
 use crate::detect::Tracker;
 use crate::engine::host::runner::{PlanCache, Shape};
 use crate::gpu::choice::RawRule;
-use crate::gpu::launch::{MAX_THREADS, RING_ENTRIES, STATUS_OK};
+use crate::gpu::launch::{MAX_THREADS, RING_ENTRIES, STATUS_ABORTED, STATUS_OK};
 use crate::intercept::fallback::Fallback;
 use crate::nccl::types::{cudaStream_t, ncclComm_t, DataTypeCode, ResultCode};
 use crate::plan::Lowered;
@@ -115,7 +115,7 @@ struct Ready {
     /// ordered before this communicator's next launch (see [`forwarded`]).
     ticket_awaits_nccl: bool,
     /// The stream of such a call that NCCL (nonblocking) was still launching when it returned:
-    /// the next eager launch orders itself after it first.
+    /// the order is taken once the application reads `ncclSuccess` (see [`nccl_state_seen`]).
     order_pending: Option<cudaStream_t>,
     /// Calls captured into graphs as graph launches (each replay chooses on the GPU).
     captured: u64,
@@ -323,11 +323,16 @@ impl Exchange for NcclExchange<'_> {
         let rc = match rc {
             ResultCode::IN_PROGRESS => {
                 let forgotten = || self.forgotten.load(std::sync::atomic::Ordering::Acquire);
-                let limit = crate::config::get()
-                    .timeout_ms
-                    .map(std::time::Duration::from_millis);
-                crate::intercept::nonblocking::settle(self.comm, forgotten, limit)
-                    .ok_or("the communicator was aborted, or STRAGGLAR_TIMEOUT_MS passed, while NCCL launched it")?
+                match crate::intercept::nonblocking::settle(self.comm, forgotten) {
+                    Some(state) => state,
+                    None => {
+                        // NCCL may still launch the all-gather into these buffers: they are
+                        // abandoned, never freed under it.
+                        std::mem::forget(buffer);
+                        std::mem::forget(own);
+                        return Err("the communicator was aborted or destroyed during setup".into());
+                    }
+                }
             }
             rc => rc,
         };
@@ -692,13 +697,15 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
     if std::mem::take(&mut ready.failed_in_capture) {
         ready.rank.mark_failed();
     }
-    if let Some(forwarded_on) = ready.order_pending.take() {
-        // NCCL's kernel of the forwarded call is queued by now (see `forwarded`).
-        if let Err(e) = order_after(ready, forwarded_on) {
-            ready.rank.abort();
-            ready.rank.mark_failed();
-            return Ok(Err(e));
-        }
+    if ready.order_pending.take().is_some() {
+        // The application did not read NCCL's state through ncclCommGetAsyncError, which
+        // takes this order (see `nccl_state_seen`), and its stream may be capturing or gone by
+        // now: this launch stays ordered after the forwarded call's ticket only (as the
+        // protocol needs), not after NCCL's kernel.
+        log::debug!(
+            "communicator {:p}: a forwarded call's order was not taken",
+            call.comm
+        );
     }
     let prepared =
         feed_due_records(ready, call.comm, call.rank).and_then(|()| prepare_choices(ready, call));
@@ -872,10 +879,10 @@ fn prepare_choices(ready: &mut Ready, call: &EngineCall) -> Result<(), CallError
 /// Called after a call the policy sent to NCCL was forwarded on `stream`, with NCCL's result:
 /// the communicator's next launch is ordered after NCCL's kernel too, not just after the
 /// ticket. Where a nonblocking communicator returned `ncclInProgress`, NCCL's helper thread may
-/// not have launched its kernel yet: the order is taken at the communicator's next eager
-/// launch, by when the application has seen `ncclSuccess` (NCCL requires it), so the call
-/// returns at once, as NCCL's did. Does nothing for a call that queued no ticket (one captured
-/// into a graph).
+/// not have launched its kernel yet: the order is taken when the application reads
+/// `ncclSuccess` through `ncclCommGetAsyncError` (NCCL requires it to, before anything else on
+/// the stream; see [`nccl_state_seen`]), so the call returns at once, as NCCL's did. Does
+/// nothing for a call that queued no ticket (one captured into a graph).
 pub fn forwarded(comm: ncclComm_t, stream: cudaStream_t, code: ResultCode) {
     let Some(entry) = ENGINES.lock().get(&(comm as usize)).cloned() else {
         return;
@@ -897,30 +904,54 @@ pub fn forwarded(comm: ncclComm_t, stream: cudaStream_t, code: ResultCode) {
     }
 }
 
-/// Called when a call of a nonblocking communicator goes to NCCL because its state is not
-/// `ncclSuccess`: if NCCL reports an error, this rank's part of the engine is given up too, so
-/// that peers whose state is still fine, and which run the call on StragglAR, stop waiting for
-/// this rank instead of hanging. (A state still in progress at a call breaks NCCL's contract;
-/// nothing is done for it.)
-pub fn nccl_not_ready(comm: ncclComm_t) {
+/// Called with the real NCCL state of `comm` that the application just read through
+/// `ncclCommGetAsyncError` (or that made one of its calls go to NCCL, `nonblocking-comm`).
+/// On `ncclSuccess`, a forwarded call that NCCL was still launching is now queued: the
+/// communicator's next launch is ordered after it (see [`forwarded`]), at the one moment its
+/// stream is known to hold nothing newer (NCCL forbids other work on it before). On an error,
+/// this rank's part of the engine is given up, so that peers still running calls on StragglAR
+/// stop waiting for it instead of hanging. Never waits for a call in progress.
+pub fn nccl_state_seen(comm: ncclComm_t, state: ResultCode) {
+    if state == ResultCode::IN_PROGRESS {
+        return;
+    }
     let Some(entry) = ENGINES.lock().get(&(comm as usize)).cloned() else {
         return;
     };
-    let state = crate::intercept::nonblocking::async_state(comm);
-    if state == ResultCode::SUCCESS || state == ResultCode::IN_PROGRESS {
-        return;
-    }
-    let mut engine = entry.state.lock();
-    if let State::Ready(ready) = &mut *engine {
-        if ready.rank.status() == STATUS_OK && !ready.rank.control().aborted() {
-            log::warn!(
-                "communicator {comm:p}: NCCL reports error {}; the GPU engine gives this rank up",
-                state.0
-            );
+    if state != ResultCode::SUCCESS {
+        if let Some(control) = entry.control.lock().as_ref() {
+            if !control.aborted() {
+                log::warn!(
+                    "communicator {comm:p}: NCCL reports error {}; the GPU engine gives this rank up",
+                    state.0
+                );
+            }
+            control.abort();
         }
-        ready.rank.abort();
-        ready.rank.mark_failed();
     }
+    let Some(mut engine) = entry.state.try_lock() else {
+        // A call holds it; that call's launch takes a pending order itself, and a raised
+        // abort word fails it.
+        return;
+    };
+    if let State::Ready(ready) = &mut *engine {
+        if state != ResultCode::SUCCESS {
+            ready.rank.mark_failed();
+        } else if let Some(forwarded_on) = ready.order_pending.take() {
+            if let Err(e) = order_after(ready, forwarded_on) {
+                log::warn!("communicator {comm:p}: {e}");
+                ready.rank.abort();
+                ready.rank.mark_failed();
+            }
+        }
+    }
+}
+
+/// The result of a call whose communicator was aborted or destroyed (on another thread) while
+/// the call set the engine up: the call must not go to NCCL, whose communicator may be gone.
+fn forgotten_during_setup(comm: ncclComm_t) -> ResultCode {
+    log::warn!("ncclAllReduce on communicator {comm:p}: the communicator was aborted or destroyed while the call set the GPU engine up");
+    CallError::Failed(STATUS_ABORTED).nccl_code()
 }
 
 /// Runs one eligible call on the GPU engine, setting the communicator up on its first call.
@@ -950,13 +981,17 @@ pub fn all_reduce(call: &EngineCall) -> Result<ResultCode, Fallback> {
             Ok(ready) if entry.forgotten.load(std::sync::atomic::Ordering::Acquire) => {
                 // Destroyed or aborted while setting up: nothing of it may be used.
                 abandon(ready);
-                return Err(Fallback::SetupRefused);
+                return Ok(forgotten_during_setup(call.comm));
             }
             Ok(ready) => *state = State::Ready(Box::new(ready)),
             Err(Fallback::CapturingBeforeSetup) => {
                 // Not capturing later may let it set up: forget this attempt.
                 ENGINES.lock().remove(&key);
                 return Err(Fallback::CapturingBeforeSetup);
+            }
+            Err(_) if entry.forgotten.load(std::sync::atomic::Ordering::Acquire) => {
+                *state = State::Refused;
+                return Ok(forgotten_during_setup(call.comm));
             }
             Err(cause) => {
                 *state = State::Refused;
