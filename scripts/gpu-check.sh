@@ -170,6 +170,17 @@ matrix() {
 }
 step "bench --backend cuda: n=${RANKS// /,}, types $TYPES, ops $OPS" matrix.log matrix
 
+# Odd sizes (counts that are no multiple of anything): one plan blob per schedule serves every
+# count, the kernel deriving chunk ranges and slots from the count; eager calls, then graph
+# replays choosing on the GPU.
+odd_sizes() {
+  sg bench --backend cuda --ranks 5 -d all -o sum,max -b 997 -e 200000 -i 49999 -n 2 -w 1 \
+    --straggler 2 --timeout-ms 20000 || return 1
+  sg bench --backend cuda --ranks 5 --graph --algo auto -d float,bfloat16,int8 -o sum \
+    -b 1001 -e 300000 -i 99999 -n 4 -w 1 --timeout-ms 20000
+}
+step "bench --backend cuda: odd sizes, 5 ranks, eager and graph" odd-sizes.log odd_sizes
+
 # Larger messages, both algorithms, with timings (nccl-tests style tables).
 for algo in stragglar ring; do
   step "bench --backend cuda: 8 ranks, 1K..256M, $algo" "sweep-$algo.log" \
