@@ -126,7 +126,7 @@ if [ "$DRY" = 0 ]; then
   else
     echo "no libnvrtc found: the kernels cannot be compiled here" >&2
   fi
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode --format=csv,noheader 2>/dev/null || true
 fi
 
 # 1. What the library sees.
@@ -273,7 +273,7 @@ fi
 
 # 6. PyTorch under LD_PRELOAD, world size 1.
 torch_check() {
-  LD_LIBRARY_PATH="$ORIGINAL_LD_LIBRARY_PATH" STRAGGLAR_DEBUG=INFO LD_PRELOAD="$PWD/$LIB" \
+  LD_LIBRARY_PATH="$ORIGINAL_LD_LIBRARY_PATH" STRAGGLAR_DEBUG=INFO LD_PRELOAD="$(realpath "$LIB")" \
     timeout -k 10 "$RUN_LIMIT_S" "$PYTHON" - <<'PY'
 import os, socket
 import torch

@@ -256,8 +256,18 @@ pub fn run(options: &BenchOptions) -> i32 {
     // Every rank's stream needs its own hardware queue: with the driver's default of 8, two
     // ranks' streams could share one, and a captured graph of one rank would queue its later
     // calls ahead of a peer's first. Set before the driver initialises.
-    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
-        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    // A smaller preset value (some container images export 1) is raised, with a note.
+    const CONNECTIONS: u32 = 32;
+    let preset = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok();
+    if preset
+        .as_deref()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .is_none_or(|v| v < CONNECTIONS)
+    {
+        if let Some(v) = preset {
+            eprintln!("# CUDA_DEVICE_MAX_CONNECTIONS={v} raised to {CONNECTIONS}: every rank's stream needs its own hardware queue");
+        }
+        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", CONNECTIONS.to_string());
     }
     let gpu = match open_gpu() {
         Ok(g) => g,
