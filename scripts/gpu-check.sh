@@ -138,7 +138,7 @@ if [ "$DRY" = 0 ]; then
   CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
   if [ -n "$CC" ]; then ARCH="sm_$CC"; fi
 fi
-step "kernels compile with NVRTC ($ARCH)" kernels.log sg kernels --arch "$ARCH" --out "$OUT/cubins"
+step "kernels compile with NVRTC ($ARCH)" kernels.log sg kernels --arch "$ARCH" --cache --out "$OUT/cubins"
 
 # 3. Correctness: every type and op, world sizes 2..8, ranks as threads sharing the GPU, the
 #    straggler and the algorithm varied; one process per world size and algorithm.

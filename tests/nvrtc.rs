@@ -56,10 +56,14 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
         return;
     }
     let out = support::root().join("target").join("kernels-test");
+    let cache = support::root().join("target").join("kernels-test-cache");
     let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&cache);
+    // With --cache, each CUBIN is also the kernel cache's entry: a GPU's first use skips NVRTC.
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_stragglar"))
-        .args(["kernels", "--arch", "sm_80,sm_90", "--out"])
+        .args(["kernels", "--arch", "sm_80,sm_90", "--cache", "--out"])
         .arg(&out)
+        .env("STRAGGLAR_CACHE_DIR", &cache)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
@@ -89,6 +93,9 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
             );
         }
         assert!(stdout.contains(arch), "{stdout}");
+        let (cached, origin) = stragglar::gpu::nvrtc::cubin_cached(arch, Some(&cache)).unwrap();
+        assert_eq!(origin, stragglar::gpu::nvrtc::Origin::Cache, "{arch}");
+        assert_eq!(cached, cubin, "{arch}");
     }
 }
 

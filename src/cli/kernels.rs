@@ -11,6 +11,8 @@ pub const USAGE: &str = "\
 kernels options:
   --arch LIST   architectures, comma-separated (default sm_80,sm_90)
   --out DIR     where to write stragglar_<arch>.cubin (default: only compile and check)
+  --cache       also store each CUBIN as the kernel cache's entry (STRAGGLAR_CACHE_DIR), so
+                that the first use on a GPU of that architecture skips NVRTC
 ";
 
 /// Runs `stragglar kernels`; exit status 1 when a compilation fails.
@@ -19,6 +21,10 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         .value(&["--arch"])?
         .unwrap_or_else(|| "sm_80,sm_90".into());
     let out: Option<PathBuf> = args.value(&["--out"])?.map(PathBuf::from);
+    let cache = args
+        .flag(&["--cache"])
+        .then(|| nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref()))
+        .flatten();
     args.finish()?;
     let archs: Vec<&str> = archs.split(',').map(str::trim).collect();
     if let Some(bad) = archs.iter().find(|a| !kernels::valid_arch(a)) {
@@ -47,6 +53,9 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
             });
         match outcome {
             Ok(bin) => {
+                if let Some(dir) = &cache {
+                    nvrtc::store_cached(arch, dir, &bin);
+                }
                 let place = match &out {
                     Some(dir) => {
                         let path = dir.join(format!("stragglar_{arch}.cubin"));

@@ -149,19 +149,26 @@ pub fn cubin_cached(
         }
     }
     let cubin = compile(arch)?;
-    if let (Some(path), Some(dir)) = (&path, cache_dir) {
-        let temporary = dir.join(format!(
-            ".{}.{}",
-            std::process::id(),
-            cache_key(arch, version)
-        ));
-        let stored = std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::write(&temporary, &cubin))
-            .and_then(|()| std::fs::rename(&temporary, path));
-        if let Err(e) = stored {
-            let _ = std::fs::remove_file(&temporary);
-            log::info!("kernel cache {} not written: {e}", dir.display());
-        }
+    if let Some(dir) = cache_dir {
+        store_cached(arch, dir, &cubin);
     }
     Ok((cubin, Origin::Compiled))
+}
+
+/// Stores `cubin`, compiled for `arch` by this NVRTC from the current sources, as the cache
+/// entry in `dir` (atomically: written aside, then renamed). A cache that cannot be written
+/// only costs a recompilation next time: it is logged at INFO, not an error.
+pub fn store_cached(arch: &str, dir: &Path, cubin: &[u8]) {
+    let Some(version) = version() else {
+        return;
+    };
+    let key = cache_key(arch, version);
+    let temporary = dir.join(format!(".{}.{key}", std::process::id()));
+    let stored = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&temporary, cubin))
+        .and_then(|()| std::fs::rename(&temporary, dir.join(&key)));
+    if let Err(e) = stored {
+        let _ = std::fs::remove_file(&temporary);
+        log::info!("kernel cache {} not written: {e}", dir.display());
+    }
 }
