@@ -12,9 +12,10 @@
  *    gives up after timeout_ns (when nonzero), writing a STATUS_* code instead of hanging;
  *  - the epoch lives in device memory and is advanced by the last block to finish, so a
  *    replayed CUDA graph stays correct with no host involvement.
- * Unlike the host engine, the kernel does not order remote reads by their plan turn
- * (RawStep::turn): the results are the same; only the order in which a rank's sends are served
- * differs (a performance question, to be measured on NVSwitch hardware). */
+ *  - with RawLaunch::ordered_reads, a remote read that is its source's send number k (its plan
+ *    turn, RawStep::turn) waits until the source's served word (per block and parity) says the
+ *    k sends before it were served, and then says k + 1: every send port serves in the
+ *    schedule's round order, as the host engine keeps it; the results are the same either way. */
 
 #include "stragglar_arrival.h"
 #include "stragglar_choice.h"
@@ -155,6 +156,23 @@ SG_DEVICE uint32_t sg_wait(const sg_call* call, const uint32_t* flag, uint32_t w
   return status;
 }
 
+/* A served word: `turns` of a rank's sends served in the call whose flags hold `flag`. The low 16
+ * bits of the flag tell calls of one parity apart (they differ by 2), and no rank sends 2^16
+ * times in a call (one send per round, fewer than 2 * MAX_RANKS rounds). */
+SG_DEVICE uint32_t sg_served(uint32_t flag, uint32_t turns) {
+  return ((flag & 0xffffu) << 16) | (turns & 0xffffu);
+}
+
+/* Block `b`'s served word of `rank` in this call's parity. */
+SG_DEVICE uint32_t* sg_served_word(const sg_call* call, uint32_t rank) {
+  return (uint32_t*)call->peers[rank].served[call->parity] + SG_BLOCK;
+}
+
+/* Whether `step` reads remotely in its source's send order (see RawLaunch::ordered_reads). */
+SG_DEVICE bool sg_ordered(const sg_call* call, const RawStep* step) {
+  return call->args->ordered_reads != 0 && step->turn != NO_TURN;
+}
+
 /* Publishes this block's slice of own value `value`. */
 SG_DEVICE void sg_publish(const sg_call* call, uint32_t value) {
   sg_block_sync();
@@ -283,6 +301,11 @@ SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* st
       if (sources[i].rank != a->rank) {
         const uint32_t* flag = sg_flag(call, sources[i].rank, sources[i].value);
         status = sg_wait(call, flag, call->flag, sources[i].rank);
+        /* This read is its source's send number `turn`: the sends before it go first. */
+        if (status == STATUS_OK && sg_ordered(call, step) && step->turn > 0) {
+          status = sg_wait(call, sg_served_word(call, sources[i].rank),
+                           sg_served(call->flag, step->turn), sources[i].rank);
+        }
       }
       s->operands[i] = sg_value_at(call, sources[i].rank, sources[i].value);
     }
@@ -292,9 +315,22 @@ SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* st
   if (s->give_up != STATUS_OK) return s->give_up;
   unsigned char* own = sg_value_at(call, a->rank, step->out_value);
   unsigned char* output = step->complete ? (unsigned char*)a->output + start : 0;
-  if (!own && !output) return STATUS_OK; /* a partial nobody reads: nothing to do */
   bool finish = step->kind == STEP_COMBINE && step->complete;
-  sg_apply_any(&call->math, s, step->source_count, begin, end, own, output, false, finish);
+  /* A partial nobody reads needs no work, but its turn is still served. */
+  if (own || output) {
+    sg_apply_any(&call->math, s, step->source_count, begin, end, own, output, false, finish);
+  }
+  if (sg_ordered(call, step)) {
+    /* Every thread's reads of this slice are done: the source's next send may go. */
+    sg_block_sync();
+    if (SG_THREAD == 0) {
+      for (uint32_t i = 0; i < step->source_count; ++i) {
+        if (sources[i].rank == a->rank) continue;
+        sg_store_release(sg_served_word(call, sources[i].rank),
+                         sg_served(call->flag, step->turn + 1));
+      }
+    }
+  }
   if (own) sg_publish(call, step->out_value);
   return STATUS_OK;
 }

@@ -263,6 +263,13 @@ typedef struct RawLaunch {
    */
   int32_t datatype;
   /**
+   * 1: a remote read with a turn waits until its source has served the sends before it (the
+   * schedule's round order on every send port, as the host engine keeps it); 0: reads go as
+   * soon as their value is published. Identical on every rank.
+   */
+  uint32_t ordered_reads;
+  uint32_t reserved;
+  /**
    * The arrival record of this call: `board` nonzero adds one block (index `blocks`) to the
    * grid that runs [`RawTicket`]'s protocol alongside the plan; 0 takes none. In a graph
    * launch only `board` (rank 0's graph board) and `ranks` are read.
@@ -304,6 +311,13 @@ typedef struct RawPeer {
    * this rank give up when they see it.
    */
   uint64_t failed;
+  /**
+   * The served words of each parity: `uint32_t[blocks]`. Block `b`'s word says how many of
+   * the owner's sends in the current call (plan turns, `RawStep::turn`) the readers' blocks
+   * `b` have served, tagged with the call (`sg_served` in cuda/stragglar_allreduce.cu).
+   * Written by the readers, in turn order.
+   */
+  uint64_t served[2];
 } RawPeer;
 
 /**

@@ -188,6 +188,11 @@ for algo in stragglar ring; do
     --straggler 7 --timeout-ms 60000 --buffer-bytes 1G
 done
 host_cost "host time per eager call, 8 ranks, fixed plan" sweep-stragglar.log
+# The same StragglAR calls with reads unordered (the sweep above keeps each send port in round
+# order, as the library does): correctness, and the times to compare.
+step "bench --backend cuda: 8 ranks, 1M..64M, unordered reads" sweep-unordered.log \
+  sg bench --backend cuda --ranks 8 --algo stragglar --unordered-reads -b 1M -e 64M -f 4 -n 10 \
+  -w 2 --straggler 7 --timeout-ms 60000
 
 # CUDA graphs: each rank's timed calls captured once and replayed; the replays are checked
 # (the epochs live in device memory and must advance with no host help).

@@ -20,7 +20,7 @@ use stragglar::gpu::launch::{
     RawApply, RawArrival, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS,
     RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED, STATUS_TIMEOUT,
 };
-use stragglar::plan::{simulate, Lowered, Plan};
+use stragglar::plan::{simulate, Lowered, Plan, Step};
 use stragglar::reduce::{DataType, ReduceOp, Scale};
 use stragglar::schedule::Algorithm;
 
@@ -153,6 +153,8 @@ impl Aligned {
 struct RankMemory {
     arenas: [Aligned; 2],
     flags: [Aligned; 2],
+    /// The served words of each parity (`uint32_t[blocks]`).
+    served: [Aligned; 2],
     failed: Aligned,
     epoch: Aligned,
     finished: Aligned,
@@ -180,6 +182,8 @@ struct Comm {
     arrivals: std::cell::Cell<u64>,
     /// A rank that launches this long after the others, for the next call only.
     late: Option<(usize, Duration)>,
+    /// `RawLaunch::ordered_reads` of every launch (on unless a test turns it off).
+    ordered_reads: bool,
 }
 
 const ARENA_BYTES: usize = 1 << 20;
@@ -196,6 +200,10 @@ impl Comm {
                     Aligned::new(MAX_VALUES * blocks as usize * 4),
                     Aligned::new(MAX_VALUES * blocks as usize * 4),
                 ],
+                served: [
+                    Aligned::new(blocks as usize * 4),
+                    Aligned::new(blocks as usize * 4),
+                ],
                 failed: Aligned::new(4),
                 epoch: Aligned::new(8),
                 finished: Aligned::new(4),
@@ -210,6 +218,7 @@ impl Comm {
                 arena: [m.arenas[0].addr(), m.arenas[1].addr()],
                 flags: [m.flags[0].addr(), m.flags[1].addr()],
                 failed: m.failed.addr(),
+                served: [m.served[0].addr(), m.served[1].addr()],
             })
             .collect();
         Comm {
@@ -226,6 +235,7 @@ impl Comm {
             ticketing: true,
             arrivals: std::cell::Cell::new(0),
             late: None,
+            ordered_reads: true,
         }
     }
 
@@ -347,6 +357,50 @@ impl Comm {
         }
     }
 
+    /// Panics unless call `epoch` (which ran `plan`) left every rank's served words as ordered
+    /// reads leave them: each block's word names the call and the rank's number of ordered sends
+    /// (the last turn's reader wrote it, after every earlier one), or untouched without them.
+    fn assert_every_send_served(&mut self, plan: &Plan, epoch: u64, label: &str) {
+        let parity = (epoch & 1) as usize;
+        let flag = ((epoch - 1) % 0xffff_ffff) as u32 + 1;
+        let ordered = self.ordered_reads;
+        for source in 0..self.ranks {
+            let sends = plan
+                .programs
+                .iter()
+                .enumerate()
+                .flat_map(|(reader, p)| p.steps.iter().map(move |step| (reader, step)))
+                .filter(|(reader, step)| match step {
+                    Step::Copy {
+                        source: s, turn, ..
+                    } => turn.is_some() && s.rank == source && *reader != source,
+                    Step::Combine { sources, turn, .. } => {
+                        turn.is_some()
+                            && *reader != source
+                            && sources.iter().any(|s| s.rank == source)
+                    }
+                    Step::CopyIn => false,
+                })
+                .count() as u32;
+            let words = self.memory[source].served[parity].bytes();
+            for block in 0..self.blocks as usize {
+                let word = u32::from_le_bytes(words[block * 4..block * 4 + 4].try_into().unwrap());
+                if !ordered {
+                    assert_eq!(
+                        word, 0,
+                        "{label}: rank {source} block {block}: unordered reads wrote a served word"
+                    );
+                } else if sends > 0 {
+                    assert_eq!(
+                        word,
+                        (flag & 0xffff) << 16 | sends,
+                        "{label}: rank {source} block {block}: {sends} ordered sends"
+                    );
+                }
+            }
+        }
+    }
+
     fn epoch(&mut self, rank: usize) -> u64 {
         u64::from_le_bytes(self.memory[rank].epoch.bytes()[..8].try_into().unwrap())
     }
@@ -410,6 +464,7 @@ impl Comm {
                     threads: self.threads,
                     count: plan.count as u64,
                     datatype: plan.dtype.nccl_code(),
+                    ordered_reads: u32::from(self.ordered_reads),
                     arrival: arrivals[r],
                     ..RawLaunch::default()
                 }
@@ -528,6 +583,7 @@ impl Comm {
                     output: outputs[r].addr(),
                     count: count as u64,
                     datatype: DataType::F32.nccl_code(),
+                    ordered_reads: u32::from(self.ordered_reads),
                     epoch: m.epoch.addr(),
                     finished_blocks: m.finished.addr(),
                     abort: self.abort.addr(),
@@ -764,6 +820,7 @@ fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
         case.raw
     );
     comm.assert_within_arenas(&plan.plan, &label);
+    comm.assert_every_send_served(&plan.plan, epoch_before + 1, &label);
     for r in 0..case.ranks {
         assert_eq!(comm.status(r), STATUS_OK, "{label}: rank {r} status");
         assert_eq!(comm.epoch(r), epoch_before + 1, "{label}: rank {r} epoch");
@@ -905,6 +962,8 @@ fn world_sizes_algorithms_counts_and_misaligned_buffers() {
     let mut seed = 500;
     for ranks in [2usize, 3, 5, 8] {
         let mut comm = Comm::new(ranks, 2, 2);
+        // Ordered reads everywhere else; here the 5-rank calls read as soon as they may.
+        comm.ordered_reads = ranks != 5;
         for algorithm in [Algorithm::Stragglar, Algorithm::Ring] {
             for count in [1usize, 7, 64, 4099] {
                 for offset in [0usize, 4, 6] {

@@ -45,6 +45,11 @@ pub struct RawPeer {
     /// `uint32_t`: nonzero once the owner failed a call (the owner's status); peers' waits on
     /// this rank give up when they see it.
     pub failed: u64,
+    /// The served words of each parity: `uint32_t[blocks]`. Block `b`'s word says how many of
+    /// the owner's sends in the current call (plan turns, `RawStep::turn`) the readers' blocks
+    /// `b` have served, tagged with the call (`sg_served` in cuda/stragglar_allreduce.cu).
+    /// Written by the readers, in turn order.
+    pub served: [u64; 2],
 }
 
 /// Everything one launch needs. All ranks launch with identical `blocks`, `threads`, `op`
@@ -86,6 +91,11 @@ pub struct RawLaunch {
     pub threads: u32,
     /// The `ncclDataType_t` of the elements (identical on every rank).
     pub datatype: i32,
+    /// 1: a remote read with a turn waits until its source has served the sends before it (the
+    /// schedule's round order on every send port, as the host engine keeps it); 0: reads go as
+    /// soon as their value is published. Identical on every rank.
+    pub ordered_reads: u32,
+    pub reserved: u32,
     /// The arrival record of this call: `board` nonzero adds one block (index `blocks`) to the
     /// grid that runs [`RawTicket`]'s protocol alongside the plan; 0 takes none. In a graph
     /// launch only `board` (rank 0's graph board) and `ranks` are read.
@@ -209,8 +219,8 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(std::mem::size_of::<RawPeer>(), 40);
-        assert_eq!(std::mem::size_of::<RawLaunch>(), 208);
+        assert_eq!(std::mem::size_of::<RawPeer>(), 56);
+        assert_eq!(std::mem::size_of::<RawLaunch>(), 216);
         assert_eq!(std::mem::size_of::<RawArrival>(), 32);
         assert_eq!(std::mem::size_of::<RawTicket>(), 72);
         assert_eq!(std::mem::size_of::<RawBoardSlot>(), 32);

@@ -70,6 +70,9 @@ pub struct BenchOptions {
     /// and replayed, and the replayed results are checked too. With `--algo auto` they are
     /// graph launches, whose replays choose their plan on the GPU.
     pub graph: bool,
+    /// `--unordered-reads` (CUDA backend): remote reads go as soon as their value is published,
+    /// instead of in their source's send order (`RawLaunch::ordered_reads`), to compare.
+    pub unordered_reads: bool,
     pub algo: BenchAlgo,
     /// The rank the schedule treats as the straggler.
     pub straggler: usize,
@@ -154,6 +157,7 @@ impl BenchOptions {
         };
         let bandwidth = args.flag(&["--bandwidth"]);
         let graph = args.flag(&["--graph"]);
+        let unordered_reads = args.flag(&["--unordered-reads"]);
         let ranks: usize = args.parsed(&["--ranks"], "a rank count")?.unwrap_or(8);
         let ranks_as = match args.value(&["--ranks-as"])?.as_deref() {
             None if backend == Backend::Cuda => RanksAs::Threads,
@@ -239,6 +243,7 @@ impl BenchOptions {
             backend,
             bandwidth,
             graph,
+            unordered_reads,
             algo,
             straggler,
             late_ranks,
@@ -262,9 +267,9 @@ impl BenchOptions {
             if self.jitter_us > 0 || self.fault.is_some() || self.link_gbs.is_some() {
                 return fail("--backend cuda takes no --jitter-us, --fault or --link-gbs (host-engine emulations; --delay-us delays the late rank on the GPU)".into());
             }
-        } else if self.bandwidth || self.graph {
+        } else if self.bandwidth || self.graph || self.unordered_reads {
             return fail(
-                "--bandwidth and --graph are about GPU kernels: use them with --backend cuda"
+                "--bandwidth, --graph and --unordered-reads are about GPU kernels: use them with --backend cuda"
                     .into(),
             );
         } else if self.ops.len() > 1 || self.dtypes.len() > 1 {
@@ -394,6 +399,9 @@ impl BenchOptions {
         if self.graph {
             a.push("--graph".into());
         }
+        if self.unordered_reads {
+            a.push("--unordered-reads".into());
+        }
         if let Some(g) = self.link_gbs {
             a.extend(["--link-gbs".into(), g.to_string()]);
         }
@@ -409,5 +417,53 @@ impl BenchOptions {
             a.extend(["--timeout-ms".into(), t.to_string()]);
         }
         a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(words: &[&str]) -> Result<BenchOptions, UsageError> {
+        BenchOptions::parse(Args::new(words.iter().map(|w| w.to_string())))
+    }
+
+    /// A worker process gets the parent's options through `to_args` (workers are processes):
+    /// every one must survive.
+    #[test]
+    fn options_survive_the_worker_command_line() {
+        let options = parse(&[
+            "--backend",
+            "cuda",
+            "--ranks",
+            "5",
+            "--ranks-as",
+            "processes",
+            "--graph",
+            "--unordered-reads",
+            "--algo",
+            "auto",
+            "-d",
+            "float,int8",
+            "-b",
+            "997",
+            "-e",
+            "200000",
+            "-i",
+            "49999",
+            "--timeout-ms",
+            "2000",
+        ])
+        .unwrap();
+        assert!(options.graph && options.unordered_reads);
+        let words = options.to_args();
+        let again = BenchOptions::parse(Args::new(words)).unwrap();
+        assert_eq!(again, options);
+    }
+
+    #[test]
+    fn unordered_reads_are_a_gpu_option() {
+        let refused = parse(&["--backend", "host", "--unordered-reads"]).unwrap_err();
+        assert!(refused.0.contains("--unordered-reads"), "{}", refused.0);
     }
 }

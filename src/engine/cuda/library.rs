@@ -415,6 +415,7 @@ fn local_part(
         timeout: crate::config::get()
             .timeout_ms
             .map(std::time::Duration::from_millis),
+        ordered_reads: true,
     };
     let failed = |why| SetupRecord::failed(call.rank, call.ranks, why);
     let rank = kernel

@@ -39,6 +39,9 @@ pub struct RankConfig {
     pub threads: u32,
     /// Per-wait deadline (`STRAGGLAR_TIMEOUT_MS`); `None` waits until aborted, as NCCL does.
     pub timeout: Option<Duration>,
+    /// Remote reads keep their source's send order (`RawLaunch::ordered_reads`); the library
+    /// always does, `stragglar bench --unordered-reads` does not, to compare.
+    pub ordered_reads: bool,
 }
 
 /// Why a GPU-engine call failed.
@@ -619,6 +622,7 @@ impl CudaRank {
             rank: self.config.rank as u32,
             blocks: self.config.blocks,
             threads: self.config.threads,
+            ordered_reads: u32::from(self.config.ordered_reads),
             ..RawLaunch::default()
         })
     }

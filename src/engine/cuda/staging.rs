@@ -1,5 +1,5 @@
-//! Where one rank's staging allocation keeps what: both arena parities, both flag parities, the
-//! failure word, the epoch, the finished-blocks counter, the arrival board (used on rank 0
+//! Where one rank's staging allocation keeps what: both arena parities, both flag parities, both
+//! parities of served words, the failure word, the epoch, the finished-blocks counter, the arrival board (used on rank 0
 //! only) and the graph state (`RawGraphState`: graph launches' call numbers, records and
 //! device detectors). One plain allocation per rank,
 //! rounded up to 2 MiB (the granularity CUDA IPC maps), identical in layout on every rank, so
@@ -47,9 +47,18 @@ impl StagingLayout {
         2 * self.arena_stride() + parity as u64 * self.flags_stride()
     }
 
+    fn served_stride(&self) -> u64 {
+        align(self.blocks.max(1) * 4, REGION_ALIGN)
+    }
+
+    /// Offset of the served words of `parity` (`uint32_t[blocks]`, see `RawPeer::served`).
+    pub fn served(&self, parity: usize) -> u64 {
+        2 * self.arena_stride() + 2 * self.flags_stride() + parity as u64 * self.served_stride()
+    }
+
     /// Offset of the failure word (`uint32_t`), which peers read.
     pub fn failed(&self) -> u64 {
-        2 * self.arena_stride() + 2 * self.flags_stride()
+        self.served(0) + 2 * self.served_stride()
     }
 
     /// Offset of the epoch (`uint64_t`), which only the owner's kernels touch.
@@ -105,6 +114,7 @@ impl StagingLayout {
             arena: [base + self.arena(0), base + self.arena(1)],
             flags: [base + self.flags(0), base + self.flags(1)],
             failed: base + self.failed(),
+            served: [base + self.served(0), base + self.served(1)],
         }
     }
 }
@@ -128,6 +138,8 @@ mod tests {
                 (l.arena(1), arena_bytes),
                 (l.flags(0), values * blocks * 4),
                 (l.flags(1), values * blocks * 4),
+                (l.served(0), blocks * 4),
+                (l.served(1), blocks * 4),
                 (l.failed(), 4),
                 (l.epoch(), 8),
                 (l.finished_blocks(), 4),

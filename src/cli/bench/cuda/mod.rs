@@ -173,6 +173,7 @@ impl Setup {
             blocks: self.blocks,
             threads: THREADS,
             timeout: options.timeout_ms.map(std::time::Duration::from_millis),
+            ordered_reads: !options.unordered_reads,
         }
     }
 }
