@@ -127,8 +127,20 @@ SG_DEVICE void sg_fail(const sg_call* call, uint32_t status) {
   sg_store_release((uint32_t*)a->status, status);
 }
 
-/* Thread 0 waits until `flag` (of rank `peer`) holds `want`. Returns nonzero (a STATUS_*)
- * if the call must be given up, after recording why. */
+/* `sg_wait`'s `peer` when the word may be written by any rank: every rank's failure word is
+ * watched. */
+#define SG_ANY_PEER 0xffffffffu
+
+/* Whether some rank of the call has failed (its failure word is set). */
+SG_DEVICE bool sg_any_failed(const sg_call* call) {
+  for (uint32_t r = 0; r < call->math.ranks; ++r) {
+    if (sg_load_volatile((const uint32_t*)call->peers[r].failed) != 0) return true;
+  }
+  return false;
+}
+
+/* Thread 0 waits until `flag` (written by rank `peer`, or by any rank: SG_ANY_PEER) holds
+ * `want`. Returns nonzero (a STATUS_*) if the call must be given up, after recording why. */
 SG_DEVICE uint32_t sg_wait(const sg_call* call, const uint32_t* flag, uint32_t want,
                            uint32_t peer) {
   const RawLaunch* a = call->args;
@@ -141,7 +153,8 @@ SG_DEVICE uint32_t sg_wait(const sg_call* call, const uint32_t* flag, uint32_t w
       if (start == 0) start = sg_now_ns();
       if (sg_load_volatile((const uint32_t*)a->abort) != 0) {
         status = STATUS_ABORTED;
-      } else if (sg_load_volatile((const uint32_t*)call->peers[peer].failed) != 0) {
+      } else if (peer == SG_ANY_PEER ? sg_any_failed(call)
+                                     : sg_load_volatile((const uint32_t*)call->peers[peer].failed) != 0) {
         status = STATUS_PEER_FAILED;
       } else if (sg_load_volatile(own_failed) != 0) {
         status = sg_load_volatile(own_failed);
@@ -166,6 +179,24 @@ SG_DEVICE uint32_t sg_served(uint32_t flag, uint32_t turns) {
 /* Block `b`'s served word of `rank` in this call's parity. */
 SG_DEVICE uint32_t* sg_served_word(const sg_call* call, uint32_t rank) {
   return (uint32_t*)call->peers[rank].served[call->parity] + SG_BLOCK;
+}
+
+#ifdef STRAGGLAR_HOST_EMULATION
+/* Served words found out of turn order (a test reads it: it must stay 0). */
+static uint64_t sg_served_out_of_order = 0;
+#endif
+
+/* Marks send `turn` of a source served in its word (the next send may go). The emulation also
+ * checks that the word held exactly the sends before it. */
+SG_DEVICE void sg_serve(uint32_t* word, uint32_t flag, uint32_t turn) {
+#ifdef STRAGGLAR_HOST_EMULATION
+  uint32_t before = __atomic_exchange_n(word, sg_served(flag, turn + 1), __ATOMIC_ACQ_REL);
+  if (turn > 0 && before != sg_served(flag, turn)) {
+    __atomic_fetch_add(&sg_served_out_of_order, 1, __ATOMIC_RELAXED);
+  }
+#else
+  sg_store_release(word, sg_served(flag, turn + 1));
+#endif
 }
 
 /* Whether `step` reads remotely in its source's send order (see RawLaunch::ordered_reads). */
@@ -301,10 +332,11 @@ SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* st
       if (sources[i].rank != a->rank) {
         const uint32_t* flag = sg_flag(call, sources[i].rank, sources[i].value);
         status = sg_wait(call, flag, call->flag, sources[i].rank);
-        /* This read is its source's send number `turn`: the sends before it go first. */
+        /* This read is its source's send number `turn`: the sends before it go first. Their
+         * readers may be any ranks, so every rank's failure releases this wait. */
         if (status == STATUS_OK && sg_ordered(call, step) && step->turn > 0) {
           status = sg_wait(call, sg_served_word(call, sources[i].rank),
-                           sg_served(call->flag, step->turn), sources[i].rank);
+                           sg_served(call->flag, step->turn), SG_ANY_PEER);
         }
       }
       s->operands[i] = sg_value_at(call, sources[i].rank, sources[i].value);
@@ -326,8 +358,7 @@ SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* st
     if (SG_THREAD == 0) {
       for (uint32_t i = 0; i < step->source_count; ++i) {
         if (sources[i].rank == a->rank) continue;
-        sg_store_release(sg_served_word(call, sources[i].rank),
-                         sg_served(call->flag, step->turn + 1));
+        sg_serve(sg_served_word(call, sources[i].rank), call->flag, step->turn);
       }
     }
   }
@@ -566,6 +597,11 @@ extern "C" void stragglar_emulate_layout(uint64_t count, uint32_t dt, uint32_t c
   out[0] = l.in_bytes;
   out[1] = l.slot_bytes;
   for (uint32_t c = 0; c < chunks; ++c) sg_chunk(&l, c, &out[2 + 2 * c], &out[3 + 2 * c]);
+}
+
+/* How many served words were found out of turn order so far (see sg_serve). */
+extern "C" uint64_t stragglar_emulate_served_out_of_order(void) {
+  return __atomic_load_n(&sg_served_out_of_order, __ATOMIC_RELAXED);
 }
 
 /* Bytes of scratch one emulated block needs. */

@@ -55,6 +55,9 @@ struct Kernel {
     ticket: TicketFn,
     rule: RuleFn,
     layout: LayoutFn,
+    /// `stragglar_emulate_served_out_of_order`: served words the kernel found out of turn
+    /// order, in every test of this binary so far.
+    served_out_of_order: unsafe extern "C" fn() -> u64,
     scratch_bytes: usize,
 }
 
@@ -117,6 +120,12 @@ fn kernel() -> &'static Kernel {
             // SAFETY: as above.
             rule: unsafe {
                 std::mem::transmute::<*mut c_void, RuleFn>(symbol("stragglar_emulate_rule"))
+            },
+            // SAFETY: as above.
+            served_out_of_order: unsafe {
+                std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(symbol(
+                    "stragglar_emulate_served_out_of_order",
+                ))
             },
             // SAFETY: as above.
             layout: unsafe {
@@ -821,6 +830,9 @@ fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
     );
     comm.assert_within_arenas(&plan.plan, &label);
     comm.assert_every_send_served(&plan.plan, epoch_before + 1, &label);
+    // SAFETY: a plain function without arguments.
+    let out_of_order = unsafe { (kernel().served_out_of_order)() };
+    assert_eq!(out_of_order, 0, "{label}: sends served out of turn order");
     for r in 0..case.ranks {
         assert_eq!(comm.status(r), STATUS_OK, "{label}: rank {r} status");
         assert_eq!(comm.epoch(r), epoch_before + 1, "{label}: rank {r} epoch");
@@ -1069,6 +1081,26 @@ fn a_timeout_on_one_rank_releases_the_others_through_its_failure_word() {
     );
     assert!(statuses.contains(&STATUS_TIMEOUT), "{statuses:?}");
     assert!(took < Duration::from_secs(30), "{took:?}");
+}
+
+/// Whichever rank failed before its launch, every peer is released through failure words,
+/// ordered reads included, with no help from the timeout (long here). (A served wait watches
+/// every rank's failure word, since the reader it waits for may be any rank; this test does
+/// not construct that case, where a source finishes cleanly while a third rank fails mid-call:
+/// every rank here depends on the failed one early.)
+#[test]
+fn a_failed_rank_releases_every_peer_without_the_timeout() {
+    for absent in 0..5 {
+        let mut comm = Comm::new(5, 2, 2);
+        comm.timeout_ns = 20_000_000_000;
+        comm.memory[absent].failed.bytes()[..4].copy_from_slice(&STATUS_ABORTED.to_le_bytes());
+        let (statuses, took) = call_with_absent_rank(&mut comm, absent, None);
+        assert!(
+            statuses.iter().all(|&s| s == STATUS_PEER_FAILED),
+            "rank {absent} failed: {statuses:?}"
+        );
+        assert!(took < Duration::from_secs(15), "rank {absent}: {took:?}");
+    }
 }
 
 #[test]

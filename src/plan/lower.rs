@@ -308,6 +308,7 @@ impl Lowering {
             ranks: self.ranks,
             straggler: schedule.straggler,
             chunks: self.chunks,
+            max_sends: self.sends.iter().copied().max().unwrap_or(0),
             programs: self.programs,
             reads: self.reads,
             structure: hasher.finish(),
@@ -335,6 +336,8 @@ pub struct Lowered {
     reads: Vec<Vec<bool>>,
     /// A hash of the programs and reads, for the plans' fingerprints.
     structure: u64,
+    /// The most ordered sends (turns) of any rank in a call.
+    max_sends: usize,
 }
 
 /// What a lowered schedule needs of a rank's staging, for any count (see
@@ -347,6 +350,8 @@ pub struct ArenaNeed {
     pub slots: usize,
     /// The largest value table of any rank (flags per parity).
     pub values: usize,
+    /// The most ordered sends of any rank in a call (the kernel counts them in 16 bits).
+    pub sends: usize,
 }
 
 impl ArenaNeed {
@@ -406,6 +411,7 @@ impl Lowered {
                 .map(|p| p.values.len())
                 .max()
                 .unwrap_or(0),
+            sends: self.max_sends,
         }
     }
 

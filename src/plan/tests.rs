@@ -379,3 +379,32 @@ fn lowering_rejects_a_schedule_that_leaves_a_rank_incomplete() {
         Err(LowerError::Incomplete { .. })
     ));
 }
+
+/// The kernel counts a rank's ordered sends in 16 bits: the need reports the most any rank has
+/// (one per round it sends in, so far below the limit), counted from the programs' turns.
+#[test]
+fn the_need_counts_each_ranks_ordered_sends() {
+    for (algorithm, ranks) in [
+        (Algorithm::Stragglar, 5),
+        (Algorithm::Ring, 6),
+        (Algorithm::Stragglar, 64),
+    ] {
+        let lowered = lowered_for(algorithm, ranks, ranks - 1);
+        let plan = lowered.plan(4096, DataType::F32);
+        let turns = |step: &Step| match step {
+            Step::Copy { turn, .. } | Step::Combine { turn, .. } => *turn,
+            Step::CopyIn => None,
+        };
+        let most = plan
+            .programs
+            .iter()
+            .flat_map(|p| p.steps.iter().filter_map(turns))
+            .max()
+            .map_or(0, |t| t + 1);
+        let need = lowered.need();
+        // A source's last send has the highest turn: the most turns of any source.
+        assert_eq!(need.sends, most, "{algorithm:?} n={ranks}");
+        assert!(most > 0);
+        assert!(need.sends < 1 << 16);
+    }
+}

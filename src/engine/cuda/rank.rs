@@ -23,6 +23,10 @@ use crate::nccl::types::ResultCode;
 use crate::plan::{ArenaNeed, Lowered};
 use crate::reduce::{DataType, ReduceOp, Scale};
 
+/// Ordered sends of one rank in a call must stay below this: the kernel's served words count
+/// them in 16 bits (`sg_served` in cuda/stragglar_allreduce.cu).
+const MAX_SENDS: usize = 1 << 16;
+
 /// Index of the abort word among a rank's host words.
 const ABORT_WORD: usize = 0;
 /// Index of the status word.
@@ -485,6 +489,12 @@ impl CudaRank {
     /// `dtype`.
     pub fn fits(&self, need: ArenaNeed, count: usize, dtype: DataType) -> Result<(), CallError> {
         let layout = self.config.layout;
+        if need.sends >= MAX_SENDS {
+            return Err(CallError::Unfit(format!(
+                "the plan has {} sends on one rank; the kernel counts fewer than {MAX_SENDS}",
+                need.sends
+            )));
+        }
         let arena = need.arena_bytes(count, dtype);
         if arena as u64 > layout.arena_bytes || need.values as u64 > layout.values {
             return Err(CallError::Unfit(format!(
