@@ -49,7 +49,10 @@ pub extern "C" fn ncclAllReduce(
                 .and_then(|c| crate::engine::cuda::library::all_reduce(&c))
             {
                 Ok(code) => {
-                    count_stragglar(comm);
+                    // A call that failed on the engine ran nowhere: it is not counted.
+                    if code == ResultCode::SUCCESS {
+                        count_stragglar(comm);
+                    }
                     return code;
                 }
                 Err(cause) => route = Route::Forward(cause),

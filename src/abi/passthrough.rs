@@ -2,7 +2,9 @@
 //!
 //! Pure means pure: these are also what NCCL's own internal calls reach when our library is
 //! preloaded (libnccl calls about twenty of its exported names through the PLT), so they keep
-//! no state and have no side effects beyond the NULL-output check.
+//! no state and have no side effects beyond the NULL-output check. The one exception,
+//! `ncclCommGetAsyncError`, also tells the GPU engine what the application read (see
+//! `engine::cuda::library::nccl_state_seen`), and only for the application's own calls.
 
 #![allow(non_snake_case)]
 
@@ -56,7 +58,10 @@ pub extern "C" fn ncclCommGetAsyncError(
     crate::abi::guard::guard("ncclCommGetAsyncError", || {
         let rc: ResultCode =
             forward!(ncclCommGetAsyncError(comm, asyncError); live comm; outputs asyncError);
-        if rc == ResultCode::SUCCESS && crate::config::get().gpu_engine {
+        if rc == ResultCode::SUCCESS
+            && crate::config::get().gpu_engine
+            && !crate::abi::reentry::inside_real_nccl()
+        {
             // SAFETY: the forward above checked `asyncError` non-NULL and NCCL wrote it.
             crate::engine::cuda::library::nccl_state_seen(comm, unsafe { *asyncError });
         }

@@ -3,7 +3,9 @@
 //! group depth the program is at, and the configuration, which setup checks agrees), so every
 //! rank takes the same route. The one per-rank input, a nonblocking communicator's
 //! asynchronous state, is `ncclSuccess` on every rank of a correct program at every call: NCCL
-//! requires it before any call (see `super::nonblocking`).
+//! requires it before any call (see `super::nonblocking`). An asynchronous error may reach one
+//! rank first; that rank then gives up its part of the GPU engine, which releases its peers
+//! (`engine::cuda::library::nccl_state_seen`).
 
 use super::fallback::Fallback;
 use crate::reduce::DataType;

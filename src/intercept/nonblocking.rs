@@ -24,19 +24,16 @@ pub fn async_state(comm: ncclComm_t) -> ResultCode {
     }
 }
 
-/// Waits while the real communicator's state is `ncclInProgress` (NCCL's helper thread still
-/// launching an operation), spinning briefly, then sleeping 50 us between polls; returns the
-/// state it settled on, or `None` when `stop` says to give up (checked before every poll: the
-/// communicator is being aborted or destroyed, and must not be queried any more). No deadline:
-/// NCCL's first operations connect to the peers, which may take long, and an operation that
-/// NCCL may still be launching must not be abandoned.
-pub fn settle(comm: ncclComm_t, stop: impl Fn() -> bool) -> Option<ResultCode> {
+/// Waits while `poll` says `ncclInProgress` (NCCL's helper thread still launching an
+/// operation), spinning briefly, then sleeping 50 us between polls; returns the state it
+/// settled on, or `None` once `poll` does (the communicator is being aborted or destroyed, and
+/// must not be queried any more: `poll` checks that and queries [`async_state`] as one step).
+/// No deadline: NCCL's first operations connect to the peers, which may take long, and an
+/// operation that NCCL may still be launching must not be abandoned.
+pub fn settle(mut poll: impl FnMut() -> Option<ResultCode>) -> Option<ResultCode> {
     let mut polls = 0u32;
     loop {
-        if stop() {
-            return None;
-        }
-        let state = async_state(comm);
+        let state = poll()?;
         if state != ResultCode::IN_PROGRESS {
             return Some(state);
         }

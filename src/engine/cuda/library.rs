@@ -156,6 +156,9 @@ struct Entry {
     control: Mutex<Option<Control>>,
     /// Set by `forget`: a setup still running must not install its result.
     forgotten: std::sync::atomic::AtomicBool,
+    /// Held across a setup's check of `forgotten` and its query of NCCL's state, and taken by
+    /// `forget` after setting `forgotten`: no query runs on a communicator NCCL is freeing.
+    polling: Mutex<()>,
     /// Whether the asynchronous error was logged.
     reported: std::sync::atomic::AtomicBool,
     /// The designated straggler, or -1 (see `Ready::designated`).
@@ -294,8 +297,9 @@ pub fn staging_bytes(ranks: usize) -> Result<u64, String> {
 /// The setup's AllGather through the real communicator, on the caller's stream.
 struct NcclExchange<'a> {
     device: &'a Arc<Device>,
-    /// Set when the communicator is aborted or destroyed meanwhile (see [`forget`]).
-    forgotten: &'a std::sync::atomic::AtomicBool,
+    /// The communicator's entry: aborted or destroyed meanwhile when `forgotten` (see
+    /// [`forget`]).
+    entry: &'a Entry,
     comm: ncclComm_t,
     stream: cudaStream_t,
     ranks: usize,
@@ -322,8 +326,14 @@ impl Exchange for NcclExchange<'_> {
         // stream until NCCL's state settles.
         let rc = match rc {
             ResultCode::IN_PROGRESS => {
-                let forgotten = || self.forgotten.load(std::sync::atomic::Ordering::Acquire);
-                match crate::intercept::nonblocking::settle(self.comm, forgotten) {
+                let entry = self.entry;
+                let comm = self.comm;
+                let poll = || {
+                    let _polling = entry.polling.lock();
+                    (!entry.forgotten.load(std::sync::atomic::Ordering::Acquire))
+                        .then(|| crate::intercept::nonblocking::async_state(comm))
+                };
+                match crate::intercept::nonblocking::settle(poll) {
                     Some(state) => state,
                     None => {
                         // NCCL may still launch the all-gather into these buffers: they are
@@ -468,7 +478,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     }
     let mut exchange = NcclExchange {
         device: &device,
-        forgotten: &entry.forgotten,
+        entry,
         comm: call.comm,
         stream: call.stream,
         ranks: call.ranks,
@@ -906,12 +916,13 @@ pub fn forwarded(comm: ncclComm_t, stream: cudaStream_t, code: ResultCode) {
 }
 
 /// Called with the real NCCL state of `comm` that the application just read through
-/// `ncclCommGetAsyncError` (or that made one of its calls go to NCCL, `nonblocking-comm`).
-/// On `ncclSuccess`, a forwarded call that NCCL was still launching is now queued: the
-/// communicator's next launch is ordered after it (see [`forwarded`]), at the one moment its
-/// stream is known to hold nothing newer (NCCL forbids other work on it before). On an error,
-/// this rank's part of the engine is given up, so that peers still running calls on StragglAR
-/// stop waiting for it instead of hanging. Never waits for a call in progress.
+/// `ncclCommGetAsyncError`, or that was read after one of its calls went to NCCL as
+/// `nonblocking-comm`. On `ncclSuccess`, a forwarded call that NCCL was still launching is now
+/// queued: the communicator's next launch is ordered after it (see [`forwarded`]); read by the
+/// application's own thread, this is the moment its stream holds nothing newer (NCCL forbids
+/// other work on it before). On an error, this rank's part of the engine is given up, so that
+/// peers still running calls on StragglAR stop waiting for it instead of hanging. Never waits
+/// for a call in progress, and never synchronises (a stream may be capturing).
 pub fn nccl_state_seen(comm: ncclComm_t, state: ResultCode) {
     if state == ResultCode::IN_PROGRESS {
         return;
@@ -937,12 +948,21 @@ pub fn nccl_state_seen(comm: ncclComm_t, state: ResultCode) {
     };
     if let State::Ready(ready) = &mut *engine {
         if state != ResultCode::SUCCESS {
-            ready.rank.mark_failed();
+            // Any thread may be here, while any stream may capture: nothing synchronous.
+            fail_while_capturing(ready);
         } else if let Some(forwarded_on) = ready.order_pending.take() {
-            if let Err(e) = order_after(ready, forwarded_on) {
-                log::warn!("communicator {comm:p}: {e}");
-                ready.rank.abort();
-                ready.rank.mark_failed();
+            // Where another thread read the state, or the stream began a capture since, the
+            // order is dropped: the next launch stays ordered after the call's ticket only.
+            // SAFETY: the application's stream of the forwarded call, which NCCL's contract
+            // keeps valid until the application has seen that call succeed.
+            match unsafe { driver::capture_of(ready.rank.device(), forwarded_on.cast()) } {
+                Ok(Capture::None) => {
+                    if let Err(e) = order_after(ready, forwarded_on) {
+                        log::warn!("communicator {comm:p}: {e}");
+                        fail_while_capturing(ready);
+                    }
+                }
+                _ => log::debug!("communicator {comm:p}: a forwarded call's order was not taken"),
             }
         }
     }
@@ -968,6 +988,7 @@ pub fn all_reduce(call: &EngineCall) -> Result<ResultCode, Fallback> {
                     state: Mutex::new(State::SettingUp),
                     control: Mutex::new(None),
                     forgotten: Default::default(),
+                    polling: Mutex::new(()),
                     reported: Default::default(),
                     designated: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
                 });
@@ -1092,6 +1113,9 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     entry
         .forgotten
         .store(true, std::sync::atomic::Ordering::Release);
+    // A setup's query of NCCL's state in flight ends before NCCL frees the communicator (the
+    // caller forwards the teardown after this returns); later ones see `forgotten`.
+    drop(entry.polling.lock());
     if abort {
         if let Some(control) = entry.control.lock().as_ref() {
             control.abort();
