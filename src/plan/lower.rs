@@ -304,15 +304,20 @@ impl Lowering {
         // DefaultHasher::new() uses fixed keys: the same value in every process.
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (&self.programs, &self.reads).hash(&mut hasher);
-        Ok(Lowered {
+        let mut lowered = Lowered {
             ranks: self.ranks,
             straggler: schedule.straggler,
             chunks: self.chunks,
-            max_sends: self.sends.iter().copied().max().unwrap_or(0),
             programs: self.programs,
             reads: self.reads,
             structure: hasher.finish(),
-        })
+            id: 0,
+            need: ArenaNeed::default(),
+        };
+        // Both are read at every GPU call: computed once here.
+        lowered.id = lowered.compute_id();
+        lowered.need = lowered.compute_need(self.sends.iter().copied().max().unwrap_or(0));
+        Ok(lowered)
     }
 }
 
@@ -336,8 +341,9 @@ pub struct Lowered {
     reads: Vec<Vec<bool>>,
     /// A hash of the programs and reads, for the plans' fingerprints.
     structure: u64,
-    /// The most ordered sends (turns) of any rank in a call.
-    max_sends: usize,
+    /// See [`Lowered::id`] and [`Lowered::need`].
+    id: u64,
+    need: ArenaNeed,
 }
 
 /// What a lowered schedule needs of a rank's staging, for any count (see
@@ -376,6 +382,10 @@ impl Lowered {
 
     /// Identifies these programs (and so their blobs) in every process running this binary.
     pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn compute_id(&self) -> u64 {
         // DefaultHasher::new() uses fixed keys: the same value in every process.
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (self.ranks, self.straggler, self.chunks, self.structure).hash(&mut hasher);
@@ -399,6 +409,11 @@ impl Lowered {
 
     /// What these programs need of the staging, for any count.
     pub fn need(&self) -> ArenaNeed {
+        self.need
+    }
+
+    /// [`Lowered::need`], from the programs and the most sends of any rank.
+    fn compute_need(&self, max_sends: usize) -> ArenaNeed {
         ArenaNeed {
             chunks: self.chunks,
             slots: (0..self.ranks)
@@ -411,7 +426,7 @@ impl Lowered {
                 .map(|p| p.values.len())
                 .max()
                 .unwrap_or(0),
-            sends: self.max_sends,
+            sends: max_sends,
         }
     }
 
