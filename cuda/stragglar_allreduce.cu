@@ -352,17 +352,18 @@ SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* st
   if (own || output) {
     sg_apply_any(&call->math, s, step->source_count, begin, end, own, output, false, finish);
   }
-  if (sg_ordered(call, step)) {
-    /* Every thread's reads of this slice are done: the source's next send may go. */
-    sg_block_sync();
-    if (SG_THREAD == 0) {
-      for (uint32_t i = 0; i < step->source_count; ++i) {
-        if (sources[i].rank == a->rank) continue;
-        sg_serve(sg_served_word(call, sources[i].rank), call->flag, step->turn);
-      }
+  bool serves = sg_ordered(call, step);
+  if (!serves && !own) return STATUS_OK;
+  /* One barrier ends the step: every thread's reads of the sources are done (each source's next
+   * send may go) and every write of its value is made (the value may be published). */
+  sg_block_sync();
+  if (SG_THREAD == 0) {
+    for (uint32_t i = 0; serves && i < step->source_count; ++i) {
+      if (sources[i].rank == a->rank) continue;
+      sg_serve(sg_served_word(call, sources[i].rank), call->flag, step->turn);
     }
+    if (own) sg_store_release(sg_flag(call, a->rank, step->out_value), call->flag);
   }
-  if (own) sg_publish(call, step->out_value);
   return STATUS_OK;
 }
 
