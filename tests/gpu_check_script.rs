@@ -1,4 +1,4 @@
-//! `scripts/gpu-check.sh` is complete and runnable where no GPU is: its dry run lists every
+//! `scripts/gpu-check.sh` is complete and runnable (executable) where no GPU is: its dry run lists every
 //! check and ends with the summary table; the CUDA backend it drives fails cleanly here.
 
 mod support;
@@ -7,8 +7,9 @@ use std::process::Command;
 
 #[test]
 fn the_dry_run_lists_every_check_and_ends_with_the_summary() {
-    let out = Command::new("bash")
-        .arg(support::root().join("scripts/gpu-check.sh"))
+    // Run as the README and the device command run it: the script itself, not `bash script`,
+    // so a lost executable bit fails here.
+    let out = Command::new(support::root().join("scripts/gpu-check.sh"))
         .arg("--dry-run")
         .env(
             "OUT",
