@@ -44,8 +44,10 @@ fn wrap<T>(call: &'static str, r: Result<T, result::DriverError>) -> Result<T, G
 /// memsets run.
 const LEGACY_STREAM: sys::CUstream = 0x1 as sys::CUstream;
 
-/// Waits for the work of the legacy stream only: our kernels run on non-blocking streams and are
-/// not waited for, so this never waits on a kernel that spins for a peer.
+/// Waits for the work of the legacy stream: setup's allocations, zeroing and uploads, made before
+/// any kernel of the communicator exists. It also waits for whatever the caller queued on the
+/// legacy stream or on blocking streams, so nothing that may run while a kernel of ours spins
+/// (a failure mark, the drain at teardown) uses it: those go through the device's word stream.
 fn synchronize_legacy() -> Result<(), GpuError> {
     // SAFETY: CU_STREAM_LEGACY is a valid stream handle in every context.
     wrap("cuStreamSynchronize(legacy)", unsafe {
@@ -53,14 +55,35 @@ fn synchronize_legacy() -> Result<(), GpuError> {
     })
 }
 
+/// A non-blocking stream in `context`, which is pushed for the call and popped again.
+fn new_word_stream(context: sys::CUcontext) -> Result<sys::CUstream, GpuError> {
+    // SAFETY: a retained context; popped below.
+    check("cuCtxPushCurrent", unsafe {
+        sys::cuCtxPushCurrent_v2(context)
+    })?;
+    let words = wrap(
+        "cuStreamCreate",
+        result::stream::create(result::stream::StreamKind::NonBlocking),
+    );
+    let mut popped: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above, restoring the caller's.
+    let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    words
+}
+
 /// One GPU, through its primary context (shared with the CUDA runtime, PyTorch included).
 pub struct Device {
     pub ordinal: i32,
     device: sys::CUdevice,
     context: sys::CUcontext,
+    /// A non-blocking stream of our own for single-word signals and reads (a failure mark, the
+    /// drain at teardown): never ordered after the caller's streams, so a kernel of ours that
+    /// spins on the caller's stream, even a blocking one or the legacy stream, cannot hold it.
+    words: sys::CUstream,
 }
 
-// SAFETY: a CUcontext and CUdevice are process-wide handles the driver lets any thread use.
+// SAFETY: a CUcontext, CUdevice and CUstream are process-wide handles the driver lets any
+// thread use.
 unsafe impl Send for Device {}
 // SAFETY: as above; every use pushes the context on the calling thread.
 unsafe impl Sync for Device {}
@@ -75,10 +98,19 @@ impl Device {
         let context = wrap("cuDevicePrimaryCtxRetain", unsafe {
             result::primary_ctx::retain(device)
         })?;
+        let words = match new_word_stream(context) {
+            Ok(words) => words,
+            Err(e) => {
+                // SAFETY: retained above, released once here on failure.
+                let _ = unsafe { result::primary_ctx::release(device) };
+                return Err(e);
+            }
+        };
         Ok(Arc::new(Device {
             ordinal,
             device,
             context,
+            words,
         }))
     }
 
@@ -154,6 +186,10 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        if let Ok(_current) = self.current() {
+            // SAFETY: created in `open`, destroyed once here, before the context goes.
+            let _ = unsafe { result::stream::destroy(self.words) };
+        }
         // SAFETY: retained in `open`, released once here.
         let _ = unsafe { result::primary_ctx::release(self.device) };
     }
@@ -229,18 +265,18 @@ impl DeviceMemory {
         synchronize_legacy()
     }
 
-    /// Writes `value` at byte `offset` (4-byte aligned) without waiting for it to land (a
-    /// signal to peers: waiting could block behind work queued on the legacy stream).
+    /// Writes `value` at byte `offset` (4-byte aligned) on the device's word stream, without
+    /// waiting for it to land (a signal to peers: nothing the caller queued delays it).
     pub fn post_u32(&self, offset: u64, value: u32) -> Result<(), GpuError> {
         assert!(
             offset % 4 == 0 && offset + 4 <= self.bytes as u64,
             "a word inside the allocation"
         );
         let _current = self.device.current()?;
-        // SAFETY: the word lies inside this live allocation (asserted).
-        wrap("cuMemcpyHtoD", unsafe {
-            result::memcpy_htod_sync(self.ptr + offset, &[value])
-        })
+        // SAFETY: the word lies inside this live allocation (asserted); the device's word
+        // stream lives as long as the device, which this memory holds.
+        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, self.device.words) };
+        wrap("cuMemsetD32Async", r.result())
     }
 
     /// Writes `value` to the `u32` at byte `offset` (4-byte aligned) on `stream`, without
@@ -670,16 +706,22 @@ pub unsafe fn synchronize_raw(device: &Device, stream: sys::CUstream) -> Result<
     })
 }
 
-/// Reads one `u32` of device memory synchronously.
+/// Reads one `u32` of device memory, on the device's word stream: the read waits for nothing
+/// the caller queued (a kernel of ours spinning on the caller's stream does not hold it).
 ///
 /// # Safety
 /// `address` must be 4 readable bytes of `device`'s address space.
 pub unsafe fn read_word(device: &Device, address: sys::CUdeviceptr) -> Result<u32, GpuError> {
     let _current = device.current()?;
     let mut value = [0u32; 1];
-    // SAFETY: the caller vouches for the address.
-    wrap("cuMemcpyDtoH", unsafe {
-        result::memcpy_dtoh_sync(&mut value, address)
+    // SAFETY: the caller vouches for the address; the word stream is live, and the copy is
+    // waited for below, before `value` is read or goes out of scope.
+    wrap("cuMemcpyDtoHAsync", unsafe {
+        result::memcpy_dtoh_async(&mut value, address, device.words)
+    })?;
+    // SAFETY: the device's live word stream.
+    wrap("cuStreamSynchronize", unsafe {
+        result::stream::synchronize(device.words)
     })?;
     Ok(value[0])
 }

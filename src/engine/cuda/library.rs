@@ -1105,7 +1105,10 @@ const DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 /// With `abort`, every kernel of it is released first, without waiting for anything, and its
 /// memory is abandoned (freeing it would wait for kernels NCCL's abort has yet to release).
 /// Otherwise the staging is freed once every peer has finished as many calls as this rank
-/// launched (their epochs, read through the mappings; 10 s at most).
+/// launched (their epochs, read through the mappings; 10 s at most). A rank whose calls are not
+/// all done by then raises its abort word before freeing: a kernel left waiting for a peer that
+/// will never come (`STRAGGLAR_TIMEOUT_MS` unset) gives up, and the free, which waits for this
+/// rank's kernels, cannot hang.
 pub fn forget(comm: ncclComm_t, abort: bool) {
     let Some(entry) = ENGINES.lock().remove(&(comm as usize)) else {
         return;
@@ -1156,6 +1159,15 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     let deadline = std::time::Instant::now() + DRAIN;
     while !drained() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    if !drained() {
+        log::warn!(
+            "communicator {comm:p}: its peers did not finish their calls within {} s of the teardown; this rank's kernels are aborted before its staging is freed",
+            DRAIN.as_secs()
+        );
+        if let Some(control) = entry.control.lock().as_ref() {
+            control.abort();
+        }
     }
     // Every rank's tickets go to rank 0's board, and a waiting ticket reads every rank's
     // failure word: each rank stays until the last call's record is complete, so no peer's

@@ -86,7 +86,9 @@ impl std::fmt::Display for CallError {
 pub fn status_text(status: u32) -> &'static str {
     match status {
         STATUS_OK => "no error",
-        STATUS_ABORTED => "aborted (ncclCommAbort or ncclCommDestroy during a call)",
+        STATUS_ABORTED => {
+            "aborted (ncclCommAbort or ncclCommRevoke, or a teardown its peers did not finish)"
+        }
         STATUS_TIMEOUT => "a wait exceeded STRAGGLAR_TIMEOUT_MS",
         STATUS_PEER_FAILED => "a peer rank failed",
         STATUS_BAD_PLAN => "the kernel was given a corrupt plan",
