@@ -222,47 +222,66 @@ impl Drop for Reservation {
     }
 }
 
-/// A GPU opened, and our kernels loaded on it (or why not: NVRTC missing, compilation failed).
-type Loaded = Result<(Arc<Device>, Result<Arc<Kernels>, String>), String>;
+/// A GPU as the engine found it: opened (or why not), and our kernels loaded on it (or why not:
+/// NVRTC missing, compilation failed), each tried once and its failure logged once.
+#[derive(Default)]
+struct Found {
+    device: Option<Result<Arc<Device>, String>>,
+    kernels: Option<Result<Arc<Kernels>, String>>,
+}
 
-/// Each GPU as the engine found it, once (the reasons are logged once).
-static GPUS: Lazy<Mutex<HashMap<i32, Loaded>>> = Lazy::new(Default::default);
+static GPUS: Lazy<Mutex<HashMap<i32, Found>>> = Lazy::new(Default::default);
 
-fn gpu(ordinal: i32) -> Loaded {
+/// GPU `ordinal`, opened once per process.
+fn device(ordinal: i32) -> Result<Arc<Device>, String> {
     GPUS.lock()
         .entry(ordinal)
-        .or_insert_with(|| {
-            let loaded = load(ordinal);
-            match &loaded {
-                Err(why) => log::warn!(
+        .or_default()
+        .device
+        .get_or_insert_with(|| {
+            let device = match crate::gpu::probe::probe().driver {
+                crate::gpu::probe::Driver::Devices(n) if n > ordinal => {
+                    Device::open(ordinal).map_err(|e| e.to_string())
+                }
+                _ => Err("no usable CUDA driver or device".into()),
+            };
+            if let Err(why) = &device {
+                log::warn!(
                     "GPU engine unavailable on device {ordinal}: {why}; AllReduce stays on NCCL"
-                ),
-                Ok((_, Err(why))) => log::warn!(
-                    "GPU engine kernels unavailable on device {ordinal}: {why}; AllReduce stays on NCCL"
-                ),
-                Ok(_) => {}
+                );
             }
-            loaded
+            device
         })
         .clone()
 }
 
-fn load(ordinal: i32) -> Loaded {
-    match crate::gpu::probe::probe().driver {
-        crate::gpu::probe::Driver::Devices(n) if n > ordinal => {}
-        _ => return Err("no usable CUDA driver or device".into()),
-    }
-    let device = Device::open(ordinal).map_err(|e| e.to_string())?;
-    let kernel = (|| {
-        let arch = device.arch().map_err(|e| e.to_string())?;
-        let cache = crate::gpu::nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref());
-        let (cubin, _) =
-            crate::gpu::nvrtc::cubin_cached(&arch, cache.as_deref()).map_err(|e| e.to_string())?;
-        Kernels::load(&device, &cubin)
-            .map(Arc::new)
-            .map_err(|e| e.to_string())
-    })();
-    Ok((device, kernel))
+/// Our kernels on `device` (GPU `ordinal`), compiled (or taken from the cache) and loaded once
+/// per process. Never called while the caller's stream captures: loading is not for a capture.
+fn kernels(ordinal: i32, device: &Arc<Device>) -> Result<Arc<Kernels>, String> {
+    GPUS.lock()
+        .entry(ordinal)
+        .or_default()
+        .kernels
+        .get_or_insert_with(|| {
+            let kernels = (|| {
+                let arch = device.arch().map_err(|e| e.to_string())?;
+                let cache = crate::gpu::nvrtc::default_cache_dir(
+                    crate::config::get().cache_dir.as_deref(),
+                );
+                let (cubin, _) = crate::gpu::nvrtc::cubin_cached(&arch, cache.as_deref())
+                    .map_err(|e| e.to_string())?;
+                Kernels::load(device, &cubin)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })();
+            if let Err(why) = &kernels {
+                log::warn!(
+                    "GPU engine kernels unavailable on device {ordinal}: {why}; AllReduce stays on NCCL"
+                );
+            }
+            kernels
+        })
+        .clone()
 }
 
 /// The staging every rank of an `n`-rank communicator allocates: room for the largest plan of
@@ -455,11 +474,13 @@ fn local_part(
 fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     // Without a driver or device NCCL cannot run here either, so no peer waits on this rank's
     // setup; from here on, a local failure still joins both all-gathers with a failed record.
-    let (device, kernel) = gpu(call.device).map_err(|_| Fallback::GpuUnavailable)?;
+    let device = device(call.device).map_err(|_| Fallback::GpuUnavailable)?;
     // SAFETY: the caller's stream of this communicator's device.
     if unsafe { driver::is_capturing(&device, call.stream.cast()) }.unwrap_or(true) {
         return Err(Fallback::CapturingBeforeSetup);
     }
+    // Kernels that cannot load make this rank's record a failed one: its peers still join.
+    let kernel = kernels(call.device, &device);
     let mut plans = PlanCache::default();
     let layout = layout(&mut plans, call.ranks).map_err(|_| Fallback::GpuUnavailable)?;
     // A panic in the local steps must not make this rank skip the collectives its peers run.
