@@ -2,12 +2,15 @@
 # The GPU self-check: one prepared run on a machine with one GPU (an H200 in mind), no network
 # and no Rust toolchain. Build here first (cargo build --release), carry target/release/stragglar
 # and target/release/libstragglar.so, run this there. It uses the machine's own PyTorch, NCCL and
-# NVRTC. Finishes in a few minutes; prints one summary table last.
+# NVRTC. Finishes within BUDGET_S seconds (450: under 8 minutes); prints one summary table last.
 #
 # usage: scripts/gpu-check.sh [--dry-run] [--quick]
 #   --dry-run  print every step without running anything (works on any machine)
 #   --quick    fewer world sizes, types and ops (a minute or two)
-# Each run of the binary (and the PyTorch check) is stopped after RUN_LIMIT_S seconds (240).
+# Each run of the binary (and the PyTorch check) is stopped after RUN_LIMIT_S seconds (240), or
+# when the whole check's BUDGET_S is spent: a step cut short shows CUT, later steps SKIPPED.
+# Environment: STRAGGLAR_BIN, STRAGGLAR_LIB (the carried binaries, default target/release/),
+# PYTHON (python3, the one with PyTorch), OUT (where the logs go), RUN_LIMIT_S, BUDGET_S.
 #
 # What it checks:
 #   1. doctor: what the library sees (driver, GPUs, NVRTC, NCCL)
@@ -44,13 +47,34 @@ ORIGINAL_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 # No step may take the whole session: each run of the binary gives up after this many seconds
 # (the summary table still prints).
 RUN_LIMIT_S="${RUN_LIMIT_S:-240}"
-sg() { timeout -k 10 "$RUN_LIMIT_S" "$BIN" "$@"; }
+# The whole check ends within this many seconds: no run outlives it.
+BUDGET_S="${BUDGET_S:-450}"
+DEADLINE=$((SECONDS + BUDGET_S))
+# Seconds a run may take now: RUN_LIMIT_S, or what is left of the budget.
+run_limit() {
+  local left=$((DEADLINE - SECONDS))
+  if [ "$left" -lt "$RUN_LIMIT_S" ]; then echo "$left"; else echo "$RUN_LIMIT_S"; fi
+}
+sg() {
+  local limit
+  limit=$(run_limit)
+  if [ "$limit" -le 0 ]; then return 124; fi
+  timeout -k 10 "$limit" "$BIN" "$@"
+}
 
 SUMMARY=()
 FAILED=0
 record() { # name result detail
   SUMMARY+=("$(printf '%-58s %-8s %s' "$1" "$2" "$3")")
   if [ "$2" = FAIL ]; then FAILED=1; fi
+}
+
+# Records the kernel bandwidth summary a bench --bandwidth run printed: name, log file.
+bandwidth_shares() {
+  local line
+  line=$(grep -h '^# bandwidth summary: ' "$OUT/$2" 2>/dev/null | tail -n 1)
+  if [ -n "$line" ]; then record "$1" MEASURED "${line#\# bandwidth summary: }"; fi
+  return 0
 }
 
 # Records the host time to queue one eager call that a bench run printed: name, log file.
@@ -70,12 +94,20 @@ step() {
     record "$name" DRY-RUN "not run"
     return 0
   fi
+  if [ "$SECONDS" -ge "$DEADLINE" ]; then
+    record "$name" SKIPPED "the ${BUDGET_S} s budget was spent"
+    FAILED=1
+    return 1
+  fi
   local started=$SECONDS
   "$@" 2>&1 | tee "$OUT/$log"
   local status=${PIPESTATUS[0]}
   local took=$((SECONDS - started))
   if [ "$status" = 0 ]; then
     record "$name" PASS "${took} s, log $OUT/$log"
+  elif [ "$SECONDS" -ge "$DEADLINE" ]; then
+    record "$name" CUT "the ${BUDGET_S} s budget ran out after ${took} s, log $OUT/$log"
+    FAILED=1
   else
     record "$name" FAIL "exit $status after ${took} s, log $OUT/$log"
   fi
@@ -228,10 +260,13 @@ step "policy in graph replays, on the GPU: 4 ranks, rank 3 late" graph-policy.lo
   policy graph-policy-table.log --graph
 
 # 4. Kernel bandwidth against the device's copy rate.
+#    At two grids: two blocks per SM (the device's rate), and the AllReduce's own grid (the
+#    blocks one call gets: what a real call's copies and reductions can reach).
 for t in float bfloat16; do
   step "kernel bandwidth vs cuMemcpyDtoD ($t)" "bandwidth-$t.log" \
     sg bench --backend cuda --ranks 8 --bandwidth -d "$t" -b 256M -e 256M -n 20 -w 2 --buffer-bytes 1G \
     --timeout-ms 60000
+  bandwidth_shares "  $t: share of cuMemcpyDtoD (target >= 85%)" "bandwidth-$t.log"
 done
 
 # 5. Ranks as processes over CUDA IPC on the same GPU. Without MPS their kernels time-slice,
@@ -276,10 +311,12 @@ if [ "$MPS_STARTED" = 1 ]; then
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
 
-# 6. PyTorch under LD_PRELOAD, world size 1.
+# 6. PyTorch under LD_PRELOAD, world size 1: the results, and the library's own log saying it
+#    bound the real NCCL and saw the AllReduce (which forwards: one rank is too few).
 torch_check() {
+  local run="$OUT/torch-run.log" status
   LD_LIBRARY_PATH="$ORIGINAL_LD_LIBRARY_PATH" STRAGGLAR_DEBUG=INFO LD_PRELOAD="$(realpath "$LIB")" \
-    timeout -k 10 "$RUN_LIMIT_S" "$PYTHON" - <<'PY'
+    timeout -k 10 "$(run_limit)" "$PYTHON" - >"$run" 2>&1 <<'PY'
 import os, socket
 import torch
 import torch.distributed as dist
@@ -299,11 +336,21 @@ assert "libstragglar.so" in maps, "libstragglar.so is not loaded"
 print("NCCL", torch.cuda.nccl.version(), "- AllReduce through libstragglar.so: ok")
 dist.destroy_process_group()
 PY
+  status=$?
+  cat "$run"
+  [ "$status" = 0 ] || return "$status"
+  local expected
+  for expected in "bound real NCCL" "goes to NCCL: fewer than 4 ranks"; do
+    if ! grep -q "$expected" "$run"; then
+      echo "the library's log lacks \"$expected\": interception is not active"
+      return 1
+    fi
+  done
 }
 step "PyTorch LD_PRELOAD, world size 1" torch.log torch_check
 
 echo
-echo "== gpu-check summary"
+echo "== gpu-check summary ($((SECONDS)) s of a ${BUDGET_S} s budget)"
 printf '%-58s %-8s %s\n' "check" "result" "detail"
 for line in "${SUMMARY[@]}"; do
   echo "$line"

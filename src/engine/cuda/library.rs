@@ -39,7 +39,7 @@ use crate::reduce::{DataType, ReduceOp, Scale};
 use crate::schedule::model::Link;
 
 /// Blocks per rank on a GPU of its own (each rank of a communicator has one).
-const BLOCKS: u32 = 16;
+pub const BLOCKS: u32 = 16;
 
 /// Ticketed calls between a call and the first call its arrival record can decide. A record
 /// reaches a rank's ring when that rank's GPU starts the next ticketed call, so a host more

@@ -4,12 +4,16 @@
 use super::{GpuKernels, THREADS};
 use crate::cli::bench::options::BenchOptions;
 use crate::engine::cuda::driver::{copy_async, DeviceMemory, Event, GpuError, Stream};
+use crate::engine::cuda::library::BLOCKS;
 use crate::gpu::kernels::{op_code, APPLY_PROBE_KERNEL};
 use crate::gpu::launch::RawApply;
 use crate::reduce::ReduceOp;
 
 /// Prints the bandwidth of the kernels' element-wise code (1, 2 and `ranks - 1` operands)
-/// against `cuMemcpyDtoD` on the same bytes, all as memory traffic (bytes read + written).
+/// against `cuMemcpyDtoD` on the same bytes, all as memory traffic (bytes read + written), at
+/// two grids of `THREADS`-thread blocks: two per SM (the device's rate) and the library's
+/// AllReduce grid (`BLOCKS` per rank, what one call on a GPU of its own gets). Ends with one
+/// `# bandwidth summary:` line, which `scripts/gpu-check.sh` puts in its table.
 pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), String> {
     let err = |e: GpuError| e.to_string();
     let bytes = (options.max_bytes.max(1 << 20) as usize) / 16 * 16;
@@ -44,31 +48,40 @@ pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), S
         options.dtypes[0].name()
     );
     println!("#   cuMemcpyDtoD                    {copy_rate:>8.1} GB/s  (the reference)");
-    for k in [1usize, 2, operands] {
-        let mut args = RawApply {
-            output: buffers[0].ptr,
-            bytes: bytes as u64,
-            operand_count: k as u32,
-            op: op_code(ReduceOp::Sum),
-            datatype: options.dtypes[0].nccl_code(),
-            ..Default::default()
-        };
-        for (slot, b) in args.operands.iter_mut().zip(&buffers[1..]) {
-            *slot = b.ptr;
+    let mut summary = Vec::new();
+    for (grid, blocks) in [("device grid", sms * 2), ("AllReduce grid", BLOCKS)] {
+        println!("#   {grid}: {blocks} x {THREADS} threads");
+        let mut shares = Vec::new();
+        for k in [1usize, 2, operands] {
+            let mut args = RawApply {
+                output: buffers[0].ptr,
+                bytes: bytes as u64,
+                operand_count: k as u32,
+                op: op_code(ReduceOp::Sum),
+                datatype: options.dtypes[0].nccl_code(),
+                ..Default::default()
+            };
+            for (slot, b) in args.operands.iter_mut().zip(&buffers[1..]) {
+                *slot = b.ptr;
+            }
+            // SAFETY: every operand and the output hold `bytes` bytes and outlive the timing.
+            let t = time(&|| unsafe { gpu.probe.launch(stream.raw, blocks, THREADS, &args) })
+                .map_err(err)?;
+            let rate = (k + 1) as f64 * bytes as f64 / t / 1e9;
+            let what = if k == 1 {
+                "copy".to_string()
+            } else {
+                format!("reduce of {k}")
+            };
+            let share = 100.0 * rate / copy_rate;
+            println!("#   {APPLY_PROBE_KERNEL} {what:<10} {rate:>8.1} GB/s  {share:>5.1}% of the copy rate");
+            shares.push(format!("{what} {share:.0}%"));
         }
-        // SAFETY: every operand and the output hold `bytes` bytes and outlive the timing.
-        let t = time(&|| unsafe { gpu.probe.launch(stream.raw, sms * 2, THREADS, &args) })
-            .map_err(err)?;
-        let rate = (k + 1) as f64 * bytes as f64 / t / 1e9;
-        let what = if k == 1 {
-            "copy".to_string()
-        } else {
-            format!("reduce of {k}")
-        };
-        println!(
-            "#   {APPLY_PROBE_KERNEL} {what:<10} {rate:>8.1} GB/s  {:>5.1}% of the copy rate",
-            100.0 * rate / copy_rate
-        );
+        summary.push(format!("{grid} ({blocks} blocks): {}", shares.join(", ")));
     }
+    println!(
+        "# bandwidth summary: of {copy_rate:.0} GB/s (cuMemcpyDtoD), {}",
+        summary.join("; ")
+    );
     Ok(())
 }
