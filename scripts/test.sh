@@ -4,7 +4,7 @@
 # against the real libnccl, LD_PRELOAD under the real PyTorch, header conformance), and the
 # shell scripts' syntax.
 #
-# usage: scripts/test.sh            (from anywhere; needs python3, cc, cargo and the network
+# usage: scripts/test.sh            (from anywhere; needs python3, cc, c++, cargo and the network
 #                                    for the first run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,8 +42,10 @@ NV="$PWD/$CU12/nvidia"
 export STRAGGLAR_TEST_REAL_NCCL="$NV/nccl/lib/libnccl.so.2"
 export STRAGGLAR_TEST_NVIDIA_INCLUDES="$NV/nccl/include:$NV/cuda_runtime/include:$NV/cuda_nvcc/include:$NV/cuda_cccl/include"
 export STRAGGLAR_TEST_PYTHON="$PWD/$VENV/bin/python"
-# NVRTC for tests/nvrtc.rs (cudarc looks for libnvrtc.so* on the loader's search path).
+# NVRTC for tests/nvrtc.rs (cudarc looks for libnvrtc.so* on the loader's search path); those
+# tests fail rather than skip when it cannot be loaded.
 export LD_LIBRARY_PATH="$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export STRAGGLAR_TEST_REQUIRE_NVRTC=1
 test -f "$STRAGGLAR_TEST_REAL_NCCL"
 
 step "cargo fmt --check"

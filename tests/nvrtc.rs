@@ -12,8 +12,9 @@ fn nvrtc_available() -> bool {
         .unwrap_or(false);
     if !present {
         assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs scripts/test.sh, which puts the wheel's libnvrtc on LD_LIBRARY_PATH"
+            std::env::var_os("CI").is_none()
+                && std::env::var_os("STRAGGLAR_TEST_REQUIRE_NVRTC").is_none(),
+            "scripts/test.sh puts the wheel's libnvrtc on LD_LIBRARY_PATH: it must load"
         );
         eprintln!("libnvrtc not found: skipped (scripts/test.sh provides it)");
     }
