@@ -1,4 +1,4 @@
-/* Element-wise reduction, exactly as src/reduce computes it on the host (tests/kernel_host.rs
+/* Element-wise reduction, exactly as src/reduce computes it on the host (tests/kernel_emulation.rs
  * checks the two against each other, bit for bit):
  *  - integer sums and products wrap (computed in the unsigned twin, so no signed overflow);
  *  - fp16 and bf16 widen to fp32, combine in fp32 in operand order, round once (nearest even);

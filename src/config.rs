@@ -33,7 +33,7 @@ pub const SETTINGS: &[SettingDoc] = &[
     SettingDoc {
         name: "STRAGGLAR_BUFFER_BYTES",
         default: "256M",
-        meaning: "staging per rank and call parity (K/M/G); larger messages run in segments",
+        meaning: "largest AllReduce StragglAR takes (K/M/G); larger ones stay on NCCL (the host engine and bench run them in segments)",
     },
     SettingDoc {
         name: "STRAGGLAR_MIN_BYTES",
@@ -96,9 +96,11 @@ pub const SETTINGS: &[SettingDoc] = &[
 /// tensor-parallel activation (64-80 MiB) whole, twice over.
 pub const DEFAULT_BUFFER_BYTES: usize = 256 << 20;
 
-/// Default of `STRAGGLAR_MIN_BYTES`: 64 KiB. Provisional: below some size the fixed cost of a
-/// launch and its flag handshakes outweighs what the straggler's delay hides; the value is to
-/// be set from `stragglar bench --backend cuda` on multi-GPU hardware.
+/// Default of `STRAGGLAR_MIN_BYTES`: 64 KiB. Not from the model, which predicts StragglAR
+/// winning at every size once the straggler's lead passes the break-even (about 3 us at 8 ranks
+/// on NVSwitch) because it leaves out the fixed costs of a call: our launches and flag
+/// handshakes against NCCL's small-message protocol. Provisional: to be set from
+/// `stragglar bench --backend cuda` on multi-GPU hardware.
 pub const DEFAULT_MIN_BYTES: usize = 64 << 10;
 
 /// Default of `STRAGGLAR_STAGING_CAP`: 4 GiB per device, room for the staging of four 8-rank

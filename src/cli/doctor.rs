@@ -44,10 +44,15 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
     if let Some((major, minor)) = driver_cuda {
         println!("  CUDA:      {major}.{minor} (the newest the driver supports)");
     }
-    match crate::gpu::nvrtc::version() {
+    let nvrtc = crate::gpu::nvrtc::version();
+    let nvrtc_usable = match nvrtc {
+        Some((major, _)) => driver_cuda.is_none_or(|(driver, _)| major <= driver),
+        None => false,
+    };
+    match nvrtc {
         Some((major, minor)) => {
             println!("  NVRTC:     {major}.{minor} (compiles the kernels on first use)");
-            if driver_cuda.is_some_and(|(driver, _)| major > driver) {
+            if !nvrtc_usable {
                 println!("  warning:   this NVRTC is newer than the driver: its CUBINs will not load (put an older one first on LD_LIBRARY_PATH as libnvrtc.so, the name the loader tries first)");
             }
         }
@@ -59,16 +64,11 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         Some(dir) => println!("  kernels:   cached in {}", dir.display()),
         None => println!("  kernels:   no cache directory (set STRAGGLAR_CACHE_DIR)"),
     }
-    let verdict = match (&gpu.driver, config.gpu_engine) {
-        (Driver::Devices(n), true) if *n > 0 => {
-            "GPUs present and STRAGGLAR_GPU_ENGINE=1: eligible AllReduce calls run on the GPU engine (experimental)"
-        }
-        (Driver::Devices(n), false) if *n > 0 => {
-            "GPUs present; the GPU engine runs under `stragglar bench --backend cuda`; ncclAllReduce uses it only with STRAGGLAR_GPU_ENGINE=1 (experimental), so every AllReduce is forwarded to the real NCCL"
-        }
-        _ => "no usable GPU: every call is forwarded to the real NCCL",
-    };
-    println!("  verdict:   {verdict}");
+    let gpus = matches!(gpu.driver, Driver::Devices(n) if n > 0);
+    println!(
+        "  verdict:   {}",
+        engine_verdict(gpus, config.gpu_engine, nvrtc_usable)
+    );
     let cap = config.staging_cap;
     match crate::engine::cuda::library::staging_bytes(8) {
         Ok(bytes) => println!(
@@ -89,4 +89,41 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         println!("  {name:<22} {value:<28} {}", doc.meaning);
     }
     Ok(0)
+}
+
+/// What the library's AllReduce does here: whether GPUs are usable, the GPU engine is switched
+/// on (`STRAGGLAR_GPU_ENGINE`), and an NVRTC that can build kernels the driver loads is found
+/// (the kernel cache is keyed by NVRTC's version, so even cached kernels need it).
+fn engine_verdict(gpus: bool, engine: bool, nvrtc: bool) -> &'static str {
+    match (gpus, engine, nvrtc) {
+        (false, _, _) => "no usable GPU: every call is forwarded to the real NCCL",
+        (true, false, _) => {
+            "GPUs present; the GPU engine runs under `stragglar bench --backend cuda`; ncclAllReduce uses it only with STRAGGLAR_GPU_ENGINE=1 (experimental), so every AllReduce is forwarded to the real NCCL"
+        }
+        (true, true, false) => {
+            "GPUs present and STRAGGLAR_GPU_ENGINE=1, but no usable NVRTC: the kernels cannot be built, so every AllReduce is forwarded to the real NCCL (counted as setup-refused)"
+        }
+        (true, true, true) => {
+            "GPUs present and STRAGGLAR_GPU_ENGINE=1: eligible AllReduce calls run on the GPU engine (experimental)"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::engine_verdict;
+
+    #[test]
+    fn the_verdict_runs_the_engine_only_with_gpus_the_switch_and_nvrtc() {
+        for gpus in [false, true] {
+            for engine in [false, true] {
+                for nvrtc in [false, true] {
+                    let verdict = engine_verdict(gpus, engine, nvrtc);
+                    let runs = verdict.contains("run on the GPU engine");
+                    assert_eq!(runs, gpus && engine && nvrtc, "{verdict}");
+                    assert_eq!(runs, !verdict.contains("forwarded to the real NCCL"));
+                }
+            }
+        }
+    }
 }

@@ -36,7 +36,8 @@ pub enum Fallback {
     NonblockingComm,
     /// The GPU engine is off (`STRAGGLAR_GPU_ENGINE=0`, the default in this version).
     NoGpuEngine,
-    /// No usable CUDA driver, device or NVRTC for the GPU engine here.
+    /// No usable CUDA driver or device for the GPU engine here (kernels that cannot be built,
+    /// NVRTC missing, make the setup refuse instead: every rank must agree).
     GpuUnavailable,
     /// The communicator's setup refused the GPU engine (the same verdict on every rank).
     SetupRefused,
@@ -127,7 +128,7 @@ impl Fallback {
                 "a nonblocking communicator whose state is not ncclSuccess"
             }
             Fallback::NoGpuEngine => "the GPU engine is off (STRAGGLAR_GPU_ENGINE=0)",
-            Fallback::GpuUnavailable => "no usable CUDA driver, device or NVRTC for the GPU engine",
+            Fallback::GpuUnavailable => "no usable CUDA driver or device for the GPU engine",
             Fallback::SetupRefused => "the communicator's setup refused the GPU engine",
             Fallback::CapturingBeforeSetup => {
                 "captured into a graph before the communicator ran a call outside capture"

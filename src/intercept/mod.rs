@@ -1,9 +1,9 @@
 //! The single interception point of `ncclAllReduce`: checks the call and decides its route.
 //!
 //! An invalid call is refused; a valid one is checked for StragglAR (`eligibility`), and the
-//! cause that keeps it on NCCL is counted per communicator. In this version the GPU engine does
-//! not serve `ncclAllReduce` yet, so every valid call ends on NCCL, with the first cause that
-//! applies (`no-gpu-engine` when nothing else does).
+//! cause that keeps it on NCCL is counted per communicator. An eligible call routes as
+//! `no-gpu-engine`: `abi::allreduce` hands it to the GPU engine when `STRAGGLAR_GPU_ENGINE=1`,
+//! which counts it as StragglAR or names its own cause (`gpu-unavailable`, `setup-refused`, ...).
 
 pub mod eligibility;
 pub mod fallback;
@@ -144,7 +144,7 @@ pub fn route_all_reduce(call: &AllReduceCall, facts: &CallFacts, limits: &Limits
     }
     match eligibility::check(facts, limits) {
         Err(cause) => Route::Forward(cause),
-        // Eligible; the GPU engine is not wired into ncclAllReduce yet.
+        // Eligible: NCCL's unless the caller hands it to the GPU engine (STRAGGLAR_GPU_ENGINE=1).
         Ok(()) => Route::Forward(Fallback::NoGpuEngine),
     }
 }

@@ -203,7 +203,7 @@ struct Reservation {
 }
 
 impl Reservation {
-    /// Reserves `bytes` on `device`, or says why not (once per device, at WARN).
+    /// Reserves `bytes` on `device`, or says why not (at WARN, for each communicator refused).
     fn take(device: i32, bytes: u64) -> Option<Reservation> {
         let cap = crate::config::get().staging_cap;
         match BUDGET.lock().reserve(device, bytes, cap) {
