@@ -40,35 +40,20 @@ fn wrap<T>(call: &'static str, r: Result<T, result::DriverError>) -> Result<T, G
     })
 }
 
-/// The legacy default stream (`CU_STREAM_LEGACY`), on which the synchronous copies and
-/// memsets run.
-const LEGACY_STREAM: sys::CUstream = 0x1 as sys::CUstream;
-
-/// Waits for the work of the legacy stream: setup's allocations, zeroing and uploads, made before
-/// any kernel of the communicator exists. It also waits for whatever the caller queued on the
-/// legacy stream or on blocking streams, so nothing that may run while a kernel of ours spins
-/// (a failure mark, the drain at teardown) uses it: those go through the device's word stream.
-fn synchronize_legacy() -> Result<(), GpuError> {
-    // SAFETY: CU_STREAM_LEGACY is a valid stream handle in every context.
-    wrap("cuStreamSynchronize(legacy)", unsafe {
-        result::stream::synchronize(LEGACY_STREAM)
-    })
-}
-
 /// A non-blocking stream in `context`, which is pushed for the call and popped again.
-fn new_word_stream(context: sys::CUcontext) -> Result<sys::CUstream, GpuError> {
+fn new_side_stream(context: sys::CUcontext) -> Result<sys::CUstream, GpuError> {
     // SAFETY: a retained context; popped below.
     check("cuCtxPushCurrent", unsafe {
         sys::cuCtxPushCurrent_v2(context)
     })?;
-    let words = wrap(
+    let side = wrap(
         "cuStreamCreate",
         result::stream::create(result::stream::StreamKind::NonBlocking),
     );
     let mut popped: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: pops the context pushed above, restoring the caller's.
     let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
-    words
+    side
 }
 
 /// One GPU, through its primary context (shared with the CUDA runtime, PyTorch included).
@@ -76,10 +61,11 @@ pub struct Device {
     pub ordinal: i32,
     device: sys::CUdevice,
     context: sys::CUcontext,
-    /// A non-blocking stream of our own for single-word signals and reads (a failure mark, the
-    /// drain at teardown): never ordered after the caller's streams, so a kernel of ours that
-    /// spins on the caller's stream, even a blocking one or the legacy stream, cannot hold it.
-    words: sys::CUstream,
+    /// A non-blocking stream of our own for every copy, fill and word the host makes (setup's
+    /// zeroing and uploads, a failure mark, the drain at teardown): never ordered after the
+    /// caller's streams, so a kernel of ours that spins on the caller's stream, even a blocking
+    /// one or the legacy stream, cannot hold it, and no capture in progress sees it.
+    side: sys::CUstream,
 }
 
 // SAFETY: a CUcontext, CUdevice and CUstream are process-wide handles the driver lets any
@@ -98,8 +84,8 @@ impl Device {
         let context = wrap("cuDevicePrimaryCtxRetain", unsafe {
             result::primary_ctx::retain(device)
         })?;
-        let words = match new_word_stream(context) {
-            Ok(words) => words,
+        let side = match new_side_stream(context) {
+            Ok(side) => side,
             Err(e) => {
                 // SAFETY: retained above, released once here on failure.
                 let _ = unsafe { result::primary_ctx::release(device) };
@@ -110,8 +96,17 @@ impl Device {
             ordinal,
             device,
             context,
-            words,
+            side,
         }))
+    }
+
+    /// Waits for what the host queued on the side stream (nothing of the caller's).
+    fn synchronize_side(&self) -> Result<(), GpuError> {
+        let _current = self.current()?;
+        // SAFETY: the side stream lives as long as `self`.
+        wrap("cuStreamSynchronize", unsafe {
+            result::stream::synchronize(self.side)
+        })
     }
 
     /// Makes this device current on the calling thread until the guard drops.
@@ -188,7 +183,7 @@ impl Drop for Device {
     fn drop(&mut self) {
         if let Ok(_current) = self.current() {
             // SAFETY: created in `open`, destroyed once here, before the context goes.
-            let _ = unsafe { result::stream::destroy(self.words) };
+            let _ = unsafe { result::stream::destroy(self.side) };
         }
         // SAFETY: retained in `open`, released once here.
         let _ = unsafe { result::primary_ctx::release(self.device) };
@@ -222,11 +217,11 @@ impl DeviceMemory {
         let memory = Self::for_upload(device, bytes)?;
         let _current = device.current()?;
         let ptr = memory.ptr;
-        // SAFETY: `ptr` is a live allocation of `memory.bytes` bytes.
-        wrap("cuMemsetD8", unsafe {
-            result::memset_d8_sync(ptr, 0, memory.bytes)
+        // SAFETY: `ptr` is a live allocation of `memory.bytes` bytes; the side stream is live.
+        wrap("cuMemsetD8Async", unsafe {
+            result::memset_d8_async(ptr, 0, memory.bytes, device.side)
         })?;
-        synchronize_legacy()?;
+        device.synchronize_side()?;
         Ok(memory)
     }
 
@@ -256,16 +251,16 @@ impl DeviceMemory {
             return Ok(());
         }
         let _current = self.device.current()?;
-        // SAFETY: the destination holds at least `size_of_val(data)` bytes (asserted).
-        wrap("cuMemcpyHtoD", unsafe {
-            result::memcpy_htod_sync(self.ptr, data)
+        // SAFETY: the destination holds at least `size_of_val(data)` bytes (asserted); `data`
+        // outlives the copy, which is waited for below (a copy from pageable memory may return
+        // before its DMA lands).
+        wrap("cuMemcpyHtoDAsync", unsafe {
+            result::memcpy_htod_async(self.ptr, data, self.device.side)
         })?;
-        // A copy from pageable memory may return before its DMA lands, and our kernels run on
-        // streams that are not ordered after the legacy stream.
-        synchronize_legacy()
+        self.device.synchronize_side()
     }
 
-    /// Writes `value` at byte `offset` (4-byte aligned) on the device's word stream, without
+    /// Writes `value` at byte `offset` (4-byte aligned) on the device's side stream, without
     /// waiting for it to land (a signal to peers: nothing the caller queued delays it).
     pub fn post_u32(&self, offset: u64, value: u32) -> Result<(), GpuError> {
         assert!(
@@ -273,9 +268,9 @@ impl DeviceMemory {
             "a word inside the allocation"
         );
         let _current = self.device.current()?;
-        // SAFETY: the word lies inside this live allocation (asserted); the device's word
+        // SAFETY: the word lies inside this live allocation (asserted); the device's side
         // stream lives as long as the device, which this memory holds.
-        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, self.device.words) };
+        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, self.device.side) };
         wrap("cuMemsetD32Async", r.result())
     }
 
@@ -312,10 +307,12 @@ impl DeviceMemory {
             return Ok(());
         }
         let _current = self.device.current()?;
-        // SAFETY: the source holds at least `size_of_val(out)` bytes (asserted).
-        wrap("cuMemcpyDtoH", unsafe {
-            result::memcpy_dtoh_sync(out, self.ptr)
-        })
+        // SAFETY: the source holds at least `size_of_val(out)` bytes (asserted); `out` outlives
+        // the copy, which is waited for below.
+        wrap("cuMemcpyDtoHAsync", unsafe {
+            result::memcpy_dtoh_async(out, self.ptr, self.device.side)
+        })?;
+        self.device.synchronize_side()
     }
 
     /// The IPC handle another process opens with [`IpcMapping::open`].
@@ -706,7 +703,7 @@ pub unsafe fn synchronize_raw(device: &Device, stream: sys::CUstream) -> Result<
     })
 }
 
-/// Reads one `u32` of device memory, on the device's word stream: the read waits for nothing
+/// Reads one `u32` of device memory, on the device's side stream: the read waits for nothing
 /// the caller queued (a kernel of ours spinning on the caller's stream does not hold it).
 ///
 /// # Safety
@@ -714,15 +711,12 @@ pub unsafe fn synchronize_raw(device: &Device, stream: sys::CUstream) -> Result<
 pub unsafe fn read_word(device: &Device, address: sys::CUdeviceptr) -> Result<u32, GpuError> {
     let _current = device.current()?;
     let mut value = [0u32; 1];
-    // SAFETY: the caller vouches for the address; the word stream is live, and the copy is
+    // SAFETY: the caller vouches for the address; the side stream is live, and the copy is
     // waited for below, before `value` is read or goes out of scope.
     wrap("cuMemcpyDtoHAsync", unsafe {
-        result::memcpy_dtoh_async(&mut value, address, device.words)
+        result::memcpy_dtoh_async(&mut value, address, device.side)
     })?;
-    // SAFETY: the device's live word stream.
-    wrap("cuStreamSynchronize", unsafe {
-        result::stream::synchronize(device.words)
-    })?;
+    device.synchronize_side()?;
     Ok(value[0])
 }
 
