@@ -12,7 +12,13 @@ use crate::engine::cuda::staging::StagingLayout;
 /// `SetupRecord::magic`: "SGSU".
 pub const SETUP_MAGIC: u32 = 0x5347_5355;
 /// `SetupRecord::version` of this layout.
-pub const SETUP_VERSION: u32 = 1;
+pub const SETUP_VERSION: u32 = 2;
+
+/// This build's identity (`SetupRecord::build`): the hash of its sources, which build.rs
+/// computes. Two builds may lower different plans for one call, so their ranks must not meet.
+pub fn build_id() -> u64 {
+    u64::from_str_radix(env!("STRAGGLAR_SOURCE_HASH"), 16).unwrap_or(0)
+}
 
 /// The settings whose values must agree on every rank (a rank that disagrees would take
 /// another path and hang the job), in the order of `SetupRecord::settings`.
@@ -64,6 +70,8 @@ pub struct SetupRecord {
     pub staging_handle: [u8; 64],
     /// The staging layout: arena bytes, values, blocks.
     pub layout: [u64; 3],
+    /// The writer's [`build_id`].
+    pub build: u64,
 }
 
 /// Why the communicator stays on NCCL, the same on every rank.
@@ -71,7 +79,7 @@ pub struct SetupRecord {
 pub enum Verdict {
     /// Every rank is ready: StragglAR may run.
     Eligible,
-    /// A record is not one this version wrote (another stragglar build on some rank).
+    /// A record is not one this build wrote (another stragglar build on some rank).
     Incompatible { rank: usize },
     /// A rank could not take part.
     RankFailed { rank: usize, failure: u32 },
@@ -93,7 +101,7 @@ impl Verdict {
         match self {
             Verdict::Eligible => "every rank is ready".into(),
             Verdict::Incompatible { rank } => {
-                format!("rank {rank} runs another version of stragglar")
+                format!("rank {rank} runs another build of stragglar")
             }
             Verdict::RankFailed { rank, failure } => {
                 format!("rank {rank} could not set up (failure {failure})")
@@ -209,6 +217,7 @@ impl SetupRecord {
             settings,
             staging_handle,
             layout: [layout.arena_bytes, layout.values, layout.blocks],
+            build: build_id(),
         }
     }
 
@@ -228,6 +237,7 @@ impl SetupRecord {
             settings: [0; 7],
             staging_handle: [0; 64],
             layout: [0; 3],
+            build: build_id(),
         }
     }
 
@@ -256,6 +266,7 @@ pub fn verdict(records: &[SetupRecord], devices: Devices) -> Verdict {
     for (rank, r) in records.iter().enumerate() {
         if r.magic != SETUP_MAGIC
             || r.version != SETUP_VERSION
+            || r.build != build_id()
             || r.rank as usize != rank
             || r.ranks as usize != n
         {
@@ -411,6 +422,14 @@ mod tests {
         );
 
         let mut r = records(4);
+        r[2].build ^= 1;
+        assert_eq!(
+            verdict(&r, Devices::OnePerRank),
+            Verdict::Incompatible { rank: 2 },
+            "another build may lower other plans"
+        );
+
+        let mut r = records(4);
         r.swap(1, 2);
         assert_eq!(
             verdict(&r, Devices::OnePerRank),
@@ -456,7 +475,7 @@ mod tests {
         assert_eq!(field::<4>("abcdef"), *b"abcd");
         assert_eq!(field::<4>("ab"), [b'a', b'b', 0, 0]);
         assert_ne!(setting_hash("256M"), setting_hash("128M"));
-        assert_eq!(std::mem::size_of::<SetupRecord>(), 288);
+        assert_eq!(std::mem::size_of::<SetupRecord>(), 296);
     }
 }
 
@@ -500,6 +519,7 @@ fn record_bytes(record: &SetupRecord) -> Vec<u8> {
     for w in record.layout {
         out.extend_from_slice(&w.to_le_bytes());
     }
+    out.extend_from_slice(&record.build.to_le_bytes());
     out
 }
 
@@ -527,6 +547,7 @@ fn record_from(bytes: &[u8]) -> SetupRecord {
     for w in &mut layout {
         *w = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
     }
+    let build = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
     SetupRecord {
         magic: u32s[0],
         version: u32s[1],
@@ -540,6 +561,7 @@ fn record_from(bytes: &[u8]) -> SetupRecord {
         settings,
         staging_handle,
         layout,
+        build,
     }
 }
 
