@@ -366,6 +366,18 @@ impl IpcMapping {
 }
 
 impl IpcMapping {
+    /// Writes `value` to the `u32` at `offset` (4-byte aligned) in the mapped allocation, on
+    /// the device's side stream: a later [`read_u32`](IpcMapping::read_u32), on the same
+    /// stream, sees it.
+    pub fn write_u32(&self, offset: u64, value: u32) -> Result<(), GpuError> {
+        assert!(offset % 4 == 0, "an aligned word");
+        let _current = self.device.current()?;
+        // SAFETY: the mapping is open; the caller's offset lies inside the peer's staging,
+        // whose layout every rank shares; the side stream lives as long as the device.
+        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, self.device.side) };
+        wrap("cuMemsetD32Async", r.result())
+    }
+
     /// Reads the `u32` at `offset` in the mapped allocation (a synchronous round trip to the
     /// peer's memory).
     pub fn read_u32(&self, offset: u64) -> Result<u32, GpuError> {

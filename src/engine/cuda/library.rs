@@ -26,7 +26,7 @@ use super::setup::{
     run_setup, settings_of, Devices, Exchange, Identity, LocalFailure, PeerAccess, SetupError,
     SetupRecord,
 };
-use super::staging::StagingLayout;
+use super::staging::{StagingLayout, PROBE_WORDS};
 use crate::detect::policy::Policy;
 use crate::detect::Tracker;
 use crate::engine::host::runner::{PlanCache, Shape};
@@ -377,12 +377,16 @@ impl Exchange for NcclExchange<'_> {
     }
 }
 
-/// Peers' staging through CUDA IPC; the probe reads a peer's failure word (0 when fresh).
-/// Shared with the CUDA bench's process mode.
+/// Peers' staging through CUDA IPC. Shared with the CUDA bench's process mode.
 pub struct IpcAccess<'a> {
     pub device: &'a Arc<Device>,
     pub layout: StagingLayout,
+    /// This rank: its probe word in each peer's staging is the one it writes.
+    pub rank: usize,
 }
+
+/// The probe's token: a recognisable high half, the writer's rank in the low half.
+const PROBE_TOKEN: u32 = 0x5347_0000;
 
 impl PeerAccess for IpcAccess<'_> {
     type Mapping = IpcMapping;
@@ -391,8 +395,17 @@ impl PeerAccess for IpcAccess<'_> {
         IpcMapping::open(self.device, &record.staging_handle).map_err(|e| e.to_string())
     }
 
+    /// A round trip through the mapping: this rank's token, written into its own probe word
+    /// of the peer's staging, reads back; and the peer's failure word reads 0 (fresh).
     fn probe(&mut self, mapping: &IpcMapping) -> bool {
-        mapping.read_u32(self.layout.failed()) == Ok(0)
+        if self.rank as u64 >= PROBE_WORDS {
+            return false;
+        }
+        let at = self.layout.probe_word(self.rank);
+        let token = PROBE_TOKEN | self.rank as u32;
+        mapping.write_u32(at, token).is_ok()
+            && mapping.read_u32(at) == Ok(token)
+            && mapping.read_u32(self.layout.failed()) == Ok(0)
     }
 }
 
@@ -507,6 +520,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     let mut access = IpcAccess {
         device: &device,
         layout,
+        rank: call.rank,
     };
     let mut last = None;
     let finish = |mappings: &[Option<IpcMapping>], records: &[SetupRecord]| {

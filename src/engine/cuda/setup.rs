@@ -492,7 +492,7 @@ pub trait PeerAccess {
     type Mapping;
     /// Opens `record`'s staging.
     fn open(&mut self, record: &SetupRecord) -> Result<Self::Mapping, String>;
-    /// Reads through `mapping` and checks what comes back (a round trip to the peer's memory).
+    /// Writes through `mapping` and reads it back (a round trip to the peer's memory).
     fn probe(&mut self, mapping: &Self::Mapping) -> bool;
 }
 

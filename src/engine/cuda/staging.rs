@@ -1,5 +1,5 @@
 //! Where one rank's staging allocation keeps what: both arena parities, both flag parities, both
-//! parities of served words, the failure word, the epoch, the finished-blocks counter, the arrival board (used on rank 0
+//! parities of served words, the failure word, the setup's probe words, the epoch, the finished-blocks counter, the arrival board (used on rank 0
 //! only) and the graph state (`RawGraphState`: graph launches' call numbers, records and
 //! device detectors). One plain allocation per rank,
 //! rounded up to 2 MiB (the granularity CUDA IPC maps), identical in layout on every rank, so
@@ -12,6 +12,8 @@ use crate::gpu::launch::{RawBoardSlot, RawPeer, BOARD_SLOTS};
 const REGION_ALIGN: u64 = 256;
 /// CUDA IPC maps whole 2 MiB granules.
 pub const ALLOCATION_GRANULE: u64 = 2 << 20;
+/// Probe words of a staging: one per writing rank, for the ranks the kernels take (256).
+pub const PROBE_WORDS: u64 = 256;
 
 fn align(bytes: u64, to: u64) -> u64 {
     bytes.div_ceil(to) * to
@@ -61,9 +63,16 @@ impl StagingLayout {
         self.served(0) + 2 * self.served_stride()
     }
 
+    /// Offset of rank `writer`'s probe word (`uint32_t`, `writer < PROBE_WORDS`): the setup's
+    /// round trip writes it through the mapping and reads it back; nothing else touches it.
+    pub fn probe_word(&self, writer: usize) -> u64 {
+        assert!((writer as u64) < PROBE_WORDS, "a rank with a probe word");
+        self.failed() + REGION_ALIGN + 4 * writer as u64
+    }
+
     /// Offset of the epoch (`uint64_t`), which only the owner's kernels touch.
     pub fn epoch(&self) -> u64 {
-        self.failed() + REGION_ALIGN
+        self.failed() + REGION_ALIGN + align(4 * PROBE_WORDS, REGION_ALIGN)
     }
 
     /// Offset of the finished-blocks counter (`uint32_t`).
@@ -141,6 +150,7 @@ mod tests {
                 (l.served(0), blocks * 4),
                 (l.served(1), blocks * 4),
                 (l.failed(), 4),
+                (l.probe_word(0), 4 * PROBE_WORDS),
                 (l.epoch(), 8),
                 (l.finished_blocks(), 4),
                 (l.board(), StagingLayout::board_bytes()),
@@ -153,6 +163,7 @@ mod tests {
                     assert!(at + len <= other || other + other_len <= at, "{l:?}");
                 }
             }
+            assert_eq!(l.probe_word(255), l.probe_word(0) + 4 * 255);
             assert_eq!(l.allocation_bytes() % ALLOCATION_GRANULE, 0);
             assert!(l.graph() < l.graph_board() && l.graph_board() < l.allocation_bytes());
             let p = l.peer(1 << 40);

@@ -157,6 +157,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
     let mut access = IpcAccess {
         device: &gpu.device,
         layout: setup.layout,
+        rank,
     };
     let mut locals = [Local {
         rank,
