@@ -227,7 +227,8 @@ SG_DEVICE unsigned char* sg_value_at(const sg_call* call, uint32_t r, uint32_t v
   return (unsigned char*)call->peers[r].arena[call->parity] + offset;
 }
 
-/* One element of a possibly unaligned user buffer. */
+/* One element of a buffer that may not be 16-byte aligned (a user's; one load when the
+ * element is aligned to its size, see sg_copy_bytes). */
 template <class L>
 SG_DEVICE typename L::elem sg_load_elem(const unsigned char* p) {
   typename L::elem e;
@@ -237,8 +238,7 @@ SG_DEVICE typename L::elem sg_load_elem(const unsigned char* p) {
 
 template <class L>
 SG_DEVICE void sg_store_elem(unsigned char* p, typename L::elem e) {
-  const unsigned char* b = (const unsigned char*)&e;
-  for (uint32_t i = 0; i < sizeof(e); ++i) p[i] = b[i];
+  sg_store_bytes(p, &e, sizeof(e));
 }
 
 /* The element-wise core of every step: for each element of bytes [begin, end) of the chunk,

@@ -9,7 +9,7 @@
  *    a peer through CUDA IPC) sees in one total order;
  *  - sg_load_acquire(p): after it and a following sg_block_sync(), the whole block sees what the
  *    writer published;
- *  - data other ranks wrote is read with sg_load16_fresh / sg_load_elem_fresh, never from a
+ *  - data other ranks wrote is read with sg_load16_fresh / sg_copy_bytes, never from a
  *    cache line that may predate the acquire (GPU: ld.global.cg bypasses the L1). */
 
 #ifndef STRAGGLAR_DEVICE_H_
@@ -78,6 +78,7 @@ SG_DEVICE sg_vec16 sg_load16_fresh(const void* p) {
 }
 SG_DEVICE void sg_store16(void* p, sg_vec16 v) { memcpy(p, &v, 16); }
 SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) { memcpy(dst, src, n); }
+SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) { memcpy(dst, src, n); }
 #define SG_THREAD (sg_self.thread)
 #define SG_THREADS (sg_self.threads)
 #define SG_BLOCK (sg_self.block)
@@ -146,11 +147,46 @@ SG_DEVICE void sg_store16(void* p, sg_vec16 v) {
                "r"(v.w[2]), "r"(v.w[3])
                : "memory");
 }
+/* Copies n bytes (one element) of memory other ranks may write into dst (aligned to n): one
+ * load when src is aligned to n (2, 4 or 8), byte by byte otherwise. */
 SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) {
+  const uint64_t at = (uint64_t)src;
+  if (n == 2 && at % 2 == 0) {
+    unsigned short v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(src) : "memory");
+    *(unsigned short*)dst = v;
+    return;
+  }
+  if (n == 4 && at % 4 == 0) {
+    uint32_t v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(src) : "memory");
+    *(uint32_t*)dst = v;
+    return;
+  }
+  if (n == 8 && at % 8 == 0) {
+    uint64_t v;
+    asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(src) : "memory");
+    *(uint64_t*)dst = v;
+    return;
+  }
   for (uint32_t i = 0; i < n; ++i) {
     uint32_t b;
     asm volatile("ld.global.cg.u8 %0, [%1];" : "=r"(b) : "l"((const char*)src + i) : "memory");
     ((unsigned char*)dst)[i] = (unsigned char)b;
+  }
+}
+/* Stores n bytes (one element) from src (aligned to n) at dst: one store when dst is aligned
+ * to n (2, 4 or 8), byte by byte otherwise. */
+SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) {
+  const uint64_t at = (uint64_t)dst;
+  if (n == 2 && at % 2 == 0) {
+    *(unsigned short*)dst = *(const unsigned short*)src;
+  } else if (n == 4 && at % 4 == 0) {
+    *(uint32_t*)dst = *(const uint32_t*)src;
+  } else if (n == 8 && at % 8 == 0) {
+    *(uint64_t*)dst = *(const uint64_t*)src;
+  } else {
+    for (uint32_t i = 0; i < n; ++i) ((unsigned char*)dst)[i] = ((const unsigned char*)src)[i];
   }
 }
 #define SG_THREAD (threadIdx.x)
