@@ -16,9 +16,9 @@
  *    turn, RawStep::turn) waits until the source's served word (per block and parity) says the
  *    k sends before it were served, and then says k + 1: every send port serves in the
  *    schedule's round order, as the host engine keeps it; the results are the same either way.
- *    A served word is the one signal word with several writers (each reader of the source, in
- *    turn): the reader of turn k writes only after it saw k, and the next writer waits for
- *    k + 1, so the writes are ordered by the word's own values and never race. */
+ *    A served word is the one word several ranks write with plain stores (each reader of the
+ *    source, in turn): the reader of turn k writes only after it saw k, and the next writer
+ *    waits for k + 1, so the writes are ordered by the word's own values and never race. */
 
 #include "stragglar_arrival.h"
 #include "stragglar_choice.h"

@@ -147,44 +147,47 @@ SG_DEVICE void sg_store16(void* p, sg_vec16 v) {
                "r"(v.w[2]), "r"(v.w[3])
                : "memory");
 }
-/* Copies n bytes (one element) of memory other ranks may write into dst (aligned to n): one
- * load when src is aligned to n (2, 4 or 8), byte by byte otherwise. */
+/* Copies n bytes (one element) of memory other ranks may write into dst: one load when src is
+ * aligned to n (2, 4 or 8), byte by byte otherwise. Values move through memcpy (no type
+ * punning; NVVM makes it a register move). */
 SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) {
   const uint64_t at = (uint64_t)src;
   if (n == 2 && at % 2 == 0) {
     unsigned short v;
     asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(src) : "memory");
-    *(unsigned short*)dst = v;
-    return;
-  }
-  if (n == 4 && at % 4 == 0) {
+    memcpy(dst, &v, 2);
+  } else if (n == 4 && at % 4 == 0) {
     uint32_t v;
     asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(src) : "memory");
-    *(uint32_t*)dst = v;
-    return;
-  }
-  if (n == 8 && at % 8 == 0) {
+    memcpy(dst, &v, 4);
+  } else if (n == 8 && at % 8 == 0) {
     uint64_t v;
     asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(src) : "memory");
-    *(uint64_t*)dst = v;
-    return;
-  }
-  for (uint32_t i = 0; i < n; ++i) {
-    uint32_t b;
-    asm volatile("ld.global.cg.u8 %0, [%1];" : "=r"(b) : "l"((const char*)src + i) : "memory");
-    ((unsigned char*)dst)[i] = (unsigned char)b;
+    memcpy(dst, &v, 8);
+  } else {
+    for (uint32_t i = 0; i < n; ++i) {
+      uint32_t b;
+      asm volatile("ld.global.cg.u8 %0, [%1];" : "=r"(b) : "l"((const char*)src + i) : "memory");
+      ((unsigned char*)dst)[i] = (unsigned char)b;
+    }
   }
 }
-/* Stores n bytes (one element) from src (aligned to n) at dst: one store when dst is aligned
- * to n (2, 4 or 8), byte by byte otherwise. */
+/* Stores n bytes (one element) from src at dst: one store when dst is aligned to n (2, 4 or
+ * 8), byte by byte otherwise. */
 SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) {
   const uint64_t at = (uint64_t)dst;
   if (n == 2 && at % 2 == 0) {
-    *(unsigned short*)dst = *(const unsigned short*)src;
+    unsigned short v;
+    memcpy(&v, src, 2);
+    asm volatile("st.global.u16 [%0], %1;" ::"l"(dst), "h"(v) : "memory");
   } else if (n == 4 && at % 4 == 0) {
-    *(uint32_t*)dst = *(const uint32_t*)src;
+    uint32_t v;
+    memcpy(&v, src, 4);
+    asm volatile("st.global.u32 [%0], %1;" ::"l"(dst), "r"(v) : "memory");
   } else if (n == 8 && at % 8 == 0) {
-    *(uint64_t*)dst = *(const uint64_t*)src;
+    uint64_t v;
+    memcpy(&v, src, 8);
+    asm volatile("st.global.u64 [%0], %1;" ::"l"(dst), "l"(v) : "memory");
   } else {
     for (uint32_t i = 0; i < n; ++i) ((unsigned char*)dst)[i] = ((const unsigned char*)src)[i];
   }

@@ -47,20 +47,24 @@ ORIGINAL_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 # No step may take the whole session: each run of the binary gives up after this many seconds
 # (the summary table still prints).
 RUN_LIMIT_S="${RUN_LIMIT_S:-240}"
-# The whole check ends within this many seconds: no run outlives it.
+# The whole check ends within this many seconds: no run outlives it (each run is stopped 15 s
+# before the end, its kill grace included, so the summary still prints in time).
 BUDGET_S="${BUDGET_S:-450}"
-DEADLINE=$((SECONDS + BUDGET_S))
-# Seconds a run may take now: RUN_LIMIT_S, or what is left of the budget.
+DEADLINE=$((SECONDS + BUDGET_S - 15))
+# Seconds a run may take now: RUN_LIMIT_S, or what is left of the budget (0: none left).
 run_limit() {
   local left=$((DEADLINE - SECONDS))
+  if [ "$left" -lt 0 ]; then left=0; fi
   if [ "$left" -lt "$RUN_LIMIT_S" ]; then echo "$left"; else echo "$RUN_LIMIT_S"; fi
 }
-sg() {
+# Runs a command under the run limit; 124 at once when no time is left.
+limited() {
   local limit
   limit=$(run_limit)
   if [ "$limit" -le 0 ]; then return 124; fi
-  timeout -k 10 "$limit" "$BIN" "$@"
+  timeout -k 5 "$limit" "$@"
 }
+sg() { limited "$BIN" "$@"; }
 
 SUMMARY=()
 FAILED=0
@@ -71,6 +75,7 @@ record() { # name result detail
 
 # Records the kernel bandwidth summary a bench --bandwidth run printed: name, log file.
 bandwidth_shares() {
+  if [ "$DRY" = 1 ]; then return 0; fi
   local line
   line=$(grep -h '^# bandwidth summary: ' "$OUT/$2" 2>/dev/null | tail -n 1)
   if [ -n "$line" ]; then record "$1" MEASURED "${line#\# bandwidth summary: }"; fi
@@ -79,6 +84,7 @@ bandwidth_shares() {
 
 # Records the host time to queue one eager call that a bench run printed: name, log file.
 host_cost() {
+  if [ "$DRY" = 1 ]; then return 0; fi
   local line
   line=$(grep -h '^# host time to queue one eager call' "$OUT/$2" 2>/dev/null | tail -n 1)
   if [ -n "$line" ]; then record "$1" MEASURED "${line#*): }"; fi
@@ -100,6 +106,7 @@ step() {
     return 1
   fi
   local started=$SECONDS
+  rm -f "$OUT/$log"
   "$@" 2>&1 | tee "$OUT/$log"
   local status=${PIPESTATUS[0]}
   local took=$((SECONDS - started))
@@ -246,6 +253,7 @@ step "CUDA graph capture and replay: 4 and 8 ranks" graphs.log graphs
 policy() {
   local table="$OUT/$1"
   shift
+  rm -f "$table"
   sg bench --backend cuda --ranks 4 --algo auto --late-rank 3 --delay-us 300 \
     -b 1M -e 4M -f 2 -n 60 -w 4 --timeout-ms 60000 "$@" >"$table" 2>&1
   local status=$?
@@ -272,19 +280,19 @@ done
 # 5. Ranks as processes over CUDA IPC on the same GPU. Without MPS their kernels time-slice,
 #    so a waiting rank spins until its slice ends: small sizes. MPS is started if it can be.
 MPS_STARTED=0
-if [ "$DRY" = 0 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+if [ "$DRY" = 0 ] && [ "$(run_limit)" -gt 90 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
   export CUDA_MPS_PIPE_DIRECTORY="$OUT/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$OUT/mps-log"
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d 2>/dev/null; then
     # The daemon may start yet serve no client (in some containers): a small run, which
     # creates a context and launches kernels, checks one.
-    if timeout -k 5 60 "$BIN" bench --backend cuda --ranks 2 -b 1K -e 1K -n 1 -w 1 \
+    if timeout -k 5 45 "$BIN" bench --backend cuda --ranks 2 -b 1K -e 1K -n 1 -w 1 \
       --timeout-ms 10000 >"$OUT/mps-check.log" 2>&1; then
       MPS_STARTED=1
       echo "MPS started"
     else
       echo "MPS started but its clients fail (see $OUT/mps-check.log): running without it"
-      timeout 20 sh -c 'echo quit | nvidia-cuda-mps-control' || true
+      timeout 10 sh -c 'echo quit | nvidia-cuda-mps-control' || true
     fi
   fi
   if [ "$MPS_STARTED" = 0 ]; then unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; fi
@@ -306,7 +314,7 @@ processes() {
 }
 step "processes over CUDA IPC: n=2,3,4 (MPS: $([ "$MPS_STARTED" = 1 ] && echo on || echo off))" processes.log processes
 if [ "$MPS_STARTED" = 1 ]; then
-  timeout 20 sh -c 'echo quit | nvidia-cuda-mps-control' || true
+  timeout 10 sh -c 'echo quit | nvidia-cuda-mps-control' || true
   sleep 2
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
@@ -316,7 +324,7 @@ fi
 torch_check() {
   local run="$OUT/torch-run.log" status
   LD_LIBRARY_PATH="$ORIGINAL_LD_LIBRARY_PATH" STRAGGLAR_DEBUG=INFO LD_PRELOAD="$(realpath "$LIB")" \
-    timeout -k 10 "$(run_limit)" "$PYTHON" - >"$run" 2>&1 <<'PY'
+    limited "$PYTHON" - >"$run" 2>&1 <<'PY'
 import os, socket
 import torch
 import torch.distributed as dist

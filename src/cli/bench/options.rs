@@ -174,7 +174,7 @@ impl BenchOptions {
             Some("ring") => BenchAlgo::Ring,
             Some("nccl") => {
                 return Err(UsageError(
-                    "--algo nccl needs GPUs and the CUDA backend; on the host engine use ring"
+                    "--algo nccl is not a bench algorithm (the bench runs our engines, not NCCL); use ring for the baseline"
                         .into(),
                 ))
             }

@@ -65,7 +65,9 @@ pub struct Device {
     /// zeroing and uploads, a failure mark, the drain at teardown): never ordered after the
     /// caller's streams, so a kernel of ours that spins on the caller's stream, even a blocking
     /// one or the legacy stream, cannot hold it, and no capture in progress sees it.
-    side: sys::CUstream,
+    /// Created at first use: a failure to create it fails that use (a local failure of the
+    /// setup, which its peers still learn of), never the opening of the device.
+    side: once_cell::sync::OnceCell<sys::CUstream>,
 }
 
 // SAFETY: a CUcontext, CUdevice and CUstream are process-wide handles the driver lets any
@@ -84,28 +86,28 @@ impl Device {
         let context = wrap("cuDevicePrimaryCtxRetain", unsafe {
             result::primary_ctx::retain(device)
         })?;
-        let side = match new_side_stream(context) {
-            Ok(side) => side,
-            Err(e) => {
-                // SAFETY: retained above, released once here on failure.
-                let _ = unsafe { result::primary_ctx::release(device) };
-                return Err(e);
-            }
-        };
         Ok(Arc::new(Device {
             ordinal,
             device,
             context,
-            side,
+            side: once_cell::sync::OnceCell::new(),
         }))
+    }
+
+    /// The side stream, created on first use.
+    fn side(&self) -> Result<sys::CUstream, GpuError> {
+        self.side
+            .get_or_try_init(|| new_side_stream(self.context))
+            .copied()
     }
 
     /// Waits for what the host queued on the side stream (nothing of the caller's).
     fn synchronize_side(&self) -> Result<(), GpuError> {
+        let side = self.side()?;
         let _current = self.current()?;
         // SAFETY: the side stream lives as long as `self`.
         wrap("cuStreamSynchronize", unsafe {
-            result::stream::synchronize(self.side)
+            result::stream::synchronize(side)
         })
     }
 
@@ -181,9 +183,9 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
-        if let Ok(_current) = self.current() {
-            // SAFETY: created in `open`, destroyed once here, before the context goes.
-            let _ = unsafe { result::stream::destroy(self.side) };
+        if let (Some(&side), Ok(_current)) = (self.side.get(), self.current()) {
+            // SAFETY: created in `side`, destroyed once here, before the context goes.
+            let _ = unsafe { result::stream::destroy(side) };
         }
         // SAFETY: retained in `open`, released once here.
         let _ = unsafe { result::primary_ctx::release(self.device) };
@@ -219,7 +221,7 @@ impl DeviceMemory {
         let ptr = memory.ptr;
         // SAFETY: `ptr` is a live allocation of `memory.bytes` bytes; the side stream is live.
         wrap("cuMemsetD8Async", unsafe {
-            result::memset_d8_async(ptr, 0, memory.bytes, device.side)
+            result::memset_d8_async(ptr, 0, memory.bytes, device.side()?)
         })?;
         device.synchronize_side()?;
         Ok(memory)
@@ -255,7 +257,7 @@ impl DeviceMemory {
         // outlives the copy, which is waited for below (a copy from pageable memory may return
         // before its DMA lands).
         wrap("cuMemcpyHtoDAsync", unsafe {
-            result::memcpy_htod_async(self.ptr, data, self.device.side)
+            result::memcpy_htod_async(self.ptr, data, self.device.side()?)
         })?;
         self.device.synchronize_side()
     }
@@ -270,20 +272,7 @@ impl DeviceMemory {
         let _current = self.device.current()?;
         // SAFETY: the word lies inside this live allocation (asserted); the device's side
         // stream lives as long as the device, which this memory holds.
-        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, self.device.side) };
-        wrap("cuMemsetD32Async", r.result())
-    }
-
-    /// Writes `value` to the `u32` at byte `offset` (4-byte aligned) on `stream`, without
-    /// waiting.
-    pub fn post_u32_async(&self, offset: u64, value: u32, stream: &Stream) -> Result<(), GpuError> {
-        assert!(
-            offset % 4 == 0 && offset + 4 <= self.bytes as u64,
-            "a word inside the allocation"
-        );
-        let _current = self.device.current()?;
-        // SAFETY: the word lies inside this live allocation (asserted); the stream is live.
-        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, stream.raw) };
+        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, self.device.side()?) };
         wrap("cuMemsetD32Async", r.result())
     }
 
@@ -310,7 +299,7 @@ impl DeviceMemory {
         // SAFETY: the source holds at least `size_of_val(out)` bytes (asserted); `out` outlives
         // the copy, which is waited for below.
         wrap("cuMemcpyDtoHAsync", unsafe {
-            result::memcpy_dtoh_async(out, self.ptr, self.device.side)
+            result::memcpy_dtoh_async(out, self.ptr, self.device.side()?)
         })?;
         self.device.synchronize_side()
     }
@@ -374,7 +363,7 @@ impl IpcMapping {
         let _current = self.device.current()?;
         // SAFETY: the mapping is open; the caller's offset lies inside the peer's staging,
         // whose layout every rank shares; the side stream lives as long as the device.
-        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, self.device.side) };
+        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, self.device.side()?) };
         wrap("cuMemsetD32Async", r.result())
     }
 
@@ -726,7 +715,7 @@ pub unsafe fn read_word(device: &Device, address: sys::CUdeviceptr) -> Result<u3
     // SAFETY: the caller vouches for the address; the side stream is live, and the copy is
     // waited for below, before `value` is read or goes out of scope.
     wrap("cuMemcpyDtoHAsync", unsafe {
-        result::memcpy_dtoh_async(&mut value, address, device.side)
+        result::memcpy_dtoh_async(&mut value, address, device.side()?)
     })?;
     device.synchronize_side()?;
     Ok(value[0])

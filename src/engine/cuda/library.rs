@@ -129,9 +129,6 @@ struct Ready {
     /// their device state). Replays and eager calls are ordered by the caller's streams.
     captured_last: Event,
     captured_stream: Option<(u64, cudaStream_t)>,
-    /// A launch failed while its stream may have been capturing and the failure word could
-    /// not be queued: it is written at the next call outside capture, or at destroy.
-    failed_in_capture: bool,
     /// The staging counted against the device's cap (released after `rank` frees it).
     _reservation: Reservation,
 }
@@ -600,7 +597,6 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
         last_stream: call.stream,
         captured_last,
         captured_stream: None,
-        failed_in_capture: false,
         _reservation: reservation,
     })
 }
@@ -739,9 +735,6 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
     let bytes = call.count * call.dtype.size();
     if capture != Capture::None {
         return capture_call(ready, call, bytes, capture);
-    }
-    if std::mem::take(&mut ready.failed_in_capture) {
-        ready.rank.mark_failed();
     }
     if ready.order_pending.take().is_some() {
         // The application did not read NCCL's state through ncclCommGetAsyncError, which
@@ -888,13 +881,10 @@ fn capture_call(
 }
 
 /// Gives this rank up while the caller's stream may be capturing: the abort word, and the
-/// failure word its peers watch, written on the rank's own stream (a synchronous copy would
-/// break the capture), or at its next call outside capture if even that fails.
+/// failure word its peers watch (queued on the device's side stream, which no capture sees).
 fn fail_while_capturing(ready: &mut Ready) {
     ready.rank.abort();
-    if ready.rank.mark_failed_async().is_err() {
-        ready.failed_in_capture = true;
-    }
+    ready.rank.mark_failed();
 }
 
 /// Uploads, at the communicator's first call outside capture, every plan a graph launch may
@@ -1140,10 +1130,9 @@ const DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 /// With `abort`, every kernel of it is released first, without waiting for anything, and its
 /// memory is abandoned (freeing it would wait for kernels NCCL's abort has yet to release).
 /// Otherwise the staging is freed once every peer has finished as many calls as this rank
-/// launched (their epochs, read through the mappings; 10 s at most). A rank whose calls are not
-/// all done by then raises its abort word before freeing: a kernel left waiting for a peer that
-/// will never come (`STRAGGLAR_TIMEOUT_MS` unset) gives up, and the free, which waits for this
-/// rank's kernels, cannot hang.
+/// launched (their epochs, read through the mappings; 10 s at most). The free waits for this
+/// rank's own kernels, as NCCL's teardown waits for its own: a kernel waiting for a peer that
+/// never comes ends only by `STRAGGLAR_TIMEOUT_MS`, a peer's failure, or ncclCommAbort.
 pub fn forget(comm: ncclComm_t, abort: bool) {
     let Some(entry) = ENGINES.lock().remove(&(comm as usize)) else {
         return;
@@ -1171,9 +1160,6 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
         return;
     };
     log_report(&ready, comm);
-    if ready.failed_in_capture {
-        ready.rank.mark_failed();
-    }
     let layout = ready.rank.layout();
     let launched = ready.launched as u32;
     let behind = |a: u32, b: u32| b.wrapping_sub(a) as i32 > 0;
@@ -1194,15 +1180,6 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     let deadline = std::time::Instant::now() + DRAIN;
     while !drained() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    if !drained() {
-        log::warn!(
-            "communicator {comm:p}: its peers did not finish their calls within {} s of the teardown; this rank's kernels are aborted before its staging is freed",
-            DRAIN.as_secs()
-        );
-        if let Some(control) = entry.control.lock().as_ref() {
-            control.abort();
-        }
     }
     // Every rank's tickets go to rank 0's board, and a waiting ticket reads every rank's
     // failure word: each rank stays until the last call's record is complete, so no peer's

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels, Stream};
+use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::staging::StagingLayout;
 use crate::detect::{ArrivalRecord, Observed, Tracker};
 use crate::gpu::choice::{RawGraphState, RawRule};
@@ -87,7 +87,7 @@ pub fn status_text(status: u32) -> &'static str {
     match status {
         STATUS_OK => "no error",
         STATUS_ABORTED => {
-            "aborted (ncclCommAbort or ncclCommRevoke, or a teardown its peers did not finish)"
+            "aborted (ncclCommAbort or ncclCommRevoke, or a launch or record of this rank that failed on the host)"
         }
         STATUS_TIMEOUT => "a wait exceeded STRAGGLAR_TIMEOUT_MS",
         STATUS_PEER_FAILED => "a peer rank failed",
@@ -194,8 +194,6 @@ pub struct CudaRank {
     /// choice tables' allocation (both live as long as this rank). A blob serves every count.
     plans: HashMap<u64, u64>,
     blobs: Vec<DeviceMemory>,
-    /// A stream of this rank's own, for the failure word while the caller's stream captures.
-    side: Stream,
     /// Rank 0's graph board as this rank addresses it, once connected.
     graph_board: u64,
     /// The plans graph launches choose among, once uploaded.
@@ -230,7 +228,6 @@ impl CudaRank {
             arrivals: 0,
             plans: HashMap::new(),
             blobs: Vec::new(),
-            side: Stream::new(device)?,
             graph_board: 0,
             choices: None,
         })
@@ -533,18 +530,12 @@ impl CudaRank {
     }
 
     /// Marks this rank failed in its staging, where every peer's waits on it look, for a
-    /// failure on the host side (no kernel of this rank ran to report it). Best effort.
+    /// failure on the host side (no kernel of this rank ran to report it). Best effort; queued
+    /// on the device's side stream, so it is allowed while the caller's stream captures.
     pub fn mark_failed(&self) {
         let _ = self
             .staging
             .post_u32(self.config.layout.failed(), STATUS_ABORTED);
-    }
-
-    /// [`CudaRank::mark_failed`] without synchronising: queued on this rank's own stream, so
-    /// that it is allowed while a caller's stream captures a graph.
-    pub fn mark_failed_async(&self) -> Result<(), GpuError> {
-        self.staging
-            .post_u32_async(self.config.layout.failed(), STATUS_ABORTED, &self.side)
     }
 
     /// Queues one AllReduce of `plan` on `stream`: the operands' `input` and `output` hold

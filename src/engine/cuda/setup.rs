@@ -14,6 +14,11 @@ pub const SETUP_MAGIC: u32 = 0x5347_5355;
 /// `SetupRecord::version` of this layout.
 pub const SETUP_VERSION: u32 = 2;
 
+/// Bytes each rank contributes to the first all-gather: its record, zero-padded. Fixed across
+/// versions (magic and version first), so ranks of builds whose records differ still gather
+/// the same count and meet as `Verdict::Incompatible` instead of mismatching NCCL's counts.
+pub const SETUP_RECORD_BYTES: usize = 512;
+
 /// This build's identity (`SetupRecord::build`): the hash of its sources, which build.rs
 /// computes. Two builds may lower different plans for one call, so their ranks must not meet.
 pub fn build_id() -> u64 {
@@ -498,7 +503,7 @@ pub trait PeerAccess {
 
 /// The bytes of a record, as gathered.
 fn record_bytes(record: &SetupRecord) -> Vec<u8> {
-    let mut out = Vec::with_capacity(std::mem::size_of::<SetupRecord>());
+    let mut out = Vec::with_capacity(SETUP_RECORD_BYTES);
     for w in [
         record.magic,
         record.version,
@@ -520,10 +525,11 @@ fn record_bytes(record: &SetupRecord) -> Vec<u8> {
         out.extend_from_slice(&w.to_le_bytes());
     }
     out.extend_from_slice(&record.build.to_le_bytes());
+    out.resize(SETUP_RECORD_BYTES, 0);
     out
 }
 
-/// A record from its gathered bytes (`record_bytes`' inverse).
+/// A record from its gathered bytes (`record_bytes`' inverse; the padding is ignored).
 fn record_from(bytes: &[u8]) -> SetupRecord {
     let mut at = 0;
     let mut take = |n: usize| {
@@ -594,7 +600,7 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
     devices: Devices,
     finish: impl FnOnce(&[Option<P::Mapping>], &[SetupRecord]) -> bool,
 ) -> Result<Joined<P::Mapping>, SetupError> {
-    let size = std::mem::size_of::<SetupRecord>();
+    let size = SETUP_RECORD_BYTES;
     let gathered = exchange
         .all_gather(&record_bytes(mine))
         .map_err(SetupError::Exchange)?;
@@ -792,7 +798,8 @@ mod protocol_tests {
         };
         let r = SetupRecord::ready(1, 2, &identity, [1, 2, 3, 4, 5, 6, 7], [8; 64], layout);
         let bytes = record_bytes(&r);
-        assert_eq!(bytes.len(), std::mem::size_of::<SetupRecord>());
+        assert_eq!(bytes.len(), SETUP_RECORD_BYTES);
+        assert!(std::mem::size_of::<SetupRecord>() <= SETUP_RECORD_BYTES);
         assert_eq!(record_from(&bytes), r);
     }
 }
