@@ -244,6 +244,29 @@ SG_DEVICE void sg_store_elem(unsigned char* p, typename L::elem e) {
   sg_store_bytes(p, &e, sizeof(e));
 }
 
+/* A copy of bytes [begin, end) (multiples of 16 from 16-byte aligned bases) to up to two
+ * destinations: each thread moves UNROLL vectors a block stride apart per pass, every load
+ * issued before any store, so a copy (most of a call's traffic: the exchange's copies, and
+ * copy-in) keeps UNROLL 16-byte loads in flight per thread, which a read over NVLink needs to
+ * approach the link rate. */
+SG_DEVICE void sg_copy16(const unsigned char* src, uint64_t begin, uint64_t end,
+                         unsigned char* out_a, unsigned char* out_b) {
+  enum { UNROLL = 4 };
+  const uint64_t stride = (uint64_t)SG_THREADS * 16;
+  for (uint64_t at = begin + (uint64_t)SG_THREAD * 16; at < end; at += stride * UNROLL) {
+    sg_vec16 v[UNROLL];
+    for (uint32_t j = 0; j < UNROLL; ++j) {
+      if (at + j * stride < end) v[j] = sg_load16_fresh(src + at + j * stride);
+    }
+    for (uint32_t j = 0; j < UNROLL; ++j) {
+      if (at + j * stride < end) {
+        if (out_a) sg_store16(out_a + at + j * stride, v[j]);
+        if (out_b) sg_store16(out_b + at + j * stride, v[j]);
+      }
+    }
+  }
+}
+
 /* The element-wise core of every step: for each element of bytes [begin, end) of the chunk,
  * out = finish?(op-fold of operands, each optionally scaled) and writes it to up to two
  * destinations. Operands are arena slots (16-byte aligned) or the caller's input. */
@@ -298,6 +321,14 @@ SG_DEVICE void sg_apply(const sg_math* m, sg_scratch* s, uint32_t operands, uint
 SG_DEVICE void sg_apply_any(const sg_math* m, sg_scratch* s, uint32_t operands, uint64_t begin,
                             uint64_t end, unsigned char* out_a, unsigned char* out_b, bool scale,
                             bool finish) {
+  /* A plain copy moves bytes (the bits the element-wise path would write), whatever the type,
+   * in whole vectors when every pointer allows; sg_apply does the rest. */
+  if (operands == 1 && !scale && !finish && (uint64_t)s->operands[0] % 16 == 0 &&
+      (uint64_t)out_a % 16 == 0 && (uint64_t)out_b % 16 == 0) {
+    const uint64_t vec_end = begin + (end - begin) / 16 * 16;
+    sg_copy16(s->operands[0], begin, vec_end, out_a, out_b);
+    begin = vec_end;
+  }
   SG_WITH_LANE(m->dt, L, sg_apply<L>(m, s, operands, begin, end, out_a, out_b, scale, finish));
 }
 
@@ -611,7 +642,10 @@ extern "C" uint64_t stragglar_emulate_served_out_of_order(void) {
 /* Bytes of scratch one emulated block needs. */
 extern "C" uint64_t stragglar_emulate_scratch_bytes(void) { return sizeof(sg_scratch); }
 #else
-SG_GLOBAL void __launch_bounds__(MAX_THREADS, 2) ncclStragglarAllReduce(RawLaunch args) {
+/* One 512-thread block per SM, as NCCL's kernels: a grid of 17 blocks needs no more, and the
+ * register budget (up to 128 per thread) keeps the copy's loads in flight without spilling
+ * (ptxas for sm_90: 110 registers, no local memory but the detector's sort). */
+SG_GLOBAL void __launch_bounds__(MAX_THREADS, 1) ncclStragglarAllReduce(RawLaunch args) {
   __shared__ sg_scratch scratch;
   sg_all_reduce(&args, &scratch);
 }
@@ -626,7 +660,7 @@ SG_GLOBAL void ncclStragglarDelay(uint64_t ns) {
   while (sg_now_ns() - start < ns) sg_pause();
 }
 
-SG_GLOBAL void __launch_bounds__(MAX_THREADS, 2) ncclStragglarApplyProbe(RawApply args) {
+SG_GLOBAL void __launch_bounds__(MAX_THREADS, 1) ncclStragglarApplyProbe(RawApply args) {
   __shared__ sg_scratch scratch;
   sg_apply_probe(&args, &scratch);
 }

@@ -37,8 +37,9 @@
 #define OP_PREMULSUM 5
 
 /**
- * The most threads per block the kernels are built for (`__launch_bounds__`): two such blocks
- * fit on one SM, which the co-residency of ranks sharing a GPU relies on.
+ * The most threads per block the kernels are built for (`__launch_bounds__(512, 1)`: one
+ * block per SM with up to 128 registers per thread, as NCCL's kernels; ranks sharing a GPU
+ * are sized to one block per SM each, see `shared_gpu_blocks`).
  */
 #define MAX_THREADS 512
 

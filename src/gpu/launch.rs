@@ -18,8 +18,9 @@ pub const OP_AVG: u32 = 4;
 /// `RawLaunch::op` of a premultiplied sum (each rank's input scaled by its own scalar).
 pub const OP_PREMULSUM: u32 = 5;
 
-/// The most threads per block the kernels are built for (`__launch_bounds__`): two such blocks
-/// fit on one SM, which the co-residency of ranks sharing a GPU relies on.
+/// The most threads per block the kernels are built for (`__launch_bounds__(512, 1)`: one
+/// block per SM with up to 128 registers per thread, as NCCL's kernels; ranks sharing a GPU
+/// are sized to one block per SM each, see `shared_gpu_blocks`).
 pub const MAX_THREADS: u32 = 512;
 
 /// `RawLaunch::status` values a kernel writes when it gives up (0 means no error).
