@@ -45,6 +45,34 @@ fn the_dry_run_lists_every_check_and_ends_with_the_summary() {
     assert!(!summary.contains("FAIL") && !summary.contains("PENDING"));
 }
 
+/// A real (not dry) run whose budget is already spent: every step is SKIPPED at once, the
+/// summary still prints with its time line, and the exit status says the check is incomplete.
+#[test]
+fn a_spent_budget_skips_every_step_and_still_prints_the_summary() {
+    let out_dir = support::root()
+        .join("target")
+        .join("gpu-check-spent-budget");
+    let out = Command::new(support::root().join("scripts/gpu-check.sh"))
+        .env("OUT", &out_dir)
+        .env("BUDGET_S", "10")
+        .env("STRAGGLAR_BIN", env!("CARGO_BIN_EXE_stragglar"))
+        .env("STRAGGLAR_LIB", env!("CARGO_BIN_EXE_stragglar"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let summary = stdout
+        .split("== gpu-check summary")
+        .nth(1)
+        .expect("a summary table");
+    assert!(summary.contains("of a 10 s budget"), "{summary}");
+    let rows: Vec<&str> = summary.lines().skip(2).filter(|l| !l.is_empty()).collect();
+    assert!(rows.len() >= 10, "{summary}");
+    for row in rows {
+        assert!(row.contains("SKIPPED"), "{row}");
+    }
+}
+
 #[test]
 fn the_cuda_backend_without_a_gpu_says_why_and_fails_cleanly() {
     if std::path::Path::new("/dev/nvidiactl").exists() {
