@@ -321,8 +321,10 @@ SG_DEVICE void sg_apply(const sg_math* m, sg_scratch* s, uint32_t operands, uint
 SG_DEVICE void sg_apply_any(const sg_math* m, sg_scratch* s, uint32_t operands, uint64_t begin,
                             uint64_t end, unsigned char* out_a, unsigned char* out_b, bool scale,
                             bool finish) {
-  /* A plain copy moves bytes (the bits the element-wise path would write), whatever the type,
-   * in whole vectors when every pointer allows; sg_apply does the rest. */
+  /* A plain copy moves bytes, whatever the type (as the host engine's copies do), in whole
+   * vectors when every pointer allows; sg_apply does the rest. The element-wise path would
+   * write the same bits except that it quiets fp16/bf16 signalling NaNs, which no output can
+   * show: a copied value is an input about to be widened, or a result already narrowed. */
   if (operands == 1 && !scale && !finish && (uint64_t)s->operands[0] % 16 == 0 &&
       (uint64_t)out_a % 16 == 0 && (uint64_t)out_b % 16 == 0) {
     const uint64_t vec_end = begin + (end - begin) / 16 * 16;

@@ -95,6 +95,8 @@ host_cost() {
 step() {
   local name="$1" log="$2"
   shift 2
+  # No row may come from an earlier run's log.
+  if [ "$DRY" = 0 ]; then rm -f "$OUT/$log"; fi
   printf '\n== %s\n$ %s\n' "$name" "$*"
   if [ "$DRY" = 1 ]; then
     record "$name" DRY-RUN "not run"
@@ -106,7 +108,6 @@ step() {
     return 1
   fi
   local started=$SECONDS
-  rm -f "$OUT/$log"
   "$@" 2>&1 | tee "$OUT/$log"
   local status=${PIPESTATUS[0]}
   local took=$((SECONDS - started))
@@ -149,6 +150,8 @@ find_nvrtc_dir() {
 
 echo "stragglar gpu-check: binaries $BIN and $LIB, logs in $OUT"
 if [ "$DRY" = 0 ]; then
+  # The policy tables are written inside their steps: none may be left from an earlier run.
+  rm -f "$OUT/policy-table.log" "$OUT/graph-policy-table.log"
   for f in "$BIN" "$LIB"; do
     if [ ! -x "$f" ] && [ ! -f "$f" ]; then
       echo "missing $f: run cargo build --release on the build machine and carry target/release" >&2

@@ -70,14 +70,26 @@ pub fn open_gpu() -> Result<GpuKernels, String> {
 }
 
 /// The plan blocks of each rank when `ranks` ranks share one GPU of `sms` multiprocessors:
-/// every rank's blocks must be resident at once (they wait on each other's flags), with each
-/// rank's arrival block and one delay kernel (`--delay-us`) beside them, even where a
-/// multiprocessor holds a single block.
-pub fn shared_gpu_blocks(sms: u32, ranks: usize) -> u32 {
-    ((sms.saturating_sub(1)) / ranks.max(1) as u32)
-        .saturating_sub(1)
-        .clamp(1, MAX_BLOCKS)
+/// every rank's blocks must be resident at once (they wait on each other's flags), one per
+/// multiprocessor (the AllReduce kernel's registers fill one), with each rank's arrival block
+/// and one delay kernel (`--delay-us`) beside them. Too many ranks for the GPU is an error: a
+/// grid that cannot be resident would wait forever.
+pub fn shared_gpu_blocks(sms: u32, ranks: usize) -> Result<u32, String> {
+    let ranks = ranks.max(1) as u32;
+    let blocks = (sms.saturating_sub(1) / ranks).saturating_sub(1);
+    if blocks == 0 {
+        return Err(format!(
+            "{ranks} ranks sharing one GPU need {} multiprocessors (two blocks each, one per multiprocessor, and one for the delay kernel); this GPU has {sms}",
+            2 * ranks + 1
+        ));
+    }
+    Ok(blocks.min(MAX_BLOCKS))
 }
+
+/// The most ranks that can run as threads of one process: each rank's stream needs a hardware
+/// queue of its own (`CUDA_DEVICE_MAX_CONNECTIONS`, 32 at most), or a rank's queued calls
+/// could wait behind a peer's that wait for it.
+pub const MAX_THREAD_RANKS: usize = 32;
 
 /// What every rank of a run derives alike from the options: the grid, the staging layout,
 /// the sizes, the (type, op) pairs and their plans.
@@ -97,7 +109,12 @@ pub struct Setup {
 impl Setup {
     /// Plans every size of every type once, to size the staging.
     pub fn new(options: &BenchOptions, sms: u32) -> Result<Setup, String> {
-        let blocks = shared_gpu_blocks(sms, options.ranks);
+        let blocks = shared_gpu_blocks(sms, options.ranks)?;
+        if options.ranks_as == RanksAs::Threads && options.ranks > MAX_THREAD_RANKS {
+            return Err(format!(
+                "at most {MAX_THREAD_RANKS} ranks run as threads of one process (one hardware queue each); use --ranks-as processes"
+            ));
+        }
         let algorithm = match options.algo {
             BenchAlgo::Ring => Algorithm::Ring,
             _ => Algorithm::Stragglar,
@@ -258,7 +275,7 @@ pub fn run(options: &BenchOptions) -> i32 {
     // ranks' streams could share one, and a captured graph of one rank would queue its later
     // calls ahead of a peer's first. Set before the driver initialises.
     // A smaller preset value (some container images export 1) is raised, with a note.
-    const CONNECTIONS: u32 = 32;
+    const CONNECTIONS: u32 = MAX_THREAD_RANKS as u32;
     let preset = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok();
     if preset
         .as_deref()
@@ -533,13 +550,18 @@ mod tests {
 
     #[test]
     fn shared_gpu_grids_stay_resident() {
-        assert_eq!(shared_gpu_blocks(132, 8), 15);
-        assert_eq!(shared_gpu_blocks(132, 2), MAX_BLOCKS);
-        assert_eq!(shared_gpu_blocks(4, 8), 1);
-        for ranks in 1..=64 {
-            let b = shared_gpu_blocks(132, ranks) as usize;
-            // Plan blocks and the arrival block of every rank, and one delay kernel.
-            assert!(b >= 1 && (ranks * (b + 1) < 132 || b == 1), "{ranks} ranks");
+        assert_eq!(shared_gpu_blocks(132, 8), Ok(15));
+        assert_eq!(shared_gpu_blocks(132, 2), Ok(MAX_BLOCKS));
+        assert!(shared_gpu_blocks(4, 8).is_err());
+        for sms in [58, 72, 108, 114, 132] {
+            for ranks in 1..=64 {
+                // Plan blocks and the arrival block of every rank, and one delay kernel, one
+                // block per multiprocessor; or an error when even one plan block cannot fit.
+                match shared_gpu_blocks(sms, ranks) {
+                    Ok(b) => assert!(b >= 1 && ranks as u32 * (b + 1) < sms, "{ranks} on {sms}"),
+                    Err(_) => assert!(2 * ranks as u32 + 1 > sms, "{ranks} on {sms}"),
+                }
+            }
         }
     }
 
