@@ -73,23 +73,19 @@ record() { # name result detail
   if [ "$2" = FAIL ]; then FAILED=1; fi
 }
 
-# Records the kernel bandwidth summary a bench --bandwidth run printed: name, log file.
-bandwidth_shares() {
+# Records what a run printed on its last line starting with PREFIX, less the text up to and
+# including CUT: name, log file, prefix, cut.
+measured() {
   if [ "$DRY" = 1 ]; then return 0; fi
   local line
-  line=$(grep -h '^# bandwidth summary: ' "$OUT/$2" 2>/dev/null | tail -n 1)
-  if [ -n "$line" ]; then record "$1" MEASURED "${line#\# bandwidth summary: }"; fi
+  line=$(grep -h "^$3" "$OUT/$2" 2>/dev/null | tail -n 1)
+  if [ -n "$line" ]; then record "$1" MEASURED "${line#*"$4"}"; fi
   return 0
 }
-
-# Records the host time to queue one eager call that a bench run printed: name, log file.
-host_cost() {
-  if [ "$DRY" = 1 ]; then return 0; fi
-  local line
-  line=$(grep -h '^# host time to queue one eager call' "$OUT/$2" 2>/dev/null | tail -n 1)
-  if [ -n "$line" ]; then record "$1" MEASURED "${line#*): }"; fi
-  return 0
-}
+# The kernel bandwidth summary of a bench --bandwidth run: name, log file.
+bandwidth_shares() { measured "$1" "$2" '# bandwidth summary: ' '# bandwidth summary: '; }
+# The host time to queue one eager call that a bench run printed: name, log file.
+host_cost() { measured "$1" "$2" '# host time to queue one eager call' '): '; }
 
 # Runs a step: name, log file, command...; records PASS or FAIL by exit status.
 step() {
