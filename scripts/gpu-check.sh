@@ -12,17 +12,17 @@
 # Environment: STRAGGLAR_BIN, STRAGGLAR_LIB (the carried binaries, default target/release/),
 # PYTHON (python3, the one with PyTorch), OUT (where the logs go), RUN_LIMIT_S, BUDGET_S.
 #
-# What it checks:
+# What it checks, the quick and most telling first (a budget cut ends the list):
 #   1. doctor: what the library sees (driver, GPUs, NVRTC, NCCL)
 #   2. kernels: NVRTC compiles every kernel for this GPU into a checked CUBIN
-#   3. correctness: stragglar bench --backend cuda, ranks as threads of one process sharing the
+#   3. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%)
+#   4. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash
+#   5. correctness: stragglar bench --backend cuda, ranks as threads of one process sharing the
 #      GPU (each rank on its own stream), n = 2..8, every type and op, every element checked,
 #      every rank bitwise equal to the others, in place and out of place
 #      the same under CUDA graph capture and replay (--graph)
 #      the straggler policy found on the GPU, eagerly and in graph replays (--algo auto)
-#   4. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%)
-#   5. ranks as processes over CUDA IPC on the same GPU (MPS if it can be started)
-#   6. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash
+#   6. ranks as processes over CUDA IPC on the same GPU (MPS if it can be started)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -178,7 +178,55 @@ if [ "$DRY" = 0 ]; then
 fi
 step "kernels compile with NVRTC ($ARCH)" kernels.log sg kernels --arch "$ARCH" --cache --out "$OUT/cubins"
 
-# 3. Correctness: every type and op, world sizes 2..8, ranks as threads sharing the GPU, the
+# 3. Kernel bandwidth against the device's copy rate.
+#    At two grids: two blocks per SM (the device's rate), and the AllReduce's own grid (the
+#    blocks one call gets: what a real call's copies and reductions can reach).
+for t in float bfloat16; do
+  step "kernel bandwidth vs cuMemcpyDtoD ($t)" "bandwidth-$t.log" \
+    sg bench --backend cuda --ranks 8 --bandwidth -d "$t" -b 256M -e 256M -n 20 -w 2 --buffer-bytes 1G \
+    --timeout-ms 60000
+  bandwidth_shares "  $t: share of cuMemcpyDtoD (target >= 85%)" "bandwidth-$t.log"
+done
+
+# 4. PyTorch under LD_PRELOAD, world size 1: the results, and the library's own log saying it
+#    bound the real NCCL and saw the AllReduce (which forwards: one rank is too few).
+torch_check() {
+  local run="$OUT/torch-run.log" status
+  LD_LIBRARY_PATH="$ORIGINAL_LD_LIBRARY_PATH" STRAGGLAR_DEBUG=INFO LD_PRELOAD="$(realpath "$LIB")" \
+    limited "$PYTHON" - >"$run" 2>&1 <<'PY'
+import os, socket
+import torch
+import torch.distributed as dist
+
+assert torch.cuda.is_available(), "PyTorch sees no GPU"
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+for dtype in (torch.float32, torch.bfloat16, torch.int32):
+    t = torch.arange(4096, device="cuda").to(dtype)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    assert torch.equal(t, torch.arange(4096, device="cuda").to(dtype)), dtype
+maps = open("/proc/self/maps").read()
+assert "libstragglar.so" in maps, "libstragglar.so is not loaded"
+print("NCCL", torch.cuda.nccl.version(), "- AllReduce through libstragglar.so: ok")
+dist.destroy_process_group()
+PY
+  status=$?
+  cat "$run"
+  [ "$status" = 0 ] || return "$status"
+  local expected
+  for expected in "bound real NCCL" "goes to NCCL: fewer than 4 ranks"; do
+    if ! grep -q "$expected" "$run"; then
+      echo "the library's log lacks \"$expected\": interception is not active"
+      return 1
+    fi
+  done
+}
+step "PyTorch LD_PRELOAD, world size 1" torch.log torch_check
+
+# 5. Correctness: every type and op, world sizes 2..8, ranks as threads sharing the GPU, the
 #    straggler and the algorithm varied; one process per world size and algorithm.
 TYPES=all
 OPS=all
@@ -266,17 +314,7 @@ host_cost "host time per eager call, 4 ranks, policy" policy-table.log
 step "policy in graph replays, on the GPU: 4 ranks, rank 3 late" graph-policy.log \
   policy graph-policy-table.log --graph
 
-# 4. Kernel bandwidth against the device's copy rate.
-#    At two grids: two blocks per SM (the device's rate), and the AllReduce's own grid (the
-#    blocks one call gets: what a real call's copies and reductions can reach).
-for t in float bfloat16; do
-  step "kernel bandwidth vs cuMemcpyDtoD ($t)" "bandwidth-$t.log" \
-    sg bench --backend cuda --ranks 8 --bandwidth -d "$t" -b 256M -e 256M -n 20 -w 2 --buffer-bytes 1G \
-    --timeout-ms 60000
-  bandwidth_shares "  $t: share of cuMemcpyDtoD (target >= 85%)" "bandwidth-$t.log"
-done
-
-# 5. Ranks as processes over CUDA IPC on the same GPU. Without MPS their kernels time-slice,
+# 6. Ranks as processes over CUDA IPC on the same GPU. Without MPS their kernels time-slice,
 #    so a waiting rank spins until its slice ends: small sizes. MPS is started if it can be.
 MPS_STARTED=0
 if [ "$DRY" = 0 ] && [ "$(run_limit)" -gt 90 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
@@ -317,44 +355,6 @@ if [ "$MPS_STARTED" = 1 ]; then
   sleep 2
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
-
-# 6. PyTorch under LD_PRELOAD, world size 1: the results, and the library's own log saying it
-#    bound the real NCCL and saw the AllReduce (which forwards: one rank is too few).
-torch_check() {
-  local run="$OUT/torch-run.log" status
-  LD_LIBRARY_PATH="$ORIGINAL_LD_LIBRARY_PATH" STRAGGLAR_DEBUG=INFO LD_PRELOAD="$(realpath "$LIB")" \
-    limited "$PYTHON" - >"$run" 2>&1 <<'PY'
-import os, socket
-import torch
-import torch.distributed as dist
-
-assert torch.cuda.is_available(), "PyTorch sees no GPU"
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-for dtype in (torch.float32, torch.bfloat16, torch.int32):
-    t = torch.arange(4096, device="cuda").to(dtype)
-    dist.all_reduce(t)
-    torch.cuda.synchronize()
-    assert torch.equal(t, torch.arange(4096, device="cuda").to(dtype)), dtype
-maps = open("/proc/self/maps").read()
-assert "libstragglar.so" in maps, "libstragglar.so is not loaded"
-print("NCCL", torch.cuda.nccl.version(), "- AllReduce through libstragglar.so: ok")
-dist.destroy_process_group()
-PY
-  status=$?
-  cat "$run"
-  [ "$status" = 0 ] || return "$status"
-  local expected
-  for expected in "bound real NCCL" "goes to NCCL: fewer than 4 ranks"; do
-    if ! grep -q "$expected" "$run"; then
-      echo "the library's log lacks \"$expected\": interception is not active"
-      return 1
-    fi
-  done
-}
-step "PyTorch LD_PRELOAD, world size 1" torch.log torch_check
 
 echo
 echo "== gpu-check summary ($((SECONDS)) s of a ${BUDGET_S} s budget)"
