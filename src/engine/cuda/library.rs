@@ -727,8 +727,8 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
         Ok(capture) => capture,
         Err(e) => {
             // Its peers take a ticket for this call (or capture it) and this rank cannot tell
-            // whether to. The stream may be capturing: no synchronous copy (see `Ready`).
-            fail_while_capturing(ready);
+            // whether to; giving up never synchronises, so a capturing stream is safe.
+            ready.rank.give_up();
             return Ok(Err(e.into()));
         }
     };
@@ -750,8 +750,7 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
         feed_due_records(ready, call.comm, call.rank).and_then(|()| prepare_choices(ready, call));
     if let Err(e) = prepared {
         // This rank cannot take part in the call: its peers must not wait for it.
-        ready.rank.abort();
-        ready.rank.mark_failed();
+        ready.rank.give_up();
         return Ok(Err(e));
     }
     maybe_log_report(ready, call.comm);
@@ -807,8 +806,7 @@ fn launch(ready: &mut Ready, call: &EngineCall) -> Result<Result<(), CallError>,
     })();
     if result.is_err() {
         // Peers already launched this call: tell them this rank will not.
-        rank.abort();
-        rank.mark_failed();
+        rank.give_up();
         return Ok(result);
     }
     match plan {
@@ -875,16 +873,9 @@ fn capture_call(
     match result {
         Ok(()) => ready.captured += 1,
         // Its peers' graphs hold this call: their replays must not wait for this rank.
-        Err(_) => fail_while_capturing(ready),
+        Err(_) => ready.rank.give_up(),
     }
     Ok(result)
-}
-
-/// Gives this rank up while the caller's stream may be capturing: the abort word, and the
-/// failure word its peers watch (queued on the device's side stream, which no capture sees).
-fn fail_while_capturing(ready: &mut Ready) {
-    ready.rank.abort();
-    ready.rank.mark_failed();
 }
 
 /// Uploads, at the communicator's first call outside capture, every plan a graph launch may
@@ -934,8 +925,7 @@ pub fn forwarded(comm: ncclComm_t, stream: cudaStream_t, code: ResultCode) {
         }
         if let Err(e) = order_after(ready, stream) {
             log::warn!("ncclAllReduce on communicator {comm:p}: {e}");
-            ready.rank.abort();
-            ready.rank.mark_failed();
+            ready.rank.give_up();
         }
     }
 }
@@ -974,7 +964,7 @@ pub fn nccl_state_seen(comm: ncclComm_t, state: ResultCode) {
     if let State::Ready(ready) = &mut *engine {
         if state != ResultCode::SUCCESS {
             // Any thread may be here, while any stream may capture: nothing synchronous.
-            fail_while_capturing(ready);
+            ready.rank.give_up();
         } else if let Some(forwarded_on) = ready.order_pending.take() {
             // Where another thread read the state, or the stream began a capture since, the
             // order is dropped: the next launch stays ordered after the call's ticket only.
@@ -984,7 +974,7 @@ pub fn nccl_state_seen(comm: ncclComm_t, state: ResultCode) {
                 Ok(Capture::None) => {
                     if let Err(e) = order_after(ready, forwarded_on) {
                         log::warn!("communicator {comm:p}: {e}");
-                        fail_while_capturing(ready);
+                        ready.rank.give_up();
                     }
                 }
                 _ => log::debug!("communicator {comm:p}: a forwarded call's order was not taken"),

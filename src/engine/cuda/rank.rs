@@ -529,10 +529,17 @@ impl CudaRank {
         Control(self.words.clone())
     }
 
+    /// Gives this rank up: its abort word ends its own kernels, and its failure word releases
+    /// every peer waiting on it. Never synchronises (a stream may be capturing).
+    pub fn give_up(&self) {
+        self.abort();
+        self.mark_failed();
+    }
+
     /// Marks this rank failed in its staging, where every peer's waits on it look, for a
     /// failure on the host side (no kernel of this rank ran to report it). Best effort; queued
     /// on the device's side stream, so it is allowed while the caller's stream captures.
-    pub fn mark_failed(&self) {
+    fn mark_failed(&self) {
         let _ = self
             .staging
             .post_u32(self.config.layout.failed(), STATUS_ABORTED);

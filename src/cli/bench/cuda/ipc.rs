@@ -202,8 +202,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
                 Ok(o) => o[0],
                 Err(e) => {
                     // Peers waiting on this rank give up instead of hanging.
-                    locals[0].comm.abort();
-                    locals[0].comm.mark_failed();
+                    locals[0].comm.give_up();
                     return Err(e);
                 }
             };
