@@ -40,22 +40,6 @@ fn wrap<T>(call: &'static str, r: Result<T, result::DriverError>) -> Result<T, G
     })
 }
 
-/// A non-blocking stream in `context`, which is pushed for the call and popped again.
-fn new_side_stream(context: sys::CUcontext) -> Result<sys::CUstream, GpuError> {
-    // SAFETY: a retained context; popped below.
-    check("cuCtxPushCurrent", unsafe {
-        sys::cuCtxPushCurrent_v2(context)
-    })?;
-    let side = wrap(
-        "cuStreamCreate",
-        result::stream::create(result::stream::StreamKind::NonBlocking),
-    );
-    let mut popped: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: pops the context pushed above, restoring the caller's.
-    let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
-    side
-}
-
 /// One GPU, through its primary context (shared with the CUDA runtime, PyTorch included).
 pub struct Device {
     pub ordinal: i32,
@@ -97,7 +81,13 @@ impl Device {
     /// The side stream, created on first use.
     fn side(&self) -> Result<sys::CUstream, GpuError> {
         self.side
-            .get_or_try_init(|| new_side_stream(self.context))
+            .get_or_try_init(|| {
+                let _current = self.current()?;
+                wrap(
+                    "cuStreamCreate",
+                    result::stream::create(result::stream::StreamKind::NonBlocking),
+                )
+            })
             .copied()
     }
 
@@ -219,9 +209,10 @@ impl DeviceMemory {
         let memory = Self::for_upload(device, bytes)?;
         let _current = device.current()?;
         let ptr = memory.ptr;
+        let side = device.side()?;
         // SAFETY: `ptr` is a live allocation of `memory.bytes` bytes; the side stream is live.
         wrap("cuMemsetD8Async", unsafe {
-            result::memset_d8_async(ptr, 0, memory.bytes, device.side()?)
+            result::memset_d8_async(ptr, 0, memory.bytes, side)
         })?;
         device.synchronize_side()?;
         Ok(memory)
@@ -253,11 +244,12 @@ impl DeviceMemory {
             return Ok(());
         }
         let _current = self.device.current()?;
+        let side = self.device.side()?;
         // SAFETY: the destination holds at least `size_of_val(data)` bytes (asserted); `data`
         // outlives the copy, which is waited for below (a copy from pageable memory may return
         // before its DMA lands).
         wrap("cuMemcpyHtoDAsync", unsafe {
-            result::memcpy_htod_async(self.ptr, data, self.device.side()?)
+            result::memcpy_htod_async(self.ptr, data, side)
         })?;
         self.device.synchronize_side()
     }
@@ -270,9 +262,10 @@ impl DeviceMemory {
             "a word inside the allocation"
         );
         let _current = self.device.current()?;
+        let side = self.device.side()?;
         // SAFETY: the word lies inside this live allocation (asserted); the device's side
         // stream lives as long as the device, which this memory holds.
-        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, self.device.side()?) };
+        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, side) };
         wrap("cuMemsetD32Async", r.result())
     }
 
@@ -296,10 +289,11 @@ impl DeviceMemory {
             return Ok(());
         }
         let _current = self.device.current()?;
+        let side = self.device.side()?;
         // SAFETY: the source holds at least `size_of_val(out)` bytes (asserted); `out` outlives
         // the copy, which is waited for below.
         wrap("cuMemcpyDtoHAsync", unsafe {
-            result::memcpy_dtoh_async(out, self.ptr, self.device.side()?)
+            result::memcpy_dtoh_async(out, self.ptr, side)
         })?;
         self.device.synchronize_side()
     }
@@ -361,9 +355,10 @@ impl IpcMapping {
     pub fn write_u32(&self, offset: u64, value: u32) -> Result<(), GpuError> {
         assert!(offset % 4 == 0, "an aligned word");
         let _current = self.device.current()?;
+        let side = self.device.side()?;
         // SAFETY: the mapping is open; the caller's offset lies inside the peer's staging,
         // whose layout every rank shares; the side stream lives as long as the device.
-        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, self.device.side()?) };
+        let r = unsafe { sys::cuMemsetD32Async(self.ptr + offset, value, 1, side) };
         wrap("cuMemsetD32Async", r.result())
     }
 
@@ -712,10 +707,11 @@ pub unsafe fn synchronize_raw(device: &Device, stream: sys::CUstream) -> Result<
 pub unsafe fn read_word(device: &Device, address: sys::CUdeviceptr) -> Result<u32, GpuError> {
     let _current = device.current()?;
     let mut value = [0u32; 1];
+    let side = device.side()?;
     // SAFETY: the caller vouches for the address; the side stream is live, and the copy is
     // waited for below, before `value` is read or goes out of scope.
     wrap("cuMemcpyDtoHAsync", unsafe {
-        result::memcpy_dtoh_async(&mut value, address, device.side()?)
+        result::memcpy_dtoh_async(&mut value, address, side)
     })?;
     device.synchronize_side()?;
     Ok(value[0])
