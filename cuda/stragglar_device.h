@@ -33,14 +33,25 @@ typedef struct __attribute__((aligned(16))) sg_vec16 {
 #define SG_DEVICE static inline
 #define SG_GLOBAL extern "C"
 
-/* Where the emulated thread runs: set by the harness before it enters the kernel body. */
+/* Where the emulated thread runs: set by the harness before it enters the kernel body. Two
+ * harnesses: one OS thread per GPU thread (a pthread barrier per block; ThreadSanitizer watches
+ * them), or one OS thread per block running its GPU threads as fibers (the emulated driver:
+ * `fiber_sync` and `fiber_pause` switch to the block's next fiber, and the harness rewrites
+ * `thread` on every switch). */
 struct sg_host_thread {
   uint32_t block, blocks, thread, threads;
-  pthread_barrier_t* barrier; /* one per emulated block */
+  pthread_barrier_t* barrier; /* OS-thread harness: one per emulated block */
+  void (*fiber_sync)(void);   /* fiber harness: the block barrier (null otherwise) */
+  void (*fiber_pause)(void);  /* fiber harness: lets the block's other fibers run */
 };
 extern thread_local sg_host_thread sg_self;
 
-SG_DEVICE void sg_block_sync(void) { pthread_barrier_wait(sg_self.barrier); }
+SG_DEVICE void sg_block_sync(void) {
+  if (sg_self.fiber_sync)
+    sg_self.fiber_sync();
+  else
+    pthread_barrier_wait(sg_self.barrier);
+}
 SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
@@ -70,7 +81,12 @@ SG_DEVICE uint64_t sg_now_ns(void) {
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
-SG_DEVICE void sg_pause(void) { sched_yield(); }
+SG_DEVICE void sg_pause(void) {
+  if (sg_self.fiber_pause)
+    sg_self.fiber_pause();
+  else
+    sched_yield();
+}
 SG_DEVICE sg_vec16 sg_load16_fresh(const void* p) {
   sg_vec16 v;
   memcpy(&v, p, 16);

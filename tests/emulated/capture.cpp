@@ -1,0 +1,243 @@
+/* Stream capture and graphs: between cuStreamBeginCapture and cuStreamEndCapture, work on the
+ * capturing stream (and on every stream that joined it by waiting on an event recorded in it)
+ * becomes nodes of a graph instead of running; cuStreamEndCapture refuses a capture with a fork
+ * not joined back to the origin stream; an instantiated graph replays the recorded work, with
+ * the recorded arguments, on every cuGraphLaunch. All of it under the driver lock. */
+#include "emu.h"
+
+#include <map>
+
+namespace emu {
+
+namespace {
+uint64_t g_next_capture = 1;
+std::vector<Capture*>* g_captures = new std::vector<Capture*>(); /* active ones */
+std::set<Graph*>* g_graphs = new std::set<Graph*>();
+std::map<GraphExec*, std::shared_ptr<GraphExec>>* g_execs =
+    new std::map<GraphExec*, std::shared_ptr<GraphExec>>();
+
+/* Ends `cap` for every stream in it. */
+void leave(Capture* cap) {
+  for (Stream* m : cap->members) {
+    if (m->capture == cap) {
+      m->capture = nullptr;
+      m->tail.clear();
+    }
+  }
+  for (size_t i = 0; i < g_captures->size(); ++i) {
+    if ((*g_captures)[i] == cap) {
+      g_captures->erase(g_captures->begin() + (long)i);
+      break;
+    }
+  }
+}
+
+/* Whether every node in `tail` is one of `roots` or an ancestor of one. */
+bool joined(const Graph& g, const std::vector<size_t>& roots, const std::vector<size_t>& tail) {
+  std::vector<bool> seen(g.nodes.size(), false);
+  std::vector<size_t> todo(roots);
+  while (!todo.empty()) {
+    size_t n = todo.back();
+    todo.pop_back();
+    if (seen[n]) continue;
+    seen[n] = true;
+    for (size_t d : g.nodes[n].deps) todo.push_back(d);
+  }
+  for (size_t n : tail)
+    if (!seen[n]) return false;
+  return true;
+}
+}  // namespace
+
+bool unsafe_call_forbidden() {
+  bool forbidden = false;
+  for (Capture* c : *g_captures) {
+    bool mine = c->thread == std::this_thread::get_id();
+    if (c->mode == CU_STREAM_CAPTURE_MODE_RELAXED) continue;
+    if (c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && !mine) continue;
+    forbidden = true;
+    if (mine) c->invalidated = true;
+  }
+  return forbidden;
+}
+
+void capture_node(Stream* s, std::function<void()> run) {
+  Graph* g = s->capture->graph;
+  Node n;
+  n.deps = s->tail;
+  n.run = std::move(run);
+  g->nodes.push_back(std::move(n));
+  s->tail.assign(1, g->nodes.size() - 1);
+}
+
+bool is_graph_exec(GraphExec* g) { return g_execs->count(g) != 0; }
+
+}  // namespace emu
+
+using namespace emu;
+
+extern "C" {
+
+CUresult cuStreamBeginCapture_v2(CUstream hs, CUstreamCaptureMode mode) {
+  EMU_FAULT("cuStreamBeginCapture_v2");
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(capture_lock());
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(hs, &s);
+  if (r != CUDA_SUCCESS) return r;
+  if (s->legacy) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (s->capture) return CUDA_ERROR_ILLEGAL_STATE;
+  Capture* c = new Capture();
+  c->id = g_next_capture++;
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->origin = s;
+  c->graph = new Graph();
+  c->members.push_back(s);
+  g_captures->push_back(c);
+  s->capture = c;
+  s->tail.clear();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture(CUstream hs, CUgraph* out) {
+  EMU_FAULT("cuStreamEndCapture");
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(capture_lock());
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(hs, &s);
+  if (r != CUDA_SUCCESS) return r;
+  Capture* c = s->capture;
+  if (!c) return CUDA_ERROR_ILLEGAL_STATE;
+  if (c->origin != s) {
+    c->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+  }
+  if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && c->thread != std::this_thread::get_id())
+    return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  *out = nullptr;
+  r = CUDA_SUCCESS;
+  if (c->invalidated) {
+    r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  } else {
+    for (Stream* m : c->members) {
+      if (m != s && m->capture == c && !joined(*c->graph, s->tail, m->tail)) {
+        r = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+        break;
+      }
+    }
+  }
+  leave(c);
+  if (r == CUDA_SUCCESS) {
+    g_graphs->insert(c->graph);
+    *out = (CUgraph)c->graph;
+  } else {
+    delete c->graph;
+  }
+  c->graph = nullptr;
+  /* Events recorded in the capture keep pointing at `c`, so it is never freed. */
+  return r;
+}
+
+CUresult cuStreamIsCapturing(CUstream hs, CUstreamCaptureStatus* status) {
+  EMU_FAULT("cuStreamIsCapturing");
+  if (!status) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(capture_lock());
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(hs, &s);
+  if (r != CUDA_SUCCESS) return r;
+  if (!s->capture)
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  else
+    *status = s->capture->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                      : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetCaptureInfo_v3(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                   CUgraph* graph, const CUgraphNode** deps,
+                                   const CUgraphEdgeData** edges, size_t* count) {
+  EMU_FAULT("cuStreamGetCaptureInfo_v3");
+  if (!status) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(capture_lock());
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(hs, &s);
+  if (r != CUDA_SUCCESS) return r;
+  Capture* c = s->capture;
+  if (!c) {
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+  }
+  *status = c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  if (id) *id = c->id;
+  if (graph) *graph = (CUgraph)c->graph;
+  /* Node handles are not modelled: callers get the count and no list. */
+  if (deps) *deps = nullptr;
+  if (edges) *edges = nullptr;
+  if (count) *count = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetCaptureInfo_v2(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                   CUgraph* graph, const CUgraphNode** deps, size_t* count) {
+  EMU_FAULT("cuStreamGetCaptureInfo_v2");
+  return cuStreamGetCaptureInfo_v3(hs, status, id, graph, deps, nullptr, count);
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph hg, unsigned long long flags) {
+  EMU_FAULT("cuGraphInstantiateWithFlags");
+  EMU_REQUIRE_INIT();
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  (void)flags;
+  std::lock_guard<std::mutex> g(capture_lock());
+  Graph* graph = (Graph*)hg;
+  if (!graph || !g_graphs->count(graph)) return CUDA_ERROR_INVALID_HANDLE;
+  auto exec = std::make_shared<GraphExec>();
+  exec->nodes = graph->nodes;
+  (*g_execs)[exec.get()] = exec;
+  *out = (CUgraphExec)exec.get();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphLaunch(CUgraphExec he, CUstream hs) {
+  EMU_FAULT("cuGraphLaunch");
+  std::lock_guard<std::mutex> g(capture_lock());
+  auto it = g_execs->find((GraphExec*)he);
+  if (it == g_execs->end()) return CUDA_ERROR_INVALID_HANDLE;
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(hs, &s);
+  if (r != CUDA_SUCCESS) return r;
+  if (s->capture) return CUDA_ERROR_NOT_SUPPORTED; /* child graphs are not modelled */
+  std::shared_ptr<GraphExec> exec = it->second;
+  /* Creation order is a topological order: running the nodes one after another honours every
+   * dependency. */
+  return submit(s, [exec] {
+    for (const Node& n : exec->nodes)
+      if (n.run) n.run();
+  });
+}
+
+CUresult cuGraphDestroy(CUgraph hg) {
+  EMU_FAULT("cuGraphDestroy");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(capture_lock());
+  Graph* graph = (Graph*)hg;
+  if (!graph || !g_graphs->count(graph)) return CUDA_ERROR_INVALID_HANDLE;
+  g_graphs->erase(graph);
+  delete graph;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec he) {
+  EMU_FAULT("cuGraphExecDestroy");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(capture_lock());
+  auto it = g_execs->find((GraphExec*)he);
+  if (it == g_execs->end()) return CUDA_ERROR_INVALID_HANDLE;
+  g_execs->erase(it); /* a launch still queued keeps its own reference */
+  return CUDA_SUCCESS;
+}
+
+}  // extern "C"

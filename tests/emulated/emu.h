@@ -1,0 +1,182 @@
+/* The emulated CUDA machine: a libcuda.so.1 that cudarc, the engine and the tests load as they
+ * would the real driver. Device memory is host memory (shared, so that IPC handles open in other
+ * processes at an address of their own); streams are worker threads that run their work in
+ * order and asynchronously to the host; kernels are the host emulation of cuda/, each block an
+ * OS thread running its GPU threads as fibers.
+ *
+ * Internal declarations shared by the driver's files. Every exported function validates its
+ * handles against the registries below before it dereferences one, so a bad or destroyed handle
+ * is an error code, never a crash. */
+#ifndef STRAGGLAR_EMU_H_
+#define STRAGGLAR_EMU_H_
+
+#include <cuda.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace emu {
+
+/* ------------------------------------------------------------------ the machine ---------- */
+
+/* The machine every process sees: `STRAGGLAR_EMU_GPUS` devices (default 8) of
+ * `STRAGGLAR_EMU_SMS` multiprocessors (default 32), compute capability 9.0, every pair
+ * P2P-capable with native atomics, and the driver version `STRAGGLAR_EMU_DRIVER_VERSION`
+ * (default 13000). Read once, at cuInit. */
+struct Machine {
+  int devices = 8;
+  int sms = 32;
+  int driver_version = 13000;
+  size_t memory_bytes = size_t(80) << 30;
+};
+const Machine& machine();
+bool initialized();
+
+struct Stream;
+struct Capture;
+
+/* A device's primary context. Retained by count; a full release destroys it (a later retain
+ * makes a new one), and work against a destroyed context answers CONTEXT_IS_DESTROYED. */
+struct Context {
+  int device = 0;
+  int retains = 0;
+  bool alive = true;
+  Stream* legacy = nullptr; /* the context's legacy default stream, made on first use */
+  std::vector<Stream*> streams; /* every stream created in it (blocking or not) */
+};
+
+/* The context on top of the calling thread's stack (null if none). */
+Context* current_context();
+/* CUDA_SUCCESS with the current live context in *out, or the error a call without one gets. */
+CUresult require_context(Context** out);
+/* Whether `ctx` is a context handle this process made (alive or not). */
+bool is_context(Context* ctx);
+
+/* ------------------------------------------------------------------ fault injection ------ */
+
+/* `STRAGGLAR_EMU_FAIL=name[@device][=code][,...]` makes the exported call `name` (its exact
+ * symbol, e.g. cuIpcOpenMemHandle_v2) fail with `code` (default CUDA_ERROR_UNKNOWN), only while
+ * the current context's device is `device` when one is given. The result to return, or
+ * CUDA_SUCCESS to proceed. */
+CUresult injected(const char* name);
+
+/* ------------------------------------------------------------------ streams -------------- */
+
+/* One unit of stream work: runs after every dependency (a stream reaching a sequence number). */
+struct Op {
+  std::vector<std::pair<Stream*, uint64_t>> deps;
+  std::function<void()> run;
+};
+
+/* A stream: a worker thread that runs its ops in order. `enqueued` and `completed` count ops;
+ * an op numbered k is done once completed >= k. Streams are never freed (a destroyed one drains
+ * and its worker ends), so a dependency on one stays safe to wait on. */
+struct Stream {
+  Context* ctx = nullptr;
+  unsigned flags = 0; /* CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING */
+  bool legacy = false;
+  bool destroyed = false;
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<Op> queue;
+  uint64_t enqueued = 0;
+  uint64_t completed = 0;
+  std::thread worker;
+  /* Capture state, guarded by the global capture lock. */
+  Capture* capture = nullptr;
+  std::vector<size_t> tail; /* the capture's nodes later work on this stream depends on */
+};
+
+bool is_stream(Stream* s);
+/* The stream a handle names (0 and CU_STREAM_LEGACY: the current context's legacy stream;
+ * CU_STREAM_PER_THREAD is treated as the legacy stream too), or an error. */
+CUresult resolve_stream(CUstream h, Stream** out);
+/* Under the driver lock: queues `run` on `s`, or records it as a node when `s` captures. */
+CUresult submit(Stream* s, std::function<void()> run);
+/* Waits on the host until `s` has completed op `seq`. */
+void wait_for(Stream* s, uint64_t seq);
+/* Queues `run` on the context's legacy stream and waits for it (synchronous copies and sets). */
+CUresult run_synchronously(std::function<void()> run);
+
+/* ------------------------------------------------------------------ capture -------------- */
+
+/* One recorded node: its dependencies (earlier nodes of the same graph) and its work. */
+struct Node {
+  std::vector<size_t> deps;
+  std::function<void()> run;
+};
+struct Graph {
+  std::vector<Node> nodes;
+};
+struct GraphExec {
+  std::vector<Node> nodes; /* in creation order, which is a topological order */
+};
+struct Capture {
+  uint64_t id = 0;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  std::thread::id thread;
+  Stream* origin = nullptr;
+  Graph* graph = nullptr;
+  bool invalidated = false;
+  std::vector<Stream*> members; /* streams that joined (origin included) */
+};
+/* The driver lock: handle registries of streams, events and graphs, capture state, and every
+ * enqueue. Never held while work runs or is waited for. */
+std::mutex& capture_lock();
+/* Under capture_lock: whether a capture forbids a potentially unsafe call (allocation,
+ * synchronous copy, context synchronisation, IPC) from this thread; if so, the capture is
+ * invalidated, as the real driver does. */
+bool unsafe_call_forbidden();
+/* Under capture_lock: records `run` as a node of the capture `s` belongs to. */
+void capture_node(Stream* s, std::function<void()> run);
+bool is_graph_exec(GraphExec* g);
+
+/* ------------------------------------------------------------------ events --------------- */
+
+struct Event {
+  unsigned flags = 0;
+  /* Eager record: the op on `stream` numbered `seq` (null: never recorded, complete). */
+  Stream* stream = nullptr;
+  uint64_t seq = 0;
+  /* Captured record: the capture and node set (capture != null only while the last record
+   * was made by a capturing stream). */
+  Capture* capture = nullptr;
+  std::vector<size_t> nodes;
+  std::atomic<uint64_t> time_ns{0}; /* when the recording op ran */
+};
+bool is_event(Event* e);
+
+/* ------------------------------------------------------------------ memory --------------- */
+
+/* Whether [p, p + bytes) lies in memory the emulated GPUs can address in this process (a
+ * device allocation, an open IPC mapping or host-mapped memory). */
+bool addressable(uint64_t p, size_t bytes);
+
+/* ------------------------------------------------------------------ kernels -------------- */
+
+/* ------------------------------------------------------------------ time ----------------- */
+uint64_t now_ns();
+
+}  // namespace emu
+
+/* Fails the call as STRAGGLAR_EMU_FAIL asks (see `injected`). */
+#define EMU_FAULT(name)                          \
+  do {                                           \
+    CUresult emu_fault_ = emu::injected(name);   \
+    if (emu_fault_ != CUDA_SUCCESS) return emu_fault_; \
+  } while (0)
+#define EMU_REQUIRE_INIT()                                  \
+  do {                                                      \
+    if (!emu::initialized()) return CUDA_ERROR_NOT_INITIALIZED; \
+  } while (0)
+
+#endif /* STRAGGLAR_EMU_H_ */

@@ -1,0 +1,23 @@
+/* Fibers for the emulated GPU: one OS thread runs a block's GPU threads, switching from one to
+ * the next at the block barrier and at pauses (spin waits), so a grid of 17 blocks of 512
+ * threads needs 17 OS threads, not 8,704. */
+#ifndef STRAGGLAR_EMU_FIBERS_H_
+#define STRAGGLAR_EMU_FIBERS_H_
+
+#include <cstdint>
+
+namespace emu {
+
+/* Runs `threads` fibers on the calling thread, fiber i calling body(arg, i) after
+ * on_switch(arg, i) (and on_switch again each time it is resumed), until every fiber returned.
+ * Inside a body, fiber_sync() is the block barrier (fibers that returned count as arrived) and
+ * fiber_pause() lets the others run; when every fiber only pauses, the OS thread yields and
+ * then sleeps briefly, so a block that spins on another rank does not starve it. */
+void run_fibers(uint32_t threads, void (*body)(void* arg, uint32_t thread),
+                void (*on_switch)(void* arg, uint32_t thread), void* arg);
+void fiber_sync();
+void fiber_pause();
+
+}  // namespace emu
+
+#endif

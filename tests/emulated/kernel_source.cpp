@@ -1,0 +1,87 @@
+/* The kernels the emulated GPU runs: cuda/stragglar_allreduce.cu itself, compiled for the host
+ * (STRAGGLAR_HOST_EMULATION), each launch's blocks run by the fiber harness. This file does not
+ * see cuda.h; kernels.cpp reaches it through kernel_source.h. */
+#include "kernel_source.h"
+
+#include "fibers.h"
+#include "stragglar_allreduce.cu"
+
+#include <cstdlib>
+#include <new>
+
+namespace {
+
+struct BlockRun {
+  emu::KernelId kernel;
+  const void* params;
+  sg_scratch* scratch;
+};
+
+void on_switch(void*, uint32_t thread) { sg_self.thread = thread; }
+
+void delay_body(uint64_t ns) {
+  if (SG_THREAD != 0) return;
+  uint64_t start = sg_now_ns();
+  while (sg_now_ns() - start < ns) sg_pause();
+}
+
+void body(void* arg, uint32_t thread) {
+  BlockRun* run = (BlockRun*)arg;
+  sg_self.thread = thread;
+  switch (run->kernel) {
+    case emu::KernelId::AllReduce:
+      sg_all_reduce((const RawLaunch*)run->params, run->scratch);
+      break;
+    case emu::KernelId::Ticket:
+      sg_ticket((const RawTicket*)run->params);
+      break;
+    case emu::KernelId::Delay: {
+      uint64_t ns;
+      memcpy(&ns, run->params, sizeof ns);
+      delay_body(ns);
+      break;
+    }
+    case emu::KernelId::ApplyProbe:
+      sg_apply_probe((const RawApply*)run->params, run->scratch);
+      break;
+  }
+}
+
+void emu_sync(void) { emu::fiber_sync(); }
+void emu_pause(void) { emu::fiber_pause(); }
+
+const emu::KernelSpec kSpecs[] = {
+    {"ncclStragglarAllReduce", emu::KernelId::AllReduce, sizeof(RawLaunch), MAX_THREADS},
+    {"ncclStragglarTicket", emu::KernelId::Ticket, sizeof(RawTicket), 1024},
+    {"ncclStragglarDelay", emu::KernelId::Delay, sizeof(uint64_t), 1024},
+    {"ncclStragglarApplyProbe", emu::KernelId::ApplyProbe, sizeof(RawApply), MAX_THREADS},
+};
+
+}  // namespace
+
+namespace emu {
+
+const KernelSpec* kernel_specs(size_t* count) {
+  *count = sizeof(kSpecs) / sizeof(kSpecs[0]);
+  return kSpecs;
+}
+
+void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t blocks,
+               uint32_t threads) {
+  /* The block's shared memory. */
+  void* shared = aligned_alloc(16, (sizeof(sg_scratch) + 15) / 16 * 16);
+  if (!shared) abort();
+  BlockRun run{k->id, params, (sg_scratch*)shared};
+  sg_self.block = block;
+  sg_self.blocks = blocks;
+  sg_self.threads = threads;
+  sg_self.barrier = nullptr;
+  sg_self.fiber_sync = emu_sync;
+  sg_self.fiber_pause = emu_pause;
+  run_fibers(threads, body, on_switch, &run);
+  sg_self.fiber_sync = nullptr;
+  sg_self.fiber_pause = nullptr;
+  free(shared);
+}
+
+}  // namespace emu

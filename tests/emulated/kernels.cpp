@@ -1,0 +1,236 @@
+/* Modules, functions and launches. cuModuleLoadData takes the CUBIN (or PTX) the engine made,
+ * reads the kernel entry names in it, and binds each to the host build of the same kernel
+ * source; a launch runs every block on its own OS thread (its threads as fibers), each block
+ * first taking one of the device's multiprocessors, so a grid that could not be resident on a
+ * real GPU waits here as it would there. */
+#include "emu.h"
+#include "kernel_source.h"
+
+#include <cstring>
+#include <elf.h>
+#include <map>
+
+namespace emu {
+
+struct Module {
+  Context* ctx = nullptr;
+  std::vector<const KernelSpec*> kernels;
+};
+struct Function {
+  Module* module = nullptr;
+  const KernelSpec* spec = nullptr;
+};
+
+namespace {
+std::mutex* g_lock = new std::mutex();
+std::set<Module*>* g_modules = new std::set<Module*>();
+std::set<Function*>* g_functions = new std::set<Function*>();
+
+/* Multiprocessors free on each device of this process. */
+struct Sms {
+  std::mutex m;
+  std::condition_variable cv;
+  int free = -1; /* set at first use */
+};
+std::map<int, Sms*>* g_sms = new std::map<int, Sms*>();
+
+Sms* sms_of(int device) {
+  std::lock_guard<std::mutex> g(*g_lock);
+  Sms*& s = (*g_sms)[device];
+  if (!s) {
+    s = new Sms();
+    s->free = machine().sms;
+  }
+  return s;
+}
+
+const KernelSpec* spec_named(const char* name) {
+  size_t n = 0;
+  const KernelSpec* specs = kernel_specs(&n);
+  for (size_t i = 0; i < n; ++i)
+    if (strcmp(specs[i].name, name) == 0) return &specs[i];
+  return nullptr;
+}
+
+/* The kernels an ELF CUBIN defines, or false if the image is not a well-formed ELF of the
+ * emulated architecture (sm_90). */
+bool cubin_kernels(const unsigned char* image, std::vector<const KernelSpec*>* out,
+                   CUresult* error) {
+  Elf64_Ehdr eh;
+  memcpy(&eh, image, sizeof eh);
+  *error = CUDA_ERROR_INVALID_IMAGE;
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_shentsize != sizeof(Elf64_Shdr)) return false;
+  if (eh.e_machine != 190 /* EM_CUDA */) return false;
+  /* sm_XY: bits 0..7 of the flags up to ELF ABI version 7 (NVRTC 12.x), bits 8..15 after. */
+  uint32_t arch = eh.e_ident[EI_ABIVERSION] <= 7 ? eh.e_flags & 0xff : (eh.e_flags >> 8) & 0xff;
+  if (arch != 90) {
+    *error = CUDA_ERROR_NO_BINARY_FOR_GPU;
+    return false;
+  }
+  const Elf64_Shdr* sh = (const Elf64_Shdr*)(image + eh.e_shoff);
+  for (uint16_t i = 0; i < eh.e_shnum; ++i) {
+    if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_link >= eh.e_shnum) continue;
+    const Elf64_Sym* syms = (const Elf64_Sym*)(image + sh[i].sh_offset);
+    size_t count = sh[i].sh_size / sizeof(Elf64_Sym);
+    const char* names = (const char*)(image + sh[sh[i].sh_link].sh_offset);
+    for (size_t k = 0; k < count; ++k) {
+      if (ELF64_ST_TYPE(syms[k].st_info) != STT_FUNC) continue;
+      const KernelSpec* spec = spec_named(names + syms[k].st_name);
+      if (spec) out->push_back(spec);
+    }
+  }
+  return true;
+}
+
+/* The kernels a PTX text declares with `.entry`. */
+void ptx_kernels(const char* text, std::vector<const KernelSpec*>* out) {
+  size_t n = 0;
+  const KernelSpec* specs = kernel_specs(&n);
+  for (size_t i = 0; i < n; ++i) {
+    std::string entry = std::string(".entry ") + specs[i].name;
+    if (strstr(text, entry.c_str())) out->push_back(&specs[i]);
+  }
+}
+
+void block_thread(const KernelSpec* spec, std::shared_ptr<std::vector<char>> params, uint32_t b,
+                  uint32_t grid, uint32_t threads, Sms* sms) {
+  run_block(spec, params->data(), b, grid, threads);
+  {
+    std::lock_guard<std::mutex> l(sms->m);
+    sms->free++;
+  }
+  sms->cv.notify_all();
+}
+}  // namespace
+
+void run_kernel(const KernelSpec* spec, int device, uint32_t grid, uint32_t threads,
+                std::shared_ptr<std::vector<char>> params) {
+  Sms* sms = sms_of(device);
+  std::vector<std::thread> blocks;
+  blocks.reserve(grid);
+  for (uint32_t b = 0; b < grid; ++b) {
+    {
+      std::unique_lock<std::mutex> l(sms->m);
+      sms->cv.wait(l, [&] { return sms->free > 0; });
+      sms->free--;
+    }
+    blocks.emplace_back(block_thread, spec, params, b, grid, threads, sms);
+  }
+  for (std::thread& t : blocks) t.join();
+}
+
+}  // namespace emu
+
+using namespace emu;
+
+extern "C" {
+
+CUresult cuModuleLoadData(CUmodule* out, const void* image) {
+  EMU_FAULT("cuModuleLoadData");
+  Context* c = nullptr;
+  CUresult r = require_context(&c);
+  if (r != CUDA_SUCCESS) return r;
+  if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned char* bytes = (const unsigned char*)image;
+  Module* m = new Module();
+  m->ctx = c;
+  if (memcmp(bytes, ELFMAG, SELFMAG) == 0) {
+    CUresult error = CUDA_SUCCESS;
+    if (!cubin_kernels(bytes, &m->kernels, &error)) {
+      delete m;
+      return error;
+    }
+  } else if (strstr((const char*)image, ".version") && strstr((const char*)image, ".target")) {
+    ptx_kernels((const char*)image, &m->kernels);
+  } else {
+    delete m;
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  std::lock_guard<std::mutex> g(*g_lock);
+  g_modules->insert(m);
+  *out = (CUmodule)m;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule hm) {
+  EMU_FAULT("cuModuleUnload");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(*g_lock);
+  Module* m = (Module*)hm;
+  if (!m || !g_modules->count(m)) return CUDA_ERROR_INVALID_HANDLE;
+  g_modules->erase(m);
+  for (auto it = g_functions->begin(); it != g_functions->end();) {
+    if ((*it)->module == m)
+      it = g_functions->erase(it);
+    else
+      ++it;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction* out, CUmodule hm, const char* name) {
+  EMU_FAULT("cuModuleGetFunction");
+  EMU_REQUIRE_INIT();
+  if (!out || !name) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(*g_lock);
+  Module* m = (Module*)hm;
+  if (!m || !g_modules->count(m)) return CUDA_ERROR_INVALID_HANDLE;
+  for (const KernelSpec* spec : m->kernels) {
+    if (strcmp(spec->name, name) == 0) {
+      Function* f = new Function();
+      f->module = m;
+      f->spec = spec;
+      g_functions->insert(f);
+      *out = (CUfunction)f;
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfunction hf) {
+  EMU_FAULT("cuFuncGetAttribute");
+  EMU_REQUIRE_INIT();
+  if (!value) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(*g_lock);
+  Function* f = (Function*)hf;
+  if (!f || !g_functions->count(f)) return CUDA_ERROR_INVALID_HANDLE;
+  switch (attribute) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = (int)f->spec->max_threads; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *value = f->spec->max_threads == 512 ? 128 : 32; break;
+    default: *value = 0; break;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction hf, unsigned int gx, unsigned int gy, unsigned int gz,
+                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
+                        CUstream hs, void** params, void** extra) {
+  EMU_FAULT("cuLaunchKernel");
+  EMU_REQUIRE_INIT();
+  const KernelSpec* spec = nullptr;
+  {
+    std::lock_guard<std::mutex> g(*g_lock);
+    Function* f = (Function*)hf;
+    if (!f || !g_functions->count(f)) return CUDA_ERROR_INVALID_HANDLE;
+    spec = f->spec;
+  }
+  if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  /* The kernels of cuda/ are one-dimensional and use no dynamic shared memory. */
+  if (gy != 1 || gz != 1 || by != 1 || bz != 1 || shared != 0 || extra)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (bx > spec->max_threads) return CUDA_ERROR_INVALID_VALUE;
+  if (!params || !params[0]) return CUDA_ERROR_INVALID_VALUE;
+  /* Arguments are copied at launch, as on a GPU. */
+  auto bytes = std::make_shared<std::vector<char>>((const char*)params[0],
+                                                   (const char*)params[0] + spec->param_bytes);
+  std::lock_guard<std::mutex> g(capture_lock());
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(hs, &s);
+  if (r != CUDA_SUCCESS) return r;
+  int device = s->ctx->device;
+  return submit(s, [spec, device, gx, bx, bytes] { run_kernel(spec, device, gx, bx, bytes); });
+}
+
+}  // extern "C"

@@ -1,0 +1,422 @@
+/* Device memory, host-mapped memory, IPC handles, copies and sets. A device allocation is a
+ * memfd mapped shared, so another process opens its IPC handle through /proc/<pid>/fd/<fd> and
+ * maps the same pages at an address of its own, as a GPU maps a peer's memory. Device pointers
+ * are host addresses; every device-side range a call names must lie inside memory the
+ * emulated GPUs can address, or the call fails with CUDA_ERROR_INVALID_VALUE. */
+#include "emu.h"
+
+#include <cstring>
+#include <fcntl.h>
+#include <map>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace emu {
+
+namespace {
+enum class Kind { Device, Host, Ipc };
+struct Region {
+  size_t bytes = 0;
+  Kind kind = Kind::Device;
+  int device = 0;
+  int fd = -1;       /* Device: the memfd behind it */
+  uint64_t ino = 0;  /* Device: its inode, so a reused fd number is told apart */
+  int opened = 0;    /* Ipc: open count in this process */
+  int64_t pid = 0;   /* Ipc: the exporter */
+};
+std::mutex* g_mem = new std::mutex();
+std::map<uint64_t, Region>* g_regions = new std::map<uint64_t, Region>();
+
+/* The bytes filled into fresh device allocations up to this size (cuMemAlloc does not zero). */
+constexpr size_t kPoisonLimit = size_t(64) << 20;
+
+/* Under g_mem: the region holding p, or end(). */
+std::map<uint64_t, Region>::iterator containing(uint64_t p) {
+  auto it = g_regions->upper_bound(p);
+  if (it == g_regions->begin()) return g_regions->end();
+  --it;
+  if (p >= it->first + it->second.bytes) return g_regions->end();
+  return it;
+}
+
+size_t round_to_page(size_t n) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  return (n + page - 1) / page * page;
+}
+
+struct IpcHandle {
+  uint32_t magic;
+  uint32_t version;
+  int64_t pid;
+  int32_t fd;
+  int32_t device;
+  uint64_t ino;
+  uint64_t bytes;
+};
+constexpr uint32_t kIpcMagic = 0x4d454753; /* "SGEM" */
+static_assert(sizeof(IpcHandle) <= CU_IPC_HANDLE_SIZE, "an IPC handle is 64 bytes");
+
+CUresult forbid_in_capture() {
+  std::lock_guard<std::mutex> g(capture_lock());
+  return unsafe_call_forbidden() ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+}  // namespace
+
+bool pinned(const void* p) {
+  std::lock_guard<std::mutex> g(*g_mem);
+  auto it = containing((uint64_t)p);
+  return it != g_regions->end() && it->second.kind == Kind::Host;
+}
+
+bool addressable(uint64_t p, size_t bytes) {
+  std::lock_guard<std::mutex> g(*g_mem);
+  auto it = containing(p);
+  return it != g_regions->end() && p + bytes <= it->first + it->second.bytes;
+}
+
+}  // namespace emu
+
+using namespace emu;
+
+template <typename T>
+static void fill(CUdeviceptr dst, T value, size_t count) {
+  T* p = (T*)dst;
+  for (size_t i = 0; i < count; ++i) p[i] = value;
+}
+
+static CUresult context_for_memory(Context** c) {
+  CUresult r = require_context(c);
+  if (r != CUDA_SUCCESS) return r;
+  return forbid_in_capture();
+}
+
+extern "C" {
+
+CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
+  EMU_FAULT("cuMemAlloc_v2");
+  Context* c = nullptr;
+  CUresult r = context_for_memory(&c);
+  if (r != CUDA_SUCCESS) return r;
+  if (!dptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  size_t size = round_to_page(bytes);
+  int fd = memfd_create("stragglar-emulated-gpu", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  struct stat st;
+  if (ftruncate(fd, (off_t)size) != 0 || fstat(fd, &st) != 0) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (size <= kPoisonLimit) memset(p, 0xA5, size);
+  Region reg;
+  reg.bytes = size;
+  reg.kind = Kind::Device;
+  reg.device = c->device;
+  reg.fd = fd;
+  reg.ino = (uint64_t)st.st_ino;
+  {
+    std::lock_guard<std::mutex> g(*g_mem);
+    (*g_regions)[(uint64_t)p] = reg;
+  }
+  *dptr = (CUdeviceptr)p;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  EMU_FAULT("cuMemFree_v2");
+  Context* c = nullptr;
+  CUresult r = context_for_memory(&c);
+  if (r != CUDA_SUCCESS) return r;
+  if (dptr == 0) return CUDA_SUCCESS;
+  std::lock_guard<std::mutex> g(*g_mem);
+  auto it = g_regions->find(dptr);
+  if (it == g_regions->end() || it->second.kind != Kind::Device) return CUDA_ERROR_INVALID_VALUE;
+  munmap((void*)dptr, it->second.bytes);
+  close(it->second.fd);
+  g_regions->erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
+  EMU_FAULT("cuMemGetInfo_v2");
+  Context* c = nullptr;
+  CUresult r = require_context(&c);
+  if (r != CUDA_SUCCESS) return r;
+  if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
+  size_t used = 0;
+  {
+    std::lock_guard<std::mutex> g(*g_mem);
+    for (auto& kv : *g_regions)
+      if (kv.second.kind == Kind::Device && kv.second.device == c->device) used += kv.second.bytes;
+  }
+  *total = machine().memory_bytes;
+  *free_bytes = used < *total ? *total - used : 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
+  EMU_FAULT("cuMemHostAlloc");
+  (void)flags;
+  Context* c = nullptr;
+  CUresult r = context_for_memory(&c);
+  if (r != CUDA_SUCCESS) return r;
+  if (!pp || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  size_t size = round_to_page(bytes);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  Region reg;
+  reg.bytes = size;
+  reg.kind = Kind::Host;
+  reg.device = c->device;
+  {
+    std::lock_guard<std::mutex> g(*g_mem);
+    (*g_regions)[(uint64_t)p] = reg;
+  }
+  *pp = p;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocHost_v2(void** pp, size_t bytes) {
+  EMU_FAULT("cuMemAllocHost_v2");
+  return cuMemHostAlloc(pp, bytes, 0);
+}
+
+CUresult cuMemFreeHost(void* p) {
+  EMU_FAULT("cuMemFreeHost");
+  Context* c = nullptr;
+  CUresult r = context_for_memory(&c);
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> g(*g_mem);
+  auto it = g_regions->find((uint64_t)p);
+  if (it == g_regions->end() || it->second.kind != Kind::Host) return CUDA_ERROR_INVALID_VALUE;
+  munmap(p, it->second.bytes);
+  g_regions->erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* dptr, void* p, unsigned int flags) {
+  EMU_FAULT("cuMemHostGetDevicePointer_v2");
+  EMU_REQUIRE_INIT();
+  if (!dptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(*g_mem);
+  auto it = containing((uint64_t)p);
+  if (it == g_regions->end() || it->second.kind != Kind::Host) return CUDA_ERROR_INVALID_VALUE;
+  *dptr = (CUdeviceptr)p;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
+  EMU_FAULT("cuIpcGetMemHandle");
+  Context* c = nullptr;
+  CUresult r = require_context(&c);
+  if (r != CUDA_SUCCESS) return r;
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(*g_mem);
+  auto it = containing(dptr);
+  if (it == g_regions->end() || it->second.kind != Kind::Device) return CUDA_ERROR_INVALID_VALUE;
+  IpcHandle h;
+  memset(&h, 0, sizeof h);
+  h.magic = kIpcMagic;
+  h.version = 1;
+  h.pid = (int64_t)getpid();
+  h.fd = it->second.fd;
+  h.device = it->second.device;
+  h.ino = it->second.ino;
+  h.bytes = it->second.bytes;
+  memset(handle, 0, sizeof *handle);
+  memcpy(handle->reserved, &h, sizeof h);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle, unsigned int flags) {
+  EMU_FAULT("cuIpcOpenMemHandle_v2");
+  (void)flags;
+  Context* c = nullptr;
+  CUresult r = context_for_memory(&c);
+  if (r != CUDA_SUCCESS) return r;
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  IpcHandle h;
+  memcpy(&h, handle.reserved, sizeof h);
+  if (h.magic != kIpcMagic || h.version != 1) return CUDA_ERROR_INVALID_VALUE;
+  if (h.pid == (int64_t)getpid()) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard<std::mutex> g(*g_mem);
+  for (auto& kv : *g_regions) {
+    Region& reg = kv.second;
+    if (reg.kind == Kind::Ipc && reg.pid == h.pid && reg.ino == h.ino) {
+      reg.opened++;
+      *dptr = (CUdeviceptr)kv.first;
+      return CUDA_SUCCESS;
+    }
+  }
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%lld/fd/%d", (long long)h.pid, h.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_INVALID_HANDLE; /* the exporter is gone, or freed it */
+  struct stat st;
+  if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != h.ino || (uint64_t)st.st_size != h.bytes) {
+    close(fd);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  void* p = mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  Region reg;
+  reg.bytes = h.bytes;
+  reg.kind = Kind::Ipc;
+  reg.device = h.device;
+  reg.ino = h.ino;
+  reg.pid = h.pid;
+  reg.opened = 1;
+  (*g_regions)[(uint64_t)p] = reg;
+  *dptr = (CUdeviceptr)p;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  EMU_FAULT("cuIpcCloseMemHandle");
+  Context* c = nullptr;
+  CUresult r = context_for_memory(&c);
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> g(*g_mem);
+  auto it = g_regions->find(dptr);
+  if (it == g_regions->end() || it->second.kind != Kind::Ipc) return CUDA_ERROR_INVALID_VALUE;
+  if (--it->second.opened == 0) {
+    munmap((void*)dptr, it->second.bytes);
+    g_regions->erase(it);
+  }
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ copies and sets ------ */
+
+static CUresult async_on(CUstream hs, std::function<void()> run) {
+  std::lock_guard<std::mutex> g(capture_lock());
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(hs, &s);
+  if (r != CUDA_SUCCESS) return r;
+  return submit(s, std::move(run));
+}
+
+#define EMU_DEVICE_RANGE(p, n) \
+  if ((n) != 0 && !addressable((uint64_t)(p), (n))) return CUDA_ERROR_INVALID_VALUE
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
+  EMU_FAULT("cuMemcpyHtoD_v2");
+  EMU_REQUIRE_INIT();
+  EMU_DEVICE_RANGE(dst, n);
+  return run_synchronously([=] { memcpy((void*)dst, src, n); });
+}
+
+CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
+  EMU_FAULT("cuMemcpyDtoH_v2");
+  EMU_REQUIRE_INIT();
+  EMU_DEVICE_RANGE(src, n);
+  return run_synchronously([=] { memcpy(dst, (const void*)src, n); });
+}
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  EMU_FAULT("cuMemcpyDtoD_v2");
+  EMU_REQUIRE_INIT();
+  EMU_DEVICE_RANGE(dst, n);
+  EMU_DEVICE_RANGE(src, n);
+  return run_synchronously([=] { memmove((void*)dst, (const void*)src, n); });
+}
+
+/* From pageable memory the source is staged before the call returns (the caller may reuse it
+ * at once), as the real driver does; from pinned memory it is read when the copy runs. */
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream hs) {
+  EMU_FAULT("cuMemcpyHtoDAsync_v2");
+  EMU_REQUIRE_INIT();
+  EMU_DEVICE_RANGE(dst, n);
+  if (pinned(src)) return async_on(hs, [=] { memcpy((void*)dst, src, n); });
+  auto staged = std::make_shared<std::vector<char>>((const char*)src, (const char*)src + n);
+  return async_on(hs, [=] { memcpy((void*)dst, staged->data(), n); });
+}
+
+/* Into pageable memory the call returns only once the copy is done, as the real driver does;
+ * into pinned memory it is asynchronous. */
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream hs) {
+  EMU_FAULT("cuMemcpyDtoHAsync_v2");
+  EMU_REQUIRE_INIT();
+  EMU_DEVICE_RANGE(src, n);
+  if (pinned(dst)) return async_on(hs, [=] { memcpy(dst, (const void*)src, n); });
+  Stream* s = nullptr;
+  uint64_t seq = 0;
+  {
+    std::lock_guard<std::mutex> g(capture_lock());
+    CUresult r = resolve_stream(hs, &s);
+    if (r != CUDA_SUCCESS) return r;
+    if (s->capture) return submit(s, [=] { memcpy(dst, (const void*)src, n); });
+    r = submit(s, [=] { memcpy(dst, (const void*)src, n); });
+    if (r != CUDA_SUCCESS) return r;
+    seq = s->enqueued;
+  }
+  wait_for(s, seq);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hs) {
+  EMU_FAULT("cuMemcpyDtoDAsync_v2");
+  EMU_REQUIRE_INIT();
+  EMU_DEVICE_RANGE(dst, n);
+  EMU_DEVICE_RANGE(src, n);
+  return async_on(hs, [=] { memmove((void*)dst, (const void*)src, n); });
+}
+
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hs) {
+  EMU_FAULT("cuMemcpyAsync");
+  EMU_REQUIRE_INIT();
+  return async_on(hs, [=] { memmove((void*)dst, (const void*)src, n); });
+}
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  EMU_FAULT("cuMemcpy");
+  EMU_REQUIRE_INIT();
+  return run_synchronously([=] { memmove((void*)dst, (const void*)src, n); });
+}
+
+
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t count) {
+  EMU_FAULT("cuMemsetD8_v2");
+  EMU_REQUIRE_INIT();
+  EMU_DEVICE_RANGE(dst, count);
+  return run_synchronously([=] { memset((void*)dst, v, count); });
+}
+
+CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t count) {
+  EMU_FAULT("cuMemsetD32_v2");
+  EMU_REQUIRE_INIT();
+  if (dst % 4 != 0) return CUDA_ERROR_INVALID_VALUE;
+  EMU_DEVICE_RANGE(dst, count * 4);
+  return run_synchronously([=] { fill<uint32_t>(dst, v, count); });
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t count, CUstream hs) {
+  EMU_FAULT("cuMemsetD8Async");
+  EMU_REQUIRE_INIT();
+  EMU_DEVICE_RANGE(dst, count);
+  return async_on(hs, [=] { memset((void*)dst, v, count); });
+}
+
+CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t count, CUstream hs) {
+  EMU_FAULT("cuMemsetD16Async");
+  EMU_REQUIRE_INIT();
+  if (dst % 2 != 0) return CUDA_ERROR_INVALID_VALUE;
+  EMU_DEVICE_RANGE(dst, count * 2);
+  return async_on(hs, [=] { fill<uint16_t>(dst, v, count); });
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t count, CUstream hs) {
+  EMU_FAULT("cuMemsetD32Async");
+  EMU_REQUIRE_INIT();
+  if (dst % 4 != 0) return CUDA_ERROR_INVALID_VALUE;
+  EMU_DEVICE_RANGE(dst, count * 4);
+  return async_on(hs, [=] { fill<uint32_t>(dst, v, count); });
+}
+
+}  // extern "C"

@@ -1,0 +1,421 @@
+/* Streams, events, host functions and synchronisation: work on one stream runs in order on the
+ * stream's worker thread, asynchronously to the host; the legacy default stream waits for, and
+ * is waited for by, the blocking streams of its context; non-blocking streams do not
+ * synchronise with it. */
+#include "emu.h"
+
+namespace emu {
+
+namespace {
+/* The driver lock: handle registries, capture state, and every enqueue (so that the legacy
+ * stream's implicit dependencies are taken at one instant). Never held while waiting for work
+ * or running it. */
+std::mutex* g_driver = new std::mutex();
+std::set<Stream*>* g_streams = new std::set<Stream*>();
+std::set<Event*>* g_events = new std::set<Event*>();
+
+void worker_main(Stream* s) {
+  for (;;) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> l(s->m);
+      s->cv.wait(l, [&] { return !s->queue.empty() || s->destroyed; });
+      if (s->queue.empty()) return; /* destroyed and drained */
+      op = std::move(s->queue.front());
+      s->queue.pop_front();
+    }
+    for (auto& d : op.deps) wait_for(d.first, d.second);
+    if (op.run) op.run();
+    {
+      std::lock_guard<std::mutex> l(s->m);
+      s->completed++;
+    }
+    s->cv.notify_all();
+  }
+}
+
+Stream* new_stream(Context* ctx, unsigned flags, bool legacy) {
+  Stream* s = new Stream();
+  s->ctx = ctx;
+  s->flags = flags;
+  s->legacy = legacy;
+  s->worker = std::thread(worker_main, s);
+  s->worker.detach();
+  g_streams->insert(s);
+  if (!legacy) ctx->streams.push_back(s);
+  return s;
+}
+
+/* Under the driver lock: the context's legacy stream, made on first use. */
+Stream* legacy_of(Context* ctx) {
+  if (!ctx->legacy) ctx->legacy = new_stream(ctx, 0, true);
+  return ctx->legacy;
+}
+
+/* Under the driver lock: queues an op on an eager (non-capturing) stream with the legacy
+ * stream's implicit dependencies. */
+CUresult enqueue_locked(Stream* s, std::vector<std::pair<Stream*, uint64_t>> deps,
+                        std::function<void()> run) {
+  if (s->legacy) {
+    for (Stream* b : s->ctx->streams) {
+      if (b->destroyed || (b->flags & CU_STREAM_NON_BLOCKING)) continue;
+      if (b->capture) {
+        b->capture->invalidated = true;
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+      }
+      deps.emplace_back(b, b->enqueued);
+    }
+  } else if (!(s->flags & CU_STREAM_NON_BLOCKING) && s->ctx->legacy) {
+    deps.emplace_back(s->ctx->legacy, s->ctx->legacy->enqueued);
+  }
+  {
+    std::lock_guard<std::mutex> l(s->m);
+    Op op;
+    op.deps = std::move(deps);
+    op.run = std::move(run);
+    s->queue.push_back(std::move(op));
+    s->enqueued++;
+  }
+  s->cv.notify_all();
+  return CUDA_SUCCESS;
+}
+
+bool capture_active(Stream* s) { return s->capture != nullptr; }
+
+/* Under the driver lock: fails a synchronising call on a capturing stream (invalidating its
+ * capture, as the real driver does). */
+CUresult refuse_if_capturing(Stream* s) {
+  if (!capture_active(s)) return CUDA_SUCCESS;
+  s->capture->invalidated = true;
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+}  // namespace
+
+std::mutex& capture_lock() { return *g_driver; }
+
+bool is_stream(Stream* s) { return g_streams->count(s) != 0; }
+bool is_event(Event* e) { return g_events->count(e) != 0; }
+
+/* Under the driver lock. */
+CUresult resolve_stream(CUstream h, Stream** out) {
+  if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (h == nullptr || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+    Context* c = nullptr;
+    CUresult r = require_context(&c);
+    if (r != CUDA_SUCCESS) return r;
+    *out = legacy_of(c);
+    return CUDA_SUCCESS;
+  }
+  Stream* s = (Stream*)h;
+  if (!is_stream(s) || s->destroyed) return CUDA_ERROR_INVALID_HANDLE;
+  if (!s->ctx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *out = s;
+  return CUDA_SUCCESS;
+}
+
+/* Under the driver lock. */
+CUresult submit(Stream* s, std::function<void()> run) {
+  if (!s->ctx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  if (s->capture) {
+    if (s->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    capture_node(s, std::move(run));
+    return CUDA_SUCCESS;
+  }
+  return enqueue_locked(s, {}, std::move(run));
+}
+
+void wait_for(Stream* s, uint64_t seq) {
+  std::unique_lock<std::mutex> l(s->m);
+  s->cv.wait(l, [&] { return s->completed >= seq; });
+}
+
+CUresult run_synchronously(std::function<void()> run) {
+  Stream* s = nullptr;
+  uint64_t seq = 0;
+  {
+    std::lock_guard<std::mutex> g(*g_driver);
+    if (unsafe_call_forbidden()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    CUresult r = resolve_stream(nullptr, &s);
+    if (r != CUDA_SUCCESS) return r;
+    r = enqueue_locked(s, {}, std::move(run));
+    if (r != CUDA_SUCCESS) return r;
+    seq = s->enqueued;
+  }
+  wait_for(s, seq);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace emu
+
+using namespace emu;
+
+extern "C" {
+
+CUresult cuStreamCreate(CUstream* ph, unsigned int flags) {
+  EMU_FAULT("cuStreamCreate");
+  if (!ph) return CUDA_ERROR_INVALID_VALUE;
+  if (flags & ~(unsigned)CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
+  Context* c = nullptr;
+  CUresult r = require_context(&c);
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> g(*g_driver);
+  *ph = (CUstream)new_stream(c, flags, false);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned int flags, int priority) {
+  EMU_FAULT("cuStreamCreateWithPriority");
+  (void)priority;
+  return cuStreamCreate(ph, flags);
+}
+
+CUresult cuStreamDestroy_v2(CUstream h) {
+  EMU_FAULT("cuStreamDestroy_v2");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(*g_driver);
+  Stream* s = (Stream*)h;
+  if (!s || !is_stream(s) || s->legacy || s->destroyed) return CUDA_ERROR_INVALID_HANDLE;
+  if (s->capture) s->capture->invalidated = true;
+  g_streams->erase(s);
+  auto& list = s->ctx->streams;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i] == s) {
+      list.erase(list.begin() + (long)i);
+      break;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> l(s->m);
+    s->destroyed = true; /* the worker drains what was queued, then ends */
+  }
+  s->cv.notify_all();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetFlags(CUstream h, unsigned int* flags) {
+  EMU_FAULT("cuStreamGetFlags");
+  if (!flags) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(*g_driver);
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(h, &s);
+  if (r != CUDA_SUCCESS) return r;
+  *flags = s->flags;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetCtx(CUstream h, CUcontext* pctx) {
+  EMU_FAULT("cuStreamGetCtx");
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(*g_driver);
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(h, &s);
+  if (r != CUDA_SUCCESS) return r;
+  *pctx = (CUcontext)s->ctx;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamQuery(CUstream h) {
+  EMU_FAULT("cuStreamQuery");
+  std::lock_guard<std::mutex> g(*g_driver);
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(h, &s);
+  if (r != CUDA_SUCCESS) return r;
+  r = refuse_if_capturing(s);
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> l(s->m);
+  return s->completed >= s->enqueued ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult cuStreamSynchronize(CUstream h) {
+  EMU_FAULT("cuStreamSynchronize");
+  Stream* s = nullptr;
+  uint64_t seq = 0;
+  {
+    std::lock_guard<std::mutex> g(*g_driver);
+    CUresult r = resolve_stream(h, &s);
+    if (r != CUDA_SUCCESS) return r;
+    r = refuse_if_capturing(s);
+    if (r != CUDA_SUCCESS) return r;
+    seq = s->enqueued;
+  }
+  wait_for(s, seq);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void) {
+  EMU_FAULT("cuCtxSynchronize");
+  std::vector<std::pair<Stream*, uint64_t>> all;
+  {
+    std::lock_guard<std::mutex> g(*g_driver);
+    Context* c = nullptr;
+    CUresult r = require_context(&c);
+    if (r != CUDA_SUCCESS) return r;
+    if (unsafe_call_forbidden()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    for (Stream* s : c->streams) all.emplace_back(s, s->enqueued);
+    if (c->legacy) all.emplace_back(c->legacy, c->legacy->enqueued);
+  }
+  for (auto& p : all) wait_for(p.first, p.second);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void* data) {
+  EMU_FAULT("cuLaunchHostFunc");
+  if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(*g_driver);
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(h, &s);
+  if (r != CUDA_SUCCESS) return r;
+  return submit(s, [fn, data] { fn(data); });
+}
+
+CUresult cuEventCreate(CUevent* ph, unsigned int flags) {
+  EMU_FAULT("cuEventCreate");
+  if (!ph) return CUDA_ERROR_INVALID_VALUE;
+  Context* c = nullptr;
+  CUresult r = require_context(&c);
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> g(*g_driver);
+  Event* e = new Event();
+  e->flags = flags;
+  g_events->insert(e);
+  *ph = (CUevent)e;
+  return CUDA_SUCCESS;
+}
+
+/* Events are never freed (a queued record may still write its time); a destroyed handle is
+ * forgotten, so later uses answer INVALID_HANDLE. */
+CUresult cuEventDestroy_v2(CUevent h) {
+  EMU_FAULT("cuEventDestroy_v2");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(*g_driver);
+  Event* e = (Event*)h;
+  if (!e || !is_event(e)) return CUDA_ERROR_INVALID_HANDLE;
+  g_events->erase(e);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord(CUevent h, CUstream hs) {
+  EMU_FAULT("cuEventRecord");
+  std::lock_guard<std::mutex> g(*g_driver);
+  Event* e = (Event*)h;
+  if (!e || !is_event(e)) return CUDA_ERROR_INVALID_HANDLE;
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(hs, &s);
+  if (r != CUDA_SUCCESS) return r;
+  if (s->capture) {
+    if (s->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    e->capture = s->capture;
+    e->nodes = s->tail;
+    return CUDA_SUCCESS;
+  }
+  r = enqueue_locked(s, {}, [e] { e->time_ns.store(now_ns(), std::memory_order_release); });
+  if (r != CUDA_SUCCESS) return r;
+  e->capture = nullptr;
+  e->nodes.clear();
+  e->stream = s;
+  e->seq = s->enqueued;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecordWithFlags(CUevent h, CUstream hs, unsigned int flags) {
+  EMU_FAULT("cuEventRecordWithFlags");
+  if (flags != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  return cuEventRecord(h, hs);
+}
+
+/* Under the driver lock: the eager record an event waits for (stream null: none). */
+static CUresult event_target(Event* e, Stream** s, uint64_t* seq) {
+  if (!e || !is_event(e)) return CUDA_ERROR_INVALID_HANDLE;
+  if (e->capture) return CUDA_ERROR_CAPTURED_EVENT;
+  *s = e->stream;
+  *seq = e->seq;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventQuery(CUevent h) {
+  EMU_FAULT("cuEventQuery");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(*g_driver);
+  Stream* s = nullptr;
+  uint64_t seq = 0;
+  CUresult r = event_target((Event*)h, &s, &seq);
+  if (r != CUDA_SUCCESS || !s) return r;
+  std::lock_guard<std::mutex> l(s->m);
+  return s->completed >= seq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult cuEventSynchronize(CUevent h) {
+  EMU_FAULT("cuEventSynchronize");
+  EMU_REQUIRE_INIT();
+  Stream* s = nullptr;
+  uint64_t seq = 0;
+  {
+    std::lock_guard<std::mutex> g(*g_driver);
+    CUresult r = event_target((Event*)h, &s, &seq);
+    if (r != CUDA_SUCCESS || !s) return r;
+  }
+  wait_for(s, seq);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventElapsedTime_v2(float* ms, CUevent hstart, CUevent hend) {
+  EMU_FAULT("cuEventElapsedTime_v2");
+  EMU_REQUIRE_INIT();
+  if (!ms) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(*g_driver);
+  Event* a = (Event*)hstart;
+  Event* b = (Event*)hend;
+  if (!a || !b || !is_event(a) || !is_event(b)) return CUDA_ERROR_INVALID_HANDLE;
+  if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
+  if (!a->stream || !b->stream) return CUDA_ERROR_INVALID_HANDLE;
+  for (Event* e : {a, b}) {
+    std::lock_guard<std::mutex> l(e->stream->m);
+    if (e->stream->completed < e->seq) return CUDA_ERROR_NOT_READY;
+  }
+  uint64_t t0 = a->time_ns.load(std::memory_order_acquire);
+  uint64_t t1 = b->time_ns.load(std::memory_order_acquire);
+  *ms = (float)(((double)t1 - (double)t0) / 1e6);
+  return CUDA_SUCCESS;
+}
+
+#undef cuEventElapsedTime
+CUresult cuEventElapsedTime(float* ms, CUevent hstart, CUevent hend) {
+  EMU_FAULT("cuEventElapsedTime");
+  return cuEventElapsedTime_v2(ms, hstart, hend);
+}
+
+CUresult cuStreamWaitEvent(CUstream hs, CUevent he, unsigned int flags) {
+  EMU_FAULT("cuStreamWaitEvent");
+  if (flags != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard<std::mutex> g(*g_driver);
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(hs, &s);
+  if (r != CUDA_SUCCESS) return r;
+  Event* e = (Event*)he;
+  if (!e || !is_event(e)) return CUDA_ERROR_INVALID_HANDLE;
+  if (e->capture) {
+    /* A fork or a join of a capture. */
+    if (s->capture == e->capture) {
+      for (size_t n : e->nodes) s->tail.push_back(n);
+      return CUDA_SUCCESS;
+    }
+    if (s->capture || s->legacy) {
+      e->capture->invalidated = true;
+      if (s->capture) s->capture->invalidated = true;
+      return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+    }
+    s->capture = e->capture;
+    s->tail = e->nodes;
+    e->capture->members.push_back(s);
+    return CUDA_SUCCESS;
+  }
+  if (s->capture) {
+    /* Waiting on uncaptured work from a capturing stream crosses the capture's boundary. */
+    s->capture->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
+  if (!e->stream) return CUDA_SUCCESS; /* never recorded: nothing to wait for */
+  return enqueue_locked(s, {{e->stream, e->seq}}, nullptr);
+}
+
+}  // extern "C"
