@@ -9,36 +9,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Versions the tests were written against. torch brings its own NCCL (nvidia-nccl-cu13) into
-# .venv; the cu12 wheels go to .venv/cu12 so the two libnccl.so.2 files never overwrite each
-# other.
-TORCH_SPEC="torch==2.15.0"
-CU12_SPECS=(
-  "nvidia-nccl-cu12==2.32.3"
-  "nvidia-cuda-runtime-cu12==12.9.79"
-  "nvidia-cuda-nvcc-cu12==12.9.86"
-  "nvidia-cuda-cccl-cu12==12.9.27"
-  "nvidia-cuda-nvrtc-cu12==12.9.86"
-)
-
-VENV=.venv
-CU12="$VENV/cu12"
+. scripts/wheels.sh
 step() { printf '\n== %s\n' "$*"; }
 
 step "Python wheels ($VENV)"
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-fi
-if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "$TORCH_SPEC"
-fi
-if [ ! -f "$CU12/.installed" ]; then
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check --target "$CU12" "${CU12_SPECS[@]}"
-  touch "$CU12/.installed"
-fi
+wheels_torch
+wheels_cu12
 "$VENV/bin/python" -c "import torch; print('torch', torch.__version__, 'with NCCL', torch.cuda.nccl.version())"
 
-NV="$PWD/$CU12/nvidia"
 export STRAGGLAR_TEST_REAL_NCCL="$NV/nccl/lib/libnccl.so.2"
 export STRAGGLAR_TEST_NVIDIA_INCLUDES="$NV/nccl/include:$NV/cuda_runtime/include:$NV/cuda_nvcc/include:$NV/cuda_cccl/include"
 export STRAGGLAR_TEST_PYTHON="$PWD/$VENV/bin/python"

@@ -2,7 +2,7 @@
 
 use super::args::{Args, UsageError};
 use crate::config::{self, SETTINGS};
-use crate::gpu::probe::{probe, Driver};
+use crate::gpu::probe::{device_names, probe, Driver};
 use crate::nccl::{binding, loader::version_string};
 
 /// Prints the report; exit status 0 whatever it finds (it is a report, not a check).
@@ -38,7 +38,12 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         }
         Driver::Unusable(reason) => println!("  driver:    present but unusable: {reason}"),
         Driver::Devices(0) => println!("  driver:    present, but it sees no GPU"),
-        Driver::Devices(n) => println!("  driver:    present, {n} GPU(s)"),
+        Driver::Devices(n) => {
+            println!("  driver:    present, {n} GPU(s)");
+            for (ordinal, name) in device_names(*n).iter().enumerate() {
+                println!("  GPU {ordinal}:     {name}");
+            }
+        }
     }
     let driver_cuda = crate::gpu::probe::driver_cuda_version();
     if let Some((major, minor)) = driver_cuda {

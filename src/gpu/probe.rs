@@ -50,6 +50,21 @@ pub fn driver_cuda_version() -> Option<(i32, i32)> {
     .flatten()
 }
 
+/// The names of GPUs `0..count` as the driver reports them (an emulated GPU says so in its
+/// name); a GPU whose name cannot be read is left out. Call after [`probe`] found `count`.
+pub fn device_names(count: i32) -> Vec<String> {
+    (0..count)
+        .filter_map(|ordinal| {
+            catch_unwind(|| {
+                let device = cudarc::driver::result::device::get(ordinal).ok()?;
+                cudarc::driver::result::device::get_name(device).ok()
+            })
+            .ok()
+            .flatten()
+        })
+        .collect()
+}
+
 fn probe_driver() -> Driver {
     // SAFETY: is_culib_present only tries to dlopen the library.
     let present =

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs a command on the emulated CUDA machine: a libcuda.so.1 built from tests/emulated/ (8 GPUs
+# by default, each P2P-capable with every other; kernels are the host build of cuda/, run on the
+# CPU) first on the loader path, NVRTC from the pip wheel beside it, and a kernel cache shared by
+# every run. It builds what it needs (the driver, and the wheels into the ignored .venv on first
+# use) and is what the tests use, from a fresh clone.
+#
+# usage: scripts/emulated-gpu.sh CMD [ARGS...]
+#        scripts/emulated-gpu.sh --build      (only build; prints the driver's directory)
+#
+# What it proves and what it does not: the host code, the driver calls and the kernel source run
+# as a whole (streams, events, capture, IPC between processes, the kernels' protocol), with real
+# concurrency. It says nothing about timing, the GPU's memory model or its speed, and the CUDA
+# runtime (PyTorch) cannot run on it: it needs more of the driver than the engine does.
+#
+# Knobs (environment): STRAGGLAR_EMU_GPUS (8), STRAGGLAR_EMU_SMS (32),
+# STRAGGLAR_EMU_DRIVER_VERSION (13000), STRAGGLAR_EMU_FAIL (name[@device][=code],...: make a
+# driver call fail), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+. scripts/wheels.sh
+wheels_cu12 >&2
+
+OUT="$ROOT/target/emulated-gpu"
+DRIVER="$OUT/libcuda.so.1"
+SOURCES=(tests/emulated/*.cpp tests/emulated/*.h tests/emulated/exports.map cuda/*)
+mkdir -p "$OUT"
+stale() {
+  [ ! -f "$1" ] && return 0
+  for source in "${SOURCES[@]}" scripts/emulated-gpu.sh; do
+    [ "$source" -nt "$1" ] && return 0
+  done
+  return 1
+}
+if stale "$DRIVER"; then
+  echo "emulated-gpu: building $DRIVER" >&2
+  c++ -std=c++17 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Werror -Wno-unused-parameter \
+    -ffp-contract=off -DSTRAGGLAR_HOST_EMULATION -I "$NV/cuda_runtime/include" -I cuda \
+    -Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,--version-script=tests/emulated/exports.map \
+    tests/emulated/*.cpp -o "$DRIVER.tmp"
+  mv "$DRIVER.tmp" "$DRIVER"
+  ln -sf libcuda.so.1 "$OUT/libcuda.so"
+fi
+if stale "$OUT/selftest" || [ tests/emulated/selftest.c -nt "$OUT/selftest" ]; then
+  cc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I "$NV/cuda_runtime/include" \
+    tests/emulated/selftest.c -o "$OUT/selftest" -L "$OUT" -lcuda
+fi
+
+export LD_LIBRARY_PATH="$OUT:$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export STRAGGLAR_CACHE_DIR="${STRAGGLAR_CACHE_DIR:-$OUT/kernels}"
+if [ "${1:-}" = "--build" ]; then
+  echo "$OUT"
+  exit 0
+fi
+if [ "$#" -eq 0 ]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+  exit 2
+fi
+exec "$@"

@@ -1,0 +1,42 @@
+# Sourced by scripts/test.sh and scripts/emulated-gpu.sh: the Python wheels the tests and the
+# emulated GPU need, installed once into the ignored .venv (reused on later runs).
+#
+#   wheels_cu12   the CUDA 12 wheels (real NCCL, runtime and driver headers, nvcc, NVRTC) into
+#                 .venv/cu12; sets NV to their nvidia/ directory
+#   wheels_torch  PyTorch (with its own NCCL) into .venv
+#
+# Versions the tests were written against. torch brings its own NCCL (nvidia-nccl-cu13) into
+# .venv; the cu12 wheels go to .venv/cu12 so the two libnccl.so.2 files never overwrite each
+# other.
+TORCH_SPEC="torch==2.15.0"
+CU12_SPECS=(
+  "nvidia-nccl-cu12==2.32.3"
+  "nvidia-cuda-runtime-cu12==12.9.79"
+  "nvidia-cuda-nvcc-cu12==12.9.86"
+  "nvidia-cuda-cccl-cu12==12.9.27"
+  "nvidia-cuda-nvrtc-cu12==12.9.86"
+)
+VENV=.venv
+CU12="$VENV/cu12"
+
+wheels_venv() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+  fi
+}
+
+wheels_cu12() {
+  wheels_venv
+  if [ ! -f "$CU12/.installed" ]; then
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --target "$CU12" "${CU12_SPECS[@]}"
+    touch "$CU12/.installed"
+  fi
+  NV="$PWD/$CU12/nvidia"
+}
+
+wheels_torch() {
+  wheels_venv
+  if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$TORCH_SPEC"
+  fi
+}

@@ -1,0 +1,405 @@
+/* The driver semantics the GPU engine relies on, checked against whichever libcuda.so.1 the
+ * loader finds: the emulated one in CI (scripts/emulated-gpu.sh), the real one in
+ * scripts/gpu-check.sh, so the emulation is held to the real driver. Its only kernel is
+ * ncclStragglarDelay, given as PTX (a spin on %globaltimer; the emulated driver runs its host
+ * build of the same kernel). Checks that only the emulation promises (bad handles answer an
+ * error, injected faults) run only on the emulated GPU.
+ *
+ * usage: selftest              (prints one line per check, then "N passed, N failed")
+ *        selftest --child HEX  (internal: opens an IPC handle in a second process) */
+#include <cuda.h>
+
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char** environ;
+
+static const char kDelayPtx[] =
+    ".version 7.0\n"
+    ".target sm_70\n"
+    ".address_size 64\n"
+    ".visible .entry ncclStragglarDelay(.param .u64 ns)\n"
+    "{\n"
+    "  .reg .pred p;\n"
+    "  .reg .u64 t0, t1, d, n;\n"
+    "  .reg .u32 tid;\n"
+    "  mov.u32 tid, %tid.x;\n"
+    "  setp.ne.u32 p, tid, 0;\n"
+    "  @p bra DONE;\n"
+    "  ld.param.u64 n, [ns];\n"
+    "  mov.u64 t0, %globaltimer;\n"
+    "LOOP:\n"
+    "  mov.u64 t1, %globaltimer;\n"
+    "  sub.u64 d, t1, t0;\n"
+    "  setp.lt.u64 p, d, n;\n"
+    "  @p bra LOOP;\n"
+    "DONE:\n"
+    "  ret;\n"
+    "}\n";
+
+static int g_passed, g_failed;
+static CUfunction g_delay;
+static int g_emulated;
+
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    CUresult r_ = (call);                                                                \
+    if (r_ != CUDA_SUCCESS) {                                                            \
+      const char* n_ = "?";                                                              \
+      cuGetErrorName(r_, &n_);                                                           \
+      fprintf(stderr, "  %s:%d: %s returned %s\n", __FILE__, __LINE__, #call, n_);       \
+      return 0;                                                                          \
+    }                                                                                    \
+  } while (0)
+#define EXPECT(cond)                                                     \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      fprintf(stderr, "  %s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
+      return 0;                                                          \
+    }                                                                    \
+  } while (0)
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static CUresult delay(CUstream s, uint64_t ms) {
+  uint64_t ns = ms * 1000000ull;
+  void* args[] = {&ns};
+  return cuLaunchKernel(g_delay, 1, 1, 1, 32, 1, 1, 0, s, args, NULL);
+}
+
+static void count_up(void* p) { __atomic_add_fetch((int*)p, 1, __ATOMIC_SEQ_CST); }
+
+/* A launch returns before its kernel ends; the stream reports the work pending. */
+static int launches_are_asynchronous(void) {
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  double t0 = now_ms();
+  CHECK(delay(s, 300));
+  double queued = now_ms() - t0;
+  EXPECT(queued < 150);
+  EXPECT(cuStreamQuery(s) == CUDA_ERROR_NOT_READY);
+  CHECK(cuStreamSynchronize(s));
+  EXPECT(now_ms() - t0 >= 295);
+  EXPECT(cuStreamQuery(s) == CUDA_SUCCESS);
+  CHECK(cuStreamDestroy(s));
+  return 1;
+}
+
+/* Work on one stream runs in order: a set queued after a delay waits for it. */
+static int one_stream_runs_in_order(void) {
+  CUstream s;
+  int* word;
+  CUdeviceptr dword;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuMemHostAlloc((void**)&word, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+  CHECK(cuMemHostGetDevicePointer(&dword, word, 0));
+  *word = 0;
+  CHECK(delay(s, 200));
+  CHECK(cuMemsetD32Async(dword, 7, 1, s));
+  EXPECT(__atomic_load_n(word, __ATOMIC_SEQ_CST) == 0);
+  CHECK(cuStreamSynchronize(s));
+  EXPECT(*word == 7);
+  CHECK(cuMemFreeHost(word));
+  CHECK(cuStreamDestroy(s));
+  return 1;
+}
+
+/* cuStreamWaitEvent orders one stream after another's recorded work; events report it. */
+static int event_waits_order_streams(void) {
+  CUstream a, b;
+  CUevent start, end;
+  int* word;
+  CUdeviceptr dword;
+  CHECK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  CHECK(cuEventCreate(&start, CU_EVENT_DEFAULT));
+  CHECK(cuEventCreate(&end, CU_EVENT_DEFAULT));
+  CHECK(cuMemHostAlloc((void**)&word, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+  CHECK(cuMemHostGetDevicePointer(&dword, word, 0));
+  *word = 0;
+  double t0 = now_ms();
+  CHECK(cuEventRecord(start, a));
+  CHECK(delay(a, 300));
+  CHECK(cuEventRecord(end, a));
+  EXPECT(cuEventQuery(end) == CUDA_ERROR_NOT_READY);
+  CHECK(cuStreamWaitEvent(b, end, 0));
+  CHECK(cuMemsetD32Async(dword, 9, 1, b));
+  EXPECT(__atomic_load_n(word, __ATOMIC_SEQ_CST) == 0);
+  CHECK(cuStreamSynchronize(b));
+  EXPECT(now_ms() - t0 >= 295);
+  EXPECT(*word == 9);
+  CHECK(cuEventSynchronize(end));
+  float ms = 0;
+  CHECK(cuEventElapsedTime(&ms, start, end));
+  EXPECT(ms >= 290 && ms < 5000);
+  CHECK(cuMemFreeHost(word));
+  CHECK(cuEventDestroy(start));
+  CHECK(cuEventDestroy(end));
+  CHECK(cuStreamDestroy(a));
+  CHECK(cuStreamDestroy(b));
+  return 1;
+}
+
+/* The legacy stream waits for blocking streams, not for non-blocking ones. */
+static int legacy_stream_synchronises_with_blocking_streams_only(void) {
+  CUstream blocking, nonblocking;
+  CUdeviceptr d;
+  CHECK(cuStreamCreate(&blocking, CU_STREAM_DEFAULT));
+  CHECK(cuStreamCreate(&nonblocking, CU_STREAM_NON_BLOCKING));
+  CHECK(cuMemAlloc(&d, 4096));
+  double t0 = now_ms();
+  CHECK(delay(blocking, 300));
+  CHECK(cuMemsetD32Async(d, 1, 1, 0));
+  CHECK(cuStreamSynchronize(0));
+  EXPECT(now_ms() - t0 >= 295);
+  t0 = now_ms();
+  CHECK(delay(nonblocking, 400));
+  CHECK(cuMemsetD32Async(d, 2, 1, 0));
+  CHECK(cuStreamSynchronize(0));
+  EXPECT(now_ms() - t0 < 300);
+  CHECK(cuStreamSynchronize(nonblocking));
+  CHECK(cuMemFree(d));
+  CHECK(cuStreamDestroy(blocking));
+  CHECK(cuStreamDestroy(nonblocking));
+  return 1;
+}
+
+/* A capture across a forked and joined stream records instead of running, and replays the
+ * recorded work on every launch of the instantiated graph. */
+static int capture_forks_joins_and_replays(void) {
+  CUstream origin, side;
+  CUevent fork, join;
+  static int on_origin, on_side;
+  CHECK(cuStreamCreate(&origin, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+  CHECK(cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuEventCreate(&join, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuStreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureStatus status;
+  cuuint64_t id = 0, side_id = 0;
+  CHECK(cuStreamGetCaptureInfo_v3(origin, &status, &id, NULL, NULL, NULL, NULL));
+  EXPECT(status == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CHECK(cuEventRecord(fork, origin));
+  CHECK(cuStreamWaitEvent(side, fork, 0));
+  CHECK(cuStreamGetCaptureInfo_v3(side, &status, &side_id, NULL, NULL, NULL, NULL));
+  EXPECT(status == CU_STREAM_CAPTURE_STATUS_ACTIVE && side_id == id);
+  CHECK(delay(side, 10));
+  CHECK(cuLaunchHostFunc(side, count_up, &on_side));
+  CHECK(cuLaunchHostFunc(origin, count_up, &on_origin));
+  CHECK(cuEventRecord(join, side));
+  CHECK(cuStreamWaitEvent(origin, join, 0));
+  CUgraph graph;
+  CHECK(cuStreamEndCapture(origin, &graph));
+  CHECK(cuStreamIsCapturing(side, &status));
+  EXPECT(status == CU_STREAM_CAPTURE_STATUS_NONE);
+  EXPECT(on_origin == 0 && on_side == 0);
+  CUgraphExec exec;
+  CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CHECK(cuGraphLaunch(exec, origin));
+  CHECK(cuStreamSynchronize(origin));
+  EXPECT(on_origin == 3 && on_side == 3);
+  CHECK(cuGraphExecDestroy(exec));
+  CHECK(cuGraphDestroy(graph));
+  CHECK(cuEventDestroy(fork));
+  CHECK(cuEventDestroy(join));
+  CHECK(cuStreamDestroy(origin));
+  CHECK(cuStreamDestroy(side));
+  return 1;
+}
+
+/* A fork never joined back fails the capture, which ends for every stream in it. */
+static int an_unjoined_fork_fails_the_capture(void) {
+  CUstream origin, side;
+  CUevent fork;
+  static int ran;
+  CHECK(cuStreamCreate(&origin, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
+  CHECK(cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuStreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(cuEventRecord(fork, origin));
+  CHECK(cuStreamWaitEvent(side, fork, 0));
+  CHECK(cuLaunchHostFunc(side, count_up, &ran));
+  CUgraph graph = NULL;
+  EXPECT(cuStreamEndCapture(origin, &graph) == CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+  CUstreamCaptureStatus status;
+  CHECK(cuStreamIsCapturing(side, &status));
+  EXPECT(status == CU_STREAM_CAPTURE_STATUS_NONE);
+  CHECK(cuStreamSynchronize(side));
+  EXPECT(ran == 0);
+  CHECK(cuEventDestroy(fork));
+  CHECK(cuStreamDestroy(origin));
+  CHECK(cuStreamDestroy(side));
+  return 1;
+}
+
+/* Waiting on uncaptured work from a capturing stream, or allocating while a global capture
+ * runs, is refused, and the capture is invalidated. */
+static int capture_refuses_what_crosses_it(void) {
+  CUstream s, other;
+  CUevent eager;
+  CUdeviceptr d = 0;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  CHECK(cuEventCreate(&eager, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuEventRecord(eager, other));
+  CHECK(cuStreamSynchronize(other));
+  CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT(cuStreamWaitEvent(s, eager, 0) == CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+  CUgraph graph = NULL;
+  EXPECT(cuStreamEndCapture(s, &graph) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  EXPECT(cuMemAlloc(&d, 4096) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT(cuStreamEndCapture(s, &graph) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CHECK(cuMemAlloc(&d, 4096));
+  CHECK(cuMemFree(d));
+  CHECK(cuEventDestroy(eager));
+  CHECK(cuStreamDestroy(s));
+  CHECK(cuStreamDestroy(other));
+  return 1;
+}
+
+static void to_hex(const unsigned char* bytes, size_t n, char* out) {
+  for (size_t i = 0; i < n; ++i) sprintf(out + 2 * i, "%02x", bytes[i]);
+}
+
+static int run_child(const char* self, const char* hex, const char* fail) {
+  char* argv[] = {(char*)self, (char*)"--child", (char*)hex, NULL};
+  size_t n = 0;
+  while (environ[n]) ++n;
+  char** env = calloc(n + 2, sizeof(char*));
+  for (size_t i = 0; i < n; ++i) env[i] = environ[i];
+  char fail_env[128];
+  if (fail) {
+    snprintf(fail_env, sizeof fail_env, "STRAGGLAR_EMU_FAIL=%s", fail);
+    env[n] = fail_env;
+  }
+  pid_t pid;
+  int rc = posix_spawn(&pid, self, NULL, NULL, argv, env);
+  free(env);
+  if (rc != 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+/* An IPC handle opens in another process (at an address of that process) and maps the same
+ * memory: each side sees what the other wrote. */
+static int ipc_maps_memory_across_processes(const char* self) {
+  enum { BYTES = 1 << 20 };
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, BYTES));
+  unsigned char* host = malloc(BYTES);
+  for (int i = 0; i < BYTES; ++i) host[i] = (unsigned char)(i * 7 + 3);
+  CHECK(cuMemcpyHtoD(d, host, BYTES));
+  CUipcMemHandle handle;
+  CHECK(cuIpcGetMemHandle(&handle, d));
+  char hex[2 * sizeof handle + 1];
+  to_hex((const unsigned char*)&handle, sizeof handle, hex);
+  EXPECT(run_child(self, hex, NULL) == 0);
+  CHECK(cuMemcpyDtoH(host, d, BYTES));
+  for (int i = 0; i < BYTES; ++i) EXPECT(host[i] == (unsigned char)(i < 4096 ? 0x5c : i * 7 + 3));
+  if (g_emulated) EXPECT(run_child(self, hex, "cuIpcOpenMemHandle_v2=201") == 201 % 256);
+  free(host);
+  CHECK(cuMemFree(d));
+  return 1;
+}
+
+/* The child: opens the handle, checks the parent's bytes, writes 0x5c over the first page. */
+static int child(const char* hex) {
+  CUipcMemHandle handle;
+  for (size_t i = 0; i < sizeof handle; ++i) {
+    unsigned v;
+    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return 2;
+    ((unsigned char*)&handle)[i] = (unsigned char)v;
+  }
+  CUdevice dev;
+  CUcontext ctx;
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
+      cuCtxSetCurrent(ctx))
+    return 3;
+  CUdeviceptr d;
+  CUresult r = cuIpcOpenMemHandle(&d, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  if (r != CUDA_SUCCESS) return (int)r % 256;
+  unsigned char page[4096];
+  if (cuMemcpyDtoH(page, d, sizeof page)) return 4;
+  for (int i = 0; i < 4096; ++i)
+    if (page[i] != (unsigned char)(i * 7 + 3)) return 5;
+  memset(page, 0x5c, sizeof page);
+  if (cuMemcpyHtoD(d, page, sizeof page) || cuCtxSynchronize()) return 6;
+  if (cuIpcCloseMemHandle(d)) return 7;
+  return 0;
+}
+
+/* The emulation's own promises: stale handles answer errors, never a crash. */
+static int stale_handles_are_errors(void) {
+  CUstream s;
+  CUevent e;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamDestroy(s));
+  EXPECT(cuStreamSynchronize(s) == CUDA_ERROR_INVALID_HANDLE);
+  EXPECT(cuStreamDestroy(s) == CUDA_ERROR_INVALID_HANDLE);
+  CHECK(cuEventCreate(&e, 0));
+  CHECK(cuEventDestroy(e));
+  EXPECT(cuEventRecord(e, 0) == CUDA_ERROR_INVALID_HANDLE);
+  EXPECT(cuMemFree((CUdeviceptr)16) == CUDA_ERROR_INVALID_VALUE);
+  EXPECT(cuMemcpyHtoD((CUdeviceptr)16, &s, 8) == CUDA_ERROR_INVALID_VALUE);
+  return 1;
+}
+
+static void run(const char* name, int (*check)(void)) {
+  double t0 = now_ms();
+  int ok = check();
+  printf("%-60s %s (%.0f ms)\n", name, ok ? "ok" : "FAILED", now_ms() - t0);
+  fflush(stdout);
+  if (ok)
+    g_passed++;
+  else
+    g_failed++;
+}
+
+static const char* g_self;
+static int ipc_check(void) { return ipc_maps_memory_across_processes(g_self); }
+
+int main(int argc, char** argv) {
+  if (argc == 3 && strcmp(argv[1], "--child") == 0) return child(argv[2]);
+  g_self = argv[0];
+  CUdevice dev;
+  CUcontext ctx;
+  CUmodule module;
+  char name[128];
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
+      cuCtxSetCurrent(ctx) || cuDeviceGetName(name, sizeof name, dev)) {
+    printf("0 passed, 1 failed: no usable CUDA driver\n");
+    return 1;
+  }
+  g_emulated = strstr(name, "emulated") != NULL;
+  int version = 0;
+  cuDriverGetVersion(&version);
+  printf("driver %d.%d, GPU 0: %s\n", version / 1000, version % 1000 / 10, name);
+  if (cuModuleLoadData(&module, kDelayPtx) || cuModuleGetFunction(&g_delay, module, "ncclStragglarDelay")) {
+    printf("0 passed, 1 failed: the delay kernel does not load\n");
+    return 1;
+  }
+  run("launches are asynchronous", launches_are_asynchronous);
+  run("one stream runs in order", one_stream_runs_in_order);
+  run("event waits order streams", event_waits_order_streams);
+  run("the legacy stream synchronises with blocking streams only",
+      legacy_stream_synchronises_with_blocking_streams_only);
+  run("capture forks, joins and replays", capture_forks_joins_and_replays);
+  run("an unjoined fork fails the capture", an_unjoined_fork_fails_the_capture);
+  run("capture refuses what crosses it", capture_refuses_what_crosses_it);
+  run("IPC maps memory across processes", ipc_check);
+  if (g_emulated) run("stale handles are errors (emulation only)", stale_handles_are_errors);
+  printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
