@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU self-check: one prepared run on a machine with one GPU (an H200 in mind), no network
-# and no Rust toolchain. Build here first (cargo build --release), carry target/release/stragglar
-# and target/release/libstragglar.so, run this there. It uses the machine's own PyTorch, NCCL and
+# and no Rust toolchain. Build here first (cargo build --release, scripts/emulated-gpu.sh --build),
+# carry target/release/stragglar, target/release/libstragglar.so and target/emulated-gpu/selftest,
+# run this there. It uses the machine's own PyTorch, NCCL and
 # NVRTC. Finishes within BUDGET_S seconds (450: under 8 minutes); prints one summary table last.
 #
 # usage: scripts/gpu-check.sh [--dry-run] [--quick]
@@ -10,10 +11,12 @@
 # Each run of the binary (and the PyTorch check) is stopped after RUN_LIMIT_S seconds (240), or
 # when the whole check's BUDGET_S is spent: a step cut short shows CUT, later steps SKIPPED.
 # Environment: STRAGGLAR_BIN, STRAGGLAR_LIB (the carried binaries, default target/release/),
+# STRAGGLAR_SELFTEST (default target/emulated-gpu/selftest),
 # PYTHON (python3, the one with PyTorch), OUT (where the logs go), RUN_LIMIT_S, BUDGET_S.
 #
 # What it checks, the quick and most telling first (a budget cut ends the list):
-#   1. doctor: what the library sees (driver, GPUs, NVRTC, NCCL)
+#   1. doctor: what the library sees (driver, GPUs, NVRTC, NCCL); the emulated GPU's driver
+#      self-test against this real driver
 #   2. kernels: NVRTC compiles every kernel for this GPU into a checked CUBIN
 #   3. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%)
 #   4. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash
@@ -169,6 +172,18 @@ fi
 
 # 1. What the library sees.
 step "doctor" doctor.log sg doctor
+
+# 1b. The driver semantics the emulated GPU promises (tests/emulated/selftest.c), against this
+#     real driver: what CI proves on the emulation holds only as far as these pass here.
+SELFTEST="${STRAGGLAR_SELFTEST:-target/emulated-gpu/selftest}"
+selftest() {
+  if [ ! -x "$SELFTEST" ]; then
+    echo "$SELFTEST not carried (build it with scripts/emulated-gpu.sh --build)"
+    return 1
+  fi
+  limited "$SELFTEST"
+}
+step "driver self-test (the emulated GPU's reference)" selftest.log selftest
 
 # 2. Kernels for this GPU.
 ARCH=sm_90
