@@ -10,11 +10,15 @@
 namespace emu {
 
 namespace {
-std::mutex g_lock; /* devices, contexts and faults */
+/* Never destroyed (allocated once, never freed), so a call made while the process exits still
+ * finds them. */
+std::mutex& g_lock = *new std::mutex(); /* devices, contexts and faults */
 Machine g_machine;
 std::atomic<bool> g_initialized{false};
-std::vector<Context*> g_primary;   /* one live primary context per device (null if released) */
-std::set<Context*> g_contexts;     /* every context ever made (alive or destroyed) */
+/* One live primary context per device (null if released). */
+std::vector<Context*>& g_primary = *new std::vector<Context*>();
+/* Every context ever made (alive or destroyed). */
+std::set<Context*>& g_contexts = *new std::set<Context*>();
 thread_local std::vector<Context*> t_stack;
 
 struct Fault {
@@ -22,7 +26,7 @@ struct Fault {
   int device = -1;
   CUresult code = CUDA_ERROR_UNKNOWN;
 };
-std::vector<Fault> g_faults;
+std::vector<Fault>& g_faults = *new std::vector<Fault>();
 
 int env_int(const char* name, int fallback, int lo, int hi) {
   const char* v = getenv(name);
