@@ -113,7 +113,7 @@ fn the_driver_self_test_passes() {
 #[test]
 fn doctor_says_the_gpus_are_emulated() {
     built();
-    let out = support::run(&mut emulated(&[stragglar(), "doctor"]).env("STRAGGLAR_EMU_GPUS", "3"));
+    let out = support::run(emulated(&[stragglar(), "doctor"]).env("STRAGGLAR_EMU_GPUS", "3"));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("driver:    present, 3 GPU(s)"), "{text}");
     assert!(text.contains("GPU 2:     Stragglar emulated GPU"), "{text}");
