@@ -10,8 +10,9 @@
 //!   until the flag equals its epoch, then reads (release/acquire);
 //! - a rank starts call `e+1` only after finishing `e`, and can finish `e+1` only after every
 //!   rank started it, so nothing of call `e` is overwritten while a peer may still read it;
-//! - every wait spins briefly, then sleeps on a futex in slices, watching the abort words, the
-//!   liveness of the rank it waits for, and the deadline of `STRAGGLAR_TIMEOUT_MS`.
+//! - every wait spins briefly, then sleeps on a futex in slices, watching the abort words and
+//!   the liveness of every peer that has not finished the call, and the deadline of
+//!   `STRAGGLAR_TIMEOUT_MS`; a peer that finished the call may exit or abort freely.
 
 pub mod comm;
 pub mod fault;

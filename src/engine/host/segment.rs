@@ -42,6 +42,8 @@ pub struct SegmentHeader {
     pub served: [AtomicU32; 2],
     /// The last call the owner finished. A peer that exits or aborts after finishing the
     /// current call has done its part: its published values stay readable in our mapping.
+    /// Written before the owner can exit or raise its abort word after that call, so a rank
+    /// that sees either reads it again (see `Watch::check`).
     pub finished: AtomicU64,
 }
 

@@ -2,7 +2,7 @@
 //! abort words, peer liveness and the deadline.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::futex;
@@ -93,6 +93,11 @@ pub struct Watch<'a> {
 
 impl Watch<'_> {
     /// The first reason to stop waiting, if any.
+    ///
+    /// A peer that finished this call has done its part: whatever it does next (exit, or fail
+    /// and abort in its next call) is no reason to stop. Its `finished` word is written before
+    /// either, so it is read again once the abort word or the exit has been seen: a peer may
+    /// finish and end between a first read and the look at its abort word or process.
     pub fn check(&self) -> Result<(), WaitError> {
         if self.segments[self.rank]
             .header()
@@ -107,11 +112,18 @@ impl Watch<'_> {
             if rank == self.rank || header.finished.load(Ordering::Acquire) >= self.epoch {
                 continue;
             }
-            if header.abort.load(Ordering::Acquire) != 0 {
-                return Err(WaitError::PeerFailed(rank));
-            }
-            if live.exited() {
-                return Err(WaitError::PeerDied(rank));
+            let gone = if header.abort.load(Ordering::Acquire) != 0 {
+                WaitError::PeerFailed(rank)
+            } else if live.exited() {
+                WaitError::PeerDied(rank)
+            } else {
+                continue;
+            };
+            // The abort word was read with acquire; the exit was seen by a syscall, so the
+            // fence orders the read below after it.
+            fence(Ordering::Acquire);
+            if header.finished.load(Ordering::Acquire) < self.epoch {
+                return Err(gone);
             }
         }
         if self.deadline.is_some_and(|d| Instant::now() >= d) {
