@@ -244,6 +244,14 @@ fn a_peer_killed_mid_run_makes_every_rank_fail_promptly() {
         err.contains("rank 1 exited") || err.contains("signal"),
         "{err}"
     );
+    let first = err
+        .lines()
+        .find_map(|l| l.strip_prefix("stragglar bench: "))
+        .unwrap_or_default();
+    assert!(
+        first.starts_with("rank 1: its worker ended with signal: 9 (SIGKILL)"),
+        "the killed rank comes first, before its peers' echoes: {err}"
+    );
     let left = shm_leftovers(&comm_id(&out.stdout));
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }

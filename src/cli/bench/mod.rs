@@ -6,6 +6,7 @@
 
 mod cuda;
 pub(crate) mod data;
+mod ending;
 mod options;
 mod report;
 mod worker;
@@ -16,16 +17,25 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 
 use super::args::{Args, UsageError};
+use ending::{Exit, RankEnd, RankFailure, Told};
 pub use options::{BenchAlgo, BenchOptions, RanksAs};
 pub use report::Row;
 use worker::{Half, SizeResult};
 
-/// What a rank sends the parent.
-enum Message {
-    Size(usize, SizeResult),
+/// What a rank tells the parent (a worker process, one line each on stdout).
+#[derive(Debug, PartialEq)]
+enum Said {
+    Size(SizeResult),
     /// A line of the rank's straggler report.
-    Report(usize, String),
-    Failed(usize, String),
+    Report(String),
+    Failed(RankFailure),
+    /// The rank finished its sweep after this many engine calls.
+    Done(u64),
+}
+
+/// What reaches the parent from a rank.
+enum Message {
+    Said(usize, Said),
     /// The rank's thread or process output ended.
     Ended(usize),
 }
@@ -79,6 +89,8 @@ pub fn execute(
         straggler_report: String::new(),
     };
     let mut settled = vec![false; options.ranks];
+    let mut told = vec![Told::default(); options.ranks];
+    let mut stopped = vec![false; options.ranks];
     let mut first_failure: Option<std::time::Instant> = None;
     let mut last_settled = std::time::Instant::now();
     loop {
@@ -88,7 +100,8 @@ pub fn execute(
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
         match message {
-            Some(Message::Size(rank, result)) => {
+            Some(Message::Said(rank, Said::Size(result))) => {
+                told[rank].sizes += 1;
                 let slot = pending
                     .entry(result.bytes)
                     .or_insert_with(|| vec![None; options.ranks]);
@@ -105,17 +118,18 @@ pub fn execute(
                     outcome.rows.push(row);
                 }
             }
-            Some(Message::Report(0, line)) => {
+            Some(Message::Said(0, Said::Report(line))) => {
                 outcome.straggler_report.push_str(&line);
                 outcome.straggler_report.push('\n');
             }
-            Some(Message::Report(..)) => {}
-            Some(Message::Failed(rank, why)) => {
+            Some(Message::Said(_, Said::Report(_))) => {}
+            Some(Message::Said(rank, Said::Failed(failure))) => {
                 settled[rank] = true;
                 last_settled = std::time::Instant::now();
                 first_failure.get_or_insert_with(std::time::Instant::now);
-                outcome.failures.push(format!("rank {rank}: {why}"));
+                told[rank].failure.get_or_insert(failure);
             }
+            Some(Message::Said(rank, Said::Done(calls))) => told[rank].finished = Some(calls),
             Some(Message::Ended(rank)) => {
                 settled[rank] = true;
                 last_settled = std::time::Instant::now();
@@ -128,17 +142,23 @@ pub fn execute(
             let silent = settled.iter().filter(|&&s| !s).count();
             let lone_and_quiet = silent <= 1 && last_settled.elapsed() > LONE_SILENCE;
             if lone_and_quiet || since.elapsed() > FAILURE_GRACE {
-                for handle in &mut handles {
-                    handle.kill();
+                for (handle, stopped) in handles.iter_mut().zip(&mut stopped) {
+                    *stopped |= handle.stop();
                 }
             }
         }
     }
-    for (rank, handle) in handles.into_iter().enumerate() {
-        if let Some(why) = handle.join() {
-            outcome.failures.push(format!("rank {rank}: {why}"));
-        }
-    }
+    let ends: Vec<RankEnd> = handles
+        .into_iter()
+        .zip(told)
+        .zip(stopped)
+        .map(|((handle, told), stopped)| RankEnd {
+            told,
+            stopped,
+            exit: handle.join(),
+        })
+        .collect();
+    outcome.failures = ending::explain(&ends, options.sizes().len());
     if outcome.rows.len() != options.sizes().len() && outcome.failures.is_empty() {
         outcome.failures.push("some sizes were not reported".into());
     }
@@ -196,27 +216,28 @@ enum Handle {
 }
 
 impl Handle {
-    /// Kills a worker process (threads are left to fail on their own: they watch the abort
-    /// word of the failed rank).
-    fn kill(&mut self) {
-        if let Handle::Process(child, _) = self {
-            let _ = child.kill();
+    /// Kills the worker process if it is still running, and says whether it did (threads are
+    /// left to fail on their own: they watch the abort word of the failed rank).
+    fn stop(&mut self) -> bool {
+        match self {
+            Handle::Process(child, _) => {
+                matches!(child.try_wait(), Ok(None)) && child.kill().is_ok()
+            }
+            Handle::Thread(_) => false,
         }
     }
 
-    /// Waits for the rank; says what went wrong if it did not end cleanly.
-    fn join(self) -> Option<String> {
+    /// Waits for the rank to end.
+    fn join(self) -> Exit {
         match self {
-            Handle::Thread(t) => t
-                .join()
-                .err()
-                .map(|_| "the rank's thread panicked".to_string()),
+            Handle::Thread(t) => Exit::Thread {
+                panicked: t.join().is_err(),
+            },
             Handle::Process(mut child, reader) => {
                 let _ = reader.join();
                 match child.wait() {
-                    Ok(status) if status.success() => None,
-                    Ok(status) => Some(format!("worker process ended with {status}")),
-                    Err(e) => Some(format!("cannot wait for the worker: {e}")),
+                    Ok(status) => Exit::Process(status),
+                    Err(e) => Exit::Unknown(e.to_string()),
                 }
             }
         }
@@ -228,18 +249,17 @@ fn spawn_threads(options: &BenchOptions, comm_id: u64, tx: mpsc::Sender<Message>
         .map(|rank| {
             let (options, tx) = (options.clone(), tx.clone());
             Handle::Thread(std::thread::spawn(move || {
-                let sent = worker::run(&options, comm_id, rank, |r| {
-                    let _ = tx.send(Message::Size(rank, r));
-                });
-                match sent {
-                    Ok(report) => {
-                        for line in report.lines() {
-                            let _ = tx.send(Message::Report(rank, line.to_string()));
+                let say = |said| {
+                    let _ = tx.send(Message::Said(rank, said));
+                };
+                match worker::run(&options, comm_id, rank, |r| say(Said::Size(r))) {
+                    Ok(finished) => {
+                        for line in finished.report.lines() {
+                            say(Said::Report(line.to_string()));
                         }
+                        say(Said::Done(finished.calls));
                     }
-                    Err(e) => {
-                        let _ = tx.send(Message::Failed(rank, e.to_string()));
-                    }
+                    Err(failure) => say(Said::Failed(failure)),
                 }
                 let _ = tx.send(Message::Ended(rank));
             }))
@@ -267,18 +287,8 @@ fn spawn_processes(
         let tx = tx.clone();
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(report) = line.strip_prefix("REPORT ") {
-                    let _ = tx.send(Message::Report(rank, report.to_string()));
-                    continue;
-                }
-                match parse_line(&line) {
-                    Some(Ok(result)) => {
-                        let _ = tx.send(Message::Size(rank, result));
-                    }
-                    Some(Err(why)) => {
-                        let _ = tx.send(Message::Failed(rank, why));
-                    }
-                    None => {}
+                if let Some(said) = parse_line(&line) {
+                    let _ = tx.send(Message::Said(rank, said));
                 }
             }
             let _ = tx.send(Message::Ended(rank));
@@ -311,20 +321,21 @@ pub fn worker_main(mut argv: Vec<String>) -> i32 {
     let options = match BenchOptions::parse(Args::new(rest)) {
         Ok(o) => o,
         Err(e) => {
-            println!("FAILED {e}");
+            println!("{}", RankFailure::outside_calls(e.to_string()).to_line());
             return 2;
         }
     };
     let result = worker::run(&options, comm_id, rank, |r| println!("{}", format_line(&r)));
     match result {
-        Ok(report) => {
-            for line in report.lines() {
+        Ok(finished) => {
+            for line in finished.report.lines() {
                 println!("REPORT {line}");
             }
+            println!("DONE {}", finished.calls);
             0
         }
-        Err(e) => {
-            println!("FAILED {e}");
+        Err(failure) => {
+            println!("{}", failure.to_line());
             1
         }
     }
@@ -350,10 +361,22 @@ fn format_line(r: &SizeResult) -> String {
     format!("RESULT {} {} {}", r.bytes, h(&r.halves[0]), h(&r.halves[1]))
 }
 
-/// `Some(Ok)` for a result line, `Some(Err)` for a failure line, `None` for anything else.
-fn parse_line(line: &str) -> Option<Result<SizeResult, String>> {
-    if let Some(why) = line.strip_prefix("FAILED ") {
-        return Some(Err(why.to_string()));
+/// What a worker's line says; `None` for anything but a worker line. An unreadable worker
+/// line is a failure of that rank.
+fn parse_line(line: &str) -> Option<Said> {
+    let unreadable = || {
+        Said::Failed(RankFailure::outside_calls(format!(
+            "unreadable worker line: {line}"
+        )))
+    };
+    if let Some(report) = line.strip_prefix("REPORT ") {
+        return Some(Said::Report(report.to_string()));
+    }
+    if let Some(failure) = line.strip_prefix("FAILED ") {
+        return Some(RankFailure::from_line(failure).map_or_else(unreadable, Said::Failed));
+    }
+    if let Some(calls) = line.strip_prefix("DONE ") {
+        return Some(calls.parse().map_or_else(|_| unreadable(), Said::Done));
     }
     let fields: Vec<&str> = line.strip_prefix("RESULT ")?.split_whitespace().collect();
     let parse = || -> Option<SizeResult> {
@@ -374,7 +397,7 @@ fn parse_line(line: &str) -> Option<Result<SizeResult, String>> {
             halves: [half(1)?, half(1 + HALF_FIELDS)?],
         })
     };
-    Some(parse().ok_or_else(|| format!("unreadable worker line: {line}")))
+    Some(parse().map_or_else(unreadable, Said::Size))
 }
 
 #[cfg(test)]
@@ -408,8 +431,19 @@ mod tests {
                 },
             ],
         };
-        assert_eq!(parse_line(&format_line(&r)), Some(Ok(r)));
-        assert!(matches!(parse_line("FAILED rank 3 exited"), Some(Err(_))));
+        assert_eq!(parse_line(&format_line(&r)), Some(Said::Size(r)));
+        let failure = RankFailure {
+            call: 7,
+            peer: Some(3),
+            why: "rank 3 exited".into(),
+        };
+        assert_eq!(parse_line(&failure.to_line()), Some(Said::Failed(failure)));
+        assert_eq!(parse_line("DONE 12"), Some(Said::Done(12)));
+        assert_eq!(parse_line("REPORT x y"), Some(Said::Report("x y".into())));
+        assert!(matches!(
+            parse_line("RESULT 12 x"),
+            Some(Said::Failed(RankFailure { call: 0, .. }))
+        ));
         assert_eq!(parse_line("noise"), None);
     }
 }

@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::data;
+use super::ending::RankFailure;
 use super::options::{BenchAlgo, BenchOptions};
 use crate::detect::{ArrivalRecord, Choice, Observed, Policy, Tracker};
 use crate::engine::host::comm::CallRecord;
@@ -141,93 +142,126 @@ impl Chooser {
     }
 }
 
+/// A rank's finished sweep.
+pub struct Finished {
+    /// The straggler report of the run (the same on every rank).
+    pub report: String,
+    /// The engine calls the rank ran.
+    pub calls: u64,
+}
+
 /// Joins communicator `comm_id` as `rank` and runs the sweep, calling `report` per size.
-/// Returns the straggler report of the run (the same on every rank).
 pub fn run(
     options: &BenchOptions,
     comm_id: u64,
     rank: usize,
-    mut report: impl FnMut(SizeResult),
-) -> Result<String, EngineError> {
-    let layout = layout(options).map_err(EngineError::Setup)?;
-    let comm = HostComm::join(HostCommConfig {
-        comm_id,
-        rank,
-        ranks: options.ranks,
-        layout,
-        timeout: options.timeout_ms.map(Duration::from_millis),
-        setup_timeout: Duration::from_secs(60),
-        link: LinkModel {
-            bytes_per_second: options.link_gbs.map(|g| g * 1e9),
-            latency: Duration::from_nanos((options.link_latency_us * 1000.0) as u64),
-        },
-    })?;
-    let mut comm = comm;
-    if let Some(fault) = options.fault.filter(|_| rank == options.fault_rank) {
-        comm.inject(fault);
+    report: impl FnMut(SizeResult),
+) -> Result<Finished, RankFailure> {
+    let setup = |e: EngineError| RankFailure::outside_calls(e.to_string());
+    let layout = layout(options).map_err(|e| setup(EngineError::Setup(e)))?;
+    let mut run = RankRun::join(options, comm_id, rank, layout).map_err(setup)?;
+    match run.sweep(report) {
+        Ok(report) => Ok(Finished {
+            report,
+            calls: run.comm.calls(),
+        }),
+        Err(e) => Err(RankFailure::in_call(run.comm.calls(), &e)),
     }
-    let mut run = RankRun {
-        options,
-        rank,
-        comm,
-        cache: PlanCache::default(),
-        chooser: Chooser::new(options),
-        layout,
-        trace: match &crate::config::get().trace_dir {
-            Some(dir) => Some(
-                crate::trace::TraceWriter::create(std::path::Path::new(dir), rank)
-                    .map_err(|e| EngineError::Setup(format!("STRAGGLAR_TRACE_DIR {dir}: {e}")))?,
-            ),
-            None => None,
-        },
-        // The bench always gives PreMulSum a host scalar, so a scale always exists.
-        scale: Scale::for_op(
-            options.op,
-            options.dtype,
-            options.ranks,
-            scalar_bytes(options, rank),
-        )
-        .unwrap_or(Scale::None),
-        calls: 0,
-    };
-    for bytes in options.sizes() {
-        let count = bytes as usize / options.dtype.size();
-        let mut result = SizeResult {
-            bytes,
-            ..Default::default()
-        };
-        for (placement, half) in result.halves.iter_mut().enumerate() {
-            let in_place = placement == 1;
-            let input = data::input(options.dtype, options.op, rank, count, 0);
-            let mut output = input.clone();
-            for _ in 0..options.warmup {
-                run.call(&input, &mut output, in_place, false, half)?;
-            }
-            let (mut lead, mut post) = (0u64, 0u64);
-            let start = Instant::now();
-            for _ in 0..options.iters {
-                let (record, stragglar) = run.call(&input, &mut output, in_place, false, half)?;
-                half.stragglar_calls += stragglar as u64;
-                if let Some(record) = record {
-                    lead += record.lead_ns();
-                    post += record.after_last_arrival_ns();
+}
+
+impl<'a> RankRun<'a> {
+    /// Joins the communicator, with this rank's fault, tracer and scale.
+    fn join(
+        options: &'a BenchOptions,
+        comm_id: u64,
+        rank: usize,
+        layout: SegmentLayout,
+    ) -> Result<Self, EngineError> {
+        let mut comm = HostComm::join(HostCommConfig {
+            comm_id,
+            rank,
+            ranks: options.ranks,
+            layout,
+            timeout: options.timeout_ms.map(Duration::from_millis),
+            setup_timeout: Duration::from_secs(60),
+            link: LinkModel {
+                bytes_per_second: options.link_gbs.map(|g| g * 1e9),
+                latency: Duration::from_nanos((options.link_latency_us * 1000.0) as u64),
+            },
+        })?;
+        if let Some(fault) = options.fault.filter(|_| rank == options.fault_rank) {
+            comm.inject(fault);
+        }
+        Ok(RankRun {
+            options,
+            rank,
+            comm,
+            cache: PlanCache::default(),
+            chooser: Chooser::new(options),
+            layout,
+            trace: match &crate::config::get().trace_dir {
+                Some(dir) => Some(
+                    crate::trace::TraceWriter::create(std::path::Path::new(dir), rank).map_err(
+                        |e| EngineError::Setup(format!("STRAGGLAR_TRACE_DIR {dir}: {e}")),
+                    )?,
+                ),
+                None => None,
+            },
+            // The bench always gives PreMulSum a host scalar, so a scale always exists.
+            scale: Scale::for_op(
+                options.op,
+                options.dtype,
+                options.ranks,
+                scalar_bytes(options, rank),
+            )
+            .unwrap_or(Scale::None),
+            calls: 0,
+        })
+    }
+
+    /// Runs the sweep, calling `report` per size; returns the straggler report.
+    fn sweep(&mut self, mut report: impl FnMut(SizeResult)) -> Result<String, EngineError> {
+        let (options, rank) = (self.options, self.rank);
+        for bytes in options.sizes() {
+            let count = bytes as usize / options.dtype.size();
+            let mut result = SizeResult {
+                bytes,
+                ..Default::default()
+            };
+            for (placement, half) in result.halves.iter_mut().enumerate() {
+                let in_place = placement == 1;
+                let input = data::input(options.dtype, options.op, rank, count, 0);
+                let mut output = input.clone();
+                for _ in 0..options.warmup {
+                    self.call(&input, &mut output, in_place, false, half)?;
+                }
+                let (mut lead, mut post) = (0u64, 0u64);
+                let start = Instant::now();
+                for _ in 0..options.iters {
+                    let (record, stragglar) =
+                        self.call(&input, &mut output, in_place, false, half)?;
+                    half.stragglar_calls += stragglar as u64;
+                    if let Some(record) = record {
+                        lead += record.lead_ns();
+                        post += record.after_last_arrival_ns();
+                    }
+                }
+                let n = options.iters as f64;
+                half.time_us = start.elapsed().as_secs_f64() * 1e6 / n;
+                half.lead_us = lead as f64 / n / 1e3;
+                half.post_us = post as f64 / n / 1e3;
+                for seed in 1..=options.check {
+                    let input = data::input(options.dtype, options.op, rank, count, seed);
+                    self.call(&input, &mut output, in_place, true, half)?;
+                    half.wrong +=
+                        data::count_wrong(options.dtype, options.op, options.ranks, &output, seed);
+                    half.digest = data::digest_more(half.digest, data::digest(&output));
                 }
             }
-            let n = options.iters as f64;
-            half.time_us = start.elapsed().as_secs_f64() * 1e6 / n;
-            half.lead_us = lead as f64 / n / 1e3;
-            half.post_us = post as f64 / n / 1e3;
-            for seed in 1..=options.check {
-                let input = data::input(options.dtype, options.op, rank, count, seed);
-                run.call(&input, &mut output, in_place, true, half)?;
-                half.wrong +=
-                    data::count_wrong(options.dtype, options.op, options.ranks, &output, seed);
-                half.digest = data::digest_more(half.digest, data::digest(&output));
-            }
+            report(result);
         }
-        report(result);
+        Ok(self.chooser.tracker.table(&[]))
     }
-    Ok(run.chooser.tracker.table(&[]))
 }
 
 /// One rank's communicator and choices during a run.

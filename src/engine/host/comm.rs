@@ -276,6 +276,13 @@ impl HostComm {
         self.config.rank
     }
 
+    /// The calls this rank has entered, counted as `Fault::call` counts: during a call, the
+    /// number of that call; between calls, of the last one (a call refused by its argument
+    /// checks is not entered).
+    pub fn calls(&self) -> u64 {
+        self.epoch
+    }
+
     /// Raises this rank's abort word: its own waits and every peer's wait on it give up within
     /// a few milliseconds. Safe to call from any thread holding a shared reference.
     pub fn abort(&self) {
