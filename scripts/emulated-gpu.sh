@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs a command on the emulated CUDA machine: a libcuda.so.1 built from tests/emulated/ (8 GPUs
 # by default, each P2P-capable with every other; kernels are the host build of cuda/, run on the
-# CPU) first on the loader path, NVRTC from the pip wheel beside it, and a kernel cache shared by
-# every run. It builds what it needs (the driver, and the wheels into the ignored .venv on first
-# use) and is what the tests use, from a fresh clone.
+# CPU) and a loopback libnccl.so.2 (tests/emulated/nccl/: ranks are processes of this host) first
+# on the loader path, NVRTC from the pip wheel beside them, and a kernel cache shared by every
+# run. It builds what it needs (the driver and the NCCL, and the wheels into the ignored .venv on
+# first use) and is what the tests use, from a fresh clone.
 #
 # usage: scripts/emulated-gpu.sh CMD [ARGS...]
 #        scripts/emulated-gpu.sh --build      (only build; prints the driver's directory)
@@ -41,6 +42,15 @@ if stale "$DRIVER"; then
     tests/emulated/*.cpp -o "$DRIVER.tmp"
   mv "$DRIVER.tmp" "$DRIVER"
   ln -sf libcuda.so.1 "$OUT/libcuda.so"
+fi
+NCCL_SOURCES=(tests/emulated/nccl/* include/nccl.h)
+if stale "$OUT/libnccl.so.2" || [ -n "$(find "${NCCL_SOURCES[@]}" -newer "$OUT/libnccl.so.2")" ]; then
+  echo "emulated-gpu: building $OUT/libnccl.so.2 (the loopback NCCL)" >&2
+  c++ -std=c++17 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Werror -Wno-unused-parameter \
+    -I "$NV/cuda_runtime/include" -I include -Wl,-soname,libnccl.so.2 -Wl,--no-undefined \
+    -Wl,--version-script=tests/emulated/nccl/exports.map tests/emulated/nccl/loopback.cpp \
+    -o "$OUT/libnccl.so.2.tmp" -L "$OUT" -lcuda -lrt
+  mv "$OUT/libnccl.so.2.tmp" "$OUT/libnccl.so.2"
 fi
 if stale "$OUT/selftest" || [ tests/emulated/selftest.c -nt "$OUT/selftest" ]; then
   cc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I "$NV/cuda_runtime/include" \

@@ -167,3 +167,105 @@ fn a_failing_ipc_open_refuses_the_setup_on_every_rank() {
         support::describe(&out)
     );
 }
+
+/// tests/c/loopback_ranks.c, linked against our library and the emulated driver.
+fn loopback_ranks() -> &'static PathBuf {
+    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
+    PROGRAM.get_or_init(|| {
+        let dir = built();
+        let cuda_include = std::env::var("STRAGGLAR_TEST_NVIDIA_INCLUDES")
+            .ok()
+            .and_then(|all| {
+                all.split(':')
+                    .find(|d| d.ends_with("cuda_runtime/include"))
+                    .map(str::to_owned)
+            })
+            .unwrap_or_else(|| {
+                support::root()
+                    .join(".venv/cu12/nvidia/cuda_runtime/include")
+                    .display()
+                    .to_string()
+            });
+        let program = support::scratch("loopback-ranks").join("loopback_ranks");
+        let lib = support::lib_dir();
+        support::compile_c(
+            &support::root().join("tests/c/loopback_ranks.c"),
+            &program,
+            &[
+                format!("-I{cuda_include}"),
+                format!("-L{}", lib.display()),
+                "-lstragglar".into(),
+                format!("-Wl,-rpath,{}", lib.display()),
+                format!("-L{}", dir.display()),
+                "-lcuda".into(),
+            ],
+        );
+        program
+    })
+}
+
+/// Whether the loopback NCCL left a segment of ids made by process `pid` in /dev/shm.
+fn left_in_dev_shm(pid: u32) -> Vec<String> {
+    let prefix = format!("stragglar-loopback-{pid}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn run_ranks(args: &[&str], env: &[(&str, &str)]) -> (Output, u32) {
+    let program = loopback_ranks().to_str().unwrap().to_owned();
+    let mut all = vec![program.as_str()];
+    all.extend_from_slice(args);
+    let mut cmd = emulated(&all);
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `timeout` execs the script, which execs the program: the pid that made the unique id.
+    let pid = child.id();
+    (child.wait_with_output().unwrap(), pid)
+}
+
+#[test]
+fn four_rank_processes_allreduce_through_the_loopback_nccl() {
+    for env in [&[][..], &[("LOOPBACK_NONBLOCKING", "1")][..]] {
+        let (out, _) = run_ranks(&["4"], env);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", support::describe(&out));
+        assert_eq!(
+            text.matches(": 100 calls checked").count(),
+            4,
+            "{}",
+            support::describe(&out)
+        );
+    }
+}
+
+#[test]
+fn a_rank_killed_mid_run_fails_its_peers_without_a_hang() {
+    let (out, pid) = run_ranks(&["4", "2", "50"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert!(
+        text.contains("rank 2: killed"),
+        "{}",
+        support::describe(&out)
+    );
+    for rank in [0, 1, 3] {
+        assert!(
+            text.contains(&format!("rank {rank}: error at call 50")),
+            "{}",
+            support::describe(&out)
+        );
+    }
+    assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
+}

@@ -1,0 +1,241 @@
+/* Ranks as processes on their own emulated GPUs, through libstragglar and the loopback NCCL
+ * (scripts/emulated-gpu.sh puts both on the loader path): the parent makes the unique id and
+ * starts NRANKS children; each opens GPU `rank`, joins the communicator and runs 100
+ * ncclAllReduce calls of several types, ops, odd counts, in place and out of place, checking
+ * every element against the exact result (values are small integers, so every type reduces
+ * them exactly in any order).
+ *
+ * usage: loopback_ranks NRANKS [KILL_RANK KILL_AT]
+ *   With KILL_RANK, that rank kills itself (SIGKILL) before call KILL_AT; every other rank must
+ *   then see an error (from ncclCommGetAsyncError after its stream drains), call ncclCommAbort
+ *   and exit 3. Prints one line per rank; exit status 0 when every rank ended as expected.
+ *   With LOOPBACK_NONBLOCKING set, each rank joins through a nonblocking ncclCommInitRankConfig. */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <nccl.h>
+
+#include <signal.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+enum { CALLS = 100, MAX_COUNT = 5003 };
+
+static const ncclDataType_t kTypes[] = {ncclInt8,    ncclInt32,   ncclFloat16, ncclFloat32,
+                                        ncclFloat64, ncclBfloat16, ncclUint64};
+static const ncclRedOp_t kOps[] = {ncclSum, ncclMax, ncclMin, ncclProd};
+
+static size_t type_bytes(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclFloat32: return 4;
+    default: return 8;
+  }
+}
+
+/* Small integers only (|v| < 2048): exact in half and bfloat16. */
+static uint16_t int_to_half(int v) {
+  if (v == 0) return 0;
+  uint16_t sign = v < 0 ? 0x8000 : 0;
+  unsigned a = (unsigned)(v < 0 ? -v : v), e = 0;
+  while ((a >> e) > 1) e++;
+  unsigned mant = (a << (10 - e)) & 0x3ff;
+  return (uint16_t)(sign | ((e + 15) << 10) | mant);
+}
+static int half_to_int(uint16_t h) {
+  if ((h & 0x7fff) == 0) return 0;
+  int e = ((h >> 10) & 0x1f) - 15;
+  int a = (int)((0x400u | (h & 0x3ffu)) >> (10 - e));
+  return (h & 0x8000) ? -a : a;
+}
+static uint16_t int_to_bf16(int v) {
+  float f = (float)v;
+  uint32_t bits;
+  memcpy(&bits, &f, 4);
+  return (uint16_t)(bits >> 16);
+}
+static int bf16_to_int(uint16_t b) {
+  uint32_t bits = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return (int)f;
+}
+
+/* Rank r's element j of call i. */
+static int value(int r, int i, int j, ncclRedOp_t op, ncclDataType_t t) {
+  if (op == ncclProd) return (r + i + j) % 2 + 1;
+  int v = (r * 7 + i * 3 + j) % 7 - 3;
+  return t == ncclUint64 ? v + 3 : v;
+}
+
+static void store(void* buf, size_t j, ncclDataType_t t, int v) {
+  switch (t) {
+    case ncclInt8: ((int8_t*)buf)[j] = (int8_t)v; break;
+    case ncclInt32: ((int32_t*)buf)[j] = v; break;
+    case ncclFloat16: ((uint16_t*)buf)[j] = int_to_half(v); break;
+    case ncclBfloat16: ((uint16_t*)buf)[j] = int_to_bf16(v); break;
+    case ncclFloat32: ((float*)buf)[j] = (float)v; break;
+    case ncclFloat64: ((double*)buf)[j] = (double)v; break;
+    default: ((uint64_t*)buf)[j] = (uint64_t)v; break;
+  }
+}
+
+static long long load(const void* buf, size_t j, ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: return ((const int8_t*)buf)[j];
+    case ncclInt32: return ((const int32_t*)buf)[j];
+    case ncclFloat16: return half_to_int(((const uint16_t*)buf)[j]);
+    case ncclBfloat16: return bf16_to_int(((const uint16_t*)buf)[j]);
+    case ncclFloat32: return (long long)((const float*)buf)[j];
+    case ncclFloat64: return (long long)((const double*)buf)[j];
+    default: return (long long)((const uint64_t*)buf)[j];
+  }
+}
+
+static long long expected(int nranks, int i, int j, ncclRedOp_t op, ncclDataType_t t) {
+  long long acc = value(0, i, j, op, t);
+  for (int r = 1; r < nranks; ++r) {
+    long long v = value(r, i, j, op, t);
+    switch (op) {
+      case ncclSum: acc += v; break;
+      case ncclProd: acc *= v; break;
+      case ncclMax: acc = v > acc ? v : acc; break;
+      default: acc = v < acc ? v : acc; break;
+    }
+  }
+  return acc;
+}
+
+#define CU(call)                                                       \
+  do {                                                                 \
+    CUresult r_ = (call);                                              \
+    if (r_ != CUDA_SUCCESS) {                                          \
+      fprintf(stderr, "rank %d: %s failed: %d\n", rank, #call, (int)r_); \
+      return 1;                                                        \
+    }                                                                  \
+  } while (0)
+
+static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int kill_at) {
+  ncclUniqueId id;
+  for (size_t i = 0; i < sizeof id; ++i) {
+    unsigned v;
+    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return 2;
+    id.internal[i] = (char)v;
+  }
+  CUdevice dev;
+  CUcontext ctx;
+  CUstream stream;
+  CUdeviceptr send, recv;
+  CU(cuInit(0));
+  CU(cuDeviceGet(&dev, rank));
+  CU(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CU(cuCtxSetCurrent(ctx));
+  CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CU(cuMemAlloc(&send, MAX_COUNT * 8));
+  CU(cuMemAlloc(&recv, MAX_COUNT * 8));
+  ncclComm_t comm;
+  ncclResult_t nr;
+  if (getenv("LOOPBACK_NONBLOCKING")) {
+    /* A nonblocking communicator: in progress until ncclCommGetAsyncError says success. */
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    nr = ncclCommInitRankConfig(&comm, nranks, id, rank, &config);
+    if (nr != ncclInProgress && nr != ncclSuccess) {
+      fprintf(stderr, "rank %d: ncclCommInitRankConfig: %s\n", rank, ncclGetErrorString(nr));
+      return 1;
+    }
+    do {
+      ncclCommGetAsyncError(comm, &nr);
+    } while (nr == ncclInProgress);
+  } else {
+    nr = ncclCommInitRank(&comm, nranks, id, rank);
+  }
+  if (nr != ncclSuccess) {
+    fprintf(stderr, "rank %d: ncclCommInitRank: %s\n", rank, ncclGetErrorString(nr));
+    return 1;
+  }
+  static unsigned char host[MAX_COUNT * 8];
+  for (int i = 0; i < CALLS; ++i) {
+    if (rank == kill_rank && i == kill_at) raise(SIGKILL);
+    ncclDataType_t t = kTypes[i % (sizeof kTypes / sizeof kTypes[0])];
+    ncclRedOp_t op = kOps[i % (sizeof kOps / sizeof kOps[0])];
+    size_t count = 1 + (size_t)(i * 613) % (MAX_COUNT - 1);
+    int in_place = i % 3 == 0;
+    for (size_t j = 0; j < count; ++j) store(host, j, t, value(rank, i, (int)j, op, t));
+    CU(cuMemcpyHtoD(send, host, count * type_bytes(t)));
+    CUdeviceptr out = in_place ? send : recv;
+    nr = ncclAllReduce((const void*)send, (void*)out, count, t, op, comm, stream);
+    CUresult cr = cuStreamSynchronize(stream);
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    if (nr != ncclSuccess || cr != CUDA_SUCCESS || async != ncclSuccess) {
+      printf("rank %d: error at call %d: %s\n", rank, i,
+             ncclGetErrorString(nr != ncclSuccess ? nr : async));
+      ncclCommAbort(comm);
+      return 3;
+    }
+    CU(cuMemcpyDtoH(host, out, count * type_bytes(t)));
+    for (size_t j = 0; j < count; ++j) {
+      long long want = expected(nranks, i, (int)j, op, t), got = load(host, j, t);
+      if (got != want) {
+        printf("rank %d: call %d (type %d, op %d, %zu elements): element %zu is %lld, not %lld\n",
+               rank, i, (int)t, (int)op, count, j, got, want);
+        return 4;
+      }
+    }
+  }
+  ncclCommDestroy(comm);
+  printf("rank %d: %d calls checked\n", rank, CALLS);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 7 && strcmp(argv[1], "--rank") == 0)
+    return run_rank(atoi(argv[2]), atoi(argv[3]), argv[4], atoi(argv[5]), atoi(argv[6]));
+  if (argc != 2 && argc != 4) {
+    fprintf(stderr, "usage: loopback_ranks NRANKS [KILL_RANK KILL_AT]\n");
+    return 2;
+  }
+  int nranks = atoi(argv[1]);
+  const char* kill_rank = argc == 4 ? argv[2] : "-1";
+  const char* kill_at = argc == 4 ? argv[3] : "-1";
+  ncclUniqueId id;
+  ncclResult_t nr = ncclGetUniqueId(&id);
+  if (nr != ncclSuccess) {
+    fprintf(stderr, "ncclGetUniqueId: %s\n", ncclGetErrorString(nr));
+    return 1;
+  }
+  char hex[2 * sizeof id + 1];
+  for (size_t i = 0; i < sizeof id; ++i) sprintf(hex + 2 * i, "%02x", (unsigned char)id.internal[i]);
+  pid_t pids[64];
+  for (int r = 0; r < nranks; ++r) {
+    char rank[16], n[16];
+    snprintf(rank, sizeof rank, "%d", r);
+    snprintf(n, sizeof n, "%d", nranks);
+    char* args[] = {argv[0], "--rank", rank, n, hex, (char*)kill_rank, (char*)kill_at, NULL};
+    if (posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, args, environ) != 0) return 1;
+  }
+  int ok = 1;
+  for (int r = 0; r < nranks; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    int want_killed = r == atoi(kill_rank);
+    int expect_code = atoi(kill_rank) >= 0 ? 3 : 0;
+    if (want_killed) {
+      if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) ok = 0;
+      printf("rank %d: killed\n", r);
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != expect_code) {
+      printf("rank %d: ended with status %d, not exit %d\n", r, status, expect_code);
+      ok = 0;
+    }
+  }
+  printf(ok ? "every rank ended as expected\n" : "some rank did not end as expected\n");
+  return ok ? 0 : 1;
+}
