@@ -269,3 +269,54 @@ fn a_rank_killed_mid_run_fails_its_peers_without_a_hang() {
     }
     assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
 }
+
+/// The GPU engine behind `ncclAllReduce` (`STRAGGLAR_GPU_ENGINE=1`), StragglAR on every call.
+const ENGINE: [(&str, &str); 5] = [
+    ("STRAGGLAR_GPU_ENGINE", "1"),
+    ("STRAGGLAR_ALGO", "stragglar"),
+    ("STRAGGLAR_MIN_BYTES", "0"),
+    ("STRAGGLAR_BUFFER_BYTES", "1M"),
+    ("STRAGGLAR_DEBUG", "INFO"),
+];
+
+#[test]
+fn the_gpu_engine_serves_ncclallreduce_on_four_and_eight_rank_processes() {
+    for ranks in ["4", "8"] {
+        let (out, _) = run_ranks(&[ranks], &ENGINE);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let log = String::from_utf8_lossy(&out.stderr);
+        let n: usize = ranks.parse().unwrap();
+        assert!(out.status.success(), "{}", support::describe(&out));
+        assert_eq!(
+            text.matches(": 100 calls checked").count(),
+            n,
+            "{}",
+            support::describe(&out)
+        );
+        // Every rank's report: every call ran on the engine, none went to NCCL.
+        assert_eq!(
+            log.matches("100 calls, 100 on StragglAR, 0 on NCCL")
+                .count(),
+            n,
+            "{}",
+            support::describe(&out)
+        );
+    }
+}
+
+#[test]
+fn a_rank_killed_under_the_gpu_engine_fails_its_peers_by_the_deadline() {
+    let mut env = ENGINE.to_vec();
+    env.push(("STRAGGLAR_TIMEOUT_MS", "3000"));
+    let (out, pid) = run_ranks(&["4", "2", "50"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    for rank in [0, 1, 3] {
+        assert!(
+            text.contains(&format!("rank {rank}: error at call 50")),
+            "{}",
+            support::describe(&out)
+        );
+    }
+    assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
+}
