@@ -236,8 +236,12 @@ fn run_ranks(args: &[&str], env: &[(&str, &str)]) -> (Output, u32) {
 }
 
 #[test]
-fn four_rank_processes_allreduce_through_the_loopback_nccl() {
-    for env in [&[][..], &[("LOOPBACK_NONBLOCKING", "1")][..]] {
+fn four_rank_processes_allreduce_through_the_loopback_nccl_eager_nonblocking_and_in_graphs() {
+    for env in [
+        &[][..],
+        &[("LOOPBACK_NONBLOCKING", "1")][..],
+        &[("LOOPBACK_GRAPHS", "1")][..],
+    ] {
         let (out, _) = run_ranks(&["4"], env);
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{}", support::describe(&out));
@@ -302,6 +306,29 @@ fn the_gpu_engine_serves_ncclallreduce_on_four_and_eight_rank_processes() {
             support::describe(&out)
         );
     }
+}
+
+#[test]
+fn the_gpu_engine_replays_captured_calls_choosing_on_the_gpu() {
+    let mut env = ENGINE.to_vec();
+    env.push(("LOOPBACK_GRAPHS", "1"));
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 100 calls checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    assert_eq!(
+        log.matches("97 calls captured into graphs; their replays chose on the GPU: 194 StragglAR")
+            .count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
 }
 
 #[test]

@@ -9,7 +9,9 @@
  *   With KILL_RANK, that rank kills itself (SIGKILL) before call KILL_AT; every other rank must
  *   then see an error (from ncclCommGetAsyncError after its stream drains), call ncclCommAbort
  *   and exit 3. Prints one line per rank; exit status 0 when every rank ended as expected.
- *   With LOOPBACK_NONBLOCKING set, each rank joins through a nonblocking ncclCommInitRankConfig. */
+ *   With LOOPBACK_NONBLOCKING set, each rank joins through a nonblocking ncclCommInitRankConfig;
+ *   with LOOPBACK_GRAPHS set, each call after the first three is captured into a CUDA graph (out
+ *   of place) and the graph launched twice. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <nccl.h>
@@ -162,6 +164,7 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     return 1;
   }
   static unsigned char host[MAX_COUNT * 8];
+  const int graphs = getenv("LOOPBACK_GRAPHS") != NULL;
   for (int i = 0; i < CALLS; ++i) {
     if (rank == kill_rank && i == kill_at) raise(SIGKILL);
     ncclDataType_t t = kTypes[i % (sizeof kTypes / sizeof kTypes[0])];
@@ -170,9 +173,27 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     int in_place = i % 3 == 0;
     for (size_t j = 0; j < count; ++j) store(host, j, t, value(rank, i, (int)j, op, t));
     CU(cuMemcpyHtoD(send, host, count * type_bytes(t)));
-    CUdeviceptr out = in_place ? send : recv;
-    nr = ncclAllReduce((const void*)send, (void*)out, count, t, op, comm, stream);
-    CUresult cr = cuStreamSynchronize(stream);
+    CUdeviceptr out = in_place && !graphs ? send : recv;
+    CUresult cr = CUDA_SUCCESS;
+    if (graphs && i >= 3) {
+      /* Captured once, replayed twice: a replay recomputes the same result. (The first calls
+       * run eagerly, as a job's warm-up does: the engine sets up on an eager call.) */
+      CUgraph graph;
+      CUgraphExec exec;
+      CU(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+      nr = ncclAllReduce((const void*)send, (void*)out, count, t, op, comm, stream);
+      CU(cuStreamEndCapture(stream, &graph));
+      CU(cuGraphInstantiateWithFlags(&exec, graph, 0));
+      for (int replay = 0; replay < 2 && cr == CUDA_SUCCESS; ++replay) {
+        cr = cuGraphLaunch(exec, stream);
+        if (cr == CUDA_SUCCESS) cr = cuStreamSynchronize(stream);
+      }
+      cuGraphExecDestroy(exec);
+      cuGraphDestroy(graph);
+    } else {
+      nr = ncclAllReduce((const void*)send, (void*)out, count, t, op, comm, stream);
+      cr = cuStreamSynchronize(stream);
+    }
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm, &async);
     if (nr != ncclSuccess || cr != CUDA_SUCCESS || async != ncclSuccess) {

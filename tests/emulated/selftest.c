@@ -340,7 +340,8 @@ static int child(const char* hex) {
   return 0;
 }
 
-/* The emulation's own promises: stale handles answer errors, never a crash. */
+/* The emulation's own promises: stale handles and destroyed contexts answer errors, never a
+ * crash. */
 static int stale_handles_are_errors(void) {
   CUstream s;
   CUevent e;
@@ -353,6 +354,21 @@ static int stale_handles_are_errors(void) {
   EXPECT(cuEventRecord(e, 0) == CUDA_ERROR_INVALID_HANDLE);
   EXPECT(cuMemFree((CUdeviceptr)16) == CUDA_ERROR_INVALID_VALUE);
   EXPECT(cuMemcpyHtoD((CUdeviceptr)16, &s, 8) == CUDA_ERROR_INVALID_VALUE);
+  /* A primary context released to zero is destroyed: using it is an error. */
+  CUdevice other;
+  CUcontext ctx, current;
+  CHECK(cuCtxGetCurrent(&current));
+  CHECK(cuDeviceGet(&other, 1));
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, other));
+  CHECK(cuCtxPushCurrent(ctx));
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuCtxPopCurrent(NULL));
+  CHECK(cuDevicePrimaryCtxRelease(other));
+  EXPECT(cuCtxPushCurrent(ctx) == CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  EXPECT(cuStreamSynchronize(s) == CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  CUcontext still;
+  CHECK(cuCtxGetCurrent(&still));
+  EXPECT(still == current);
   return 1;
 }
 
@@ -399,7 +415,7 @@ int main(int argc, char** argv) {
   run("an unjoined fork fails the capture", an_unjoined_fork_fails_the_capture);
   run("capture refuses what crosses it", capture_refuses_what_crosses_it);
   run("IPC maps memory across processes", ipc_check);
-  if (g_emulated) run("stale handles are errors (emulation only)", stale_handles_are_errors);
+  if (g_emulated) run("stale handles and destroyed contexts are errors (emulation only)", stale_handles_are_errors);
   printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }
