@@ -347,3 +347,34 @@ fn a_rank_killed_under_the_gpu_engine_fails_its_peers_by_the_deadline() {
     }
     assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
 }
+
+#[test]
+fn the_gpu_engine_designates_a_held_back_rank_alike_on_every_rank() {
+    for algo in ["stragglar", "auto"] {
+        let mut env = ENGINE.to_vec();
+        env.retain(|(key, _)| *key != "STRAGGLAR_ALGO");
+        env.extend([
+            ("STRAGGLAR_ALGO", algo),
+            ("LOOPBACK_FIXED", "1"),
+            ("LOOPBACK_LATE_RANK", "2"),
+            ("LOOPBACK_LATE_US", "20000"),
+        ]);
+        let (out, _) = run_ranks(&["4"], &env);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", support::describe(&out));
+        // Every rank designates rank 2 and, under auto, made the same choice on every call.
+        let stats: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split_once(": designated ").map(|(_, s)| s))
+            .collect();
+        assert_eq!(stats.len(), 4, "{}", support::describe(&out));
+        assert!(
+            stats.iter().all(|s| *s == stats[0] && s.starts_with("2, ")),
+            "{}",
+            support::describe(&out)
+        );
+        if algo == "stragglar" {
+            assert_eq!(stats[0], "2, 100 on StragglAR, 0 on NCCL");
+        }
+    }
+}

@@ -11,10 +11,16 @@
  *   and exit 3. Prints one line per rank; exit status 0 when every rank ended as expected.
  *   With LOOPBACK_NONBLOCKING set, each rank joins through a nonblocking ncclCommInitRankConfig;
  *   with LOOPBACK_GRAPHS set, each call after the first three is captured into a CUDA graph (out
- *   of place) and the graph launched twice. */
+ *   of place) and the graph launched twice; with LOOPBACK_ABORT_AFTER_MS set, a call still
+ *   running after that many ms makes the rank call ncclCommAbort (as PyTorch's watchdog does)
+ *   and report "aborted"; with LOOPBACK_LATE_RANK and LOOPBACK_LATE_US, that rank sleeps before
+ *   every call; with LOOPBACK_FIXED every call is the same (4099 floats, sum), one size class for
+ *   the straggler's detection. Each rank that finishes prints its stragglarGetStats (the designated straggler,
+ *   calls on StragglAR and on NCCL). */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <nccl.h>
+#include <stragglar.h>
 
 #include <signal.h>
 #include <spawn.h>
@@ -23,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char** environ;
@@ -115,6 +122,32 @@ static long long expected(int nranks, int i, int j, ncclRedOp_t op, ncclDataType
   return acc;
 }
 
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* Waits for the stream; with a limit, calls ncclCommAbort once the call has taken longer (as
+ * PyTorch's watchdog does), after which the stream must drain promptly. */
+static CUresult drain(CUstream stream, ncclComm_t comm, long abort_after_ms, int rank, int call) {
+  if (abort_after_ms <= 0) return cuStreamSynchronize(stream);
+  double start = now_ms();
+  CUresult r;
+  while ((r = cuStreamQuery(stream)) == CUDA_ERROR_NOT_READY) {
+    if (now_ms() - start > (double)abort_after_ms) {
+      printf("rank %d: call %d still running after %ld ms: ncclCommAbort\n", rank, call,
+             abort_after_ms);
+      ncclCommAbort(comm);
+      return cuStreamSynchronize(stream) == CUDA_SUCCESS ? CUDA_ERROR_LAUNCH_TIMEOUT
+                                                          : CUDA_ERROR_UNKNOWN;
+    }
+    struct timespec t = {0, 1000000};
+    nanosleep(&t, NULL);
+  }
+  return r;
+}
+
 #define CU(call)                                                       \
   do {                                                                 \
     CUresult r_ = (call);                                              \
@@ -165,11 +198,20 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
   }
   static unsigned char host[MAX_COUNT * 8];
   const int graphs = getenv("LOOPBACK_GRAPHS") != NULL;
+  const long abort_after_ms = getenv("LOOPBACK_ABORT_AFTER_MS") ? atol(getenv("LOOPBACK_ABORT_AFTER_MS")) : 0;
+  const int fixed = getenv("LOOPBACK_FIXED") != NULL;
+  const int late_rank = getenv("LOOPBACK_LATE_RANK") ? atoi(getenv("LOOPBACK_LATE_RANK")) : -1;
+  const long late_us = getenv("LOOPBACK_LATE_US") ? atol(getenv("LOOPBACK_LATE_US")) : 0;
   for (int i = 0; i < CALLS; ++i) {
     if (rank == kill_rank && i == kill_at) raise(SIGKILL);
-    ncclDataType_t t = kTypes[i % (sizeof kTypes / sizeof kTypes[0])];
-    ncclRedOp_t op = kOps[i % (sizeof kOps / sizeof kOps[0])];
-    size_t count = 1 + (size_t)(i * 613) % (MAX_COUNT - 1);
+    if (rank == late_rank) {
+      /* Held back on the host before every call: this rank's launches come late. */
+      struct timespec t = {late_us / 1000000, (late_us % 1000000) * 1000};
+      nanosleep(&t, NULL);
+    }
+    ncclDataType_t t = fixed ? ncclFloat32 : kTypes[i % (sizeof kTypes / sizeof kTypes[0])];
+    ncclRedOp_t op = fixed ? ncclSum : kOps[i % (sizeof kOps / sizeof kOps[0])];
+    size_t count = fixed ? 4099 : 1 + (size_t)(i * 613) % (MAX_COUNT - 1);
     int in_place = i % 3 == 0;
     for (size_t j = 0; j < count; ++j) store(host, j, t, value(rank, i, (int)j, op, t));
     CU(cuMemcpyHtoD(send, host, count * type_bytes(t)));
@@ -192,10 +234,14 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
       cuGraphDestroy(graph);
     } else {
       nr = ncclAllReduce((const void*)send, (void*)out, count, t, op, comm, stream);
-      cr = cuStreamSynchronize(stream);
+      cr = drain(stream, comm, abort_after_ms, rank, i);
     }
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm, &async);
+    if (cr == CUDA_ERROR_LAUNCH_TIMEOUT) {
+      printf("rank %d: error at call %d: aborted\n", rank, i);
+      return 3;
+    }
     if (nr != ncclSuccess || cr != CUDA_SUCCESS || async != ncclSuccess) {
       printf("rank %d: error at call %d: %s\n", rank, i,
              ncclGetErrorString(nr != ncclSuccess ? nr : async));
@@ -212,6 +258,11 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
       }
     }
   }
+  stragglarStats_t stats;
+  if (stragglarGetStats(comm, &stats) == ncclSuccess)
+    printf("rank %d: designated %d, %llu on StragglAR, %llu on NCCL\n", rank,
+           stats.designatedStraggler, (unsigned long long)stats.onStragglar,
+           (unsigned long long)stats.onNccl);
   ncclCommDestroy(comm);
   printf("rank %d: %d calls checked\n", rank, CALLS);
   return 0;
