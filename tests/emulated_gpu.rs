@@ -378,3 +378,21 @@ fn the_gpu_engine_designates_a_held_back_rank_alike_on_every_rank() {
         }
     }
 }
+
+#[test]
+fn a_rank_killed_under_the_gpu_engine_releases_its_peers_on_ncclcommabort() {
+    // No deadline: the peers wait, as NCCL's do, until their watchdog aborts the communicator.
+    let mut env = ENGINE.to_vec();
+    env.push(("LOOPBACK_ABORT_AFTER_MS", "3000"));
+    let (out, pid) = run_ranks(&["4", "2", "50"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    for rank in [0, 1, 3] {
+        assert!(
+            text.contains(&format!("rank {rank}: error at call 50: aborted")),
+            "{}",
+            support::describe(&out)
+        );
+    }
+    assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
+}

@@ -236,12 +236,12 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
       nr = ncclAllReduce((const void*)send, (void*)out, count, t, op, comm, stream);
       cr = drain(stream, comm, abort_after_ms, rank, i);
     }
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(comm, &async);
     if (cr == CUDA_ERROR_LAUNCH_TIMEOUT) {
       printf("rank %d: error at call %d: aborted\n", rank, i);
       return 3;
     }
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
     if (nr != ncclSuccess || cr != CUDA_SUCCESS || async != ncclSuccess) {
       printf("rank %d: error at call %d: %s\n", rank, i,
              ncclGetErrorString(nr != ncclSuccess ? nr : async));
