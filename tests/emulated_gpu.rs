@@ -396,3 +396,28 @@ fn a_rank_killed_under_the_gpu_engine_releases_its_peers_on_ncclcommabort() {
     }
     assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
 }
+
+#[test]
+fn a_hundred_abort_and_recreate_cycles_do_not_grow_device_memory() {
+    let mut env = ENGINE.to_vec();
+    env.push(("LOOPBACK_CYCLES", "100"));
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    let mut ranks = 0;
+    for line in text
+        .lines()
+        .filter(|l| l.contains(" cycles; device memory"))
+    {
+        let numbers: Vec<u64> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let (first, last) = (numbers[numbers.len() - 2], numbers[numbers.len() - 1]);
+        // Each communicator holds about 4 MiB of staging (STRAGGLAR_BUFFER_BYTES=1M); what its
+        // peers have not released yet may remain, never one per cycle (400 MiB).
+        assert!(last <= first + (16 << 20), "{line}");
+        ranks += 1;
+    }
+    assert_eq!(ranks, 4, "{}", support::describe(&out));
+}

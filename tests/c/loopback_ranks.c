@@ -157,6 +157,50 @@ static CUresult drain(CUstream stream, ncclComm_t comm, long abort_after_ms, int
     }                                                                  \
   } while (0)
 
+/* LOOPBACK_CYCLES=N: N communicators one after another, each running one checked AllReduce,
+ * handing the next one's unique id to every rank (ncclBroadcast from rank 0), then aborted
+ * (ncclCommAbort, as an elastic job does before it re-creates). Prints the device memory in
+ * use after the first and the last cycle. */
+static int run_cycles(int rank, int nranks, ncclUniqueId id, int cycles, CUstream stream,
+                      CUdeviceptr send, CUdeviceptr recv) {
+  size_t free_bytes, total, used_first = 0, used_last = 0;
+  static float host[4099];
+  for (int k = 0; k < cycles; ++k) {
+    ncclComm_t comm;
+    ncclResult_t nr = ncclCommInitRank(&comm, nranks, id, rank);
+    if (nr != ncclSuccess) {
+      fprintf(stderr, "rank %d: cycle %d: ncclCommInitRank: %s\n", rank, k, ncclGetErrorString(nr));
+      return 1;
+    }
+    for (int j = 0; j < 4099; ++j) host[j] = (float)(rank + j % 5);
+    CU(cuMemcpyHtoD(send, host, sizeof host));
+    nr = ncclAllReduce((const void*)send, (void*)recv, 4099, ncclFloat32, ncclSum, comm, stream);
+    CU(cuStreamSynchronize(stream));
+    CU(cuMemcpyDtoH(host, recv, sizeof host));
+    for (int j = 0; j < 4099; ++j) {
+      float want = (float)(nranks * (nranks - 1) / 2 + nranks * (j % 5));
+      if (nr != ncclSuccess || host[j] != want) {
+        printf("rank %d: cycle %d: element %d is %g, not %g\n", rank, k, j, host[j], want);
+        return 4;
+      }
+    }
+    /* The next communicator's id, from rank 0. */
+    if (rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) return 1;
+    CU(cuMemcpyHtoD(send, &id, sizeof id));
+    nr = ncclBroadcast((const void*)send, (void*)send, sizeof id, ncclInt8, 0, comm, stream);
+    CU(cuStreamSynchronize(stream));
+    CU(cuMemcpyDtoH(&id, send, sizeof id));
+    if (nr != ncclSuccess) return 1;
+    ncclCommAbort(comm);
+    CU(cuMemGetInfo(&free_bytes, &total));
+    if (k == 0) used_first = total - free_bytes;
+    used_last = total - free_bytes;
+  }
+  printf("rank %d: %d cycles; device memory in use after the first %zu, after the last %zu\n",
+         rank, cycles, used_first, used_last);
+  return 0;
+}
+
 static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int kill_at) {
   ncclUniqueId id;
   for (size_t i = 0; i < sizeof id; ++i) {
@@ -175,6 +219,8 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
   CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
   CU(cuMemAlloc(&send, MAX_COUNT * 8));
   CU(cuMemAlloc(&recv, MAX_COUNT * 8));
+  if (getenv("LOOPBACK_CYCLES"))
+    return run_cycles(rank, nranks, id, atoi(getenv("LOOPBACK_CYCLES")), stream, send, recv);
   ncclComm_t comm;
   ncclResult_t nr;
   if (getenv("LOOPBACK_NONBLOCKING")) {

@@ -372,7 +372,10 @@ impl IpcMapping {
 }
 
 impl Drop for IpcMapping {
+    /// Closes the mapping once the side stream's writes into it have landed (a write still
+    /// queued would otherwise hit a closed mapping: an illegal address on a GPU).
     fn drop(&mut self) {
+        let _ = self.device.synchronize_side();
         if let Ok(_current) = self.device.current() {
             // SAFETY: opened by cuIpcOpenMemHandle in `open`, closed once here.
             let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
@@ -661,6 +664,16 @@ impl Event {
                 sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
             )
         })
+    }
+
+    /// Whether the work before the event's last record has completed (true when it was never
+    /// recorded; false when the driver cannot say). Never waits.
+    pub fn is_complete(&self) -> bool {
+        let Ok(_current) = self.device.current() else {
+            return false;
+        };
+        // SAFETY: a live event.
+        unsafe { result::event::query(self.raw) }.is_ok()
     }
 
     /// Milliseconds from `self` to `end` (both recorded and complete).

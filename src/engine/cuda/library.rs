@@ -91,6 +91,8 @@ impl EngineCall {
 /// A communicator the engine serves.
 struct Ready {
     rank: CudaRank,
+    /// This rank's index in the communicator.
+    index: usize,
     /// Peers' staging, open for the communicator's lifetime.
     mappings: Vec<Option<IpcMapping>>,
     plans: PlanCache,
@@ -177,16 +179,79 @@ impl Drop for Entry {
 
 static ENGINES: Lazy<Mutex<HashMap<usize, Arc<Entry>>>> = Lazy::new(Default::default);
 
-/// Communicators aborted while the engine served them: their memory is never freed (freeing
-/// would wait on kernels NCCL's own abort has yet to release; the process is usually ending).
-static ABANDONED: Lazy<Mutex<Vec<Ready>>> = Lazy::new(Default::default);
+/// A communicator aborted while the engine served it: its memory waits here until no rank can
+/// touch it (see [`sweep_abandoned`]).
+struct Abandoned {
+    ready: Ready,
+    /// This rank's kernels have finished, and it has released every peer's staging (its
+    /// release token written there, its mapping closed).
+    released: bool,
+}
 
-/// Abandons `ready`'s memory after raising its abort word; its trace is closed (made valid
-/// JSON) first.
+static ABANDONED: Lazy<Mutex<Vec<Abandoned>>> = Lazy::new(Default::default);
+
+/// The probe word's token once a rank is done with a peer's staging for good (its kernels of
+/// that communicator have finished and it closes its mapping): the high half says "released",
+/// the low half is the writer's rank. A rank frees its aborted staging once every peer's token
+/// is there.
+const RELEASE_TOKEN: u32 = 0x5245_0000;
+
+/// Abandons `ready`'s memory after raising its abort word (its kernels give up; nothing waits
+/// for them here); its trace is closed (made valid JSON) first. The memory is freed by a later
+/// [`sweep_abandoned`], once no rank can touch it.
 fn abandon(mut ready: Ready) {
     ready.rank.abort();
     ready.trace = None;
-    ABANDONED.lock().push(ready);
+    ABANDONED.lock().push(Abandoned {
+        ready,
+        released: false,
+    });
+    sweep_abandoned();
+}
+
+/// Writes this rank's release token into every peer's staging and closes the mappings: this
+/// rank will never touch them again (its kernels of this communicator must have finished).
+fn release_peers(ready: &mut Ready) {
+    let layout = ready.rank.layout();
+    for mapping in ready.mappings.iter().flatten() {
+        let _ = mapping.write_u32(
+            layout.probe_word(ready.index),
+            RELEASE_TOKEN | ready.index as u32,
+        );
+    }
+    ready.mappings.clear();
+}
+
+/// Whether every peer's release token is in this rank's staging: no peer will touch it again.
+fn released_by_every_peer(ready: &Ready) -> bool {
+    let layout = ready.rank.layout();
+    (0..ready.members.len())
+        .filter(|&peer| peer != ready.index)
+        .all(|peer| {
+            ready.rank.staging().read_u32(layout.probe_word(peer))
+                == Ok(RELEASE_TOKEN | peer as u32)
+        })
+}
+
+/// Frees what aborted communicators no longer need, without waiting for anything: once this
+/// rank's own kernels of one have finished (the ordering event recorded after its last launch
+/// is complete; the abort word ends them), it releases every peer's staging; once every peer
+/// has released its own, that staging is freed and its reservation returned. A peer that never
+/// releases (it died, or still runs that communicator) keeps it allocated. Runs at every
+/// abort, destroy and setup, so an elastic job that aborts and re-creates its communicators
+/// holds at most the staging of those its peers have not yet let go.
+fn sweep_abandoned() {
+    ABANDONED.lock().retain_mut(|abandoned| {
+        if !abandoned.released {
+            if !abandoned.ready.last.is_complete() {
+                return true;
+            }
+            release_peers(&mut abandoned.ready);
+            abandoned.released = true;
+        }
+        // Dropped (freed) when every peer let go.
+        !released_by_every_peer(&abandoned.ready)
+    });
 }
 
 /// Staging in use per device, against `STRAGGLAR_STAGING_CAP`.
@@ -482,6 +547,9 @@ fn local_part(
 }
 
 fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
+    // Staging of aborted communicators no rank touches any more is freed first (and leaves
+    // the cap).
+    sweep_abandoned();
     // Without a driver or device NCCL cannot run here either, so no peer waits on this rank's
     // setup; from here on, a local failure still joins both all-gathers with a failed record.
     let device = device(call.device).map_err(|_| Fallback::GpuUnavailable)?;
@@ -580,6 +648,7 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     );
     Ok(Ready {
         rank,
+        index: call.rank,
         mappings: joined.mappings,
         members: joined.records.iter().map(SetupRecord::member).collect(),
         reported_at: std::time::Instant::now(),
@@ -1187,8 +1256,12 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
             );
         }
     }
+    // Peers that aborted wait for this rank's release before they free their staging.
+    let mut ready = ready;
+    release_peers(&mut ready);
     // Freed here (cuMemFree waits for this rank's own kernels).
     drop(ready);
+    sweep_abandoned();
 }
 
 #[cfg(test)]
