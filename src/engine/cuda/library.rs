@@ -257,8 +257,8 @@ fn sweep_abandoned() {
 /// Staging in use per device, against `STRAGGLAR_STAGING_CAP`.
 static BUDGET: Lazy<Mutex<StagingBudget>> = Lazy::new(Default::default);
 
-/// Staging bytes counted against a device's cap until dropped (an abandoned communicator's
-/// never is: its memory is never freed either).
+/// Staging bytes counted against a device's cap until dropped (with the staging it counts:
+/// an aborted communicator's once every peer released it, see [`sweep_abandoned`]).
 struct Reservation {
     device: i32,
     bytes: u64,
@@ -1187,9 +1187,10 @@ const DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Forgets `comm` (Destroy, Abort, Finalize, Revoke; or a new communicator at its address).
 /// With `abort`, every kernel of it is released first, without waiting for anything, and its
-/// memory is abandoned (freeing it would wait for kernels NCCL's abort has yet to release).
-/// Otherwise the staging is freed once every peer has finished as many calls as this rank
-/// launched (their epochs, read through the mappings; 10 s at most). The free waits for this
+/// memory is set aside until no rank can touch it (see [`sweep_abandoned`]). Otherwise the
+/// staging is freed once every peer has finished as many calls as this rank launched (their
+/// epochs, read through the mappings; 10 s at most) and this rank released the peers'
+/// staging. The free waits for this
 /// rank's own kernels, as NCCL's teardown waits for its own: a kernel waiting for a peer that
 /// never comes ends only by `STRAGGLAR_TIMEOUT_MS`, a peer's failure, or ncclCommAbort.
 pub fn forget(comm: ncclComm_t, abort: bool) {
