@@ -387,13 +387,16 @@ fn a_rank_killed_under_the_gpu_engine_releases_its_peers_on_ncclcommabort() {
     let (out, pid) = run_ranks(&["4", "2", "50"], &env);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", support::describe(&out));
+    // Each survivor's call ends with an error: its own abort, or (when a peer aborted first) the
+    // failure word the aborting peer raised.
     for rank in [0, 1, 3] {
         assert!(
-            text.contains(&format!("rank {rank}: error at call 50: aborted")),
+            text.contains(&format!("rank {rank}: error at call 50")),
             "{}",
             support::describe(&out)
         );
     }
+    assert!(text.contains(": aborted"), "{}", support::describe(&out));
     assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
 }
 
@@ -449,6 +452,38 @@ fn a_rank_whose_capture_query_fails_refuses_the_setup_with_its_peers() {
         log.contains(
             "rank 1 could not set up: the driver could not say whether its stream captures"
         ),
+        "{}",
+        support::describe(&out)
+    );
+}
+
+#[test]
+fn calls_forwarded_to_nccl_interleave_with_stragglar_calls_on_two_streams() {
+    let mut env = ENGINE.to_vec();
+    env.retain(|(key, _)| *key != "STRAGGLAR_MIN_BYTES");
+    // Calls under 8 KiB go to NCCL, larger ones to StragglAR; pairs of calls run on two
+    // streams at once.
+    env.extend([
+        ("STRAGGLAR_MIN_BYTES", "8192"),
+        ("LOOPBACK_TWO_STREAMS", "1"),
+    ]);
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 100 calls checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    let stats: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_once(": designated ").map(|(_, s)| s))
+        .collect();
+    assert_eq!(stats.len(), 4, "{}", support::describe(&out));
+    // Both routes ran, and every rank routed every call alike.
+    assert!(
+        stats.iter().all(|s| *s == stats[0]) && !stats[0].contains(" 0 on"),
         "{}",
         support::describe(&out)
     );

@@ -201,6 +201,61 @@ static int run_cycles(int rank, int nranks, ncclUniqueId id, int cycles, CUstrea
   return 0;
 }
 
+/* LOOPBACK_TWO_STREAMS: calls in pairs, call i on one stream and call i + 1 on another (with
+ * buffers of their own), both queued before either is waited for, so that (with
+ * STRAGGLAR_MIN_BYTES between their sizes) calls forwarded to NCCL and calls on StragglAR
+ * interleave across streams. */
+static int run_pairs(int rank, int nranks, ncclComm_t comm) {
+  CUstream streams[2];
+  CUdeviceptr send[2], recv[2];
+  static unsigned char host[2][MAX_COUNT * 8];
+  for (int k = 0; k < 2; ++k) {
+    CU(cuStreamCreate(&streams[k], CU_STREAM_NON_BLOCKING));
+    CU(cuMemAlloc(&send[k], MAX_COUNT * 8));
+    CU(cuMemAlloc(&recv[k], MAX_COUNT * 8));
+  }
+  for (int i = 0; i < CALLS; i += 2) {
+    ncclDataType_t t[2];
+    ncclRedOp_t op[2];
+    size_t count[2];
+    for (int k = 0; k < 2; ++k) {
+      int c = i + k;
+      t[k] = kTypes[c % (sizeof kTypes / sizeof kTypes[0])];
+      op[k] = kOps[c % (sizeof kOps / sizeof kOps[0])];
+      count[k] = 1 + (size_t)(c * 613) % (MAX_COUNT - 1);
+      for (size_t j = 0; j < count[k]; ++j) store(host[k], j, t[k], value(rank, c, (int)j, op[k], t[k]));
+      CU(cuMemcpyHtoD(send[k], host[k], count[k] * type_bytes(t[k])));
+    }
+    for (int k = 0; k < 2; ++k) {
+      ncclResult_t nr = ncclAllReduce((const void*)send[k], (void*)recv[k], count[k], t[k], op[k],
+                                      comm, streams[k]);
+      if (nr != ncclSuccess) {
+        printf("rank %d: error at call %d: %s\n", rank, i + k, ncclGetErrorString(nr));
+        return 3;
+      }
+    }
+    for (int k = 0; k < 2; ++k) CU(cuStreamSynchronize(streams[k]));
+    for (int k = 0; k < 2; ++k) {
+      CU(cuMemcpyDtoH(host[k], recv[k], count[k] * type_bytes(t[k])));
+      for (size_t j = 0; j < count[k]; ++j) {
+        long long want = expected(nranks, i + k, (int)j, op[k], t[k]), got = load(host[k], j, t[k]);
+        if (got != want) {
+          printf("rank %d: call %d: element %zu is %lld, not %lld\n", rank, i + k, j, got, want);
+          return 4;
+        }
+      }
+    }
+  }
+  stragglarStats_t stats;
+  if (stragglarGetStats(comm, &stats) == ncclSuccess)
+    printf("rank %d: designated %d, %llu on StragglAR, %llu on NCCL\n", rank,
+           stats.designatedStraggler, (unsigned long long)stats.onStragglar,
+           (unsigned long long)stats.onNccl);
+  ncclCommDestroy(comm);
+  printf("rank %d: %d calls checked\n", rank, CALLS);
+  return 0;
+}
+
 static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int kill_at) {
   ncclUniqueId id;
   for (size_t i = 0; i < sizeof id; ++i) {
@@ -242,6 +297,7 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     fprintf(stderr, "rank %d: ncclCommInitRank: %s\n", rank, ncclGetErrorString(nr));
     return 1;
   }
+  if (getenv("LOOPBACK_TWO_STREAMS")) return run_pairs(rank, nranks, comm);
   static unsigned char host[MAX_COUNT * 8];
   const int graphs = getenv("LOOPBACK_GRAPHS") != NULL;
   const long abort_after_ms = getenv("LOOPBACK_ABORT_AFTER_MS") ? atol(getenv("LOOPBACK_ABORT_AFTER_MS")) : 0;

@@ -11,6 +11,7 @@
 #include "nccl.h"
 
 #include <atomic>
+#include <condition_variable>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -101,6 +102,14 @@ struct ncclComm {
    * the exchange rounds, identically on every rank. */
   std::mutex exec;
   uint64_t round = 0;
+  /* Eager collectives run in the order they were issued, whatever their streams (as NCCL's
+   * do): each takes the next number when it is queued and waits for its turn when it runs.
+   * Captured ones run when their stream reaches them (a graph replays with the arguments it
+   * captured, so a number taken at capture would be stale). */
+  std::mutex order;
+  std::condition_variable turn;
+  uint64_t issued = 0;   /* under `order` */
+  uint64_t executed = 0; /* under `order` */
 
   unsigned char* slot(int r) const {
     return (unsigned char*)seg + (sizeof(Segment) + 4095) / 4096 * 4096 + (size_t)r * kSlotBytes;
@@ -302,6 +311,8 @@ struct Call {
   ncclRedOp_t op;
   int root;
   bool captured;
+  /* Eager calls: the issue number whose turn this call waits for. */
+  uint64_t seq;
 };
 
 void run_all_reduce(ncclComm* c, const Call& k) {
@@ -352,9 +363,32 @@ void run_broadcast(ncclComm* c, const Call& k) {
   }
 }
 
+/* Waits until eager call `seq` is next; false if the comm failed or was aborted first. */
+bool await_turn(ncclComm* c, uint64_t seq) {
+  std::unique_lock<std::mutex> l(c->order);
+  while (c->executed != seq) {
+    if (c->aborted.load() || c->state.load() != ncclSuccess) return false;
+    c->turn.wait_for(l, std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+void finish_turn(ncclComm* c) {
+  {
+    std::lock_guard<std::mutex> l(c->order);
+    c->executed++;
+  }
+  c->turn.notify_all();
+}
+
 void run_call(void* arg) {
   Call* k = (Call*)arg;
   ncclComm* c = k->comm;
+  if (!k->captured && !await_turn(c, k->seq)) {
+    finish_turn(c);
+    delete k;
+    return;
+  }
   {
     std::lock_guard<std::mutex> g(c->exec);
     if (c->state.load() == ncclSuccess) {
@@ -365,7 +399,10 @@ void run_call(void* arg) {
       }
     }
   }
-  if (!k->captured) delete k;
+  if (!k->captured) {
+    finish_turn(c);
+    delete k;
+  }
 }
 
 ncclResult_t wait_init(ncclComm* c) {
@@ -399,12 +436,16 @@ ncclResult_t enqueue(ncclComm* c, Call call, cudaStream_t stream) {
   }
   call.comm = c;
   call.captured = capturing != CU_STREAM_CAPTURE_STATUS_NONE;
+  std::lock_guard<std::mutex> g(c->order);
+  if (!call.captured) call.seq = c->issued;
   Call* k = new Call(call);
   if (cuLaunchHostFunc((CUstream)stream, run_call, k) != CUDA_SUCCESS) {
     delete k;
-    set_error("cuLaunchHostFunc failed");
+    /* Later eager calls would wait for this one's turn for ever: the comm fails instead. */
+    if (!call.captured) fail(c, ncclUnhandledCudaError, "cuLaunchHostFunc failed");
     return ncclUnhandledCudaError;
   }
+  if (!call.captured) c->issued++;
   return ncclSuccess;
 }
 
@@ -541,20 +582,22 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  return enqueue(comm, Call{nullptr, Kind::AllReduce, send, recv, count, type, op, 0, false},
+  return enqueue(comm, Call{nullptr, Kind::AllReduce, send, recv, count, type, op, 0, false, 0},
                  stream);
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
-  return enqueue(comm, Call{nullptr, Kind::AllGather, send, recv, count, type, ncclSum, 0, false},
+  return enqueue(comm,
+                 Call{nullptr, Kind::AllGather, send, recv, count, type, ncclSum, 0, false, 0},
                  stream);
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
                            int root, ncclComm_t comm, cudaStream_t stream) {
   if (comm && (root < 0 || root >= comm->nranks)) return ncclInvalidArgument;
-  return enqueue(comm, Call{nullptr, Kind::Broadcast, send, recv, count, type, ncclSum, root, false},
+  return enqueue(comm,
+                 Call{nullptr, Kind::Broadcast, send, recv, count, type, ncclSum, root, false, 0},
                  stream);
 }
 
