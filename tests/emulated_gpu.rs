@@ -357,7 +357,7 @@ fn the_gpu_engine_designates_a_held_back_rank_alike_on_every_rank() {
             ("STRAGGLAR_ALGO", algo),
             ("LOOPBACK_FIXED", "1"),
             ("LOOPBACK_LATE_RANK", "2"),
-            ("LOOPBACK_LATE_US", "20000"),
+            ("LOOPBACK_LATE_US", "40000"),
         ]);
         let (out, _) = run_ranks(&["4"], &env);
         let text = String::from_utf8_lossy(&out.stdout);
