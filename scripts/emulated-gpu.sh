@@ -8,6 +8,9 @@
 #
 # usage: scripts/emulated-gpu.sh CMD [ARGS...]
 #        scripts/emulated-gpu.sh --build      (only build; prints the driver's directory)
+#        scripts/emulated-gpu.sh --build-without cuNAME   (a driver lacking that export; prints
+#                                                          its directory, to put first on
+#                                                          LD_LIBRARY_PATH)
 #
 # What it proves and what it does not: the host code, the driver calls and the kernel source run
 # as a whole (streams, events, capture, IPC between processes, the kernels' protocol), with real
@@ -55,6 +58,28 @@ fi
 if stale "$OUT/selftest" || [ tests/emulated/selftest.c -nt "$OUT/selftest" ]; then
   cc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I "$NV/cuda_runtime/include" \
     tests/emulated/selftest.c -o "$OUT/selftest" -L "$OUT" -lcuda
+fi
+
+# A driver that lacks one export (cudarc panics when it looks a missing name up): for tests of
+# what a panic inside the engine does. Prints its directory.
+if [ "${1:-}" = "--build-without" ]; then
+  [ "$#" -eq 2 ] && [[ $2 =~ ^cu[A-Za-z0-9_]+$ ]] || { echo "usage: $0 --build-without cuNAME" >&2; exit 2; }
+  dir="$OUT/without-$2"
+  mkdir -p "$dir"
+  if stale "$dir/libcuda.so.1"; then
+    printf '{\n  global: cu*;\n  local: %s; *;\n};\n' "$2" > "$dir/exports.map"
+    c++ -std=c++17 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Werror -Wno-unused-parameter \
+      -ffp-contract=off -DSTRAGGLAR_HOST_EMULATION -I "$NV/cuda_runtime/include" -I cuda \
+      -Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,--version-script="$dir/exports.map" \
+      tests/emulated/*.cpp -o "$dir/libcuda.so.1"
+    ln -sf libcuda.so.1 "$dir/libcuda.so"
+  fi
+  if nm -D --defined-only "$dir/libcuda.so.1" | grep -qw "$2"; then
+    echo "emulated-gpu: $dir/libcuda.so.1 still exports $2" >&2
+    exit 1
+  fi
+  echo "$dir"
+  exit 0
 fi
 
 export LD_LIBRARY_PATH="$OUT:$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

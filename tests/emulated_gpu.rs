@@ -218,6 +218,9 @@ fn left_in_dev_shm(pid: u32) -> Vec<String> {
 }
 
 fn run_ranks(args: &[&str], env: &[(&str, &str)]) -> (Output, u32) {
+    if env.contains(&("STRAGGLAR_GPU_ENGINE", "1")) {
+        kernels_cached();
+    }
     let program = loopback_ranks().to_str().unwrap().to_owned();
     let mut all = vec![program.as_str()];
     all.extend_from_slice(args);
@@ -484,6 +487,43 @@ fn calls_forwarded_to_nccl_interleave_with_stragglar_calls_on_two_streams() {
     // Both routes ran, and every rank routed every call alike.
     assert!(
         stats.iter().all(|s| *s == stats[0]) && !stats[0].contains(" 0 on"),
+        "{}",
+        support::describe(&out)
+    );
+}
+
+#[test]
+fn a_panic_inside_the_gpu_engine_gives_the_rank_up_and_releases_its_peers() {
+    // Rank 1's driver lacks cuLaunchKernel: cudarc panics at its first launch. Before, the
+    // panic became ncclInternalError on rank 1 alone, and its peers waited for it for ever.
+    let out = support::run(&mut emulated(&["--build-without", "cuLaunchKernel"]));
+    assert!(out.status.success(), "{}", support::describe(&out));
+    let without = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let nvrtc = support::root().join(".venv/cu12/nvidia/cuda_nvrtc/lib");
+    let rank1 = format!(
+        "LD_LIBRARY_PATH={without}:{}:{}",
+        built().display(),
+        nvrtc.display()
+    );
+    let mut env = ENGINE.to_vec();
+    env.push(("LOOPBACK_ENV_1", &rank1));
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("rank 1: error at call 0: internal error"),
+        "{}",
+        support::describe(&out)
+    );
+    for rank in [0, 2, 3] {
+        assert!(
+            text.contains(&format!("rank {rank}: error at call 0")),
+            "{}",
+            support::describe(&out)
+        );
+    }
+    assert!(
+        log.contains("the GPU engine panicked; this rank gives the communicator up"),
         "{}",
         support::describe(&out)
     );

@@ -15,7 +15,8 @@
  *   running after that many ms makes the rank call ncclCommAbort (as PyTorch's watchdog does)
  *   and report "aborted"; with LOOPBACK_LATE_RANK and LOOPBACK_LATE_US, that rank sleeps before
  *   every call; with LOOPBACK_FIXED every call is the same (4099 floats, sum), one size class for
- *   the straggler's detection. Each rank that finishes prints its stragglarGetStats (the designated straggler,
+ *   the straggler's detection; LOOPBACK_ENV_<r>=NAME=VALUE sets NAME in rank r's environment
+ *   only. Each rank that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL). */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -370,6 +371,25 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
   return 0;
 }
 
+/* Rank r's environment: this process's, with LOOPBACK_ENV_<r>=NAME=VALUE (if set) replacing or
+ * adding NAME. The array is malloc'd; its strings are not. */
+static char** rank_environment(int r) {
+  char key[32];
+  snprintf(key, sizeof key, "LOOPBACK_ENV_%d", r);
+  const char* extra = getenv(key);
+  size_t n = 0;
+  while (environ[n]) ++n;
+  char** env = calloc(n + 2, sizeof(char*));
+  size_t out = 0;
+  size_t name_len = extra && strchr(extra, '=') ? (size_t)(strchr(extra, '=') - extra) : 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (name_len && strncmp(environ[i], extra, name_len + 1) == 0) continue;
+    env[out++] = environ[i];
+  }
+  if (name_len) env[out++] = (char*)extra;
+  return env;
+}
+
 int main(int argc, char** argv) {
   if (argc == 7 && strcmp(argv[1], "--rank") == 0)
     return run_rank(atoi(argv[2]), atoi(argv[3]), argv[4], atoi(argv[5]), atoi(argv[6]));
@@ -394,7 +414,10 @@ int main(int argc, char** argv) {
     snprintf(rank, sizeof rank, "%d", r);
     snprintf(n, sizeof n, "%d", nranks);
     char* args[] = {argv[0], "--rank", rank, n, hex, (char*)kill_rank, (char*)kill_at, NULL};
-    if (posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, args, environ) != 0) return 1;
+    char** env = rank_environment(r);
+    int spawned = posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, args, env);
+    free(env);
+    if (spawned != 0) return 1;
   }
   int ok = 1;
   for (int r = 0; r < nranks; ++r) {

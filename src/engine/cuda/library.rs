@@ -1120,7 +1120,21 @@ pub fn all_reduce(call: &EngineCall) -> Result<ResultCode, Fallback> {
     }
     let outcome = match &mut *state {
         State::SettingUp | State::Refused => return Err(Fallback::SetupRefused),
-        State::Ready(ready) => launch(ready, call),
+        State::Ready(ready) => {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| launch(ready, call))) {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    // Its peers may already wait for this rank's part of the call: its failure
+                    // word releases them, and its abort word fails its later calls.
+                    ready.rank.give_up();
+                    log::warn!(
+                        "ncclAllReduce on communicator {:p}: the GPU engine panicked; this rank gives the communicator up",
+                        call.comm
+                    );
+                    return Ok(ResultCode::INTERNAL_ERROR);
+                }
+            }
+        }
     };
     if entry.forgotten.load(std::sync::atomic::Ordering::Acquire) {
         // Aborted (or destroyed) while this call ran: `forget` could not take the state, so
