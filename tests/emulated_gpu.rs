@@ -528,3 +528,45 @@ fn a_panic_inside_the_gpu_engine_gives_the_rank_up_and_releases_its_peers() {
         support::describe(&out)
     );
 }
+
+#[test]
+fn graph_replays_follow_the_late_rank_as_it_moves_alike_on_every_rank() {
+    // One captured call replayed 160 times under auto; rank 2 is late for the first 80
+    // replays, rank 1 for the rest. The choice is made on the GPU from the shared records.
+    let mut env = ENGINE.to_vec();
+    env.retain(|(key, _)| *key != "STRAGGLAR_ALGO");
+    env.extend([
+        ("STRAGGLAR_ALGO", "auto"),
+        ("LOOPBACK_REPLAYS", "160"),
+        ("LOOPBACK_LATE_RANK", "2,1"),
+        ("LOOPBACK_LATE_US", "40000"),
+    ]);
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 160 replays checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    let choices: Vec<&str> = log
+        .lines()
+        .filter_map(|l| {
+            l.split_once("their replays chose on the GPU: ")
+                .map(|(_, c)| c)
+        })
+        .collect();
+    assert_eq!(choices.len(), 4, "{}", support::describe(&out));
+    assert!(
+        choices.iter().all(|c| *c == choices[0]),
+        "{}",
+        support::describe(&out)
+    );
+    assert!(
+        choices[0].ends_with("the last on StragglAR with rank 1 as the straggler"),
+        "{}",
+        support::describe(&out)
+    );
+}

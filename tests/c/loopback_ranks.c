@@ -257,6 +257,71 @@ static int run_pairs(int rank, int nranks, ncclComm_t comm) {
   return 0;
 }
 
+/* LOOPBACK_REPLAYS=N: three eager calls, then one call (4099 floats, sum) captured into a graph
+ * and replayed N times, every replay's result checked. With LOOPBACK_LATE_RANK=A,B rank A
+ * sleeps LOOPBACK_LATE_US before the first half of the replays and rank B before the second. */
+static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, CUdeviceptr send,
+                       CUdeviceptr recv, int replays) {
+  static float host[4099];
+  const char* late = getenv("LOOPBACK_LATE_RANK");
+  int late_first = late ? atoi(late) : -1;
+  int late_second = late && strchr(late, ',') ? atoi(strchr(late, ',') + 1) : late_first;
+  const long late_us = getenv("LOOPBACK_LATE_US") ? atol(getenv("LOOPBACK_LATE_US")) : 0;
+  for (int j = 0; j < 4099; ++j) host[j] = (float)(rank + j % 5);
+  CU(cuMemcpyHtoD(send, host, sizeof host));
+  CUgraph graph;
+  CUgraphExec exec;
+  for (int i = 0; i <= replays + 3; ++i) {
+    if (i == 3) {
+      CU(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+      ncclResult_t nr = ncclAllReduce((const void*)send, (void*)recv, 4099, ncclFloat32, ncclSum,
+                                      comm, stream);
+      CU(cuStreamEndCapture(stream, &graph));
+      CU(cuGraphInstantiateWithFlags(&exec, graph, 0));
+      if (nr != ncclSuccess) return 3;
+      continue;
+    }
+    int late_now = i - 4 < replays / 2 ? late_first : late_second;
+    if (i > 3 && rank == late_now) {
+      struct timespec t = {late_us / 1000000, (late_us % 1000000) * 1000};
+      nanosleep(&t, NULL);
+    }
+    CU(cuMemsetD32(recv, 0, 4099));
+    if (i < 3) {
+      if (ncclAllReduce((const void*)send, (void*)recv, 4099, ncclFloat32, ncclSum, comm,
+                        stream) != ncclSuccess)
+        return 3;
+    } else {
+      CU(cuGraphLaunch(exec, stream));
+    }
+    CU(cuStreamSynchronize(stream));
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    if (async != ncclSuccess) {
+      printf("rank %d: error at call %d: %s\n", rank, i, ncclGetErrorString(async));
+      return 3;
+    }
+    CU(cuMemcpyDtoH(host, recv, sizeof host));
+    for (int j = 0; j < 4099; ++j) {
+      float want = (float)(nranks * (nranks - 1) / 2 + nranks * (j % 5));
+      if (host[j] != want) {
+        printf("rank %d: call %d: element %d is %g, not %g\n", rank, i, j, host[j], want);
+        return 4;
+      }
+    }
+  }
+  cuGraphExecDestroy(exec);
+  cuGraphDestroy(graph);
+  stragglarStats_t stats;
+  if (stragglarGetStats(comm, &stats) == ncclSuccess)
+    printf("rank %d: designated %d, %llu on StragglAR, %llu on NCCL\n", rank,
+           stats.designatedStraggler, (unsigned long long)stats.onStragglar,
+           (unsigned long long)stats.onNccl);
+  ncclCommDestroy(comm);
+  printf("rank %d: %d replays checked\n", rank, replays);
+  return 0;
+}
+
 static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int kill_at) {
   ncclUniqueId id;
   for (size_t i = 0; i < sizeof id; ++i) {
@@ -299,6 +364,8 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     return 1;
   }
   if (getenv("LOOPBACK_TWO_STREAMS")) return run_pairs(rank, nranks, comm);
+  if (getenv("LOOPBACK_REPLAYS"))
+    return run_replays(rank, nranks, comm, stream, send, recv, atoi(getenv("LOOPBACK_REPLAYS")));
   static unsigned char host[MAX_COUNT * 8];
   const int graphs = getenv("LOOPBACK_GRAPHS") != NULL;
   const long abort_after_ms = getenv("LOOPBACK_ABORT_AFTER_MS") ? atol(getenv("LOOPBACK_ABORT_AFTER_MS")) : 0;

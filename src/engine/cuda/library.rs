@@ -1276,8 +1276,12 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     }
     if ready.captured > 0 {
         if let Some(counts) = ready.rank.graph_counts() {
+            let last = match counts.last_straggler {
+                Some(rank) => format!("the last on StragglAR with rank {rank} as the straggler"),
+                None => "the last on the baseline".into(),
+            };
             log::info!(
-                "communicator {comm:p}: {} calls captured into graphs; their replays chose on the GPU: {} StragglAR, {} the baseline (Ring where it fits the staging)",
+                "communicator {comm:p}: {} calls captured into graphs; their replays chose on the GPU: {} StragglAR, {} the baseline (Ring where it fits the staging); {last}",
                 ready.captured,
                 counts.stragglar,
                 counts.baseline
