@@ -570,3 +570,36 @@ fn graph_replays_follow_the_late_rank_as_it_moves_alike_on_every_rank() {
         support::describe(&out)
     );
 }
+
+#[test]
+fn the_eager_designation_follows_the_late_rank_as_it_moves() {
+    // 200 calls under auto: rank 2 late for the first 100, rank 1 for the rest.
+    let mut env = ENGINE.to_vec();
+    env.retain(|(key, _)| *key != "STRAGGLAR_ALGO");
+    env.extend([
+        ("STRAGGLAR_ALGO", "auto"),
+        ("LOOPBACK_CALLS", "200"),
+        ("LOOPBACK_FIXED", "1"),
+        ("LOOPBACK_LATE_RANK", "2,1"),
+        ("LOOPBACK_LATE_US", "40000"),
+    ]);
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    let stats: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_once(": designated ").map(|(_, s)| s))
+        .collect();
+    assert_eq!(stats.len(), 4, "{}", support::describe(&out));
+    assert!(
+        stats.iter().all(|s| *s == stats[0] && s.starts_with("1, ")),
+        "{}",
+        support::describe(&out)
+    );
+    assert!(
+        log.contains("changed from none to rank 2"),
+        "{}",
+        support::describe(&out)
+    );
+}

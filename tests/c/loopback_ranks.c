@@ -13,8 +13,8 @@
  *   with LOOPBACK_GRAPHS set, each call after the first three is captured into a CUDA graph (out
  *   of place) and the graph launched twice; with LOOPBACK_ABORT_AFTER_MS set, a call still
  *   running after that many ms makes the rank call ncclCommAbort (as PyTorch's watchdog does)
- *   and report "aborted"; with LOOPBACK_LATE_RANK and LOOPBACK_LATE_US, that rank sleeps before
- *   every call; with LOOPBACK_FIXED every call is the same (4099 floats, sum), one size class for
+ *   and report "aborted"; with LOOPBACK_LATE_RANK=A[,B] and LOOPBACK_LATE_US, rank A sleeps
+ *   before every call (before the first half, and rank B before the second, with B); with LOOPBACK_FIXED every call is the same (4099 floats, sum), one size class for
  *   the straggler's detection; LOOPBACK_ENV_<r>=NAME=VALUE sets NAME in rank r's environment
  *   only. Each rank that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL). */
@@ -35,7 +35,9 @@
 
 extern char** environ;
 
-enum { CALLS = 100, MAX_COUNT = 5003 };
+enum { MAX_COUNT = 5003 };
+/* Calls per rank: LOOPBACK_CALLS, or 100. */
+static int CALLS = 100;
 
 static const ncclDataType_t kTypes[] = {ncclInt8,    ncclInt32,   ncclFloat16, ncclFloat32,
                                         ncclFloat64, ncclBfloat16, ncclUint64};
@@ -370,11 +372,13 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
   const int graphs = getenv("LOOPBACK_GRAPHS") != NULL;
   const long abort_after_ms = getenv("LOOPBACK_ABORT_AFTER_MS") ? atol(getenv("LOOPBACK_ABORT_AFTER_MS")) : 0;
   const int fixed = getenv("LOOPBACK_FIXED") != NULL;
-  const int late_rank = getenv("LOOPBACK_LATE_RANK") ? atoi(getenv("LOOPBACK_LATE_RANK")) : -1;
+  const char* late = getenv("LOOPBACK_LATE_RANK");
+  const int late_first = late ? atoi(late) : -1;
+  const int late_second = late && strchr(late, ',') ? atoi(strchr(late, ',') + 1) : late_first;
   const long late_us = getenv("LOOPBACK_LATE_US") ? atol(getenv("LOOPBACK_LATE_US")) : 0;
   for (int i = 0; i < CALLS; ++i) {
     if (rank == kill_rank && i == kill_at) raise(SIGKILL);
-    if (rank == late_rank) {
+    if (rank == (i < CALLS / 2 ? late_first : late_second)) {
       /* Held back on the host before every call: this rank's launches come late. */
       struct timespec t = {late_us / 1000000, (late_us % 1000000) * 1000};
       nanosleep(&t, NULL);
@@ -458,6 +462,7 @@ static char** rank_environment(int r) {
 }
 
 int main(int argc, char** argv) {
+  if (getenv("LOOPBACK_CALLS")) CALLS = atoi(getenv("LOOPBACK_CALLS"));
   if (argc == 7 && strcmp(argv[1], "--rank") == 0)
     return run_rank(atoi(argv[2]), atoi(argv[3]), argv[4], atoi(argv[5]), atoi(argv[6]));
   if (argc != 2 && argc != 4) {
