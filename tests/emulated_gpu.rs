@@ -198,6 +198,7 @@ fn loopback_ranks() -> &'static PathBuf {
                 format!("-Wl,-rpath,{}", lib.display()),
                 format!("-L{}", dir.display()),
                 "-lcuda".into(),
+                "-pthread".into(),
             ],
         );
         program
@@ -602,4 +603,28 @@ fn the_eager_designation_follows_the_late_rank_as_it_moves() {
         "{}",
         support::describe(&out)
     );
+}
+
+#[test]
+fn two_communicators_over_the_same_ranks_driven_by_one_thread_and_by_two() {
+    for threads in ["1", "2"] {
+        let mut env = ENGINE.to_vec();
+        env.push(("LOOPBACK_TWO_COMMS", threads));
+        let (out, _) = run_ranks(&["4"], &env);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", support::describe(&out));
+        assert_eq!(
+            text.matches(": 100 calls checked on each of 2 communicators")
+                .count(),
+            4,
+            "{}",
+            support::describe(&out)
+        );
+        assert_eq!(
+            text.matches(": 100 on StragglAR, 0 on NCCL").count(),
+            8,
+            "{}",
+            support::describe(&out)
+        );
+    }
 }

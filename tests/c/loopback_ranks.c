@@ -23,6 +23,7 @@
 #include <nccl.h>
 #include <stragglar.h>
 
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdint.h>
@@ -324,6 +325,106 @@ static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, C
   return 0;
 }
 
+/* LOOPBACK_TWO_COMMS=1|2: a second communicator over the same ranks (its id broadcast over the
+ * first), and CALLS calls on each: with 1, one thread alternates between them on one stream;
+ * with 2, each has a thread and a stream of its own. */
+struct comm_worker {
+  int rank, nranks, which, calls;
+  ncclComm_t comm;
+  CUcontext ctx;
+  CUstream stream; /* shared in the one-thread mode */
+  int result;
+};
+
+static int comm_call(struct comm_worker* w, int i, CUdeviceptr send, CUdeviceptr recv,
+                     unsigned char* host) {
+  int rank = w->rank;
+  int call = 2 * i + w->which; /* different data on the two communicators */
+  ncclDataType_t t = kTypes[call % (sizeof kTypes / sizeof kTypes[0])];
+  ncclRedOp_t op = kOps[call % (sizeof kOps / sizeof kOps[0])];
+  size_t count = 1 + (size_t)(call * 613) % (MAX_COUNT - 1);
+  for (size_t j = 0; j < count; ++j) store(host, j, t, value(rank, call, (int)j, op, t));
+  CU(cuMemcpyHtoD(send, host, count * type_bytes(t)));
+  ncclResult_t nr = ncclAllReduce((const void*)send, (void*)recv, count, t, op, w->comm, w->stream);
+  CU(cuStreamSynchronize(w->stream));
+  ncclResult_t async = ncclSuccess;
+  ncclCommGetAsyncError(w->comm, &async);
+  if (nr != ncclSuccess || async != ncclSuccess) {
+    printf("rank %d: communicator %d: error at call %d\n", rank, w->which, i);
+    return 3;
+  }
+  CU(cuMemcpyDtoH(host, recv, count * type_bytes(t)));
+  for (size_t j = 0; j < count; ++j) {
+    long long want = expected(w->nranks, call, (int)j, op, t), got = load(host, j, t);
+    if (got != want) {
+      printf("rank %d: communicator %d: call %d: element %zu is %lld, not %lld\n", rank, w->which,
+             i, j, got, want);
+      return 4;
+    }
+  }
+  return 0;
+}
+
+static void* comm_thread(void* arg) {
+  struct comm_worker* w = arg;
+  int rank = w->rank;
+  CUdeviceptr send, recv;
+  unsigned char* host = malloc(MAX_COUNT * 8);
+  w->result = 1;
+  if (cuCtxSetCurrent(w->ctx) || cuStreamCreate(&w->stream, CU_STREAM_NON_BLOCKING) ||
+      cuMemAlloc(&send, MAX_COUNT * 8) || cuMemAlloc(&recv, MAX_COUNT * 8)) {
+    fprintf(stderr, "rank %d: thread setup failed\n", rank);
+    free(host);
+    return NULL;
+  }
+  w->result = 0;
+  for (int i = 0; i < w->calls && w->result == 0; ++i) w->result = comm_call(w, i, send, recv, host);
+  free(host);
+  return NULL;
+}
+
+static int run_two_comms(int rank, int nranks, ncclComm_t first, CUcontext ctx, CUstream stream,
+                         CUdeviceptr send, CUdeviceptr recv, int threads) {
+  ncclUniqueId id;
+  if (rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) return 1;
+  CU(cuMemcpyHtoD(send, &id, sizeof id));
+  if (ncclBroadcast((const void*)send, (void*)send, sizeof id, ncclInt8, 0, first, stream) !=
+      ncclSuccess)
+    return 1;
+  CU(cuStreamSynchronize(stream));
+  CU(cuMemcpyDtoH(&id, send, sizeof id));
+  ncclComm_t second;
+  ncclResult_t nr = ncclCommInitRank(&second, nranks, id, rank);
+  if (nr != ncclSuccess) {
+    fprintf(stderr, "rank %d: second ncclCommInitRank: %s\n", rank, ncclGetErrorString(nr));
+    return 1;
+  }
+  struct comm_worker w[2] = {{rank, nranks, 0, CALLS, first, ctx, stream, 0},
+                             {rank, nranks, 1, CALLS, second, ctx, stream, 0}};
+  if (threads == 2) {
+    pthread_t t[2];
+    for (int k = 0; k < 2; ++k) pthread_create(&t[k], NULL, comm_thread, &w[k]);
+    for (int k = 0; k < 2; ++k) pthread_join(t[k], NULL);
+  } else {
+    static unsigned char host[MAX_COUNT * 8];
+    for (int i = 0; i < CALLS; ++i)
+      for (int k = 0; k < 2 && w[0].result == 0 && w[1].result == 0; ++k)
+        w[k].result = comm_call(&w[k], i, send, recv, host);
+  }
+  for (int k = 0; k < 2; ++k)
+    if (w[k].result != 0) return w[k].result;
+  for (int k = 0; k < 2; ++k) {
+    stragglarStats_t stats;
+    if (stragglarGetStats(w[k].comm, &stats) == ncclSuccess)
+      printf("rank %d: communicator %d: %llu on StragglAR, %llu on NCCL\n", rank, k,
+             (unsigned long long)stats.onStragglar, (unsigned long long)stats.onNccl);
+    ncclCommDestroy(w[k].comm);
+  }
+  printf("rank %d: %d calls checked on each of 2 communicators (%d thread%s)\n", rank, CALLS,
+         threads, threads == 2 ? "s" : "");
+  return 0;
+}
+
 static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int kill_at) {
   ncclUniqueId id;
   for (size_t i = 0; i < sizeof id; ++i) {
@@ -366,6 +467,9 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     return 1;
   }
   if (getenv("LOOPBACK_TWO_STREAMS")) return run_pairs(rank, nranks, comm);
+  if (getenv("LOOPBACK_TWO_COMMS"))
+    return run_two_comms(rank, nranks, comm, ctx, stream, send, recv,
+                         atoi(getenv("LOOPBACK_TWO_COMMS")));
   if (getenv("LOOPBACK_REPLAYS"))
     return run_replays(rank, nranks, comm, stream, send, recv, atoi(getenv("LOOPBACK_REPLAYS")));
   static unsigned char host[MAX_COUNT * 8];
