@@ -6,7 +6,12 @@
 # the same sequence of runs. A failed run (non-zero exit, or still running after 5 minutes)
 # keeps its command and output in OUT; a summary line ends the soak.
 #
+# With BACKEND=cuda the runs drive `stragglar bench --backend cuda` on the emulated GPU
+# (scripts/emulated-gpu.sh): 2-6 ranks sharing GPU 0, 8 B to 512 KiB, eager or captured into
+# graphs (--graph), no link emulation (a host-engine option).
+#
 # usage: scripts/soak-cli.sh SECONDS [SEED]
+#   BACKEND host (default) or cuda
 #   JOBS   runs at once (default 3)
 #   OUT    where failed runs are kept (default target/soak-cli/SEED)
 #   BIN    the stragglar binary (default: target/release/stragglar, built first)
@@ -26,6 +31,16 @@ if [ -z "${BIN:-}" ]; then
   cargo build --release --quiet
   BIN=target/release/stragglar
 fi
+BACKEND=${BACKEND:-host}
+case "$BACKEND" in
+  host) RUNNER=() ;;
+  cuda)
+    RUNNER=(scripts/emulated-gpu.sh)
+    # One NVRTC compilation before the runs, not one per run at once.
+    "${RUNNER[@]}" "$BIN" kernels --arch sm_90 --cache >/dev/null
+    ;;
+  *) echo "soak-cli: BACKEND is host or cuda, not $BACKEND" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT"
 rm -f "$OUT"/failed-*.txt
 
@@ -45,26 +60,34 @@ pick() { # pick NAME: one element of array NAME, in REPLY
 
 # One run's arguments, drawn from $RANDOM, in ARGS.
 draw() {
-  local ranks=$((2 + RANDOM % 8))
+  local ranks top=4194304
+  if [ "$BACKEND" = cuda ]; then
+    ranks=$((2 + RANDOM % 5))
+    top=524288
+  else
+    ranks=$((2 + RANDOM % 8))
+  fi
   local straggler=$((RANDOM % ranks)) late
   if ((RANDOM % 2)); then late=$straggler; else late=$((RANDOM % ranks)); fi
   # Sizes log-uniform from 8 B to 4 MiB, not only powers of two.
   local lo=$((3 + RANDOM % 20))
   local min=$(((1 << lo) + (RANDOM * 32768 + RANDOM) % (1 << lo)))
-  ((min > 4194304)) && min=4194304
+  ((min > top)) && min=$top
   local factor=$((2 + RANDOM % 7)) max=$min steps=$((RANDOM % 4))
-  while ((steps > 0 && max * factor <= 4194304)); do
+  while ((steps > 0 && max * factor <= top)); do
     max=$((max * factor))
     steps=$((steps - 1))
   done
-  ARGS=(bench --backend host --ranks "$ranks" --straggler "$straggler" --late-rank "$late")
+  ARGS=(bench --backend "$BACKEND" --ranks "$ranks" --straggler "$straggler" --late-rank "$late")
   pick DELAYS && ARGS+=(--delay-us "$REPLY")
   pick ALGOS && ARGS+=(--algo "$REPLY")
   ARGS+=(-b "$min" -e "$max" -f "$factor" -n "$((1 + RANDOM % 3))" -w "$((RANDOM % 2))" -c 1)
   pick TYPES && ARGS+=(-d "$REPLY")
   pick OPS && ARGS+=(-o "$REPLY")
   if ((RANDOM % 2)); then ARGS+=(--ranks-as processes); else ARGS+=(--ranks-as threads); fi
-  if ((RANDOM % 3 == 0)); then
+  if [ "$BACKEND" = cuda ]; then
+    if ((RANDOM % 3 == 0)); then ARGS+=(--graph); fi
+  elif ((RANDOM % 3 == 0)); then
     pick LINK_GBS && ARGS+=(--link-gbs "$REPLY")
     pick LINK_US && ARGS+=(--link-latency-us "$REPLY")
   fi
@@ -74,11 +97,11 @@ draw() {
 run() {
   local n=$1 output rc=0
   shift
-  output=$(timeout 300 "$BIN" "$@" 2>&1) || rc=$?
+  output=$(timeout 300 "${RUNNER[@]}" "$BIN" "$@" 2>&1) || rc=$?
   if [ "$rc" -ne 0 ]; then
     {
       echo "# run $n of seed $SEED: exit status $rc"
-      echo "$BIN $*"
+      echo "${RUNNER[*]} $BIN $*"
       echo "$output"
     } >"$OUT/failed-$n.txt"
   fi
@@ -98,5 +121,5 @@ wait
 failed=$(find "$OUT" -name 'failed-*.txt' | wc -l)
 kept=""
 ((failed > 0)) && kept=", kept in $OUT"
-echo "soak-cli: $started runs in $(($(date +%s) - start)) s (seed $SEED, $JOBS at once): $failed failed$kept"
+echo "soak-cli: $started runs in $(($(date +%s) - start)) s (seed $SEED, $JOBS at once, $BACKEND backend): $failed failed$kept"
 ((failed == 0))
