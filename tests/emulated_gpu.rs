@@ -226,6 +226,14 @@ fn timing() -> std::sync::MutexGuard<'static, ()> {
     TIMING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Each rank's stragglarGetStats line from loopback_ranks: "designated D, N on StragglAR, M on
+/// NCCL" after the rank's prefix.
+fn designations(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter_map(|l| l.split_once(": designated ").map(|(_, s)| s))
+        .collect()
+}
+
 fn run_ranks(args: &[&str], env: &[(&str, &str)]) -> (Output, u32) {
     if env.contains(&("STRAGGLAR_GPU_ENGINE", "1")) {
         kernels_cached();
@@ -377,10 +385,7 @@ fn the_gpu_engine_designates_a_held_back_rank_alike_on_every_rank() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{}", support::describe(&out));
         // Every rank designates rank 2 and, under auto, made the same choice on every call.
-        let stats: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.split_once(": designated ").map(|(_, s)| s))
-            .collect();
+        let stats = designations(&text);
         assert_eq!(stats.len(), 4, "{}", support::describe(&out));
         assert!(
             stats.iter().all(|s| *s == stats[0] && s.starts_with("2, ")),
@@ -491,10 +496,7 @@ fn calls_forwarded_to_nccl_interleave_with_stragglar_calls_on_two_streams() {
         "{}",
         support::describe(&out)
     );
-    let stats: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.split_once(": designated ").map(|(_, s)| s))
-        .collect();
+    let stats = designations(&text);
     assert_eq!(stats.len(), 4, "{}", support::describe(&out));
     // Both routes ran, and every rank routed every call alike.
     assert!(
@@ -601,10 +603,7 @@ fn the_eager_designation_follows_the_late_rank_as_it_moves() {
     let text = String::from_utf8_lossy(&out.stdout);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{}", support::describe(&out));
-    let stats: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.split_once(": designated ").map(|(_, s)| s))
-        .collect();
+    let stats = designations(&text);
     assert_eq!(stats.len(), 4, "{}", support::describe(&out));
     assert!(
         stats.iter().all(|s| *s == stats[0] && s.starts_with("1, ")),

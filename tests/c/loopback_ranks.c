@@ -126,6 +126,16 @@ static long long expected(int nranks, int i, int j, ncclRedOp_t op, ncclDataType
   return acc;
 }
 
+/* Prints this rank's stragglarGetStats: the designated straggler, calls on StragglAR and on
+ * NCCL. */
+static void print_stats(int rank, ncclComm_t comm) {
+  stragglarStats_t stats;
+  if (stragglarGetStats(comm, &stats) == ncclSuccess)
+    printf("rank %d: designated %d, %llu on StragglAR, %llu on NCCL\n", rank,
+           stats.designatedStraggler, (unsigned long long)stats.onStragglar,
+           (unsigned long long)stats.onNccl);
+}
+
 static double now_ms(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -250,11 +260,7 @@ static int run_pairs(int rank, int nranks, ncclComm_t comm) {
       }
     }
   }
-  stragglarStats_t stats;
-  if (stragglarGetStats(comm, &stats) == ncclSuccess)
-    printf("rank %d: designated %d, %llu on StragglAR, %llu on NCCL\n", rank,
-           stats.designatedStraggler, (unsigned long long)stats.onStragglar,
-           (unsigned long long)stats.onNccl);
+  print_stats(rank, comm);
   ncclCommDestroy(comm);
   printf("rank %d: %d calls checked\n", rank, CALLS);
   return 0;
@@ -315,11 +321,7 @@ static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, C
   }
   cuGraphExecDestroy(exec);
   cuGraphDestroy(graph);
-  stragglarStats_t stats;
-  if (stragglarGetStats(comm, &stats) == ncclSuccess)
-    printf("rank %d: designated %d, %llu on StragglAR, %llu on NCCL\n", rank,
-           stats.designatedStraggler, (unsigned long long)stats.onStragglar,
-           (unsigned long long)stats.onNccl);
+  print_stats(rank, comm);
   ncclCommDestroy(comm);
   printf("rank %d: %d replays checked\n", rank, replays);
   return 0;
@@ -538,11 +540,7 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
       }
     }
   }
-  stragglarStats_t stats;
-  if (stragglarGetStats(comm, &stats) == ncclSuccess)
-    printf("rank %d: designated %d, %llu on StragglAR, %llu on NCCL\n", rank,
-           stats.designatedStraggler, (unsigned long long)stats.onStragglar,
-           (unsigned long long)stats.onNccl);
+  print_stats(rank, comm);
   ncclCommDestroy(comm);
   printf("rank %d: %d calls checked\n", rank, CALLS);
   return 0;
