@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use stragglar::engine::host::runner::{PlanCache, Shape};
+use stragglar::plan::{PlanCache, Shape};
 use stragglar::reduce::DataType;
 
 /// Distinct counts per host-engine measurement: each one is a new size to the cache.

@@ -212,8 +212,8 @@ impl Config {
         read(
             "STRAGGLAR_BUFFER_BYTES",
             "256M",
-            &mut |v| match crate::cli::args::parse_bytes(v) {
-                Ok(bytes) if bytes >= 4096 && bytes <= usize::MAX as u64 => {
+            &mut |v| match parse_bytes(v) {
+                Some(bytes) if bytes >= 4096 && bytes <= usize::MAX as u64 => {
                     config.buffer_bytes = bytes as usize;
                     true
                 }
@@ -223,8 +223,8 @@ impl Config {
         read(
             "STRAGGLAR_MIN_BYTES",
             "64K",
-            &mut |v| match crate::cli::args::parse_bytes(v) {
-                Ok(bytes) if bytes <= usize::MAX as u64 => {
+            &mut |v| match parse_bytes(v) {
+                Some(bytes) if bytes <= usize::MAX as u64 => {
                     config.min_bytes = bytes as usize;
                     true
                 }
@@ -234,12 +234,12 @@ impl Config {
         read(
             "STRAGGLAR_STAGING_CAP",
             "4G",
-            &mut |v| match crate::cli::args::parse_bytes(v) {
-                Ok(bytes) => {
+            &mut |v| match parse_bytes(v) {
+                Some(bytes) => {
                     config.staging_cap = bytes;
                     true
                 }
-                Err(_) => false,
+                None => false,
             },
         );
         config.p2p_disabled =
@@ -420,6 +420,24 @@ pub fn get() -> &'static Config {
         }
         config
     })
+}
+
+/// Parses a byte size with nccl-tests' suffixes: K, M, G, T (powers of 1024), an optional
+/// `B`; `None` for anything else or a size beyond `u64`.
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
+    let (digits, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|v| v.checked_mul(1u64 << shift))
 }
 
 #[cfg(test)]

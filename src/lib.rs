@@ -3,7 +3,8 @@
 //! Rooms, from pure to impure:
 //! - `schedule`: StragglAR and baseline schedules, the replay verifier, the cost model (std only);
 //! - `detect`: straggler tracking and the per-call policy, from arrival records (pure);
-//! - `config`, `logging`: `STRAGGLAR_*` settings and NCCL-shaped log lines;
+//! - `config`, `logging`, `clock`: `STRAGGLAR_*` settings, NCCL-shaped log lines, the shared
+//!   monotonic clock;
 //! - `gpu`: the CUDA driver and NVRTC (cudarc, loaded dynamically), the kernel sources;
 //! - `engine`: executing plans (the host engine over shared memory, the GPU engine);
 //! - `nccl`: finding and binding the real NCCL, and its C types;
@@ -17,6 +18,7 @@
 
 pub mod abi;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod detect;
 pub mod engine;

@@ -7,11 +7,11 @@ use stragglar::abi::extensions::{
     stragglarArrivals_t, stragglarFallbackName, stragglarGetArrivals, stragglarGetStats,
     stragglarStats_t, STRAGGLAR_FALLBACK_COUNT,
 };
-use stragglar::intercept::fallback::Fallback;
 use stragglar::intercept::{
     count_fallback, facts_of, limits, route_all_reduce, AllReduceCall, Route,
 };
 use stragglar::nccl::types::{ncclComm_t, DataTypeCode, RedOpCode, ResultCode};
+use stragglar::registry::fallback::Fallback;
 use stragglar::registry::{self, CommInfo, CommOrigin, CommState};
 
 fn register(address: usize, nranks: i32) -> ncclComm_t {

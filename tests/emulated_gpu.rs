@@ -55,28 +55,24 @@ fn kernels_cached() {
     });
 }
 
+/// `stragglar bench --backend cuda` on 4 ranks with small defaults, each of which a flag in
+/// `extra` replaces.
 fn bench(extra: &[&str], env: &[(&str, &str)]) -> Output {
     kernels_cached();
-    let mut args = vec![
-        stragglar(),
-        "bench",
-        "--backend",
-        "cuda",
-        "--ranks",
-        "4",
-        "-b",
-        "1K",
-        "-e",
-        "64K",
-        "-f",
-        "8",
-        "-n",
-        "3",
-        "-w",
-        "1",
-        "-c",
-        "1",
+    let mut args = vec![stragglar(), "bench", "--backend", "cuda", "--ranks", "4"];
+    let defaults = [
+        ("-b", "1K"),
+        ("-e", "64K"),
+        ("-f", "8"),
+        ("-n", "3"),
+        ("-w", "1"),
+        ("-c", "1"),
     ];
+    for (flag, value) in defaults {
+        if !extra.contains(&flag) {
+            args.extend([flag, value]);
+        }
+    }
     args.extend_from_slice(extra);
     let mut cmd = emulated(&args);
     for (key, value) in env {
@@ -130,8 +126,68 @@ fn bench_ranks_as_threads_run_eager_and_in_graphs() {
 }
 
 #[test]
+fn bench_ranks_as_threads_run_ring_on_the_engine_eager_and_in_graphs() {
+    for extra in [&["--algo", "ring"][..], &["--algo", "ring", "--graph"][..]] {
+        let out = bench(extra, &[]);
+        assert_clean_bench(&out);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.matches(" ring |").count(), 3, "{text}");
+    }
+}
+
+/// The bench's `--algo auto` runs the library's engine and policy: after the record lag, a
+/// rank held back on every call is designated and StragglAR runs the calls, alike on every
+/// rank (a disagreement would count in the last line). The lateness is 30 ms: an emulated
+/// call takes about 20 ms, whose jitter would hide a shorter one.
+#[test]
+fn the_bench_designates_its_late_rank_through_the_library_engine() {
+    let _timing = timing();
+    for ranks_as in ["threads", "processes"] {
+        let out = bench(
+            &[
+                "--ranks-as",
+                ranks_as,
+                "-b",
+                "64K",
+                "-e",
+                "64K",
+                "-w",
+                "40",
+                "-n",
+                "40",
+                "--algo",
+                "auto",
+                "--late-rank",
+                "3",
+                "--delay-us",
+                "30000",
+            ],
+            &[],
+        );
+        assert_clean_bench(&out);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let row: Vec<&str> = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("65536"))
+            .unwrap_or_else(|| panic!("{text}"))
+            .split_whitespace()
+            .collect();
+        let (share, designated) = (row[row.len() - 2], row[row.len() - 1]);
+        assert_eq!(designated, "3", "{ranks_as}: {text}");
+        assert!(
+            share.parse::<u32>().unwrap() > 0,
+            "{ranks_as}: StragglAR ran no call: {text}"
+        );
+    }
+}
+
+#[test]
 fn bench_ranks_as_processes_run_through_ipc_eager_and_in_graphs() {
     assert_clean_bench(&bench(&["--ranks-as", "processes"], &[]));
+    assert_clean_bench(&bench(
+        &["--ranks-as", "processes", "--graph", "--algo", "auto"],
+        &[],
+    ));
     assert_clean_bench(&bench(
         &[
             "--ranks-as",

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use stragglar::engine::host::runner::{PlanCache, Shape};
 use stragglar::gpu::choice::{RawDetector, RawGraphState, RawRule};
 use stragglar::gpu::kernels::op_code;
 use stragglar::gpu::launch::{
@@ -21,6 +20,7 @@ use stragglar::gpu::launch::{
     RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED, STATUS_TIMEOUT,
 };
 use stragglar::plan::{simulate, Lowered, Plan, Step};
+use stragglar::plan::{PlanCache, Shape};
 use stragglar::reduce::{DataType, ReduceOp, Scale};
 use stragglar::schedule::Algorithm;
 

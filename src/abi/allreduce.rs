@@ -4,16 +4,17 @@ use std::os::raw::c_void;
 use std::sync::atomic::AtomicBool;
 
 use super::guard::{check_live, guard};
+use crate::engine::cuda::library::Served;
 use crate::forward;
-use crate::intercept::fallback::Fallback;
 use crate::intercept::{
     count_fallback, count_stragglar, engine_call, facts_of, limits, route_all_reduce,
     AllReduceCall, Route,
 };
 use crate::nccl::types::*;
+use crate::registry::fallback::Fallback;
 
-/// AllReduce: routed by [`route_all_reduce`], counted on its communicator, then run by the
-/// real NCCL (or refused).
+/// AllReduce: routed by [`route_all_reduce`], counted on its communicator, then run by the GPU
+/// engine or the real NCCL (or refused).
 #[no_mangle]
 pub extern "C" fn ncclAllReduce(
     sendbuff: *const c_void,
@@ -43,16 +44,19 @@ pub extern "C" fn ncclAllReduce(
             comm,
         };
         let mut route = route_all_reduce(&call, &facts_of(&call), &limits());
-        if route == Route::Forward(Fallback::NoGpuEngine) && crate::config::get().gpu_engine {
-            // Eligible, and the (experimental) GPU engine is on.
+        if route == Route::Engine {
             match engine_call(&call, stream)
-                .and_then(|c| crate::engine::cuda::library::all_reduce(&c))
+                .and_then(|c| crate::engine::cuda::library::all_reduce(&c).map_err(Fallback::from))
             {
-                Ok(code) => {
+                Ok(Served::Stragglar(code)) => {
                     // A call that failed on the engine ran nowhere: it is not counted.
                     if code == ResultCode::SUCCESS {
                         count_stragglar(comm);
                     }
+                    return code;
+                }
+                Ok(Served::Nccl(code)) => {
+                    count_fallback(comm, Fallback::PolicyNccl);
                     return code;
                 }
                 Err(cause) => route = Route::Forward(cause),
@@ -65,15 +69,12 @@ pub extern "C" fn ncclAllReduce(
                     sendbuff, recvbuff, count, datatype, op, comm, stream
                 ));
                 if cause == Fallback::NonblockingComm && crate::config::get().gpu_engine {
-                    let state = crate::intercept::nonblocking::async_state(comm);
+                    let state = crate::nccl::nonblocking::async_state(comm);
                     crate::engine::cuda::library::nccl_state_seen(comm, state);
-                }
-                if cause == Fallback::PolicyNccl {
-                    // The GPU engine's next launch on this communicator follows NCCL's kernel.
-                    crate::engine::cuda::library::forwarded(comm, stream, code);
                 }
                 code
             }
+            Route::Engine => unreachable!("the engine's route was taken above"),
             Route::Refuse(code) => code,
         }
     })

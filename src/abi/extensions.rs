@@ -8,9 +8,9 @@ use std::os::raw::{c_char, c_int};
 use once_cell::sync::OnceCell;
 
 use super::guard::{check_live, guard};
-use crate::intercept::fallback::Fallback;
 use crate::nccl::types::{ncclComm_t, ResultCode};
 use crate::nccl::{binding, loader::FoundBy};
+use crate::registry::fallback::Fallback;
 
 /// `STRAGGLAR_VERSION_CODE`: major * 10000 + minor * 100 + patch of this crate's version.
 pub const STRAGGLAR_VERSION_CODE: c_int = decimal(env!("CARGO_PKG_VERSION_MAJOR")) * 10000

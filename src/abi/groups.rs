@@ -1,8 +1,8 @@
 //! `ncclGroupStart` / `ncclGroupEnd`: forwarded, with the per-thread depth mirrored.
 
 use super::guard::guard;
-use super::reentry::{calling_real, tracking};
 use crate::forward;
+use crate::nccl::reentry::{calling_real, tracking};
 use crate::nccl::types::ResultCode;
 use crate::registry::groups;
 

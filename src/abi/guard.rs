@@ -97,7 +97,7 @@ pub fn reject_value(warned: &AtomicBool, function: &str, why: &str) -> ResultCod
 /// calls NCCL makes itself during teardown pass.
 #[inline]
 pub fn check_live(comm: ncclComm_t, warned: &AtomicBool, function: &str) -> Result<(), ResultCode> {
-    if !crate::registry::comms().is_destroyed(comm) || crate::abi::reentry::inside_real_nccl() {
+    if !crate::registry::comms().is_destroyed(comm) || crate::nccl::reentry::inside_real_nccl() {
         return Ok(());
     }
     if !warned.swap(true, Ordering::Relaxed) {

@@ -10,12 +10,12 @@ use std::os::raw::c_int;
 use std::sync::atomic::AtomicBool;
 
 use super::guard::{check_live, guard, reject_null};
-use super::passthrough::{ncclCommCount, ncclCommCuDevice, ncclCommUserRank};
-use super::reentry::{calling_real, tracking};
 use crate::forward;
 use crate::logging::set_thread_device;
+use crate::nccl::reentry::{calling_real, tracking};
 use crate::nccl::types::*;
 use crate::registry::comm_config::{effective_blocking, requested_blocking};
+use crate::registry::identity::read_identity;
 use crate::registry::{self, CommInfo, CommOrigin, CommState};
 
 /// Whether a result means NCCL handed out a communicator.
@@ -79,50 +79,6 @@ fn record(
     registry::stats().remove(comm);
     crate::engine::cuda::library::forget(comm, false);
     registry::comms().insert(comm, info);
-}
-
-/// Asks NCCL for the size, rank and device of `comm`, which must be ready (`ncclSuccess`).
-fn read_identity(comm: ncclComm_t, info: &mut CommInfo) {
-    let (mut count, mut me, mut device) = (-1, -1, -1);
-    calling_real(|| {
-        if ncclCommCount(comm, &mut count).is_success() {
-            info.nranks = Some(count);
-        }
-        if ncclCommUserRank(comm, &mut me).is_success() {
-            info.rank = Some(me);
-        }
-        if ncclCommCuDevice(comm, &mut device).is_success() {
-            info.cuda_device = Some(device);
-        }
-    });
-}
-
-/// What is known of `comm`, completed from NCCL where its init returned `ncclInProgress`
-/// (nonblocking) and left its size, rank or device unknown. The caller must know that its
-/// state is `ncclSuccess` now (NCCL may not be queried before); every rank of a correct
-/// program completes alike, at its first call after that.
-pub fn completed_info(comm: ncclComm_t) -> Option<CommInfo> {
-    let info = registry::comms().get(comm)?;
-    if info.nranks.is_some() && info.rank.is_some() && info.cuda_device.is_some() {
-        return Some(info);
-    }
-    let mut known = info.clone();
-    read_identity(comm, &mut known);
-    if known == info {
-        // NCCL could not say (asked again at the next call; nothing changes meanwhile).
-        return Some(info);
-    }
-    log::info!(
-        "communicator {comm:p} is ready: rank {:?} of {:?} on device {:?}",
-        known.rank,
-        known.nranks,
-        known.cuda_device
-    );
-    registry::comms().update(comm, |info| {
-        info.nranks = known.nranks;
-        info.rank = known.rank;
-        info.cuda_device = known.cuda_device;
-    })
 }
 
 /// Moves a tracked communicator to `state` after a forwarded teardown call.

@@ -17,5 +17,4 @@ pub mod guard;
 pub mod lifecycle;
 pub mod passthrough;
 pub mod redops;
-pub mod reentry;
 pub mod twins;

@@ -60,7 +60,7 @@ pub extern "C" fn ncclCommGetAsyncError(
             forward!(ncclCommGetAsyncError(comm, asyncError); live comm; outputs asyncError);
         if rc == ResultCode::SUCCESS
             && crate::config::get().gpu_engine
-            && !crate::abi::reentry::inside_real_nccl()
+            && !crate::nccl::reentry::inside_real_nccl()
         {
             // SAFETY: the forward above checked `asyncError` non-NULL and NCCL wrote it.
             crate::engine::cuda::library::nccl_state_seen(comm, unsafe { *asyncError });

@@ -6,8 +6,8 @@ use std::os::raw::c_void;
 use std::sync::atomic::AtomicBool;
 
 use super::guard::{check_live, guard, reject_null};
-use super::reentry::{calling_real, tracking};
 use crate::forward;
+use crate::nccl::reentry::{calling_real, tracking};
 use crate::nccl::types::*;
 use crate::registry::{self, PreMulSum, Scalar};
 

@@ -101,26 +101,13 @@ impl Args {
     }
 }
 
-/// Parses a byte size with nccl-tests' suffixes: K, M, G (powers of 1024), optional `B`.
+/// Parses a byte size with nccl-tests' suffixes (see `config::parse_bytes`).
 pub fn parse_bytes(text: &str) -> Result<u64, UsageError> {
-    let t = text.trim();
-    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
-    let (digits, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|v| v.checked_mul(1u64 << shift))
-        .ok_or_else(|| {
-            UsageError(format!(
-                "expected a size such as 64K, 8M or 1G, got '{text}'"
-            ))
-        })
+    crate::config::parse_bytes(text).ok_or_else(|| {
+        UsageError(format!(
+            "expected a size such as 64K, 8M or 1G, got '{text}'"
+        ))
+    })
 }
 
 /// Parses a comma-separated list, each item with `parse`.

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use super::args::{parse_bytes, Args, UsageError};
 use super::bench::data;
 use crate::engine::host::link::LinkModel;
-use crate::engine::host::runner::{all_reduce, layout_for, PlanCache, Shape};
+use crate::engine::host::runner::{all_reduce, layout_for};
 use crate::engine::host::segment::SegmentLayout;
 use crate::engine::host::{Buffers, HostComm, HostCommConfig};
+use crate::plan::{PlanCache, Shape};
 use crate::reduce::{DataType, ReduceOp, Scale};
 use crate::schedule::Algorithm;
 

@@ -7,8 +7,8 @@
 //! rank first; that rank then gives up its part of the GPU engine, which releases its peers
 //! (`engine::cuda::library::nccl_state_seen`).
 
-use super::fallback::Fallback;
 use crate::reduce::DataType;
+use crate::registry::fallback::Fallback;
 
 /// `ncclRedOp_t` values of the built-in ops the kernels reduce (sum, prod, max, min, avg).
 const BUILTIN_OPS: std::ops::RangeInclusive<i32> = 0..=4;
@@ -48,10 +48,12 @@ pub struct Limits {
     pub min_bytes: usize,
     /// `STRAGGLAR_BUFFER_BYTES`.
     pub buffer_bytes: usize,
+    /// `STRAGGLAR_GPU_ENGINE`: eligible calls go to the GPU engine.
+    pub gpu_engine: bool,
 }
 
 /// The first reason, in [`Fallback::ALL`] order, that keeps the call on NCCL; `Ok` when
-/// StragglAR may run it.
+/// the GPU engine takes it.
 pub fn check(facts: &CallFacts, limits: &Limits) -> Result<(), Fallback> {
     if limits.p2p_disabled {
         return Err(Fallback::P2pDisabled);
@@ -93,6 +95,9 @@ pub fn check(facts: &CallFacts, limits: &Limits) -> Result<(), Fallback> {
     if !facts.blocking && !facts.async_ready {
         return Err(Fallback::NonblockingComm);
     }
+    if !limits.gpu_engine {
+        return Err(Fallback::NoGpuEngine);
+    }
     Ok(())
 }
 
@@ -121,6 +126,7 @@ mod tests {
             straggler_off: false,
             min_bytes: 64 << 10,
             buffer_bytes: 256 << 20,
+            gpu_engine: true,
         }
     }
 

@@ -1,20 +1,20 @@
 //! The single interception point of `ncclAllReduce`: checks the call and decides its route.
 //!
 //! An invalid call is refused; a valid one is checked for StragglAR (`eligibility`), and the
-//! cause that keeps it on NCCL is counted per communicator. An eligible call routes as
-//! `no-gpu-engine`: `abi::allreduce` hands it to the GPU engine when `STRAGGLAR_GPU_ENGINE=1`,
-//! which counts it as StragglAR or names its own cause (`gpu-unavailable`, `setup-refused`, ...).
+//! cause that keeps it on NCCL is counted per communicator. An eligible call routes to the GPU
+//! engine (`STRAGGLAR_GPU_ENGINE=1`; `no-gpu-engine` otherwise), which runs it on StragglAR or
+//! NCCL, or declines it for a cause of its own (`gpu-unavailable`, `setup-refused`, ...).
 
 pub mod eligibility;
-pub mod fallback;
-pub mod nonblocking;
 pub mod report;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::engine::cuda::attach::EngineCall;
+use crate::engine::cuda::comm::Decline;
 use crate::nccl::types::{ncclComm_t, DataTypeCode, RedOpCode, ResultCode};
+use crate::registry::fallback::Fallback;
 use eligibility::{CallFacts, Limits};
-use fallback::Fallback;
 
 /// Largest `ncclDataType_t` value of the API we mirror (2.32: `ncclFloat8e5m2`).
 const LAST_DATA_TYPE: i32 = 11;
@@ -34,6 +34,8 @@ pub struct AllReduceCall {
 /// Where a call goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
+    /// To the GPU engine.
+    Engine,
     /// To the real NCCL, unchanged, for this cause.
     Forward(Fallback),
     /// Nowhere: the arguments are invalid; return this code.
@@ -94,10 +96,11 @@ pub fn facts_of(call: &AllReduceCall) -> CallFacts {
     let blocking = info.as_ref().is_none_or(|i| i.blocking);
     // Only a nonblocking communicator asks NCCL for its state; once it is ready, what its
     // init left unknown is read (alike on every rank: NCCL requires ncclSuccess before a call).
-    let async_ready =
-        !blocking && nonblocking::async_state(call.comm) == crate::nccl::types::ResultCode::SUCCESS;
+    let async_ready = !blocking
+        && crate::nccl::nonblocking::async_state(call.comm)
+            == crate::nccl::types::ResultCode::SUCCESS;
     if async_ready {
-        info = crate::abi::lifecycle::completed_info(call.comm);
+        info = crate::registry::identity::completed_info(call.comm);
     }
     // Only a dynamic op (a PreMulSum) needs the op table's lock.
     let premul = (call.op.0 > 4)
@@ -126,6 +129,7 @@ pub fn limits() -> Limits {
         straggler_off: config.straggler == crate::detect::policy::StragglerMode::Off,
         min_bytes: config.min_bytes,
         buffer_bytes: config.buffer_bytes,
+        gpu_engine: config.gpu_engine,
     }
 }
 
@@ -144,8 +148,7 @@ pub fn route_all_reduce(call: &AllReduceCall, facts: &CallFacts, limits: &Limits
     }
     match eligibility::check(facts, limits) {
         Err(cause) => Route::Forward(cause),
-        // Eligible: NCCL's unless the caller hands it to the GPU engine (STRAGGLAR_GPU_ENGINE=1).
-        Ok(()) => Route::Forward(Fallback::NoGpuEngine),
+        Ok(()) => Route::Engine,
     }
 }
 
@@ -154,11 +157,24 @@ pub fn count_stragglar(comm: ncclComm_t) {
     crate::registry::stats().of(comm).ran_stragglar();
 }
 
+/// The cause a call the GPU engine declined is counted as.
+impl From<Decline> for Fallback {
+    fn from(decline: Decline) -> Fallback {
+        match decline {
+            Decline::GpuUnavailable => Fallback::GpuUnavailable,
+            Decline::SetupRefused => Fallback::SetupRefused,
+            Decline::CapturingBeforeSetup => Fallback::CapturingBeforeSetup,
+            Decline::AboveBufferBytes => Fallback::AboveBufferBytes,
+            Decline::PolicyNccl => Fallback::PolicyNccl,
+        }
+    }
+}
+
 /// The GPU engine's view of an eligible call, or the cause that keeps it on NCCL.
 pub fn engine_call(
     call: &AllReduceCall,
     stream: crate::nccl::types::cudaStream_t,
-) -> Result<crate::engine::cuda::library::EngineCall, Fallback> {
+) -> Result<EngineCall, Fallback> {
     use crate::reduce::{DataType, ReduceOp, Scale};
     let info = crate::registry::comms()
         .get(call.comm)
@@ -183,7 +199,7 @@ pub fn engine_call(
     };
     let scale: Scale =
         Scale::for_op(op, dtype, ranks as usize, scalar).ok_or(Fallback::UnsupportedOp)?;
-    Ok(crate::engine::cuda::library::EngineCall {
+    Ok(EngineCall {
         comm: call.comm,
         rank: rank as usize,
         ranks: ranks as usize,
@@ -191,6 +207,8 @@ pub fn engine_call(
         send: call.send as u64,
         recv: call.recv as u64,
         count: call.count,
+        nccl_dtype: call.datatype,
+        nccl_op: call.op,
         dtype,
         op,
         scale,
@@ -212,7 +230,7 @@ pub fn count_fallback(comm: ncclComm_t, cause: Fallback) {
         let interval = crate::config::get()
             .report_interval_s
             .saturating_mul(1_000_000_000);
-        if stats.report_due(crate::engine::host::link::now_ns(), interval) {
+        if stats.report_due(crate::clock::now_ns(), interval) {
             log::info!("{}", report::summary(comm, &stats.snapshot()));
         }
     }
@@ -242,6 +260,7 @@ mod tests {
             straggler_off: false,
             min_bytes: 0,
             buffer_bytes: 1 << 30,
+            gpu_engine: false,
         };
         let unknown = Route::Forward(Fallback::UnknownComm);
         assert_eq!(route_all_reduce(&call(7, 0), &f(&call(7, 0)), &l), unknown);

@@ -1,7 +1,7 @@
 //! What a communicator's AllReduce calls did, said at INFO when it is destroyed.
 
-use super::fallback::Fallback;
 use crate::nccl::types::ncclComm_t;
+use crate::registry::fallback::Fallback;
 use crate::registry::stats::StatsSnapshot;
 
 /// One line: the calls, where they ran, and every cause that kept them on NCCL.

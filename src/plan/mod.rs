@@ -11,11 +11,13 @@
 //! rank (waiting for their flags), computes, and writes a new value on its own rank, the
 //! caller's output, or both. Nothing a peer may read is ever overwritten within a call.
 
+mod cache;
 mod encode;
 mod layout;
 mod lower;
 mod simulate;
 
+pub use cache::{PlanCache, Shape};
 pub use encode::{
     PlanBlob, RawPlanHeader, RawSource, RawStep, RawValue, NO_TURN, PLAN_MAGIC, PLAN_VERSION,
     SLOT_INPUT, SLOT_NONE, STEP_COMBINE, STEP_COPY, STEP_COPY_IN,

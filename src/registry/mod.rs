@@ -2,13 +2,15 @@
 //! created on it, and each thread's group depth.
 //!
 //! Filled by the exported lifecycle functions after the real call returns, never by NCCL's own
-//! internal calls (see `abi::reentry`). Thread-safe: PyTorch's watchdog calls
+//! internal calls (see `nccl::reentry`). Thread-safe: PyTorch's watchdog calls
 //! `ncclCommGetAsyncError` and `ncclCommAbort` from another thread while the main thread
 //! enqueues.
 
 pub mod comm_config;
 pub mod comms;
+pub mod fallback;
 pub mod groups;
+pub mod identity;
 pub mod redops;
 pub mod stats;
 

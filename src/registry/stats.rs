@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::intercept::fallback::Fallback;
 use crate::nccl::types::ncclComm_t;
+use crate::registry::fallback::Fallback;
 
 /// The counters of one communicator.
 #[derive(Default)]

@@ -8,9 +8,10 @@ use super::options::{BenchAlgo, BenchOptions};
 use crate::detect::{ArrivalRecord, Choice, Observed, Policy, Tracker};
 use crate::engine::host::comm::CallRecord;
 use crate::engine::host::link::LinkModel;
-use crate::engine::host::runner::{all_reduce, layout_for, PlanCache, Shape};
+use crate::engine::host::runner::{all_reduce, layout_for};
 use crate::engine::host::segment::SegmentLayout;
 use crate::engine::host::{Buffers, EngineError, HostComm, HostCommConfig};
+use crate::plan::{PlanCache, Shape};
 use crate::reduce::{ReduceOp, Scale};
 use crate::schedule::model::Link;
 use crate::schedule::Algorithm;
@@ -325,7 +326,7 @@ impl RankRun<'_> {
         } else {
             Buffers::OutOfPlace { input, output }
         };
-        let started = crate::engine::host::link::now_ns();
+        let started = crate::clock::now_ns();
         let record = all_reduce(
             &mut self.comm,
             &mut self.cache,
@@ -356,7 +357,7 @@ impl RankRun<'_> {
             }
         }
         if let Some(trace) = &mut self.trace {
-            let finished = crate::engine::host::link::now_ns();
+            let finished = crate::clock::now_ns();
             let event = crate::trace::CallEvent {
                 start_us: started as f64 / 1e3,
                 duration_us: finished.saturating_sub(started) as f64 / 1e3,

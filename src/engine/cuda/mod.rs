@@ -2,7 +2,9 @@
 //! allocations the ranks share (CUDA IPC between processes, plain device pointers between
 //! threads of one process).
 
+pub mod attach;
 pub mod budget;
+pub mod comm;
 pub mod driver;
 pub mod library;
 pub mod rank;

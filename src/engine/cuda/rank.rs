@@ -249,8 +249,13 @@ impl CudaRank {
     }
 
     /// The GPU this rank runs on.
-    pub fn device(&self) -> &Device {
+    pub fn device(&self) -> &Arc<Device> {
         &self.device
+    }
+
+    /// This rank's index in the communicator.
+    pub fn index(&self) -> usize {
+        self.config.rank
     }
 
     /// Whether `plan`'s blob is uploaded already (a call of it, of any size, allocates nothing).

@@ -5,9 +5,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::fault::{Fault, FaultPhase};
-use super::link::{now_ns, sleep_until, LinkModel};
+use super::link::{sleep_until, LinkModel};
 use super::segment::{segment_name, unlink, Segment, SegmentLayout};
 use super::wait::{publish, Liveness, WaitError, Watch};
+use crate::clock::now_ns;
 use crate::nccl::types::ResultCode;
 use crate::plan::{Plan, Step, Turn, ValueRef};
 use crate::reduce::{combine, finish, prescale, ReduceOp, Scale};

@@ -5,6 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::clock::now_ns;
+
 /// The emulated link of every rank.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct LinkModel {
@@ -12,17 +14,6 @@ pub struct LinkModel {
     pub bytes_per_second: Option<f64>,
     /// Added to every transfer.
     pub latency: Duration,
-}
-
-/// CLOCK_MONOTONIC in nanoseconds (the same clock in every process of the machine).
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Sleeps until CLOCK_MONOTONIC reaches `deadline_ns`.

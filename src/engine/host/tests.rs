@@ -264,7 +264,8 @@ fn leftovers(id: u64) -> Vec<String> {
 
 #[test]
 fn messages_larger_than_the_staging_run_in_segments() {
-    use super::runner::{all_reduce, layout_for, PlanCache, Shape};
+    use super::runner::{all_reduce, layout_for};
+    use crate::plan::{PlanCache, Shape};
     let ranks = 3;
     let shape = Shape {
         algorithm: Algorithm::Stragglar,

@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::local::{run_size, Local, Outcome};
-use super::steering::{Plans, Steering};
+use super::local::{run_size, Choices, Local, Outcome};
 use super::{open_gpu, Setup};
 use crate::cli::args::Args;
 use crate::cli::bench::options::BenchOptions;
+use crate::engine::cuda::attach::{connect, tickets_are_atomic, IpcAccess};
+use crate::engine::cuda::comm::OrderingEvents;
 use crate::engine::cuda::driver::{IpcMapping, Stream};
-use crate::engine::cuda::library::IpcAccess;
 use crate::engine::cuda::rank::CudaRank;
 use crate::engine::cuda::setup::{
     run_setup, settings_of, Devices, Exchange, Identity, SetupError, SetupRecord,
@@ -137,15 +137,15 @@ pub fn worker_main(argv: Vec<String>) -> i32 {
 fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn std::error::Error>> {
     let gpu = open_gpu()?;
     let sms = gpu.device.sm_count()? as u32;
-    let mut setup = Setup::new(options, sms)?;
-    let comm = CudaRank::new(&gpu.device, &gpu.kernels, setup.rank_config(options, rank))?;
+    let setup = Setup::new(options, sms)?;
+    let mut rank_part = CudaRank::new(&gpu.device, &gpu.kernels, setup.rank_config(options, rank))?;
     let identity = Identity::this_host(gpu.device.uuid()?);
     let record = SetupRecord::ready(
         rank,
         options.ranks,
         &identity,
         settings_of(crate::config::get()),
-        comm.staging().ipc_handle()?,
+        rank_part.staging().ipc_handle()?,
         setup.layout,
     );
     let mut exchange = DirExchange {
@@ -159,32 +159,19 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
         layout: setup.layout,
         rank,
     };
-    let mut locals = [Local {
-        rank,
-        comm,
-        stream: Stream::new(&gpu.device)?,
-        steering: Steering::new(options.ranks, setup.auto),
-    }];
-    let layout = setup.layout;
-    let connect = |mappings: &[Option<IpcMapping>], records: &[SetupRecord]| {
-        if !crate::engine::cuda::library::tickets_are_atomic(&gpu.device, records) {
-            return false;
-        }
-        let peers: Vec<_> = mappings
-            .iter()
-            .map(|m| {
-                m.as_ref()
-                    .map_or(locals[0].comm.own_peer(), |m| layout.peer(m.ptr))
-            })
-            .collect();
-        locals[0].comm.connect(&peers).is_ok()
+    let mut ordering = None;
+    let finish = |mappings: &[Option<IpcMapping>], records: &[SetupRecord]| {
+        ordering = (tickets_are_atomic(&gpu.device, records) && connect(&mut rank_part, mappings))
+            .then(|| OrderingEvents::new(&gpu.device).ok())
+            .flatten();
+        ordering.is_some()
     };
     let mappings = match run_setup(
         &mut exchange,
         &mut access,
         &record,
         Devices::MayShare,
-        connect,
+        finish,
     ) {
         Ok(joined) => joined.mappings,
         Err(SetupError::Refused(verdict)) => {
@@ -192,13 +179,30 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
         }
         Err(SetupError::Exchange(why)) => return Err(format!("setup failed: {why}").into()),
     };
+    let ordering = ordering.ok_or("the setup's verdict was Eligible without this rank's events")?;
+    let mut locals = [Local {
+        rank,
+        comm: setup.engine(rank_part, mappings, ordering),
+        stream: Stream::new(&gpu.device)?,
+        calls: 0,
+        choices: Choices::default(),
+    }];
     let stdout = std::io::stdout();
     let mut seed = 0;
     for (combo, &(dtype, op)) in setup.combos.clone().iter().enumerate() {
         for (size, &bytes) in setup.sizes.clone().iter().enumerate() {
             seed += 1;
-            let plans = Plans::for_size(&mut setup, dtype, bytes)?;
-            let o = match run_size(options, &gpu, &mut locals, &plans, op, seed) {
+            let count = bytes as usize / dtype.size();
+            let o = match run_size(
+                options,
+                &gpu,
+                &mut locals,
+                count,
+                dtype,
+                op,
+                setup.auto,
+                seed,
+            ) {
                 Ok(o) => o[0],
                 Err(e) => {
                     // Peers waiting on this rank give up instead of hanging.
@@ -236,7 +240,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
             std::thread::sleep(Duration::from_millis(2));
         }
     }
-    drop(mappings);
+    drop(locals);
     Ok(())
 }
 

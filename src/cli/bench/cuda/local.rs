@@ -1,23 +1,62 @@
 //! The ranks this process holds (all of them with ranks as threads, one in a worker process):
-//! one size of one type and op, checked and timed on each.
+//! one size of one type and op, checked and timed on each, each call through the library's
+//! engine (`CudaComm`), which picks its plan as `ncclAllReduce` does.
 
 use std::error::Error;
 
-use super::steering::{Plans, Steering};
 use super::GpuKernels;
 use crate::cli::bench::data;
 use crate::cli::bench::options::BenchOptions;
+use crate::engine::cuda::comm::{CudaComm, Ran};
 use crate::engine::cuda::driver::{DeviceMemory, Event, GpuError, Graph, Stream};
-use crate::engine::cuda::rank::{CudaRank, GraphCounts, Operands};
+use crate::engine::cuda::rank::{CallError, CudaRank, GraphCounts, Operands};
 use crate::gpu::launch::RING_ENTRIES;
 use crate::reduce::{DataType, ReduceOp, Scale};
 
-/// One rank held here: its engine state, its own stream and its choices.
+/// One rank held here: its engine, its own stream and what it chose.
 pub struct Local {
     pub rank: usize,
-    pub comm: CudaRank,
+    pub comm: CudaComm,
     pub stream: Stream,
-    pub steering: Steering,
+    /// Eager calls so far (the late rank of each follows `--late-rank`/`--late-every`).
+    pub calls: u64,
+    pub choices: Choices,
+}
+
+/// What one rank's calls ran during the current size: the same on every rank, or the policy
+/// is broken.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Choices {
+    /// Calls made, those on StragglAR, and a digest of every choice.
+    pub calls: u64,
+    pub stragglar: u64,
+    pub digest: u64,
+    /// The straggler of the last graph replay (`Some(None)`: it ran the baseline), once
+    /// replays ran during the size.
+    pub replayed: Option<Option<usize>>,
+}
+
+impl Choices {
+    /// Counts one eager call that ran on `straggler` (`None`: the baseline).
+    fn eager(&mut self, straggler: Option<usize>) {
+        let code = straggler.map_or(u64::MAX, |s| s as u64);
+        self.calls += 1;
+        self.stragglar += u64::from(straggler.is_some());
+        self.digest = data::digest_more(self.digest, code);
+    }
+
+    /// Counts graph replays whose choices the GPU made (`counts` since the size started): the
+    /// same columns as eager calls.
+    fn replays(&mut self, counts: GraphCounts) {
+        let replays = counts.stragglar + counts.baseline;
+        self.calls += replays;
+        self.stragglar += counts.stragglar;
+        self.digest = data::digest_more(self.digest, counts.stragglar);
+        self.digest = data::digest_more(self.digest, replays);
+        if replays > 0 {
+            self.replayed = Some(counts.last_straggler);
+        }
+    }
 }
 
 /// What one rank measured for one size: out of place, then in place.
@@ -68,22 +107,50 @@ pub fn scale_of(dtype: DataType, op: ReduceOp, ranks: usize, rank: usize) -> Sca
     Scale::for_op(op, dtype, ranks, Some(scalar)).expect("a host scalar")
 }
 
-/// Runs one size with `op` on every local rank: one checked call and `iters` timed ones, out of
-/// place and in place, each call on the plan its rank's steering picks among `plans`. Every
-/// rank of the communicator must run the same sequence.
+/// Runs one call of `operands` on `l`'s engine (captured when its stream captures).
+///
+/// # Safety
+/// The buffers hold `count` elements on this device until the streams are synchronised (and
+/// the graphs replayed).
+unsafe fn run_call(l: &mut Local, operands: Operands) -> Result<(), Box<dyn Error>> {
+    // SAFETY: as the caller vouches; the stream is the rank's own.
+    match unsafe { l.comm.all_reduce(operands, l.stream.raw.cast()) } {
+        Ok(Ok(Ran::Stragglar { straggler })) => l.choices.eager(Some(straggler)),
+        Ok(Ok(Ran::Ring)) => l.choices.eager(None),
+        Ok(Ok(Ran::Captured)) => {}
+        Ok(Ok(Ran::Ticketed)) => {
+            return Err("the engine handed a call to NCCL, which the bench has not".into())
+        }
+        Ok(Err(e)) => return Err(Box::new(e)),
+        Err(decline) => {
+            return Err(Box::new(CallError::Unfit(format!(
+                "the engine declined the call: {decline:?}"
+            ))))
+        }
+    }
+    Ok(())
+}
+
+/// Runs one size of `count` elements of `dtype` with `op` on every local rank: one checked call
+/// and `iters` timed ones, out of place and in place, each call on the plan its engine's
+/// policy picks. Every rank of the communicator must run the same sequence. `auto`: the
+/// policy may pick different plans, so graph replays are compared by digest, not with the
+/// checked call.
+#[allow(clippy::too_many_arguments)]
 pub fn run_size(
     options: &BenchOptions,
     gpu: &GpuKernels,
     locals: &mut [Local],
-    plans: &Plans,
+    count: usize,
+    dtype: DataType,
     op: ReduceOp,
+    auto: bool,
     seed: usize,
 ) -> Result<Vec<Outcome>, Box<dyn Error>> {
     let n = options.ranks;
-    let (count, dtype) = (plans.count, plans.dtype);
     let bytes = count * dtype.size();
     for l in locals.iter_mut() {
-        l.steering.start_size();
+        l.choices = Choices::default();
     }
     let inputs: Vec<Vec<u8>> = locals
         .iter()
@@ -125,19 +192,17 @@ pub fn run_size(
         };
         // `first` is the index of `locals[0]` among all local ranks (a graph captures one).
         // Eager calls (`captured` None) record their arrivals and choose on the host; captured
-        // call `k` is a graph launch choosing on the GPU (--algo auto) or the fixed plan.
+        // call `k` is a graph launch choosing on the GPU.
         let call = |locals: &mut [Local],
                     first: usize,
                     captured: Option<u64>|
          -> Result<(), Box<dyn Error>> {
             for (i, l) in locals.iter_mut().enumerate() {
                 let (input, output) = buffers(first + i);
-                let scale = scale_of(dtype, op, n, l.rank);
-                let plan = match captured {
-                    None => l.steering.next(&l.comm, plans, bytes)?,
-                    Some(_) => plans.all()[0],
-                };
-                let late = options.late_rank(captured.unwrap_or(l.steering.calls));
+                if captured.is_none() {
+                    l.calls += 1;
+                }
+                let late = options.late_rank(captured.unwrap_or(l.calls));
                 if options.delay_us > 0 && l.rank == late {
                     let ns = options.delay_us.saturating_mul(1000);
                     // SAFETY: the delay kernel takes one u64 by value; the stream is live.
@@ -147,36 +212,22 @@ pub fn run_size(
                     count,
                     dtype,
                     op,
-                    scale,
+                    scale: scale_of(dtype, op, n, l.rank),
                     input,
                     output,
                 };
-                let rule = l.steering.rule(bytes).filter(|_| captured.is_some());
-                // SAFETY: input and output hold `count` elements on this device and
-                // live until the streams are synchronised (and the graphs replayed), before
-                // this function returns.
-                match rule {
-                    Some(rule) => unsafe { l.comm.all_reduce_graph(operands, l.stream.raw, rule) }?,
-                    None => unsafe {
-                        l.comm
-                            .all_reduce(plan, operands, l.stream.raw, captured.is_none())
-                    }?,
-                }
+                // SAFETY: input and output hold `count` elements on this device and live
+                // until the streams are synchronised (and the graphs replayed), before this
+                // function returns.
+                unsafe { run_call(l, operands) }?;
             }
             Ok(())
         };
-        // The checked call: in place, the output buffer starts as the input.
-        for (i, l) in locals.iter_mut().enumerate() {
-            if in_place {
-                outputs[i].upload(&inputs[i])?;
-            }
-            // Every plan the steering (or a graph launch) may pick is uploaded before any call
-            // is timed.
-            for plan in plans.all() {
-                l.comm.prepare(plan)?;
-            }
-            if options.graph && l.steering.rule(bytes).is_some() {
-                l.comm.prepare_choices(&plans.all())?;
+        // The checked call: in place, the output buffer starts as the input. (Every plan the
+        // policy or a graph launch may pick is uploaded at a communicator's first call.)
+        if in_place {
+            for (i, input) in inputs.iter().enumerate() {
+                outputs[i].upload(input)?;
             }
         }
         call(locals, 0, None)?;
@@ -246,7 +297,7 @@ pub fn run_size(
             }
             None => {
                 let waited_before: std::time::Duration =
-                    locals.iter().map(|l| l.steering.record_waits).sum();
+                    locals.iter().map(|l| l.comm.record_waits()).sum();
                 let queued = std::time::Instant::now();
                 for _ in 0..options.iters {
                     call(locals, 0, None)?;
@@ -254,7 +305,7 @@ pub fn run_size(
                 let elapsed = queued.elapsed();
                 let waited: std::time::Duration = locals
                     .iter()
-                    .map(|l| l.steering.record_waits)
+                    .map(|l| l.comm.record_waits())
                     .sum::<std::time::Duration>()
                     - waited_before;
                 // Threads as ranks queue one after another: each gets an equal share, waits
@@ -284,7 +335,7 @@ pub fn run_size(
                     outcomes[i].wrong[placement] += data::count_wrong(dtype, op, n, &out, seed);
                 }
                 let digest = data::digest(&out);
-                if locals[i].steering.rule(bytes).is_some() {
+                if auto {
                     outcomes[i].digest[placement] =
                         data::digest_more(outcomes[i].digest[placement], digest);
                 } else if digest != outcomes[i].digest[placement] {
@@ -298,7 +349,7 @@ pub fn run_size(
                     .comm
                     .graph_counts()
                     .ok_or("the graph state cannot be read")?;
-                l.steering.count_replays(GraphCounts {
+                l.choices.replays(GraphCounts {
                     stragglar: after.stragglar.saturating_sub(before.stragglar),
                     baseline: after.baseline.saturating_sub(before.baseline),
                     last_straggler: after.last_straggler,
@@ -307,11 +358,13 @@ pub fn run_size(
         }
     }
     for (o, l) in outcomes.iter_mut().zip(locals.iter()) {
-        o.records = records_digest(&l.comm);
-        o.calls = l.steering.size_calls;
-        o.stragglar_calls = l.steering.stragglar_calls;
-        o.choices = l.steering.choices;
-        o.designated = l.steering.designated.map_or(-1, |r| r as i64);
+        o.records = records_digest(l.comm.rank());
+        o.calls = l.choices.calls;
+        o.stragglar_calls = l.choices.stragglar;
+        o.choices = l.choices.digest;
+        // Graph replays said their last choice; eager calls, the engine's designation.
+        let designated = l.choices.replayed.unwrap_or_else(|| l.comm.designated());
+        o.designated = designated.map_or(-1, |r| r as i64);
     }
     Ok(outcomes)
 }

@@ -1,31 +1,32 @@
-//! `stragglar bench --backend cuda`: the GPU engine on one GPU, with every rank a thread of
-//! this process on its own stream (peers' staging addressed as plain device pointers) or a
-//! worker process (peers' staging opened through CUDA IPC). The kernels and the protocol are
-//! the library's; only the setup differs (no NCCL communicator). Every element of every rank
-//! is checked, and ranks must agree bit for bit. `--bandwidth` first measures the kernels'
-//! element-wise code against the device's own device-to-device copy rate.
+//! `stragglar bench --backend cuda`: the library's GPU engine (`CudaComm`, the engine behind
+//! `ncclAllReduce`) on one GPU, with every rank a thread of this process on its own stream
+//! (peers' staging addressed as plain device pointers) or a worker process (peers' staging
+//! opened through CUDA IPC, by the library's setup protocol). Only the bootstrap differs from
+//! a job's (no NCCL communicator: ranks share one GPU, where NCCL cannot run), and the
+//! baseline the policy falls back to is Ring on our kernel instead of NCCL's AllReduce. Every
+//! element of every rank is checked, and ranks must agree bit for bit. `--bandwidth` first
+//! measures the kernels' element-wise code against the device's own device-to-device copy rate.
 
 mod bandwidth;
 pub mod ipc;
 mod local;
-mod steering;
 
 use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 
 use super::options::{BenchAlgo, BenchOptions, RanksAs};
-use crate::engine::cuda::driver::{Device, GpuError, Kernel, Kernels, Stream};
+use crate::detect::policy::{AlgoMode, Policy, StragglerMode};
+use crate::engine::cuda::comm::{Baseline, CommParts, CudaComm, OrderingEvents, NVSWITCH_LINK};
+use crate::engine::cuda::driver::{Device, GpuError, IpcMapping, Kernel, Kernels, Stream};
 use crate::engine::cuda::rank::{status_text, CudaRank, RankConfig};
 use crate::engine::cuda::staging::StagingLayout;
-use crate::engine::host::runner::{PlanCache, Shape};
 use crate::gpu::kernels::{APPLY_PROBE_KERNEL, DELAY_KERNEL};
 use crate::gpu::nvrtc;
 use crate::gpu::probe::{probe, Driver};
-use crate::plan::Lowered;
+use crate::plan::{Lowered, PlanCache, Shape};
 use crate::reduce::{DataType, ReduceOp};
 use crate::schedule::Algorithm;
-use local::{run_size, Local, Outcome};
-use steering::{Plans, Steering};
+use local::{run_size, Choices, Local, Outcome};
 
 /// Threads per block of the AllReduce kernel.
 const THREADS: u32 = 512;
@@ -101,7 +102,7 @@ pub struct Setup {
     pub combos: Vec<(DataType, ReduceOp)>,
     straggler: usize,
     pub ranks: usize,
-    /// `--algo auto`: each call's plan comes from the policy (see `steering`).
+    /// `--algo auto`: each call's plan comes from the policy, as in a job.
     pub auto: bool,
     cache: PlanCache,
 }
@@ -138,12 +139,14 @@ impl Setup {
             auto: options.algo == BenchAlgo::Auto,
             cache: PlanCache::default(),
         };
-        // With --algo auto, Ring runs too (StragglAR's needs do not depend on which rank is
-        // the straggler).
-        let mut needs = vec![setup.lowered_of(setup.algorithm, setup.straggler)?.need()];
-        if setup.auto {
-            needs.push(setup.lowered_of(Algorithm::Ring, 0)?.need());
-        }
+        // StragglAR and Ring, whatever --algo says: the engine uploads every plan a graph
+        // launch may pick (StragglAR's needs do not depend on which rank is the straggler).
+        let needs = [
+            setup
+                .lowered_of(Algorithm::Stragglar, setup.straggler)?
+                .need(),
+            setup.lowered_of(Algorithm::Ring, 0)?.need(),
+        ];
         for dtype in options.dtypes.clone() {
             for bytes in setup.sizes.clone() {
                 let count = bytes as usize / dtype.size();
@@ -165,12 +168,45 @@ impl Setup {
         Ok(setup)
     }
 
+    /// The policy every rank's engine follows: `--algo auto` is the library's (from
+    /// `STRAGGLAR_ALGO` and `STRAGGLAR_STRAGGLER`); `stragglar` runs StragglAR with
+    /// `--straggler` on every call, `ring` the baseline (Ring on our kernel).
+    pub fn policy(&self) -> Policy {
+        let (algo, straggler) = match (self.auto, self.algorithm) {
+            (true, _) => {
+                let config = crate::config::get();
+                (config.algo, config.straggler)
+            }
+            (false, Algorithm::Ring) => (AlgoMode::Baseline, StragglerMode::Auto),
+            (false, _) => (AlgoMode::Stragglar, StragglerMode::Fixed(self.straggler)),
+        };
+        Policy::new(self.ranks, algo, straggler, NVSWITCH_LINK)
+    }
+
+    /// Rank `rank`'s engine, once connected (`mappings`: the peers' staging it opened, `None`
+    /// where it addresses a peer as a plain device pointer).
+    pub fn engine(
+        &self,
+        rank: CudaRank,
+        mappings: Vec<Option<IpcMapping>>,
+        ordering: OrderingEvents,
+    ) -> CudaComm {
+        let index = rank.index();
+        CudaComm::new(CommParts {
+            rank,
+            mappings,
+            members: (0..self.ranks).map(|r| format!("rank {r}")).collect(),
+            policy: self.policy(),
+            baseline: Baseline::Ring,
+            designated: Default::default(),
+            trace: None,
+            label: format!("bench rank {index}"),
+            ordering,
+        })
+    }
+
     /// The schedule of `algorithm` with `straggler`, lowered for any count.
-    pub fn lowered_of(
-        &mut self,
-        algorithm: Algorithm,
-        straggler: usize,
-    ) -> Result<Lowered, String> {
+    fn lowered_of(&mut self, algorithm: Algorithm, straggler: usize) -> Result<Lowered, String> {
         let shape = Shape {
             algorithm,
             ranks: self.ranks,
@@ -335,20 +371,25 @@ fn preamble(options: &BenchOptions, gpu: &GpuKernels) -> Result<Setup, String> {
 
 fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> {
     let err = |e: GpuError| e.to_string();
-    let mut setup = preamble(options, gpu)?;
+    let setup = preamble(options, gpu)?;
+    let mut ranks = (0..options.ranks)
+        .map(|rank| CudaRank::new(&gpu.device, &gpu.kernels, setup.rank_config(options, rank)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    let peers: Vec<_> = ranks.iter().map(CudaRank::own_peer).collect();
+    for r in &mut ranks {
+        r.connect(&peers).map_err(|e| e.to_string())?;
+    }
     let mut locals = Vec::with_capacity(options.ranks);
-    for rank in 0..options.ranks {
-        let config = setup.rank_config(options, rank);
+    for (rank, r) in ranks.into_iter().enumerate() {
+        let ordering = OrderingEvents::new(&gpu.device).map_err(|e| e.to_string())?;
         locals.push(Local {
             rank,
-            comm: CudaRank::new(&gpu.device, &gpu.kernels, config).map_err(err)?,
+            comm: setup.engine(r, (0..options.ranks).map(|_| None).collect(), ordering),
             stream: Stream::new(&gpu.device).map_err(err)?,
-            steering: Steering::new(options.ranks, setup.auto),
+            calls: 0,
+            choices: Choices::default(),
         });
-    }
-    let peers: Vec<_> = locals.iter().map(|l| l.comm.own_peer()).collect();
-    for l in &mut locals {
-        l.comm.connect(&peers).map_err(|e| e.to_string())?;
     }
     let mut bad = 0;
     let mut host = HostCost::default();
@@ -356,29 +397,39 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
     for (dtype, op) in setup.combos.clone() {
         for bytes in setup.sizes.clone() {
             seed += 1;
-            let plans = Plans::for_size(&mut setup, dtype, bytes)?;
-            let outcomes = match run_size(options, gpu, &mut locals, &plans, op, seed) {
+            let count = bytes as usize / dtype.size();
+            let outcomes = match run_size(
+                options,
+                gpu,
+                &mut locals,
+                count,
+                dtype,
+                op,
+                setup.auto,
+                seed,
+            ) {
                 Ok(o) => o,
                 Err(e) => {
                     // Release every kernel still waiting before the buffers are freed.
                     for l in &locals {
-                        l.comm.abort();
+                        l.comm.control().abort();
                     }
                     return Err(e.to_string());
                 }
             };
-            let row = Row::combine(plans.count, plans.dtype, &outcomes);
+            let row = Row::combine(count, dtype, &outcomes);
             bad += row.wrong[0] + row.wrong[1] + row.disagreements;
             host.add(&row);
             print_row(options, &row, dtype, op, setup.algorithm);
         }
     }
     for l in &locals {
-        if l.comm.status() != 0 {
+        let status = l.comm.control().status();
+        if status != 0 {
             return Err(format!(
                 "rank {}: a kernel gave up: {}",
                 l.rank,
-                status_text(l.comm.status())
+                status_text(status)
             ));
         }
     }
@@ -388,24 +439,20 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
 }
 
 fn run_processes(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> {
-    let mut setup = preamble(options, gpu)?;
+    let setup = preamble(options, gpu)?;
     let dir = std::env::temp_dir().join(format!(
         "stragglar-cuda-{}-{}",
         std::process::id(),
         super::fresh_comm_id()
     ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = collect(options, &mut setup, &dir);
+    let result = collect(options, &setup, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
 /// Runs the workers and prints a row once every rank reported a size.
-fn collect(
-    options: &BenchOptions,
-    setup: &mut Setup,
-    dir: &std::path::Path,
-) -> Result<u64, String> {
+fn collect(options: &BenchOptions, setup: &Setup, dir: &std::path::Path) -> Result<u64, String> {
     let mut children =
         ipc::spawn(options, dir).map_err(|e| format!("cannot start workers: {e}"))?;
     let (tx, rx) = std::sync::mpsc::channel();

@@ -5,24 +5,11 @@
 //! `ncclSuccess` (every rank of a correct program is there at each call). Where this library
 //! itself calls NCCL on such a communicator, it enqueues nothing after NCCL's work before the
 //! state settles: the setup's all-gather waits for it (given up when the communicator is aborted
-//! or destroyed), and a call the policy forwards is ordered before the next launch only then
-//! (see `engine::cuda::library::forwarded`).
+//! or destroyed), and a call the policy forwards is ordered before the next launch only then.
 
-use crate::abi::passthrough::ncclCommGetAsyncError;
-use crate::nccl::types::{ncclComm_t, ResultCode};
+use super::types::ResultCode;
 
-/// The real communicator's asynchronous state: `ncclSuccess`, `ncclInProgress` or an error
-/// (also the code of a query that failed).
-pub fn async_state(comm: ncclComm_t) -> ResultCode {
-    let mut state = ResultCode::SUCCESS;
-    let out: *mut ResultCode = &mut state;
-    let rc: ResultCode = crate::forward!(ncclCommGetAsyncError(comm, out); live comm; outputs out);
-    if rc == ResultCode::SUCCESS {
-        state
-    } else {
-        rc
-    }
-}
+pub use super::real::async_state;
 
 /// Waits while `poll` says `ncclInProgress` (NCCL's helper thread still launching an
 /// operation), spinning briefly, then sleeping 50 us between polls; returns the state it

@@ -1,0 +1,699 @@
+//! One communicator's GPU engine, from the moment its ranks are connected to its teardown:
+//! the per-call choice, tickets, launches, the ordering across the caller's streams and after
+//! calls NCCL runs, graph capture, abort and drain. The library (`super::library`) and
+//! `stragglar bench --backend cuda` both drive it; they differ only in how the ranks connect
+//! and in the baseline (NCCL's AllReduce, or Ring on our kernel where NCCL cannot run).
+//!
+//! Every call outside graph capture records its arrivals on the GPUs (the kernel's arrival
+//! block, or the ticket kernel before a call NCCL runs), and the policy decides each call from
+//! the records of calls at least [`RECORD_LAG`] older, which every rank reads identically from
+//! its own host-mapped ring: the same choice on every rank. Calls on different streams are
+//! ordered by an event, so a rank never starts call e+1 before its call e (the premise of the
+//! two parities).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::driver::{self, Capture, Device, Event, IpcMapping};
+use super::rank::{CallError, Control, CudaRank, GraphCounts, Operands};
+use crate::detect::policy::Policy;
+use crate::detect::tally::RankArrivals;
+use crate::detect::{ArrivalRecord, Tracker};
+use crate::gpu::choice::RawRule;
+use crate::gpu::launch::RING_ENTRIES;
+use crate::nccl::types::{cudaStream_t, ResultCode};
+use crate::plan::{Lowered, PlanCache, Shape};
+use crate::schedule::model::Link;
+use crate::trace::{CallEvent, TraceWriter};
+
+/// Ticketed calls between a call and the first call its arrival record can decide. A record
+/// reaches a rank's ring when that rank's GPU starts the next ticketed call, so a host more
+/// than this many calls ahead of its GPU waits for it (as NCCL's host waits when its queue is
+/// full); 32 is the detector's window, and keeps the wait rare.
+pub const RECORD_LAG: u64 = 32;
+
+// The ring must still hold a record when it is due: written at most `RECORD_LAG - 2` calls
+// before, overwritten `RING_ENTRIES` calls after it was written.
+const _: () = assert!(RECORD_LAG >= 2 && RECORD_LAG < RING_ENTRIES as u64 + 2);
+
+/// The model's links for the policy: an NVSwitch GPU (3 us per round, 450 GiB/s per
+/// direction), until the engine is calibrated on such hardware.
+pub const NVSWITCH_LINK: Link = Link {
+    alpha: 3e-6,
+    bandwidth: 450.0 * 1024.0 * 1024.0 * 1024.0,
+};
+
+/// The probe word's token once a rank is done with a peer's staging for good (its kernels of
+/// that communicator have finished and it closes its mapping): the high half says "released",
+/// the low half is the writer's rank. A rank frees its aborted staging once every peer's token
+/// is there.
+const RELEASE_TOKEN: u32 = 0x5245_0000;
+
+/// What runs a call when the policy picks no straggler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Baseline {
+    /// NCCL's own AllReduce: the engine queues the call's ticket and the caller hands the call
+    /// to NCCL, then reports NCCL's result ([`CudaComm::nccl_ran`]).
+    Nccl,
+    /// Ring on our kernel (ranks sharing one GPU, where NCCL cannot run).
+    Ring,
+}
+
+/// Why a call the engine was offered stays on NCCL, untouched (no ticket, nothing queued).
+/// Each follows from state that is the same on every rank, so every rank declines alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decline {
+    /// No usable CUDA driver or device here.
+    GpuUnavailable,
+    /// The communicator's setup refused the engine (the same verdict on every rank).
+    SetupRefused,
+    /// Captured before any call outside capture uploaded the plans (or they cannot be built).
+    CapturingBeforeSetup,
+    /// A captured call larger than the staging.
+    AboveBufferBytes,
+    /// A captured call of a size the policy never runs on StragglAR.
+    PolicyNccl,
+}
+
+/// What a call the engine took became.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ran {
+    /// Our kernel, StragglAR with this straggler.
+    Stragglar { straggler: usize },
+    /// Our kernel, Ring (a communicator whose baseline is [`Baseline::Ring`]).
+    Ring,
+    /// Its ticket is queued: NCCL must run the call now, and the caller reports NCCL's result
+    /// through [`CudaComm::nccl_ran`] before the communicator's next call.
+    Ticketed,
+    /// Captured into a graph as a graph launch, which chooses its plan at every replay.
+    Captured,
+}
+
+/// Everything a connected communicator is made of.
+pub struct CommParts {
+    /// This rank, connected to every peer.
+    pub rank: CudaRank,
+    /// Peers' staging, open for the communicator's lifetime (`None` for this rank, and for
+    /// peers addressed as plain device pointers).
+    pub mappings: Vec<Option<IpcMapping>>,
+    /// Each rank's host and GPU, for the straggler report.
+    pub members: Vec<String>,
+    pub policy: Policy,
+    pub baseline: Baseline,
+    /// Where the designation is published for readers that must not wait for a call (the
+    /// rank, or -1).
+    pub designated: Arc<AtomicI64>,
+    pub trace: Option<TraceWriter>,
+    /// How log lines name the communicator ("communicator 0x...").
+    pub label: String,
+    pub ordering: OrderingEvents,
+}
+
+/// The two events that order a communicator's launches: eager launches', and captured
+/// launches' (an event recorded in a capture may only be waited on within it). Made during the
+/// setup, so that a rank that cannot make them refuses like any other local failure.
+pub struct OrderingEvents {
+    last: Event,
+    captured_last: Event,
+}
+
+impl OrderingEvents {
+    pub fn new(device: &Arc<Device>) -> Result<OrderingEvents, CallError> {
+        Ok(OrderingEvents {
+            last: Event::ordering(device)?,
+            captured_last: Event::ordering(device)?,
+        })
+    }
+}
+
+/// One rank's engine of one communicator.
+pub struct CudaComm {
+    rank: CudaRank,
+    mappings: Vec<Option<IpcMapping>>,
+    members: Vec<String>,
+    baseline: Baseline,
+    label: String,
+    plans: PlanCache,
+    /// The straggler policy and its arrival records.
+    tracker: Tracker,
+    designated: Arc<AtomicI64>,
+    /// `STRAGGLAR_TRACE_DIR`'s writer, and the tracked calls whose records are not read yet:
+    /// (host enqueue time in us, bytes, the straggler StragglAR ran).
+    trace: Option<TraceWriter>,
+    untraced: VecDeque<(f64, u64, Option<usize>)>,
+    /// When the straggler report was last logged (every `STRAGGLAR_REPORT_INTERVAL` at INFO).
+    reported_at: Instant,
+    /// Time spent waiting for arrival records the GPU had not written yet.
+    record_waits: Duration,
+    /// Eager AllReduce kernels launched so far (those that advance the epoch; not tickets, not
+    /// captured calls): with this rank's own epoch, what every peer must reach before the
+    /// staging is freed.
+    launched: u64,
+    /// A ticket was queued for a call NCCL runs, whose result is not reported yet.
+    ticket_awaits_nccl: bool,
+    /// The stream of such a call that NCCL (nonblocking) was still launching when it returned:
+    /// the order is taken once the application reads `ncclSuccess` (see [`CudaComm::nccl_state`]).
+    order_pending: Option<cudaStream_t>,
+    /// Calls captured into graphs as graph launches.
+    captured: u64,
+    /// The plans graph launches choose among could not be built: captured calls stay on NCCL.
+    unbuildable: bool,
+    /// Orders this communicator's launches across the caller's streams.
+    last: Event,
+    last_stream: cudaStream_t,
+    /// Orders its captured launches across the streams of one capture: recorded after each,
+    /// with the capture's id and the stream (a replay of two graph launches at once would mix
+    /// their device state). Replays and eager calls are ordered by the caller's streams.
+    captured_last: Event,
+    captured_stream: Option<(u64, cudaStream_t)>,
+}
+
+// SAFETY: the raw stream handles are only compared and passed back to the driver, which lets
+// any thread use them.
+unsafe impl Send for CudaComm {}
+
+impl CudaComm {
+    /// The engine of a connected rank.
+    pub fn new(parts: CommParts) -> CudaComm {
+        let ranks = parts.policy.ranks();
+        CudaComm {
+            last: parts.ordering.last,
+            captured_last: parts.ordering.captured_last,
+            rank: parts.rank,
+            mappings: parts.mappings,
+            members: parts.members,
+            baseline: parts.baseline,
+            label: parts.label,
+            plans: PlanCache::default(),
+            tracker: Tracker::new(parts.policy, ranks, RECORD_LAG),
+            designated: parts.designated,
+            trace: parts.trace,
+            untraced: VecDeque::new(),
+            reported_at: Instant::now(),
+            record_waits: Duration::ZERO,
+            launched: 0,
+            ticket_awaits_nccl: false,
+            order_pending: None,
+            captured: 0,
+            unbuildable: false,
+            last_stream: std::ptr::null_mut(),
+            captured_stream: None,
+        }
+    }
+
+    /// This rank's part (its staging, ring and words).
+    pub fn rank(&self) -> &CudaRank {
+        &self.rank
+    }
+
+    /// This rank's index in the communicator.
+    pub fn index(&self) -> usize {
+        self.rank.index()
+    }
+
+    /// The abort and status words, usable without holding this engine.
+    pub fn control(&self) -> Control {
+        self.rank.control()
+    }
+
+    /// Tells the peers this rank will not take part in calls any more (its failure word), and
+    /// fails its later calls. Never synchronises: any stream may be capturing.
+    pub fn give_up(&self) {
+        self.rank.give_up();
+    }
+
+    /// The designated straggler after the last record read (of that record's size class).
+    pub fn designated(&self) -> Option<usize> {
+        usize::try_from(self.designated.load(Ordering::Relaxed)).ok()
+    }
+
+    /// `rank`'s arrivals so far (a line of the straggler report).
+    pub fn arrivals(&self, rank: usize) -> Option<RankArrivals> {
+        self.tracker.arrivals(rank)
+    }
+
+    /// How long calls waited for arrival records their GPU had not written yet (GPU progress,
+    /// not host cost).
+    pub fn record_waits(&self) -> Duration {
+        self.record_waits
+    }
+
+    /// What this rank's graph launches chose so far, read from its GPU.
+    pub fn graph_counts(&self) -> Option<GraphCounts> {
+        self.rank.graph_counts()
+    }
+
+    /// Runs one call of `operands` on `stream`. `Err(Decline)` leaves it untouched for NCCL;
+    /// `Ok(Err(_))` is a failure of this rank, whose peers are told (its failure word).
+    ///
+    /// # Safety
+    /// NCCL's contract for `ncclAllReduce`: the buffers hold `count` elements on this device
+    /// (whenever a captured graph is replayed, too), and `stream` is a live stream of it.
+    pub unsafe fn all_reduce(
+        &mut self,
+        operands: Operands,
+        stream: cudaStream_t,
+    ) -> Result<Result<Ran, CallError>, Decline> {
+        // SAFETY: the caller's stream of this device.
+        let capture = match unsafe { driver::capture_of(self.rank.device(), stream.cast()) } {
+            Ok(capture) => capture,
+            Err(e) => {
+                // Its peers take a ticket for this call (or capture it) and this rank cannot
+                // tell whether to; giving up never synchronises, so a capturing stream is safe.
+                self.rank.give_up();
+                return Ok(Err(e.into()));
+            }
+        };
+        if capture != Capture::None {
+            // SAFETY: as the caller vouches.
+            return unsafe { self.capture(operands, stream, capture) };
+        }
+        // SAFETY: as the caller vouches.
+        Ok(unsafe { self.eager(operands, stream) })
+    }
+
+    /// An eager call: due records fed, the policy's choice, the launch (or the ticket).
+    ///
+    /// # Safety
+    /// As [`CudaComm::all_reduce`], with `stream` not capturing.
+    unsafe fn eager(&mut self, operands: Operands, stream: cudaStream_t) -> Result<Ran, CallError> {
+        if std::mem::take(&mut self.ticket_awaits_nccl) {
+            log::debug!(
+                "{}: NCCL's result for a ticketed call was not reported",
+                self.label
+            );
+        }
+        if self.order_pending.take().is_some() {
+            // The application did not read NCCL's state through ncclCommGetAsyncError, which
+            // takes this order (see `nccl_state`), and its stream may be capturing or gone by
+            // now: this launch stays ordered after the forwarded call's ticket only (as the
+            // protocol needs), not after NCCL's kernel.
+            log::debug!("{}: a forwarded call's order was not taken", self.label);
+        }
+        let prepared = self
+            .feed_due_records()
+            .and_then(|()| self.prepare_choices(operands));
+        if let Err(e) = prepared {
+            // This rank cannot take part in the call: its peers must not wait for it.
+            self.rank.give_up();
+            return Err(e);
+        }
+        self.maybe_log_report();
+        let bytes = operands.count * operands.dtype.size();
+        let choice = self.tracker.decide(bytes);
+        let ranks = self.tracker.policy().ranks();
+        let run = match (choice.straggler(), self.baseline) {
+            (Some(straggler), _) => Some((
+                Shape::of_choice(ranks, straggler, operands.dtype),
+                Ran::Stragglar { straggler },
+            )),
+            (None, Baseline::Ring) => {
+                Some((Shape::of_choice(ranks, ranks, operands.dtype), Ran::Ring))
+            }
+            (None, Baseline::Nccl) => None,
+        };
+        // Fields borrowed apart: the plan stays in the cache (no copy of it per call). It
+        // serves every count: a new size builds and uploads nothing.
+        let plan = run.and_then(|(shape, ran)| Some((self.plans.lowered(shape).ok()?, ran)));
+        if self.trace.is_some() {
+            let now_us = crate::clock::now_ns() as f64 / 1e3;
+            let straggler = match plan {
+                Some((_, Ran::Stragglar { straggler })) => Some(straggler),
+                _ => None,
+            };
+            self.untraced.push_back((now_us, bytes as u64, straggler));
+        }
+        let raw = stream.cast();
+        let rank = &mut self.rank;
+        let result = (|| -> Result<Ran, CallError> {
+            // Calls on different streams are ordered by the event (not across a capture
+            // boundary: a captured graph is replayed on the stream it was captured from).
+            if stream != self.last_stream {
+                // SAFETY: both are the caller's live streams of this device.
+                unsafe { self.last.wait_on(raw) }?;
+                self.last_stream = stream;
+            }
+            let ran = match plan {
+                Some((plan, ran)) => {
+                    // SAFETY: as the caller vouches.
+                    unsafe { rank.all_reduce(plan, operands, raw, true) }?;
+                    // A call without elements queues a ticket only and leaves the epoch alone.
+                    self.launched += u64::from(operands.count > 0);
+                    ran
+                }
+                None => {
+                    // SAFETY: the caller's stream, not capturing.
+                    unsafe { rank.ticket(raw) }?;
+                    Ran::Ticketed
+                }
+            };
+            // SAFETY: as above.
+            unsafe { self.last.record_raw(raw) }?;
+            Ok(ran)
+        })();
+        match result {
+            Ok(Ran::Ticketed) => self.ticket_awaits_nccl = true,
+            Ok(_) => {}
+            // Peers already launched this call: tell them this rank will not.
+            Err(_) => rank.give_up(),
+        }
+        result
+    }
+
+    /// Reports NCCL's result for the call [`Ran::Ticketed`] handed it, run on `stream`: the
+    /// communicator's next launch is ordered after NCCL's kernel too, not just after the
+    /// ticket. Where a nonblocking communicator returned `ncclInProgress`, NCCL's helper thread
+    /// may not have launched its kernel yet: the order is taken when the application reads
+    /// `ncclSuccess` (NCCL requires it to, before anything else on the stream; see
+    /// [`CudaComm::nccl_state`]). Does nothing when no ticket awaits NCCL.
+    pub fn nccl_ran(&mut self, stream: cudaStream_t, code: ResultCode) {
+        if !std::mem::take(&mut self.ticket_awaits_nccl) {
+            return;
+        }
+        if code == ResultCode::IN_PROGRESS {
+            self.order_pending = Some(stream);
+            return;
+        }
+        if let Err(e) = self.order_after(stream) {
+            log::warn!("ncclAllReduce on {}: {e}", self.label);
+            self.rank.give_up();
+        }
+    }
+
+    /// The real NCCL state the application just read (`ncclCommGetAsyncError`), or that was
+    /// read after one of its calls went to NCCL. On `ncclSuccess`, a call NCCL was still
+    /// launching is now queued: the next launch is ordered after it; on an error, this rank is
+    /// given up, so that peers still running calls on StragglAR stop waiting for it. Never
+    /// synchronises (a stream may be capturing).
+    pub fn nccl_state(&mut self, state: ResultCode) {
+        if state == ResultCode::IN_PROGRESS {
+            return;
+        }
+        if state != ResultCode::SUCCESS {
+            self.rank.give_up();
+            return;
+        }
+        let Some(forwarded_on) = self.order_pending.take() else {
+            return;
+        };
+        // Where another thread read the state, or the stream began a capture since, the order
+        // is dropped: the next launch stays ordered after the call's ticket only.
+        // SAFETY: the application's stream of the forwarded call, which NCCL's contract keeps
+        // valid until the application has seen that call succeed.
+        match unsafe { driver::capture_of(self.rank.device(), forwarded_on.cast()) } {
+            Ok(Capture::None) => {
+                if let Err(e) = self.order_after(forwarded_on) {
+                    log::warn!("{}: {e}", self.label);
+                    self.rank.give_up();
+                }
+            }
+            _ => log::debug!("{}: a forwarded call's order was not taken", self.label),
+        }
+    }
+
+    /// Orders this communicator's next launch after everything queued on `stream` so far.
+    fn order_after(&mut self, stream: cudaStream_t) -> Result<(), CallError> {
+        // SAFETY: the caller's live stream of this device.
+        unsafe { self.last.record_raw(stream.cast()) }?;
+        self.last_stream = stream;
+        Ok(())
+    }
+
+    /// Captures one call into the caller's graph as a graph launch, whose every replay chooses
+    /// its plan on the GPU from the records of earlier replays (`crate::gpu::choice`). It stays
+    /// on NCCL (captured as usual) when NCCL is the baseline and the policy never picks
+    /// StragglAR at this size, or when the plans are not uploaded (no allocation while
+    /// capturing; they are, from the first call outside capture on). Both follow from the
+    /// settings and the calls so far: the same on every rank.
+    ///
+    /// # Safety
+    /// As [`CudaComm::all_reduce`].
+    unsafe fn capture(
+        &mut self,
+        operands: Operands,
+        stream: cudaStream_t,
+        capture: Capture,
+    ) -> Result<Result<Ran, CallError>, Decline> {
+        let bytes = operands.count * operands.dtype.size();
+        let policy = self.tracker.policy();
+        if self.baseline == Baseline::Nccl && !policy.may_choose_stragglar(bytes) {
+            return Err(Decline::PolicyNccl);
+        }
+        if !self.rank.has_choices() {
+            return Err(Decline::CapturingBeforeSetup);
+        }
+        if let Err(e) = self.rank.choices_fit(operands.count, operands.dtype) {
+            // Eligibility keeps calls within the staging; should that ever not hold, the call
+            // stays on NCCL (alike on every rank: the staging layout is agreed) rather than fail.
+            static WARNED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "a captured ncclAllReduce of {bytes} B stays on NCCL: {e} (logged once)"
+                );
+            }
+            return Err(Decline::AboveBufferBytes);
+        }
+        let rule = RawRule::new(policy, bytes);
+        let raw = stream.cast();
+        let id = match capture {
+            Capture::Id(id) => Some(id),
+            _ => None,
+        };
+        let result = (|| -> Result<Ran, CallError> {
+            if let (Some(id), Some((previous, other))) = (id, self.captured_stream) {
+                if previous == id && other != stream {
+                    // SAFETY: the caller's capturing stream; the event was recorded in this
+                    // capture.
+                    unsafe { self.captured_last.wait_on(raw) }?;
+                }
+            }
+            // SAFETY: as the caller vouches.
+            unsafe { self.rank.all_reduce_graph(operands, raw, rule) }?;
+            if let Some(id) = id {
+                // SAFETY: as above.
+                unsafe { self.captured_last.record_raw(raw) }?;
+                self.captured_stream = Some((id, stream));
+            }
+            Ok(Ran::Captured)
+        })();
+        match result {
+            Ok(_) => self.captured += 1,
+            // Its peers' graphs hold this call: their replays must not wait for this rank.
+            Err(_) => self.rank.give_up(),
+        }
+        Ok(result)
+    }
+
+    /// Uploads, at the communicator's first call outside capture, every plan a graph launch
+    /// may pick (StragglAR with each straggler, and Ring), for every size: capture allocates
+    /// nothing, and eager calls use the same blobs. Done alike on every rank: the plans follow
+    /// from the rank count. If they cannot be built, captured calls stay on NCCL.
+    fn prepare_choices(&mut self, operands: Operands) -> Result<(), CallError> {
+        if self.unbuildable || self.rank.has_choices() {
+            return Ok(());
+        }
+        let ranks = self.tracker.policy().ranks();
+        let mut plans = Vec::with_capacity(ranks + 1);
+        for choice in 0..=ranks {
+            match self
+                .plans
+                .lowered(Shape::of_choice(ranks, choice, operands.dtype))
+            {
+                Ok(plan) => plans.push(plan.clone()),
+                Err(why) => {
+                    // Not tried again: the same plans fail alike on every rank, every time.
+                    log::info!("{}: graphs stay on NCCL: {why}", self.label);
+                    self.unbuildable = true;
+                    return Ok(());
+                }
+            }
+        }
+        let plans: Vec<&Lowered> = plans.iter().collect();
+        self.rank.prepare_choices(&plans)
+    }
+
+    /// Feeds the tracker every due record (waiting for them) and logs designation changes
+    /// (rank 0 says it; every rank sees the same change).
+    fn feed_due_records(&mut self) -> Result<(), CallError> {
+        let index = self.rank.index();
+        let CudaComm {
+            rank,
+            tracker,
+            designated,
+            trace,
+            untraced,
+            label,
+            ..
+        } = self;
+        let waited = rank.feed_due(tracker, |record, observed| {
+            designated.store(
+                observed.designated.map_or(-1, |r| r as i64),
+                Ordering::Relaxed,
+            );
+            trace_call(trace, untraced, record, observed.designated, label);
+            if let (Some(before), 0) = (observed.changed, index) {
+                let who = |r: Option<usize>| r.map_or("none".to_string(), |r| format!("rank {r}"));
+                log::info!(
+                    "{label}: designated straggler for sizes 2^{} B changed from {} to {} at call {}",
+                    observed.class,
+                    who(before),
+                    who(observed.designated),
+                    observed.call
+                );
+            }
+        })?;
+        self.record_waits += waited;
+        Ok(())
+    }
+
+    /// Logs the straggler report at INFO (a table per communicator; see `ArrivalTally::table`).
+    pub fn log_report(&self) {
+        if self.tracker.calls() > 0 {
+            log::info!(
+                "{}: straggler report\n{}",
+                self.label,
+                self.tracker.table(&self.members).trim_end()
+            );
+        }
+    }
+
+    /// Logs the report when `STRAGGLAR_REPORT_INTERVAL` seconds passed since the last one (0:
+    /// only at destroy).
+    fn maybe_log_report(&mut self) {
+        let seconds = crate::config::get().report_interval_s;
+        let interval = Duration::from_secs(seconds);
+        if seconds > 0
+            && log::log_enabled!(log::Level::Info)
+            && self.reported_at.elapsed() >= interval
+        {
+            self.reported_at = Instant::now();
+            self.log_report();
+        }
+    }
+
+    /// Raises the abort word (every kernel of this rank gives up, nothing waits for them) and
+    /// closes the trace (made valid JSON).
+    pub fn abort(&mut self) {
+        self.rank.abort();
+        self.trace = None;
+    }
+
+    /// Whether this rank's kernels of this communicator have all finished (the ordering event
+    /// recorded after its last launch is complete).
+    pub fn kernels_finished(&self) -> bool {
+        self.last.is_complete()
+    }
+
+    /// Writes this rank's release token into every peer's staging and closes the mappings:
+    /// this rank will never touch them again (its kernels must have finished).
+    pub fn release_peers(&mut self) {
+        let layout = self.rank.layout();
+        let index = self.rank.index();
+        for mapping in self.mappings.iter().flatten() {
+            let _ = mapping.write_u32(layout.probe_word(index), RELEASE_TOKEN | index as u32);
+        }
+        self.mappings.clear();
+    }
+
+    /// Whether every peer's release token is in this rank's staging: no peer will touch it
+    /// again.
+    pub fn released_by_every_peer(&self) -> bool {
+        let layout = self.rank.layout();
+        let index = self.rank.index();
+        (0..self.members.len())
+            .filter(|&peer| peer != index)
+            .all(|peer| {
+                self.rank.staging().read_u32(layout.probe_word(peer))
+                    == Ok(RELEASE_TOKEN | peer as u32)
+            })
+    }
+
+    /// Waits (at most until `deadline`) until every peer has finished reading this rank's
+    /// staging: every eager call of this rank has run, every peer has run as many calls as this
+    /// rank did, and rank 0's arrival board has settled (a waiting ticket reads every rank's
+    /// failure word). Then logs the report and what graph replays chose, and releases the
+    /// peers' staging. The caller frees the staging by dropping `self` (which waits for this
+    /// rank's own kernels, as NCCL's teardown waits for its own).
+    pub fn drain(&mut self, deadline: Instant) {
+        self.log_report();
+        let layout = self.rank.layout();
+        let launched = self.launched as u32;
+        let behind = |a: u32, b: u32| b.wrapping_sub(a) as i32 > 0;
+        // Read afresh on every pass, since this rank's own calls may still be finishing; graph
+        // replays may have advanced its epoch beyond its eager launches.
+        let drained = || {
+            let Ok(own) = self.rank.staging().read_u32(layout.epoch()) else {
+                return true;
+            };
+            let target = if behind(launched, own) { own } else { launched };
+            !behind(own, launched)
+                && self.mappings.iter().flatten().all(|m| {
+                    m.read_u32(layout.epoch())
+                        .map_or(true, |peer| !behind(peer, target))
+                })
+        };
+        while !drained() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        while !self.rank.board_settled() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if self.captured > 0 {
+            if let Some(counts) = self.rank.graph_counts() {
+                let last = match counts.last_straggler {
+                    Some(rank) => {
+                        format!("the last on StragglAR with rank {rank} as the straggler")
+                    }
+                    None => "the last on the baseline".into(),
+                };
+                log::info!(
+                    "{}: {} calls captured into graphs; their replays chose on the GPU: {} StragglAR, {} the baseline (Ring where it fits the staging); {last}",
+                    self.label,
+                    self.captured,
+                    counts.stragglar,
+                    counts.baseline
+                );
+            }
+        }
+        // Peers that aborted wait for this rank's release before they free their staging.
+        self.release_peers();
+    }
+}
+
+/// Writes the trace event of the call whose record was just read (its host enqueue time: the
+/// GPU-side duration is not measured), with the record and the designation after it.
+fn trace_call(
+    trace: &mut Option<TraceWriter>,
+    untraced: &mut VecDeque<(f64, u64, Option<usize>)>,
+    record: &ArrivalRecord,
+    designated: Option<usize>,
+    label: &str,
+) {
+    let Some((start_us, bytes, straggler)) = untraced.pop_front() else {
+        return;
+    };
+    let Some(writer) = trace else {
+        return;
+    };
+    let event = CallEvent {
+        start_us,
+        duration_us: 0.0,
+        bytes,
+        algorithm: if straggler.is_some() {
+            "stragglar"
+        } else {
+            "nccl"
+        },
+        straggler,
+        last_rank: Some(record.last_rank),
+        lead_us: record.lead_ns as f64 / 1e3,
+        designated,
+    };
+    if let Err(e) = writer.call(&event) {
+        log::warn!("{}: {e}; tracing of {label} stops", writer.path().display());
+        *trace = None;
+    }
+}
