@@ -1450,8 +1450,8 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op,
 ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 
 /**
- * AllReduce: routed by [`route_all_reduce`], counted on its communicator, then run by the
- * real NCCL (or refused).
+ * AllReduce: routed by [`route_all_reduce`], counted on its communicator, then run by the GPU
+ * engine or the real NCCL (or refused).
  */
 ncclResult_t ncclAllReduce(const void *sendbuff,
                            void *recvbuff,
