@@ -2,7 +2,9 @@
 //! (one OS thread per GPU thread, a pthread barrier per block, C++ atomics for the PTX
 //! acquire/release), executing real plans on ranks that are threads of this process: the same
 //! plan interpretation, slicing, flags, epochs, parities, aborts and timeouts the GPU runs,
-//! checked bit for bit against the plan interpreter (`plan::simulate`) on every rank.
+//! checked bit for bit against the plan interpreter (`plan::simulate`) on every rank. Each
+//! rank's staging is laid out by the library's `StagingLayout` and every launch's arguments
+//! are built by the library's `LaunchSite`, so the library's launches are what is checked.
 
 mod support;
 
@@ -13,6 +15,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use stragglar::engine::cuda::args::{LaunchSite, Operands};
+use stragglar::engine::cuda::staging::StagingLayout;
 use stragglar::gpu::choice::{RawDetector, RawGraphState, RawRule};
 use stragglar::gpu::kernels::op_code;
 use stragglar::gpu::launch::{
@@ -158,20 +162,14 @@ impl Aligned {
     }
 }
 
-/// One rank's device-side state, as the runtime would allocate it.
+/// One rank's device-side state, as the library allocates it: one staging allocation laid
+/// out by the library's `StagingLayout` (arenas, flags, served words, failure word, epoch,
+/// finished blocks, rank 0's arrival board, graph state), and its host-mapped words.
 struct RankMemory {
-    arenas: [Aligned; 2],
-    flags: [Aligned; 2],
-    /// The served words of each parity (`uint32_t[blocks]`).
-    served: [Aligned; 2],
-    failed: Aligned,
-    epoch: Aligned,
-    finished: Aligned,
+    staging: Aligned,
     status: Aligned,
     /// `RawRingEntry[RING_ENTRIES]`: the records this rank copied.
     ring: Aligned,
-    /// `RawGraphState`: graph launches' call numbers, records and device detectors.
-    graph: Aligned,
 }
 
 /// A communicator of `ranks` emulated GPUs with a fixed grid.
@@ -179,13 +177,12 @@ struct Comm {
     ranks: usize,
     blocks: u32,
     threads: u32,
+    layout: StagingLayout,
     memory: Vec<RankMemory>,
     peers: Vec<RawPeer>,
     abort: Aligned,
     timeout_ns: u64,
     calls: u64,
-    /// Rank 0's arrival board (`RawBoardSlot[BOARD_SLOTS]`).
-    board: Aligned,
     /// Whether launches record arrivals (an extra block), and the next ticketed call.
     ticketing: bool,
     arrivals: std::cell::Cell<u64>,
@@ -202,50 +199,66 @@ const MAX_VALUES: usize = 512;
 
 impl Comm {
     fn new(ranks: usize, blocks: u32, threads: u32) -> Comm {
+        let layout = StagingLayout {
+            arena_bytes: ARENA_BYTES as u64,
+            values: MAX_VALUES as u64,
+            blocks: blocks as u64,
+        };
         let memory: Vec<RankMemory> = (0..ranks)
             .map(|_| RankMemory {
-                arenas: [Aligned::new(ARENA_BYTES), Aligned::new(ARENA_BYTES)],
-                flags: [
-                    Aligned::new(MAX_VALUES * blocks as usize * 4),
-                    Aligned::new(MAX_VALUES * blocks as usize * 4),
-                ],
-                served: [
-                    Aligned::new(blocks as usize * 4),
-                    Aligned::new(blocks as usize * 4),
-                ],
-                failed: Aligned::new(4),
-                epoch: Aligned::new(8),
-                finished: Aligned::new(4),
+                staging: Aligned::new(layout.allocation_bytes() as usize),
                 status: Aligned::new(4),
                 ring: Aligned::new(RING_ENTRIES as usize * std::mem::size_of::<RawRingEntry>()),
-                graph: Aligned::new(std::mem::size_of::<RawGraphState>()),
             })
             .collect();
         let peers = memory
             .iter()
-            .map(|m| RawPeer {
-                arena: [m.arenas[0].addr(), m.arenas[1].addr()],
-                flags: [m.flags[0].addr(), m.flags[1].addr()],
-                failed: m.failed.addr(),
-                served: [m.served[0].addr(), m.served[1].addr()],
-            })
+            .map(|m| layout.peer(m.staging.addr()))
             .collect();
         Comm {
             ranks,
             blocks,
             threads,
+            layout,
             memory,
             peers,
             abort: Aligned::new(4),
             // A regression fails the test instead of hanging it.
             timeout_ns: 60_000_000_000,
             calls: 0,
-            board: Aligned::new(BOARD_SLOTS as usize * std::mem::size_of::<RawBoardSlot>()),
             ticketing: true,
             arrivals: std::cell::Cell::new(0),
             late: None,
             ordered_reads: true,
         }
+    }
+
+    /// Where `rank`'s launches point, as the library builds them.
+    fn site(&self, rank: usize) -> LaunchSite {
+        LaunchSite {
+            staging: self.memory[rank].staging.addr(),
+            layout: self.layout,
+            peer_table: self.peers.as_ptr() as u64,
+            abort: self.abort.addr(),
+            status: self.memory[rank].status.addr(),
+            rank: rank as u32,
+            ranks: self.ranks as u32,
+            blocks: self.blocks,
+            threads: self.threads,
+            timeout_ns: self.timeout_ns,
+            ordered_reads: self.ordered_reads,
+        }
+    }
+
+    /// `len` bytes of `rank`'s staging from `offset` (a region of the layout).
+    fn region(&mut self, rank: usize, offset: u64, len: usize) -> &mut [u8] {
+        let offset = offset as usize;
+        &mut self.memory[rank].staging.bytes()[offset..offset + len]
+    }
+
+    /// Rank 0's arrival board (`RawBoardSlot[BOARD_SLOTS]`), which every rank's tickets use.
+    fn board(&self) -> u64 {
+        self.memory[0].staging.addr() + self.layout.board()
     }
 
     /// Blocks per launch: the plan's, and the arrival block when ticketing.
@@ -260,7 +273,7 @@ impl Comm {
             return RawArrival::default();
         }
         RawArrival {
-            board: self.board.addr(),
+            board: self.board(),
             ring: self.memory[rank].ring.addr(),
             call,
             ranks: self.ranks as u32,
@@ -282,7 +295,7 @@ impl Comm {
     /// Waits (at most 10 s) until `count` ranks took their ticket of call `call`, then `delay`:
     /// the late rank really arrives last, however loaded the machine.
     fn hold_back(&self, call: u64, count: usize, delay: Duration) {
-        self.hold_back_on(self.board.addr(), call, count, delay)
+        self.hold_back_on(self.board(), call, count, delay)
     }
 
     /// [`Comm::hold_back`] on the board at `board`.
@@ -306,14 +319,9 @@ impl Comm {
         let call = self.arrivals.get();
         self.arrivals.set(call + 1);
         let tickets: Vec<RawTicket> = (0..self.ranks)
-            .map(|r| RawTicket {
-                arrival: self.arrival(r, call),
-                abort: self.abort.addr(),
-                status: self.memory[r].status.addr(),
-                peers: self.peers.as_ptr() as u64,
-                timeout_ns: self.timeout_ns,
-                rank: r as u32,
-                reserved: 0,
+            .map(|r| {
+                let arrival = self.arrival(r, call);
+                self.site(r).ticket(arrival, self.timeout_ns)
             })
             .collect();
         let k = kernel();
@@ -342,9 +350,10 @@ impl Comm {
     /// [`Comm::assert_within_arenas`] can tell whether a call wrote past its slots.
     fn poison_past_arenas(&mut self, plan: &Plan) {
         assert!(plan.max_arena_bytes() <= ARENA_BYTES);
-        for (m, program) in self.memory.iter_mut().zip(&plan.programs) {
-            for arena in &mut m.arenas {
-                arena.bytes()[program.arena_bytes..].fill(POISON);
+        for (rank, program) in plan.programs.iter().enumerate() {
+            for parity in 0..2 {
+                let arena = self.layout.arena(parity);
+                self.region(rank, arena, ARENA_BYTES)[program.arena_bytes..].fill(POISON);
             }
         }
     }
@@ -352,9 +361,10 @@ impl Comm {
     /// Panics if a call wrote past the arena bytes `plan` gives a rank (the staging that the
     /// library sizes from the same numbers would end there).
     fn assert_within_arenas(&mut self, plan: &Plan, label: &str) {
-        for (r, (m, program)) in self.memory.iter_mut().zip(&plan.programs).enumerate() {
-            for (parity, arena) in m.arenas.iter_mut().enumerate() {
-                let past = &arena.bytes()[program.arena_bytes..];
+        for (r, program) in plan.programs.iter().enumerate() {
+            for parity in 0..2 {
+                let arena = self.layout.arena(parity);
+                let past = &self.region(r, arena, ARENA_BYTES)[program.arena_bytes..];
                 if let Some(at) = past.iter().position(|&b| b != POISON) {
                     panic!(
                         "{label}: rank {r} wrote {} B past its {} B arena (parity {parity})",
@@ -391,8 +401,10 @@ impl Comm {
                     Step::CopyIn => false,
                 })
                 .count() as u32;
-            let words = self.memory[source].served[parity].bytes();
-            for block in 0..self.blocks as usize {
+            let served = self.layout.served(parity);
+            let blocks = self.blocks as usize;
+            let words = self.region(source, served, blocks * 4);
+            for block in 0..blocks {
                 let word = u32::from_le_bytes(words[block * 4..block * 4 + 4].try_into().unwrap());
                 if !ordered {
                     assert_eq!(
@@ -411,7 +423,8 @@ impl Comm {
     }
 
     fn epoch(&mut self, rank: usize) -> u64 {
-        u64::from_le_bytes(self.memory[rank].epoch.bytes()[..8].try_into().unwrap())
+        let epoch = self.layout.epoch();
+        u64::from_le_bytes(self.region(rank, epoch, 8).try_into().unwrap())
     }
 
     /// The plan blobs and launch arguments of one call on every rank. `inputs` and `outputs`
@@ -444,39 +457,22 @@ impl Comm {
             .collect();
         let launches: Vec<RawLaunch> = (0..self.ranks)
             .map(|r| {
-                let (scale, has_scale) = match scales[r] {
-                    Scale::None => ([0u8; 8], 0),
-                    Scale::By(s) => (s, 1),
-                };
                 let input = inputs[r].addr() + offset as u64;
                 let output = if in_place {
                     input
                 } else {
                     outputs[r].addr() + offset as u64
                 };
-                let m = &self.memory[r];
-                RawLaunch {
-                    plan: blobs[r].as_ptr() as u64,
-                    peers: self.peers.as_ptr() as u64,
+                let operands = Operands {
+                    count: plan.count,
+                    dtype: plan.dtype,
+                    op,
+                    scale: scales[r],
                     input,
                     output,
-                    epoch: m.epoch.addr(),
-                    finished_blocks: m.finished.addr(),
-                    abort: self.abort.addr(),
-                    status: m.status.addr(),
-                    timeout_ns: self.timeout_ns,
-                    scale,
-                    has_scale,
-                    op: op_code(op),
-                    rank: r as u32,
-                    blocks: self.blocks,
-                    threads: self.threads,
-                    count: plan.count as u64,
-                    datatype: plan.dtype.nccl_code(),
-                    ordered_reads: u32::from(self.ordered_reads),
-                    arrival: arrivals[r],
-                    ..RawLaunch::default()
-                }
+                };
+                self.site(r)
+                    .eager(blobs[r].as_ptr() as u64, arrivals[r], &operands)
             })
             .collect();
         (blobs, launches)
@@ -508,7 +504,7 @@ impl Comm {
         );
         let hold = self
             .ticketing
-            .then(|| (self.board.addr(), launches[0].arrival.call));
+            .then(|| (self.board(), launches[0].arrival.call));
         self.execute(&launches, launched, self.grid(), hold, false);
         self.calls += 1;
     }
@@ -562,14 +558,15 @@ impl Comm {
 
     /// `rank`'s graph state as its kernels left it.
     fn graph_state(&self, rank: usize) -> RawGraphState {
-        // SAFETY: the allocation holds one RawGraphState (all integers: any bits are valid),
-        // and no kernel runs while the test reads it.
-        unsafe { std::ptr::read(self.memory[rank].graph.addr() as *const RawGraphState) }
+        let at = self.memory[rank].staging.addr() + self.layout.graph();
+        // SAFETY: the staging holds one RawGraphState there, 16-byte aligned (all integers:
+        // any bits are valid), and no kernel runs while the test reads it.
+        unsafe { std::ptr::read(at as *const RawGraphState) }
     }
 
     /// Rank 0's graph board, which every rank's graph launches use.
     fn graph_board(&self) -> u64 {
-        self.memory[0].graph.addr() + std::mem::offset_of!(RawGraphState, board) as u64
+        self.memory[0].staging.addr() + self.layout.graph_board()
     }
 
     /// Every rank's launch of one call captured into a graph, out of place, as an f32 sum of
@@ -585,33 +582,20 @@ impl Comm {
     ) -> Vec<RawLaunch> {
         (0..self.ranks)
             .map(|r| {
-                let m = &self.memory[r];
-                RawLaunch {
-                    peers: self.peers.as_ptr() as u64,
+                let operands = Operands {
+                    count,
+                    dtype: DataType::F32,
+                    op: ReduceOp::Sum,
+                    scale: Scale::None,
                     input: inputs[r].addr(),
                     output: outputs[r].addr(),
-                    count: count as u64,
-                    datatype: DataType::F32.nccl_code(),
-                    ordered_reads: u32::from(self.ordered_reads),
-                    epoch: m.epoch.addr(),
-                    finished_blocks: m.finished.addr(),
-                    abort: self.abort.addr(),
-                    status: m.status.addr(),
-                    timeout_ns: self.timeout_ns,
-                    op: op_code(ReduceOp::Sum),
-                    rank: r as u32,
-                    blocks: self.blocks,
-                    threads: self.threads,
-                    arrival: RawArrival {
-                        board: self.graph_board(),
-                        ranks: self.ranks as u32,
-                        ..RawArrival::default()
-                    },
-                    graph: m.graph.addr(),
-                    plans: tables[r].as_ptr() as u64,
+                };
+                self.site(r).graph(
+                    tables[r].as_ptr() as u64,
+                    self.graph_board(),
                     rule,
-                    ..RawLaunch::default()
-                }
+                    &operands,
+                )
             })
             .collect()
     }
@@ -1093,7 +1077,9 @@ fn a_failed_rank_releases_every_peer_without_the_timeout() {
     for absent in 0..5 {
         let mut comm = Comm::new(5, 2, 2);
         comm.timeout_ns = 20_000_000_000;
-        comm.memory[absent].failed.bytes()[..4].copy_from_slice(&STATUS_ABORTED.to_le_bytes());
+        let failed = comm.layout.failed();
+        comm.region(absent, failed, 4)
+            .copy_from_slice(&STATUS_ABORTED.to_le_bytes());
         let (statuses, took) = call_with_absent_rank(&mut comm, absent, None);
         assert!(
             statuses.iter().all(|&s| s == STATUS_PEER_FAILED),
@@ -1384,7 +1370,7 @@ fn a_ticket_waiting_for_a_rank_that_failed_on_its_host_is_released_by_its_failur
     // waits for the last ticket, which reports a peer failure.
     let mut comm = Comm::new(4, 1, 1);
     comm.timeout_ns = 0;
-    let failed = comm.memory[3].failed.addr();
+    let failed = comm.memory[3].staging.addr() + comm.layout.failed();
     let statuses = tickets_released_by(&mut comm, failed, STATUS_ABORTED);
     one_waiter_gave_up(&statuses, STATUS_PEER_FAILED);
 }

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
+use super::args::Operands;
 use super::budget::StagingBudget;
 use super::comm::{Baseline, CommParts, CudaComm, Decline, OrderingEvents, NVSWITCH_LINK};
 use super::driver::{self, Device, DeviceMemory, IpcMapping, Kernels};
-use super::rank::{Control, CudaRank, Operands, RankConfig};
+use super::rank::{Control, CudaRank, RankConfig};
 use super::setup::{
     run_setup, settings_of, Devices, Exchange, Identity, LocalFailure, PeerAccess, SetupError,
     SetupRecord,

@@ -16,8 +16,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::args::Operands;
 use super::driver::{self, Capture, Device, Event, IpcMapping};
-use super::rank::{CallError, Control, CudaRank, GraphCounts, Operands};
+use super::rank::{CallError, Control, CudaRank, GraphCounts};
 use crate::detect::policy::Policy;
 use crate::detect::tally::RankArrivals;
 use crate::detect::{ArrivalRecord, Tracker};

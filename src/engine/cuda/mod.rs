@@ -2,6 +2,7 @@
 //! allocations the ranks share (CUDA IPC between processes, plain device pointers between
 //! threads of one process).
 
+pub mod args;
 pub mod attach;
 pub mod budget;
 pub mod comm;

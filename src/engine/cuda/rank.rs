@@ -9,19 +9,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::args::{LaunchSite, Operands};
 use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::staging::StagingLayout;
 use crate::detect::{ArrivalRecord, Observed, Tracker};
 use crate::gpu::choice::{RawGraphState, RawRule};
-use crate::gpu::kernels::op_code;
 use crate::gpu::launch::{
-    RawArrival, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS,
-    MAX_THREADS, RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
-    STATUS_TIMEOUT,
+    RawArrival, RawBoardSlot, RawPeer, RawRingEntry, BOARD_SLOTS, MAX_THREADS, RING_ENTRIES,
+    STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED, STATUS_TIMEOUT,
 };
 use crate::nccl::types::ResultCode;
 use crate::plan::{ArenaNeed, Lowered};
-use crate::reduce::{DataType, ReduceOp, Scale};
+use crate::reduce::DataType;
 
 /// Ordered sends of one rank in a call must stay below this: the kernel's served words count
 /// them in 16 bits (`sg_served` in cuda/stragglar_allreduce.cu).
@@ -159,20 +158,6 @@ pub struct GraphCounts {
     pub baseline: u64,
     /// The straggler of the latest graph call, `None` when it ran Ring (or none ran).
     pub last_straggler: Option<usize>,
-}
-
-/// What one AllReduce launch reduces, besides its plan.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Operands {
-    /// Elements in each buffer, and their type.
-    pub count: usize,
-    pub dtype: DataType,
-    pub op: ReduceOp,
-    /// The copy-in scaling (`Scale::for_op`).
-    pub scale: Scale,
-    /// Device addresses of the caller's buffers, `count` elements each (equal in place).
-    pub input: u64,
-    pub output: u64,
 }
 
 /// One rank of a GPU-engine communicator.
@@ -446,18 +431,7 @@ impl CudaRank {
         timeout_ns: u64,
     ) -> Result<(), CallError> {
         self.fail_fast()?;
-        let Some(peers) = &self.peer_table else {
-            return Err(CallError::Unfit("not connected to the peers".into()));
-        };
-        let args = RawTicket {
-            arrival: self.arrival(true),
-            abort: self.words.device_address(ABORT_WORD),
-            status: self.words.device_address(STATUS_WORD),
-            peers: peers.ptr,
-            timeout_ns,
-            rank: self.config.rank as u32,
-            reserved: 0,
-        };
+        let args = self.site()?.ticket(self.arrival(true), timeout_ns);
         // SAFETY: every address in `args` is live memory of this rank (staging, rank 0's
         // mapped board, host words); the caller vouches for the stream.
         unsafe { self.kernels.ticket.launch(stream, 1, 32, &args) }?;
@@ -587,11 +561,9 @@ impl CudaRank {
             ));
         }
         self.prepare(plan)?;
-        let args = RawLaunch {
-            plan: self.plans[&plan.id()],
-            arrival: self.arrival(ticket),
-            ..self.launch_args(operands)?
-        };
+        let args = self
+            .site()?
+            .eager(self.plans[&plan.id()], self.arrival(ticket), &operands);
         // The arrival block runs beside the plan's blocks.
         let grid = self.config.blocks + u32::from(ticket);
         // SAFETY: every address in `args` is live device memory of this rank (staging, plan,
@@ -608,37 +580,24 @@ impl CudaRank {
         Ok(())
     }
 
-    /// The arguments every AllReduce launch of this rank shares, for `operands`; the plan,
-    /// arrival and graph fields are left to the launch.
-    fn launch_args(&self, operands: Operands) -> Result<RawLaunch, CallError> {
+    /// Where this rank's launches point, once it is connected to its peers.
+    fn site(&self) -> Result<LaunchSite, CallError> {
         let peers = self
             .peer_table
             .as_ref()
             .ok_or_else(|| CallError::Unfit("not connected to the peers".into()))?;
-        let layout = self.config.layout;
-        let (scale, has_scale) = match operands.scale {
-            Scale::None => ([0u8; 8], 0),
-            Scale::By(bytes) => (bytes, 1),
-        };
-        Ok(RawLaunch {
-            peers: peers.ptr,
-            input: operands.input,
-            output: operands.output,
-            count: operands.count as u64,
-            datatype: operands.dtype.nccl_code(),
-            epoch: self.staging.ptr + layout.epoch(),
-            finished_blocks: self.staging.ptr + layout.finished_blocks(),
+        Ok(LaunchSite {
+            staging: self.staging.ptr,
+            layout: self.config.layout,
+            peer_table: peers.ptr,
             abort: self.words.device_address(ABORT_WORD),
             status: self.words.device_address(STATUS_WORD),
-            timeout_ns: self.timeout_ns(),
-            scale,
-            has_scale,
-            op: op_code(operands.op),
             rank: self.config.rank as u32,
+            ranks: self.config.ranks as u32,
             blocks: self.config.blocks,
             threads: self.config.threads,
-            ordered_reads: u32::from(self.config.ordered_reads),
-            ..RawLaunch::default()
+            timeout_ns: self.timeout_ns(),
+            ordered_reads: self.config.ordered_reads,
         })
     }
 
@@ -753,17 +712,7 @@ impl CudaRank {
         } else {
             choices.straggler_last
         };
-        let args = RawLaunch {
-            arrival: RawArrival {
-                board: self.graph_board,
-                ranks: self.config.ranks as u32,
-                ..RawArrival::default()
-            },
-            graph: self.staging.ptr + self.config.layout.graph(),
-            plans: table,
-            rule,
-            ..self.launch_args(operands)?
-        };
+        let args = self.site()?.graph(table, self.graph_board, rule, &operands);
         // SAFETY: every address in `args` is live device memory of this rank (staging with its
         // graph state, plan table and blobs, peer table, host words, rank 0's mapped graph
         // board) or the caller's buffers, which the caller vouches for.

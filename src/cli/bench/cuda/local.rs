@@ -7,9 +7,10 @@ use std::error::Error;
 use super::GpuKernels;
 use crate::cli::bench::data;
 use crate::cli::bench::options::BenchOptions;
+use crate::engine::cuda::args::Operands;
 use crate::engine::cuda::comm::{CudaComm, Ran};
 use crate::engine::cuda::driver::{DeviceMemory, Event, GpuError, Graph, Stream};
-use crate::engine::cuda::rank::{CallError, CudaRank, GraphCounts, Operands};
+use crate::engine::cuda::rank::{CallError, CudaRank, GraphCounts};
 use crate::gpu::launch::RING_ENTRIES;
 use crate::reduce::{DataType, ReduceOp, Scale};
 
