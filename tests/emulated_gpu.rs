@@ -224,10 +224,24 @@ fn a_failing_ipc_open_refuses_the_setup_on_every_rank() {
     );
 }
 
-/// tests/c/loopback_ranks.c, linked against our library and the emulated driver.
-fn loopback_ranks() -> &'static PathBuf {
-    static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
-    PROGRAM.get_or_init(|| {
+/// How loopback_ranks reaches our library.
+#[derive(Clone, Copy, PartialEq)]
+enum Linked {
+    /// Linked against libstragglar (through our drop-in nccl.h).
+    Ours,
+    /// Linked against the (loopback) libnccl alone, run with LD_PRELOAD=libstragglar.so.
+    Preloaded,
+}
+
+/// tests/c/loopback_ranks.c, linked as `linked` says and against the emulated driver.
+fn loopback_ranks(linked: Linked) -> &'static PathBuf {
+    static OURS: OnceLock<PathBuf> = OnceLock::new();
+    static PRELOADED: OnceLock<PathBuf> = OnceLock::new();
+    let cell = match linked {
+        Linked::Ours => &OURS,
+        Linked::Preloaded => &PRELOADED,
+    };
+    cell.get_or_init(|| {
         let dir = built();
         let cuda_include = std::env::var("STRAGGLAR_TEST_NVIDIA_INCLUDES")
             .ok()
@@ -242,20 +256,31 @@ fn loopback_ranks() -> &'static PathBuf {
                     .display()
                     .to_string()
             });
-        let program = support::scratch("loopback-ranks").join("loopback_ranks");
+        let name = match linked {
+            Linked::Ours => "loopback_ranks",
+            Linked::Preloaded => "loopback_ranks_preloaded",
+        };
+        let program = support::scratch("loopback-ranks").join(name);
         let lib = support::lib_dir();
-        support::compile_c(
-            &support::root().join("tests/c/loopback_ranks.c"),
-            &program,
-            &[
-                format!("-I{cuda_include}"),
+        let nccl = match linked {
+            Linked::Ours => vec![
                 format!("-L{}", lib.display()),
                 "-lstragglar".into(),
                 format!("-Wl,-rpath,{}", lib.display()),
-                format!("-L{}", dir.display()),
-                "-lcuda".into(),
-                "-pthread".into(),
             ],
+            Linked::Preloaded => vec!["-l:libnccl.so.2".into()],
+        };
+        let mut flags = vec![format!("-I{cuda_include}")];
+        flags.extend(nccl);
+        flags.extend([
+            format!("-L{}", dir.display()),
+            "-lcuda".into(),
+            "-pthread".into(),
+        ]);
+        support::compile_c(
+            &support::root().join("tests/c/loopback_ranks.c"),
+            &program,
+            &flags,
         );
         program
     })
@@ -291,15 +316,22 @@ fn designations(text: &str) -> Vec<&str> {
 }
 
 fn run_ranks(args: &[&str], env: &[(&str, &str)]) -> (Output, u32) {
+    run_ranks_linked(Linked::Ours, args, env)
+}
+
+fn run_ranks_linked(linked: Linked, args: &[&str], env: &[(&str, &str)]) -> (Output, u32) {
     if env.contains(&("STRAGGLAR_GPU_ENGINE", "1")) {
         kernels_cached();
     }
-    let program = loopback_ranks().to_str().unwrap().to_owned();
+    let program = loopback_ranks(linked).to_str().unwrap().to_owned();
     let mut all = vec![program.as_str()];
     all.extend_from_slice(args);
     let mut cmd = emulated(&all);
     for (key, value) in env {
         cmd.env(key, value);
+    }
+    if linked == Linked::Preloaded {
+        cmd.env("LD_PRELOAD", support::lib_dir().join("libstragglar.so"));
     }
     let child = cmd
         .stdout(std::process::Stdio::piped())
@@ -382,6 +414,42 @@ fn the_gpu_engine_serves_ncclallreduce_on_four_and_eight_rank_processes() {
             support::describe(&out)
         );
     }
+}
+
+/// An unmodified program, linked against libnccl alone, under LD_PRELOAD=libstragglar.so: the
+/// engine serves its calls, and its weak reference finds our stragglarGetStats.
+#[test]
+fn the_gpu_engine_serves_a_program_linked_against_nccl_under_ld_preload() {
+    let mut env = ENGINE.to_vec();
+    env.extend([
+        ("LOOPBACK_LATE_RANK", "1"),
+        ("LOOPBACK_LATE_US", "30000"),
+        ("LOOPBACK_FIXED", "1"),
+    ]);
+    let (out, _) = run_ranks_linked(Linked::Preloaded, &["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 100 calls checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    assert_eq!(
+        log.matches("100 calls, 100 on StragglAR, 0 on NCCL")
+            .count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    let stats = designations(&text);
+    assert_eq!(stats.len(), 4, "{}", support::describe(&out));
+    assert!(
+        stats.iter().all(|s| *s == "1, 100 on StragglAR, 0 on NCCL"),
+        "{}",
+        support::describe(&out)
+    );
 }
 
 #[test]

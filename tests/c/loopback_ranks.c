@@ -17,7 +17,9 @@
  *   before every call (before the first half, and rank B before the second, with B); with LOOPBACK_FIXED every call is the same (4099 floats, sum), one size class for
  *   the straggler's detection; LOOPBACK_ENV_<r>=NAME=VALUE sets NAME in rank r's environment
  *   only. Each rank that finishes prints its stragglarGetStats (the designated straggler,
- *   calls on StragglAR and on NCCL). */
+ *   calls on StragglAR and on NCCL).
+ * Built twice by tests/emulated_gpu.rs: linked against libstragglar, and linked against the
+ * (loopback) libnccl alone, run with LD_PRELOAD=libstragglar.so. */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <nccl.h>
@@ -33,6 +35,10 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Weak: linked against libnccl alone and run with LD_PRELOAD=libstragglar.so, the preloaded
+ * library provides it; where nothing does, no statistics are printed. */
+#pragma weak stragglarGetStats
 
 extern char** environ;
 
@@ -130,7 +136,7 @@ static long long expected(int nranks, int i, int j, ncclRedOp_t op, ncclDataType
  * NCCL. */
 static void print_stats(int rank, ncclComm_t comm) {
   stragglarStats_t stats;
-  if (stragglarGetStats(comm, &stats) == ncclSuccess)
+  if (stragglarGetStats && stragglarGetStats(comm, &stats) == ncclSuccess)
     printf("rank %d: designated %d, %llu on StragglAR, %llu on NCCL\n", rank,
            stats.designatedStraggler, (unsigned long long)stats.onStragglar,
            (unsigned long long)stats.onNccl);
@@ -417,7 +423,7 @@ static int run_two_comms(int rank, int nranks, ncclComm_t first, CUcontext ctx, 
     if (w[k].result != 0) return w[k].result;
   for (int k = 0; k < 2; ++k) {
     stragglarStats_t stats;
-    if (stragglarGetStats(w[k].comm, &stats) == ncclSuccess)
+    if (stragglarGetStats && stragglarGetStats(w[k].comm, &stats) == ncclSuccess)
       printf("rank %d: communicator %d: %llu on StragglAR, %llu on NCCL\n", rank, k,
              (unsigned long long)stats.onStragglar, (unsigned long long)stats.onNccl);
     ncclCommDestroy(w[k].comm);
