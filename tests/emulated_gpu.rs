@@ -450,6 +450,25 @@ fn the_gpu_engine_serves_a_program_linked_against_nccl_under_ld_preload() {
         "{}",
         support::describe(&out)
     );
+    // stragglarGetArrivals: every rank read the same records, rank 1 last in nearly all.
+    let arrivals: Vec<(u64, u64)> = text
+        .lines()
+        .filter_map(|l| l.split_once(": rank 1 arrived last ").map(|(_, s)| s))
+        .filter_map(|s| {
+            let (last, calls) = s.strip_suffix(" calls")?.split_once(" of ")?;
+            Some((last.parse().ok()?, calls.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(arrivals.len(), 4, "{}", support::describe(&out));
+    assert!(
+        arrivals
+            .iter()
+            .all(|&(last, calls)| (last, calls) == arrivals[0]
+                && calls >= 60
+                && last * 10 >= calls * 9),
+        "{arrivals:?}: {}",
+        support::describe(&out)
+    );
 }
 
 #[test]

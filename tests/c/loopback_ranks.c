@@ -39,6 +39,7 @@
 /* Weak: linked against libnccl alone and run with LD_PRELOAD=libstragglar.so, the preloaded
  * library provides it; where nothing does, no statistics are printed. */
 #pragma weak stragglarGetStats
+#pragma weak stragglarGetArrivals
 
 extern char** environ;
 
@@ -140,6 +141,13 @@ static void print_stats(int rank, ncclComm_t comm) {
     printf("rank %d: designated %d, %llu on StragglAR, %llu on NCCL\n", rank,
            stats.designatedStraggler, (unsigned long long)stats.onStragglar,
            (unsigned long long)stats.onNccl);
+  /* The first late rank's arrivals, as this rank's straggler report counts them. */
+  const char* late = getenv("LOOPBACK_LATE_RANK");
+  stragglarArrivals_t arrivals;
+  if (late && stragglarGetArrivals &&
+      stragglarGetArrivals(comm, atoi(late), &arrivals) == ncclSuccess)
+    printf("rank %d: rank %d arrived last %llu of %llu calls\n", rank, atoi(late),
+           (unsigned long long)arrivals.arrivedLast, (unsigned long long)arrivals.calls);
 }
 
 static double now_ms(void) {

@@ -209,11 +209,6 @@ impl CudaComm {
         &self.rank
     }
 
-    /// This rank's index in the communicator.
-    pub fn index(&self) -> usize {
-        self.rank.index()
-    }
-
     /// The abort and status words, usable without holding this engine.
     pub fn control(&self) -> Control {
         self.rank.control()
