@@ -1,7 +1,7 @@
 /* The StragglAR AllReduce kernel: one launch per rank per call executes that rank's plan
  * (cuda/stragglar_plan.h, lowered and encoded by src/plan) over the ranks' staging arenas.
  *
- * Invariants (see src/plan/mod.rs and ../shared/ALGORITHM.md for the protocol):
+ * Invariants (see src/plan/mod.rs and docs/ALGORITHM.md for the protocol):
  *  - single assignment: every value slot is written once per call, by its owner, then
  *    published by a flag holding the call's epoch; nothing a peer may read is overwritten within
  *    a call, and two arena/flag parities keep call e+1 off call e's memory;

@@ -1,6 +1,6 @@
 /* Arrival records: which rank arrived last at each ticketed call, and by how much, recorded by
  * the GPUs themselves and identical on every rank, so every rank's policy reads the same
- * history without exchanging anything (../shared/ALGORITHM.md; src/detect for the rule).
+ * history without exchanging anything (docs/ALGORITHM.md; src/detect for the rule).
  *
  * Protocol for call c (one thread per rank: the AllReduce kernel's extra block, or the ticket
  * kernel before a call that goes to NCCL), on the board in rank 0's staging:

@@ -1,4 +1,4 @@
-//! Pipelining (ALGORITHM.md section 5): each chunk cut into k pieces, the schedule run as a
+//! Pipelining (docs/ALGORITHM.md section 5): each chunk cut into k pieces, the schedule run as a
 //! pipeline; verified by replay and priced by the model.
 
 use stragglar::schedule::model::{best_pipelining, stragglar_rounds, Link};

@@ -1,5 +1,5 @@
 //! Every schedule of every algorithm replays as a valid AllReduce, and StragglAR's post-arrival
-//! rounds meet the quality bar of ALGORITHM.md section 3.
+//! rounds meet the quality bar of docs/ALGORITHM.md section 3.
 
 use stragglar::schedule::{
     ceil_log2, round_bound, verify, Algorithm, PhaseKind, PlanError, PlanRequest, Schedule,
@@ -26,7 +26,7 @@ fn plan(algorithm: Algorithm, n: usize, straggler: usize) -> Schedule {
     schedule
 }
 
-/// The authors' heuristic (ALGORITHM.md 3.2), lower end of each range.
+/// The authors' heuristic (docs/ALGORITHM.md 3.2), lower end of each range.
 const HEURISTIC: [(usize, usize); 16] = [
     (6, 7),
     (10, 12),

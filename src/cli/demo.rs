@@ -143,7 +143,7 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
     );
     println!("when it arrives only {rounds} rounds of 1/7 of the buffer remain, against Ring's 14 rounds of 1/8.");
     println!(
-        "The model (ALGORITHM.md section 4) predicts the 'post' columns; every result was checked"
+        "The model (docs/ALGORITHM.md section 4) predicts the 'post' columns; every result was checked"
     );
     println!(
         "element by element on every rank. StragglAR finished first at {wins} of {} sizes.",

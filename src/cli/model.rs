@@ -1,4 +1,4 @@
-//! `stragglar model`: the alpha-beta cost model of ALGORITHM.md section 4 as a table.
+//! `stragglar model`: the alpha-beta cost model of docs/ALGORITHM.md section 4 as a table.
 
 use std::fmt::Write;
 

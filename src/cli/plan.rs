@@ -20,7 +20,7 @@ stragglar plan --bench [--ranks N,...]
     times the StragglAR synthesis (default 256,1024; use a release build)
 ";
 
-/// The post-arrival rounds of the authors' greedy heuristic (ALGORITHM.md 3.2), lower end.
+/// The post-arrival rounds of the authors' greedy heuristic (docs/ALGORITHM.md 3.2), lower end.
 const HEURISTIC: [(usize, usize); 16] = [
     (6, 7),
     (10, 12),
@@ -40,7 +40,7 @@ const HEURISTIC: [(usize, usize); 16] = [
     (192, 208),
 ];
 
-/// The heuristic's round count for `n`, where ALGORITHM.md 3.2 lists one.
+/// The heuristic's round count for `n`, where docs/ALGORITHM.md 3.2 lists one.
 pub fn heuristic_rounds(n: usize) -> Option<usize> {
     HEURISTIC.iter().find(|&&(m, _)| m == n).map(|&(_, r)| r)
 }

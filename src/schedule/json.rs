@@ -1,4 +1,4 @@
-//! The plan format of ALGORITHM.md section 6, written by hand so that it stays stable.
+//! The plan format of docs/ALGORITHM.md section 6, written by hand so that it stays stable.
 //!
 //! Layout (one key per line, one round per line):
 //!

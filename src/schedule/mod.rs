@@ -35,7 +35,7 @@ pub fn ceil_log2(n: usize) -> usize {
 }
 
 /// The lower bound on post-arrival rounds for `n >= 2` ranks: `n - 2 + ceil(log2 n)`
-/// (ALGORITHM.md section 3). With `pieces_per_chunk = k` the straggler exchanges `(n-1)k`
+/// (docs/ALGORITHM.md section 3). With `pieces_per_chunk = k` the straggler exchanges `(n-1)k`
 /// pieces, so the bound becomes `(n-1)k - 1 + ceil(log2 n)`.
 pub fn round_bound(ranks: usize, pieces_per_chunk: usize) -> usize {
     (ranks - 1) * pieces_per_chunk - 1 + ceil_log2(ranks)

@@ -1,4 +1,4 @@
-//! The alpha-beta cost model of ALGORITHM.md section 4, priced with the round counts of this
+//! The alpha-beta cost model of docs/ALGORITHM.md section 4, priced with the round counts of this
 //! crate's own schedules. All times are in seconds, sizes in bytes.
 
 use super::ceil_log2;

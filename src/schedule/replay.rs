@@ -1,6 +1,6 @@
 //! The replay verifier: runs a schedule on contribution sets and checks the round model.
 //!
-//! Semantics (ALGORITHM.md section 6): every rank starts holding `{r}` for every chunk; a
+//! Semantics (docs/ALGORITHM.md section 6): every rank starts holding `{r}` for every chunk; a
 //! transfer reads its source's value as of the start of the round; `reduce` merges it into the
 //! destination (the sets must be disjoint), `copy` replaces the destination's value; per round
 //! each rank is the source of at most one transfer and the destination of at most one; the

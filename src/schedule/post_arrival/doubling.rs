@@ -1,4 +1,4 @@
-//! The power-of-two construction of ALGORITHM.md 3.1, which meets `n - 2 + log2 n` rounds
+//! The power-of-two construction of docs/ALGORITHM.md 3.1, which meets `n - 2 + log2 n` rounds
 //! (and `(n-1)k - 1 + log2 n` with `k` pieces per chunk).
 //!
 //! Invariant: every early rank holds exactly one *active* piece (final somewhere but not

@@ -24,7 +24,7 @@ pub struct Variant {
     /// Random amount, `0..=noise`, added to each receiver's count of missing pieces before
     /// ranking receivers; 0 ranks them strictly by that count.
     pub noise: u8,
-    /// Follow the construction of ALGORITHM.md 3.1 where it applies: its bootstrap in rounds
+    /// Follow the construction of docs/ALGORITHM.md 3.1 where it applies: its bootstrap in rounds
     /// `1..L`, and its window rule (a rank that next meets the straggler in round `t` takes no
     /// piece newer than exchange `t - L`, and is served first for that one).
     pub window: bool,

@@ -3,7 +3,7 @@
 //!
 //! Everything here is in logical ranks: `0..n-1` are the early ranks, `n-1` is the straggler.
 //! Two synthesizers share one exchange order ([`ExchangeOrder`]): the power-of-two
-//! construction of ALGORITHM.md 3.1 ([`doubling`]) and a list scheduler for every other `n`
+//! construction of docs/ALGORITHM.md 3.1 ([`doubling`]) and a list scheduler for every other `n`
 //! ([`greedy`]).
 
 pub mod doubling;
@@ -15,7 +15,7 @@ use super::types::{Round, Transfer};
 /// The order in which the straggler meets the others. Exchange `v` (`0..count()`) happens in
 /// round `v` with logical rank `v % (n-1)` and is about piece `v / (n-1)` of chunk `v % (n-1)`:
 /// with `k` pieces per chunk the straggler sweeps the early ranks `k` times, and the schedule
-/// keeps running in steady state across sweeps (ALGORITHM.md section 5).
+/// keeps running in steady state across sweeps (docs/ALGORITHM.md section 5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExchangeOrder {
     ranks: usize,
