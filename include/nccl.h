@@ -426,6 +426,13 @@ ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, struct ncclUniqueId *uniqueId)
 void ncclResetDebugInit(void);
 
 /**
+ * Forwards to the real `ncclResetDebugInitInternal`: NCCL's own re-reading of `NCCL_DEBUG` and
+ * its companions, exported by NCCL without a header or a `pnccl` twin; NCCL's tests and
+ * tools call it.
+ */
+void ncclResetDebugInitInternal(void);
+
+/**
  * Forwards to the real `ncclCommGetAsyncError`.
  */
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
@@ -804,27 +811,43 @@ ncclResult_t ncclParamGetAllParameterKeys(const char ***table, int *tableLen);
 void ncclParamDumpAll(void);
 
 /**
- * Forwards to the real `pncclMemAlloc`; never intercepted.
+ * The profiling twin of `ncclAllReduce`: the same function.
  */
-ncclResult_t pncclMemAlloc(void **ptr, size_t size);
+ncclResult_t pncclAllReduce(const void *sendbuff,
+                            void *recvbuff,
+                            size_t count,
+                            ncclDataType_t datatype,
+                            ncclRedOp_t op,
+                            ncclComm_t comm,
+                            cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclMemFree`; never intercepted.
+ * The profiling twin of `ncclGetErrorString`: the same function.
  */
-ncclResult_t pncclMemFree(void *ptr);
+const char *pncclGetErrorString(ncclResult_t result);
 
 /**
- * Forwards to the real `pncclGetVersion`; never intercepted.
+ * The profiling twin of `ncclGetLastError`: the same function.
  */
-ncclResult_t pncclGetVersion(int *version);
+const char *pncclGetLastError(ncclComm_t comm);
 
 /**
- * Forwards to the real `pncclGetUniqueId`; never intercepted.
+ * The profiling twin of `ncclGroupStart`: the same function.
  */
-ncclResult_t pncclGetUniqueId(struct ncclUniqueId *uniqueId);
+ncclResult_t pncclGroupStart(void);
 
 /**
- * Forwards to the real `pncclCommInitRankConfig`; never intercepted.
+ * The profiling twin of `ncclGroupEnd`: the same function.
+ */
+ncclResult_t pncclGroupEnd(void);
+
+/**
+ * The profiling twin of `ncclCommInitRank`: the same function.
+ */
+ncclResult_t pncclCommInitRank(ncclComm_t *comm, int nranks, struct ncclUniqueId commId, int rank);
+
+/**
+ * The profiling twin of `ncclCommInitRankConfig`: the same function.
  */
 ncclResult_t pncclCommInitRankConfig(ncclComm_t *comm,
                                      int nranks,
@@ -833,71 +856,12 @@ ncclResult_t pncclCommInitRankConfig(ncclComm_t *comm,
                                      struct ncclConfig_t *config);
 
 /**
- * Forwards to the real `pncclCommInitRank`; never intercepted.
- */
-ncclResult_t pncclCommInitRank(ncclComm_t *comm, int nranks, struct ncclUniqueId commId, int rank);
-
-/**
- * Forwards to the real `pncclCommInitAll`; never intercepted.
+ * The profiling twin of `ncclCommInitAll`: the same function.
  */
 ncclResult_t pncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);
 
 /**
- * Forwards to the real `pncclCommFinalize`; never intercepted.
- */
-ncclResult_t pncclCommFinalize(ncclComm_t comm);
-
-/**
- * Forwards to the real `pncclCommDestroy`; never intercepted.
- */
-ncclResult_t pncclCommDestroy(ncclComm_t comm);
-
-/**
- * Forwards to the real `pncclCommAbort`; never intercepted.
- */
-ncclResult_t pncclCommAbort(ncclComm_t comm);
-
-/**
- * Forwards to the real `pncclCommRevoke`; never intercepted.
- */
-ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags);
-
-/**
- * Forwards to the real `pncclCommSplit`; never intercepted.
- */
-ncclResult_t pncclCommSplit(ncclComm_t comm,
-                            int color,
-                            int key,
-                            ncclComm_t *newcomm,
-                            struct ncclConfig_t *config);
-
-/**
- * Forwards to the real `pncclCommShrink`; never intercepted.
- */
-ncclResult_t pncclCommShrink(ncclComm_t comm,
-                             int *excludeRanksList,
-                             int excludeRanksCount,
-                             ncclComm_t *newcomm,
-                             struct ncclConfig_t *config,
-                             int shrinkFlags);
-
-/**
- * Forwards to the real `pncclCommGetUniqueId`; never intercepted.
- */
-ncclResult_t pncclCommGetUniqueId(ncclComm_t comm, struct ncclUniqueId *uniqueId);
-
-/**
- * Forwards to the real `pncclCommGrow`; never intercepted.
- */
-ncclResult_t pncclCommGrow(ncclComm_t comm,
-                           int nRanks,
-                           const struct ncclUniqueId *uniqueId,
-                           int rank,
-                           ncclComm_t *newcomm,
-                           struct ncclConfig_t *config);
-
-/**
- * Forwards to the real `pncclCommInitRankScalable`; never intercepted.
+ * The profiling twin of `ncclCommInitRankScalable`: the same function.
  */
 ncclResult_t pncclCommInitRankScalable(ncclComm_t *newcomm,
                                        int nranks,
@@ -907,67 +871,131 @@ ncclResult_t pncclCommInitRankScalable(ncclComm_t *newcomm,
                                        struct ncclConfig_t *config);
 
 /**
- * Forwards to the real `pncclGetErrorString`; never intercepted.
+ * The profiling twin of `ncclCommSplit`: the same function.
  */
-const char *pncclGetErrorString(ncclResult_t result);
+ncclResult_t pncclCommSplit(ncclComm_t comm,
+                            int color,
+                            int key,
+                            ncclComm_t *newcomm,
+                            struct ncclConfig_t *config);
 
 /**
- * Forwards to the real `pncclGetLastError`; never intercepted.
+ * The profiling twin of `ncclCommShrink`: the same function.
  */
-const char *pncclGetLastError(ncclComm_t comm);
+ncclResult_t pncclCommShrink(ncclComm_t comm,
+                             int *excludeRanksList,
+                             int excludeRanksCount,
+                             ncclComm_t *newcomm,
+                             struct ncclConfig_t *config,
+                             int shrinkFlags);
 
 /**
- * Forwards to the real `pncclResetDebugInit`; never intercepted.
+ * The profiling twin of `ncclCommGrow`: the same function.
+ */
+ncclResult_t pncclCommGrow(ncclComm_t comm,
+                           int nRanks,
+                           const struct ncclUniqueId *uniqueId,
+                           int rank,
+                           ncclComm_t *newcomm,
+                           struct ncclConfig_t *config);
+
+/**
+ * The profiling twin of `ncclCommFinalize`: the same function.
+ */
+ncclResult_t pncclCommFinalize(ncclComm_t comm);
+
+/**
+ * The profiling twin of `ncclCommRevoke`: the same function.
+ */
+ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags);
+
+/**
+ * The profiling twin of `ncclCommDestroy`: the same function.
+ */
+ncclResult_t pncclCommDestroy(ncclComm_t comm);
+
+/**
+ * The profiling twin of `ncclCommAbort`: the same function.
+ */
+ncclResult_t pncclCommAbort(ncclComm_t comm);
+
+/**
+ * The profiling twin of `ncclMemAlloc`: the same function.
+ */
+ncclResult_t pncclMemAlloc(void **ptr, size_t size);
+
+/**
+ * The profiling twin of `ncclMemFree`: the same function.
+ */
+ncclResult_t pncclMemFree(void *ptr);
+
+/**
+ * The profiling twin of `ncclGetVersion`: the same function.
+ */
+ncclResult_t pncclGetVersion(int *version);
+
+/**
+ * The profiling twin of `ncclGetUniqueId`: the same function.
+ */
+ncclResult_t pncclGetUniqueId(struct ncclUniqueId *uniqueId);
+
+/**
+ * The profiling twin of `ncclCommGetUniqueId`: the same function.
+ */
+ncclResult_t pncclCommGetUniqueId(ncclComm_t comm, struct ncclUniqueId *uniqueId);
+
+/**
+ * The profiling twin of `ncclResetDebugInit`: the same function.
  */
 void pncclResetDebugInit(void);
 
 /**
- * Forwards to the real `pncclCommGetAsyncError`; never intercepted.
+ * The profiling twin of `ncclCommGetAsyncError`: the same function.
  */
 ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError);
 
 /**
- * Forwards to the real `pncclCommCount`; never intercepted.
+ * The profiling twin of `ncclCommCount`: the same function.
  */
 ncclResult_t pncclCommCount(ncclComm_t comm, int *count);
 
 /**
- * Forwards to the real `pncclCommCuDevice`; never intercepted.
+ * The profiling twin of `ncclCommCuDevice`: the same function.
  */
 ncclResult_t pncclCommCuDevice(ncclComm_t comm, int *device);
 
 /**
- * Forwards to the real `pncclCommUserRank`; never intercepted.
+ * The profiling twin of `ncclCommUserRank`: the same function.
  */
 ncclResult_t pncclCommUserRank(ncclComm_t comm, int *rank);
 
 /**
- * Forwards to the real `pncclCommRegister`; never intercepted.
+ * The profiling twin of `ncclCommRegister`: the same function.
  */
 ncclResult_t pncclCommRegister(ncclComm_t comm, void *buff, size_t size, void **handle);
 
 /**
- * Forwards to the real `pncclCommDeregister`; never intercepted.
+ * The profiling twin of `ncclCommDeregister`: the same function.
  */
 ncclResult_t pncclCommDeregister(ncclComm_t comm, void *handle);
 
 /**
- * Forwards to the real `pncclCommSuspend`; never intercepted.
+ * The profiling twin of `ncclCommSuspend`: the same function.
  */
 ncclResult_t pncclCommSuspend(ncclComm_t comm, int flags);
 
 /**
- * Forwards to the real `pncclCommResume`; never intercepted.
+ * The profiling twin of `ncclCommResume`: the same function.
  */
 ncclResult_t pncclCommResume(ncclComm_t comm);
 
 /**
- * Forwards to the real `pncclCommMemStats`; never intercepted.
+ * The profiling twin of `ncclCommMemStats`: the same function.
  */
 ncclResult_t pncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value);
 
 /**
- * Forwards to the real `pncclCommWindowRegister`; never intercepted.
+ * The profiling twin of `ncclCommWindowRegister`: the same function.
  */
 ncclResult_t pncclCommWindowRegister(ncclComm_t comm,
                                      void *buff,
@@ -976,31 +1004,17 @@ ncclResult_t pncclCommWindowRegister(ncclComm_t comm,
                                      int winFlags);
 
 /**
- * Forwards to the real `pncclCommWindowDeregister`; never intercepted.
+ * The profiling twin of `ncclCommWindowDeregister`: the same function.
  */
 ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 
 /**
- * Forwards to the real `pncclWinGetUserPtr`; never intercepted.
+ * The profiling twin of `ncclWinGetUserPtr`: the same function.
  */
 ncclResult_t pncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void **outUserPtr);
 
 /**
- * Forwards to the real `pncclRedOpCreatePreMulSum`; never intercepted.
- */
-ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t *op,
-                                       void *scalar,
-                                       ncclDataType_t datatype,
-                                       ncclScalarResidence_t residence,
-                                       ncclComm_t comm);
-
-/**
- * Forwards to the real `pncclRedOpDestroy`; never intercepted.
- */
-ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
-
-/**
- * Forwards to the real `pncclReduce`; never intercepted.
+ * The profiling twin of `ncclReduce`: the same function.
  */
 ncclResult_t pncclReduce(const void *sendbuff,
                          void *recvbuff,
@@ -1012,7 +1026,7 @@ ncclResult_t pncclReduce(const void *sendbuff,
                          cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclBcast`; never intercepted.
+ * The profiling twin of `ncclBcast`: the same function.
  */
 ncclResult_t pncclBcast(void *buff,
                         size_t count,
@@ -1022,7 +1036,7 @@ ncclResult_t pncclBcast(void *buff,
                         cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclBroadcast`; never intercepted.
+ * The profiling twin of `ncclBroadcast`: the same function.
  */
 ncclResult_t pncclBroadcast(const void *sendbuff,
                             void *recvbuff,
@@ -1033,18 +1047,7 @@ ncclResult_t pncclBroadcast(const void *sendbuff,
                             cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclAllReduce`; never intercepted.
- */
-ncclResult_t pncclAllReduce(const void *sendbuff,
-                            void *recvbuff,
-                            size_t count,
-                            ncclDataType_t datatype,
-                            ncclRedOp_t op,
-                            ncclComm_t comm,
-                            cudaStream_t stream);
-
-/**
- * Forwards to the real `pncclReduceScatter`; never intercepted.
+ * The profiling twin of `ncclReduceScatter`: the same function.
  */
 ncclResult_t pncclReduceScatter(const void *sendbuff,
                                 void *recvbuff,
@@ -1055,7 +1058,7 @@ ncclResult_t pncclReduceScatter(const void *sendbuff,
                                 cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclAllGather`; never intercepted.
+ * The profiling twin of `ncclAllGather`: the same function.
  */
 ncclResult_t pncclAllGather(const void *sendbuff,
                             void *recvbuff,
@@ -1065,7 +1068,7 @@ ncclResult_t pncclAllGather(const void *sendbuff,
                             cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclAlltoAll`; never intercepted.
+ * The profiling twin of `ncclAlltoAll`: the same function.
  */
 ncclResult_t pncclAlltoAll(const void *sendbuff,
                            void *recvbuff,
@@ -1075,7 +1078,7 @@ ncclResult_t pncclAlltoAll(const void *sendbuff,
                            cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclGather`; never intercepted.
+ * The profiling twin of `ncclGather`: the same function.
  */
 ncclResult_t pncclGather(const void *sendbuff,
                          void *recvbuff,
@@ -1086,7 +1089,7 @@ ncclResult_t pncclGather(const void *sendbuff,
                          cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclScatter`; never intercepted.
+ * The profiling twin of `ncclScatter`: the same function.
  */
 ncclResult_t pncclScatter(const void *sendbuff,
                           void *recvbuff,
@@ -1097,7 +1100,7 @@ ncclResult_t pncclScatter(const void *sendbuff,
                           cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclAllReduceConfig`; never intercepted.
+ * The profiling twin of `ncclAllReduceConfig`: the same function.
  */
 ncclResult_t pncclAllReduceConfig(const void *sendbuff,
                                   void *recvbuff,
@@ -1109,7 +1112,7 @@ ncclResult_t pncclAllReduceConfig(const void *sendbuff,
                                   const struct ncclCollConfig_t *config);
 
 /**
- * Forwards to the real `pncclBroadcastConfig`; never intercepted.
+ * The profiling twin of `ncclBroadcastConfig`: the same function.
  */
 ncclResult_t pncclBroadcastConfig(const void *sendbuff,
                                   void *recvbuff,
@@ -1121,7 +1124,7 @@ ncclResult_t pncclBroadcastConfig(const void *sendbuff,
                                   const struct ncclCollConfig_t *config);
 
 /**
- * Forwards to the real `pncclReduceConfig`; never intercepted.
+ * The profiling twin of `ncclReduceConfig`: the same function.
  */
 ncclResult_t pncclReduceConfig(const void *sendbuff,
                                void *recvbuff,
@@ -1134,7 +1137,7 @@ ncclResult_t pncclReduceConfig(const void *sendbuff,
                                const struct ncclCollConfig_t *config);
 
 /**
- * Forwards to the real `pncclAllGatherConfig`; never intercepted.
+ * The profiling twin of `ncclAllGatherConfig`: the same function.
  */
 ncclResult_t pncclAllGatherConfig(const void *sendbuff,
                                   void *recvbuff,
@@ -1145,7 +1148,7 @@ ncclResult_t pncclAllGatherConfig(const void *sendbuff,
                                   const struct ncclCollConfig_t *config);
 
 /**
- * Forwards to the real `pncclReduceScatterConfig`; never intercepted.
+ * The profiling twin of `ncclReduceScatterConfig`: the same function.
  */
 ncclResult_t pncclReduceScatterConfig(const void *sendbuff,
                                       void *recvbuff,
@@ -1157,7 +1160,7 @@ ncclResult_t pncclReduceScatterConfig(const void *sendbuff,
                                       const struct ncclCollConfig_t *config);
 
 /**
- * Forwards to the real `pncclAlltoAllConfig`; never intercepted.
+ * The profiling twin of `ncclAlltoAllConfig`: the same function.
  */
 ncclResult_t pncclAlltoAllConfig(const void *sendbuff,
                                  void *recvbuff,
@@ -1168,7 +1171,7 @@ ncclResult_t pncclAlltoAllConfig(const void *sendbuff,
                                  const struct ncclCollConfig_t *config);
 
 /**
- * Forwards to the real `pncclGatherConfig`; never intercepted.
+ * The profiling twin of `ncclGatherConfig`: the same function.
  */
 ncclResult_t pncclGatherConfig(const void *sendbuff,
                                void *recvbuff,
@@ -1180,7 +1183,7 @@ ncclResult_t pncclGatherConfig(const void *sendbuff,
                                const struct ncclCollConfig_t *config);
 
 /**
- * Forwards to the real `pncclScatterConfig`; never intercepted.
+ * The profiling twin of `ncclScatterConfig`: the same function.
  */
 ncclResult_t pncclScatterConfig(const void *sendbuff,
                                 void *recvbuff,
@@ -1192,7 +1195,7 @@ ncclResult_t pncclScatterConfig(const void *sendbuff,
                                 const struct ncclCollConfig_t *config);
 
 /**
- * Forwards to the real `pncclSend`; never intercepted.
+ * The profiling twin of `ncclSend`: the same function.
  */
 ncclResult_t pncclSend(const void *sendbuff,
                        size_t count,
@@ -1202,7 +1205,7 @@ ncclResult_t pncclSend(const void *sendbuff,
                        cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclRecv`; never intercepted.
+ * The profiling twin of `ncclRecv`: the same function.
  */
 ncclResult_t pncclRecv(void *recvbuff,
                        size_t count,
@@ -1212,7 +1215,7 @@ ncclResult_t pncclRecv(void *recvbuff,
                        cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclPutSignal`; never intercepted.
+ * The profiling twin of `ncclPutSignal`: the same function.
  */
 ncclResult_t pncclPutSignal(const void *localbuff,
                             size_t count,
@@ -1227,7 +1230,7 @@ ncclResult_t pncclPutSignal(const void *localbuff,
                             cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclSignal`; never intercepted.
+ * The profiling twin of `ncclSignal`: the same function.
  */
 ncclResult_t pncclSignal(int peer,
                          int sigIdx,
@@ -1237,7 +1240,7 @@ ncclResult_t pncclSignal(int peer,
                          cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclWaitSignal`; never intercepted.
+ * The profiling twin of `ncclWaitSignal`: the same function.
  */
 ncclResult_t pncclWaitSignal(int nDesc,
                              struct ncclWaitSignalDesc_t *signalDescs,
@@ -1245,94 +1248,98 @@ ncclResult_t pncclWaitSignal(int nDesc,
                              cudaStream_t stream);
 
 /**
- * Forwards to the real `pncclGroupStart`; never intercepted.
- */
-ncclResult_t pncclGroupStart(void);
-
-/**
- * Forwards to the real `pncclGroupEnd`; never intercepted.
- */
-ncclResult_t pncclGroupEnd(void);
-
-/**
- * Forwards to the real `pncclGroupSimulateEnd`; never intercepted.
+ * The profiling twin of `ncclGroupSimulateEnd`: the same function.
  */
 ncclResult_t pncclGroupSimulateEnd(struct ncclSimInfo_t *simInfo);
 
 /**
- * Forwards to the real `pncclSetEncryption`; never intercepted.
+ * The profiling twin of `ncclSetEncryption`: the same function.
  */
 ncclResult_t pncclSetEncryption(const struct ncclEncryptionConfig_t *config);
 
 /**
- * Forwards to the real `pncclParamBind`; never intercepted.
+ * The profiling twin of `ncclParamBind`: the same function.
  */
 ncclResult_t pncclParamBind(ncclParamHandle_t *out, const char *key);
 
 /**
- * Forwards to the real `pncclParamGetI8`; never intercepted.
+ * The profiling twin of `ncclParamGetI8`: the same function.
  */
 ncclResult_t pncclParamGetI8(ncclParamHandle_t h, int8_t *out);
 
 /**
- * Forwards to the real `pncclParamGetI16`; never intercepted.
+ * The profiling twin of `ncclParamGetI16`: the same function.
  */
 ncclResult_t pncclParamGetI16(ncclParamHandle_t h, int16_t *out);
 
 /**
- * Forwards to the real `pncclParamGetI32`; never intercepted.
+ * The profiling twin of `ncclParamGetI32`: the same function.
  */
 ncclResult_t pncclParamGetI32(ncclParamHandle_t h, int32_t *out);
 
 /**
- * Forwards to the real `pncclParamGetI64`; never intercepted.
+ * The profiling twin of `ncclParamGetI64`: the same function.
  */
 ncclResult_t pncclParamGetI64(ncclParamHandle_t h, int64_t *out);
 
 /**
- * Forwards to the real `pncclParamGetU8`; never intercepted.
+ * The profiling twin of `ncclParamGetU8`: the same function.
  */
 ncclResult_t pncclParamGetU8(ncclParamHandle_t h, uint8_t *out);
 
 /**
- * Forwards to the real `pncclParamGetU16`; never intercepted.
+ * The profiling twin of `ncclParamGetU16`: the same function.
  */
 ncclResult_t pncclParamGetU16(ncclParamHandle_t h, uint16_t *out);
 
 /**
- * Forwards to the real `pncclParamGetU32`; never intercepted.
+ * The profiling twin of `ncclParamGetU32`: the same function.
  */
 ncclResult_t pncclParamGetU32(ncclParamHandle_t h, uint32_t *out);
 
 /**
- * Forwards to the real `pncclParamGetU64`; never intercepted.
+ * The profiling twin of `ncclParamGetU64`: the same function.
  */
 ncclResult_t pncclParamGetU64(ncclParamHandle_t h, uint64_t *out);
 
 /**
- * Forwards to the real `pncclParamGetStr`; never intercepted.
+ * The profiling twin of `ncclParamGetStr`: the same function.
  */
 ncclResult_t pncclParamGetStr(ncclParamHandle_t h, const char **out);
 
 /**
- * Forwards to the real `pncclParamGet`; never intercepted.
+ * The profiling twin of `ncclParamGet`: the same function.
  */
 ncclResult_t pncclParamGet(ncclParamHandle_t h, void *out, int maxLen, int *len);
 
 /**
- * Forwards to the real `pncclParamGetParameter`; never intercepted.
+ * The profiling twin of `ncclParamGetParameter`: the same function.
  */
 ncclResult_t pncclParamGetParameter(const char *key, const char **value, int *valueLen);
 
 /**
- * Forwards to the real `pncclParamGetAllParameterKeys`; never intercepted.
+ * The profiling twin of `ncclParamGetAllParameterKeys`: the same function.
  */
 ncclResult_t pncclParamGetAllParameterKeys(const char ***table, int *tableLen);
 
 /**
- * Forwards to the real `pncclParamDumpAll`; never intercepted.
+ * The profiling twin of `ncclParamDumpAll`: the same function.
  */
 void pncclParamDumpAll(void);
+
+/**
+ * The profiling twin of `ncclRedOpCreatePreMulSum`: the same function.
+ */
+ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t *op,
+                                       void *scalar,
+                                       ncclDataType_t datatype,
+                                       ncclScalarResidence_t residence,
+                                       ncclComm_t comm);
+
+/**
+ * The profiling twin of `ncclRedOpDestroy`: the same function.
+ */
+ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 
 /**
  * Returns the text of a result code: the real NCCL's, or ours when none is bound.

@@ -10,7 +10,33 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/wheels.sh
-step() { printf '\n== %s\n' "$*"; }
+
+# The last line of every run, passed or failed: `N passed, N failed[, N skipped]`, counting each
+# check step below as one test and each test `cargo test` ran (its ignored ones as skipped).
+CHECKS_PASSED=0
+CURRENT_STEP=""
+step() {
+  if [ -n "$CURRENT_STEP" ]; then CHECKS_PASSED=$((CHECKS_PASSED + 1)); fi
+  CURRENT_STEP="$*"
+  printf '\n== %s\n' "$*"
+}
+summary() {
+  local status=$? passed=$CHECKS_PASSED failed=0 skipped=0 p f i
+  if [ "$CURRENT_STEP" = "cargo test" ] && [ -f target/test-output.log ]; then
+    while read -r p f i; do
+      passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + i))
+    done < <(sed -n 's/^test result: [A-Za-z]*\. \([0-9]*\) passed; \([0-9]*\) failed; \([0-9]*\) ignored.*/\1 \2 \3/p' target/test-output.log)
+    # A run that failed without a failing test (a build error, a crash) counts as one failure.
+    if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
+  elif [ -n "$CURRENT_STEP" ]; then
+    if [ "$status" -eq 0 ]; then passed=$((passed + 1)); else failed=1; fi
+  fi
+  printf '\n%d passed, %d failed' "$passed" "$failed"
+  if [ "$skipped" -gt 0 ]; then printf ', %d skipped' "$skipped"; fi
+  printf '\n'
+  exit "$status"
+}
+trap summary EXIT
 
 step "Python wheels ($VENV)"
 wheels_torch
@@ -47,4 +73,5 @@ step "cargo test"
 # `cargo test` links the library as an rlib only; the C, preload and ctypes tests need the
 # cdylib of the same profile, which `cargo build` makes.
 cargo build --quiet
+rm -f target/test-output.log
 cargo test 2>&1 | tee target/test-output.log

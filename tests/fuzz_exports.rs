@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use stragglar::abi::allreduce::*;
 use stragglar::abi::device_api::*;
+use stragglar::abi::device_twins::*;
 use stragglar::abi::errors::*;
 use stragglar::abi::extensions::*;
 use stragglar::abi::groups::*;
@@ -348,7 +349,7 @@ macro_rules! entries {
 fn every_export() -> Vec<Entry> {
     let mut all = entries![
         0 => [
-            ncclGroupStart, ncclGroupEnd, ncclResetDebugInit, pncclResetDebugInit,
+            ncclGroupStart, ncclGroupEnd, ncclResetDebugInit, pncclResetDebugInit, ncclResetDebugInitInternal,
             pncclGroupStart, pncclGroupEnd,
         ],
         1 => [

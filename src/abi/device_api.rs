@@ -1,5 +1,5 @@
 //! Host functions of NCCL's device API (2.28+; declared in `nccl_device/host.h`, not in
-//! `nccl.h`), and their twins: pure forwards. Their structs are passed by pointer only, except
+//! `nccl.h`): pure forwards (their twins are generated into `device_twins.rs`). Their structs are passed by pointer only, except
 //! the 12-byte `ncclTeam_t` and the one-pointer `ncclMultimemHandle_t`, which we mirror.
 
 #![allow(non_snake_case)]
@@ -18,28 +18,9 @@ pub extern "C" fn ncclCommQueryProperties(
     forward!(ncclCommQueryProperties(comm, props); live comm; outputs props)
 }
 
-/// Forwards to the real `pncclCommQueryProperties`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclCommQueryProperties(
-    comm: ncclComm_t,
-    props: *mut DeviceApiOpaque,
-) -> ResultCode {
-    forward!(ncclCommQueryProperties(comm, props); live comm; outputs props)
-}
-
 /// Forwards to the real `ncclDevCommCreate` (device API).
 #[no_mangle]
 pub extern "C" fn ncclDevCommCreate(
-    comm: ncclComm_t,
-    reqs: *const DeviceApiOpaque,
-    outDevComm: *mut DeviceApiOpaque,
-) -> ResultCode {
-    forward!(ncclDevCommCreate(comm, reqs, outDevComm); live comm; outputs outDevComm)
-}
-
-/// Forwards to the real `pncclDevCommCreate`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclDevCommCreate(
     comm: ncclComm_t,
     reqs: *const DeviceApiOpaque,
     outDevComm: *mut DeviceApiOpaque,
@@ -56,15 +37,6 @@ pub extern "C" fn ncclDevCommDestroy(
     forward!(ncclDevCommDestroy(comm, devComm); live comm)
 }
 
-/// Forwards to the real `pncclDevCommDestroy`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclDevCommDestroy(
-    comm: ncclComm_t,
-    devComm: *const DeviceApiOpaque,
-) -> ResultCode {
-    forward!(ncclDevCommDestroy(comm, devComm); live comm)
-}
-
 /// Forwards to the real `ncclGetLsaMultimemDevicePointer` (device API).
 #[no_mangle]
 pub extern "C" fn ncclGetLsaMultimemDevicePointer(
@@ -75,30 +47,9 @@ pub extern "C" fn ncclGetLsaMultimemDevicePointer(
     forward!(ncclGetLsaMultimemDevicePointer(window, offset, outPtr); outputs outPtr)
 }
 
-/// Forwards to the real `pncclGetLsaMultimemDevicePointer`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclGetLsaMultimemDevicePointer(
-    window: ncclWindow_t,
-    offset: usize,
-    outPtr: *mut *mut c_void,
-) -> ResultCode {
-    forward!(ncclGetLsaMultimemDevicePointer(window, offset, outPtr); outputs outPtr)
-}
-
 /// Forwards to the real `ncclGetMultimemDevicePointer` (device API).
 #[no_mangle]
 pub extern "C" fn ncclGetMultimemDevicePointer(
-    window: ncclWindow_t,
-    offset: usize,
-    multimem: ncclMultimemHandle_t,
-    outPtr: *mut *mut c_void,
-) -> ResultCode {
-    forward!(ncclGetMultimemDevicePointer(window, offset, multimem, outPtr); outputs outPtr)
-}
-
-/// Forwards to the real `pncclGetMultimemDevicePointer`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclGetMultimemDevicePointer(
     window: ncclWindow_t,
     offset: usize,
     multimem: ncclMultimemHandle_t,
@@ -118,31 +69,9 @@ pub extern "C" fn ncclGetLsaDevicePointer(
     forward!(ncclGetLsaDevicePointer(window, offset, lsaRank, outPtr); outputs outPtr)
 }
 
-/// Forwards to the real `pncclGetLsaDevicePointer`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclGetLsaDevicePointer(
-    window: ncclWindow_t,
-    offset: usize,
-    lsaRank: c_int,
-    outPtr: *mut *mut c_void,
-) -> ResultCode {
-    forward!(ncclGetLsaDevicePointer(window, offset, lsaRank, outPtr); outputs outPtr)
-}
-
 /// Forwards to the real `ncclGetPeerDevicePointer` (device API).
 #[no_mangle]
 pub extern "C" fn ncclGetPeerDevicePointer(
-    window: ncclWindow_t,
-    offset: usize,
-    peer: c_int,
-    outPtr: *mut *mut c_void,
-) -> ResultCode {
-    forward!(ncclGetPeerDevicePointer(window, offset, peer, outPtr); outputs outPtr)
-}
-
-/// Forwards to the real `pncclGetPeerDevicePointer`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclGetPeerDevicePointer(
     window: ncclWindow_t,
     offset: usize,
     peer: c_int,
@@ -162,33 +91,9 @@ pub extern "C" fn ncclGetMultimemDeviceLeInfo(
     forward!(ncclGetMultimemDeviceLeInfo(window, offset, leId, leOffset); outputs leId, leOffset)
 }
 
-/// Forwards to the real `pncclGetMultimemDeviceLeInfo`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclGetMultimemDeviceLeInfo(
-    window: ncclWindow_t,
-    offset: usize,
-    leId: *mut u32,
-    leOffset: *mut usize,
-) -> ResultCode {
-    forward!(ncclGetMultimemDeviceLeInfo(window, offset, leId, leOffset); outputs leId, leOffset)
-}
-
 /// Forwards to the real `ncclGetCftDeviceLeInfo` (device API).
 #[no_mangle]
 pub extern "C" fn ncclGetCftDeviceLeInfo(
-    window: ncclWindow_t,
-    offset: usize,
-    peerCft: c_int,
-    cftTeam: ncclTeam_t,
-    leId: *mut u32,
-    leOffset: *mut usize,
-) -> ResultCode {
-    forward!(ncclGetCftDeviceLeInfo(window, offset, peerCft, cftTeam, leId, leOffset); team cftTeam; outputs leId, leOffset)
-}
-
-/// Forwards to the real `pncclGetCftDeviceLeInfo`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclGetCftDeviceLeInfo(
     window: ncclWindow_t,
     offset: usize,
     peerCft: c_int,
@@ -211,27 +116,9 @@ pub extern "C" fn ncclGetPeerDeviceLeInfo(
     forward!(ncclGetPeerDeviceLeInfo(window, offset, peerWorld, leId, leOffset); outputs leId, leOffset)
 }
 
-/// Forwards to the real `pncclGetPeerDeviceLeInfo`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclGetPeerDeviceLeInfo(
-    window: ncclWindow_t,
-    offset: usize,
-    peerWorld: c_int,
-    leId: *mut u32,
-    leOffset: *mut usize,
-) -> ResultCode {
-    forward!(ncclGetPeerDeviceLeInfo(window, offset, peerWorld, leId, leOffset); outputs leId, leOffset)
-}
-
 /// Forwards to the real `ncclTeamWorld` (device API).
 #[no_mangle]
 pub extern "C" fn ncclTeamWorld(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamWorld(comm); live comm)
-}
-
-/// Forwards to the real `pncclTeamWorld`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclTeamWorld(comm: ncclComm_t) -> ncclTeam_t {
     forward!(ncclTeamWorld(comm); live comm)
 }
 
@@ -241,21 +128,9 @@ pub extern "C" fn ncclTeamLsa(comm: ncclComm_t) -> ncclTeam_t {
     forward!(ncclTeamLsa(comm); live comm)
 }
 
-/// Forwards to the real `pncclTeamLsa`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclTeamLsa(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamLsa(comm); live comm)
-}
-
 /// Forwards to the real `ncclTeamCft` (device API).
 #[no_mangle]
 pub extern "C" fn ncclTeamCft(comm: ncclComm_t, mode: c_int) -> ncclTeam_t {
-    forward!(ncclTeamCft(comm, mode); live comm)
-}
-
-/// Forwards to the real `pncclTeamCft`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclTeamCft(comm: ncclComm_t, mode: c_int) -> ncclTeam_t {
     forward!(ncclTeamCft(comm, mode); live comm)
 }
 
@@ -265,21 +140,9 @@ pub extern "C" fn ncclTeamCftMultimem(comm: ncclComm_t) -> ncclTeam_t {
     forward!(ncclTeamCftMultimem(comm); live comm)
 }
 
-/// Forwards to the real `pncclTeamCftMultimem`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclTeamCftMultimem(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamCftMultimem(comm); live comm)
-}
-
 /// Forwards to the real `ncclTeamRankToWorld` (device API).
 #[no_mangle]
 pub extern "C" fn ncclTeamRankToWorld(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
-    forward!(ncclTeamRankToWorld(comm, team, rank); live comm; team team)
-}
-
-/// Forwards to the real `pncclTeamRankToWorld`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclTeamRankToWorld(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
     forward!(ncclTeamRankToWorld(comm, team, rank); live comm; team team)
 }
 
@@ -289,38 +152,15 @@ pub extern "C" fn ncclTeamRankToLsa(comm: ncclComm_t, team: ncclTeam_t, rank: c_
     forward!(ncclTeamRankToLsa(comm, team, rank); live comm; team team)
 }
 
-/// Forwards to the real `pncclTeamRankToLsa`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclTeamRankToLsa(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
-    forward!(ncclTeamRankToLsa(comm, team, rank); live comm; team team)
-}
-
 /// Forwards to the real `ncclTeamRail` (device API).
 #[no_mangle]
 pub extern "C" fn ncclTeamRail(comm: ncclComm_t) -> ncclTeam_t {
     forward!(ncclTeamRail(comm); live comm)
 }
 
-/// Forwards to the real `pncclTeamRail`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclTeamRail(comm: ncclComm_t) -> ncclTeam_t {
-    forward!(ncclTeamRail(comm); live comm)
-}
-
 /// Forwards to the real `ncclLsaBarrierCreateRequirement` (device API).
 #[no_mangle]
 pub extern "C" fn ncclLsaBarrierCreateRequirement(
-    team: ncclTeam_t,
-    nBarriers: c_int,
-    outHandle: *mut DeviceApiOpaque,
-    outReq: *mut DeviceApiOpaque,
-) -> ResultCode {
-    forward!(ncclLsaBarrierCreateRequirement(team, nBarriers, outHandle, outReq); team team; require nBarriers >= 0 => "nBarriers is negative"; outputs outHandle, outReq)
-}
-
-/// Forwards to the real `pncclLsaBarrierCreateRequirement`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclLsaBarrierCreateRequirement(
     team: ncclTeam_t,
     nBarriers: c_int,
     outHandle: *mut DeviceApiOpaque,
@@ -341,44 +181,15 @@ pub extern "C" fn ncclGinBarrierCreateRequirement(
     forward!(ncclGinBarrierCreateRequirement(comm, team, nBarriers, outHandle, outReq); live comm; team team; require nBarriers >= 0 => "nBarriers is negative"; outputs outHandle, outReq)
 }
 
-/// Forwards to the real `pncclGinBarrierCreateRequirement`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclGinBarrierCreateRequirement(
-    comm: ncclComm_t,
-    team: ncclTeam_t,
-    nBarriers: c_int,
-    outHandle: *mut DeviceApiOpaque,
-    outReq: *mut DeviceApiOpaque,
-) -> ResultCode {
-    forward!(ncclGinBarrierCreateRequirement(comm, team, nBarriers, outHandle, outReq); live comm; team team; require nBarriers >= 0 => "nBarriers is negative"; outputs outHandle, outReq)
-}
-
 /// Forwards to the real `ncclLLA2ACalcSlots` (device API).
 #[no_mangle]
 pub extern "C" fn ncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int {
     forward!(ncclLLA2ACalcSlots(maxElts, maxEltSize); require maxElts >= 0 && maxEltSize >= 1 => "maxElts is negative or maxEltSize below 1")
 }
 
-/// Forwards to the real `pncclLLA2ACalcSlots`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclLLA2ACalcSlots(maxElts: c_int, maxEltSize: c_int) -> c_int {
-    forward!(ncclLLA2ACalcSlots(maxElts, maxEltSize); require maxElts >= 0 && maxEltSize >= 1 => "maxElts is negative or maxEltSize below 1")
-}
-
 /// Forwards to the real `ncclLLA2ACreateRequirement` (device API).
 #[no_mangle]
 pub extern "C" fn ncclLLA2ACreateRequirement(
-    nBlocks: c_int,
-    nSlots: c_int,
-    outHandle: *mut DeviceApiOpaque,
-    outReq: *mut DeviceApiOpaque,
-) -> ResultCode {
-    forward!(ncclLLA2ACreateRequirement(nBlocks, nSlots, outHandle, outReq); require nBlocks >= 1 && nSlots >= 1 => "nBlocks or nSlots below 1"; outputs outHandle, outReq)
-}
-
-/// Forwards to the real `pncclLLA2ACreateRequirement`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclLLA2ACreateRequirement(
     nBlocks: c_int,
     nSlots: c_int,
     outHandle: *mut DeviceApiOpaque,
@@ -398,32 +209,9 @@ pub extern "C" fn ncclGinOutboxCreateRequirement(
     forward!(ncclGinOutboxCreateRequirement(nBlocks, size_log2, outHandle, outReq); require nBlocks >= 1 && (0..63).contains(&size_log2) => "nBlocks below 1 or size_log2 outside 0..63"; outputs outHandle, outReq)
 }
 
-/// Forwards to the real `pncclGinOutboxCreateRequirement`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclGinOutboxCreateRequirement(
-    nBlocks: c_int,
-    size_log2: c_int,
-    outHandle: *mut DeviceApiOpaque,
-    outReq: *mut DeviceApiOpaque,
-) -> ResultCode {
-    forward!(ncclGinOutboxCreateRequirement(nBlocks, size_log2, outHandle, outReq); require nBlocks >= 1 && (0..63).contains(&size_log2) => "nBlocks below 1 or size_log2 outside 0..63"; outputs outHandle, outReq)
-}
-
 /// Forwards to the real `ncclGinInboxA2ACreateRequirement` (device API).
 #[no_mangle]
 pub extern "C" fn ncclGinInboxA2ACreateRequirement(
-    peers: ncclTeam_t,
-    nBlocks: c_int,
-    size_log2: c_int,
-    outHandle: *mut DeviceApiOpaque,
-    outReq: *mut DeviceApiOpaque,
-) -> ResultCode {
-    forward!(ncclGinInboxA2ACreateRequirement(peers, nBlocks, size_log2, outHandle, outReq); team peers; require peers.nRanks >= 2 && nBlocks >= 1 && (0..63).contains(&size_log2) => "peers has fewer than 2 ranks (NCCL divides by the other ranks), nBlocks is below 1 or size_log2 outside 0..63"; outputs outHandle, outReq)
-}
-
-/// Forwards to the real `pncclGinInboxA2ACreateRequirement`; never intercepted.
-#[no_mangle]
-pub extern "C" fn pncclGinInboxA2ACreateRequirement(
     peers: ncclTeam_t,
     nBlocks: c_int,
     size_log2: c_int,

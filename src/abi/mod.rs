@@ -9,6 +9,7 @@
 
 pub mod allreduce;
 pub mod device_api;
+pub mod device_twins;
 pub mod errors;
 pub mod extensions;
 pub mod forward;

@@ -49,6 +49,14 @@ pub extern "C" fn ncclResetDebugInit() {
     forward!(ncclResetDebugInit())
 }
 
+/// Forwards to the real `ncclResetDebugInitInternal`: NCCL's own re-reading of `NCCL_DEBUG` and
+/// its companions, exported by NCCL without a header or a `pnccl` twin; NCCL's tests and
+/// tools call it.
+#[no_mangle]
+pub extern "C" fn ncclResetDebugInitInternal() {
+    forward!(ncclResetDebugInitInternal())
+}
+
 /// Forwards to the real `ncclCommGetAsyncError`.
 #[no_mangle]
 pub extern "C" fn ncclCommGetAsyncError(
