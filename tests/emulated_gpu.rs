@@ -256,11 +256,12 @@ fn loopback_ranks(linked: Linked) -> &'static PathBuf {
                     .display()
                     .to_string()
             });
+        // Each build in its own scratch folder: `scratch` empties the folder it names.
         let name = match linked {
             Linked::Ours => "loopback_ranks",
             Linked::Preloaded => "loopback_ranks_preloaded",
         };
-        let program = support::scratch("loopback-ranks").join(name);
+        let program = support::scratch(name).join(name);
         let lib = support::lib_dir();
         let nccl = match linked {
             Linked::Ours => vec![
@@ -450,7 +451,8 @@ fn the_gpu_engine_serves_a_program_linked_against_nccl_under_ld_preload() {
         "{}",
         support::describe(&out)
     );
-    // stragglarGetArrivals: every rank read the same records, rank 1 last in nearly all.
+    // stragglarGetArrivals: every rank read the same records, rank 1 last in most (on 2 busy
+    // cores another rank's emulated kernel is now and then later still).
     let arrivals: Vec<(u64, u64)> = text
         .lines()
         .filter_map(|l| l.split_once(": rank 1 arrived last ").map(|(_, s)| s))
@@ -465,7 +467,7 @@ fn the_gpu_engine_serves_a_program_linked_against_nccl_under_ld_preload() {
             .iter()
             .all(|&(last, calls)| (last, calls) == arrivals[0]
                 && calls >= 60
-                && last * 10 >= calls * 9),
+                && last * 4 >= calls * 3),
         "{arrivals:?}: {}",
         support::describe(&out)
     );

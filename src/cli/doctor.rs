@@ -10,6 +10,12 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
     args.finish()?;
     let config = config::get();
     println!("stragglar {}", env!("CARGO_PKG_VERSION"));
+    match super::run::library_path() {
+        Some(path) => println!("  preloads:  {} (stragglar run)", path.display()),
+        None => println!(
+            "  preloads:  nothing: no libstragglar.so next to this executable (stragglar run cannot start jobs)"
+        ),
+    }
     println!();
     println!("real NCCL");
     match binding() {

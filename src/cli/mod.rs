@@ -7,6 +7,7 @@ mod doctor;
 mod kernels;
 pub mod model;
 pub mod plan;
+mod run;
 mod soak;
 
 use args::{Args, UsageError};
@@ -23,6 +24,7 @@ commands:
   doctor     what the library would do on this machine
   help       this text
   kernels    compile the CUDA kernels with NVRTC into checked CUBINs
+  run        run a command (torchrun, python, ...) with the library preloaded
   soak       a seeded stream of random AllReduce calls on the host engine, every element checked
   plan       print a StragglAR, Ring, halving-doubling or Direct schedule
   model      modelled times of every algorithm, speedups, break-even delays
@@ -39,10 +41,26 @@ pub fn run(argv: Vec<String>) -> i32 {
     if command == bench::CUDA_WORKER_COMMAND {
         return bench::cuda_worker_main(rest);
     }
+    if command == "run" {
+        // Everything after the options belongs to the command: not parsed as our arguments.
+        return match run::run(rest) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("stragglar: {e}");
+                2
+            }
+        };
+    }
     let args = Args::new(rest);
     let result: Result<i32, UsageError> = match command.as_str() {
         "help" | "--help" | "-h" => {
-            print!("{USAGE}{}{}{}", plan::USAGE, model::USAGE, kernels::USAGE);
+            print!(
+                "{USAGE}{}{}{}{}",
+                plan::USAGE,
+                model::USAGE,
+                kernels::USAGE,
+                run::USAGE
+            );
             Ok(0)
         }
         "doctor" => doctor::run(args),

@@ -1,0 +1,116 @@
+//! `stragglar run`: the command runs with our library preloaded ahead of any existing
+//! `LD_PRELOAD`, each option sets its `STRAGGLAR_*` variable, bad options and values are
+//! refused before anything starts, and under the real PyTorch the library binds NCCL.
+
+mod support;
+
+use std::process::Command;
+
+use support::*;
+
+fn stragglar_run(args: &[&str]) -> Command {
+    let mut cmd = clean_command(std::path::Path::new(env!("CARGO_BIN_EXE_stragglar")));
+    cmd.arg("run").args(args);
+    cmd
+}
+
+/// `NAME=value` lines of `env`'s output, as (name, value).
+fn environment(stdout: &[u8]) -> Vec<(String, String)> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_command_runs_preloaded_with_the_settings_the_options_name() {
+    let lib = stragglar_so().canonicalize().unwrap();
+    let out = run(
+        stragglar_run(&["--debug", "INFO", "--gpu-engine=1", "--", "env"])
+            .env("LD_PRELOAD", "libc.so.6"),
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    let env = environment(&out.stdout);
+    let get = |name: &str| {
+        env.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("{name} unset: {}", describe(&out)))
+    };
+    assert_eq!(get("LD_PRELOAD"), format!("{}:libc.so.6", lib.display()));
+    assert_eq!(get("STRAGGLAR_DEBUG"), "INFO");
+    assert_eq!(get("STRAGGLAR_GPU_ENGINE"), "1");
+}
+
+#[test]
+fn bad_options_values_and_commands_are_refused_with_a_reason() {
+    for (args, status, says) in [
+        (
+            &["--gpu-engine", "yes", "env"][..],
+            2,
+            "STRAGGLAR_GPU_ENGINE",
+        ),
+        (&["--colour", "red", "env"][..], 2, "not a setting"),
+        (&["--debug", "INFO"][..], 2, "needs a command"),
+        (&["--", "/no/such/program"][..], 127, "/no/such/program"),
+    ] {
+        let out = run(&mut stragglar_run(args));
+        assert_eq!(
+            out.status.code(),
+            Some(status),
+            "{args:?}: {}",
+            describe(&out)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{args:?}: {}",
+            describe(&out)
+        );
+    }
+}
+
+#[test]
+fn doctor_names_the_library_it_preloads() {
+    let lib = stragglar_so().canonicalize().unwrap();
+    let out =
+        run(clean_command(std::path::Path::new(env!("CARGO_BIN_EXE_stragglar"))).arg("doctor"));
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains(&format!("preloads:  {} (stragglar run)", lib.display())),
+        "{}",
+        describe(&out)
+    );
+}
+
+#[test]
+fn pytorch_started_by_stragglar_run_binds_nccl_through_us() {
+    let Ok(python) = std::env::var("STRAGGLAR_TEST_PYTHON") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs scripts/test.sh, which sets STRAGGLAR_TEST_PYTHON"
+        );
+        eprintln!("STRAGGLAR_TEST_PYTHON unset: skipped (scripts/test.sh sets it)");
+        return;
+    };
+    let out = run(stragglar_run(&[
+        "--debug",
+        "INFO",
+        "--",
+        &python,
+        "-c",
+        "import torch; print(len(torch.cuda.nccl.unique_id()))",
+    ])
+    .env_remove("LD_PRELOAD"));
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("128"),
+        "{}",
+        describe(&out)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("found by AlreadyLoaded"),
+        "the binding line: {}",
+        describe(&out)
+    );
+}
