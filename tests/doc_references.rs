@@ -108,3 +108,14 @@ fn names_are_found_in_prose_paths_and_links() {
     );
     assert!(markdown_names("a .mdx file, https://example.com/a.md, x.mdl").is_empty());
 }
+
+/// The README is for users: what they need fits on a few screens, and the design lives in docs/.
+#[test]
+fn the_readme_stays_short() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 250,
+        "README.md has {lines} lines: move design text to docs/"
+    );
+}
