@@ -99,7 +99,7 @@ pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> Resu
 /// Forwards to the real `ncclCommUserRank`.
 #[no_mangle]
 pub extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ResultCode {
-    forward!(ncclCommUserRank(comm, rank); live comm)
+    forward!(ncclCommUserRank(comm, rank); live comm; outputs rank)
 }
 
 /// Forwards to the real `ncclCommRegister`.
@@ -614,4 +614,24 @@ pub extern "C" fn ncclParamGetAllParameterKeys(
 #[no_mangle]
 pub extern "C" fn ncclParamDumpAll() {
     forward!(ncclParamDumpAll())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The three identity queries refuse a NULL output alike, before reaching NCCL (the
+    /// communicator here is a handle NCCL never made: only our checks can answer).
+    #[test]
+    fn identity_queries_refuse_a_null_output() {
+        let comm = 0x7e57 as ncclComm_t;
+        let null = std::ptr::null_mut();
+        for rc in [
+            ncclCommCount(comm, null),
+            ncclCommCuDevice(comm, null),
+            ncclCommUserRank(comm, null),
+        ] {
+            assert_eq!(rc, ResultCode::INVALID_ARGUMENT);
+        }
+    }
 }
