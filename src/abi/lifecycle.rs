@@ -352,53 +352,79 @@ pub extern "C" fn ncclCommGrow(
     })
 }
 
+/// How a teardown export ends a communicator.
+#[derive(Clone, Copy)]
+struct Ending {
+    /// The export's name, for its log lines.
+    name: &'static str,
+    /// Whether the GPU engine's kernels are released at once (without waiting for peers).
+    abort_engine: bool,
+    /// The state the communicator is left in once NCCL made the call.
+    state: CommState,
+    /// Whether it is left so whatever NCCL answered (after an abort the handle is gone).
+    always: bool,
+    /// Whether a NULL communicator is refused here (NCCL would dereference it).
+    refuse_null: bool,
+}
+
+/// The one preamble of the teardown exports (Finalize, Revoke, Destroy, Abort): refuses a
+/// destroyed (and, where NCCL would crash, a NULL) communicator, ends the GPU engine's part of
+/// it, forwards through `real` with NCCL's own calls passing straight through, and records the
+/// new state. NCCL's own calls to these exports are forwarded untouched.
+fn end_comm(
+    comm: ncclComm_t,
+    ending: Ending,
+    warned: &[AtomicBool; 2],
+    real: impl FnOnce() -> ResultCode,
+) -> ResultCode {
+    if let Err(code) = check_live(comm, &warned[0], ending.name) {
+        return code;
+    }
+    if ending.refuse_null && comm.is_null() {
+        return reject_null(&warned[1], ending.name, "comm");
+    }
+    if !tracking() {
+        return real();
+    }
+    crate::engine::cuda::library::forget(comm, ending.abort_engine);
+    let rc = calling_real(real);
+    if ending.always || made(rc) {
+        retire(comm, ending.state);
+    }
+    rc
+}
+
 /// Finalizes a communicator (forwarded) and marks it finalized.
 #[no_mangle]
 pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ResultCode {
-    guard("ncclCommFinalize", || {
-        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
-        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommFinalize") {
-            return code;
-        }
-        if comm.is_null() {
-            // NCCL dereferences it (ncclCommSplit(NULL, ...) crashes in 2.32).
-            static NULL_WARNED: AtomicBool = AtomicBool::new(false);
-            return reject_null(&NULL_WARNED, "ncclCommFinalize", "comm");
-        }
-        if !tracking() {
-            return forward!(ncclCommFinalize(comm));
-        }
-        crate::engine::cuda::library::forget(comm, false);
-        let rc: ResultCode = calling_real(|| forward!(ncclCommFinalize(comm)));
-        if made(rc) {
-            retire(comm, CommState::Finalized);
-        }
-        rc
+    static WARNED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+    let ending = Ending {
+        name: "ncclCommFinalize",
+        abort_engine: false,
+        state: CommState::Finalized,
+        always: false,
+        refuse_null: true,
+    };
+    guard(ending.name, || {
+        end_comm(comm, ending, &WARNED, || forward!(ncclCommFinalize(comm)))
     })
 }
 
 /// Revokes a communicator (forwarded) and marks it revoked.
 #[no_mangle]
 pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ResultCode {
-    guard("ncclCommRevoke", || {
-        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
-        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommRevoke") {
-            return code;
-        }
-        if comm.is_null() {
-            // NCCL dereferences it (ncclCommSplit(NULL, ...) crashes in 2.32).
-            static NULL_WARNED: AtomicBool = AtomicBool::new(false);
-            return reject_null(&NULL_WARNED, "ncclCommRevoke", "comm");
-        }
-        if !tracking() {
-            return forward!(ncclCommRevoke(comm, revokeFlags));
-        }
-        crate::engine::cuda::library::forget(comm, true);
-        let rc: ResultCode = calling_real(|| forward!(ncclCommRevoke(comm, revokeFlags)));
-        if made(rc) {
-            retire(comm, CommState::Revoked);
-        }
-        rc
+    static WARNED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+    let ending = Ending {
+        name: "ncclCommRevoke",
+        abort_engine: true,
+        state: CommState::Revoked,
+        always: false,
+        refuse_null: true,
+    };
+    guard(ending.name, || {
+        end_comm(comm, ending, &WARNED, || {
+            forward!(ncclCommRevoke(comm, revokeFlags))
+        })
     })
 }
 
@@ -406,20 +432,16 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> Result
 /// teardown pass straight through.
 #[no_mangle]
 pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ResultCode {
-    guard("ncclCommDestroy", || {
-        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
-        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommDestroy") {
-            return code;
-        }
-        if !tracking() {
-            return forward!(ncclCommDestroy(comm));
-        }
-        crate::engine::cuda::library::forget(comm, false);
-        let rc: ResultCode = calling_real(|| forward!(ncclCommDestroy(comm)));
-        if made(rc) {
-            retire(comm, CommState::Destroyed);
-        }
-        rc
+    static WARNED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+    let ending = Ending {
+        name: "ncclCommDestroy",
+        abort_engine: false,
+        state: CommState::Destroyed,
+        always: false,
+        refuse_null: false,
+    };
+    guard(ending.name, || {
+        end_comm(comm, ending, &WARNED, || forward!(ncclCommDestroy(comm)))
     })
 }
 
@@ -427,17 +449,15 @@ pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ResultCode {
 /// whatever the result.
 #[no_mangle]
 pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ResultCode {
-    guard("ncclCommAbort", || {
-        static LIVE_WARNED: AtomicBool = AtomicBool::new(false);
-        if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclCommAbort") {
-            return code;
-        }
-        if !tracking() {
-            return forward!(ncclCommAbort(comm));
-        }
-        crate::engine::cuda::library::forget(comm, true);
-        let rc: ResultCode = calling_real(|| forward!(ncclCommAbort(comm)));
-        retire(comm, CommState::Destroyed);
-        rc
+    static WARNED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
+    let ending = Ending {
+        name: "ncclCommAbort",
+        abort_engine: true,
+        state: CommState::Destroyed,
+        always: true,
+        refuse_null: false,
+    };
+    guard(ending.name, || {
+        end_comm(comm, ending, &WARNED, || forward!(ncclCommAbort(comm)))
     })
 }
