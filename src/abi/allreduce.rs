@@ -30,7 +30,8 @@ pub extern "C" fn ncclAllReduce(
         if let Err(code) = check_live(comm, &LIVE_WARNED, "ncclAllReduce") {
             return code;
         }
-        if !crate::config::get().enabled {
+        // Disabled, or NCCL's own call to its exported name: straight through.
+        if !crate::config::get().enabled || crate::nccl::reentry::inside_real_nccl() {
             return forward!(ncclAllReduce(
                 sendbuff, recvbuff, count, datatype, op, comm, stream
             ));

@@ -312,7 +312,13 @@ impl CudaComm {
         };
         // Fields borrowed apart: the plan stays in the cache (no copy of it per call). It
         // serves every count: a new size builds and uploads nothing.
+        // A StragglAR plan that cannot be built sends the call to the baseline (alike on every
+        // rank: lowering is deterministic); Ring on our kernel must be buildable.
         let plan = run.and_then(|(shape, ran)| Some((self.plans.lowered(shape).ok()?, ran)));
+        if plan.is_none() && self.baseline == Baseline::Ring {
+            self.rank.give_up();
+            return Err(CallError::Unfit("the Ring plan cannot be built".into()));
+        }
         if self.trace.is_some() {
             let now_us = crate::clock::now_ns() as f64 / 1e3;
             let straggler = match plan {
@@ -346,7 +352,15 @@ impl CudaComm {
                 }
             };
             // SAFETY: as above.
-            unsafe { self.last.record_raw(raw) }?;
+            if let Err(e) = unsafe { self.last.record_raw(raw) } {
+                if ran != Ran::Ticketed {
+                    return Err(e.into());
+                }
+                // The ticket is queued and every peer hands this call to NCCL: so must this
+                // rank, or their NCCL waits for it. Its later calls fail instead.
+                log::warn!("{}: {e}; this rank gives the GPU engine up", self.label);
+                rank.give_up();
+            }
             Ok(ran)
         })();
         match result {
@@ -372,6 +386,17 @@ impl CudaComm {
             self.order_pending = Some(stream);
             return;
         }
+        if code != ResultCode::SUCCESS {
+            // NCCL failed the call: this rank's later calls fail too, and its failure word
+            // releases peers whose kernels would wait for it.
+            log::warn!(
+                "{}: NCCL returned {} for a call it ran; this rank gives the GPU engine up",
+                self.label,
+                code.0
+            );
+            self.rank.give_up();
+            return;
+        }
         if let Err(e) = self.order_after(stream) {
             log::warn!("ncclAllReduce on {}: {e}", self.label);
             self.rank.give_up();
@@ -394,8 +419,8 @@ impl CudaComm {
         let Some(forwarded_on) = self.order_pending.take() else {
             return;
         };
-        // Where another thread read the state, or the stream began a capture since, the order
-        // is dropped: the next launch stays ordered after the call's ticket only.
+        // Where the stream began a capture since, the order is dropped: the next launch stays
+        // ordered after the call's ticket only.
         // SAFETY: the application's stream of the forwarded call, which NCCL's contract keeps
         // valid until the application has seen that call succeed.
         match unsafe { driver::capture_of(self.rank.device(), forwarded_on.cast()) } {

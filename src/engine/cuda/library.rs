@@ -195,20 +195,16 @@ pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
             Ok(Served::Stragglar(e.nccl_code()))
         }
         Ok(Ok(Ok(Ran::Ticketed))) => {
-            // SAFETY: the caller's own arguments, passed to NCCL unchanged.
-            let code = unsafe {
-                crate::nccl::real::all_reduce(
-                    call.send as *const std::ffi::c_void,
-                    call.recv as *mut std::ffi::c_void,
-                    call.count,
-                    call.nccl_dtype,
-                    call.nccl_op,
-                    call.comm,
-                    call.stream,
-                )
-            };
-            // The communicator's next launch follows NCCL's kernel.
-            comm.nccl_ran(call.stream, code);
+            // NCCL runs the call without the engine's lock held, so that a watchdog thread's
+            // ncclCommGetAsyncError or ncclCommAbort can give this rank up meanwhile (a
+            // blocking NCCL call may wait long for a peer).
+            drop(state);
+            let code = forward_ticketed(call, &entry);
+            state = entry.state.lock();
+            if let State::Ready(ready) = &mut *state {
+                // The communicator's next launch follows NCCL's kernel.
+                ready.comm.nccl_ran(call.stream, code);
+            }
             Ok(Served::Nccl(code))
         }
         Ok(Ok(Ok(_))) => Ok(Served::Stragglar(ResultCode::SUCCESS)),
@@ -221,6 +217,32 @@ pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
         }
     }
     served
+}
+
+/// Hands a ticketed call to the real NCCL, unless its communicator was aborted or destroyed
+/// meanwhile (NCCL may be freeing it): then the call fails as an aborted one. Holds no lock
+/// across NCCL's call: an abort from another thread is what ends a call NCCL cannot finish.
+fn forward_ticketed(call: &EngineCall, entry: &Entry) -> ResultCode {
+    if entry.watch.forgotten() {
+        log::warn!(
+            "ncclAllReduce on {}: the communicator was aborted or destroyed before NCCL could run the call",
+            call.label()
+        );
+        return CallError::Failed(STATUS_ABORTED).nccl_code();
+    }
+    // SAFETY: the caller's own arguments, passed to NCCL unchanged, on the communicator the
+    // caller still holds (NCCL's contract: no call after its destroy returned).
+    unsafe {
+        crate::nccl::real::all_reduce(
+            call.send as *const std::ffi::c_void,
+            call.recv as *mut std::ffi::c_void,
+            call.count,
+            call.nccl_dtype,
+            call.nccl_op,
+            call.comm,
+            call.stream,
+        )
+    }
 }
 
 /// Called with the real NCCL state of `comm` that the application just read through
@@ -248,8 +270,8 @@ pub fn nccl_state_seen(comm: ncclComm_t, state: ResultCode) {
         }
     }
     let Some(mut engine) = entry.state.try_lock() else {
-        // A call holds it; that call's launch takes a pending order itself, and a raised
-        // abort word fails it.
+        // A call holds it: a pending order is then dropped (the next launch stays ordered
+        // after the forwarded call's ticket), and a raised abort word fails that call.
         return;
     };
     if let State::Ready(ready) = &mut *engine {

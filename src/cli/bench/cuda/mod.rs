@@ -139,14 +139,14 @@ impl Setup {
             auto: options.algo == BenchAlgo::Auto,
             cache: PlanCache::default(),
         };
-        // StragglAR and Ring, whatever --algo says: the engine uploads every plan a graph
-        // launch may pick (StragglAR's needs do not depend on which rank is the straggler).
-        let needs = [
-            setup
-                .lowered_of(Algorithm::Stragglar, setup.straggler)?
-                .need(),
-            setup.lowered_of(Algorithm::Ring, 0)?.need(),
-        ];
+        // StragglAR's needs do not depend on which rank is the straggler; Ring's count only
+        // where the policy may pick the baseline (a graph launch runs Ring only where it fits).
+        let mut needs = vec![setup
+            .lowered_of(Algorithm::Stragglar, setup.straggler)?
+            .need()];
+        if setup.auto || setup.algorithm == Algorithm::Ring {
+            needs.push(setup.lowered_of(Algorithm::Ring, 0)?.need());
+        }
         for dtype in options.dtypes.clone() {
             for bytes in setup.sizes.clone() {
                 let count = bytes as usize / dtype.size();
@@ -198,7 +198,7 @@ impl Setup {
             members: (0..self.ranks).map(|r| format!("rank {r}")).collect(),
             policy: self.policy(),
             baseline: Baseline::Ring,
-            designated: Default::default(),
+            designated: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
             trace: None,
             label: format!("bench rank {index}"),
             ordering,
