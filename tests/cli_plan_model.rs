@@ -402,3 +402,126 @@ fn bad_model_requests_exit_with_status_2() {
     usage_error(&["model", "--delay-us", "x"], "--delay-us");
     usage_error(&["model", "--max-pipeline", "0"], "--max-pipeline");
 }
+
+/// `path`, parsed by Python's XML parser: the texts of its `<text>` elements, and how many
+/// elements of each tag it holds (`tag:count` lines).
+fn svg_contents(path: &std::path::Path) -> (Vec<String>, std::collections::HashMap<String, usize>) {
+    let script = r#"
+import sys, collections, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+tags = collections.Counter(e.tag.split('}')[-1] for e in root.iter())
+for tag, count in tags.items():
+    print("tag", tag, count)
+for e in root.iter():
+    if e.tag.split('}')[-1] == 'text':
+        print("text", (e.text or '').strip())
+"#;
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(path)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "not XML: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (mut texts, mut tags) = (Vec::new(), std::collections::HashMap::new());
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        if let Some(text) = line.strip_prefix("text ") {
+            texts.push(text.to_string());
+        } else if let Some(rest) = line.strip_prefix("tag ") {
+            let (tag, count) = rest.rsplit_once(' ').unwrap();
+            tags.insert(tag.to_string(), count.parse().unwrap());
+        }
+    }
+    (texts, tags)
+}
+
+#[test]
+fn plan_svg_draws_one_row_per_rank_and_one_cell_per_round() {
+    let dir = std::env::temp_dir().join(format!("stragglar-svg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.svg");
+    let text = ok(&[
+        "plan",
+        "--ranks",
+        "6",
+        "--straggler",
+        "2",
+        "--svg",
+        path.to_str().unwrap(),
+    ]);
+    assert!(text.contains("rank"), "the text view is still printed");
+    let (texts, tags) = svg_contents(&path);
+    for rank in 0..6 {
+        let label = match rank {
+            2 => "rank 2 (straggler)".to_string(),
+            r => format!("rank {r}"),
+        };
+        assert_eq!(
+            texts.iter().filter(|t| **t == label).count(),
+            1,
+            "{label}: {texts:?}"
+        );
+    }
+    // 4 ReduceScatter rounds among 5 ranks, then 6 + 3 - 1 = 7 after arrival: 11 columns.
+    assert!(tags["rect"] >= 6 * 11, "{tags:?}");
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.starts_with("after it arrives: 7 rounds")),
+        "{texts:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn model_svg_draws_one_series_per_rank_count() {
+    let dir = std::env::temp_dir().join(format!("stragglar-svg-model-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.svg");
+    ok(&[
+        "model",
+        "--ranks",
+        "4,8,16",
+        "--svg",
+        path.to_str().unwrap(),
+    ]);
+    let (texts, tags) = svg_contents(&path);
+    for n in [4, 8, 16] {
+        let label = format!("StragglAR, n = {n}");
+        assert_eq!(
+            texts.iter().filter(|t| **t == label).count(),
+            1,
+            "{texts:?}"
+        );
+    }
+    assert!(texts.iter().any(|t| t == "Ring (1.0)"), "{texts:?}");
+    // The three series, Ring's line and the legend's four samples.
+    assert!(tags["polyline"] >= 4, "{tags:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    usage_error(&["model", "--svg"], "--svg");
+}
+
+/// The README's pictures are what `scripts/pictures.sh` draws now.
+#[test]
+fn the_committed_pictures_are_current() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::env::temp_dir().join(format!("stragglar-pictures-{}", std::process::id()));
+    let status = Command::new(root.join("scripts/pictures.sh"))
+        .env("BIN", env!("CARGO_BIN_EXE_stragglar"))
+        .env("OUT", &out)
+        .status()
+        .expect("the script runs");
+    assert!(status.success());
+    for name in ["schedule-8-ranks.svg", "speedup-model.svg"] {
+        let drawn = std::fs::read(out.join(name)).unwrap();
+        let committed = std::fs::read(root.join("docs/images").join(name)).unwrap_or_default();
+        assert!(
+            drawn == committed,
+            "docs/images/{name} is not what scripts/pictures.sh draws now: run it"
+        );
+    }
+    std::fs::remove_dir_all(&out).unwrap();
+}

@@ -2,6 +2,7 @@
 
 pub mod args;
 pub mod bench;
+mod charts;
 mod demo;
 mod doctor;
 mod kernels;

@@ -11,10 +11,11 @@ use crate::schedule::{max_pieces_per_chunk, round_bound, Algorithm, PlanRequest}
 /// Options of `stragglar model`, as shown by `stragglar help`.
 pub const USAGE: &str = "
 stragglar model [--ranks N,...] [--bytes SIZE,...] [--alpha-us A] [--bandwidth-gbs B]
-                [--delay-us D,...] [--max-pipeline K] [--json]
+                [--delay-us D,...] [--max-pipeline K] [--json] [--svg FILE]
     alpha-beta times of every algorithm for each combination (defaults: ranks 4..256 in
     powers of two, 1G, 3 us, 483.1838208 GB/s = 450 GiB/s, delay 0, pipelines up to 64);
-    SIZE takes K/M/G (powers of 1024); GB/s are 10^9 bytes/s per link direction
+    SIZE takes K/M/G (powers of 1024); GB/s are 10^9 bytes/s per link direction;
+    --svg also draws the speedup after arrival against size, 64K to 4G, one line per N
 ";
 
 /// Defaults: the authors' prototype (3 us, 450 GiB/s, 1 GiB) on the powers of two.
@@ -54,6 +55,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         .parsed(&["--max-pipeline"], "a number of pieces")?
         .unwrap_or(64);
     let json = args.flag(&["--json"]);
+    let svg = args.value(&["--svg"])?;
     args.finish()?;
     if !(alpha_us.is_finite() && alpha_us >= 0.0) {
         return Err(UsageError("--alpha-us must be a number >= 0".into()));
@@ -98,6 +100,9 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
                 });
             }
         }
+    }
+    if let Some(path) = svg {
+        super::charts::speedup(&ranks, link, &path).map_err(UsageError)?;
     }
     print!("{}", if json { to_json(&rows) } else { to_text(&rows) });
     Ok(0)

@@ -12,8 +12,10 @@ use crate::schedule::{
 /// Options of `stragglar plan`, as shown by `stragglar help`.
 pub const USAGE: &str = "
 stragglar plan --ranks N [--straggler S] [--algo stragglar|ring|rhd|direct] [--pipeline K] [--json]
+               [--svg FILE]
     the schedule in physical ranks (straggler defaults to N-1; rhd needs a power of two;
-    --pipeline cuts each chunk into K pieces, stragglar only; --json: the plan format)
+    --pipeline cuts each chunk into K pieces, stragglar only; --json: the plan format;
+    --svg also draws it as a round-by-rank chart into FILE)
 stragglar plan --table A..B
     post-arrival rounds against the bound n-2+ceil(log2 n), each schedule verified
 stragglar plan --bench [--ranks N,...]
@@ -78,6 +80,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         .parsed(&["--pipeline", "-k"], "a number of pieces per chunk")?
         .unwrap_or(1);
     let json = args.flag(&["--json"]);
+    let svg = args.value(&["--svg"])?;
     args.finish()?;
     let request = PlanRequest {
         ranks,
@@ -87,6 +90,12 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let schedule = algorithm
         .schedule(&request)
         .map_err(|e| UsageError(e.to_string()))?;
+    if let Some(path) = svg {
+        let ring = Algorithm::Ring
+            .schedule(&PlanRequest::new(ranks, 0))
+            .map_err(|e| UsageError(e.to_string()))?;
+        super::charts::schedule(&schedule, ring.exposed_rounds(), &path).map_err(UsageError)?;
+    }
     if json {
         print!("{}", to_json(&schedule));
     } else {

@@ -1,0 +1,239 @@
+//! SVG pictures drawn with `plotters`: a schedule as a round-by-rank chart
+//! (`stragglar plan --svg`) and the model's speedup against message size
+//! (`stragglar model --svg`). Text stays SVG text: nothing here needs a font.
+
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::schedule::model::{stragglar_rounds, Link, Times};
+use crate::schedule::{Op, PhaseKind, Schedule};
+
+/// Pixels of one round-by-rank cell.
+const CELL: i32 = 26;
+/// Room for the rank labels at the left, the captions at the top.
+const LEFT: i32 = 150;
+const TOP: i32 = 92;
+
+const REDUCE: RGBColor = RGBColor(230, 126, 34);
+const COPY: RGBColor = RGBColor(52, 120, 200);
+const IDLE: RGBColor = RGBColor(236, 236, 236);
+const STRAGGLER: RGBColor = RGBColor(192, 40, 40);
+
+fn failed<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> String + '_ {
+    move |e| format!("{what}: {e:?}")
+}
+
+/// Draws `schedule` into `path`: one row per rank, one column per round, each cell a transfer
+/// the rank sends in that round (orange: reduce, blue: copy; the chunk's number inside) or
+/// idle; the straggler's row marked, the rounds before and after its arrival told apart.
+/// `ring_rounds` is Ring's round count for the caption's comparison.
+pub fn schedule(schedule: &Schedule, ring_rounds: usize, path: &str) -> Result<(), String> {
+    let rounds: Vec<(PhaseKind, &Vec<crate::schedule::Transfer>)> = schedule
+        .phases
+        .iter()
+        .flat_map(|p| p.rounds.iter().map(move |r| (p.kind, r)))
+        .collect();
+    let width = (LEFT + CELL * rounds.len() as i32 + 30).max(760) as u32;
+    let height = (TOP + CELL * schedule.ranks as i32 + 60) as u32;
+    let root = SVGBackend::new(path, (width, height)).into_drawing_area();
+    let err = failed(path);
+    root.fill(&WHITE).map_err(&err)?;
+    let text = |size: i32| ("sans-serif", size).into_font();
+    let after = schedule.exposed_rounds();
+    let n = schedule.ranks;
+    let (title, subtitle) = match schedule.straggler {
+        Some(s) => (
+            format!("StragglAR, {n} ranks, rank {s} late"),
+            format!(
+                "after it arrives: {after} rounds of M/{} = {:.2} M per GPU; Ring: {ring_rounds} rounds of M/{n} = {:.2} M",
+                n - 1,
+                after as f64 / (n - 1) as f64,
+                ring_rounds as f64 / n as f64
+            ),
+        ),
+        None => (format!("{n} ranks"), format!("{after} rounds")),
+    };
+    root.draw(&Text::new(title, (10, 8), text(16)))
+        .map_err(&err)?;
+    root.draw(&Text::new(subtitle, (10, 30), text(13)))
+        .map_err(&err)?;
+    let legend = "each cell: the chunk a rank sends that round (orange: reduced into the receiver's copy, blue: copied)";
+    root.draw(&Text::new(legend, (10, 50), text(12)))
+        .map_err(&err)?;
+    for rank in 0..schedule.ranks {
+        let y = TOP + CELL * rank as i32;
+        let straggler = schedule.straggler == Some(rank);
+        let label = match straggler {
+            true => format!("rank {rank} (straggler)"),
+            false => format!("rank {rank}"),
+        };
+        let color = if straggler { STRAGGLER } else { BLACK };
+        let style = text(13)
+            .color(&color)
+            .pos(Pos::new(HPos::Right, VPos::Center));
+        root.draw(&Text::new(label, (LEFT - 8, y + CELL / 2), style))
+            .map_err(&err)?;
+        for (column, (_, round)) in rounds.iter().enumerate() {
+            let x = LEFT + CELL * column as i32;
+            let sent = round.iter().find(|t| t.src == rank);
+            let fill = match sent.map(|t| t.op) {
+                Some(Op::Reduce) => REDUCE,
+                Some(Op::Copy) => COPY,
+                None => IDLE,
+            };
+            let cell = [(x + 1, y + 1), (x + CELL - 1, y + CELL - 1)];
+            root.draw(&Rectangle::new(cell, fill.filled()))
+                .map_err(&err)?;
+            if let Some(t) = sent {
+                let style = text(10)
+                    .color(&WHITE)
+                    .pos(Pos::new(HPos::Center, VPos::Center));
+                root.draw(&Text::new(
+                    t.chunk.to_string(),
+                    (x + CELL / 2, y + CELL / 2),
+                    style,
+                ))
+                .map_err(&err)?;
+            }
+        }
+    }
+    // The straggler's arrival: between the last ReduceScatter round and the first after it.
+    let before = rounds
+        .iter()
+        .filter(|(kind, _)| *kind == PhaseKind::ReduceScatter)
+        .count() as i32;
+    let bottom = TOP + CELL * schedule.ranks as i32;
+    let axis = text(12).color(&BLACK).pos(Pos::new(HPos::Left, VPos::Top));
+    if schedule.straggler.is_some() {
+        let x = LEFT + CELL * before;
+        root.draw(&PathElement::new(
+            vec![(x, TOP - 12), (x, bottom + 6)],
+            STRAGGLER.stroke_width(2),
+        ))
+        .map_err(&err)?;
+        root.draw(&Text::new(
+            "before: ReduceScatter of the others, hidden by the wait",
+            (LEFT, bottom + 12),
+            axis.clone(),
+        ))
+        .map_err(&err)?;
+        root.draw(&Text::new(
+            format!("straggler arrives: {after} rounds from here"),
+            (x + 4, TOP - 14),
+            text(12).color(&STRAGGLER),
+        ))
+        .map_err(&err)?;
+    }
+    root.draw(&Text::new("round →", (LEFT, bottom + 30), axis))
+        .map_err(&err)?;
+    root.present().map_err(&err)
+}
+
+/// Draws the modelled speedup after the straggler's arrival (Ring's time over StragglAR's
+/// post-arrival time) against message size into `path`: one series per rank count in `ranks`,
+/// sizes from 64 KiB to 4 GiB, links as `link` describes.
+pub fn speedup(ranks: &[usize], link: Link, path: &str) -> Result<(), String> {
+    // Sizes 2^16..=2^32 bytes, drawn at their base-2 logarithm so that the ticks fall on them.
+    let exponents: Vec<i32> = (16..=32).collect();
+    let series: Vec<(usize, Vec<(f64, f64)>)> = ranks
+        .iter()
+        .map(|&n| {
+            let rounds = stragglar_rounds(n, 1);
+            let points = exponents
+                .iter()
+                .map(|&p| {
+                    let t = Times::new(n, rounds, 2f64.powi(p), link);
+                    (p as f64, t.ring / t.stragglar_post)
+                })
+                .collect();
+            (n, points)
+        })
+        .collect();
+    let values = series.iter().flat_map(|(_, p)| p.iter().map(|&(_, s)| s));
+    let top = values.clone().fold(1.0f64, f64::max) * 1.08;
+    let bottom = values.fold(1.0f64, f64::min).min(1.0) * 0.9;
+    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+    let err = failed(path);
+    root.fill(&WHITE).map_err(&err)?;
+    let (first, last) = (exponents[0] as f64, exponents[exponents.len() - 1] as f64);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "Modelled speedup over Ring after the straggler arrives ({:.0} us per round, {:.0} GB/s links)",
+                link.alpha * 1e6,
+                link.bandwidth / 1e9
+            ),
+            ("sans-serif", 15),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(first..last, bottom..top)
+        .map_err(&err)?;
+    chart
+        .configure_mesh()
+        .x_desc("message size")
+        .y_desc("Ring time / StragglAR post-arrival time")
+        .x_labels(exponents.len().div_ceil(2))
+        .x_label_formatter(&|p| bytes_label(2f64.powf(*p)))
+        .draw()
+        .map_err(&err)?;
+    let ring = BLACK.mix(0.5);
+    chart
+        .draw_series(LineSeries::new([(first, 1.0), (last, 1.0)], ring))
+        .map_err(&err)?
+        .label("Ring (1.0)")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], ring));
+    for (i, (n, points)) in series.into_iter().enumerate() {
+        let color = SERIES[i % SERIES.len()];
+        chart
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))
+            .map_err(&err)?
+            .label(format!("StragglAR, n = {n}"))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(&err)?;
+    root.present().map_err(&err)
+}
+
+/// Colours of the model's series, told apart on white and in grey.
+const SERIES: [RGBColor; 6] = [
+    RGBColor(200, 40, 40),
+    RGBColor(40, 140, 60),
+    RGBColor(40, 90, 200),
+    RGBColor(140, 60, 170),
+    RGBColor(210, 130, 20),
+    RGBColor(20, 150, 160),
+];
+
+/// `65536` as `64K`, `1073741824` as `1G`.
+fn bytes_label(bytes: f64) -> String {
+    let b = bytes.round() as u64;
+    match b {
+        _ if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        _ if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        _ if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{}K", b >> 10),
+        _ => b.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bytes_label;
+
+    #[test]
+    fn sizes_are_labelled_in_powers_of_1024() {
+        assert_eq!(bytes_label(65536.0), "64K");
+        assert_eq!(bytes_label(4194304.0), "4M");
+        assert_eq!(bytes_label(1073741824.0), "1G");
+        assert_eq!(bytes_label(1000.0), "1000");
+    }
+}
