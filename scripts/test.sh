@@ -66,6 +66,11 @@ done
 step "cargo build --release (libstragglar.so and the stragglar CLI)"
 cargo build --release --quiet
 
+step "our wheel: pip install . into $VENV (the library, the stragglar CLI, the headers)"
+wheels_ours
+export STRAGGLAR_TEST_WHEEL_BIN="$PWD/$VENV/bin/stragglar"
+test -x "$STRAGGLAR_TEST_WHEEL_BIN"
+
 step "CLI soak: seeded random stragglar bench runs, 100 s (scripts/soak-cli.sh)"
 BIN=target/release/stragglar JOBS=2 OUT=target/soak-cli/ci scripts/soak-cli.sh 100 4242
 

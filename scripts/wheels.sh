@@ -4,11 +4,14 @@
 #   wheels_cu12   the CUDA 12 wheels (real NCCL, runtime and driver headers, nvcc, NVRTC) into
 #                 .venv/cu12; sets NV to their nvidia/ directory
 #   wheels_torch  PyTorch (with its own NCCL) into .venv
+#   wheels_ours   our own wheel, built from this checkout (`pip install .`), into .venv
 #
 # Versions the tests were written against. torch brings its own NCCL (nvidia-nccl-cu13) into
 # .venv; the cu12 wheels go to .venv/cu12 so the two libnccl.so.2 files never overwrite each
 # other.
 TORCH_SPEC="torch==2.15.0"
+# What `pip install .` builds our wheel with (pyproject.toml's build requirements).
+BUILD_SPECS=("setuptools>=70" "setuptools-rust>=1.9" "wheel")
 CU12_SPECS=(
   "nvidia-nccl-cu12==2.32.3"
   "nvidia-cuda-runtime-cu12==12.9.79"
@@ -39,4 +42,13 @@ wheels_torch() {
   if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "$TORCH_SPEC"
   fi
+}
+
+wheels_ours() {
+  wheels_venv
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "${BUILD_SPECS[@]}"
+  # Built afresh every run (cargo reuses target/release), without an isolated build
+  # environment: the build requirements are installed above.
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+    --force-reinstall .
 }

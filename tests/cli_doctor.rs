@@ -115,3 +115,30 @@ fn the_readme_documents_every_setting_with_its_default() {
         assert!(row.split('|').count() >= 4, "{row}");
     }
 }
+
+/// A reader that closes the pipe early (`stragglar help | head -1`) ends the tool quietly:
+/// no panic message, and the exit is by SIGPIPE, as for other command-line tools.
+#[test]
+fn a_closed_output_pipe_ends_the_tool_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let exe = Path::new(env!("CARGO_BIN_EXE_stragglar"));
+    let mut child = clean_command(exe)
+        .arg("help")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("panicked"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{}",
+        describe(&out)
+    );
+}

@@ -114,3 +114,52 @@ fn pytorch_started_by_stragglar_run_binds_nccl_through_us() {
         describe(&out)
     );
 }
+
+/// Our wheel as `scripts/test.sh` installs it (`pip install .` into the test venv): the
+/// package finds its library and headers, and its `stragglar run` preloads the installed
+/// library under the real PyTorch.
+#[test]
+fn the_installed_wheel_runs_pytorch_with_its_own_library() {
+    let (Ok(bin), Ok(python)) = (
+        std::env::var("STRAGGLAR_TEST_WHEEL_BIN"),
+        std::env::var("STRAGGLAR_TEST_PYTHON"),
+    ) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs scripts/test.sh, which installs the wheel"
+        );
+        eprintln!("STRAGGLAR_TEST_WHEEL_BIN unset: skipped (scripts/test.sh sets it)");
+        return;
+    };
+    let script = "import os, stragglar\n\
+                  print(stragglar.library_path())\n\
+                  print(os.path.isfile(os.path.join(stragglar.include_path(), 'nccl.h')))";
+    let out = run(Command::new(&python).args(["-c", script]));
+    assert!(out.status.success(), "{}", describe(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines = stdout.lines();
+    let library = lines.next().unwrap_or_default().to_string();
+    assert!(
+        library.contains("site-packages/stragglar/libstragglar"),
+        "{stdout}"
+    );
+    assert_eq!(lines.next(), Some("True"), "the headers: {stdout}");
+    let bin = std::path::Path::new(&bin);
+    let doctor = run(clean_command(bin).arg("doctor"));
+    assert!(
+        String::from_utf8_lossy(&doctor.stdout).contains(&format!("preloads:  {library}")),
+        "{}",
+        describe(&doctor)
+    );
+    let mut cmd = clean_command(bin);
+    cmd.args(["run", "--debug", "INFO", "--", &python, "-c"])
+        .arg("import torch; print(len(torch.cuda.nccl.unique_id()))")
+        .env_remove("LD_PRELOAD");
+    let out = run(&mut cmd);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("found by AlreadyLoaded"),
+        "{}",
+        describe(&out)
+    );
+}

@@ -15,21 +15,43 @@ pub const USAGE: &str = "
 stragglar run [--NAME VALUE ...] [--] CMD [ARGS...]
     runs CMD with libstragglar.so preloaded (kept ahead of an existing LD_PRELOAD);
     --NAME VALUE sets STRAGGLAR_NAME=VALUE, e.g. --gpu-engine 1, --debug INFO, --buffer-bytes 64M
-    (every variable 'stragglar doctor' lists); the library is found next to this executable
+    (every variable 'stragglar doctor' lists); the library is found next to this executable,
+    or in the Python environment it was installed into (pip install)
 ";
 
 /// The file name of our library.
 const LIBRARY: &str = "libstragglar.so";
 
-/// The library `stragglar run` preloads: beside this executable (a build's `target/<profile>/`,
-/// or an installation's `bin/`), or in `../lib` from it. `None` when neither holds one.
+/// The library `stragglar run` preloads: beside this executable (a build's `target/<profile>/`),
+/// in `../lib` from it (an installation's `bin/`), or in the `stragglar` package of the Python
+/// environment whose `bin/` holds it (`pip install`: `libstragglar*.so` under
+/// `../lib/python3*/site-packages/stragglar/`). `None` when none holds one.
 pub fn library_path() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?.canonicalize().ok()?;
     let dir = exe.parent()?;
     [dir.join(LIBRARY), dir.join("../lib").join(LIBRARY)]
         .into_iter()
         .find(|p| p.is_file())
+        .or_else(|| in_python_package(&dir.join("../lib")))
         .and_then(|p| p.canonicalize().ok())
+}
+
+/// `libstragglar*.so` in `lib/python3*/site-packages/stragglar/`, where a wheel installs it.
+fn in_python_package(lib: &Path) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(lib)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+        .map(|e| e.path().join("site-packages").join("stragglar"))
+        .filter_map(|package| std::fs::read_dir(package).ok())
+        .flat_map(|entries| entries.flatten().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+            name.is_some_and(|n| n.starts_with("libstragglar") && n.ends_with(".so"))
+        })
+        .collect();
+    found.sort();
+    found.into_iter().next()
 }
 
 /// The variable an option names (`gpu-engine` -> `STRAGGLAR_GPU_ENGINE`), if it is a setting.

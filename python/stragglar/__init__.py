@@ -1,0 +1,33 @@
+"""stragglar: where the installed library, CLI and headers are.
+
+    import stragglar
+    stragglar.library_path()   # the libstragglar shared object, for LD_PRELOAD
+    stragglar.include_path()   # nccl.h and stragglar.h, for C and C++ builds
+    stragglar.cli_path()       # the `stragglar` command (`stragglar run -- torchrun ...`)
+"""
+
+import glob
+import os
+import shutil
+
+__all__ = ["library_path", "include_path", "cli_path"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def library_path():
+    """The absolute path of the installed libstragglar shared object."""
+    found = sorted(glob.glob(os.path.join(_HERE, "libstragglar*.so")))
+    if not found:
+        raise FileNotFoundError("no libstragglar*.so in " + _HERE)
+    return found[0]
+
+
+def include_path():
+    """The folder holding nccl.h and stragglar.h."""
+    return os.path.join(_HERE, "include")
+
+
+def cli_path():
+    """The installed `stragglar` command, or None when it is not on PATH."""
+    return shutil.which("stragglar")
