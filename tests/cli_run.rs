@@ -133,7 +133,8 @@ fn the_installed_wheel_runs_pytorch_with_its_own_library() {
     };
     let script = "import os, stragglar\n\
                   print(stragglar.library_path())\n\
-                  print(os.path.isfile(os.path.join(stragglar.include_path(), 'nccl.h')))";
+                  print(os.path.isfile(os.path.join(stragglar.include_path(), 'nccl.h')))\n\
+                  print(stragglar.cli_path())";
     let out = run(Command::new(&python).args(["-c", script]));
     assert!(out.status.success(), "{}", describe(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -144,6 +145,7 @@ fn the_installed_wheel_runs_pytorch_with_its_own_library() {
         "{stdout}"
     );
     assert_eq!(lines.next(), Some("True"), "the headers: {stdout}");
+    assert_eq!(lines.next(), Some(bin.as_str()), "the CLI: {stdout}");
     let bin = std::path::Path::new(&bin);
     let doctor = run(clean_command(bin).arg("doctor"));
     assert!(

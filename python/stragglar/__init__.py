@@ -9,6 +9,7 @@
 import glob
 import os
 import shutil
+import sys
 
 __all__ = ["library_path", "include_path", "cli_path"]
 
@@ -29,5 +30,9 @@ def include_path():
 
 
 def cli_path():
-    """The installed `stragglar` command, or None when it is not on PATH."""
+    """The `stragglar` command installed with this package (in the environment's `bin/`), else
+    the one on PATH, else None."""
+    beside = os.path.join(sys.prefix, "bin", "stragglar")
+    if os.access(beside, os.X_OK):
+        return beside
     return shutil.which("stragglar")
