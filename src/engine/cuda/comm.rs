@@ -571,7 +571,7 @@ impl CudaComm {
     }
 
     /// Logs the straggler report at INFO (a table per communicator; see `ArrivalTally::table`).
-    pub fn log_report(&self) {
+    fn log_report(&self) {
         if self.tracker.calls() > 0 {
             log::info!(
                 "{}: straggler report\n{}",

@@ -244,7 +244,7 @@ impl CudaRank {
     }
 
     /// Whether `plan`'s blob is uploaded already (a call of it, of any size, allocates nothing).
-    pub fn has_plan(&self, plan: &Lowered) -> bool {
+    fn has_plan(&self, plan: &Lowered) -> bool {
         self.plans.contains_key(&plan.id())
     }
 
@@ -441,7 +441,7 @@ impl CudaRank {
 
     /// Uploads `plan`'s blob for this rank unless it is there already: once per schedule, for
     /// every count. Not during graph capture.
-    pub fn prepare(&mut self, plan: &Lowered) -> Result<(), CallError> {
+    fn prepare(&mut self, plan: &Lowered) -> Result<(), CallError> {
         self.check_ranks(plan)?;
         if !self.has_plan(plan) {
             let blob = plan.blob(self.config.rank).bytes;
