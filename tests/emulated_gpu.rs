@@ -396,25 +396,29 @@ const ENGINE: [(&str, &str); 5] = [
 fn the_gpu_engine_serves_ncclallreduce_on_four_and_eight_rank_processes() {
     for ranks in ["4", "8"] {
         let (out, _) = run_ranks(&[ranks], &ENGINE);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let log = String::from_utf8_lossy(&out.stderr);
-        let n: usize = ranks.parse().unwrap();
-        assert!(out.status.success(), "{}", support::describe(&out));
-        assert_eq!(
-            text.matches(": 100 calls checked").count(),
-            n,
-            "{}",
-            support::describe(&out)
-        );
-        // Every rank's report: every call ran on the engine, none went to NCCL.
-        assert_eq!(
-            log.matches("100 calls, 100 on StragglAR, 0 on NCCL")
-                .count(),
-            n,
-            "{}",
-            support::describe(&out)
-        );
+        assert_every_call_on_the_engine(&out, ranks.parse().unwrap());
     }
+}
+
+/// Every one of `ranks` rank processes checked its 100 calls, and its report says each ran on
+/// the engine, none on NCCL.
+fn assert_every_call_on_the_engine(out: &Output, ranks: usize) {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(out));
+    assert_eq!(
+        text.matches(": 100 calls checked").count(),
+        ranks,
+        "{}",
+        support::describe(out)
+    );
+    assert_eq!(
+        log.matches("100 calls, 100 on StragglAR, 0 on NCCL")
+            .count(),
+        ranks,
+        "{}",
+        support::describe(out)
+    );
 }
 
 /// An unmodified program, linked against libnccl alone, under LD_PRELOAD=libstragglar.so: the
@@ -428,22 +432,8 @@ fn the_gpu_engine_serves_a_program_linked_against_nccl_under_ld_preload() {
         ("LOOPBACK_FIXED", "1"),
     ]);
     let (out, _) = run_ranks_linked(Linked::Preloaded, &["4"], &env);
+    assert_every_call_on_the_engine(&out, 4);
     let text = String::from_utf8_lossy(&out.stdout);
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}", support::describe(&out));
-    assert_eq!(
-        text.matches(": 100 calls checked").count(),
-        4,
-        "{}",
-        support::describe(&out)
-    );
-    assert_eq!(
-        log.matches("100 calls, 100 on StragglAR, 0 on NCCL")
-            .count(),
-        4,
-        "{}",
-        support::describe(&out)
-    );
     let stats = designations(&text);
     assert_eq!(stats.len(), 4, "{}", support::describe(&out));
     assert!(
