@@ -129,79 +129,129 @@ pub fn schedule(schedule: &Schedule, ring_rounds: usize, path: &str) -> Result<(
     root.present().map_err(&err)
 }
 
-/// Draws the modelled speedup after the straggler's arrival (Ring's time over StragglAR's
-/// post-arrival time) against message size into `path`: one series per rank count in `ranks`,
-/// sizes from 64 KiB to 4 GiB, links as `link` describes.
-pub fn speedup(ranks: &[usize], link: Link, path: &str) -> Result<(), String> {
+/// One panel's lines: a label and its points per series.
+type Lines = Vec<(String, Vec<(f64, f64)>)>;
+
+/// Draws the model into `path`, two panels side by side, one line per rank count in `ranks`,
+/// links as `link` describes: the speedup over Ring after the straggler's arrival against
+/// message size (64 KiB to 4 GiB), and the whole call's speedup against the straggler's delay
+/// for a message of `bytes`.
+pub fn speedup(ranks: &[usize], link: Link, bytes: u64, path: &str) -> Result<(), String> {
+    let times = |n: usize, bytes: f64| Times::new(n, stragglar_rounds(n, 1), bytes, link);
     // Sizes 2^16..=2^32 bytes, drawn at their base-2 logarithm so that the ticks fall on them.
-    let exponents: Vec<i32> = (16..=32).collect();
-    let series: Vec<(usize, Vec<(f64, f64)>)> = ranks
+    let by_size: Lines = ranks
         .iter()
         .map(|&n| {
-            let rounds = stragglar_rounds(n, 1);
-            let points = exponents
-                .iter()
-                .map(|&p| {
-                    let t = Times::new(n, rounds, 2f64.powi(p), link);
+            let points = (16..=32)
+                .map(|p| {
+                    let t = times(n, 2f64.powi(p));
                     (p as f64, t.ring / t.stragglar_post)
                 })
                 .collect();
-            (n, points)
+            (format!("StragglAR, n = {n}"), points)
         })
         .collect();
-    let values = series.iter().flat_map(|(_, p)| p.iter().map(|&(_, s)| s));
-    let top = values.clone().fold(1.0f64, f64::max) * 1.08;
-    let bottom = values.fold(1.0f64, f64::min).min(1.0) * 0.9;
-    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
+    // Delays up to twice the longest ReduceScatter among the rank counts, in milliseconds.
+    let longest = ranks
+        .iter()
+        .map(|&n| times(n, bytes as f64).reduce_scatter)
+        .fold(0.0f64, f64::max);
+    let delay_max = (2.0 * longest).max(1e-6);
+    let by_delay: Lines = ranks
+        .iter()
+        .map(|&n| {
+            let t = times(n, bytes as f64);
+            let points = (0..=64)
+                .map(|i| {
+                    let delay = delay_max * i as f64 / 64.0;
+                    (delay * 1e3, t.with_delay(delay).speedup_call)
+                })
+                .collect();
+            (format!("StragglAR, n = {n}"), points)
+        })
+        .collect();
+    let root = SVGBackend::new(path, (1280, 460)).into_drawing_area();
     let err = failed(path);
     root.fill(&WHITE).map_err(&err)?;
-    let (first, last) = (exponents[0] as f64, exponents[exponents.len() - 1] as f64);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "Modelled speedup over Ring after the straggler arrives ({:.0} us per round, {:.0} GB/s links)",
-                link.alpha * 1e6,
-                link.bandwidth / 1e9
-            ),
-            ("sans-serif", 15),
-        )
+    let (left, right) = root.split_horizontally(640);
+    let links = format!(
+        "{:.0} us per round, {:.0} GB/s links",
+        link.alpha * 1e6,
+        link.bandwidth / 1e9
+    );
+    panel(
+        &left,
+        &format!("Modelled speedup over Ring after the straggler arrives ({links})"),
+        ("message size", |x: &f64| bytes_label(2f64.powf(*x))),
+        "Ring time / StragglAR post-arrival time",
+        (16.0, 32.0),
+        by_size,
+        SeriesLabelPosition::LowerLeft,
+    )
+    .map_err(&err)?;
+    panel(
+        &right,
+        &format!(
+            "Modelled whole-call speedup over Ring, {} message, against the delay",
+            bytes_label(bytes as f64)
+        ),
+        ("the straggler's delay (ms)", |x: &f64| format!("{x:.1}")),
+        "Ring time / StragglAR time, from the (n-1)-th arrival",
+        (0.0, delay_max * 1e3),
+        by_delay,
+        SeriesLabelPosition::LowerRight,
+    )
+    .map_err(&err)?;
+    root.present().map_err(&err)
+}
+
+/// One panel of [`speedup`]: `lines` over `x` with Ring's line at 1.0 and a legend at
+/// `legend_at`.
+fn panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    (x_desc, x_label): (&str, impl Fn(&f64) -> String),
+    y_desc: &str,
+    (first, last): (f64, f64),
+    lines: Lines,
+    legend_at: SeriesLabelPosition,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let values = lines.iter().flat_map(|(_, p)| p.iter().map(|&(_, s)| s));
+    let top = values.clone().fold(1.0f64, f64::max) * 1.08;
+    let bottom = values.fold(1.0f64, f64::min).min(1.0) * 0.9;
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 13))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
-        .build_cartesian_2d(first..last, bottom..top)
-        .map_err(&err)?;
+        .build_cartesian_2d(first..last, bottom..top)?;
     chart
         .configure_mesh()
-        .x_desc("message size")
-        .y_desc("Ring time / StragglAR post-arrival time")
-        .x_labels(exponents.len().div_ceil(2))
-        .x_label_formatter(&|p| bytes_label(2f64.powf(*p)))
-        .draw()
-        .map_err(&err)?;
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_labels(9)
+        .x_label_formatter(&x_label)
+        .draw()?;
     let ring = BLACK.mix(0.5);
     chart
-        .draw_series(LineSeries::new([(first, 1.0), (last, 1.0)], ring))
-        .map_err(&err)?
+        .draw_series(LineSeries::new([(first, 1.0), (last, 1.0)], ring))?
         .label("Ring (1.0)")
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], ring));
-    for (i, (n, points)) in series.into_iter().enumerate() {
+    for (i, (label, points)) in lines.into_iter().enumerate() {
         let color = SERIES[i % SERIES.len()];
         chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(&err)?
-            .label(format!("StragglAR, n = {n}"))
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
+            .label(label)
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
+        .position(legend_at)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK.mix(0.3))
         .draw()
-        .map_err(&err)?;
-    root.present().map_err(&err)
 }
 
 /// Colours of the model's series, told apart on white and in grey.

@@ -15,7 +15,8 @@ stragglar model [--ranks N,...] [--bytes SIZE,...] [--alpha-us A] [--bandwidth-g
     alpha-beta times of every algorithm for each combination (defaults: ranks 4..256 in
     powers of two, 1G, 3 us, 483.1838208 GB/s = 450 GiB/s, delay 0, pipelines up to 64);
     SIZE takes K/M/G (powers of 1024); GB/s are 10^9 bytes/s per link direction;
-    --svg also draws the speedup after arrival against size, 64K to 4G, one line per N
+    --svg also draws, one line per N, the speedup after arrival against size (64K to 4G) and
+    the whole call's speedup against the delay, for the first SIZE
 ";
 
 /// Defaults: the authors' prototype (3 us, 450 GiB/s, 1 GiB) on the powers of two.
@@ -102,7 +103,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         }
     }
     if let Some(path) = svg {
-        super::charts::speedup(&ranks, link, &path).map_err(UsageError)?;
+        super::charts::speedup(&ranks, link, sizes[0], &path).map_err(UsageError)?;
     }
     print!("{}", if json { to_json(&rows) } else { to_text(&rows) });
     Ok(0)
