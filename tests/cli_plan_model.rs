@@ -523,3 +523,38 @@ fn the_committed_pictures_are_current() {
     }
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+#[test]
+fn bench_svg_draws_measured_times_and_the_model_when_links_are_emulated() {
+    let dir = std::env::temp_dir().join(format!("stragglar-svg-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bench.svg");
+    let svg = path.to_str().unwrap();
+    let quick = [
+        "bench", "--ranks", "4", "-b", "8K", "-e", "32K", "-f", "2", "-n", "2", "-w", "1",
+    ];
+    let mut emulated = quick.to_vec();
+    emulated.extend(["--link-gbs", "1", "--svg", svg]);
+    ok(&emulated);
+    let (texts, tags) = svg_contents(&path);
+    for label in [
+        "time per call, measured (out of place)",
+        "after the last arrival, measured",
+        "after the last arrival, model (StragglAR)",
+    ] {
+        assert!(texts.iter().any(|t| t == label), "{label}: {texts:?}");
+    }
+    // One point per size on each of the three lines.
+    assert!(tags["circle"] >= 3 * 3, "{tags:?}");
+    let mut plain = quick.to_vec();
+    plain.extend(["--svg", svg]);
+    ok(&plain);
+    let (texts, _) = svg_contents(&path);
+    assert!(!texts.iter().any(|t| t.contains("model (")), "{texts:?}");
+    assert!(texts.iter().any(|t| t.contains("no model")), "{texts:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    usage_error(
+        &["bench", "--backend", "cuda", "--svg", svg],
+        "--svg draws host-engine runs only",
+    );
+}

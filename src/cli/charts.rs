@@ -129,8 +129,106 @@ pub fn schedule(schedule: &Schedule, ring_rounds: usize, path: &str) -> Result<(
     root.present().map_err(&err)
 }
 
+/// One size of a `stragglar bench` run: bytes, microseconds per call (out of place), and
+/// microseconds from the last rank's arrival to the end of the call (the slowest rank's).
+pub type BenchPoint = (u64, f64, f64);
+
+/// Draws a `stragglar bench` run into `path`: its time per call and its time after the last
+/// arrival against message size, measured, with the model's time after the last arrival
+/// beside them where the links are emulated (`model`: the label and the time in seconds of a
+/// message of the given bytes).
+pub fn bench(
+    title: &str,
+    points: &[BenchPoint],
+    model: Option<(&str, &dyn Fn(f64) -> f64)>,
+    path: &str,
+) -> Result<(), String> {
+    let err = failed(path);
+    if points.is_empty() {
+        return Err(format!("{path}: no size ran, nothing to draw"));
+    }
+    let x = |bytes: u64| (bytes.max(1) as f64).log2();
+    let mut lines: Vec<(String, Points, RGBColor)> = vec![
+        (
+            "time per call, measured (out of place)".into(),
+            points.iter().map(|&(b, t, _)| (x(b), t)).collect(),
+            SERIES[2],
+        ),
+        (
+            "after the last arrival, measured".into(),
+            points.iter().map(|&(b, _, p)| (x(b), p)).collect(),
+            SERIES[0],
+        ),
+    ];
+    if let Some((label, time)) = model {
+        let modelled = points
+            .iter()
+            .map(|&(b, _, _)| (x(b), time(b as f64) * 1e6))
+            .collect();
+        lines.push((label.to_string(), modelled, SERIES[3]));
+    }
+    let values = lines.iter().flat_map(|(_, p, _)| p.iter().map(|&(_, v)| v));
+    let top = values.clone().fold(1e-3f64, f64::max) * 2.0;
+    let bottom = values.filter(|v| *v > 0.0).fold(top, f64::min) / 2.0;
+    let (first, last) = (
+        x(points[0].0),
+        x(points[points.len() - 1].0).max(x(points[0].0) + 1.0),
+    );
+    let root = SVGBackend::new(path, (760, 460)).into_drawing_area();
+    root.fill(&WHITE).map_err(&err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 14))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(first..last, (bottom..top).log_scale())
+        .map_err(&err)?;
+    // A tick per power of two; the values between them are left unlabelled.
+    let ticks = (last - first).round() as usize + 1;
+    let whole = |p: &f64| match (p - p.round()).abs() < 1e-9 {
+        true => bytes_label(2f64.powf(p.round())),
+        false => String::new(),
+    };
+    chart
+        .configure_mesh()
+        .x_desc("message size")
+        .y_desc("microseconds")
+        .x_labels(ticks)
+        .x_label_formatter(&whole)
+        .y_label_formatter(&|us| format!("{us:.0}"))
+        .draw()
+        .map_err(&err)?;
+    for (label, points, color) in lines {
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(&err)?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, color.filled())),
+            )
+            .map_err(&err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(&err)?;
+    root.present().map_err(&err)
+}
+
+/// The points of one line.
+type Points = Vec<(f64, f64)>;
+
 /// One panel's lines: a label and its points per series.
-type Lines = Vec<(String, Vec<(f64, f64)>)>;
+type Lines = Vec<(String, Points)>;
 
 /// Draws the model into `path`, two panels side by side, one line per rank count in `ranks`,
 /// links as `link` describes: the speedup over Ring after the straggler's arrival against

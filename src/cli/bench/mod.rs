@@ -165,6 +165,57 @@ pub fn execute(
     Ok(outcome)
 }
 
+/// Draws the run's rows into `path` (`--svg`): measured times per size, and the model's time
+/// after the last arrival where the links are emulated (`--link-gbs`) and one algorithm ran.
+fn draw(options: &BenchOptions, rows: &[Row], path: &std::path::Path) -> Result<(), String> {
+    use crate::schedule::model::{stragglar_rounds, Link, Times};
+    let points: Vec<_> = rows
+        .iter()
+        .map(|r| (r.bytes, r.halves[0].0, r.post_us))
+        .collect();
+    let n = options.ranks;
+    let link = options.link_gbs.map(|gbs| Link {
+        alpha: options.link_latency_us * 1e-6,
+        bandwidth: gbs * 1e9,
+    });
+    let rounds = stragglar_rounds(n, 1);
+    let post = |bytes: f64| {
+        let t = Times::new(n, rounds, bytes, link.expect("checked below"));
+        match options.algo {
+            options::BenchAlgo::Ring => t.ring,
+            _ => t.stragglar_post,
+        }
+    };
+    let algo = match options.algo {
+        options::BenchAlgo::Stragglar => "StragglAR",
+        options::BenchAlgo::Ring => "Ring",
+        options::BenchAlgo::Auto => "auto",
+    };
+    let model_label = format!("after the last arrival, model ({algo})");
+    let model: Option<(&str, &dyn Fn(f64) -> f64)> = match (link, options.algo) {
+        (Some(_), options::BenchAlgo::Stragglar | options::BenchAlgo::Ring) => {
+            Some((&model_label, &post))
+        }
+        _ => None,
+    };
+    let links = match options.link_gbs {
+        Some(gbs) => format!(
+            "links emulated at {gbs} GB/s, {} us",
+            options.link_latency_us
+        ),
+        None => "links not emulated: no model".into(),
+    };
+    let title = format!(
+        "stragglar bench: {algo}, {n} ranks, {} late by {} us; {links}",
+        match options.late_ranks.as_slice() {
+            [rank] => format!("rank {rank}"),
+            _ => "ranks in turn".to_string(),
+        },
+        options.delay_us
+    );
+    super::charts::bench(&title, &points, model, &path.display().to_string())
+}
+
 /// Runs `stragglar bench`; exit status 1 if any element was wrong or a rank failed.
 pub fn run(args: Args) -> Result<i32, UsageError> {
     let options = BenchOptions::parse(args)?;
@@ -180,6 +231,12 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
     .map_err(UsageError)?;
     print!("{}", report::footer(&outcome.rows));
     print!("{}", outcome.straggler_report);
+    if let Some(path) = &options.svg {
+        if let Err(e) = draw(&options, &outcome.rows, path) {
+            eprintln!("stragglar bench: {e}");
+            return Ok(1);
+        }
+    }
     if let Some(path) = &options.json {
         if let Err(e) = std::fs::write(path, report::json(&options, &outcome.rows)) {
             eprintln!("stragglar bench: cannot write {}: {e}", path.display());

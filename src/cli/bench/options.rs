@@ -99,6 +99,8 @@ pub struct BenchOptions {
     pub fault: Option<Fault>,
     /// The rank that misbehaves.
     pub fault_rank: usize,
+    /// `--svg FILE`: the run's times per size drawn into FILE (host backend).
+    pub svg: Option<PathBuf>,
 }
 
 impl BenchOptions {
@@ -146,6 +148,7 @@ impl BenchOptions {
         };
         let (op, dtype) = (ops[0], dtypes[0]);
         let json = args.value(&["-J", "--output_file"])?.map(PathBuf::from);
+        let svg = args.value(&["--svg"])?.map(PathBuf::from);
         let backend = match args.value(&["--backend"])?.as_deref() {
             None | Some("host") => Backend::Host,
             Some("cuda") => Backend::Cuda,
@@ -256,6 +259,7 @@ impl BenchOptions {
             timeout_ms,
             fault,
             fault_rank,
+            svg,
         };
         options.validate()?;
         Ok(options)
@@ -266,6 +270,11 @@ impl BenchOptions {
         if self.backend == Backend::Cuda {
             if self.jitter_us > 0 || self.fault.is_some() || self.link_gbs.is_some() {
                 return fail("--backend cuda takes no --jitter-us, --fault or --link-gbs (host-engine emulations; --delay-us delays the late rank on the GPU)".into());
+            }
+            if self.svg.is_some() {
+                return fail(
+                    "--svg draws host-engine runs only in this version (--backend host)".into(),
+                );
             }
         } else if self.bandwidth || self.graph || self.unordered_reads {
             return fail(
