@@ -3,7 +3,11 @@
 //! are written by this test (`STRAGGLAR_BLESS=1 cargo test --test twins`) and compared with
 //! what is committed otherwise.
 
+mod support;
+
 use std::path::{Path, PathBuf};
+
+use support::exports::Export;
 
 /// `ncclX` exports NCCL ships without a `pncclX` twin.
 const WITHOUT_TWIN: [&str; 1] = ["ncclResetDebugInitInternal"];
@@ -30,90 +34,16 @@ const GROUPS: [(&str, &str, &[&str]); 2] = [
     ),
 ];
 
-/// One exported function: its name, its parameters as written, and its return type.
-#[derive(Debug, PartialEq)]
-struct Export {
-    name: String,
-    params: Vec<(String, String)>,
-    returns: Option<String>,
-}
-
 fn abi() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src/abi")
 }
 
-/// Splits `text` at the commas outside brackets.
-fn split_top_level(text: &str) -> Vec<String> {
-    let (mut parts, mut depth, mut current) = (Vec::new(), 0i32, String::new());
-    let mut previous = ' ';
-    for c in text.chars() {
-        match c {
-            '(' | '[' | '<' => depth += 1,
-            // The `>` of a `->` closes nothing.
-            '>' if previous == '-' => {}
-            ')' | ']' | '>' => depth -= 1,
-            ',' if depth == 0 => {
-                parts.push(std::mem::take(&mut current));
-                continue;
-            }
-            _ => {}
-        }
-        previous = c;
-        current.push(c);
-    }
-    parts.push(current);
-    parts
-        .into_iter()
-        .map(|p| p.split_whitespace().collect::<Vec<_>>().join(" "))
-        .filter(|p| !p.is_empty())
-        .collect()
-}
-
-/// Every `#[no_mangle] pub extern "C" fn ncclX(...)` of `source`, in order.
+/// The `ncclX` exports of `source` that have a twin.
 fn exports(source: &str) -> Vec<Export> {
-    const START: &str = "#[no_mangle]\npub extern \"C\" fn ";
-    let mut found = Vec::new();
-    let mut rest = source;
-    while let Some(at) = rest.find(START) {
-        rest = &rest[at + START.len()..];
-        let open = rest.find('(').expect("a parameter list");
-        let name = rest[..open].trim().to_string();
-        // The parameter list ends at its matching parenthesis.
-        let mut depth = 0;
-        let close = rest
-            .char_indices()
-            .skip(open)
-            .find(|&(_, c)| {
-                depth += match c {
-                    '(' => 1,
-                    ')' => -1,
-                    _ => 0,
-                };
-                depth == 0
-            })
-            .expect("a closed parameter list")
-            .0;
-        let body = rest[close..].find('{').expect("a body") + close;
-        let returns = rest[close + 1..body]
-            .trim()
-            .strip_prefix("->")
-            .map(|r| r.split_whitespace().collect::<Vec<_>>().join(" "));
-        let params = split_top_level(&rest[open + 1..close])
-            .into_iter()
-            .map(|p| {
-                let (n, t) = p.split_once(':').expect("name: type");
-                (n.trim().to_string(), t.trim().to_string())
-            })
-            .collect();
-        if name.starts_with("nccl") && !WITHOUT_TWIN.contains(&name.as_str()) {
-            found.push(Export {
-                name,
-                params,
-                returns,
-            });
-        }
-    }
-    found
+    support::exports::exports(source)
+        .into_iter()
+        .filter(|e| e.name.starts_with("nccl") && !WITHOUT_TWIN.contains(&e.name.as_str()))
+        .collect()
 }
 
 /// The raw C types the generated signatures use, for the file's one `use` line.

@@ -7,7 +7,7 @@ use std::os::raw::{c_char, c_int};
 
 use once_cell::sync::OnceCell;
 
-use super::guard::{check_live, guard};
+use super::guard::{check_live, guard, reject_null};
 use crate::nccl::types::{ncclComm_t, ResultCode};
 use crate::nccl::{binding, loader::FoundBy};
 use crate::registry::fallback::Fallback;
@@ -47,7 +47,9 @@ pub struct stragglarNcclBinding_t {
 pub extern "C" fn stragglarGetVersion(version: *mut c_int) -> ResultCode {
     guard("stragglarGetVersion", || {
         if version.is_null() {
-            return ResultCode::INVALID_ARGUMENT;
+            static WARNED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            return reject_null(&WARNED, "stragglarGetVersion", "version");
         }
         // SAFETY: checked non-NULL; the caller owns the int.
         unsafe { *version = STRAGGLAR_VERSION_CODE };
@@ -89,7 +91,9 @@ fn binding_text() -> &'static BindingText {
 pub extern "C" fn stragglarGetNcclBinding(out: *mut stragglarNcclBinding_t) -> ResultCode {
     guard("stragglarGetNcclBinding", || {
         if out.is_null() {
-            return ResultCode::INVALID_ARGUMENT;
+            static WARNED: std::sync::atomic::AtomicBool =
+                std::sync::atomic::AtomicBool::new(false);
+            return reject_null(&WARNED, "stragglarGetNcclBinding", "out");
         }
         let text = binding_text();
         let (bound, version) = match binding() {
@@ -139,8 +143,13 @@ pub extern "C" fn stragglarGetStats(comm: ncclComm_t, stats: *mut stragglarStats
     guard("stragglarGetStats", || {
         static LIVE_WARNED: std::sync::atomic::AtomicBool =
             std::sync::atomic::AtomicBool::new(false);
-        if comm.is_null() || stats.is_null() {
-            return ResultCode::INVALID_ARGUMENT;
+        static NULL_WARNED: [std::sync::atomic::AtomicBool; 2] =
+            [const { std::sync::atomic::AtomicBool::new(false) }; 2];
+        if comm.is_null() {
+            return reject_null(&NULL_WARNED[0], "stragglarGetStats", "comm");
+        }
+        if stats.is_null() {
+            return reject_null(&NULL_WARNED[1], "stragglarGetStats", "stats");
         }
         if let Err(code) = check_live(comm, &LIVE_WARNED, "stragglarGetStats") {
             return code;
@@ -192,8 +201,13 @@ pub extern "C" fn stragglarGetArrivals(
             std::sync::atomic::AtomicBool::new(false);
         static UNSERVED_WARNED: std::sync::atomic::AtomicBool =
             std::sync::atomic::AtomicBool::new(false);
-        if comm.is_null() || arrivals.is_null() {
-            return ResultCode::INVALID_ARGUMENT;
+        static NULL_WARNED: [std::sync::atomic::AtomicBool; 2] =
+            [const { std::sync::atomic::AtomicBool::new(false) }; 2];
+        if comm.is_null() {
+            return reject_null(&NULL_WARNED[0], "stragglarGetArrivals", "comm");
+        }
+        if arrivals.is_null() {
+            return reject_null(&NULL_WARNED[1], "stragglarGetArrivals", "arrivals");
         }
         if let Err(code) = check_live(comm, &LIVE_WARNED, "stragglarGetArrivals") {
             return code;
