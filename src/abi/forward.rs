@@ -9,20 +9,6 @@
 //! The function-pointer type is inferred from the export `ncclX` itself, so every signature is
 //! written exactly once, in the export.
 
-use std::ffi::c_void;
-
-/// Reinterprets `addr` as a function pointer of the same type as `template`.
-///
-/// # Safety
-/// `addr` must be the address of a function whose C signature is the one `F` describes.
-#[inline(always)]
-pub unsafe fn function_like<F: Copy>(_template: F, addr: *mut c_void) -> F {
-    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
-    // SAFETY: F is a function-pointer type of pointer size (asserted above) and the caller
-    // guarantees the signature matches.
-    unsafe { std::mem::transmute_copy(&addr) }
-}
-
 /// Expands to `_` for each argument, to spell a function-pointer type to be inferred.
 #[macro_export]
 #[doc(hidden)]
@@ -83,7 +69,7 @@ macro_rules! forward {
                     // SAFETY: `addr` is the real NCCL's function of the same name, whose C
                     // signature the export `$export` mirrors exactly.
                     let real = unsafe {
-                        $crate::abi::forward::function_like(
+                        $crate::nccl::symbol::cast_like(
                             $export as extern "C" fn($($crate::__placeholder_type!($arg)),*) -> _,
                             addr,
                         )

@@ -44,18 +44,6 @@ static COMM_COUNT: Symbol = Symbol::new(c"pncclCommCount", c"ncclCommCount");
 static COMM_USER_RANK: Symbol = Symbol::new(c"pncclCommUserRank", c"ncclCommUserRank");
 static COMM_CU_DEVICE: Symbol = Symbol::new(c"pncclCommCuDevice", c"ncclCommCuDevice");
 
-/// Reinterprets the address `symbol` resolved to as a function pointer of type `F`.
-///
-/// # Safety
-/// `F` must be the C signature of the NCCL function `symbol` names.
-unsafe fn resolved<F: Copy>(symbol: &Symbol) -> Result<F, ResultCode> {
-    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
-    let addr = symbol.address()?;
-    // SAFETY: a pointer-sized function-pointer type (asserted), of the signature the caller
-    // vouches for.
-    Ok(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&addr) })
-}
-
 /// `ncclAllGather` of `count` elements of `dtype` per rank on `stream`.
 ///
 /// # Safety
@@ -70,7 +58,7 @@ pub unsafe fn all_gather(
     stream: cudaStream_t,
 ) -> ResultCode {
     // SAFETY: ncclAllGather's C signature.
-    match unsafe { resolved::<AllGatherFn>(&ALL_GATHER) } {
+    match unsafe { ALL_GATHER.function::<AllGatherFn>() } {
         // SAFETY: as the caller vouches.
         Ok(real) => calling_real(|| unsafe { real(send, recv, count, dtype, comm, stream) }),
         Err(code) => code,
@@ -93,7 +81,7 @@ pub unsafe fn all_reduce(
     stream: cudaStream_t,
 ) -> ResultCode {
     // SAFETY: ncclAllReduce's C signature.
-    match unsafe { resolved::<AllReduceFn>(&ALL_REDUCE) } {
+    match unsafe { ALL_REDUCE.function::<AllReduceFn>() } {
         // SAFETY: as the caller vouches.
         Ok(real) => calling_real(|| unsafe { real(send, recv, count, dtype, op, comm, stream) }),
         Err(code) => code,
@@ -107,7 +95,7 @@ pub fn async_state(comm: ncclComm_t) -> ResultCode {
         return ResultCode::INVALID_ARGUMENT;
     }
     // SAFETY: ncclCommGetAsyncError's C signature.
-    let real = match unsafe { resolved::<GetAsyncErrorFn>(&GET_ASYNC_ERROR) } {
+    let real = match unsafe { GET_ASYNC_ERROR.function::<GetAsyncErrorFn>() } {
         Ok(real) => real,
         Err(code) => return code,
     };
@@ -137,7 +125,7 @@ pub fn identity(comm: ncclComm_t) -> Identity {
             return None;
         }
         // SAFETY: ncclCommCount, ncclCommUserRank and ncclCommCuDevice share this signature.
-        let real = unsafe { resolved::<CommIntFn>(symbol) }.ok()?;
+        let real = unsafe { symbol.function::<CommIntFn>() }.ok()?;
         let mut value = -1;
         // SAFETY: a live communicator (the caller's contract) and a valid out-pointer.
         let rc = calling_real(|| unsafe { real(comm, &mut value) });

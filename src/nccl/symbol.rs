@@ -83,3 +83,40 @@ impl Symbol {
         }
     }
 }
+
+impl Symbol {
+    /// The function as a pointer of type `F`, or the code a caller returns when it cannot call
+    /// it (see [`Symbol::address`]).
+    ///
+    /// # Safety
+    /// `F` must be the C signature of the NCCL function this symbol names.
+    #[inline]
+    pub unsafe fn function<F: Copy>(&self) -> Result<F, ResultCode> {
+        let addr = self.address()?;
+        // SAFETY: as the caller vouches.
+        Ok(unsafe { cast(addr) })
+    }
+}
+
+/// Reinterprets `addr` as a function pointer of the same type as `template` (for `forward!`,
+/// which spells the type by naming the export).
+///
+/// # Safety
+/// `addr` must be the address of a function whose C signature is the one `F` describes.
+#[inline(always)]
+pub unsafe fn cast_like<F: Copy>(_template: F, addr: *mut c_void) -> F {
+    // SAFETY: as the caller vouches.
+    unsafe { cast(addr) }
+}
+
+/// Reinterprets `addr` as a function pointer of type `F`.
+///
+/// # Safety
+/// `addr` must be the address of a function whose C signature is the one `F` describes.
+#[inline(always)]
+unsafe fn cast<F: Copy>(addr: *mut c_void) -> F {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
+    // SAFETY: F is a function-pointer type of pointer size (asserted above) and the caller
+    // guarantees the signature matches.
+    unsafe { std::mem::transmute_copy(&addr) }
+}
