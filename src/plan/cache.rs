@@ -34,7 +34,7 @@ impl Shape {
 }
 
 /// Plans by (shape, count), built on first use; identical on every rank.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct PlanCache {
     plans: HashMap<(Shape, usize), Plan>,
     /// Verified schedules, lowered, by (algorithm, ranks, straggler): a new count only lays

@@ -199,10 +199,10 @@ fn kernels(ordinal: i32, device: &Arc<Device>) -> Result<Arc<Kernels>, String> {
 }
 
 /// The staging every rank of an `n`-rank communicator allocates: room for the largest plan of
-/// `STRAGGLAR_BUFFER_BYTES` of any type and any straggler (so every eligible call fits).
-pub fn layout(ranks: usize) -> Result<StagingLayout, String> {
+/// `STRAGGLAR_BUFFER_BYTES` of any type and any straggler (so every eligible call fits). The
+/// schedules are lowered into `plans`, which the communicator's engine keeps.
+pub fn layout(plans: &mut PlanCache, ranks: usize) -> Result<StagingLayout, String> {
     let buffer = crate::config::get().buffer_bytes;
-    let mut plans = PlanCache::default();
     let mut layout = StagingLayout {
         arena_bytes: 64,
         values: 1,
@@ -224,7 +224,7 @@ pub fn layout(ranks: usize) -> Result<StagingLayout, String> {
 
 /// Staging bytes one rank of an `n`-rank communicator allocates (for doctor).
 pub fn staging_bytes(ranks: usize) -> Result<u64, String> {
-    layout(ranks).map(|l| l.allocation_bytes())
+    layout(&mut PlanCache::default(), ranks).map(|l| l.allocation_bytes())
 }
 
 /// The setup's AllGather through the real communicator, on the caller's stream.
@@ -432,7 +432,8 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
     };
     // Kernels that cannot load make this rank's record a failed one: its peers still join.
     let kernel = kernels(call.device, &device);
-    let layout = layout(call.ranks).map_err(|_| Decline::GpuUnavailable)?;
+    let mut plans = PlanCache::default();
+    let layout = layout(&mut plans, call.ranks).map_err(|_| Decline::GpuUnavailable)?;
     let reservation = Reservation::take(call.device, layout.allocation_bytes());
     // A panic in the local steps must not make this rank skip the collectives its peers run.
     let local = match stream_state {
@@ -501,6 +502,7 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
         rank,
         members: joined.records.iter().map(SetupRecord::member).collect(),
         mappings: joined.mappings,
+        plans,
         policy: policy(call.ranks),
         baseline: Baseline::Nccl,
         designated: watch.designated.clone(),
@@ -546,7 +548,7 @@ mod tests {
 
     #[test]
     fn the_staging_fits_every_eligible_call() {
-        let l = layout(8).unwrap();
+        let l = layout(&mut PlanCache::default(), 8).unwrap();
         assert!(l.arena_bytes >= crate::config::get().buffer_bytes as u64);
         assert_eq!(l.blocks, BLOCKS as u64);
     }

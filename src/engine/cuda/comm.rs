@@ -101,6 +101,8 @@ pub struct CommParts {
     pub mappings: Vec<Option<IpcMapping>>,
     /// Each rank's host and GPU, for the straggler report.
     pub members: Vec<String>,
+    /// Schedules already lowered (sizing the staging); the rest are lowered on first use.
+    pub plans: PlanCache,
     pub policy: Policy,
     pub baseline: Baseline,
     /// Where the designation is published for readers that must not wait for a call (the
@@ -187,7 +189,7 @@ impl CudaComm {
             members: parts.members,
             baseline: parts.baseline,
             label: parts.label,
-            plans: PlanCache::default(),
+            plans: parts.plans,
             tracker: Tracker::new(parts.policy, ranks, RECORD_LAG),
             designated: parts.designated,
             trace: parts.trace,

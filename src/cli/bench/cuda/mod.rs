@@ -196,6 +196,7 @@ impl Setup {
             rank,
             mappings,
             members: (0..self.ranks).map(|r| format!("rank {r}")).collect(),
+            plans: self.cache.clone(),
             policy: self.policy(),
             baseline: Baseline::Ring,
             designated: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
