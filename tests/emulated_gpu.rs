@@ -392,6 +392,18 @@ const ENGINE: [(&str, &str); 5] = [
     ("STRAGGLAR_DEBUG", "INFO"),
 ];
 
+/// [`ENGINE`] under `STRAGGLAR_ALGO=algo`, with `extra` variables after it.
+fn engine_with<'a>(algo: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut env: Vec<(&str, &str)> = ENGINE
+        .iter()
+        .copied()
+        .filter(|(key, _)| *key != "STRAGGLAR_ALGO")
+        .collect();
+    env.push(("STRAGGLAR_ALGO", algo));
+    env.extend_from_slice(extra);
+    env
+}
+
 #[test]
 fn the_gpu_engine_serves_ncclallreduce_on_four_and_eight_rank_processes() {
     for ranks in ["4", "8"] {
@@ -508,14 +520,14 @@ fn a_rank_killed_under_the_gpu_engine_fails_its_peers_by_the_deadline() {
 fn the_gpu_engine_designates_a_held_back_rank_alike_on_every_rank() {
     let _timing = timing();
     for algo in ["stragglar", "auto"] {
-        let mut env = ENGINE.to_vec();
-        env.retain(|(key, _)| *key != "STRAGGLAR_ALGO");
-        env.extend([
-            ("STRAGGLAR_ALGO", algo),
-            ("LOOPBACK_FIXED", "1"),
-            ("LOOPBACK_LATE_RANK", "2"),
-            ("LOOPBACK_LATE_US", "60000"),
-        ]);
+        let env = engine_with(
+            algo,
+            &[
+                ("LOOPBACK_FIXED", "1"),
+                ("LOOPBACK_LATE_RANK", "2"),
+                ("LOOPBACK_LATE_US", "60000"),
+            ],
+        );
         let (out, _) = run_ranks(&["4"], &env);
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{}", support::describe(&out));
@@ -683,14 +695,14 @@ fn graph_replays_follow_the_late_rank_as_it_moves_alike_on_every_rank() {
     let _timing = timing();
     // One captured call replayed 160 times under auto; rank 2 is late for the first 80
     // replays, rank 1 for the rest. The choice is made on the GPU from the shared records.
-    let mut env = ENGINE.to_vec();
-    env.retain(|(key, _)| *key != "STRAGGLAR_ALGO");
-    env.extend([
-        ("STRAGGLAR_ALGO", "auto"),
-        ("LOOPBACK_REPLAYS", "160"),
-        ("LOOPBACK_LATE_RANK", "2,1"),
-        ("LOOPBACK_LATE_US", "60000"),
-    ]);
+    let env = engine_with(
+        "auto",
+        &[
+            ("LOOPBACK_REPLAYS", "160"),
+            ("LOOPBACK_LATE_RANK", "2,1"),
+            ("LOOPBACK_LATE_US", "60000"),
+        ],
+    );
     let (out, _) = run_ranks(&["4"], &env);
     let text = String::from_utf8_lossy(&out.stdout);
     let log = String::from_utf8_lossy(&out.stderr);
@@ -725,15 +737,15 @@ fn graph_replays_follow_the_late_rank_as_it_moves_alike_on_every_rank() {
 fn the_eager_designation_follows_the_late_rank_as_it_moves() {
     let _timing = timing();
     // 200 calls under auto: rank 2 late for the first 100, rank 1 for the rest.
-    let mut env = ENGINE.to_vec();
-    env.retain(|(key, _)| *key != "STRAGGLAR_ALGO");
-    env.extend([
-        ("STRAGGLAR_ALGO", "auto"),
-        ("LOOPBACK_CALLS", "200"),
-        ("LOOPBACK_FIXED", "1"),
-        ("LOOPBACK_LATE_RANK", "2,1"),
-        ("LOOPBACK_LATE_US", "60000"),
-    ]);
+    let env = engine_with(
+        "auto",
+        &[
+            ("LOOPBACK_CALLS", "200"),
+            ("LOOPBACK_FIXED", "1"),
+            ("LOOPBACK_LATE_RANK", "2,1"),
+            ("LOOPBACK_LATE_US", "60000"),
+        ],
+    );
     let (out, _) = run_ranks(&["4"], &env);
     let text = String::from_utf8_lossy(&out.stdout);
     let log = String::from_utf8_lossy(&out.stderr);
