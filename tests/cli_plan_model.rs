@@ -391,6 +391,14 @@ fn model_json_and_lists() {
     assert_eq!(n8.get("ranks").num(), 8);
     assert!(matches!(n8.get("break_even_s"), Json::Number(x) if *x > 0.0));
     assert_eq!(n8.get("rounds").num(), 9);
+    // NCCL's NVLS is priced for one 8-GPU server, and left out above it.
+    assert!(matches!(n8.get("nvls_s"), Json::Number(x) if *x > 0.0));
+    let n8_1g = &rows[6];
+    assert_eq!(n8_1g.get("bytes").num(), 1 << 30);
+    assert!(matches!(n8_1g.get("speedup_pipelined_nvls"), Json::Number(x) if *x > 1.0));
+    assert_eq!(rows[8].get("ranks").num(), 12);
+    assert_eq!(rows[8].get("nvls_s"), &Json::Null);
+    assert_eq!(rows[8].get("speedup_call_nvls"), &Json::Null);
 }
 
 #[test]
@@ -401,6 +409,7 @@ fn bad_model_requests_exit_with_status_2() {
     usage_error(&["model", "--bandwidth-gbs", "0"], "--bandwidth-gbs");
     usage_error(&["model", "--delay-us", "x"], "--delay-us");
     usage_error(&["model", "--max-pipeline", "0"], "--max-pipeline");
+    usage_error(&["model", "--nvls-ratio", "-0.5"], "--nvls-ratio");
 }
 
 /// `path`, parsed by Python's XML parser: the texts of its `<text>` elements, and how many
@@ -489,15 +498,27 @@ fn model_svg_draws_one_series_per_rank_count() {
         path.to_str().unwrap(),
     ]);
     let (texts, tags) = svg_contents(&path);
-    // Two panels (against size, against delay), each with a line per rank count and Ring's.
+    // Two panels (against size, against delay), each with a line per rank count over Ring, one
+    // over NVLS per rank count NVLS is priced for (n <= 8), and the baselines' line.
+    let count = |label: &str| texts.iter().filter(|t| **t == label).count();
     for n in [4, 8, 16] {
-        let label = format!("StragglAR, n = {n}");
-        let count = texts.iter().filter(|t| **t == label).count();
-        assert_eq!(count, 2, "{texts:?}");
+        assert_eq!(count(&format!("n = {n}, over Ring")), 2, "{texts:?}");
+        let nvls = if n <= 8 { 2 } else { 0 };
+        assert_eq!(count(&format!("n = {n}, over NVLS")), nvls, "{texts:?}");
     }
-    let rings = texts.iter().filter(|t| *t == "Ring (1.0)").count();
-    assert_eq!(rings, 2, "{texts:?}");
+    assert_eq!(count("baseline (1.0)"), 2, "{texts:?}");
     assert!(tags["polyline"] >= 2 * 4, "{tags:?}");
+    ok(&[
+        "model",
+        "--ranks",
+        "4",
+        "--nvls-ratio",
+        "0",
+        "--svg",
+        path.to_str().unwrap(),
+    ]);
+    let (texts, _) = svg_contents(&path);
+    assert!(!texts.iter().any(|t| t.contains("NVLS")), "{texts:?}");
     std::fs::remove_dir_all(&dir).unwrap();
     usage_error(&["model", "--svg"], "--svg");
 }

@@ -1,6 +1,6 @@
 //! The alpha-beta model reproduces the paper's numbers and prices our own schedules.
 
-use stragglar::schedule::model::{stragglar_rounds, Link, Times};
+use stragglar::schedule::model::{best_pipelining, stragglar_rounds, Link, Nvls, Times};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -99,4 +99,31 @@ fn no_break_even_at_three_ranks() {
             assert!(c.stragglar > c.ring);
         }
     }
+}
+
+/// NCCL's NVLS on an 8-GPU H100/H200 server, with the links at what Ring reaches (370 GB/s):
+/// plain StragglAR after arrival is nearly NVLS's time, pipelined StragglAR clearly shorter.
+#[test]
+fn nvls_is_nearly_plain_stragglar_and_pipelining_beats_it_at_eight_ranks() {
+    let link = Link {
+        alpha: 3e-6,
+        bandwidth: 370e9,
+    };
+    let nvls = Nvls {
+        ratio: Nvls::PUBLISHED_RATIO,
+    };
+    let t_nvls = nvls.time(8, GIB, link).unwrap();
+    let expected = 6e-6 + GIB / (480.0 * 8.0 / 14.0 * 1e9);
+    assert!((t_nvls - expected).abs() < 1e-12, "{t_nvls} {expected}");
+    let plain = Times::new(8, stragglar_rounds(8, 1), GIB, link).stragglar_post;
+    let ratio = plain / t_nvls;
+    assert!((0.9..1.1).contains(&ratio), "plain / NVLS = {ratio}");
+    let pipelined = best_pipelining(8, GIB, link, 64, |k| stragglar_rounds(8, k));
+    assert!(
+        pipelined.time / t_nvls < 0.9,
+        "pipelined {} / NVLS {t_nvls}",
+        pipelined.time
+    );
+    assert_eq!(nvls.time(9, GIB, link), None, "one server at most");
+    assert!(nvls.time(2, GIB, link).is_some());
 }

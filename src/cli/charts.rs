@@ -5,7 +5,7 @@
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::schedule::model::{stragglar_rounds, Link, Times};
+use crate::schedule::model::{stragglar_rounds, Link, Nvls, Times};
 use crate::schedule::{Op, PhaseKind, Schedule};
 
 /// Pixels of one round-by-rank cell.
@@ -227,48 +227,84 @@ pub fn bench(
 /// The points of one line.
 type Points = Vec<(f64, f64)>;
 
-/// One panel's lines: a label and its points per series.
-type Lines = Vec<(String, Points)>;
+/// A baseline's modelled time (seconds) for a message of so many bytes, where it is priced.
+type Baseline<'a> = dyn Fn(f64) -> Option<f64> + 'a;
 
-/// Draws the model into `path`, two panels side by side, one line per rank count in `ranks`,
-/// links as `link` describes: the speedup over Ring after the straggler's arrival against
-/// message size (64 KiB to 4 GiB), and the whole call's speedup against the straggler's delay
-/// for a message of `bytes`.
-pub fn speedup(ranks: &[usize], link: Link, bytes: u64, path: &str) -> Result<(), String> {
+/// One line of a model panel: its label, points and colour; dashed when it compares with NVLS.
+struct Line {
+    label: String,
+    points: Points,
+    color: RGBColor,
+    dashed: bool,
+}
+
+/// Draws the model into `path`, two panels side by side, one colour per rank count in `ranks`,
+/// links as `link` describes: the speedup after the straggler's arrival against message size
+/// (64 KiB to 4 GiB), and the whole call's speedup against the straggler's delay for a message
+/// of `bytes`; solid over Ring, dashed over NCCL's NVLS where `nvls` prices it.
+pub fn speedup(
+    ranks: &[usize],
+    link: Link,
+    nvls: Option<Nvls>,
+    bytes: u64,
+    path: &str,
+) -> Result<(), String> {
     let times = |n: usize, bytes: f64| Times::new(n, stragglar_rounds(n, 1), bytes, link);
+    let nvls_time = |n: usize, bytes: f64| nvls.and_then(|nvls| nvls.time(n, bytes, link));
+    // Each rank count gets a line over Ring and, where NVLS is priced, a dashed one over NVLS;
+    // `speedup(n, x, baseline)` is the ratio at `x` against that baseline's time.
+    let lines = |points: &dyn Fn(usize, &Baseline) -> Option<Points>| {
+        let mut lines = Vec::new();
+        for (i, &n) in ranks.iter().enumerate() {
+            let color = SERIES[i % SERIES.len()];
+            let ring = |bytes: f64| Some(times(n, bytes).ring);
+            let over_nvls = |bytes: f64| nvls_time(n, bytes);
+            for (dashed, baseline) in [
+                (false, &ring as &dyn Fn(f64) -> Option<f64>),
+                (true, &over_nvls),
+            ] {
+                if let Some(points) = points(n, baseline) {
+                    lines.push(Line {
+                        label: match dashed {
+                            false => format!("n = {n}, over Ring"),
+                            true => format!("n = {n}, over NVLS"),
+                        },
+                        points,
+                        color,
+                        dashed,
+                    });
+                }
+            }
+        }
+        lines
+    };
     // Sizes 2^16..=2^32 bytes, drawn at their base-2 logarithm so that the ticks fall on them.
-    let by_size: Lines = ranks
-        .iter()
-        .map(|&n| {
-            let points = (16..=32)
-                .map(|p| {
-                    let t = times(n, 2f64.powi(p));
-                    (p as f64, t.ring / t.stragglar_post)
-                })
-                .collect();
-            (format!("StragglAR, n = {n}"), points)
-        })
-        .collect();
+    let by_size = lines(&|n, baseline| {
+        (16..=32)
+            .map(|p| {
+                let bytes = 2f64.powi(p);
+                baseline(bytes).map(|t| (p as f64, t / times(n, bytes).stragglar_post))
+            })
+            .collect()
+    });
     // Delays up to twice the longest ReduceScatter among the rank counts, in milliseconds.
     let longest = ranks
         .iter()
         .map(|&n| times(n, bytes as f64).reduce_scatter)
         .fold(0.0f64, f64::max);
     let delay_max = (2.0 * longest).max(1e-6);
-    let by_delay: Lines = ranks
-        .iter()
-        .map(|&n| {
-            let t = times(n, bytes as f64);
-            let points = (0..=64)
-                .map(|i| {
-                    let delay = delay_max * i as f64 / 64.0;
-                    (delay * 1e3, t.with_delay(delay).speedup_call)
-                })
-                .collect();
-            (format!("StragglAR, n = {n}"), points)
-        })
-        .collect();
-    let root = SVGBackend::new(path, (1280, 460)).into_drawing_area();
+    let by_delay = lines(&|n, baseline| {
+        let t = times(n, bytes as f64);
+        let base = baseline(bytes as f64)?;
+        let points = (0..=64)
+            .map(|i| {
+                let delay = delay_max * i as f64 / 64.0;
+                (delay * 1e3, (delay + base) / t.with_delay(delay).stragglar)
+            })
+            .collect();
+        Some(points)
+    });
+    let root = SVGBackend::new(path, (1280, 480)).into_drawing_area();
     let err = failed(path);
     root.fill(&WHITE).map_err(&err)?;
     let (left, right) = root.split_horizontally(640);
@@ -279,22 +315,22 @@ pub fn speedup(ranks: &[usize], link: Link, bytes: u64, path: &str) -> Result<()
     );
     panel(
         &left,
-        &format!("Modelled speedup over Ring after the straggler arrives ({links})"),
+        &format!("Modelled StragglAR speedup after the straggler arrives ({links})"),
         ("message size", |x: &f64| bytes_label(2f64.powf(*x))),
-        "Ring time / StragglAR post-arrival time",
+        "baseline time / StragglAR post-arrival time",
         (16.0, 32.0),
         by_size,
-        SeriesLabelPosition::LowerLeft,
+        SeriesLabelPosition::LowerRight,
     )
     .map_err(&err)?;
     panel(
         &right,
         &format!(
-            "Modelled whole-call speedup over Ring, {} message, against the delay",
+            "Modelled whole-call speedup, {} message, against the delay",
             bytes_label(bytes as f64)
         ),
         ("the straggler's delay (ms)", |x: &f64| format!("{x:.1}")),
-        "Ring time / StragglAR time, from the (n-1)-th arrival",
+        "baseline time / StragglAR time, from the (n-1)-th arrival",
         (0.0, delay_max * 1e3),
         by_delay,
         SeriesLabelPosition::LowerRight,
@@ -303,7 +339,7 @@ pub fn speedup(ranks: &[usize], link: Link, bytes: u64, path: &str) -> Result<()
     root.present().map_err(&err)
 }
 
-/// One panel of [`speedup`]: `lines` over `x` with Ring's line at 1.0 and a legend at
+/// One panel of [`speedup`]: `lines` over `x` with the baselines' line at 1.0 and a legend at
 /// `legend_at`.
 fn panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
@@ -311,10 +347,10 @@ fn panel<DB: DrawingBackend>(
     (x_desc, x_label): (&str, impl Fn(&f64) -> String),
     y_desc: &str,
     (first, last): (f64, f64),
-    lines: Lines,
+    lines: Vec<Line>,
     legend_at: SeriesLabelPosition,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    let values = lines.iter().flat_map(|(_, p)| p.iter().map(|&(_, s)| s));
+    let values = lines.iter().flat_map(|l| l.points.iter().map(|&(_, s)| s));
     let top = values.clone().fold(1.0f64, f64::max) * 1.08;
     let bottom = values.fold(1.0f64, f64::min).min(1.0) * 0.9;
     let mut chart = ChartBuilder::on(area)
@@ -330,19 +366,22 @@ fn panel<DB: DrawingBackend>(
         .x_labels(9)
         .x_label_formatter(&x_label)
         .draw()?;
-    let ring = BLACK.mix(0.5);
+    let even = BLACK.mix(0.5);
     chart
-        .draw_series(LineSeries::new([(first, 1.0), (last, 1.0)], ring))?
-        .label("Ring (1.0)")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], ring));
-    for (i, (label, points)) in lines.into_iter().enumerate() {
-        let color = SERIES[i % SERIES.len()];
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
-            .label(label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
+        .draw_series(LineSeries::new([(first, 1.0), (last, 1.0)], even))?
+        .label("baseline (1.0)")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], even));
+    for line in lines {
+        let style = line.color.stroke_width(2);
+        let legend = move |(x, y): (i32, i32)| match line.dashed {
+            false => PathElement::new(vec![(x, y), (x + 18, y)], style),
+            true => PathElement::new(vec![(x, y), (x + 7, y)], style),
+        };
+        let drawn = match line.dashed {
+            false => chart.draw_series(LineSeries::new(line.points, style))?,
+            true => chart.draw_series(DashedLineSeries::new(line.points, 7, 5, style))?,
+        };
+        drawn.label(line.label).legend(legend);
     }
     chart
         .configure_series_labels()

@@ -4,19 +4,23 @@ use std::fmt::Write;
 
 use super::args::{parse_bytes, parse_list, Args, UsageError};
 use crate::schedule::model::{
-    best_pipelining, stragglar_rounds, Completion, Link, Pipelining, Times,
+    best_pipelining, stragglar_rounds, Completion, Link, Nvls, Pipelining, Times,
 };
 use crate::schedule::{max_pieces_per_chunk, round_bound, Algorithm, PlanRequest};
 
 /// Options of `stragglar model`, as shown by `stragglar help`.
 pub const USAGE: &str = "
 stragglar model [--ranks N,...] [--bytes SIZE,...] [--alpha-us A] [--bandwidth-gbs B]
-                [--delay-us D,...] [--max-pipeline K] [--json] [--svg FILE]
+                [--delay-us D,...] [--max-pipeline K] [--nvls-ratio R] [--json] [--svg FILE]
     alpha-beta times of every algorithm for each combination (defaults: ranks 4..256 in
     powers of two, 1G, 3 us, 483.1838208 GB/s = 450 GiB/s, delay 0, pipelines up to 64);
-    SIZE takes K/M/G (powers of 1024); GB/s are 10^9 bytes/s per link direction;
+    SIZE takes K/M/G (powers of 1024); GB/s are 10^9 bytes/s per link direction, what
+    point-to-point transfers reach;
+    NCCL's NVLS is priced for N <= 8 as 2 rounds of latency and M / (R x bandwidth), R by
+    default 0.741 (NCCL's published NVLS over Ring bandwidth on 8x H100; 0 leaves NVLS out);
     --svg also draws, one line per N, the speedup after arrival against size (64K to 4G) and
-    the whole call's speedup against the delay, for the first SIZE
+    the whole call's speedup against the delay, for the first SIZE, over Ring and (dashed)
+    over NVLS
 ";
 
 /// Defaults: the authors' prototype (3 us, 450 GiB/s, 1 GiB) on the powers of two.
@@ -28,6 +32,8 @@ struct Row {
     bound: usize,
     completion: Completion,
     pipelined: Pipelining,
+    /// NCCL's NVLS time for this size, where it is priced.
+    nvls: Option<f64>,
 }
 
 /// Runs `stragglar model`; returns the exit status.
@@ -55,6 +61,9 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let max_pipeline: usize = args
         .parsed(&["--max-pipeline"], "a number of pieces")?
         .unwrap_or(64);
+    let nvls_ratio: f64 = args
+        .parsed(&["--nvls-ratio"], "a ratio")?
+        .unwrap_or(Nvls::PUBLISHED_RATIO);
     let json = args.flag(&["--json"]);
     let svg = args.value(&["--svg"])?;
     args.finish()?;
@@ -64,6 +73,10 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     if !(bandwidth_gbs.is_finite() && bandwidth_gbs > 0.0) {
         return Err(UsageError("--bandwidth-gbs must be a number > 0".into()));
     }
+    if !(nvls_ratio.is_finite() && nvls_ratio >= 0.0) {
+        return Err(UsageError("--nvls-ratio must be a number >= 0".into()));
+    }
+    let nvls = (nvls_ratio > 0.0).then_some(Nvls { ratio: nvls_ratio });
     if ranks.is_empty() || sizes.is_empty() || delays.is_empty() {
         return Err(UsageError(
             "--ranks, --bytes and --delay-us need at least one value".into(),
@@ -98,12 +111,13 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
                     bound: round_bound(n, 1),
                     completion: times.with_delay(delay),
                     pipelined,
+                    nvls: nvls.and_then(|nvls| nvls.time(n, bytes as f64, link)),
                 });
             }
         }
     }
     if let Some(path) = svg {
-        super::charts::speedup(&ranks, link, sizes[0], &path).map_err(UsageError)?;
+        super::charts::speedup(&ranks, link, nvls, sizes[0], &path).map_err(UsageError)?;
     }
     print!("{}", if json { to_json(&rows) } else { to_text(&rows) });
     Ok(0)
@@ -132,7 +146,11 @@ fn opt_us(seconds: Option<f64>) -> String {
     seconds.map_or("-".to_string(), us)
 }
 
-const COLUMNS: [&str; 18] = [
+fn opt_ratio(ratio: Option<f64>) -> String {
+    ratio.map_or("-".to_string(), |r| format!("{r:.3}"))
+}
+
+const COLUMNS: [&str; 22] = [
     "n",
     "bytes",
     "delay_us",
@@ -151,13 +169,39 @@ const COLUMNS: [&str; 18] = [
     "best_k",
     "post_k_us",
     "floor_us",
+    "nvls_us",
+    "speedup_post_nvls",
+    "speedup_k_nvls",
+    "speedup_call_nvls",
 ];
+
+/// The NVLS columns of a row: NVLS's time, and StragglAR's speedups over it after arrival
+/// (plain, pipelined) and for the whole call.
+struct OverNvls {
+    time: Option<f64>,
+    post: Option<f64>,
+    pipelined: Option<f64>,
+    call: Option<f64>,
+}
+
+impl OverNvls {
+    fn of(row: &Row) -> Self {
+        let c = &row.completion;
+        OverNvls {
+            time: row.nvls,
+            post: row.nvls.map(|t| t / row.times.stragglar_post),
+            pipelined: row.nvls.map(|t| t / row.pipelined.time),
+            call: row.nvls.map(|t| (c.delay + t) / c.stragglar),
+        }
+    }
+}
 
 fn to_text(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{}", COLUMNS.join("  "));
     for row in rows {
         let (t, c, p) = (&row.times, &row.completion, &row.pipelined);
+        let nvls = OverNvls::of(row);
         let cells = [
             t.ranks.to_string(),
             (t.bytes as u64).to_string(),
@@ -177,6 +221,10 @@ fn to_text(rows: &[Row]) -> String {
             p.pieces.to_string(),
             us(p.time),
             us(p.floor),
+            opt_us(nvls.time),
+            opt_ratio(nvls.post),
+            opt_ratio(nvls.pipelined),
+            opt_ratio(nvls.call),
         ];
         let _ = writeln!(out, "{}", cells.join("  "));
     }
@@ -192,6 +240,7 @@ fn to_json(rows: &[Row]) -> String {
     let mut out = String::from("[");
     for (i, row) in rows.iter().enumerate() {
         let (t, c, p) = (&row.times, &row.completion, &row.pipelined);
+        let nvls = OverNvls::of(row);
         let sep = if i == 0 { "" } else { "," };
         let _ = write!(
             out,
@@ -200,7 +249,8 @@ fn to_json(rows: &[Row]) -> String {
              \"reduce_scatter_s\": {}, \"post_s\": {}, \"stragglar_s\": {}, \
              \"ring_call_s\": {}, \"speedup_post\": {}, \"speedup_call\": {}, \
              \"break_even_s\": {}, \"best_pieces\": {}, \"post_pipelined_s\": {}, \
-             \"floor_s\": {}}}",
+             \"floor_s\": {}, \"nvls_s\": {}, \"speedup_post_nvls\": {}, \
+             \"speedup_pipelined_nvls\": {}, \"speedup_call_nvls\": {}}}",
             t.ranks,
             t.bytes as u64,
             json_number(Some(c.delay)),
@@ -219,6 +269,10 @@ fn to_json(rows: &[Row]) -> String {
             p.pieces,
             json_number(Some(p.time)),
             json_number(Some(p.floor)),
+            json_number(nvls.time),
+            json_number(nvls.post),
+            json_number(nvls.pipelined),
+            json_number(nvls.call),
         );
     }
     out.push_str("\n]\n");

@@ -94,6 +94,38 @@ impl Times {
     }
 }
 
+/// NCCL's NVLink SHARP (NVLS) AllReduce, which NCCL runs by default on NVSwitch servers of
+/// Hopper and later: every GPU sends its `M` bytes to the switch, which reduces them and
+/// multicasts the result back, so the whole call moves about `M` per GPU.
+///
+/// It is priced from NCCL's published large-message figures on 8-GPU H100 NVSwitch servers
+/// (450 GB/s line rate per direction): NVLS reaches about 480 GB/s bus bandwidth, which is
+/// 480 x 8 / 14 = 274 GB/s of algorithm bandwidth, where Ring reaches about 370 GB/s bus
+/// bandwidth. This model's `bandwidth` is what point-to-point transfers reach (Ring's
+/// efficiency, which StragglAR's transfers are assumed to share), so NVLS's algorithm bandwidth
+/// is [`Nvls::PUBLISHED_RATIO`] of it. Its latency is two rounds: a reduction through the switch
+/// and a multicast store.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Nvls {
+    /// NVLS's algorithm bandwidth over the point-to-point bandwidth of the link (> 0).
+    pub ratio: f64,
+}
+
+impl Nvls {
+    /// 274 / 370: NVLS's published algorithm bandwidth over Ring's bus bandwidth, 8x H100.
+    pub const PUBLISHED_RATIO: f64 = (480.0 * 8.0 / 14.0) / 370.0;
+    /// The largest communicator the published figure describes (one 8-GPU server); larger
+    /// ones are not priced.
+    pub const MAX_RANKS: usize = 8;
+
+    /// NVLS's time for one AllReduce of `bytes` among `ranks` ranks on `link`, seconds, from the
+    /// moment every rank has arrived: `2 alpha + M / (ratio B)`. `None` above
+    /// [`Nvls::MAX_RANKS`] ranks.
+    pub fn time(&self, ranks: usize, bytes: f64, link: Link) -> Option<f64> {
+        (ranks <= Self::MAX_RANKS).then(|| 2.0 * link.alpha + bytes / (self.ratio * link.bandwidth))
+    }
+}
+
 /// Completion times measured from the `(n-1)`-th arrival, in seconds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Completion {
