@@ -1,6 +1,10 @@
 //! `stragglar plan` and `stragglar model`, run as the built binary.
 
+mod support;
+
 use std::process::{Command, Output};
+
+use support::svg::svg_contents;
 
 use stragglar::schedule::{verify, Op, Phase, PhaseKind, Schedule, Transfer};
 
@@ -412,41 +416,6 @@ fn bad_model_requests_exit_with_status_2() {
     usage_error(&["model", "--nvls-ratio", "-0.5"], "--nvls-ratio");
 }
 
-/// `path`, parsed by Python's XML parser: the texts of its `<text>` elements, and how many
-/// elements of each tag it holds (`tag:count` lines).
-fn svg_contents(path: &std::path::Path) -> (Vec<String>, std::collections::HashMap<String, usize>) {
-    let script = r#"
-import sys, collections, xml.etree.ElementTree as ET
-root = ET.parse(sys.argv[1]).getroot()
-tags = collections.Counter(e.tag.split('}')[-1] for e in root.iter())
-for tag, count in tags.items():
-    print("tag", tag, count)
-for e in root.iter():
-    if e.tag.split('}')[-1] == 'text':
-        print("text", (e.text or '').strip())
-"#;
-    let out = Command::new("python3")
-        .args(["-c", script])
-        .arg(path)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "not XML: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (mut texts, mut tags) = (Vec::new(), std::collections::HashMap::new());
-    for line in String::from_utf8(out.stdout).unwrap().lines() {
-        if let Some(text) = line.strip_prefix("text ") {
-            texts.push(text.to_string());
-        } else if let Some(rest) = line.strip_prefix("tag ") {
-            let (tag, count) = rest.rsplit_once(' ').unwrap();
-            tags.insert(tag.to_string(), count.parse().unwrap());
-        }
-    }
-    (texts, tags)
-}
-
 #[test]
 fn plan_svg_draws_one_row_per_rank_and_one_cell_per_round() {
     let dir = std::env::temp_dir().join(format!("stragglar-svg-{}", std::process::id()));
@@ -574,8 +543,4 @@ fn bench_svg_draws_measured_times_and_the_model_when_links_are_emulated() {
     assert!(!texts.iter().any(|t| t.contains("model (")), "{texts:?}");
     assert!(texts.iter().any(|t| t.contains("no model")), "{texts:?}");
     std::fs::remove_dir_all(&dir).unwrap();
-    usage_error(
-        &["bench", "--backend", "cuda", "--svg", svg],
-        "--svg draws host-engine runs only",
-    );
 }

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+use support::svg::svg_contents;
+
 /// `scripts/emulated-gpu.sh ARGS...` with no inherited STRAGGLAR_* or loader variables, killed
 /// after 5 minutes (a hang fails the test instead of the whole run).
 fn emulated(args: &[&str]) -> Command {
@@ -179,6 +181,44 @@ fn the_bench_designates_its_late_rank_through_the_library_engine() {
             "{ranks_as}: StragglAR ran no call: {text}"
         );
     }
+}
+
+/// `--svg` draws the run: one line per type and op out of place, and in place too when one ran;
+/// one point per size on each.
+#[test]
+fn bench_svg_draws_the_time_per_call_of_each_type_and_op() {
+    let dir = support::scratch("emulated-bench-svg");
+    let path = dir.join("bench.svg");
+    let svg = path.to_str().unwrap();
+    assert_clean_bench(&bench(&["--ranks-as", "processes", "--svg", svg], &[]));
+    let (texts, tags) = svg_contents(&path);
+    for label in [
+        "time per call, float sum, out of place",
+        "time per call, float sum, in place",
+    ] {
+        assert!(texts.iter().any(|t| t == label), "{label}: {texts:?}");
+    }
+    // 1K, 8K, 64K on each line.
+    assert_eq!(tags["circle"], 2 * 3, "{tags:?}");
+    assert_clean_bench(&bench(
+        &["-d", "float,half", "-o", "sum,max", "--svg", svg],
+        &[],
+    ));
+    let (texts, tags) = svg_contents(&path);
+    let lines: Vec<_> = texts
+        .iter()
+        .filter(|t| t.starts_with("time per call"))
+        .collect();
+    assert_eq!(lines.len(), 4, "{texts:?}");
+    assert!(
+        lines.iter().all(|t| t.ends_with("out of place")),
+        "{lines:?}"
+    );
+    assert_eq!(tags["circle"], 4 * 3, "{tags:?}");
+    assert!(
+        texts.iter().any(|t| t.contains("bench --backend cuda")),
+        "{texts:?}"
+    );
 }
 
 #[test]

@@ -129,41 +129,42 @@ pub fn schedule(schedule: &Schedule, ring_rounds: usize, path: &str) -> Result<(
     root.present().map_err(&err)
 }
 
-/// One size of a `stragglar bench` run: bytes, microseconds per call (out of place), and
-/// microseconds from the last rank's arrival to the end of the call (the slowest rank's).
-pub type BenchPoint = (u64, f64, f64);
+/// One measured line of a `stragglar bench` chart: its label, and microseconds per call (or
+/// after the last arrival) for each message size in bytes.
+pub type BenchLine = (String, Vec<(u64, f64)>);
 
-/// Draws a `stragglar bench` run into `path`: its time per call and its time after the last
-/// arrival against message size, measured, with the model's time after the last arrival
-/// beside them where the links are emulated (`model`: the label and the time in seconds of a
-/// message of the given bytes).
+/// Draws a `stragglar bench` run into `path`: its `measured` lines against message size, with
+/// the model's time after the last arrival beside them where it applies (`model`: the label and
+/// the time in seconds of a message of the given bytes, drawn at the first line's sizes).
 pub fn bench(
     title: &str,
-    points: &[BenchPoint],
+    measured: Vec<BenchLine>,
     model: Option<(&str, &dyn Fn(f64) -> f64)>,
     path: &str,
 ) -> Result<(), String> {
     let err = failed(path);
-    if points.is_empty() {
+    let sizes: Vec<u64> = measured
+        .first()
+        .map(|(_, points)| points.iter().map(|&(b, _)| b).collect())
+        .unwrap_or_default();
+    if sizes.is_empty() {
         return Err(format!("{path}: no size ran, nothing to draw"));
     }
     let x = |bytes: u64| (bytes.max(1) as f64).log2();
-    let mut lines: Vec<(String, Points, RGBColor)> = vec![
-        (
-            "time per call, measured (out of place)".into(),
-            points.iter().map(|&(b, t, _)| (x(b), t)).collect(),
-            SERIES[2],
-        ),
-        (
-            "after the last arrival, measured".into(),
-            points.iter().map(|&(b, _, p)| (x(b), p)).collect(),
-            SERIES[0],
-        ),
-    ];
+    // The first line blue, the second red, never the model's purple.
+    const MEASURED: [usize; 5] = [2, 0, 1, 4, 5];
+    let mut lines: Vec<(String, Points, RGBColor)> = measured
+        .into_iter()
+        .enumerate()
+        .map(|(i, (label, points))| {
+            let points = points.iter().map(|&(b, us)| (x(b), us)).collect();
+            (label, points, SERIES[MEASURED[i % MEASURED.len()]])
+        })
+        .collect();
     if let Some((label, time)) = model {
-        let modelled = points
+        let modelled = sizes
             .iter()
-            .map(|&(b, _, _)| (x(b), time(b as f64) * 1e6))
+            .map(|&b| (x(b), time(b as f64) * 1e6))
             .collect();
         lines.push((label.to_string(), modelled, SERIES[3]));
     }
@@ -171,8 +172,8 @@ pub fn bench(
     let top = values.clone().fold(1e-3f64, f64::max) * 2.0;
     let bottom = values.filter(|v| *v > 0.0).fold(top, f64::min) / 2.0;
     let (first, last) = (
-        x(points[0].0),
-        x(points[points.len() - 1].0).max(x(points[0].0) + 1.0),
+        x(sizes[0]),
+        x(sizes[sizes.len() - 1]).max(x(sizes[0]) + 1.0),
     );
     let root = SVGBackend::new(path, (760, 460)).into_drawing_area();
     root.fill(&WHITE).map_err(&err)?;

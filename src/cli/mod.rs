@@ -13,14 +13,14 @@ mod soak;
 
 use args::{Args, UsageError};
 
-/// What `stragglar help` prints: the commands, then the options of `plan` and `model`.
+/// What `stragglar help` prints: the commands, then the options of each.
 pub const USAGE: &str = "\
 stragglar - StragglAR AllReduce for NCCL jobs with a persistent straggler
 
 usage: stragglar <command> [options]
 
 commands:
-  bench      nccl-tests all_reduce_perf on the host engine, with a late straggler
+  bench      nccl-tests all_reduce_perf on the host or GPU engine, with a late straggler
   demo       StragglAR against Ring on the host engine, with the model beside each result
   doctor     what the library would do on this machine
   help       this text
@@ -30,6 +30,18 @@ commands:
   plan       print a StragglAR, Ring, halving-doubling or Direct schedule
   model      modelled times of every algorithm, speedups, break-even delays
 ";
+
+/// The options of `command`, for `stragglar COMMAND --help`; `None` for a command without
+/// options of its own.
+fn usage_of(command: &str) -> Option<&'static str> {
+    match command {
+        "bench" => Some(bench::USAGE),
+        "plan" => Some(plan::USAGE),
+        "model" => Some(model::USAGE),
+        "kernels" => Some(kernels::USAGE),
+        _ => None,
+    }
+}
 
 /// Runs one subcommand; returns the process exit status.
 pub fn run(argv: Vec<String>) -> i32 {
@@ -52,11 +64,18 @@ pub fn run(argv: Vec<String>) -> i32 {
             }
         };
     }
+    if rest.iter().any(|a| a == "--help" || a == "-h") {
+        if let Some(usage) = usage_of(&command) {
+            print!("{}", usage.trim_start_matches('\n'));
+            return 0;
+        }
+    }
     let args = Args::new(rest);
     let result: Result<i32, UsageError> = match command.as_str() {
         "help" | "--help" | "-h" => {
             print!(
-                "{USAGE}{}{}{}{}",
+                "{USAGE}{}{}{}{}{}",
+                bench::USAGE,
                 plan::USAGE,
                 model::USAGE,
                 kernels::USAGE,

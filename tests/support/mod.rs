@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod exports;
+pub mod svg;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

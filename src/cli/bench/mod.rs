@@ -18,7 +18,7 @@ use std::sync::mpsc;
 
 use super::args::{Args, UsageError};
 use ending::{Exit, RankEnd, RankFailure, Told};
-pub use options::{BenchAlgo, BenchOptions, RanksAs};
+pub use options::{BenchAlgo, BenchOptions, RanksAs, USAGE};
 pub use report::Row;
 use worker::{Half, SizeResult};
 
@@ -169,10 +169,16 @@ pub fn execute(
 /// after the last arrival where the links are emulated (`--link-gbs`) and one algorithm ran.
 fn draw(options: &BenchOptions, rows: &[Row], path: &std::path::Path) -> Result<(), String> {
     use crate::schedule::model::{stragglar_rounds, Link, Times};
-    let points: Vec<_> = rows
-        .iter()
-        .map(|r| (r.bytes, r.halves[0].0, r.post_us))
-        .collect();
+    let measured = vec![
+        (
+            "time per call, measured (out of place)".to_string(),
+            rows.iter().map(|r| (r.bytes, r.halves[0].0)).collect(),
+        ),
+        (
+            "after the last arrival, measured".to_string(),
+            rows.iter().map(|r| (r.bytes, r.post_us)).collect(),
+        ),
+    ];
     let n = options.ranks;
     let link = options.link_gbs.map(|gbs| Link {
         alpha: options.link_latency_us * 1e-6,
@@ -207,13 +213,10 @@ fn draw(options: &BenchOptions, rows: &[Row], path: &std::path::Path) -> Result<
     };
     let title = format!(
         "stragglar bench: {algo}, {n} ranks, {} late by {} us; {links}",
-        match options.late_ranks.as_slice() {
-            [rank] => format!("rank {rank}"),
-            _ => "ranks in turn".to_string(),
-        },
+        options.late_in_words(),
         options.delay_us
     );
-    super::charts::bench(&title, &points, model, &path.display().to_string())
+    super::charts::bench(&title, measured, model, &path.display().to_string())
 }
 
 /// Runs `stragglar bench`; exit status 1 if any element was wrong or a rank failed.

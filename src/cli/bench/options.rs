@@ -99,9 +99,26 @@ pub struct BenchOptions {
     pub fault: Option<Fault>,
     /// The rank that misbehaves.
     pub fault_rank: usize,
-    /// `--svg FILE`: the run's times per size drawn into FILE (host backend).
+    /// `--svg FILE`: the run's times per size drawn into FILE.
     pub svg: Option<PathBuf>,
 }
+
+/// Options of `stragglar bench`, as shown by `stragglar help`.
+pub const USAGE: &str = "
+stragglar bench [-b SIZE] [-e SIZE] [-i SIZE | -f F] [-n ITERS] [-w WARMUP] [-c CHECK]
+                [-d TYPE,...|all] [-o OP,...|all] [-J FILE] [--svg FILE]
+                [--backend host|cuda] [--ranks N] [--ranks-as processes|threads]
+                [--algo stragglar|ring|auto] [--straggler R] [--late-rank R,...]
+                [--late-every K] [--delay-us D] [--jitter-us J] [--link-gbs G]
+                [--link-latency-us A] [--buffer-bytes B] [--timeout-ms T]
+                [--fault ACTION@PHASE[:CALL]] [--fault-rank R]
+                [--bandwidth] [--graph] [--unordered-reads]
+    nccl-tests' all_reduce_perf on the host engine (default: 8 processes over shared memory)
+    or on the GPU engine (--backend cuda: every rank on GPU 0), every element checked; the
+    late rank arrives D us late on every call; --link-gbs emulates links on the host;
+    --svg draws the measured times per size (and the model's, with --link-gbs);
+    -J writes the rows as JSON; --bandwidth, --graph and --unordered-reads need cuda
+";
 
 impl BenchOptions {
     /// Parses the arguments of `stragglar bench`.
@@ -271,11 +288,6 @@ impl BenchOptions {
             if self.jitter_us > 0 || self.fault.is_some() || self.link_gbs.is_some() {
                 return fail("--backend cuda takes no --jitter-us, --fault or --link-gbs (host-engine emulations; --delay-us delays the late rank on the GPU)".into());
             }
-            if self.svg.is_some() {
-                return fail(
-                    "--svg draws host-engine runs only in this version (--backend host)".into(),
-                );
-            }
         } else if self.bandwidth || self.graph || self.unordered_reads {
             return fail(
                 "--bandwidth, --graph and --unordered-reads are about GPU kernels: use them with --backend cuda"
@@ -327,6 +339,14 @@ impl BenchOptions {
     pub fn late_rank(&self, call: u64) -> usize {
         let turn = (call.saturating_sub(1) / self.late_every.max(1)) as usize;
         self.late_ranks[turn % self.late_ranks.len()]
+    }
+
+    /// The late ranks in words, for titles: `rank 3`, or `ranks in turn`.
+    pub fn late_in_words(&self) -> String {
+        match self.late_ranks.as_slice() {
+            [rank] => format!("rank {rank}"),
+            _ => "ranks in turn".to_string(),
+        }
     }
 
     /// The message sizes of the sweep, in bytes (whole elements).

@@ -15,6 +15,7 @@ use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 
 use super::options::{BenchAlgo, BenchOptions, RanksAs};
+use crate::cli::charts;
 use crate::detect::policy::{AlgoMode, Policy, StragglerMode};
 use crate::engine::cuda::comm::{Baseline, CommParts, CudaComm, OrderingEvents, NVSWITCH_LINK};
 use crate::engine::cuda::driver::{Device, GpuError, IpcMapping, Kernel, Kernels, Stream};
@@ -306,6 +307,64 @@ impl Row {
     }
 }
 
+/// The chart of a run (`--svg`): for each type and op, the slowest rank's time per call out of
+/// place against size, and in place too when only one type and op ran.
+#[derive(Default)]
+struct Plot {
+    /// Per type and op, in the order they ran: the label, then (bytes, microseconds) out of
+    /// place and in place.
+    lines: Vec<(String, [SizeTimes; 2])>,
+}
+
+/// (bytes, microseconds per call) for each size that ran.
+type SizeTimes = Vec<(u64, f64)>;
+
+impl Plot {
+    fn add(&mut self, dtype: DataType, op: ReduceOp, row: &Row) {
+        let label = format!("{} {}", dtype.name(), op.name());
+        let at = match self.lines.iter().position(|(l, _)| *l == label) {
+            Some(at) => at,
+            None => {
+                self.lines.push((label, Default::default()));
+                self.lines.len() - 1
+            }
+        };
+        for (place, points) in self.lines[at].1.iter_mut().enumerate() {
+            points.push((row.bytes, row.time_us[place]));
+        }
+    }
+
+    /// Draws the lines into `path`; no model: the ranks share one GPU, so there are no links
+    /// to price.
+    fn draw(self, options: &BenchOptions, path: &std::path::Path) -> Result<(), String> {
+        let both = self.lines.len() == 1;
+        let mut measured = Vec::new();
+        for (label, [mut out_of_place, mut in_place]) in self.lines {
+            out_of_place.sort_by_key(|&(bytes, _)| bytes);
+            in_place.sort_by_key(|&(bytes, _)| bytes);
+            measured.push((
+                format!("time per call, {label}, out of place"),
+                out_of_place,
+            ));
+            if both {
+                measured.push((format!("time per call, {label}, in place"), in_place));
+            }
+        }
+        let algo = match options.algo {
+            BenchAlgo::Stragglar => "StragglAR",
+            BenchAlgo::Ring => "Ring",
+            BenchAlgo::Auto => "auto",
+        };
+        let title = format!(
+            "stragglar bench --backend cuda: {algo}, {} ranks on one GPU, {} late by {} us",
+            options.ranks,
+            options.late_in_words(),
+            options.delay_us
+        );
+        charts::bench(&title, measured, None, &path.display().to_string())
+    }
+}
+
 /// Runs `stragglar bench --backend cuda`; exit status 1 on any wrong element or failure.
 pub fn run(options: &BenchOptions) -> i32 {
     // Every rank's stream needs its own hardware queue: with the driver's default of 8, two
@@ -331,10 +390,16 @@ pub fn run(options: &BenchOptions) -> i32 {
             return 1;
         }
     };
-    let result = match options.ranks_as {
-        RanksAs::Threads => run_threads(options, &gpu),
-        RanksAs::Processes => run_processes(options, &gpu),
+    let mut plot = Plot::default();
+    let mut result = match options.ranks_as {
+        RanksAs::Threads => run_threads(options, &gpu, &mut plot),
+        RanksAs::Processes => run_processes(options, &gpu, &mut plot),
     };
+    if let (Ok(_), Some(path)) = (&result, &options.svg) {
+        if let Err(e) = plot.draw(options, path) {
+            result = Err(e);
+        }
+    }
     match result {
         Ok(0) => 0,
         Ok(bad) => {
@@ -370,7 +435,7 @@ fn preamble(options: &BenchOptions, gpu: &GpuKernels) -> Result<Setup, String> {
     Ok(setup)
 }
 
-fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> {
+fn run_threads(options: &BenchOptions, gpu: &GpuKernels, plot: &mut Plot) -> Result<u64, String> {
     let err = |e: GpuError| e.to_string();
     let setup = preamble(options, gpu)?;
     let mut ranks = (0..options.ranks)
@@ -421,6 +486,7 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
             let row = Row::combine(count, dtype, &outcomes);
             bad += row.wrong[0] + row.wrong[1] + row.disagreements;
             host.add(&row);
+            plot.add(dtype, op, &row);
             print_row(options, &row, dtype, op, setup.algorithm);
         }
     }
@@ -439,7 +505,7 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> 
     Ok(bad)
 }
 
-fn run_processes(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String> {
+fn run_processes(options: &BenchOptions, gpu: &GpuKernels, plot: &mut Plot) -> Result<u64, String> {
     let setup = preamble(options, gpu)?;
     let dir = std::env::temp_dir().join(format!(
         "stragglar-cuda-{}-{}",
@@ -447,13 +513,18 @@ fn run_processes(options: &BenchOptions, gpu: &GpuKernels) -> Result<u64, String
         super::fresh_comm_id()
     ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = collect(options, &setup, &dir);
+    let result = collect(options, &setup, &dir, plot);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
 /// Runs the workers and prints a row once every rank reported a size.
-fn collect(options: &BenchOptions, setup: &Setup, dir: &std::path::Path) -> Result<u64, String> {
+fn collect(
+    options: &BenchOptions,
+    setup: &Setup,
+    dir: &std::path::Path,
+    plot: &mut Plot,
+) -> Result<u64, String> {
     let mut children =
         ipc::spawn(options, dir).map_err(|e| format!("cannot start workers: {e}"))?;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -486,6 +557,7 @@ fn collect(options: &BenchOptions, setup: &Setup, dir: &std::path::Path) -> Resu
             let row = Row::combine(count, dtype, &outcomes);
             bad += row.wrong[0] + row.wrong[1] + row.disagreements;
             host.add(&row);
+            plot.add(dtype, op, &row);
             print_row(options, &row, dtype, op, setup.algorithm);
         }
     }
