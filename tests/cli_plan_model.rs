@@ -544,3 +544,32 @@ fn bench_svg_draws_measured_times_and_the_model_when_links_are_emulated() {
     assert!(texts.iter().any(|t| t.contains("no model")), "{texts:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `stragglar COMMAND --help` prints that command's options (the same text `stragglar help`
+/// lists), and every option the usage names is one the command accepts.
+#[test]
+fn each_command_with_options_answers_help() {
+    let all = ok(&["help"]);
+    for command in ["bench", "plan", "model", "kernels"] {
+        for flag in ["--help", "-h"] {
+            let text = ok(&[command, flag]);
+            assert!(
+                text.contains(&format!("stragglar {command}"))
+                    || text.starts_with(&format!("{command} options:")),
+                "{command} {flag}: {text}"
+            );
+            assert!(all.contains(text.trim_end()), "{command}: not in help");
+        }
+    }
+    // Every long option of bench's usage parses (a wrong one would say "unexpected").
+    let usage = ok(&["bench", "--help"]);
+    for option in usage
+        .split(|c: char| c.is_whitespace() || "[]|".contains(c))
+        .map(|w| w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()))
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+    {
+        let out = stragglar(&["bench", option]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("unexpected"), "{option}: {stderr}");
+    }
+}
