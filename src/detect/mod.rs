@@ -6,6 +6,7 @@
 //! and therefore designates the same straggler and chooses the same algorithm for every call,
 //! without exchanging anything extra.
 
+pub mod estimate;
 pub mod policy;
 pub mod rule;
 pub mod tally;

@@ -2,13 +2,15 @@
 //! the host engine). Its inputs are identical on every rank (the size of the call, the settings,
 //! the shared records), so every rank makes the same choice.
 
+use super::estimate::ClassTimes;
 use super::rule::Detector;
 use crate::schedule::model::{stragglar_rounds, Link, Times};
 
 /// `STRAGGLAR_ALGO`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AlgoMode {
-    /// StragglAR when a straggler is designated and the model says it wins.
+    /// StragglAR when a straggler is designated and it wins: on the measured post-arrival
+    /// times where the engine measures them, else on the model.
     Auto,
     /// StragglAR on every call (the designated straggler, else the last rank).
     Stragglar,
@@ -136,8 +138,17 @@ impl Policy {
         self.considered(detector.designated())
     }
 
-    /// The choice for a call of `bytes` given everything observed before it.
-    pub fn choose(&self, detector: &Detector, bytes: usize) -> Choice {
+    /// The choice for a call of `bytes` given everything observed before it: the class's
+    /// arrival records (`detector`) and, where the engine measures them, its post-arrival
+    /// times (`measured`). With measurements, `Auto` prefers the faster algorithm once both
+    /// have a sample (the model decides before), and the class's exploration calls run the
+    /// other one.
+    pub fn choose(
+        &self,
+        detector: &Detector,
+        measured: Option<&ClassTimes>,
+        bytes: usize,
+    ) -> Choice {
         if self.ranks < 2 {
             return Choice::Baseline;
         }
@@ -152,11 +163,20 @@ impl Policy {
                     return Choice::Baseline;
                 };
                 let lead = detector.median_lead_ns(rank);
-                match (self.break_even_ns(bytes), lead) {
-                    (Some(needed), Some(lead)) if lead >= needed => {
-                        Choice::Stragglar { straggler: rank }
-                    }
-                    _ => Choice::Baseline,
+                let modelled = matches!(
+                    (self.break_even_ns(bytes), lead),
+                    (Some(needed), Some(lead)) if lead >= needed
+                );
+                let (prefers, explores) = match measured {
+                    Some(times) => (
+                        times.stragglar_wins().unwrap_or(modelled),
+                        times.explores_next(),
+                    ),
+                    None => (modelled, false),
+                };
+                match prefers != explores {
+                    true => Choice::Stragglar { straggler: rank },
+                    false => Choice::Baseline,
                 }
             }
         }
@@ -188,17 +208,20 @@ mod tests {
     fn auto_needs_a_straggler_late_enough_for_the_size() {
         let p = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, LINK);
         let late = detector_with(8, 7, 200_000_000);
-        assert_eq!(p.choose(&late, 1 << 20), Choice::Stragglar { straggler: 7 });
+        assert_eq!(
+            p.choose(&late, None, 1 << 20),
+            Choice::Stragglar { straggler: 7 }
+        );
         let barely = detector_with(8, 7, 1_000);
         assert_eq!(
-            p.choose(&barely, 1 << 20),
+            p.choose(&barely, None, 1 << 20),
             Choice::Baseline,
             "1 us does not pay at 1 MiB"
         );
         let nobody = Detector::new(8, DetectorConfig::default());
-        assert_eq!(p.choose(&nobody, 1 << 20), Choice::Baseline);
+        assert_eq!(p.choose(&nobody, None, 1 << 20), Choice::Baseline);
         assert_eq!(Choice::Baseline.straggler(), None);
-        assert_eq!(p.choose(&late, 1 << 20).straggler(), Some(7));
+        assert_eq!(p.choose(&late, None, 1 << 20).straggler(), Some(7));
     }
 
     #[test]
@@ -206,7 +229,7 @@ mod tests {
         let p = Policy::new(3, AlgoMode::Auto, StragglerMode::Auto, LINK);
         assert_eq!(p.break_even(1 << 30), None);
         assert_eq!(
-            p.choose(&detector_with(3, 2, u64::MAX / 2), 1 << 20),
+            p.choose(&detector_with(3, 2, u64::MAX / 2), None, 1 << 20),
             Choice::Baseline
         );
     }
@@ -215,19 +238,59 @@ mod tests {
     fn settings_force_or_forbid() {
         let d = detector_with(8, 2, 200_000_000);
         let forced = Policy::new(8, AlgoMode::Stragglar, StragglerMode::Off, LINK);
-        assert_eq!(forced.choose(&d, 64), Choice::Stragglar { straggler: 7 });
+        assert_eq!(
+            forced.choose(&d, None, 64),
+            Choice::Stragglar { straggler: 7 }
+        );
         let fixed = Policy::new(8, AlgoMode::Stragglar, StragglerMode::Fixed(4), LINK);
-        assert_eq!(fixed.choose(&d, 64), Choice::Stragglar { straggler: 4 });
+        assert_eq!(
+            fixed.choose(&d, None, 64),
+            Choice::Stragglar { straggler: 4 }
+        );
         let never = Policy::new(8, AlgoMode::Baseline, StragglerMode::Auto, LINK);
-        assert_eq!(never.choose(&d, 1 << 20), Choice::Baseline);
+        assert_eq!(never.choose(&d, None, 1 << 20), Choice::Baseline);
         let off = Policy::new(8, AlgoMode::Auto, StragglerMode::Off, LINK);
-        assert_eq!(off.choose(&d, 1 << 20), Choice::Baseline);
+        assert_eq!(off.choose(&d, None, 1 << 20), Choice::Baseline);
         let out_of_range = Policy::new(8, AlgoMode::Auto, StragglerMode::Fixed(9), LINK);
         assert_eq!(
-            out_of_range.choose(&d, 1 << 20),
+            out_of_range.choose(&d, None, 1 << 20),
             Choice::Stragglar { straggler: 2 },
             "falls back to auto"
         );
+    }
+
+    #[test]
+    fn measured_times_override_the_model_and_exploration_runs_the_other() {
+        let p = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, LINK);
+        let late = detector_with(8, 7, 200_000_000);
+        let mut times = ClassTimes::default();
+        times.count(true);
+        let sg = Choice::Stragglar { straggler: 7 };
+        assert_eq!(
+            p.choose(&late, Some(&times), 1 << 20),
+            Choice::Baseline,
+            "explores"
+        );
+        times.count(false);
+        assert_eq!(
+            p.choose(&late, Some(&times), 1 << 20),
+            sg,
+            "the model's choice"
+        );
+        // Measured: the baseline three times faster after arrival, whatever the model says.
+        times.add(true, 3_000_000);
+        times.add(false, 1_000_000);
+        assert_eq!(p.choose(&late, Some(&times), 1 << 20), Choice::Baseline);
+        while !times.explores_next() {
+            times.count(false);
+        }
+        assert_eq!(p.choose(&late, Some(&times), 1 << 20), sg, "explores");
+        // No straggler: nothing to explore.
+        let nobody = Detector::new(8, DetectorConfig::default());
+        assert_eq!(p.choose(&nobody, Some(&times), 1 << 20), Choice::Baseline);
+        // A fixed algorithm never explores.
+        let fixed = Policy::new(8, AlgoMode::Baseline, StragglerMode::Auto, LINK);
+        assert_eq!(fixed.choose(&late, Some(&times), 1 << 20), Choice::Baseline);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use super::estimate::ClassTimes;
 use super::policy::{Choice, Policy};
 use super::rule::{ArrivalRecord, Detector, DetectorConfig};
 use super::tally::ArrivalTally;
@@ -53,6 +54,13 @@ pub struct Tracker {
     /// Records fed so far: the number of the next one due.
     fed: u64,
     tally: ArrivalTally,
+    /// Whether the engine feeds post-arrival times ([`Tracker::measuring`]).
+    measuring: bool,
+    /// Per size class: the measured post-arrival times and the calls decided.
+    times: HashMap<u32, ClassTimes>,
+    /// Tracked calls whose post-arrival time is not fed yet, oldest first: class and whether
+    /// the call ran StragglAR (only while measuring).
+    untimed: VecDeque<(u32, bool)>,
 }
 
 impl Tracker {
@@ -67,7 +75,17 @@ impl Tracker {
             pending: VecDeque::new(),
             fed: 0,
             tally: ArrivalTally::new(ranks),
+            measuring: false,
+            times: HashMap::new(),
+            untimed: VecDeque::new(),
         }
+    }
+
+    /// The same tracker, told that its engine feeds every tracked call's post-arrival time
+    /// ([`Tracker::feed_time`]): `Auto` then chooses on measured times and explores.
+    pub fn measuring(mut self) -> Self {
+        self.measuring = true;
+        self
     }
 
     /// The policy every call is decided by.
@@ -102,21 +120,48 @@ impl Tracker {
         self.detectors
             .entry(class)
             .or_insert_with(|| Detector::new(ranks, DetectorConfig::default()));
-        self.pending.push_back(Pending {
-            class,
-            stragglar: matches!(choice, Choice::Stragglar { .. }),
-        });
+        let stragglar = matches!(choice, Choice::Stragglar { .. });
+        self.pending.push_back(Pending { class, stragglar });
+        self.times.entry(class).or_default().count(stragglar);
+        if self.measuring {
+            self.untimed.push_back((class, stragglar));
+        }
     }
 
     /// The choice [`Tracker::decide`] would make for a call of `bytes`, without tracking a
     /// call (for calls that record no arrival, such as those captured into a CUDA graph).
     pub fn peek(&self, bytes: usize) -> Choice {
-        match self.detectors.get(&size_class(bytes)) {
-            Some(detector) => self.policy.choose(detector, bytes),
-            None => self
-                .policy
-                .choose(&Detector::new(self.ranks, DetectorConfig::default()), bytes),
+        let class = size_class(bytes);
+        let measured = match self.measuring {
+            true => self.times.get(&class),
+            false => None,
+        };
+        match self.detectors.get(&class) {
+            Some(detector) => self.policy.choose(detector, measured, bytes),
+            None => self.policy.choose(
+                &Detector::new(self.ranks, DetectorConfig::default()),
+                measured,
+                bytes,
+            ),
         }
+    }
+
+    /// Feeds the post-arrival time (nanoseconds, the same on every rank) of the oldest tracked
+    /// call not yet timed; `false` when none awaits one or the tracker is not measuring.
+    pub fn feed_time(&mut self, post_ns: u64) -> bool {
+        let Some((class, stragglar)) = self.untimed.pop_front() else {
+            return false;
+        };
+        self.times
+            .get_mut(&class)
+            .expect("a tracked call created its class's times")
+            .add(stragglar, post_ns);
+        true
+    }
+
+    /// A size class's measured times and calls (`None` before its first call).
+    pub fn class_times(&self, class: u32) -> Option<&ClassTimes> {
+        self.times.get(&class)
     }
 
     /// Feeds the record of the oldest decided call (number [`Tracker::due`] or earlier);
@@ -146,9 +191,35 @@ impl Tracker {
         self.tally.rank(rank)
     }
 
-    /// The straggler report of the records fed so far (`members`: see `ArrivalTally::table`).
+    /// The straggler report of the records fed so far (`members`: see `ArrivalTally::table`),
+    /// then per size class the share of calls each algorithm ran and, where measured, its
+    /// median post-arrival time.
     pub fn table(&self, members: &[String]) -> String {
-        self.tally.table(members)
+        let mut out = self.tally.table(members);
+        let mut classes: Vec<_> = self.times.iter().collect();
+        classes.sort_by_key(|(class, _)| **class);
+        for (class, times) in classes {
+            let share = |calls: u64| 100.0 * calls as f64 / times.decided.max(1) as f64;
+            let median =
+                |samples: &super::estimate::Samples| match (self.measuring, samples.median()) {
+                    (false, _) => "post-arrival not measured".to_string(),
+                    (true, None) => "no sample".to_string(),
+                    (true, Some(ns)) => format!(
+                        "post-arrival median {:.1} us of {}",
+                        ns as f64 / 1e3,
+                        samples.taken()
+                    ),
+                };
+            out += &format!(
+                "# sizes 2^{class} B, {} calls: StragglAR {:.1}% ({}), baseline {:.1}% ({})\n",
+                times.decided,
+                share(times.on_stragglar),
+                median(&times.stragglar),
+                share(times.decided - times.on_stragglar),
+                median(&times.baseline),
+            );
+        }
+        out
     }
 }
 
@@ -289,6 +360,62 @@ mod tests {
                 }
                 t.decide(1 << 20);
             }
+        }
+    }
+
+    /// A measuring tracker with the straggler always late: the model says StragglAR, but the
+    /// fed post-arrival times say the baseline is three times faster. After the class's first
+    /// calls measured both, the baseline runs on every call but one in each exploration period,
+    /// and the report gives both medians.
+    #[test]
+    fn measured_times_override_the_model_within_a_few_calls() {
+        let mut t = tracker(1).measuring();
+        let late = ArrivalRecord {
+            last_rank: 5,
+            lead_ns: 300_000_000,
+        };
+        let mut choices = Vec::new();
+        for _ in 0..256 {
+            // Record k is fed with call k + 1, and its time a call later (as the host engine
+            // reads it).
+            if let Some(k) = t.due() {
+                t.feed(late);
+                if k > 0 {
+                    assert!(t.feed_time(time_of(choices[k as usize - 1])));
+                }
+            }
+            let choice = t.decide(1 << 20);
+            choices.push(choice);
+        }
+        let designated_at = choices
+            .iter()
+            .position(|c| *c != Choice::Baseline)
+            .expect("the model chooses StragglAR once rank 5 is designated");
+        let settled = designated_at + 4;
+        let stragglar_after: Vec<usize> = (settled..choices.len())
+            .filter(|&c| choices[c] != Choice::Baseline)
+            .collect();
+        assert!(
+            stragglar_after.len() as u64 <= (256 / super::super::estimate::EXPLORE_EVERY),
+            "only explorations after call {settled}: {stragglar_after:?}"
+        );
+        let times = t.class_times(size_class(1 << 20)).unwrap();
+        assert!(times.stragglar.taken() > 0 && times.baseline.taken() > 0);
+        let table = t.table(&[]);
+        assert!(table.contains("post-arrival median 3000.0 us"), "{table}");
+        assert!(table.contains("post-arrival median 1000.0 us"), "{table}");
+        assert!(
+            !tracker(1).measuring().feed_time(5),
+            "no call awaits a time"
+        );
+    }
+
+    /// The measured post-arrival time of a call that ran `choice`: StragglAR 3 ms, the baseline
+    /// 1 ms.
+    fn time_of(choice: Choice) -> u64 {
+        match choice {
+            Choice::Baseline => 1_000_000,
+            Choice::Stragglar { .. } => 3_000_000,
         }
     }
 }

@@ -1,9 +1,11 @@
 //! `stragglar bench` options: nccl-tests' all_reduce_perf flags plus ours.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::cli::args::{parse_bytes, Args, UsageError};
 use crate::engine::host::fault::Fault;
+use crate::engine::host::link::LinkModel;
 use crate::reduce::{DataType, ReduceOp};
 
 /// Where the ranks run.
@@ -91,6 +93,9 @@ pub struct BenchOptions {
     pub link_gbs: Option<f64>,
     /// Emulated latency per transfer, microseconds.
     pub link_latency_us: f64,
+    /// The baseline's (Ring's) own emulated link rate, 10^9 bytes per second, standing in for
+    /// an NCCL faster than the model knows (NVLS): the policy's model is not told.
+    pub baseline_link_gbs: Option<f64>,
     /// Arena bytes per rank and parity; larger messages run in segments.
     pub buffer_bytes: usize,
     /// Per-call deadline in milliseconds.
@@ -110,12 +115,13 @@ stragglar bench [-b SIZE] [-e SIZE] [-i SIZE | -f F] [-n ITERS] [-w WARMUP] [-c 
                 [--backend host|cuda] [--ranks N] [--ranks-as processes|threads]
                 [--algo stragglar|ring|auto] [--straggler R] [--late-rank R,...]
                 [--late-every K] [--delay-us D] [--jitter-us J] [--link-gbs G]
-                [--link-latency-us A] [--buffer-bytes B] [--timeout-ms T]
+                [--link-latency-us A] [--baseline-link-gbs G] [--buffer-bytes B] [--timeout-ms T]
                 [--fault ACTION@PHASE[:CALL]] [--fault-rank R]
                 [--bandwidth] [--graph] [--unordered-reads]
     nccl-tests' all_reduce_perf on the host engine (default: 8 processes over shared memory)
     or on the GPU engine (--backend cuda: every rank on GPU 0), every element checked; the
-    late rank arrives D us late on every call; --link-gbs emulates links on the host;
+    late rank arrives D us late on every call; --link-gbs emulates links on the host
+    (--baseline-link-gbs: Ring's own, hidden from the policy's model);
     --svg draws the measured times per size (and the model's, with --link-gbs);
     -J writes the rows as JSON; --bandwidth, --graph and --unordered-reads need cuda
 ";
@@ -229,6 +235,8 @@ impl BenchOptions {
         let link_latency_us = args
             .parsed(&["--link-latency-us"], "microseconds")?
             .unwrap_or(0.0);
+        let baseline_link_gbs =
+            args.parsed::<f64>(&["--baseline-link-gbs"], "GB/s (10^9 bytes per second)")?;
         let buffer_bytes = match args.value(&["--buffer-bytes"])? {
             Some(v) => parse_bytes(&v)? as usize,
             None => crate::config::get().buffer_bytes,
@@ -272,6 +280,7 @@ impl BenchOptions {
             jitter_us,
             link_gbs,
             link_latency_us,
+            baseline_link_gbs,
             buffer_bytes,
             timeout_ms,
             fault,
@@ -285,8 +294,12 @@ impl BenchOptions {
     fn validate(&self) -> Result<(), UsageError> {
         let fail = |m: String| Err(UsageError(m));
         if self.backend == Backend::Cuda {
-            if self.jitter_us > 0 || self.fault.is_some() || self.link_gbs.is_some() {
-                return fail("--backend cuda takes no --jitter-us, --fault or --link-gbs (host-engine emulations; --delay-us delays the late rank on the GPU)".into());
+            if self.jitter_us > 0
+                || self.fault.is_some()
+                || self.link_gbs.is_some()
+                || self.baseline_link_gbs.is_some()
+            {
+                return fail("--backend cuda takes no --jitter-us, --fault, --link-gbs or --baseline-link-gbs (host-engine emulations; --delay-us delays the late rank on the GPU)".into());
             }
         } else if self.bandwidth || self.graph || self.unordered_reads {
             return fail(
@@ -329,6 +342,15 @@ impl BenchOptions {
         {
             return fail("--link-gbs must be positive and --link-latency-us not negative".into());
         }
+        match (self.baseline_link_gbs, self.link_gbs) {
+            (Some(g), _) if !(g > 0.0 && g.is_finite()) => {
+                return fail("--baseline-link-gbs must be positive".into())
+            }
+            (Some(_), None) => {
+                return fail("--baseline-link-gbs needs --link-gbs (StragglAR's links)".into())
+            }
+            _ => {}
+        }
         if self.buffer_bytes < 4096 {
             return fail("--buffer-bytes must be at least 4K".into());
         }
@@ -339,6 +361,18 @@ impl BenchOptions {
     pub fn late_rank(&self, call: u64) -> usize {
         let turn = (call.saturating_sub(1) / self.late_every.max(1)) as usize;
         self.late_ranks[turn % self.late_ranks.len()]
+    }
+
+    /// The emulated links of a call that runs StragglAR (`baseline` false) or the baseline.
+    pub fn link_model(&self, baseline: bool) -> LinkModel {
+        let gbs = match baseline {
+            true => self.baseline_link_gbs.or(self.link_gbs),
+            false => self.link_gbs,
+        };
+        LinkModel {
+            bytes_per_second: gbs.map(|g| g * 1e9),
+            latency: Duration::from_nanos((self.link_latency_us * 1000.0) as u64),
+        }
     }
 
     /// The late ranks in words, for titles: `rank 3`, or `ranks in turn`.
@@ -433,6 +467,9 @@ impl BenchOptions {
         }
         if let Some(g) = self.link_gbs {
             a.extend(["--link-gbs".into(), g.to_string()]);
+        }
+        if let Some(g) = self.baseline_link_gbs {
+            a.extend(["--baseline-link-gbs".into(), g.to_string()]);
         }
         if let Some(fault) = self.fault {
             a.extend([

@@ -7,7 +7,6 @@ use super::ending::RankFailure;
 use super::options::{BenchAlgo, BenchOptions};
 use crate::detect::{ArrivalRecord, Choice, Observed, Policy, Tracker};
 use crate::engine::host::comm::CallRecord;
-use crate::engine::host::link::LinkModel;
 use crate::engine::host::runner::{all_reduce, layout_for};
 use crate::engine::host::segment::SegmentLayout;
 use crate::engine::host::{Buffers, EngineError, HostComm, HostCommConfig};
@@ -106,7 +105,7 @@ impl Chooser {
         let policy = Policy::new(options.ranks, config.algo, config.straggler, link);
         Chooser {
             fixed,
-            tracker: Tracker::new(policy, options.ranks, 1),
+            tracker: Tracker::new(policy, options.ranks, 1).measuring(),
         }
     }
 
@@ -135,7 +134,11 @@ impl Chooser {
         }
     }
 
+    /// Feeds a call's record: the previous call's post-arrival time, then its own arrivals.
     fn observe(&mut self, record: &CallRecord) -> Option<Observed> {
+        if let Some(post_ns) = record.previous_post_ns {
+            self.tracker.feed_time(post_ns);
+        }
         self.tracker.feed(ArrivalRecord {
             last_rank: record.last_rank,
             lead_ns: record.lead_ns(),
@@ -185,10 +188,7 @@ impl<'a> RankRun<'a> {
             layout,
             timeout: options.timeout_ms.map(Duration::from_millis),
             setup_timeout: Duration::from_secs(60),
-            link: LinkModel {
-                bytes_per_second: options.link_gbs.map(|g| g * 1e9),
-                latency: Duration::from_nanos((options.link_latency_us * 1000.0) as u64),
-            },
+            link: options.link_model(false),
         })?;
         if let Some(fault) = options.fault.filter(|_| rank == options.fault_rank) {
             comm.inject(fault);
@@ -310,6 +310,7 @@ impl RankRun<'_> {
             .chooser
             .shape(options, bytes, bytes / options.dtype.size() > 0);
         let stragglar = shape.algorithm == Algorithm::Stragglar;
+        self.comm.set_link(options.link_model(!stragglar));
         half.choices = data::digest_more(
             half.choices,
             if stragglar {

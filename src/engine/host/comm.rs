@@ -113,6 +113,10 @@ pub struct CallRecord {
     pub last_rank: usize,
     /// When this rank finished.
     pub finished: u64,
+    /// The previous call's post-arrival time: from its last arrival to its slowest rank's
+    /// finish, nanoseconds. Every rank finished that call before arriving at this one, so once
+    /// this call is complete every rank reads the same value. `None` for the first call.
+    pub previous_post_ns: Option<u64>,
 }
 
 impl CallRecord {
@@ -123,6 +127,7 @@ impl CallRecord {
             second_last_arrival: 0,
             last_rank: 0,
             finished,
+            previous_post_ns: None,
         };
         for (rank, t) in arrivals.enumerate() {
             if t >= record.last_arrival {
@@ -172,6 +177,8 @@ pub struct HostComm {
     epoch: u64,
     /// Set by the first failed call.
     failed: Option<EngineError>,
+    /// The last arrival of the previous call (CLOCK_MONOTONIC ns), for its post-arrival time.
+    previous_last_arrival: Option<u64>,
     /// A fault to inject (reliability tests and `stragglar bench --fault`).
     fault: Option<Fault>,
 }
@@ -246,6 +253,7 @@ impl HostComm {
             liveness,
             epoch: 0,
             failed: None,
+            previous_last_arrival: None,
             fault: None,
         })
     }
@@ -291,6 +299,12 @@ impl HostComm {
         header.abort.store(1, Ordering::Release);
     }
 
+    /// Emulates links as `link` from the next call on. Every rank must set the same link for
+    /// the same call (the ports' emulated state is shared).
+    pub fn set_link(&mut self, link: LinkModel) {
+        self.config.link = link;
+    }
+
     /// Runs one AllReduce of `plan`. `scale` is this rank's copy-in scaling. Returns the call's
     /// arrival record; a call with zero elements returns `None` at once and does not count as a
     /// call (no record: nobody arrived anywhere).
@@ -317,15 +331,26 @@ impl HostComm {
         let result = self.run(plan, op, scale, &mut buffers, parity);
         match result {
             Ok(()) => {
-                self.segments[self.config.rank]
-                    .header()
-                    .finished
-                    .store(self.epoch, Ordering::Release);
+                let own = self.segments[self.config.rank].header();
+                own.finished.store(self.epoch, Ordering::Release);
                 let arrivals = self
                     .segments
                     .iter()
                     .map(|s| s.header().arrival[parity].load(Ordering::Acquire));
-                Ok(Some(CallRecord::from_arrivals(arrivals, now_ns())))
+                let mut record = CallRecord::from_arrivals(arrivals, now_ns());
+                // Every peer stored its finish of the previous call before its arrival at this
+                // one, which the loads above acquired.
+                record.previous_post_ns = self.previous_last_arrival.map(|last| {
+                    self.segments
+                        .iter()
+                        .map(|s| s.header().finish_time[1 - parity].load(Ordering::Acquire))
+                        .max()
+                        .unwrap_or(last)
+                        .saturating_sub(last)
+                });
+                own.finish_time[parity].store(record.finished, Ordering::Release);
+                self.previous_last_arrival = Some(record.last_arrival);
+                Ok(Some(record))
             }
             Err(error) => {
                 self.abort();

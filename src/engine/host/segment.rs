@@ -45,6 +45,10 @@ pub struct SegmentHeader {
     /// Written before the owner can exit or raise its abort word after that call, so a rank
     /// that sees either reads it again (see `Watch::check`).
     pub finished: AtomicU64,
+    /// When the owner finished the call of each parity (CLOCK_MONOTONIC ns). Written before
+    /// the owner arrives at its next call, so a rank that completed that next call reads the
+    /// previous call's finish of every rank (see `CallRecord::previous_post_ns`).
+    pub finish_time: [AtomicU64; 2],
 }
 
 /// Sizes of a segment, identical on every rank of a communicator.

@@ -394,3 +394,62 @@ fn ranks_running_different_plans_fail_instead_of_misreading() {
         "{results:?}"
     );
 }
+
+/// Each record carries the previous call's post-arrival time, the same on every rank: from
+/// that call's last arrival to its slowest rank's finish, at least what any rank measured on
+/// its own. A rank held back before a call makes the next record's value no smaller than the
+/// work after it arrived, and never includes its delay.
+#[test]
+fn records_carry_the_previous_calls_post_arrival_time_alike_on_every_rank() {
+    let ranks = 4;
+    let plan = Arc::new(plan(Algorithm::Stragglar, ranks, 3, 4096, DataType::F32));
+    let layout = layout_for(&[&plan]);
+    let id = comm_id();
+    let calls = 6;
+    let threads: Vec<_> = (0..ranks)
+        .map(|rank| {
+            let plan = plan.clone();
+            std::thread::spawn(move || {
+                let mut comm = HostComm::join(config(id, rank, ranks, layout)).unwrap();
+                let bytes = plan.count * plan.dtype.size();
+                let mut records = Vec::new();
+                for call in 0..calls {
+                    if rank == 3 && call % 2 == 1 {
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    let ins = input(rank, bytes, call);
+                    let mut out = vec![0u8; bytes];
+                    let buffers = Buffers::OutOfPlace {
+                        input: &ins,
+                        output: &mut out,
+                    };
+                    records.push(comm.all_reduce(&plan, ReduceOp::Sum, Scale::None, buffers));
+                }
+                records
+                    .into_iter()
+                    .map(|r| r.unwrap().unwrap())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let records: Vec<Vec<_>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for call in 0..calls {
+        let first = records[0][call].previous_post_ns;
+        assert_eq!(first.is_none(), call == 0, "call {call}");
+        for rank in &records {
+            assert_eq!(rank[call].previous_post_ns, first, "call {call}");
+        }
+        if call > 0 {
+            let post = first.unwrap();
+            // Not smaller than any rank's own view of the previous call.
+            for rank in &records {
+                assert!(
+                    post >= rank[call - 1].after_last_arrival_ns(),
+                    "call {call}"
+                );
+            }
+            // The 200 ms delay is before the arrival: not in the post-arrival time.
+            assert!(post < 150_000_000, "call {call}: {post} ns");
+        }
+    }
+}

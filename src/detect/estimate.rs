@@ -1,0 +1,171 @@
+//! Measured post-arrival times of one size class, and the exploration schedule that keeps them
+//! fresh.
+//!
+//! A call's post-arrival time is the time from the last rank's arrival to the end of the call
+//! on its slowest rank, in nanoseconds. It is what an algorithm costs once nobody is late any
+//! more: for StragglAR it includes whatever of the ReduceScatter the lead did not hide, so the
+//! two algorithms' times compare directly (a call ends at the last arrival plus this time,
+//! whichever ran). Every rank feeds the same samples at the same call numbers, so every rank's
+//! estimates, and therefore its choices, are identical.
+
+/// Samples kept per algorithm: the estimate follows a change within half of them.
+pub const SAMPLES_KEPT: usize = 8;
+
+/// One call in this many of a class explores the algorithm the estimates do not choose, so
+/// that its estimate never goes stale.
+pub const EXPLORE_EVERY: u64 = 64;
+
+/// The class call (counted from 0) of each period that explores: the second call, so that a
+/// class's first calls (a benchmark's warm-up, a job's first step) measure both algorithms.
+pub const EXPLORE_AT: u64 = 1;
+
+/// StragglAR is chosen on measurements when its estimate is below the baseline's by at least
+/// this share of the baseline's (a margin against noise; the measured policy costs at most
+/// this much against always choosing the faster one).
+pub const MARGIN: f64 = 0.02;
+
+/// The most recent post-arrival times of one algorithm in one class, nanoseconds.
+#[derive(Debug, Clone, Default)]
+pub struct Samples {
+    /// Up to [`SAMPLES_KEPT`], oldest overwritten first.
+    kept: Vec<u64>,
+    /// Where the next sample goes once `kept` is full.
+    next: usize,
+    /// Samples ever taken.
+    taken: u64,
+}
+
+impl Samples {
+    /// Adds one post-arrival time.
+    pub fn add(&mut self, ns: u64) {
+        if self.kept.len() < SAMPLES_KEPT {
+            self.kept.push(ns);
+        } else {
+            self.kept[self.next] = ns;
+            self.next = (self.next + 1) % SAMPLES_KEPT;
+        }
+        self.taken += 1;
+    }
+
+    /// The median of the kept samples (the upper one of an even count): one noisy call moves
+    /// it by at most one rank. `None` before the first sample.
+    pub fn median(&self) -> Option<u64> {
+        if self.kept.is_empty() {
+            return None;
+        }
+        let mut sorted = [0u64; SAMPLES_KEPT];
+        let sorted = &mut sorted[..self.kept.len()];
+        sorted.copy_from_slice(&self.kept);
+        sorted.sort_unstable();
+        Some(sorted[sorted.len() / 2])
+    }
+
+    /// Samples ever taken.
+    pub fn taken(&self) -> u64 {
+        self.taken
+    }
+}
+
+/// One size class's measurements: both algorithms' samples, and how many calls of the class
+/// were decided (the exploration schedule's clock).
+#[derive(Debug, Clone, Default)]
+pub struct ClassTimes {
+    pub stragglar: Samples,
+    pub baseline: Samples,
+    /// Calls of this class decided so far, tracked or not.
+    pub decided: u64,
+    /// Of them, those that ran StragglAR.
+    pub on_stragglar: u64,
+}
+
+impl ClassTimes {
+    /// Whether StragglAR is faster after arrival by at least [`MARGIN`], once both
+    /// algorithms have a sample; `None` before.
+    pub fn stragglar_wins(&self) -> Option<bool> {
+        let stragglar = self.stragglar.median()? as f64;
+        let baseline = self.baseline.median()? as f64;
+        Some(stragglar < baseline * (1.0 - MARGIN))
+    }
+
+    /// Whether the next call of this class explores (runs the algorithm the estimates would
+    /// not): one call in [`EXPLORE_EVERY`], at [`EXPLORE_AT`] of each period.
+    pub fn explores_next(&self) -> bool {
+        self.decided % EXPLORE_EVERY == EXPLORE_AT
+    }
+
+    /// Counts one decided call of this class.
+    pub fn count(&mut self, stragglar: bool) {
+        self.decided += 1;
+        self.on_stragglar += stragglar as u64;
+    }
+
+    /// Feeds the post-arrival time of a call that ran StragglAR (`stragglar`) or the baseline.
+    pub fn add(&mut self, stragglar: bool, ns: u64) {
+        match stragglar {
+            true => self.stragglar.add(ns),
+            false => self.baseline.add(ns),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_follows_the_recent_samples_and_shrugs_off_one_outlier() {
+        let mut s = Samples::default();
+        assert_eq!(s.median(), None);
+        for ns in [100, 110, 90, 105, 95, 5_000_000, 100, 102] {
+            s.add(ns);
+        }
+        assert_eq!(s.median(), Some(102), "one outlier moves it one rank");
+        for _ in 0..SAMPLES_KEPT / 2 + 1 {
+            s.add(300);
+        }
+        assert_eq!(
+            s.median(),
+            Some(300),
+            "a change shows within half the window"
+        );
+        assert_eq!(s.taken(), 8 + 5);
+    }
+
+    #[test]
+    fn stragglar_wins_only_by_the_margin_and_only_when_both_are_measured() {
+        let mut t = ClassTimes::default();
+        assert_eq!(t.stragglar_wins(), None);
+        t.add(true, 1000);
+        assert_eq!(t.stragglar_wins(), None, "the baseline is not measured yet");
+        t.add(false, 1010);
+        assert_eq!(
+            t.stragglar_wins(),
+            Some(false),
+            "1% is within the noise margin"
+        );
+        t.add(false, 1100);
+        t.add(false, 1100);
+        assert_eq!(t.stragglar_wins(), Some(true));
+    }
+
+    #[test]
+    fn one_call_in_every_period_explores() {
+        let mut t = ClassTimes::default();
+        let mut explored = Vec::new();
+        for call in 0..3 * EXPLORE_EVERY {
+            if t.explores_next() {
+                explored.push(call);
+            }
+            t.count(call % 2 == 0);
+        }
+        assert_eq!(
+            explored,
+            [
+                EXPLORE_AT,
+                EXPLORE_AT + EXPLORE_EVERY,
+                EXPLORE_AT + 2 * EXPLORE_EVERY
+            ]
+        );
+        assert_eq!(t.on_stragglar, 3 * EXPLORE_EVERY / 2);
+    }
+}
