@@ -299,6 +299,9 @@ fn bad_arguments_are_usage_errors() {
         vec!["--late-rank", "1,x"],
         vec!["-b", "2M", "-e", "1M"],
         vec!["--link-gbs", "-1"],
+        vec!["--baseline-link-gbs", "1"],
+        vec!["--link-gbs", "1", "--baseline-link-gbs", "0"],
+        vec!["--backend", "cuda", "--baseline-link-gbs", "1"],
     ] {
         let out = bench(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", describe(&out));
@@ -338,6 +341,8 @@ fn auto_detects_a_persistent_straggler_and_uses_stragglar() {
         "3",
         "--delay-us",
         "4000",
+        "--link-gbs",
+        "0.05",
         "-b",
         "64K",
         "-e",
@@ -351,6 +356,54 @@ fn auto_detects_a_persistent_straggler_and_uses_stragglar() {
     let (designated, percent) = policy_columns(&out).remove(0);
     assert_eq!(designated, "3", "{}", describe(&out));
     assert!(percent > 30.0, "{}", describe(&out));
+}
+
+/// The policy's model knows only StragglAR's links (`--link-gbs`), so it says StragglAR wins for
+/// a straggler this late. With the baseline's links as fast (control) the measured times agree;
+/// with the baseline's links ten times faster (`--baseline-link-gbs`, standing in for an NCCL
+/// faster than modelled) the measured times overrule the model: the class's first calls
+/// (warm-up) measure both, and then the baseline runs on every timed call but the explorations.
+#[test]
+fn auto_follows_measured_post_arrival_times_over_the_model() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "--ranks",
+            "4",
+            "--algo",
+            "auto",
+            "--late-rank",
+            "3",
+            "--delay-us",
+            "10000",
+            "-b",
+            "64K",
+            "-e",
+            "64K",
+            "-n",
+            "40",
+            "-w",
+            "30",
+            "--link-gbs",
+            "0.02",
+        ];
+        args.extend_from_slice(extra);
+        let out = bench(&args);
+        assert!(out.status.success(), "{}", describe(&out));
+        let (designated, percent) = policy_columns(&out).remove(0);
+        assert_eq!(designated, "3", "{}", describe(&out));
+        (percent, out)
+    };
+    let (percent, out) = run(&[]);
+    assert!(percent >= 80.0, "{}", describe(&out));
+    let (percent, out) = run(&["--baseline-link-gbs", "0.2"]);
+    assert!(percent <= 10.0, "{}", describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("the baseline's 0.2 GB/s"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("# sizes 2^17 B, ") && l.contains("post-arrival median")),
+        "{text}"
+    );
 }
 
 #[test]
@@ -386,6 +439,10 @@ fn a_moving_straggler_is_followed_and_every_rank_chooses_alike() {
         "20000",
         "--jitter-us",
         "1000",
+        // Emulated links, so that StragglAR is measured faster than Ring once rank 1 or 4 is
+        // designated (unlimited, 6 processes on 2 cores measure Ring faster).
+        "--link-gbs",
+        "0.05",
         "-b",
         "32K",
         "-e",

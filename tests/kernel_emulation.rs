@@ -1609,7 +1609,7 @@ fn the_device_rule_chooses_exactly_what_the_rust_policy_chooses() {
         };
         let mut host = Detector::new(ranks, config);
         for c in 0..calls {
-            let expected = match policy.choose(&host, bytes) {
+            let expected = match policy.choose(&host, None, bytes) {
                 Choice::Stragglar { straggler } => straggler as u32,
                 Choice::Baseline => ranks as u32,
             };
@@ -1806,7 +1806,7 @@ fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
         };
         comm.late = Some((late, Duration::from_millis(8)));
         let bytes = captured[which].bytes;
-        let choice = match policy.choose(&detectors[which], bytes) {
+        let choice = match policy.choose(&detectors[which], None, bytes) {
             Choice::Stragglar { straggler } => straggler,
             Choice::Baseline => ranks,
         };
@@ -1915,7 +1915,7 @@ fn graph_choices_that_change_at_every_replay_stay_identical_on_every_rank() {
     for replay in 0..64u64 {
         let which = usize::from(random() % 3 == 0);
         comm.late = Some(((random() % 4) as usize, Duration::from_millis(3)));
-        let choice = match policy.choose(&detectors[which], captured[which].bytes) {
+        let choice = match policy.choose(&detectors[which], None, captured[which].bytes) {
             Choice::Stragglar { straggler } => straggler,
             Choice::Baseline => ranks,
         };

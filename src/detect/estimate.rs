@@ -1,6 +1,12 @@
 //! Measured post-arrival times of one size class, and the exploration schedule that keeps them
 //! fresh.
 //!
+//! A call's time depends on the one before it: after a StragglAR call the straggler finishes
+//! before the others, so at the next call its lead is shorter than after a Ring call, and a
+//! StragglAR call that follows Ring calls looks better than StragglAR calls in a row do. So the
+//! tracker keeps only samples of calls that ran the same algorithm as the call before them,
+//! and exploration runs two calls in a row, the second of which is measured.
+//!
 //! A call's post-arrival time is the time from the last rank's arrival to the end of the call
 //! on its slowest rank, in nanoseconds. It is what an algorithm costs once nobody is late any
 //! more: for StragglAR it includes whatever of the ReduceScatter the lead did not hide, so the
@@ -11,13 +17,14 @@
 /// Samples kept per algorithm: the estimate follows a change within half of them.
 pub const SAMPLES_KEPT: usize = 8;
 
-/// One call in this many of a class explores the algorithm the estimates do not choose, so
+/// Two calls in this many of a class explore the algorithm the estimates do not choose, so
 /// that its estimate never goes stale.
 pub const EXPLORE_EVERY: u64 = 64;
 
-/// The class call (counted from 0) of each period that explores: the second call, so that a
-/// class's first calls (a benchmark's warm-up, a job's first step) measure both algorithms.
-pub const EXPLORE_AT: u64 = 1;
+/// The class calls (counted from 0) of each period that explore, two in a row: the second and
+/// third, so that a class's first calls (a benchmark's warm-up, a job's first step) measure
+/// both algorithms.
+pub const EXPLORE_AT: [u64; 2] = [1, 2];
 
 /// StragglAR is chosen on measurements when its estimate is below the baseline's by at least
 /// this share of the baseline's (a margin against noise; the measured policy costs at most
@@ -88,9 +95,9 @@ impl ClassTimes {
     }
 
     /// Whether the next call of this class explores (runs the algorithm the estimates would
-    /// not): one call in [`EXPLORE_EVERY`], at [`EXPLORE_AT`] of each period.
+    /// not): two calls in [`EXPLORE_EVERY`], at [`EXPLORE_AT`] of each period.
     pub fn explores_next(&self) -> bool {
-        self.decided % EXPLORE_EVERY == EXPLORE_AT
+        EXPLORE_AT.contains(&(self.decided % EXPLORE_EVERY))
     }
 
     /// Counts one decided call of this class.
@@ -149,7 +156,7 @@ mod tests {
     }
 
     #[test]
-    fn one_call_in_every_period_explores() {
+    fn two_calls_in_a_row_in_every_period_explore() {
         let mut t = ClassTimes::default();
         let mut explored = Vec::new();
         for call in 0..3 * EXPLORE_EVERY {
@@ -158,14 +165,10 @@ mod tests {
             }
             t.count(call % 2 == 0);
         }
-        assert_eq!(
-            explored,
-            [
-                EXPLORE_AT,
-                EXPLORE_AT + EXPLORE_EVERY,
-                EXPLORE_AT + 2 * EXPLORE_EVERY
-            ]
-        );
+        let expected: Vec<u64> = (0..3)
+            .flat_map(|period| EXPLORE_AT.map(|at| at + period * EXPLORE_EVERY))
+            .collect();
+        assert_eq!(explored, expected);
         assert_eq!(t.on_stragglar, 3 * EXPLORE_EVERY / 2);
     }
 }

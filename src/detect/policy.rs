@@ -264,19 +264,15 @@ mod tests {
         let p = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, LINK);
         let late = detector_with(8, 7, 200_000_000);
         let mut times = ClassTimes::default();
-        times.count(true);
         let sg = Choice::Stragglar { straggler: 7 };
-        assert_eq!(
-            p.choose(&late, Some(&times), 1 << 20),
-            Choice::Baseline,
-            "explores"
-        );
-        times.count(false);
-        assert_eq!(
-            p.choose(&late, Some(&times), 1 << 20),
-            sg,
-            "the model's choice"
-        );
+        assert_eq!(p.choose(&late, Some(&times), 1 << 20), sg, "the model's");
+        times.count(true);
+        for _ in 0..2 {
+            let choice = p.choose(&late, Some(&times), 1 << 20);
+            assert_eq!(choice, Choice::Baseline, "explores two in a row");
+            times.count(false);
+        }
+        assert_eq!(p.choose(&late, Some(&times), 1 << 20), sg, "the model's");
         // Measured: the baseline three times faster after arrival, whatever the model says.
         times.add(true, 3_000_000);
         times.add(false, 1_000_000);

@@ -58,9 +58,21 @@ pub struct Tracker {
     measuring: bool,
     /// Per size class: the measured post-arrival times and the calls decided.
     times: HashMap<u32, ClassTimes>,
-    /// Tracked calls whose post-arrival time is not fed yet, oldest first: class and whether
-    /// the call ran StragglAR (only while measuring).
-    untimed: VecDeque<(u32, bool)>,
+    /// Tracked calls whose post-arrival time is not fed yet, oldest first (only while
+    /// measuring).
+    untimed: VecDeque<Untimed>,
+    /// Whether the last tracked call ran StragglAR.
+    last_stragglar: Option<bool>,
+}
+
+/// A tracked call awaiting its post-arrival time.
+#[derive(Debug, Clone, Copy)]
+struct Untimed {
+    class: u32,
+    stragglar: bool,
+    /// The call before it ran the other algorithm: its time says how the switch went, not
+    /// how the algorithm runs, and is not kept (see `estimate`).
+    after_switch: bool,
 }
 
 impl Tracker {
@@ -78,6 +90,7 @@ impl Tracker {
             measuring: false,
             times: HashMap::new(),
             untimed: VecDeque::new(),
+            last_stragglar: None,
         }
     }
 
@@ -124,8 +137,13 @@ impl Tracker {
         self.pending.push_back(Pending { class, stragglar });
         self.times.entry(class).or_default().count(stragglar);
         if self.measuring {
-            self.untimed.push_back((class, stragglar));
+            self.untimed.push_back(Untimed {
+                class,
+                stragglar,
+                after_switch: self.last_stragglar.is_some_and(|last| last != stragglar),
+            });
         }
+        self.last_stragglar = Some(stragglar);
     }
 
     /// The choice [`Tracker::decide`] would make for a call of `bytes`, without tracking a
@@ -147,15 +165,18 @@ impl Tracker {
     }
 
     /// Feeds the post-arrival time (nanoseconds, the same on every rank) of the oldest tracked
-    /// call not yet timed; `false` when none awaits one or the tracker is not measuring.
+    /// call not yet timed, kept unless the call before it ran the other algorithm; `false` when
+    /// no call awaits one or the tracker is not measuring.
     pub fn feed_time(&mut self, post_ns: u64) -> bool {
-        let Some((class, stragglar)) = self.untimed.pop_front() else {
+        let Some(call) = self.untimed.pop_front() else {
             return false;
         };
-        self.times
-            .get_mut(&class)
-            .expect("a tracked call created its class's times")
-            .add(stragglar, post_ns);
+        if !call.after_switch {
+            self.times
+                .get_mut(&call.class)
+                .expect("a tracked call created its class's times")
+                .add(call.stragglar, post_ns);
+        }
         true
     }
 
@@ -395,9 +416,13 @@ mod tests {
         let stragglar_after: Vec<usize> = (settled..choices.len())
             .filter(|&c| choices[c] != Choice::Baseline)
             .collect();
-        assert!(
-            stragglar_after.len() as u64 <= (256 / super::super::estimate::EXPLORE_EVERY),
-            "only explorations after call {settled}: {stragglar_after:?}"
+        use super::super::estimate::{EXPLORE_AT, EXPLORE_EVERY};
+        let explorations: Vec<usize> = (1..256 / EXPLORE_EVERY)
+            .flat_map(|period| EXPLORE_AT.map(|at| (at + period * EXPLORE_EVERY) as usize))
+            .collect();
+        assert_eq!(
+            stragglar_after, explorations,
+            "only explorations after call {settled}"
         );
         let times = t.class_times(size_class(1 << 20)).unwrap();
         assert!(times.stragglar.taken() > 0 && times.baseline.taken() > 0);
@@ -408,6 +433,28 @@ mod tests {
             !tracker(1).measuring().feed_time(5),
             "no call awaits a time"
         );
+    }
+
+    /// The time of a call that follows a call of the other algorithm is not kept: it says how
+    /// the switch went.
+    #[test]
+    fn a_call_after_a_switch_is_not_sampled() {
+        let mut t = tracker(1).measuring();
+        let sg = Choice::Stragglar { straggler: 5 };
+        for (choice, ns) in [
+            (Choice::Baseline, 1_000),
+            (sg, 100_000),
+            (sg, 5_000),
+            (Choice::Baseline, 900_000),
+        ] {
+            t.track(1 << 20, choice);
+            t.feed(record(0));
+            assert!(t.feed_time(ns));
+        }
+        let times = t.class_times(size_class(1 << 20)).unwrap();
+        assert_eq!(times.stragglar.median(), Some(5_000));
+        assert_eq!(times.baseline.median(), Some(1_000));
+        assert_eq!((times.stragglar.taken(), times.baseline.taken()), (1, 1));
     }
 
     /// The measured post-arrival time of a call that ran `choice`: StragglAR 3 ms, the baseline

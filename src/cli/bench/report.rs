@@ -93,9 +93,13 @@ fn describe_algo(options: &BenchOptions) -> &'static str {
 /// The header lines.
 pub fn header(options: &BenchOptions, comm_id: u64) -> String {
     let mut s = String::new();
-    let link = match options.link_gbs {
-        Some(g) => format!("{g} GB/s + {} us per transfer", options.link_latency_us),
-        None => "unlimited".into(),
+    let link = match (options.link_gbs, options.baseline_link_gbs) {
+        (Some(g), None) => format!("{g} GB/s + {} us per transfer", options.link_latency_us),
+        (Some(g), Some(b)) => format!(
+            "{g} GB/s (the baseline's {b} GB/s) + {} us per transfer",
+            options.link_latency_us
+        ),
+        (None, _) => "unlimited".into(),
     };
     let step = match options.step_factor {
         Some(f) => format!("{f}(factor)"),
@@ -234,12 +238,15 @@ pub fn json(options: &BenchOptions, rows: &[Row]) -> String {
         })
         .collect();
     format!(
-        "{{\n  \"config\": {{\"collective\": \"all_reduce_perf\", \"backend\": \"host\", \"ranks\": {}, \"algo\": \"{}\", \"straggler\": {}, \"delay_us\": {}, \"link_gbs\": {}, \"minBytes\": {}, \"maxBytes\": {}, \"iters\": {}, \"warmup_iters\": {}, \"validation\": {}}},\n  \"results\": [\n{}\n  ],\n  \"out_of_bounds\": 0,\n  \"average_bus_bandwidth\": {:.6}\n}}\n",
+        "{{\n  \"config\": {{\"collective\": \"all_reduce_perf\", \"backend\": \"host\", \"ranks\": {}, \"algo\": \"{}\", \"straggler\": {}, \"delay_us\": {}, \"link_gbs\": {}, \"baseline_link_gbs\": {}, \"minBytes\": {}, \"maxBytes\": {}, \"iters\": {}, \"warmup_iters\": {}, \"validation\": {}}},\n  \"results\": [\n{}\n  ],\n  \"out_of_bounds\": 0,\n  \"average_bus_bandwidth\": {:.6}\n}}\n",
         options.ranks,
         describe_algo(options),
         options.straggler,
         options.delay_us,
         options.link_gbs.map_or("null".to_string(), |g| g.to_string()),
+        options
+            .baseline_link_gbs
+            .map_or("null".to_string(), |g| g.to_string()),
         options.min_bytes,
         options.max_bytes,
         options.iters,

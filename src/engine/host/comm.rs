@@ -113,9 +113,12 @@ pub struct CallRecord {
     pub last_rank: usize,
     /// When this rank finished.
     pub finished: u64,
-    /// The previous call's post-arrival time: from its last arrival to its slowest rank's
-    /// finish, nanoseconds. Every rank finished that call before arriving at this one, so once
-    /// this call is complete every rank reads the same value. `None` for the first call.
+    /// The previous call's post-arrival time: from its last arrival to the finish of the rank
+    /// that made it, nanoseconds: the time the critical path spends in the call. (The other
+    /// ranks may finish later; had they waited at the next call, the last rank's lead
+    /// shrinks, which the next call's own time shows.) Every rank finished that call before
+    /// arriving at this one, so once this call is complete every rank reads the same value.
+    /// `None` for the first call.
     pub previous_post_ns: Option<u64>,
 }
 
@@ -177,8 +180,9 @@ pub struct HostComm {
     epoch: u64,
     /// Set by the first failed call.
     failed: Option<EngineError>,
-    /// The last arrival of the previous call (CLOCK_MONOTONIC ns), for its post-arrival time.
-    previous_last_arrival: Option<u64>,
+    /// The previous call's last arrival (CLOCK_MONOTONIC ns) and the rank that made it, for
+    /// its post-arrival time.
+    previous_last_arrival: Option<(u64, usize)>,
     /// A fault to inject (reliability tests and `stragglar bench --fault`).
     fault: Option<Fault>,
 }
@@ -340,16 +344,13 @@ impl HostComm {
                 let mut record = CallRecord::from_arrivals(arrivals, now_ns());
                 // Every peer stored its finish of the previous call before its arrival at this
                 // one, which the loads above acquired.
-                record.previous_post_ns = self.previous_last_arrival.map(|last| {
-                    self.segments
-                        .iter()
-                        .map(|s| s.header().finish_time[1 - parity].load(Ordering::Acquire))
-                        .max()
-                        .unwrap_or(last)
+                record.previous_post_ns = self.previous_last_arrival.map(|(last, rank)| {
+                    self.segments[rank].header().finish_time[1 - parity]
+                        .load(Ordering::Acquire)
                         .saturating_sub(last)
                 });
                 own.finish_time[parity].store(record.finished, Ordering::Release);
-                self.previous_last_arrival = Some(record.last_arrival);
+                self.previous_last_arrival = Some((record.last_arrival, record.last_rank));
                 Ok(Some(record))
             }
             Err(error) => {
