@@ -341,8 +341,12 @@ fn auto_detects_a_persistent_straggler_and_uses_stragglar() {
         "3",
         "--delay-us",
         "4000",
+        // Ring's links five times slower, so that StragglAR is measured faster whatever the
+        // build (a debug build's compute would otherwise weigh as much as the links).
         "--link-gbs",
         "0.05",
+        "--baseline-link-gbs",
+        "0.01",
         "-b",
         "64K",
         "-e",
@@ -359,14 +363,17 @@ fn auto_detects_a_persistent_straggler_and_uses_stragglar() {
 }
 
 /// The policy's model knows only StragglAR's links (`--link-gbs`), so it says StragglAR wins for
-/// a straggler this late. With the baseline's links as fast (control) the measured times agree;
-/// with the baseline's links ten times faster (`--baseline-link-gbs`, standing in for an NCCL
-/// faster than modelled) the measured times overrule the model: the class's first calls
-/// (warm-up) measure both, and then the baseline runs on every timed call but the explorations.
+/// a straggler this late, whatever the baseline's links (`--baseline-link-gbs`, standing in for
+/// an NCCL slower or faster than modelled). The class's first calls (warm-up) measure both
+/// algorithms, and then the measured times decide: with the baseline's links ten times slower
+/// StragglAR runs on the timed calls, with them a hundred times faster the baseline does, on
+/// every timed call but the explorations. (The links differ by tens of milliseconds per call, so
+/// that a debug build's compute on a loaded machine, which the links do not hide, cannot
+/// reverse them.)
 #[test]
 fn auto_follows_measured_post_arrival_times_over_the_model() {
-    let run = |extra: &[&str]| {
-        let mut args = vec![
+    let run = |links: [&str; 2]| {
+        let out = bench(&[
             "--ranks",
             "4",
             "--algo",
@@ -374,7 +381,7 @@ fn auto_follows_measured_post_arrival_times_over_the_model() {
             "--late-rank",
             "3",
             "--delay-us",
-            "10000",
+            "30000",
             "-b",
             "64K",
             "-e",
@@ -384,21 +391,21 @@ fn auto_follows_measured_post_arrival_times_over_the_model() {
             "-w",
             "30",
             "--link-gbs",
-            "0.02",
-        ];
-        args.extend_from_slice(extra);
-        let out = bench(&args);
+            links[0],
+            "--baseline-link-gbs",
+            links[1],
+        ]);
         assert!(out.status.success(), "{}", describe(&out));
         let (designated, percent) = policy_columns(&out).remove(0);
         assert_eq!(designated, "3", "{}", describe(&out));
         (percent, out)
     };
-    let (percent, out) = run(&[]);
+    let (percent, out) = run(["0.05", "0.005"]);
     assert!(percent >= 80.0, "{}", describe(&out));
-    let (percent, out) = run(&["--baseline-link-gbs", "0.2"]);
+    let (percent, out) = run(["0.005", "0.5"]);
     assert!(percent <= 10.0, "{}", describe(&out));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("the baseline's 0.2 GB/s"), "{text}");
+    assert!(text.contains("the baseline's 0.5 GB/s"), "{text}");
     assert!(
         text.lines()
             .any(|l| l.starts_with("# sizes 2^17 B, ") && l.contains("post-arrival median")),
@@ -439,10 +446,13 @@ fn a_moving_straggler_is_followed_and_every_rank_chooses_alike() {
         "20000",
         "--jitter-us",
         "1000",
-        // Emulated links, so that StragglAR is measured faster than Ring once rank 1 or 4 is
-        // designated (unlimited, 6 processes on 2 cores measure Ring faster).
+        // Emulated links, Ring's five times slower, so that StragglAR is measured faster than
+        // Ring once rank 1 or 4 is designated, whatever the build (unlimited, 6 processes on
+        // 2 cores measure Ring faster).
         "--link-gbs",
         "0.05",
+        "--baseline-link-gbs",
+        "0.01",
         "-b",
         "32K",
         "-e",

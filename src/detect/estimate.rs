@@ -31,11 +31,18 @@ pub const EXPLORE_AT: [u64; 2] = [1, 2];
 /// this much against always choosing the faster one).
 pub const MARGIN: f64 = 0.02;
 
-/// The most recent post-arrival times of one algorithm in one class, nanoseconds.
+/// A sample older than this many calls of its class no longer counts in the choice: the
+/// machine's load may have changed since, and an estimate kept only by old samples would be
+/// compared with a fresh one. The algorithm not chosen gets a new sample every
+/// [`EXPLORE_EVERY`] calls, so it always has one or two this recent.
+pub const MAX_AGE: u64 = 2 * EXPLORE_EVERY;
+
+/// The most recent post-arrival times of one algorithm in one class, nanoseconds, each with
+/// the class call it was taken at.
 #[derive(Debug, Clone, Default)]
 pub struct Samples {
-    /// Up to [`SAMPLES_KEPT`], oldest overwritten first.
-    kept: Vec<u64>,
+    /// Up to [`SAMPLES_KEPT`] `(class call, ns)`, oldest overwritten first.
+    kept: Vec<(u64, u64)>,
     /// Where the next sample goes once `kept` is full.
     next: usize,
     /// Samples ever taken.
@@ -43,28 +50,36 @@ pub struct Samples {
 }
 
 impl Samples {
-    /// Adds one post-arrival time.
-    pub fn add(&mut self, ns: u64) {
+    /// Adds one post-arrival time, taken at class call `at`.
+    pub fn add(&mut self, at: u64, ns: u64) {
         if self.kept.len() < SAMPLES_KEPT {
-            self.kept.push(ns);
+            self.kept.push((at, ns));
         } else {
-            self.kept[self.next] = ns;
+            self.kept[self.next] = (at, ns);
             self.next = (self.next + 1) % SAMPLES_KEPT;
         }
         self.taken += 1;
     }
 
-    /// The median of the kept samples (the upper one of an even count): one noisy call moves
-    /// it by at most one rank. `None` before the first sample.
-    pub fn median(&self) -> Option<u64> {
-        if self.kept.is_empty() {
-            return None;
-        }
+    /// The median of the kept samples taken at class call `from` or later (the upper one of
+    /// an even count): one noisy call moves it by at most one rank. `None` when there is none.
+    pub fn median_since(&self, from: u64) -> Option<u64> {
         let mut sorted = [0u64; SAMPLES_KEPT];
-        let sorted = &mut sorted[..self.kept.len()];
-        sorted.copy_from_slice(&self.kept);
+        let mut len = 0;
+        for &(at, ns) in &self.kept {
+            if at >= from {
+                sorted[len] = ns;
+                len += 1;
+            }
+        }
+        let sorted = &mut sorted[..len];
         sorted.sort_unstable();
-        Some(sorted[sorted.len() / 2])
+        sorted.get(len / 2).copied()
+    }
+
+    /// The median of every kept sample, however old (for reports).
+    pub fn median(&self) -> Option<u64> {
+        self.median_since(0)
     }
 
     /// Samples ever taken.
@@ -86,11 +101,12 @@ pub struct ClassTimes {
 }
 
 impl ClassTimes {
-    /// Whether StragglAR is faster after arrival by at least [`MARGIN`], once both
-    /// algorithms have a sample; `None` before.
+    /// Whether StragglAR is faster after arrival by at least [`MARGIN`], on the samples of
+    /// the last [`MAX_AGE`] calls of the class; `None` while either algorithm has none.
     pub fn stragglar_wins(&self) -> Option<bool> {
-        let stragglar = self.stragglar.median()? as f64;
-        let baseline = self.baseline.median()? as f64;
+        let from = self.decided.saturating_sub(MAX_AGE);
+        let stragglar = self.stragglar.median_since(from)? as f64;
+        let baseline = self.baseline.median_since(from)? as f64;
         Some(stragglar < baseline * (1.0 - MARGIN))
     }
 
@@ -106,11 +122,12 @@ impl ClassTimes {
         self.on_stragglar += stragglar as u64;
     }
 
-    /// Feeds the post-arrival time of a call that ran StragglAR (`stragglar`) or the baseline.
+    /// Feeds the post-arrival time of a call that ran StragglAR (`stragglar`) or the baseline,
+    /// dated by the class's calls decided so far.
     pub fn add(&mut self, stragglar: bool, ns: u64) {
         match stragglar {
-            true => self.stragglar.add(ns),
-            false => self.baseline.add(ns),
+            true => self.stragglar.add(self.decided, ns),
+            false => self.baseline.add(self.decided, ns),
         }
     }
 }
@@ -124,11 +141,11 @@ mod tests {
         let mut s = Samples::default();
         assert_eq!(s.median(), None);
         for ns in [100, 110, 90, 105, 95, 5_000_000, 100, 102] {
-            s.add(ns);
+            s.add(0, ns);
         }
         assert_eq!(s.median(), Some(102), "one outlier moves it one rank");
         for _ in 0..SAMPLES_KEPT / 2 + 1 {
-            s.add(300);
+            s.add(1, 300);
         }
         assert_eq!(
             s.median(),
@@ -136,6 +153,32 @@ mod tests {
             "a change shows within half the window"
         );
         assert_eq!(s.taken(), 8 + 5);
+    }
+
+    /// Old samples stop counting: a baseline measured under a heavier load long ago does not
+    /// make a fresh StragglAR estimate look better.
+    #[test]
+    fn samples_older_than_the_age_limit_do_not_count() {
+        let mut t = ClassTimes::default();
+        for _ in 0..4 {
+            t.add(false, 9_000);
+            t.count(false);
+        }
+        t.add(true, 5_000);
+        assert_eq!(t.stragglar_wins(), Some(true));
+        for _ in 0..MAX_AGE {
+            t.add(true, 5_000);
+            t.count(true);
+        }
+        assert_eq!(t.stragglar_wins(), None, "the baseline's samples aged out");
+        t.add(false, 3_000);
+        assert_eq!(t.stragglar_wins(), Some(false), "one fresh sample decides");
+        assert_eq!(
+            t.baseline.median(),
+            Some(9_000),
+            "the report keeps every sample"
+        );
+        assert_eq!(t.baseline.median_since(t.decided), Some(3_000));
     }
 
     #[test]
