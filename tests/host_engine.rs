@@ -413,6 +413,43 @@ fn auto_follows_measured_post_arrival_times_over_the_model() {
     );
 }
 
+/// Pipelined StragglAR across processes: every element checked (the bench exits 1 on a wrong
+/// one), fixed depths and the model's choice per size, odd sizes, in and out of place; the
+/// header says which.
+#[test]
+fn pipelined_stragglar_is_exact_across_processes() {
+    for (ranks, pipeline) in [("5", "3"), ("8", "auto"), ("4", "2")] {
+        let out = bench(&[
+            "--ranks",
+            ranks,
+            "--pipeline",
+            pipeline,
+            "-b",
+            "4100",
+            "-e",
+            "40100",
+            "-i",
+            "12000",
+            "-n",
+            "3",
+            "-w",
+            "1",
+            "--link-gbs",
+            "1",
+        ]);
+        assert!(out.status.success(), "{}", describe(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(&format!("pipeline {pipeline} ")), "{text}");
+        assert_eq!(rows(&out).len(), 4, "{text}");
+    }
+    let out = bench(&["--ranks", "4", "--pipeline", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    let out = bench(&["--ranks", "4", "--pipeline", "1000"]);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    let out = bench(&["--backend", "cuda", "--pipeline", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+}
+
 #[test]
 fn auto_stays_on_ring_without_a_straggler() {
     let out = bench(&[

@@ -749,6 +749,8 @@ fn is_nan(dtype: DataType, e: &[u8]) -> bool {
 
 struct Case {
     algorithm: Algorithm,
+    /// Pieces per chunk (pipelined StragglAR; 1 otherwise).
+    pieces: usize,
     ranks: usize,
     straggler: usize,
     dtype: DataType,
@@ -767,6 +769,7 @@ fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
         ranks: case.ranks,
         straggler: case.straggler,
         dtype: case.dtype,
+        pieces: case.pieces,
     };
     let plan = planned(cache, shape, case.count);
     let bytes = case.count * case.dtype.size();
@@ -907,6 +910,7 @@ fn every_type_and_op_matches_the_interpreter_bit_for_bit() {
                     &mut comm,
                     &mut cache,
                     &Case {
+                        pieces: 1,
                         algorithm: Algorithm::Stragglar,
                         ranks: 4,
                         straggler: (seed % 4) as usize,
@@ -936,6 +940,7 @@ fn arbitrary_bit_patterns_round_like_the_host() {
                 &mut comm,
                 &mut cache,
                 &Case {
+                    pieces: 1,
                     algorithm: Algorithm::Stragglar,
                     ranks: 5,
                     straggler: i % 5,
@@ -973,6 +978,7 @@ fn world_sizes_algorithms_counts_and_misaligned_buffers() {
                         &mut comm,
                         &mut cache,
                         &Case {
+                            pieces: 1,
                             algorithm,
                             ranks,
                             straggler: (seed as usize) % ranks,
@@ -991,6 +997,52 @@ fn world_sizes_algorithms_counts_and_misaligned_buffers() {
     }
 }
 
+/// Pipelined StragglAR plans (chunks cut into pieces) on the emulated kernel, bit for bit
+/// against the interpreter: every type and op, n = 2..8, odd counts, misaligned buffers.
+#[test]
+fn pipelined_plans_match_the_interpreter_bit_for_bit() {
+    let mut cache = PlanCache::default();
+    let mut seed = 9000;
+    for (ranks, pieces) in [(2, 3), (3, 2), (4, 3), (5, 2), (8, 2), (8, 6)] {
+        let shape = Shape {
+            algorithm: Algorithm::Stragglar,
+            ranks,
+            straggler: 0,
+            dtype: DataType::F32,
+            pieces,
+        };
+        let chunks = planned(&mut cache, shape, 4099).plan.chunks.len();
+        assert_eq!(chunks, (ranks - 1) * pieces, "the plan is pipelined");
+        let mut comm = Comm::new(ranks, 2, 2);
+        for (i, &dtype) in DataType::ALL.iter().enumerate() {
+            seed += 1;
+            let op = ReduceOp::ALL[(i + ranks) % ReduceOp::ALL.len()];
+            let offset = if dtype.size() == 1 {
+                3
+            } else {
+                dtype.size() * 3
+            };
+            check(
+                &mut comm,
+                &mut cache,
+                &Case {
+                    algorithm: Algorithm::Stragglar,
+                    pieces,
+                    ranks,
+                    straggler: (seed as usize) % ranks,
+                    dtype,
+                    op,
+                    count: [1usize, 77, 4099][i % 3],
+                    offset,
+                    in_place: seed % 2 == 0,
+                    raw: false,
+                    seed,
+                },
+            );
+        }
+    }
+}
+
 /// Runs a call in which `absent` never launches; returns each launched rank's status and how
 /// long the call took.
 fn call_with_absent_rank(
@@ -1005,6 +1057,7 @@ fn call_with_absent_rank(
         ranks,
         straggler: absent,
         dtype: DataType::F32,
+        pieces: 1,
     };
     let plan = planned(&mut cache, shape, 4096);
     let mut inputs: Vec<Aligned> = (0..ranks).map(|_| Aligned::new(4096 * 4)).collect();
@@ -1099,6 +1152,7 @@ fn a_corrupt_plan_is_refused_and_its_peers_give_up() {
         ranks: 3,
         straggler: 0,
         dtype: DataType::I32,
+        pieces: 1,
     };
     let plan = planned(&mut cache, shape, 100);
     let mut inputs: Vec<Aligned> = (0..3).map(|_| Aligned::new(400)).collect();
@@ -1135,6 +1189,7 @@ fn many_calls_alternate_parities_and_move_the_straggler() {
             &mut comm,
             &mut cache,
             &Case {
+                pieces: 1,
                 algorithm: Algorithm::Stragglar,
                 ranks: 6,
                 straggler: (call * 5 % 6) as usize,
@@ -1173,6 +1228,7 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
             ranks,
             straggler: call * 3 % ranks,
             dtype,
+            pieces: 1,
         };
         let count = 2000 + 37 * call;
         let plan = planned(&mut cache, shape, count);
@@ -1238,6 +1294,7 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
 /// A StragglAR f32 sum of `count` elements out of place: the arrival-record tests' call.
 fn f32_sum(ranks: usize, straggler: usize, count: usize, seed: u64) -> Case {
     Case {
+        pieces: 1,
         algorithm: Algorithm::Stragglar,
         ranks,
         straggler,

@@ -73,6 +73,7 @@ fn draw(rng: &mut Rng, ranks: usize, max_bytes: u64) -> CallSpec {
         ranks,
         straggler: rng.below(ranks as u64) as usize,
         dtype,
+        pieces: 1,
     };
     CallSpec {
         count,
@@ -119,6 +120,7 @@ fn run_comm(
             ranks,
             straggler: 0,
             dtype,
+            pieces: 1,
         });
         let fit = layout_for(&mut PlanCache::default(), &shapes, max_count, SOAK_STAGING)
             .expect("plannable");

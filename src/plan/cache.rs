@@ -14,6 +14,9 @@ pub struct Shape {
     /// The straggler (ignored by algorithms without one).
     pub straggler: usize,
     pub dtype: DataType,
+    /// Pieces per chunk of a pipelined StragglAR schedule (`1`: the plain one; always `1` for
+    /// other algorithms).
+    pub pieces: usize,
 }
 
 impl Shape {
@@ -29,6 +32,7 @@ impl Shape {
             ranks,
             straggler: choice % ranks.max(1),
             dtype,
+            pieces: 1,
         }
     }
 }
@@ -37,9 +41,9 @@ impl Shape {
 #[derive(Default, Clone)]
 pub struct PlanCache {
     plans: HashMap<(Shape, usize), Plan>,
-    /// Verified schedules, lowered, by (algorithm, ranks, straggler): a new count only lays
-    /// out the arenas.
-    lowered: HashMap<(Algorithm, usize, usize), Lowered>,
+    /// Verified schedules, lowered, by (algorithm, ranks, straggler, pieces): a new count only
+    /// lays out the arenas.
+    lowered: HashMap<(Algorithm, usize, usize, usize), Lowered>,
     /// Segments needed by (shape, count, arena bytes): computed once per message shape.
     segments: HashMap<(Shape, usize, usize), usize>,
 }
@@ -47,13 +51,17 @@ pub struct PlanCache {
 impl PlanCache {
     /// The schedule of `shape`, lowered for any count (its plans' programs, and the GPU's blobs).
     pub fn lowered(&mut self, shape: Shape) -> Result<&Lowered, String> {
-        let key = (shape.algorithm, shape.ranks, shape.straggler);
+        let key = (shape.algorithm, shape.ranks, shape.straggler, shape.pieces);
         match self.lowered.entry(key) {
             std::collections::hash_map::Entry::Occupied(s) => Ok(s.into_mut()),
             std::collections::hash_map::Entry::Vacant(s) => {
+                let request = PlanRequest {
+                    pieces_per_chunk: shape.pieces,
+                    ..PlanRequest::new(shape.ranks, shape.straggler)
+                };
                 let schedule = shape
                     .algorithm
-                    .schedule(&PlanRequest::new(shape.ranks, shape.straggler))
+                    .schedule(&request)
                     .map_err(|e| e.to_string())?;
                 verify(&schedule).map_err(|e| format!("{e:?}"))?;
                 Ok(s.insert(lower_structure(&schedule).map_err(|e| e.to_string())?))

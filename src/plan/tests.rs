@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::reduce::{float16, DataType, ReduceOp, Scale};
-use crate::schedule::{verify, Algorithm, PlanRequest};
+use crate::schedule::{max_pieces_per_chunk, verify, Algorithm, PlanRequest};
 
 /// Deterministic small values: integers in `-8..=8`, stored in the element type.
 fn inputs(dtype: DataType, ranks: usize, count: usize, seed: u64) -> Vec<Vec<u8>> {
@@ -406,5 +406,50 @@ fn the_need_counts_each_ranks_ordered_sends() {
         assert_eq!(need.sends, most, "{algorithm:?} n={ranks}");
         assert!(most > 0);
         assert!(need.sends < 1 << 16);
+    }
+}
+
+/// Pipelined StragglAR (each chunk cut into `k` pieces, numbered `c k + p`) lowers like any
+/// schedule: every element reduced exactly once on every rank, for odd counts and every type
+/// and op, and the staging stays within the plain plan's bound.
+#[test]
+fn pipelined_plans_reduce_every_element_exactly() {
+    for ranks in [2, 4, 5, 8] {
+        for pieces in [2, 3, 6] {
+            if pieces > max_pieces_per_chunk(ranks) {
+                continue;
+            }
+            let straggler = ranks / 2;
+            let schedule = Algorithm::Stragglar
+                .schedule(&PlanRequest {
+                    ranks,
+                    straggler,
+                    pieces_per_chunk: pieces,
+                })
+                .unwrap();
+            verify(&schedule).unwrap();
+            for count in [0, 1, 3, 37, 1001, 4099] {
+                let plan = lower(&schedule, count, DataType::I32)
+                    .unwrap_or_else(|e| panic!("n={ranks} k={pieces}: {e}"));
+                check_exact(
+                    &plan,
+                    ReduceOp::Sum,
+                    (ranks * 100 + pieces * 10 + count) as u64,
+                );
+            }
+            for dtype in [DataType::F16, DataType::Bf16, DataType::F64] {
+                for op in [ReduceOp::Max, ReduceOp::Sum] {
+                    let plan = lower(&schedule, 777, dtype).unwrap();
+                    check_exact(&plan, op, 5);
+                }
+            }
+            let count = 1 << 16;
+            let plan = lower(&schedule, count, DataType::F32).unwrap();
+            assert!(
+                plan.max_arena_bytes() <= 2 * count * 4 + 64 * ranks * pieces,
+                "n={ranks} k={pieces}: {}",
+                plan.max_arena_bytes()
+            );
+        }
     }
 }

@@ -7,6 +7,7 @@ use crate::cli::args::{parse_bytes, Args, UsageError};
 use crate::engine::host::fault::Fault;
 use crate::engine::host::link::LinkModel;
 use crate::reduce::{DataType, ReduceOp};
+use crate::schedule::model::{best_pipelining, stragglar_rounds, Link};
 
 /// Where the ranks run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +77,8 @@ pub struct BenchOptions {
     /// instead of in their source's send order (`RawLaunch::ordered_reads`), to compare.
     pub unordered_reads: bool,
     pub algo: BenchAlgo,
+    /// Pieces per chunk of StragglAR's calls (`--pipeline`).
+    pub pipeline: Pipeline,
     /// The rank the schedule treats as the straggler.
     pub straggler: usize,
     /// The ranks that actually arrive late, in turn (`--late-rank R[,R...]`, default: the
@@ -108,12 +111,39 @@ pub struct BenchOptions {
     pub svg: Option<PathBuf>,
 }
 
+/// How StragglAR's calls are pipelined (`--pipeline K|auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pipeline {
+    /// Every chunk cut into this many pieces (1: the plain schedule).
+    Pieces(usize),
+    /// Per message size, the pieces the cost model finds fastest after arrival, with the
+    /// policy's link (the same on every rank).
+    Auto,
+}
+
+impl std::fmt::Display for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pipeline::Pieces(k) => write!(f, "{k}"),
+            Pipeline::Auto => write!(f, "auto"),
+        }
+    }
+}
+
+/// The most pieces per chunk the bench runs: far past the model's best at any size it runs.
+const MAX_PIECES: usize = 64;
+
+/// The model's latency and copy rate for the host engine when links are not emulated: its own
+/// rough costs on a small machine.
+const HOST_ALPHA: f64 = 10e-6;
+const HOST_BANDWIDTH: f64 = 2e9;
+
 /// Options of `stragglar bench`, as shown by `stragglar help`.
 pub const USAGE: &str = "
 stragglar bench [-b SIZE] [-e SIZE] [-i SIZE | -f F] [-n ITERS] [-w WARMUP] [-c CHECK]
                 [-d TYPE,...|all] [-o OP,...|all] [-J FILE] [--svg FILE]
                 [--backend host|cuda] [--ranks N] [--ranks-as processes|threads]
-                [--algo stragglar|ring|auto] [--straggler R] [--late-rank R,...]
+                [--algo stragglar|ring|auto] [--pipeline K|auto] [--straggler R] [--late-rank R,...]
                 [--late-every K] [--delay-us D] [--jitter-us J] [--link-gbs G]
                 [--link-latency-us A] [--baseline-link-gbs G] [--buffer-bytes B] [--timeout-ms T]
                 [--fault ACTION@PHASE[:CALL]] [--fault-rank R]
@@ -123,6 +153,7 @@ stragglar bench [-b SIZE] [-e SIZE] [-i SIZE | -f F] [-n ITERS] [-w WARMUP] [-c 
     late rank arrives D us late on every call; --link-gbs emulates links on the host
     (--baseline-link-gbs: Ring's own, hidden from the policy's model);
     --svg draws the measured times per size (and the model's, with --link-gbs);
+    --pipeline cuts StragglAR's chunks into K pieces (auto: the model's best per size);
     -J writes the rows as JSON; --bandwidth, --graph and --unordered-reads need cuda
 ";
 
@@ -211,6 +242,18 @@ impl BenchOptions {
                 )))
             }
         };
+        let pipeline = match args.value(&["--pipeline", "-k"])?.as_deref() {
+            None => Pipeline::Pieces(1),
+            Some("auto") => Pipeline::Auto,
+            Some(text) => match text.parse() {
+                Ok(k) if k >= 1 => Pipeline::Pieces(k),
+                _ => {
+                    return Err(UsageError(format!(
+                        "--pipeline: expected a number of pieces per chunk (>= 1) or auto, got '{text}'"
+                    )))
+                }
+            },
+        };
         let straggler = args
             .parsed(&["--straggler"], "a rank")?
             .unwrap_or(ranks.saturating_sub(1));
@@ -273,6 +316,7 @@ impl BenchOptions {
             graph,
             unordered_reads,
             algo,
+            pipeline,
             straggler,
             late_ranks,
             late_every,
@@ -308,6 +352,20 @@ impl BenchOptions {
             );
         } else if self.ops.len() > 1 || self.dtypes.len() > 1 {
             return fail("several types or ops (-d all, -o all, lists) need --backend cuda; the host engine runs one of each".into());
+        }
+        if let Pipeline::Pieces(k) = self.pipeline {
+            let most = crate::schedule::max_pieces_per_chunk(self.ranks.max(2)).min(MAX_PIECES);
+            if k > most {
+                return fail(format!(
+                    "--pipeline {k}: at most {most} pieces per chunk at {} ranks",
+                    self.ranks
+                ));
+            }
+        }
+        if self.backend == Backend::Cuda && self.pipeline != Pipeline::Pieces(1) {
+            return fail(
+                "--pipeline runs on the host engine only in this version (--backend host)".into(),
+            );
         }
         if !(2..=64).contains(&self.ranks) {
             return fail(format!(
@@ -375,6 +433,31 @@ impl BenchOptions {
         }
     }
 
+    /// The link the policy's and the pipeline's model assume: StragglAR's emulated link, else
+    /// the host engine's rough costs (never the baseline's: see `baseline_link_gbs`).
+    pub fn model_link(&self) -> Link {
+        Link {
+            alpha: (self.link_latency_us * 1e-6).max(HOST_ALPHA),
+            bandwidth: self.link_gbs.map_or(HOST_BANDWIDTH, |g| g * 1e9),
+        }
+    }
+
+    /// Pieces per chunk of a StragglAR call of `bytes`: the fixed count, or the model's best
+    /// for this size (`--pipeline auto`).
+    pub fn pieces_for(&self, bytes: usize) -> usize {
+        match self.pipeline {
+            Pipeline::Pieces(k) => k,
+            Pipeline::Auto => {
+                let n = self.ranks;
+                let most = crate::schedule::max_pieces_per_chunk(n).min(MAX_PIECES);
+                best_pipelining(n, bytes as f64, self.model_link(), most, |k| {
+                    stragglar_rounds(n, k)
+                })
+                .pieces
+            }
+        }
+    }
+
     /// The late ranks in words, for titles: `rank 3`, or `ranks in turn`.
     pub fn late_in_words(&self) -> String {
         match self.late_ranks.as_slice() {
@@ -435,6 +518,8 @@ impl BenchOptions {
             self.ranks.to_string(),
             "--ranks-as".into(),
             "processes".into(),
+            "--pipeline".into(),
+            self.pipeline.to_string(),
             "--algo".into(),
             self.algo.name().into(),
             "--straggler".into(),

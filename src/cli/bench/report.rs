@@ -112,7 +112,7 @@ pub fn header(options: &BenchOptions, comm_id: u64) -> String {
     );
     let _ = writeln!(
         s,
-        "# backend host ranks {} as {} algo {} straggler {} late rank {} delay {} us link {}",
+        "# backend host ranks {} as {} algo {} pipeline {} straggler {} late rank {} delay {} us link {}",
         options.ranks,
         if options.ranks_as == RanksAs::Processes {
             "processes"
@@ -120,6 +120,7 @@ pub fn header(options: &BenchOptions, comm_id: u64) -> String {
             "threads"
         },
         describe_algo(options),
+        options.pipeline,
         options.straggler,
         options
             .late_ranks
@@ -238,9 +239,10 @@ pub fn json(options: &BenchOptions, rows: &[Row]) -> String {
         })
         .collect();
     format!(
-        "{{\n  \"config\": {{\"collective\": \"all_reduce_perf\", \"backend\": \"host\", \"ranks\": {}, \"algo\": \"{}\", \"straggler\": {}, \"delay_us\": {}, \"link_gbs\": {}, \"baseline_link_gbs\": {}, \"minBytes\": {}, \"maxBytes\": {}, \"iters\": {}, \"warmup_iters\": {}, \"validation\": {}}},\n  \"results\": [\n{}\n  ],\n  \"out_of_bounds\": 0,\n  \"average_bus_bandwidth\": {:.6}\n}}\n",
+        "{{\n  \"config\": {{\"collective\": \"all_reduce_perf\", \"backend\": \"host\", \"ranks\": {}, \"algo\": \"{}\", \"pipeline\": \"{}\", \"straggler\": {}, \"delay_us\": {}, \"link_gbs\": {}, \"baseline_link_gbs\": {}, \"minBytes\": {}, \"maxBytes\": {}, \"iters\": {}, \"warmup_iters\": {}, \"validation\": {}}},\n  \"results\": [\n{}\n  ],\n  \"out_of_bounds\": 0,\n  \"average_bus_bandwidth\": {:.6}\n}}\n",
         options.ranks,
         describe_algo(options),
+        options.pipeline,
         options.straggler,
         options.delay_us,
         options.link_gbs.map_or("null".to_string(), |g| g.to_string()),

@@ -1,5 +1,6 @@
 //! One rank's part of a benchmark run: the sweep over sizes, timed and checked.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::data;
@@ -12,7 +13,7 @@ use crate::engine::host::segment::SegmentLayout;
 use crate::engine::host::{Buffers, EngineError, HostComm, HostCommConfig};
 use crate::plan::{PlanCache, Shape};
 use crate::reduce::{ReduceOp, Scale};
-use crate::schedule::model::Link;
+
 use crate::schedule::Algorithm;
 
 /// One placement (out-of-place or in-place) of one size, as one rank measured it.
@@ -44,30 +45,41 @@ pub struct SizeResult {
     pub halves: [Half; 2],
 }
 
-fn stragglar_shape(options: &BenchOptions, straggler: usize) -> Shape {
+/// StragglAR with `straggler`, its chunks cut into `pieces`.
+fn stragglar_shape(options: &BenchOptions, straggler: usize, pieces: usize) -> Shape {
     Shape {
         algorithm: Algorithm::Stragglar,
         ranks: options.ranks,
         straggler,
         dtype: options.dtype,
+        pieces,
     }
 }
 
 fn ring_shape(options: &BenchOptions) -> Shape {
     Shape {
         algorithm: Algorithm::Ring,
-        ..stragglar_shape(options, 0)
+        ..stragglar_shape(options, 0, 1)
     }
 }
 
 /// The segment layout every rank uses (identical everywhere: derived from the options only).
-/// It fits StragglAR (with any straggler: relabelling changes no size) and Ring.
+/// It fits StragglAR (with any straggler: relabelling changes no size, with every pipeline
+/// depth a size of the run uses) and Ring.
 pub fn layout(options: &BenchOptions) -> Result<SegmentLayout, String> {
     let max_count = options.sizes().into_iter().max().unwrap_or(0) as usize / options.dtype.size();
-    let shapes = [
-        stragglar_shape(options, options.ranks - 1),
-        ring_shape(options),
-    ];
+    let mut depths: Vec<usize> = options
+        .sizes()
+        .into_iter()
+        .map(|bytes| options.pieces_for(bytes as usize))
+        .collect();
+    depths.sort_unstable();
+    depths.dedup();
+    let mut shapes: Vec<Shape> = depths
+        .into_iter()
+        .map(|pieces| stragglar_shape(options, options.ranks - 1, pieces))
+        .collect();
+    shapes.push(ring_shape(options));
     layout_for(
         &mut PlanCache::default(),
         &shapes,
@@ -76,36 +88,35 @@ pub fn layout(options: &BenchOptions) -> Result<SegmentLayout, String> {
     )
 }
 
-/// Model parameters for the policy when links are not emulated: the host engine's own rough
-/// latency and copy rate on a small machine.
-const HOST_ALPHA: f64 = 10e-6;
-const HOST_BANDWIDTH: f64 = 2e9;
-
 /// How each call's algorithm is chosen: fixed by `--algo`, or by the policy from the arrival
 /// records of earlier calls, through the library's own `Tracker` (a detector per size class;
 /// lag 1: the host engine's record is read when the call returns).
 struct Chooser {
-    fixed: Option<Shape>,
+    /// `--algo stragglar` or `ring`: every call's choice.
+    fixed: Option<Choice>,
     tracker: Tracker,
+    /// Pieces per chunk of StragglAR's calls, by message bytes (`--pipeline auto` prices each
+    /// size once).
+    pieces: HashMap<usize, usize>,
 }
 
 impl Chooser {
     fn new(options: &BenchOptions) -> Self {
         let fixed = match options.algo {
-            BenchAlgo::Stragglar => Some(stragglar_shape(options, options.straggler)),
-            BenchAlgo::Ring => Some(ring_shape(options)),
+            BenchAlgo::Stragglar => Some(Choice::Stragglar {
+                straggler: options.straggler,
+            }),
+            BenchAlgo::Ring => Some(Choice::Baseline),
             BenchAlgo::Auto => None,
         };
-        let link = Link {
-            alpha: (options.link_latency_us * 1e-6).max(HOST_ALPHA),
-            bandwidth: options.link_gbs.map_or(HOST_BANDWIDTH, |g| g * 1e9),
-        };
+        let link = options.model_link();
         // STRAGGLAR_ALGO and STRAGGLAR_STRAGGLER steer the policy as in the library.
         let config = crate::config::get();
         let policy = Policy::new(options.ranks, config.algo, config.straggler, link);
         Chooser {
             fixed,
             tracker: Tracker::new(policy, options.ranks, 1).measuring(),
+            pieces: HashMap::new(),
         }
     }
 
@@ -113,23 +124,23 @@ impl Chooser {
     /// record (every call with elements), which is then tracked.
     fn shape(&mut self, options: &BenchOptions, bytes: usize, recorded: bool) -> Shape {
         let choice = match self.fixed {
-            Some(shape) => {
+            Some(choice) => {
                 if recorded {
-                    let choice = match shape.algorithm {
-                        Algorithm::Stragglar => Choice::Stragglar {
-                            straggler: shape.straggler,
-                        },
-                        _ => Choice::Baseline,
-                    };
                     self.tracker.track(bytes, choice);
                 }
-                return shape;
+                choice
             }
             None if recorded => self.tracker.decide(bytes),
             None => self.tracker.peek(bytes),
         };
         match choice {
-            Choice::Stragglar { straggler } => stragglar_shape(options, straggler),
+            Choice::Stragglar { straggler } => {
+                let pieces = *self
+                    .pieces
+                    .entry(bytes)
+                    .or_insert_with(|| options.pieces_for(bytes));
+                stragglar_shape(options, straggler, pieces)
+            }
             Choice::Baseline => ring_shape(options),
         }
     }

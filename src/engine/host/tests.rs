@@ -119,6 +119,27 @@ fn threads_match_the_interpreter_over_consecutive_calls() {
     );
 }
 
+/// Pipelined StragglAR (chunks cut into pieces) on the engine, against the interpreter.
+#[test]
+fn pipelined_plans_match_the_interpreter() {
+    for (ranks, straggler, pieces, count, dtype) in [
+        (4, 3, 3, 1001, DataType::U8),
+        (5, 1, 2, 777, DataType::F16),
+        (8, 7, 6, 4099, DataType::F32),
+    ] {
+        let schedule = Algorithm::Stragglar
+            .schedule(&PlanRequest {
+                ranks,
+                straggler,
+                pieces_per_chunk: pieces,
+            })
+            .unwrap();
+        let plan = lower(&schedule, count, dtype).unwrap();
+        run_threads(plan.clone(), ReduceOp::Sum, 3, false);
+        run_threads(plan, ReduceOp::Max, 2, true);
+    }
+}
+
 #[test]
 fn every_data_type_in_place() {
     for dtype in DataType::ALL {
@@ -272,6 +293,7 @@ fn messages_larger_than_the_staging_run_in_segments() {
         ranks,
         straggler: 2,
         dtype: DataType::I32,
+        pieces: 1,
     };
     let count = 10_001;
     let mut cache = PlanCache::default();

@@ -215,6 +215,7 @@ impl Setup {
             straggler,
             // The lowering does not depend on the type.
             dtype: DataType::U8,
+            pieces: 1,
         };
         Ok(self.cache.lowered(shape)?.clone())
     }
