@@ -19,7 +19,8 @@
 #
 # Knobs (environment): STRAGGLAR_EMU_GPUS (8), STRAGGLAR_EMU_SMS (32),
 # STRAGGLAR_EMU_DRIVER_VERSION (13000), STRAGGLAR_EMU_FAIL (name[@device][=code],...: make a
-# driver call fail), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
+# driver call fail), STRAGGLAR_EMU_NO_NVRTC (1: NVRTC left off the loader path, so kernels come
+# from the cache or nowhere), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -82,7 +83,11 @@ if [ "${1:-}" = "--build-without" ]; then
   exit 0
 fi
 
-export LD_LIBRARY_PATH="$OUT:$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ "${STRAGGLAR_EMU_NO_NVRTC:-0}" = 1 ]; then
+  export LD_LIBRARY_PATH="$OUT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  export LD_LIBRARY_PATH="$OUT:$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 export STRAGGLAR_CACHE_DIR="${STRAGGLAR_CACHE_DIR:-$OUT/kernels}"
 if [ "${1:-}" = "--build" ]; then
   echo "$OUT"

@@ -78,7 +78,7 @@ pub const SETTINGS: &[SettingDoc] = &[
     SettingDoc {
         name: "STRAGGLAR_CACHE_DIR",
         default: "(unset: ~/.cache/stragglar)",
-        meaning: "compiled kernels, keyed by source hash, GPU architecture and NVRTC version",
+        meaning: "compiled kernels, keyed by source hash, GPU architecture and build, read without NVRTC",
     },
     SettingDoc {
         name: "STRAGGLAR_DEBUG",

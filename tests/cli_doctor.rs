@@ -53,6 +53,29 @@ fn doctor_reports_the_bound_library_and_settings() {
     );
 }
 
+/// The pip layout: with NVRTC only in `site-packages/nvidia/cuda_nvrtc/lib`, the real NCCL of
+/// the same `nvidia` tree bound and nothing on the loader's path, the library still finds NVRTC
+/// (beside the loaded NCCL, in its pip tree) and says where at INFO.
+#[test]
+fn nvrtc_is_found_in_the_pip_tree_of_the_bound_nccl() {
+    let Some(real) = real_nccl() else { return };
+    let nvrtc_dir = real
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .map(|nvidia| nvidia.join("cuda_nvrtc").join("lib"));
+    let Some(nvrtc_dir) = nvrtc_dir.filter(|d| d.join("libnvrtc.so.12").is_file()) else {
+        return;
+    };
+    let real = real.to_string_lossy().into_owned();
+    let (out, err) = doctor(&[("STRAGGLAR_NCCL_LIB", &real), ("STRAGGLAR_DEBUG", "INFO")]);
+    assert!(out.contains("NVRTC:     12."), "{out}\n{err}");
+    assert!(
+        err.contains(&format!("NVRTC found at {}", nvrtc_dir.display())),
+        "{err}"
+    );
+}
+
 #[test]
 fn logs_go_to_the_debug_file_with_host_and_pid_expanded() {
     let dir = scratch("debug_file");

@@ -41,9 +41,8 @@ fn stragglar() -> &'static str {
 fn kernels_cached() {
     static CACHED: OnceLock<()> = OnceLock::new();
     CACHED.get_or_init(|| {
-        let entry = stragglar::gpu::nvrtc::version()
-            .map(|version| stragglar::gpu::nvrtc::cache_key("sm_90", version));
-        if entry.is_some_and(|entry| built().join("kernels").join(entry).exists()) {
+        let entry = stragglar::gpu::nvrtc::cache_key("sm_90");
+        if built().join("kernels").join(entry).exists() {
             return;
         }
         let out = support::run(&mut emulated(&[
@@ -106,6 +105,46 @@ fn the_driver_self_test_passes() {
     assert!(out.status.success(), "{}", support::describe(&out));
     assert!(text.contains("GPU 0: Stragglar emulated GPU"), "{text}");
     assert!(text.lines().any(|l| l == "9 passed, 0 failed"), "{text}");
+}
+
+/// Kernels are found without NVRTC: a job runs on the cache `stragglar kernels --cache`
+/// filled; with no cache entry either, the bench says why; an entry compiled by an NVRTC newer
+/// than the driver is refused, naming both versions.
+#[test]
+fn kernels_come_from_the_cache_without_nvrtc_unless_newer_than_the_driver() {
+    kernels_cached();
+    let no_nvrtc = [("STRAGGLAR_EMU_NO_NVRTC", "1")];
+    assert_clean_bench(&bench(&[], &no_nvrtc));
+    let out = support::run(emulated(&[stragglar(), "doctor"]).envs(no_nvrtc));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("NVRTC:     not found"), "{text}");
+    assert!(
+        text.contains("sm_90 kernels there, compiled by NVRTC"),
+        "{text}"
+    );
+    let empty = support::scratch("emulated-empty-kernel-cache");
+    let out = bench(
+        &[],
+        &[
+            ("STRAGGLAR_EMU_NO_NVRTC", "1"),
+            ("STRAGGLAR_CACHE_DIR", empty.to_str().unwrap()),
+        ],
+    );
+    assert!(!out.status.success(), "{}", support::describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("libnvrtc is not available"), "{stderr}");
+    // A driver of CUDA 12.0, older than the wheel's NVRTC that built the entry.
+    let old_driver = [("STRAGGLAR_EMU_DRIVER_VERSION", "12000")];
+    let out = support::run(emulated(&[stragglar(), "doctor"]).envs(old_driver));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("newer than the driver (not used)"), "{text}");
+    let out = bench(&[], &old_driver);
+    assert!(!out.status.success(), "{}", support::describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("newer than the driver's CUDA 12.0"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -67,18 +67,41 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
                 println!("  warning:   this NVRTC is newer than the driver: its CUBINs will not load (put an older one first on LD_LIBRARY_PATH as libnvrtc.so, the name the loader tries first)");
             }
         }
-        None => {
-            println!("  NVRTC:     not found (libnvrtc.so* is not on the loader's search path)")
-        }
-    }
-    match crate::gpu::nvrtc::default_cache_dir(config.cache_dir.as_deref()) {
-        Some(dir) => println!("  kernels:   cached in {}", dir.display()),
-        None => println!("  kernels:   no cache directory (set STRAGGLAR_CACHE_DIR)"),
+        None => println!(
+            "  NVRTC:     not found (not on the loader's search path, nor beside the loaded NCCL or CUDA runtime, nor in their pip nvidia tree)"
+        ),
     }
     let gpus = matches!(gpu.driver, Driver::Devices(n) if n > 0);
+    // The kernels GPU 0 would run, as the engine finds them: a cache entry the driver can load,
+    // read without NVRTC.
+    let arch = gpus
+        .then(|| crate::engine::cuda::driver::Device::open(0).and_then(|d| d.arch()))
+        .and_then(Result::ok);
+    let mut cached = false;
+    match crate::gpu::nvrtc::default_cache_dir(config.cache_dir.as_deref()) {
+        Some(dir) => {
+            let entry = arch
+                .as_deref()
+                .map(|arch| (arch, crate::gpu::nvrtc::read_cached(arch, &dir)));
+            let what = match entry {
+                Some((arch, Some((_, (major, minor))))) => {
+                    let loadable = driver_cuda.is_none_or(|driver| (major, minor) <= driver);
+                    cached = loadable;
+                    match loadable {
+                        true => format!(": {arch} kernels there, compiled by NVRTC {major}.{minor}"),
+                        false => format!(": {arch} kernels there, compiled by NVRTC {major}.{minor}, newer than the driver (not used)"),
+                    }
+                }
+                Some((arch, None)) => format!(" (no {arch} kernels yet: NVRTC builds them on first use, or `stragglar kernels --cache` now)"),
+                None => String::new(),
+            };
+            println!("  kernels:   cached in {}{what}", dir.display());
+        }
+        None => println!("  kernels:   no cache directory (set STRAGGLAR_CACHE_DIR)"),
+    }
     println!(
         "  verdict:   {}",
-        engine_verdict(gpus, config.gpu_engine, nvrtc_usable)
+        engine_verdict(gpus, config.gpu_engine, nvrtc_usable || cached)
     );
     let cap = config.staging_cap;
     match crate::engine::cuda::attach::staging_bytes(8) {
@@ -105,14 +128,15 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
 /// What the library's AllReduce does here: whether GPUs are usable, the GPU engine is switched
 /// on (`STRAGGLAR_GPU_ENGINE`), and an NVRTC that can build kernels the driver loads is found
 /// (the kernel cache is keyed by NVRTC's version, so even cached kernels need it).
-fn engine_verdict(gpus: bool, engine: bool, nvrtc: bool) -> &'static str {
-    match (gpus, engine, nvrtc) {
+/// What the library does here: `kernels` when NVRTC can build them or the cache holds them.
+fn engine_verdict(gpus: bool, engine: bool, kernels: bool) -> &'static str {
+    match (gpus, engine, kernels) {
         (false, _, _) => "no usable GPU: every call is forwarded to the real NCCL",
         (true, false, _) => {
             "GPUs present; the GPU engine runs under `stragglar bench --backend cuda`; ncclAllReduce uses it only with STRAGGLAR_GPU_ENGINE=1 (experimental), so every AllReduce is forwarded to the real NCCL"
         }
         (true, true, false) => {
-            "GPUs present and STRAGGLAR_GPU_ENGINE=1, but no usable NVRTC: the kernels cannot be built, so every AllReduce is forwarded to the real NCCL (counted as setup-refused)"
+            "GPUs present and STRAGGLAR_GPU_ENGINE=1, but no usable NVRTC and no cached kernels: the kernels cannot be built, so every AllReduce is forwarded to the real NCCL (counted as setup-refused)"
         }
         (true, true, true) => {
             "GPUs present and STRAGGLAR_GPU_ENGINE=1: eligible AllReduce calls run on the GPU engine (experimental)"

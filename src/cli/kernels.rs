@@ -33,7 +33,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         )));
     }
     let Some((major, minor)) = nvrtc::version() else {
-        eprintln!("stragglar kernels: libnvrtc not found (install nvidia-cuda-nvrtc-cu12 and put its lib/ on LD_LIBRARY_PATH)");
+        eprintln!("stragglar kernels: libnvrtc not found (install nvidia-cuda-nvrtc-cu12, and put its lib/ on LD_LIBRARY_PATH or bind its NCCL with STRAGGLAR_NCCL_LIB)");
         return Ok(1);
     };
     if let Some(dir) = &out {

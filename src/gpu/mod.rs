@@ -6,4 +6,5 @@ pub mod cubin;
 pub mod kernels;
 pub mod launch;
 pub mod nvrtc;
+pub mod nvrtc_search;
 pub mod probe;

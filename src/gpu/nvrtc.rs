@@ -1,9 +1,13 @@
 //! Compiling the kernels with NVRTC (loaded at run time by cudarc) into CUBINs, cached on disk.
 //!
 //! Cache entries are keyed by a hash of the translation unit and options, the architecture and
-//! the NVRTC version, so a changed source, a new NVRTC or another GPU never reuses a stale
-//! binary. An entry is written to a temporary name and renamed into place, so concurrent ranks
-//! compiling at once never read a torn file.
+//! this build's version, so a changed source, another build or another GPU never reuses a
+//! stale binary, and an entry is found without loading NVRTC at all (a job can run on a cache
+//! that `stragglar kernels --cache` filled). Each entry starts with the version of the NVRTC
+//! that compiled it: an entry, or an NVRTC, newer than the driver's CUDA is refused with a
+//! WARN naming both (the driver cannot load its CUBIN). An entry is written to a temporary name
+//! and renamed into place, so concurrent ranks never read a torn file, and only one process
+//! per host compiles at a time (a lock file beside the entry): the others wait, then read it.
 
 use std::ffi::{c_int, CString};
 use std::panic::catch_unwind;
@@ -24,6 +28,11 @@ pub enum CompileError {
     Rejected(String),
     /// NVRTC failed otherwise.
     Failed(String),
+    /// This NVRTC is newer than the driver: the driver could not load what it compiles.
+    NewerThanDriver {
+        nvrtc: (i32, i32),
+        driver: (i32, i32),
+    },
 }
 
 impl std::fmt::Display for CompileError {
@@ -35,12 +44,19 @@ impl std::fmt::Display for CompileError {
             }
             CompileError::Rejected(log) => write!(f, "NVRTC rejected the kernels:\n{log}"),
             CompileError::Failed(why) => write!(f, "NVRTC failed: {why}"),
+            CompileError::NewerThanDriver { nvrtc, driver } => write!(
+                f,
+                "NVRTC {}.{} is newer than the driver's CUDA {}.{}: its CUBINs would not load",
+                nvrtc.0, nvrtc.1, driver.0, driver.1
+            ),
         }
     }
 }
 
-/// The loaded NVRTC's version, `(major, minor)`; `None` when it cannot be loaded.
+/// The loaded NVRTC's version, `(major, minor)`; `None` when it cannot be loaded (found by
+/// name on the loader's path, or where a pip install keeps it: see `nvrtc_search`).
 pub fn version() -> Option<(i32, i32)> {
+    super::nvrtc_search::preload(super::probe::driver_cuda_version().map(|(major, _)| major));
     // SAFETY: is_culib_present only tries to dlopen the library.
     let present = catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
     if !present {
@@ -102,15 +118,15 @@ unsafe fn compile_created(program: sys::nvrtcProgram, arch: &str) -> Result<Vec<
     Ok(cubin)
 }
 
-/// The cache key of the current sources for `arch` under NVRTC `version`.
-pub fn cache_key(arch: &str, version: (i32, i32)) -> String {
+/// The cache entry's name for the current sources and build on `arch` (no NVRTC needed).
+pub fn cache_key(arch: &str) -> String {
     let text = format!("{}\0{:?}", translation_unit(), nvrtc_options(arch));
     let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     });
     format!(
-        "stragglar-{hash:016x}-{arch}-nvrtc{}.{}.cubin",
-        version.0, version.1
+        "stragglar-{hash:016x}-{arch}-v{}.cubin",
+        env!("CARGO_PKG_VERSION")
     )
 }
 
@@ -128,6 +144,63 @@ pub fn default_cache_dir(configured: Option<&str>) -> Option<PathBuf> {
         .or_else(|| env("HOME").map(|d| d.join(".cache").join("stragglar")))
 }
 
+/// The first line of every cache entry, before the CUBIN: `MAGIC major.minor\n`, the NVRTC
+/// that compiled it.
+const MAGIC: &str = "stragglar-cubin nvrtc";
+
+/// An entry's bytes: the header naming NVRTC `version`, then `cubin`.
+fn entry_bytes(version: (i32, i32), cubin: &[u8]) -> Vec<u8> {
+    let mut bytes = format!("{MAGIC} {}.{}\n", version.0, version.1).into_bytes();
+    bytes.extend_from_slice(cubin);
+    bytes
+}
+
+/// Parses an entry: the NVRTC version that compiled it and its CUBIN; `None` when damaged.
+fn parse_entry(bytes: &[u8]) -> Option<((i32, i32), &[u8])> {
+    let end = bytes.iter().take(64).position(|&b| b == b'\n')?;
+    let header = std::str::from_utf8(&bytes[..end]).ok()?;
+    let (major, minor) = header.strip_prefix(MAGIC)?.trim().split_once('.')?;
+    Some((
+        (major.parse().ok()?, minor.parse().ok()?),
+        &bytes[end + 1..],
+    ))
+}
+
+/// The cached CUBIN for `arch` in `dir` and the NVRTC that compiled it, when the entry exists
+/// and holds a valid CUBIN for `arch`.
+pub fn read_cached(arch: &str, dir: &Path) -> Option<(Vec<u8>, (i32, i32))> {
+    let bytes = std::fs::read(dir.join(cache_key(arch))).ok()?;
+    let (version, cubin) = parse_entry(&bytes)?;
+    super::cubin::check(cubin, arch).ok()?;
+    Some((cubin.to_vec(), version))
+}
+
+/// Whether NVRTC `nvrtc` is newer than the driver's CUDA `driver` (an unknown driver is not
+/// held against it).
+fn newer_than_driver(nvrtc: (i32, i32), driver: Option<(i32, i32)>) -> bool {
+    driver.is_some_and(|driver| nvrtc > driver)
+}
+
+/// An exclusive lock on one cache entry, held while it is compiled and stored (released when
+/// dropped, or when the process dies).
+struct CompileLock {
+    /// The locked lock file; closing it releases the lock.
+    _file: std::fs::File,
+}
+
+impl CompileLock {
+    /// Waits for the lock of `arch`'s entry in `dir`; `None` when the lock file cannot be made
+    /// (a read-only cache: compiling without it only costs duplicate work).
+    fn take(arch: &str, dir: &Path) -> Option<CompileLock> {
+        use std::os::fd::AsRawFd;
+        std::fs::create_dir_all(dir).ok()?;
+        let file = std::fs::File::create(dir.join(format!(".{}.lock", cache_key(arch)))).ok()?;
+        // SAFETY: `file` is an open descriptor for the call's duration; flock only locks it.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0;
+        locked.then_some(CompileLock { _file: file })
+    }
+}
+
 /// Where a CUBIN came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -135,18 +208,46 @@ pub enum Origin {
     Compiled,
 }
 
-/// The CUBIN for `arch`: from `cache_dir` when a matching entry exists, else compiled and
-/// stored there (a cache that cannot be written only costs a recompilation next time).
+/// The CUBIN for `arch`: from `cache_dir` when an entry exists that the driver can load (read
+/// without NVRTC), else compiled, by one process of the host at a time, and stored there (a
+/// cache that cannot be written only costs a recompilation next time).
 pub fn cubin_cached(
     arch: &str,
     cache_dir: Option<&Path>,
 ) -> Result<(Vec<u8>, Origin), CompileError> {
-    let version = version().ok_or(CompileError::NoNvrtc)?;
-    let path = cache_dir.map(|d| d.join(cache_key(arch, version)));
-    if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
-        if super::cubin::check(&bytes, arch).is_ok() {
-            return Ok((bytes, Origin::Cache));
+    let driver = super::probe::driver_cuda_version();
+    let usable = |dir: &Path| {
+        let (cubin, built_by) = read_cached(arch, dir)?;
+        if newer_than_driver(built_by, driver) {
+            let (d, n) = (driver.unwrap_or_default(), built_by);
+            log::warn!(
+                "kernel cache entry {} was compiled by NVRTC {}.{}, newer than the driver's CUDA {}.{}: not used",
+                dir.join(cache_key(arch)).display(),
+                n.0,
+                n.1,
+                d.0,
+                d.1
+            );
+            return None;
         }
+        Some(cubin)
+    };
+    if let Some(cubin) = cache_dir.and_then(usable) {
+        return Ok((cubin, Origin::Cache));
+    }
+    let version = version().ok_or(CompileError::NoNvrtc)?;
+    if newer_than_driver(version, driver) {
+        let error = CompileError::NewerThanDriver {
+            nvrtc: version,
+            driver: driver.unwrap_or_default(),
+        };
+        log::warn!("{error}");
+        return Err(error);
+    }
+    let _lock = cache_dir.and_then(|dir| CompileLock::take(arch, dir));
+    // Another process may have stored the entry while this one waited for the lock.
+    if let Some(cubin) = cache_dir.and_then(usable) {
+        return Ok((cubin, Origin::Cache));
     }
     let cubin = compile(arch)?;
     if let Some(dir) = cache_dir {
@@ -162,13 +263,37 @@ pub fn store_cached(arch: &str, dir: &Path, cubin: &[u8]) {
     let Some(version) = version() else {
         return;
     };
-    let key = cache_key(arch, version);
+    let key = cache_key(arch);
     let temporary = dir.join(format!(".{}.{key}", std::process::id()));
     let stored = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&temporary, cubin))
+        .and_then(|()| std::fs::write(&temporary, entry_bytes(version, cubin)))
         .and_then(|()| std::fs::rename(&temporary, dir.join(&key)));
     if let Err(e) = stored {
         let _ = std::fs::remove_file(&temporary);
         log::info!("kernel cache {} not written: {e}", dir.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_carry_the_nvrtc_that_compiled_them() {
+        let bytes = entry_bytes((12, 9), b"\x7fELF...");
+        assert_eq!(parse_entry(&bytes), Some(((12, 9), &b"\x7fELF..."[..])));
+        assert_eq!(parse_entry(b"\x7fELF without a header"), None);
+        assert_eq!(parse_entry(b"stragglar-cubin nvrtc x.y\n"), None);
+        assert!(!cache_key("sm_90").contains("nvrtc"), "found without NVRTC");
+        assert_ne!(cache_key("sm_90"), cache_key("sm_80"));
+    }
+
+    #[test]
+    fn only_an_nvrtc_newer_than_the_driver_is_refused() {
+        assert!(newer_than_driver((13, 0), Some((12, 9))));
+        assert!(newer_than_driver((12, 9), Some((12, 4))));
+        assert!(!newer_than_driver((12, 4), Some((12, 9))));
+        assert!(!newer_than_driver((12, 9), Some((12, 9))));
+        assert!(!newer_than_driver((13, 0), None));
     }
 }
