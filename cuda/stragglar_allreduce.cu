@@ -503,17 +503,21 @@ SG_DEVICE void sg_graph_finish(const RawLaunch* a) {
  * launch, feeds the device's detector). */
 SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   uint32_t choice = 0;
-  const RawPlanHeader* plan = (const RawPlanHeader*)a->plan;
-  if (a->graph != 0) plan = sg_graph_plan(a, &choice);
   if (SG_BLOCK >= a->blocks) {
     if (a->graph == 0) {
       sg_arrival_block(a);
     } else if (SG_THREAD == 0) {
+      /* Only thread 0 reads the graph state here: the grid's last block advances its class's
+       * calls once every block, this one through thread 0, has finished (RawClassState), so
+       * another thread of this block reading it would race with that. */
+      sg_graph_plan(a, &choice);
       if (sg_graph_ok(a)) sg_graph_arrival(a, choice);
       sg_graph_finish(a);
     }
     return;
   }
+  const RawPlanHeader* plan = (const RawPlanHeader*)a->plan;
+  if (a->graph != 0) plan = sg_graph_plan(a, &choice);
   sg_call call;
   call.args = a;
   call.plan = plan;

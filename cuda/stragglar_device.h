@@ -59,7 +59,13 @@ SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
 SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v) {
+#ifdef STRAGGLAR_MUTANT_RELAXED_RELEASE
+  /* A planted bug, built only by scripts/tsan-emulation.sh, which requires ThreadSanitizer to
+   * report it (the bit-for-bit checks cannot: x86 orders the store anyway). */
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+#else
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
+#endif
 }
 SG_DEVICE void sg_store_release64(uint64_t* p, uint64_t v) {
   __atomic_store_n(p, v, __ATOMIC_RELEASE);

@@ -2,7 +2,8 @@
 # Installs what the tests need (Python wheels into the ignored .venv, reused on later runs)
 # and runs every test: formatting, lints, the Rust unit and integration tests (C programs
 # against the real libnccl, LD_PRELOAD under the real PyTorch, header conformance, the emulated
-# GPU and its loopback NCCL), a 100 s seeded soak of the CLI, and the shell scripts' syntax.
+# GPU and its loopback NCCL), the kernels' emulation under ThreadSanitizer, a 100 s seeded soak
+# of the CLI, and the shell scripts' syntax.
 #
 # usage: scripts/test.sh            (from anywhere; needs python3, cc, c++, cargo and the network
 #                                    for the first run)
@@ -73,6 +74,9 @@ test -x "$STRAGGLAR_TEST_WHEEL_BIN"
 
 step "CLI soak: seeded random stragglar bench runs, 100 s (scripts/soak-cli.sh)"
 BIN=target/release/stragglar JOBS=2 OUT=target/soak-cli/ci scripts/soak-cli.sh 100 4242
+
+step "the kernels' emulation under ThreadSanitizer, and a planted race it must report (scripts/tsan-emulation.sh)"
+scripts/tsan-emulation.sh
 
 step "cargo test"
 # `cargo test` links the library as an rlib only; the C, preload and ctypes tests need the

@@ -65,12 +65,51 @@ struct Kernel {
     scratch_bytes: usize,
 }
 
+/// A thread scope whose threads are joined one by one (`pthread_join`) at its end, so that
+/// ThreadSanitizer (`STRAGGLAR_EMULATION_CFLAGS=-fsanitize=thread`) sees each emulated thread's
+/// work happen before what follows: `std::thread::scope` waits on an atomic counter, which it
+/// cannot see.
+struct Joined<'scope, 'env> {
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    handles: std::cell::RefCell<Vec<std::thread::ScopedJoinHandle<'scope, ()>>>,
+}
+
+impl<'scope> Joined<'scope, '_> {
+    fn spawn<T>(&self, f: impl FnOnce() -> T + Send + 'scope) {
+        let handle = self.scope.spawn(move || {
+            f();
+        });
+        self.handles.borrow_mut().push(handle);
+    }
+}
+
+/// [`std::thread::scope`], with every thread joined explicitly (see [`Joined`]); a thread's
+/// panic is the scope's.
+fn scoped<'env, T>(f: impl for<'scope> FnOnce(&Joined<'scope, 'env>) -> T) -> T {
+    std::thread::scope(|scope| {
+        let joined = Joined {
+            scope,
+            handles: Default::default(),
+        };
+        let out = f(&joined);
+        for handle in joined.handles.take() {
+            if let Err(panic) = handle.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+        out
+    })
+}
+
 fn kernel() -> &'static Kernel {
     static KERNEL: OnceLock<Kernel> = OnceLock::new();
     KERNEL.get_or_init(|| {
         let dir = support::root().join("target").join("kernel-emulation");
         std::fs::create_dir_all(&dir).unwrap();
         let lib: PathBuf = dir.join(format!("libemulated-{}.so", std::process::id()));
+        // Extra flags (ThreadSanitizer: `-fsanitize=thread`, with libtsan preloaded into the
+        // test binary); the library is then kept, for the reports' symbols.
+        let extra = std::env::var("STRAGGLAR_EMULATION_CFLAGS").unwrap_or_default();
         let out = Command::new("c++")
             .args([
                 "-x",
@@ -81,6 +120,7 @@ fn kernel() -> &'static Kernel {
                 "-shared",
                 "-pthread",
             ])
+            .args(extra.split_whitespace())
             .args(["-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"])
             .args(["-ffp-contract=off", "-DSTRAGGLAR_HOST_EMULATION", "-I"])
             .arg(support::root().join("cuda"))
@@ -99,7 +139,9 @@ fn kernel() -> &'static Kernel {
         // lives as long as the test binary).
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
         assert!(!handle.is_null(), "dlopen {}", lib.display());
-        let _ = std::fs::remove_file(&lib);
+        if extra.is_empty() {
+            let _ = std::fs::remove_file(&lib);
+        }
         let symbol = |name: &str| {
             let name = CString::new(name).unwrap();
             // SAFETY: a valid handle and a NUL-terminated name.
@@ -326,7 +368,7 @@ impl Comm {
             .collect();
         let k = kernel();
         let late = self.late.take();
-        std::thread::scope(|scope| {
+        scoped(|scope| {
             let order = launched.iter().filter(|&&r| Some(r) != late.map(|l| l.0));
             for &r in order {
                 let t = &tickets[r];
@@ -524,7 +566,7 @@ impl Comm {
     ) {
         let k = kernel();
         let late = self.late.take();
-        std::thread::scope(|scope| {
+        scoped(|scope| {
             let launch_rank = |r: usize| {
                 for block in 0..grid {
                     let launch = &launches[r];
@@ -647,7 +689,7 @@ fn emulate_block(k: &Kernel, launch: &RawLaunch, block: u32, threads: u32) {
     let scratch = Aligned::new(k.scratch_bytes);
     let scratch_addr = scratch.addr() as usize;
     let barrier_addr = barrier.as_mut_ptr() as usize;
-    std::thread::scope(|scope| {
+    scoped(|scope| {
         for thread in 0..threads {
             scope.spawn(move || {
                 // SAFETY: the launch, barrier and scratch outlive every thread of this scope;
@@ -1066,7 +1108,7 @@ fn call_with_absent_rank(
     let scales = vec![Scale::None; ranks];
     let abort_word = comm.abort.addr() as usize;
     let started = Instant::now();
-    std::thread::scope(|scope| {
+    scoped(|scope| {
         if let Some(after) = abort_after {
             scope.spawn(move || {
                 std::thread::sleep(after);
@@ -1257,7 +1299,7 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
         ));
     }
     let k = kernel();
-    std::thread::scope(|scope| {
+    scoped(|scope| {
         for rank in 0..ranks {
             let prepared = &prepared;
             let (blocks, threads) = (comm.grid(), comm.threads);
@@ -1267,7 +1309,7 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
                     if (rank + call) % 3 == 0 {
                         std::thread::sleep(Duration::from_millis(3));
                     }
-                    std::thread::scope(|blocks_scope| {
+                    scoped(|blocks_scope| {
                         for block in 0..blocks {
                             let launch = &launches[rank];
                             blocks_scope.spawn(move || emulate_block(k, launch, block, threads));
@@ -1388,7 +1430,7 @@ fn many_ticketed_calls_wrap_the_ring_and_reuse_the_board() {
 fn tickets_released_by(comm: &mut Comm, word: u64, value: u32) -> Vec<u32> {
     let word = word as usize;
     let started = Instant::now();
-    std::thread::scope(|scope| {
+    scoped(|scope| {
         scope.spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             // SAFETY: an aligned u32 of the Comm (abort or failure word) the kernels only read.
@@ -1535,7 +1577,7 @@ fn the_bandwidth_probe_folds_with_the_same_element_code() {
             *slot = a.addr();
         }
         let (blocks, threads) = (3u32, 2u32);
-        std::thread::scope(|scope| {
+        scoped(|scope| {
             for block in 0..blocks {
                 let args = &args;
                 scope.spawn(move || {
@@ -1546,7 +1588,7 @@ fn the_bandwidth_probe_folds_with_the_same_element_code() {
                     };
                     let scratch = Aligned::new(k.scratch_bytes);
                     let (b, s) = (barrier.as_mut_ptr() as usize, scratch.addr() as usize);
-                    std::thread::scope(|inner| {
+                    scoped(|inner| {
                         for thread in 0..threads {
                             // SAFETY: args, barrier and scratch outlive the threads.
                             inner.spawn(move || unsafe {
@@ -1911,7 +1953,7 @@ fn an_abort_during_a_replay_releases_every_rank_and_resets_the_graph_state() {
     assert!((0..ranks).all(|r| comm.status(r) == STATUS_OK));
     let abort = comm.abort.addr() as usize;
     let started = Instant::now();
-    std::thread::scope(|scope| {
+    scoped(|scope| {
         scope.spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             // SAFETY: the Comm's aligned abort word, which the kernels only read.

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU kernels' CPU emulation (tests/kernel_emulation.rs) under gcc's ThreadSanitizer: the
+# kernel source is built for the host with -fsanitize=thread (every release and acquire of the
+# protocol an atomic, peer data plain loads), libtsan is preloaded into the test binary, and
+# every emulated thread is joined explicitly, so TSan checks the memory-ordering argument on a
+# CPU. Two runs:
+#   1. every emulation test: any report fails;
+#   2. a planted bug (STRAGGLAR_MUTANT_RELAXED_RELEASE: the release that publishes a value made
+#      relaxed) on a few tests: TSan must report it, or the check above proves nothing.
+#
+# usage: scripts/tsan-emulation.sh      (needs gcc's libtsan, c++ and cargo)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TSAN="$(gcc -print-file-name=libtsan.so)"
+if [ ! -f "$TSAN" ]; then
+  echo "tsan-emulation: gcc's libtsan.so not found" >&2
+  exit 1
+fi
+BIN="$(cargo test --test kernel_emulation --no-run 2>&1 |
+  sed -n 's/.*Executable tests\/kernel_emulation.rs (\(.*\))/\1/p')"
+if [ ! -x "$BIN" ]; then
+  echo "tsan-emulation: the kernel_emulation test binary was not built" >&2
+  exit 1
+fi
+OUT=target/tsan-emulation
+mkdir -p "$OUT"
+export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan.supp exitcode=66 halt_on_error=0 report_signal_unsafe=0"
+FLAGS="-fsanitize=thread -g"
+
+reports() { grep -c "WARNING: ThreadSanitizer" "$1" || true; }
+
+status=0
+STRAGGLAR_EMULATION_CFLAGS="$FLAGS" LD_PRELOAD="$TSAN" "$BIN" --test-threads=1 \
+  > "$OUT/clean.log" 2>&1 || status=$?
+found=$(reports "$OUT/clean.log")
+grep "^test result" "$OUT/clean.log" || true
+if [ "$status" -ne 0 ] || [ "$found" -ne 0 ]; then
+  grep -A30 "WARNING: ThreadSanitizer" "$OUT/clean.log" | head -120 >&2 || true
+  echo "tsan-emulation: $found report(s), exit status $status (log: $OUT/clean.log)" >&2
+  exit 1
+fi
+echo "tsan-emulation: no report in the emulation tests"
+
+status=0
+STRAGGLAR_EMULATION_CFLAGS="$FLAGS -DSTRAGGLAR_MUTANT_RELAXED_RELEASE" LD_PRELOAD="$TSAN" \
+  "$BIN" --test-threads=1 every_type_and_op world_sizes > "$OUT/mutant.log" 2>&1 || status=$?
+found=$(reports "$OUT/mutant.log")
+if [ "$found" -eq 0 ]; then
+  echo "tsan-emulation: the planted relaxed release went unreported (exit status $status; log: $OUT/mutant.log)" >&2
+  exit 1
+fi
+echo "tsan-emulation: the planted relaxed release is reported ($found report(s))"
+rm -f target/kernel-emulation/libemulated-*.so
