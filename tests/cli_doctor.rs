@@ -145,8 +145,10 @@ fn the_readme_documents_every_setting_with_its_default() {
 fn a_closed_output_pipe_ends_the_tool_quietly() {
     use std::os::unix::process::ExitStatusExt;
     let exe = Path::new(env!("CARGO_BIN_EXE_stragglar"));
+    // 300 KB of output: more than a pipe holds, so the tool writes into the closed pipe even
+    // when it runs before the read end is closed.
     let mut child = clean_command(exe)
-        .arg("help")
+        .args(["plan", "--ranks", "64", "--json"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -133,8 +133,8 @@ fn kernels_come_from_the_cache_without_nvrtc_unless_newer_than_the_driver() {
     assert!(!out.status.success(), "{}", support::describe(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("libnvrtc is not available"), "{stderr}");
-    // A driver of CUDA 12.0, older than the wheel's NVRTC that built the entry.
-    let old_driver = [("STRAGGLAR_EMU_DRIVER_VERSION", "12000")];
+    // A driver of CUDA 11.8, a major version older than the wheel's NVRTC that built the entry.
+    let old_driver = [("STRAGGLAR_EMU_DRIVER_VERSION", "11080")];
     let out = support::run(emulated(&[stragglar(), "doctor"]).envs(old_driver));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("newer than the driver (not used)"), "{text}");
@@ -142,7 +142,7 @@ fn kernels_come_from_the_cache_without_nvrtc_unless_newer_than_the_driver() {
     assert!(!out.status.success(), "{}", support::describe(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("newer than the driver's CUDA 12.0"),
+        stderr.contains("newer than the driver's CUDA 11.8"),
         "{stderr}"
     );
 }

@@ -85,7 +85,7 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
                 .map(|arch| (arch, crate::gpu::nvrtc::read_cached(arch, &dir)));
             let what = match entry {
                 Some((arch, Some((_, (major, minor))))) => {
-                    let loadable = driver_cuda.is_none_or(|driver| (major, minor) <= driver);
+                    let loadable = driver_cuda.is_none_or(|(driver, _)| major <= driver);
                     cached = loadable;
                     match loadable {
                         true => format!(": {arch} kernels there, compiled by NVRTC {major}.{minor}"),

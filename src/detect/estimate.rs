@@ -4,12 +4,12 @@
 //! A call's time depends on the one before it: after a StragglAR call the straggler finishes
 //! before the others, so at the next call its lead is shorter than after a Ring call, and a
 //! StragglAR call that follows Ring calls looks better than StragglAR calls in a row do. So the
-//! tracker keeps only samples of calls that ran the same algorithm as the call before them,
-//! and exploration runs two calls in a row, the second of which is measured.
+//! tracker keeps only samples of calls that ran the same algorithm as their size class's call
+//! before them, and exploration runs two calls of the class in a row, the second measured.
 //!
-//! A call's post-arrival time is the time from the last rank's arrival to the end of the call
-//! on its slowest rank, in nanoseconds. It is what an algorithm costs once nobody is late any
-//! more: for StragglAR it includes whatever of the ReduceScatter the lead did not hide, so the
+//! A call's post-arrival time is the time from the last rank's arrival to that rank's own
+//! finish, in nanoseconds: the time the critical path spends in the call. It is what an
+//! algorithm costs once nobody is late any more: for StragglAR it includes whatever of the ReduceScatter the lead did not hide, so the
 //! two algorithms' times compare directly (a call ends at the last arrival plus this time,
 //! whichever ran). Every rank feeds the same samples at the same call numbers, so every rank's
 //! estimates, and therefore its choices, are identical.

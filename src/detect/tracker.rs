@@ -61,8 +61,8 @@ pub struct Tracker {
     /// Tracked calls whose post-arrival time is not fed yet, oldest first (only while
     /// measuring).
     untimed: VecDeque<Untimed>,
-    /// Whether the last tracked call ran StragglAR.
-    last_stragglar: Option<bool>,
+    /// Per size class, whether its last tracked call ran StragglAR.
+    last_stragglar: HashMap<u32, bool>,
 }
 
 /// A tracked call awaiting its post-arrival time.
@@ -70,8 +70,9 @@ pub struct Tracker {
 struct Untimed {
     class: u32,
     stragglar: bool,
-    /// The call before it ran the other algorithm: its time says how the switch went, not
-    /// how the algorithm runs, and is not kept (see `estimate`).
+    /// The class's call before it ran the other algorithm: its time says how the switch went,
+    /// not how the algorithm runs, and is not kept (see `estimate`). Per class, so that
+    /// interleaved classes (a DDP step's buckets) still sample their explorations.
     after_switch: bool,
 }
 
@@ -90,7 +91,7 @@ impl Tracker {
             measuring: false,
             times: HashMap::new(),
             untimed: VecDeque::new(),
-            last_stragglar: None,
+            last_stragglar: HashMap::new(),
         }
     }
 
@@ -140,10 +141,13 @@ impl Tracker {
             self.untimed.push_back(Untimed {
                 class,
                 stragglar,
-                after_switch: self.last_stragglar.is_some_and(|last| last != stragglar),
+                after_switch: self
+                    .last_stragglar
+                    .get(&class)
+                    .is_some_and(|&last| last != stragglar),
             });
         }
-        self.last_stragglar = Some(stragglar);
+        self.last_stragglar.insert(class, stragglar);
     }
 
     /// The choice [`Tracker::decide`] would make for a call of `bytes`, without tracking a
@@ -165,11 +169,15 @@ impl Tracker {
     }
 
     /// Feeds the post-arrival time (nanoseconds, the same on every rank) of the oldest tracked
-    /// call not yet timed, kept unless the call before it ran the other algorithm; `false` when
-    /// no call awaits one or the tracker is not measuring.
-    pub fn feed_time(&mut self, post_ns: u64) -> bool {
+    /// call not yet timed, kept unless the call before it ran the other algorithm; `None`: that
+    /// call's time is not known (it is passed over). `false` when no call awaits one or the
+    /// tracker is not measuring.
+    pub fn feed_time(&mut self, post_ns: Option<u64>) -> bool {
         let Some(call) = self.untimed.pop_front() else {
             return false;
+        };
+        let Some(post_ns) = post_ns else {
+            return true;
         };
         if !call.after_switch {
             self.times
@@ -402,7 +410,7 @@ mod tests {
             if let Some(k) = t.due() {
                 t.feed(late);
                 if k > 0 {
-                    assert!(t.feed_time(time_of(choices[k as usize - 1])));
+                    assert!(t.feed_time(Some(time_of(choices[k as usize - 1]))));
                 }
             }
             let choice = t.decide(1 << 20);
@@ -430,7 +438,7 @@ mod tests {
         assert!(table.contains("post-arrival median 3000.0 us"), "{table}");
         assert!(table.contains("post-arrival median 1000.0 us"), "{table}");
         assert!(
-            !tracker(1).measuring().feed_time(5),
+            !tracker(1).measuring().feed_time(Some(5)),
             "no call awaits a time"
         );
     }
@@ -449,12 +457,43 @@ mod tests {
         ] {
             t.track(1 << 20, choice);
             t.feed(record(0));
-            assert!(t.feed_time(ns));
+            assert!(t.feed_time(Some(ns)));
         }
         let times = t.class_times(size_class(1 << 20)).unwrap();
         assert_eq!(times.stragglar.median(), Some(5_000));
         assert_eq!(times.baseline.median(), Some(1_000));
         assert_eq!((times.stragglar.taken(), times.baseline.taken()), (1, 1));
+    }
+
+    /// Two size classes called in turn (a DDP step's buckets), one on each algorithm: each
+    /// class's exploration pair is sampled, since a call is compared with its own class's call
+    /// before it; and a call whose time is unknown (`None`) is passed over.
+    #[test]
+    fn interleaved_classes_still_sample_their_explorations() {
+        let mut t = tracker(1).measuring();
+        let sg = Choice::Stragglar { straggler: 5 };
+        let (x, y) = (1 << 20, 1 << 10);
+        for call in 0..8u64 {
+            let (bytes, choice) = match (call % 2 == 0, call / 2) {
+                (true, 1 | 2) => (x, sg), // class x explores on its calls 1 and 2
+                (true, _) => (x, Choice::Baseline),
+                (false, _) => (y, sg),
+            };
+            t.track(bytes, choice);
+            t.feed(record(0));
+            assert!(t.feed_time(Some(1_000 + call)));
+        }
+        let xs = t.class_times(size_class(x)).unwrap();
+        assert_eq!(xs.stragglar.taken(), 1, "the second call of the pair");
+        assert_eq!(
+            xs.baseline.taken(),
+            1,
+            "call 0; call 3, after the pair, is dropped"
+        );
+        assert_eq!(t.class_times(size_class(y)).unwrap().stragglar.taken(), 4);
+        t.track(x, Choice::Baseline);
+        assert!(t.feed_time(None));
+        assert_eq!(t.class_times(size_class(x)).unwrap().baseline.taken(), 1);
     }
 
     /// The measured post-arrival time of a call that ran `choice`: StragglAR 3 ms, the baseline

@@ -4,8 +4,8 @@
 //! this build's version, so a changed source, another build or another GPU never reuses a
 //! stale binary, and an entry is found without loading NVRTC at all (a job can run on a cache
 //! that `stragglar kernels --cache` filled). Each entry starts with the version of the NVRTC
-//! that compiled it: an entry, or an NVRTC, newer than the driver's CUDA is refused with a
-//! WARN naming both (the driver cannot load its CUBIN). An entry is written to a temporary name
+//! that compiled it: an entry, or an NVRTC, of a newer major version than the driver's CUDA is
+//! refused with a WARN naming both (the driver cannot load its CUBIN). An entry is written to a temporary name
 //! and renamed into place, so concurrent ranks never read a torn file, and only one process
 //! per host compiles at a time (a lock file beside the entry): the others wait, then read it.
 
@@ -29,6 +29,7 @@ pub enum CompileError {
     /// NVRTC failed otherwise.
     Failed(String),
     /// This NVRTC is newer than the driver: the driver could not load what it compiles.
+    /// (A newer major version: see `newer_than_driver`.)
     NewerThanDriver {
         nvrtc: (i32, i32),
         driver: (i32, i32),
@@ -175,10 +176,11 @@ pub fn read_cached(arch: &str, dir: &Path) -> Option<(Vec<u8>, (i32, i32))> {
     Some((cubin.to_vec(), version))
 }
 
-/// Whether NVRTC `nvrtc` is newer than the driver's CUDA `driver` (an unknown driver is not
-/// held against it).
+/// Whether NVRTC `nvrtc` is of a newer major version than the driver's CUDA `driver` (an
+/// unknown driver is not held against it). Within a major version a CUBIN loads on an older
+/// driver (CUDA's minor-version compatibility covers SASS; only PTX needs the newer driver).
 fn newer_than_driver(nvrtc: (i32, i32), driver: Option<(i32, i32)>) -> bool {
-    driver.is_some_and(|driver| nvrtc > driver)
+    driver.is_some_and(|driver| nvrtc.0 > driver.0)
 }
 
 /// An exclusive lock on one cache entry, held while it is compiled and stored (released when
@@ -289,9 +291,13 @@ mod tests {
     }
 
     #[test]
-    fn only_an_nvrtc_newer_than_the_driver_is_refused() {
+    fn only_an_nvrtc_of_a_newer_major_version_than_the_driver_is_refused() {
         assert!(newer_than_driver((13, 0), Some((12, 9))));
-        assert!(newer_than_driver((12, 9), Some((12, 4))));
+        assert!(newer_than_driver((12, 9), Some((11, 8))));
+        assert!(
+            !newer_than_driver((12, 9), Some((12, 4))),
+            "minor-version compatibility"
+        );
         assert!(!newer_than_driver((12, 4), Some((12, 9))));
         assert!(!newer_than_driver((12, 9), Some((12, 9))));
         assert!(!newer_than_driver((13, 0), None));

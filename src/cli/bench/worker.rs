@@ -98,6 +98,8 @@ struct Chooser {
     /// Pieces per chunk of StragglAR's calls, by message bytes (`--pipeline auto` prices each
     /// size once).
     pieces: HashMap<usize, usize>,
+    /// The engine calls the last recorded call ran as.
+    previous_parts: usize,
 }
 
 impl Chooser {
@@ -117,6 +119,7 @@ impl Chooser {
             fixed,
             tracker: Tracker::new(policy, options.ranks, 1).measuring(),
             pieces: HashMap::new(),
+            previous_parts: 1,
         }
     }
 
@@ -146,10 +149,13 @@ impl Chooser {
     }
 
     /// Feeds a call's record: the previous call's post-arrival time, then its own arrivals.
+    /// A previous call that ran in parts has no time (the record's covers its last part only).
     fn observe(&mut self, record: &CallRecord) -> Option<Observed> {
         if let Some(post_ns) = record.previous_post_ns {
-            self.tracker.feed_time(post_ns);
+            let whole = self.previous_parts == 1;
+            self.tracker.feed_time(whole.then_some(post_ns));
         }
+        self.previous_parts = record.parts;
         self.tracker.feed(ArrivalRecord {
             last_rank: record.last_rank,
             lead_ns: record.lead_ns(),

@@ -120,6 +120,9 @@ pub struct CallRecord {
     /// arriving at this one, so once this call is complete every rank reads the same value.
     /// `None` for the first call.
     pub previous_post_ns: Option<u64>,
+    /// The engine calls the message ran as (1; more when a message larger than the staging
+    /// runs in parts, see `runner::all_reduce`, whose record is the first part's).
+    pub parts: usize,
 }
 
 impl CallRecord {
@@ -131,6 +134,7 @@ impl CallRecord {
             last_rank: 0,
             finished,
             previous_post_ns: None,
+            parts: 1,
         };
         for (rank, t) in arrivals.enumerate() {
             if t >= record.last_arrival {

@@ -85,5 +85,5 @@ pub fn all_reduce(
             }
         }
     }
-    Ok(first)
+    Ok(first.map(|record| CallRecord { parts, ..record }))
 }
