@@ -98,6 +98,8 @@ pub struct ClassTimes {
     pub decided: u64,
     /// Of them, those that ran StragglAR.
     pub on_stragglar: u64,
+    /// Whether the last of them ran StragglAR (`None` before the first).
+    last: Option<bool>,
 }
 
 impl ClassTimes {
@@ -120,6 +122,12 @@ impl ClassTimes {
     pub fn count(&mut self, stragglar: bool) {
         self.decided += 1;
         self.on_stragglar += stragglar as u64;
+        self.last = Some(stragglar);
+    }
+
+    /// Whether the class's last decided call ran StragglAR (`None` before the first).
+    pub fn last_stragglar(&self) -> Option<bool> {
+        self.last
     }
 
     /// Feeds the post-arrival time of a call that ran StragglAR (`stragglar`) or the baseline,

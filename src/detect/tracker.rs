@@ -61,8 +61,6 @@ pub struct Tracker {
     /// Tracked calls whose post-arrival time is not fed yet, oldest first (only while
     /// measuring).
     untimed: VecDeque<Untimed>,
-    /// Per size class, whether its last tracked call ran StragglAR.
-    last_stragglar: HashMap<u32, bool>,
 }
 
 /// A tracked call awaiting its post-arrival time.
@@ -91,7 +89,6 @@ impl Tracker {
             measuring: false,
             times: HashMap::new(),
             untimed: VecDeque::new(),
-            last_stragglar: HashMap::new(),
         }
     }
 
@@ -136,18 +133,16 @@ impl Tracker {
             .or_insert_with(|| Detector::new(ranks, DetectorConfig::default()));
         let stragglar = matches!(choice, Choice::Stragglar { .. });
         self.pending.push_back(Pending { class, stragglar });
-        self.times.entry(class).or_default().count(stragglar);
+        let times = self.times.entry(class).or_default();
+        let after_switch = times.last_stragglar().is_some_and(|last| last != stragglar);
+        times.count(stragglar);
         if self.measuring {
             self.untimed.push_back(Untimed {
                 class,
                 stragglar,
-                after_switch: self
-                    .last_stragglar
-                    .get(&class)
-                    .is_some_and(|&last| last != stragglar),
+                after_switch,
             });
         }
-        self.last_stragglar.insert(class, stragglar);
     }
 
     /// The choice [`Tracker::decide`] would make for a call of `bytes`, without tracking a

@@ -218,10 +218,20 @@ pub fn cubin_cached(
     cache_dir: Option<&Path>,
 ) -> Result<(Vec<u8>, Origin), CompileError> {
     let driver = super::probe::driver_cuda_version();
-    let usable = |dir: &Path| {
-        let (cubin, built_by) = read_cached(arch, dir)?;
-        if newer_than_driver(built_by, driver) {
-            let (d, n) = (driver.unwrap_or_default(), built_by);
+    // An entry the driver can load, or the version of the NVRTC that made one it cannot.
+    let loadable = |dir: &Path| {
+        read_cached(arch, dir).map(
+            |(cubin, built_by)| match newer_than_driver(built_by, driver) {
+                false => Ok(cubin),
+                true => Err(built_by),
+            },
+        )
+    };
+    let first = cache_dir.and_then(|dir| loadable(dir).map(|entry| (dir, entry)));
+    match first {
+        Some((_, Ok(cubin))) => return Ok((cubin, Origin::Cache)),
+        Some((dir, Err(n))) => {
+            let d = driver.unwrap_or_default();
             log::warn!(
                 "kernel cache entry {} was compiled by NVRTC {}.{}, newer than the driver's CUDA {}.{}: not used",
                 dir.join(cache_key(arch)).display(),
@@ -230,12 +240,8 @@ pub fn cubin_cached(
                 d.0,
                 d.1
             );
-            return None;
         }
-        Some(cubin)
-    };
-    if let Some(cubin) = cache_dir.and_then(usable) {
-        return Ok((cubin, Origin::Cache));
+        None => {}
     }
     let version = version().ok_or(CompileError::NoNvrtc)?;
     if newer_than_driver(version, driver) {
@@ -247,9 +253,12 @@ pub fn cubin_cached(
         return Err(error);
     }
     let _lock = cache_dir.and_then(|dir| CompileLock::take(arch, dir));
-    // Another process may have stored the entry while this one waited for the lock.
-    if let Some(cubin) = cache_dir.and_then(usable) {
-        return Ok((cubin, Origin::Cache));
+    // Another process may have stored the entry while this one waited for the lock (one that
+    // was there already was refused above, and is not looked at again).
+    if let (Some(dir), None) = (cache_dir, &first) {
+        if let Some(Ok(cubin)) = loadable(dir) {
+            return Ok((cubin, Origin::Cache));
+        }
     }
     let cubin = compile(arch)?;
     if let Some(dir) = cache_dir {

@@ -422,7 +422,7 @@ impl BenchOptions {
     }
 
     /// The emulated links of a call that runs StragglAR (`baseline` false) or the baseline.
-    pub fn link_model(&self, baseline: bool) -> LinkModel {
+    pub fn emulated_link(&self, baseline: bool) -> LinkModel {
         let gbs = match baseline {
             true => self.baseline_link_gbs.or(self.link_gbs),
             false => self.link_gbs,

@@ -205,7 +205,7 @@ impl<'a> RankRun<'a> {
             layout,
             timeout: options.timeout_ms.map(Duration::from_millis),
             setup_timeout: Duration::from_secs(60),
-            link: options.link_model(false),
+            link: options.emulated_link(false),
         })?;
         if let Some(fault) = options.fault.filter(|_| rank == options.fault_rank) {
             comm.inject(fault);
@@ -327,7 +327,7 @@ impl RankRun<'_> {
             .chooser
             .shape(options, bytes, bytes / options.dtype.size() > 0);
         let stragglar = shape.algorithm == Algorithm::Stragglar;
-        self.comm.set_link(options.link_model(!stragglar));
+        self.comm.set_link(options.emulated_link(!stragglar));
         half.choices = data::digest_more(
             half.choices,
             if stragglar {
