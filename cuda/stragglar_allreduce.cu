@@ -30,7 +30,9 @@
 /* Per-block scratch: shared memory on the GPU, one per emulated block on the host. */
 struct sg_scratch {
   const unsigned char* operands[SG_MAX_OPERANDS];
-  uint32_t give_up;
+  /* The outcome of each operand's wait in the current step (a STATUS_*), written by the thread
+   * that waited on it. */
+  uint32_t waits[SG_MAX_OPERANDS];
 };
 
 /* What the element-wise code needs: the op, the world size (for integer avg), the element
@@ -123,11 +125,18 @@ SG_DEVICE uint32_t* sg_flag(const sg_call* call, uint32_t rank, uint32_t value) 
   return (uint32_t*)peer->flags[call->parity] + (uint64_t)value * call->args->blocks + SG_BLOCK;
 }
 
+/* Records a failure: `status` in this rank's failure word (its peers' waits watch it), then
+ * released into the launch's status word (the host's). Outlined: a cold path every wait
+ * reaches, whose system-scope release would otherwise be inlined into each. */
+SG_OUTLINED void sg_record_failure(uint32_t* failed, uint32_t* status_word, uint32_t status) {
+  sg_store_volatile(failed, status);
+  sg_store_release(status_word, status);
+}
+
 /* Gives up the call on this rank: records why where the host and the peers look. */
 SG_DEVICE void sg_fail(const sg_call* call, uint32_t status) {
   const RawLaunch* a = call->args;
-  sg_store_volatile((uint32_t*)call->peers[a->rank].failed, status);
-  sg_store_release((uint32_t*)a->status, status);
+  sg_record_failure((uint32_t*)call->peers[a->rank].failed, (uint32_t*)a->status, status);
 }
 
 /* `sg_wait`'s `peer` when the word may be written by any rank: every rank's failure word is
@@ -244,6 +253,14 @@ SG_DEVICE void sg_store_elem(unsigned char* p, typename L::elem e) {
   sg_store_bytes(p, &e, sizeof(e));
 }
 
+/* Whether every pointer given is 16-byte aligned (a null destination counts as aligned). */
+SG_DEVICE bool sg_aligned16(const unsigned char* const* operands, uint32_t count,
+                            const unsigned char* out_a, const unsigned char* out_b) {
+  bool aligned = (uint64_t)out_a % 16 == 0 && (uint64_t)out_b % 16 == 0;
+  for (uint32_t i = 0; i < count; ++i) aligned = aligned && (uint64_t)operands[i] % 16 == 0;
+  return aligned;
+}
+
 /* A copy of bytes [begin, end) (multiples of 16 from 16-byte aligned bases) to up to two
  * destinations: each thread moves UNROLL vectors a block stride apart per pass, every load
  * issued before any store, so a copy (most of a call's traffic: the exchange's copies, and
@@ -267,71 +284,212 @@ SG_DEVICE void sg_copy16(const unsigned char* src, uint64_t begin, uint64_t end,
   }
 }
 
-/* The element-wise core of every step: for each element of bytes [begin, end) of the chunk,
- * out = finish?(op-fold of operands, each optionally scaled) and writes it to up to two
- * destinations. Operands are arena slots (16-byte aligned) or the caller's input. */
+/* A copy of bytes [begin, end) of elements of `elem` bytes from `src` to up to two
+ * destinations, any alignment: whole vectors when every pointer allows, the rest element by
+ * element. Bytes move unchanged (a NaN keeps its payload), as the host engine's copies.
+ * Outlined, so the kernel's own register pressure never spills into this loop. */
+SG_OUTLINED void sg_copy_elems(const unsigned char* src, uint64_t begin, uint64_t end,
+                             uint32_t elem, unsigned char* out_a, unsigned char* out_b) {
+  if (elem == 0 || elem > 8) return; /* a type the kernel does not know (sg_plan_ok refuses it) */
+  if (sg_aligned16(&src, 1, out_a, out_b)) {
+    const uint64_t vec_end = begin + (end - begin) / 16 * 16;
+    sg_copy16(src, begin, vec_end, out_a, out_b);
+    begin = vec_end;
+  }
+  for (uint64_t at = begin + (uint64_t)SG_THREAD * elem; at < end;
+       at += (uint64_t)SG_THREADS * elem) {
+    unsigned char e[8];
+    sg_copy_bytes(e, src + at, elem);
+    if (out_a) sg_store_bytes(out_a + at, e, elem);
+    if (out_b) sg_store_bytes(out_b + at, e, elem);
+  }
+}
+
+/* 16 bytes of elements of lane L. */
 template <class L>
-SG_DEVICE void sg_apply(const sg_math* m, sg_scratch* s, uint32_t operands, uint64_t begin,
-                        uint64_t end, unsigned char* out_a, unsigned char* out_b, bool scale,
-                        bool finish) {
+union sg_lanes {
+  sg_vec16 v;
+  typename L::elem e[16 / sizeof(typename L::elem)];
+};
+
+/* Reduces the POSITIONS vectors at byte `at`, a block stride apart (those below `end`), of
+ * every operand, and stores the result to up to two destinations. The operands are read BATCH
+ * at a time, every load of a batch issued before any is combined; the fold keeps the operands'
+ * order, whatever the batching. Loops of constant trip count are fully unrolled, so `in` and
+ * `acc` stay in registers: an operand past `count` or a position past `end` is masked, never a
+ * break (a masked position folds zeros and is not stored). `count` >= 1. */
+template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH>
+SG_DEVICE void sg_reduce_at(const sg_math* m, const unsigned char* const* operands,
+                            uint32_t count, uint64_t at, uint64_t stride, uint64_t end,
+                            unsigned char* out_a, unsigned char* out_b, bool scale,
+                            typename L::acc scalar, bool finish) {
+  typedef typename L::acc A;
+  enum { LANES = 16 / sizeof(typename L::elem) };
+  A acc[POSITIONS][LANES];
+  SG_UNROLL
+  for (uint32_t p = 0; p < POSITIONS; ++p) {
+    SG_UNROLL
+    for (uint32_t k = 0; k < LANES; ++k) acc[p][k] = A();
+  }
+  for (uint32_t first = 0; first < count; first += BATCH) {
+    sg_lanes<L> in[POSITIONS][BATCH];
+    SG_UNROLL
+    for (uint32_t j = 0; j < BATCH; ++j) {
+      SG_UNROLL
+      for (uint32_t p = 0; p < POSITIONS; ++p) {
+        sg_vec16 zero = {{0, 0, 0, 0}};
+        const bool live = first + j < count && (p == 0 || at + p * stride < end);
+        in[p][j].v = live ? sg_load16_fresh(operands[first + j] + at + p * stride) : zero;
+      }
+    }
+    SG_UNROLL
+    for (uint32_t j = 0; j < BATCH; ++j) {
+      if (first + j >= count) continue;
+      SG_UNROLL
+      for (uint32_t p = 0; p < POSITIONS; ++p) {
+        SG_UNROLL
+        for (uint32_t k = 0; k < LANES; ++k) {
+          const A x = L::widen(in[p][j].e[k]);
+          if (j > 0) {
+            acc[p][k] = L::combine(OP, acc[p][k], x);
+          } else if (first > 0) {
+            acc[p][k] = L::combine(OP, acc[p][k], x);
+          } else {
+            acc[p][k] = scale ? L::multiply(x, scalar) : x;
+          }
+        }
+      }
+    }
+  }
+  SG_UNROLL
+  for (uint32_t p = 0; p < POSITIONS; ++p) {
+    if (p > 0 && at + p * stride >= end) break;
+    sg_lanes<L> out;
+    SG_UNROLL
+    for (uint32_t k = 0; k < LANES; ++k) {
+      /* Only a sum (avg) finishes: the other ops' instantiations carry no division. */
+      const A v = OP == OP_SUM && finish ? L::finish(m->op, acc[p][k], m->ranks) : acc[p][k];
+      out.e[k] = L::narrow(v);
+    }
+    if (out_a) sg_store16(out_a + at + p * stride, out.v);
+    if (out_b) sg_store16(out_b + at + p * stride, out.v);
+  }
+}
+
+/* The vector core of every combine, for lane L and op OP fixed at compile time (the runtime
+ * switch on the op sits outside the loop, in sg_apply_typed): over bytes [begin, end) of
+ * 16-byte aligned operands (a multiple of 16 bytes), out = finish?(OP-fold of the operands, the
+ * first optionally scaled). Each thread takes POSITIONS vectors a block stride apart per pass
+ * and reads the operands BATCH at a time, so it keeps up to POSITIONS * BATCH 16-byte loads in
+ * flight where a loop over one vector would wait on each. `count` >= 1. */
+template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH>
+SG_DEVICE void sg_reduce16(const sg_math* m, const unsigned char* const* operands, uint32_t count,
+                           uint64_t begin, uint64_t end, unsigned char* out_a,
+                           unsigned char* out_b, bool scale, bool finish) {
   typedef typename L::elem E;
   typedef typename L::acc A;
-  const uint32_t op = m->op;
-  const uint32_t ranks = m->ranks;
-  A scalar = A();
-  if (scale) scalar = L::widen(*(const E*)m->scale);
-  const uint32_t per_vec = 16 / sizeof(E);
-  bool aligned = true;
-  for (uint32_t i = 0; i < operands; ++i) aligned = aligned && ((uint64_t)s->operands[i] % 16 == 0);
-  aligned = aligned && (!out_a || (uint64_t)out_a % 16 == 0) && (!out_b || (uint64_t)out_b % 16 == 0);
-  uint64_t vec_end = begin + (end - begin) / 16 * 16;
-  if (!aligned) vec_end = begin;
-  for (uint64_t at = begin + (uint64_t)SG_THREAD * 16; at < vec_end; at += (uint64_t)SG_THREADS * 16) {
-    union { sg_vec16 v; E e[16 / sizeof(E)]; } in, out;
-    A acc[16 / sizeof(E)];
-    in.v = sg_load16_fresh(s->operands[0] + at);
-    for (uint32_t k = 0; k < per_vec; ++k) {
-      acc[k] = L::widen(in.e[k]);
-      if (scale) acc[k] = L::multiply(acc[k], scalar);
-    }
-    for (uint32_t i = 1; i < operands; ++i) {
-      in.v = sg_load16_fresh(s->operands[i] + at);
-      for (uint32_t k = 0; k < per_vec; ++k) acc[k] = L::combine(op, acc[k], L::widen(in.e[k]));
-    }
-    for (uint32_t k = 0; k < per_vec; ++k) {
-      out.e[k] = L::narrow(finish ? L::finish(op, acc[k], ranks) : acc[k]);
-    }
-    if (out_a) sg_store16(out_a + at, out.v);
-    if (out_b) sg_store16(out_b + at, out.v);
+  const uint64_t stride = (uint64_t)SG_THREADS * 16;
+  const A scalar = scale ? L::widen(*(const E*)m->scale) : A();
+  for (uint64_t at = begin + (uint64_t)SG_THREAD * 16; at < end; at += stride * POSITIONS) {
+    sg_reduce_at<L, OP, POSITIONS, BATCH>(m, operands, count, at, stride, end, out_a, out_b,
+                                          scale, scalar, finish);
   }
-  /* The rest element by element: a partial last unit, or everything when unaligned. */
-  for (uint64_t at = vec_end + (uint64_t)SG_THREAD * sizeof(E); at < end;
+}
+
+/* The elements of bytes [from, end) one at a time, for buffers sg_reduce16 cannot take (a
+ * partial last unit, or everything when a user's buffer is misaligned). */
+template <class L, uint32_t OP>
+SG_DEVICE void sg_reduce_elems(const sg_math* m, const unsigned char* const* operands,
+                               uint32_t count, uint64_t from, uint64_t end,
+                               unsigned char* out_a, unsigned char* out_b, bool scale,
+                               bool finish) {
+  typedef typename L::elem E;
+  typedef typename L::acc A;
+  const A scalar = scale ? L::widen(*(const E*)m->scale) : A();
+  for (uint64_t at = from + (uint64_t)SG_THREAD * sizeof(E); at < end;
        at += (uint64_t)SG_THREADS * sizeof(E)) {
-    A acc = L::widen(sg_load_elem<L>(s->operands[0] + at));
+    A acc = L::widen(sg_load_elem<L>(operands[0] + at));
     if (scale) acc = L::multiply(acc, scalar);
-    for (uint32_t i = 1; i < operands; ++i) {
-      acc = L::combine(op, acc, L::widen(sg_load_elem<L>(s->operands[i] + at)));
+    for (uint32_t i = 1; i < count; ++i) {
+      acc = L::combine(OP, acc, L::widen(sg_load_elem<L>(operands[i] + at)));
     }
-    E e = L::narrow(finish ? L::finish(op, acc, ranks) : acc);
+    E e = L::narrow(OP == OP_SUM && finish ? L::finish(m->op, acc, m->ranks) : acc);
     if (out_a) sg_store_elem<L>(out_a + at, e);
     if (out_b) sg_store_elem<L>(out_b + at, e);
+  }
+}
+
+/* The element-wise core of every step, for lane L and op OP: for each element of bytes
+ * [begin, end) of the chunk, out = finish?(OP-fold of `count` operands, the first optionally
+ * scaled), written to up to two destinations. Operands are arena slots (16-byte aligned) or the
+ * caller's input. Whole vectors go through sg_reduce16 when every pointer is aligned:
+ *  - one operand (a scaled copy-in, which never combines): four vectors per pass (two for
+ *    one-byte types, whose 16 lanes a vector would spill at four), as many loads in flight;
+ *  - more: two vectors per pass, four operands per batch, so eight loads are in flight per
+ *    thread (four for two operands), and a combine of up to four operands issues every load
+ *    before any arithmetic; a larger pull (the straggler's 7 operands at 8 ranks) takes two
+ *    batches, 8 then 6 loads, the same bytes in flight per thread. A batch of 8 was not kept:
+ *    it doubles the unrolled code, which NVRTC compiles at every first use on a host.
+ * No shape spills within one 512-thread block per SM (ptxas; docs/KERNELS.md).
+ *
+ * Outlined (one function per lane and op, called from each step), not inlined: inlined into
+ * every caller, the 40 instantiations made one kernel body NVRTC needed many minutes for. */
+template <class L, uint32_t OP>
+SG_OUTLINED void sg_apply(const sg_math math, const unsigned char* const* operands,
+                          uint32_t count, uint64_t begin, uint64_t end, unsigned char* out_a,
+                          unsigned char* out_b, bool scale, bool finish) {
+  /* `math` comes by value: a pointer to the caller's copy would pin the caller's call state in
+   * local memory across the call. */
+  const sg_math* m = &math;
+  uint64_t vec_end = begin;
+  if (sg_aligned16(operands, count, out_a, out_b)) {
+    vec_end = begin + (end - begin) / 16 * 16;
+    if (OP == OP_SUM && count == 1) { /* sg_apply_typed sends every single operand here */
+      /* Bytes hold 16 lanes a vector: two positions, or their accumulators spill. */
+      enum { SINGLE = sizeof(typename L::elem) == 1 ? 2 : 4 };
+      sg_reduce16<L, OP, SINGLE, 1>(m, operands, count, begin, vec_end, out_a, out_b, scale,
+                                    finish);
+    } else {
+      sg_reduce16<L, OP, 2, 4>(m, operands, count, begin, vec_end, out_a, out_b, scale, finish);
+    }
+  }
+  sg_reduce_elems<L, OP>(m, operands, count, vec_end, end, out_a, out_b, scale, finish);
+}
+
+/* sg_apply for lane L, the op fixed by one switch here (avg and premulsum combine as sums; a
+ * single operand never combines, so it takes the sum's instantiation whatever the op). */
+template <class L>
+SG_DEVICE void sg_apply_typed(const sg_math* m, const unsigned char* const* operands,
+                              uint32_t count, uint64_t begin, uint64_t end, unsigned char* out_a,
+                              unsigned char* out_b, bool scale, bool finish) {
+  const uint32_t op = count == 1 ? (uint32_t)OP_SUM : m->op;
+  switch (op) {
+    case OP_PROD:
+      sg_apply<L, OP_PROD>(*m, operands, count, begin, end, out_a, out_b, scale, finish);
+      break;
+    case OP_MAX:
+      sg_apply<L, OP_MAX>(*m, operands, count, begin, end, out_a, out_b, scale, finish);
+      break;
+    case OP_MIN:
+      sg_apply<L, OP_MIN>(*m, operands, count, begin, end, out_a, out_b, scale, finish);
+      break;
+    default:
+      sg_apply<L, OP_SUM>(*m, operands, count, begin, end, out_a, out_b, scale, finish);
+      break;
   }
 }
 
 SG_DEVICE void sg_apply_any(const sg_math* m, sg_scratch* s, uint32_t operands, uint64_t begin,
                             uint64_t end, unsigned char* out_a, unsigned char* out_b, bool scale,
                             bool finish) {
-  /* A plain copy moves bytes, whatever the type (as the host engine's copies do), in whole
-   * vectors when every pointer allows; sg_apply does the rest. The element-wise path would
-   * write the same bits except that it quiets fp16/bf16 signalling NaNs, which no output can
-   * show: a copied value is an input about to be widened, or a result already narrowed. */
-  if (operands == 1 && !scale && !finish && (uint64_t)s->operands[0] % 16 == 0 &&
-      (uint64_t)out_a % 16 == 0 && (uint64_t)out_b % 16 == 0) {
-    const uint64_t vec_end = begin + (end - begin) / 16 * 16;
-    sg_copy16(s->operands[0], begin, vec_end, out_a, out_b);
-    begin = vec_end;
+  /* A plain copy moves bytes, whatever the type (as the host engine's copies do), so a NaN keeps
+   * its payload; everything else goes through the lanes. */
+  if (operands == 1 && !scale && !finish) {
+    sg_copy_elems(s->operands[0], begin, end, sg_elem_size(m->dt), out_a, out_b);
+    return;
   }
-  SG_WITH_LANE(m->dt, L, sg_apply<L>(m, s, operands, begin, end, out_a, out_b, scale, finish));
+  SG_WITH_LANE(m->dt, L,
+               sg_apply_typed<L>(m, s->operands, operands, begin, end, out_a, out_b, scale, finish));
 }
 
 /* Copies this rank's input into IN, chunk by chunk, scaling it, publishing each slice. */
@@ -360,27 +518,33 @@ SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* st
   sg_chunk(&call->layout, step->chunk, &start, &bytes);
   uint64_t begin, end;
   sg_slice(bytes, SG_BLOCK, a->blocks, &begin, &end);
-  /* The previous step's readers of the scratch are done before thread 0 rewrites it. */
+  /* The previous step's readers of the scratch are done before it is rewritten. */
   sg_block_sync();
-  if (SG_THREAD == 0) {
+  /* Thread i waits on source i (its flag, then with ordered reads its turn), so the waits' round
+   * trips over the link overlap instead of following one another. A wait that gives up marks
+   * this rank failed, which releases the block's other waits (sg_wait watches this rank's own
+   * failure word). */
+  for (uint32_t i = SG_THREAD; i < step->source_count; i += SG_THREADS) {
     uint32_t status = STATUS_OK;
-    for (uint32_t i = 0; status == STATUS_OK && i < step->source_count; ++i) {
-      if (sources[i].rank != a->rank) {
-        const uint32_t* flag = sg_flag(call, sources[i].rank, sources[i].value);
-        status = sg_wait(call, flag, call->flag, sources[i].rank);
-        /* This read is its source's send number `turn`: the sends before it go first. Their
-         * readers may be any ranks, so every rank's failure releases this wait. */
-        if (status == STATUS_OK && sg_ordered(call, step) && step->turn > 0) {
-          status = sg_wait(call, sg_served_word(call, sources[i].rank),
-                           sg_served(call->flag, step->turn), SG_ANY_PEER);
-        }
+    if (sources[i].rank != a->rank) {
+      const uint32_t* flag = sg_flag(call, sources[i].rank, sources[i].value);
+      status = sg_wait(call, flag, call->flag, sources[i].rank);
+      /* This read is its source's send number `turn`: the sends before it go first. Their
+       * readers may be any ranks, so every rank's failure releases this wait. */
+      if (status == STATUS_OK && sg_ordered(call, step) && step->turn > 0) {
+        status = sg_wait(call, sg_served_word(call, sources[i].rank),
+                         sg_served(call->flag, step->turn), SG_ANY_PEER);
       }
-      s->operands[i] = sg_value_at(call, sources[i].rank, sources[i].value);
     }
-    s->give_up = status;
+    s->operands[i] = sg_value_at(call, sources[i].rank, sources[i].value);
+    s->waits[i] = status;
   }
+  /* The acquires above and this barrier order every thread's reads of the sources after the
+   * flags were seen. */
   sg_block_sync();
-  if (s->give_up != STATUS_OK) return s->give_up;
+  for (uint32_t i = 0; i < step->source_count; ++i) {
+    if (s->waits[i] != STATUS_OK) return s->waits[i];
+  }
   unsigned char* own = sg_value_at(call, a->rank, step->out_value);
   unsigned char* output = step->complete ? (unsigned char*)a->output + start : 0;
   bool finish = step->kind == STEP_COMBINE && step->complete;
@@ -638,6 +802,16 @@ extern "C" void stragglar_emulate_layout(uint64_t count, uint32_t dt, uint32_t c
   out[0] = l.in_bytes;
   out[1] = l.slot_bytes;
   for (uint32_t c = 0; c < chunks; ++c) sg_chunk(&l, c, &out[2 + 2 * c], &out[3 + 2 * c]);
+}
+
+/* The kernel's fp16 (bf16 when `brain`) conversions over `n` values: widened[i] from bits[i],
+ * and narrowed[i] from floats[i] (tests compare them with src/reduce/float16.rs). */
+extern "C" void stragglar_emulate_half(uint32_t brain, const uint16_t* bits, float* widened,
+                                       const float* floats, uint16_t* narrowed, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    widened[i] = brain ? sg_bf16_to_f32(bits[i]) : sg_f16_to_f32(bits[i]);
+    narrowed[i] = brain ? sg_f32_to_bf16(floats[i]) : sg_f32_to_f16(floats[i]);
+  }
 }
 
 /* How many served words were found out of turn order so far (see sg_serve). */

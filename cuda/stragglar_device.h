@@ -31,6 +31,8 @@ typedef struct __attribute__((aligned(16))) sg_vec16 {
 #include <time.h>
 
 #define SG_DEVICE static inline
+#define SG_OUTLINED static
+#define SG_UNROLL
 #define SG_GLOBAL extern "C"
 
 /* Where the emulated thread runs: set by the harness before it enters the kernel body. Two
@@ -109,6 +111,10 @@ SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) { memcpy(d
 #else
 /* ---------------------------------------------------------------- GPU (NVRTC) ------------- */
 #define SG_DEVICE static __device__ __forceinline__
+/* A device function compiled once and called, for large bodies with several callers. */
+#define SG_OUTLINED static __device__ __noinline__
+/* Before a loop of constant trip count whose arrays must stay in registers. */
+#define SG_UNROLL _Pragma("unroll")
 #define SG_GLOBAL extern "C" __global__
 
 SG_DEVICE void sg_block_sync(void) { __syncthreads(); }
@@ -122,13 +128,24 @@ SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p) {
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+/* One system-scope ordering per publish: st.release.sys alone, no fence before it. Every
+ * caller publishes a block's work as sg_publish does: all threads write, sg_block_sync(), then
+ * thread 0 releases. That is enough for the whole block's stores, not only thread 0's:
+ *  - bar.sync orders each thread's earlier writes before what thread 0 does after the barrier
+ *    (it synchronizes the block, at CTA scope);
+ *  - in the PTX memory model a release is cumulative: it publishes every write that precedes
+ *    it in causality order, and causality order is transitive across scopes, so the other
+ *    threads' writes (ordered before the release by the barrier) are published with it;
+ *  - the reader's ld.acquire.sys that sees the value synchronizes with the release at system
+ *    scope (both are morally strong: the same scope, both strong), and its block's
+ *    sg_block_sync() then orders the whole reading block after it.
+ * The emulation is no stronger: a pthread barrier, then a release store (TSan checks it). */
 SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v) {
-  asm volatile("fence.acq_rel.sys;\n\tst.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v)
-               : "memory");
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+/* As sg_store_release, for a 64-bit word. */
 SG_DEVICE void sg_store_release64(uint64_t* p, uint64_t v) {
-  asm volatile("fence.acq_rel.sys;\n\tst.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v)
-               : "memory");
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p) {
   uint32_t v;

@@ -1,7 +1,8 @@
 /* Element-wise reduction, exactly as src/reduce computes it on the host (tests/kernel_emulation.rs
  * checks the two against each other, bit for bit):
  *  - integer sums and products wrap (computed in the unsigned twin, so no signed overflow);
- *  - fp16 and bf16 widen to fp32, combine in fp32 in operand order, round once (nearest even);
+ *  - fp16 and bf16 widen to fp32, combine in fp32 in operand order, round once (nearest even),
+ *    and a NaN result is the canonical NaN 0x7fff;
  *  - fp32 and fp64 combine in their own precision, in operand order (compile with fmad off);
  *  - float max/min return the number when one operand is NaN, the first operand on a tie;
  *  - integer avg divides the wrapped sum by n, truncating; float avg and premulsum are a
@@ -12,13 +13,26 @@
 
 #include "stragglar_device.h"
 
-/* ---- fp16 / bf16 by bit arithmetic (no CUDA headers) ---- */
+/* ---- fp16 / bf16 ---- */
+
+/* The NaN every fp16 or bf16 result that is not a number becomes (positive, quiet, all payload
+ * bits set), on the GPU, in the emulation and in src/reduce alike: NaN payloads differ between
+ * a GPU's cvt and a CPU's arithmetic, so the kernels pin them to one. */
+#define SG_CANONICAL_NAN16 ((uint16_t)0x7fffu)
 
 SG_DEVICE float sg_bits_to_f32(uint32_t b) {
   union { uint32_t u; float f; } c;
   c.u = b;
   return c.f;
 }
+
+SG_DEVICE float sg_bf16_to_f32(uint16_t b) { return sg_bits_to_f32((uint32_t)b << 16); }
+
+#ifdef STRAGGLAR_HOST_EMULATION
+/* The host has no half-precision conversion instructions: bit arithmetic, rounding to nearest
+ * with ties to even as the GPU's cvt.rn does (src/reduce/float16.rs is the same arithmetic, and
+ * tests/kernel_emulation.rs checks every fp16 value and a sweep of f32 against it). NaN inputs
+ * to the narrowing functions never get here (sg_narrow_f16/bf16 catch them). */
 
 SG_DEVICE uint32_t sg_f32_to_bits(float f) {
   union { uint32_t u; float f; } c;
@@ -55,14 +69,12 @@ SG_DEVICE uint32_t sg_round_shifted(uint32_t kept, uint32_t dropped, uint32_t sh
   return (dropped > half || (dropped == half && (kept & 1u))) ? kept + 1 : kept;
 }
 
-SG_DEVICE uint16_t sg_f32_to_f16(float f) {
+SG_DEVICE uint16_t sg_f32_to_f16_rn(float f) {
   uint32_t bits = sg_f32_to_bits(f);
   uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
   int32_t exp = (int32_t)((bits >> 23) & 0xffu);
   uint32_t mant = bits & 0x7fffffu;
-  if (exp == 0xff) {
-    return mant == 0 ? (uint16_t)(sign | 0x7c00u) : (uint16_t)(sign | 0x7e00u | (mant >> 13));
-  }
+  if (exp == 0xff) return (uint16_t)(sign | 0x7c00u); /* infinity (NaN is caught before) */
   int32_t unbiased = exp - 127;
   if (unbiased > 15) return (uint16_t)(sign | 0x7c00u);
   if (unbiased >= -14) {
@@ -75,13 +87,41 @@ SG_DEVICE uint16_t sg_f32_to_f16(float f) {
   return (uint16_t)(sign | sg_round_shifted(full >> shift, full & ((1u << shift) - 1), shift));
 }
 
-SG_DEVICE float sg_bf16_to_f32(uint16_t b) { return sg_bits_to_f32((uint32_t)b << 16); }
-
-SG_DEVICE uint16_t sg_f32_to_bf16(float f) {
+SG_DEVICE uint16_t sg_f32_to_bf16_rn(float f) {
   uint32_t bits = sg_f32_to_bits(f);
-  if (f != f) return (uint16_t)((bits >> 16) | 0x40u);
   uint32_t lsb = (bits >> 16) & 1u;
   return (uint16_t)((bits + 0x7fffu + lsb) >> 16);
+}
+#else
+/* The GPU converts in hardware: one cvt each way (widening is exact, subnormals included;
+ * narrowing rounds to nearest, ties to even). bf16 widening is the shift above. */
+SG_DEVICE float sg_f16_to_f32(uint16_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+
+SG_DEVICE uint16_t sg_f32_to_f16_rn(float f) {
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+SG_DEVICE uint16_t sg_f32_to_bf16_rn(float f) {
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+#endif
+
+/* f32 to fp16 or bf16, rounding to nearest even; a NaN becomes SG_CANONICAL_NAN16 (a select,
+ * not a branch: the cvt runs either way). */
+SG_DEVICE uint16_t sg_f32_to_f16(float f) {
+  return f != f ? SG_CANONICAL_NAN16 : sg_f32_to_f16_rn(f);
+}
+
+SG_DEVICE uint16_t sg_f32_to_bf16(float f) {
+  return f != f ? SG_CANONICAL_NAN16 : sg_f32_to_bf16_rn(f);
 }
 
 /* ---- lanes: how one element type loads, combines and stores ---- */
@@ -100,8 +140,9 @@ SG_DEVICE A sg_fmin(A a, A b) {
   return b < a ? b : a;
 }
 
-/* An integer type T whose wrapping arithmetic runs in its unsigned twin U; W is the 64-bit
- * type of T's signedness, for the division of avg. */
+/* An integer type T whose wrapping arithmetic runs in its unsigned twin U; W is the type of
+ * T's signedness the division of avg runs in: 32 bits for types up to 32 bits (the quotient of
+ * a T by a rank count is the same, and a 64-bit division is a long subroutine on a GPU). */
 template <typename T, typename U, typename W>
 struct sg_int_lane {
   typedef T elem;
@@ -159,10 +200,10 @@ typedef signed char sg_i8;
 typedef unsigned char sg_u8;
 typedef long long sg_i64;
 
-typedef sg_int_lane<sg_i8, sg_u8, sg_i64> sg_lane_i8;
-typedef sg_int_lane<sg_u8, sg_u8, uint64_t> sg_lane_u8;
-typedef sg_int_lane<int32_t, uint32_t, sg_i64> sg_lane_i32;
-typedef sg_int_lane<uint32_t, uint32_t, uint64_t> sg_lane_u32;
+typedef sg_int_lane<sg_i8, sg_u8, int32_t> sg_lane_i8;
+typedef sg_int_lane<sg_u8, sg_u8, uint32_t> sg_lane_u8;
+typedef sg_int_lane<int32_t, uint32_t, int32_t> sg_lane_i32;
+typedef sg_int_lane<uint32_t, uint32_t, uint32_t> sg_lane_u32;
 typedef sg_int_lane<sg_i64, uint64_t, sg_i64> sg_lane_i64;
 typedef sg_int_lane<uint64_t, uint64_t, uint64_t> sg_lane_u64;
 typedef sg_half_lane<false> sg_lane_f16;

@@ -52,8 +52,12 @@ type RuleFn =
 /// `stragglar_emulate_layout`: the kernel's chunk ranges and slot size for a count and type.
 type LayoutFn = unsafe extern "C" fn(u64, u32, u32, *mut u64);
 
+/// `stragglar_emulate_half`: the kernel's fp16 or bf16 conversions over arrays.
+type HalfFn = unsafe extern "C" fn(u32, *const u16, *mut f32, *const f32, *mut u16, u64);
+
 /// The emulated kernel, compiled once per test binary.
 struct Kernel {
+    half: HalfFn,
     thread: ThreadFn,
     apply: ApplyFn,
     ticket: TicketFn,
@@ -172,6 +176,10 @@ fn kernel() -> &'static Kernel {
                 std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(symbol(
                     "stragglar_emulate_served_out_of_order",
                 ))
+            },
+            // SAFETY: as above.
+            half: unsafe {
+                std::mem::transmute::<*mut c_void, HalfFn>(symbol("stragglar_emulate_half"))
             },
             // SAFETY: as above.
             layout: unsafe {
@@ -775,14 +783,12 @@ fn scales(dtype: DataType, op: ReduceOp, ranks: usize) -> Vec<Scale> {
         .collect()
 }
 
-/// Whether an element is a NaN: NaN payloads are not part of the reduction's contract (which
-/// operand's payload an IEEE operation keeps is up to the compiler and the hardware, and GPUs
-/// return a canonical NaN), so two NaNs compare equal here.
+/// Whether an fp32 or fp64 element is a NaN: their NaN payloads are not part of the reduction's
+/// contract (which operand's payload an IEEE operation keeps is up to the compiler and the
+/// hardware, and GPUs return a canonical NaN), so two NaNs compare equal here. An fp16 or bf16
+/// NaN result is the canonical one, compared bit for bit (this returns false for them).
 fn is_nan(dtype: DataType, e: &[u8]) -> bool {
-    use stragglar::reduce::float16::{bf16_to_f32, f16_to_f32};
     match dtype {
-        DataType::F16 => f16_to_f32(u16::from_le_bytes([e[0], e[1]])).is_nan(),
-        DataType::Bf16 => bf16_to_f32(u16::from_le_bytes([e[0], e[1]])).is_nan(),
         DataType::F32 => f32::from_le_bytes(e.try_into().unwrap()).is_nan(),
         DataType::F64 => f64::from_le_bytes(e.try_into().unwrap()).is_nan(),
         _ => false,
@@ -970,6 +976,76 @@ fn every_type_and_op_matches_the_interpreter_bit_for_bit() {
     }
 }
 
+/// f32 values around every fp16 (or bf16) value: the value itself, the midpoints to its
+/// neighbours (ties), one f32 ulp either side of them, and a stride through all f32 bit
+/// patterns (NaNs, infinities, subnormals and overflow among them).
+fn narrowing_sweep(widen: fn(u16) -> f32) -> Vec<f32> {
+    let mut out = Vec::new();
+    for h in 0..=u16::MAX {
+        let f = widen(h);
+        let next = widen(h.wrapping_add(1));
+        if !f.is_finite() || !next.is_finite() {
+            out.push(f);
+            continue;
+        }
+        let mid = f / 2.0 + next / 2.0;
+        for v in [f, mid] {
+            let bits = v.to_bits();
+            out.extend([v, f32::from_bits(bits.wrapping_add(1)), f32::from_bits(bits.wrapping_sub(1))]);
+        }
+    }
+    out.extend((0..=u32::MAX).step_by(4099).map(f32::from_bits));
+    out
+}
+
+#[test]
+fn half_conversions_match_src_reduce_for_every_value() {
+    // Widening: every fp16 and bf16 bit pattern. Narrowing: the sweep above; a NaN must give
+    // the canonical NaN on both sides, bit for bit.
+    use stragglar::reduce::float16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+    let bits: Vec<u16> = (0..=u16::MAX).collect();
+    for (brain, widen, narrow) in [
+        (0u32, f16_to_f32 as fn(u16) -> f32, f32_to_f16 as fn(f32) -> u16),
+        (1, bf16_to_f32, f32_to_bf16),
+    ] {
+        let floats = narrowing_sweep(widen);
+        let n = bits.len().max(floats.len());
+        let bits: Vec<u16> = bits.iter().copied().cycle().take(n).collect();
+        let floats: Vec<f32> = floats.iter().copied().cycle().take(n).collect();
+        let mut widened = vec![0f32; n];
+        let mut narrowed = vec![0u16; n];
+        // SAFETY: four arrays of n elements each, as the function reads and writes them.
+        unsafe {
+            (kernel().half)(
+                brain,
+                bits.as_ptr(),
+                widened.as_mut_ptr(),
+                floats.as_ptr(),
+                narrowed.as_mut_ptr(),
+                n as u64,
+            )
+        };
+        for i in 0..n {
+            assert_eq!(
+                widened[i].to_bits(),
+                widen(bits[i]).to_bits(),
+                "brain {brain}: widening {:#06x}",
+                bits[i]
+            );
+            assert_eq!(
+                narrowed[i],
+                narrow(floats[i]),
+                "brain {brain}: narrowing {:#010x}",
+                floats[i].to_bits()
+            );
+        }
+        assert!(
+            floats.iter().any(|f| f.is_nan()) && narrowed.contains(&0x7fff),
+            "the sweep narrows NaNs"
+        );
+    }
+}
+
 #[test]
 fn arbitrary_bit_patterns_round_like_the_host() {
     // NaNs, infinities, subnormals and wrapping integers: the C conversions and lanes against
@@ -1036,6 +1112,42 @@ fn world_sizes_algorithms_counts_and_misaligned_buffers() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn pulls_of_more_than_eight_operands_fold_in_order_across_batches() {
+    // 12 ranks: the straggler's pull combines 11 operands, read 8 then 3 (sg_reduce16's
+    // batches); float sums are order-sensitive, so a batch folded out of order shows.
+    let mut cache = PlanCache::default();
+    let mut comm = Comm::new(12, 2, 2);
+    for (i, (dtype, op)) in [
+        (DataType::F32, ReduceOp::Sum),
+        (DataType::F16, ReduceOp::Sum),
+        (DataType::Bf16, ReduceOp::Max),
+        (DataType::I32, ReduceOp::Prod),
+        (DataType::F64, ReduceOp::Avg),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        check(
+            &mut comm,
+            &mut cache,
+            &Case {
+                pieces: 1,
+                algorithm: Algorithm::Stragglar,
+                ranks: 12,
+                straggler: i * 5 % 12,
+                dtype,
+                op,
+                count: 2053,
+                offset: 0,
+                in_place: i % 2 == 0,
+                raw: false,
+                seed: 7700 + i as u64,
+            },
+        );
     }
 }
 

@@ -13,6 +13,7 @@ kernels options:
   --out DIR     where to write stragglar_<arch>.cubin (default: only compile and check)
   --cache       also store each CUBIN as the kernel cache's entry (STRAGGLAR_CACHE_DIR), so
                 that the first use on a GPU of that architecture skips NVRTC
+  --resources   print ptxas's report of each function: registers, stack, spills, shared memory
 ";
 
 /// Runs `stragglar kernels`; exit status 1 when a compilation fails.
@@ -25,6 +26,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         .flag(&["--cache"])
         .then(|| nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref()))
         .flatten();
+    let resources = args.flag(&["--resources"]);
     args.finish()?;
     let archs: Vec<&str> = archs.split(',').map(str::trim).collect();
     if let Some(bad) = archs.iter().find(|a| !kernels::valid_arch(a)) {
@@ -45,12 +47,18 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let mut failed = false;
     for arch in archs {
         let started = std::time::Instant::now();
-        let outcome = nvrtc::compile(arch)
-            .map_err(|e| e.to_string())
-            .and_then(|bin| {
-                cubin::check(&bin, arch)?;
-                Ok(bin)
-            });
+        let compiled = if resources {
+            nvrtc::compile_reporting(arch).map(|(bin, log)| {
+                print_resources(arch, &log);
+                bin
+            })
+        } else {
+            nvrtc::compile(arch)
+        };
+        let outcome = compiled.map_err(|e| e.to_string()).and_then(|bin| {
+            cubin::check(&bin, arch)?;
+            Ok(bin)
+        });
         match outcome {
             Ok(bin) => {
                 if let Some(dir) = &cache {
@@ -81,4 +89,17 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         }
     }
     Ok(failed as i32)
+}
+
+/// Prints ptxas's report in NVRTC's log (its `info` lines and each function's stack and spill
+/// line), prefixed by `arch`.
+fn print_resources(arch: &str, log: &str) {
+    for line in log.lines() {
+        let text = match line.split_once("ptxas info") {
+            Some((_, rest)) => rest.trim_start_matches([' ', ':']),
+            None if line.contains("bytes stack frame") => line.trim(),
+            None => continue,
+        };
+        println!("{arch}: {}", text.trim_end());
+    }
 }

@@ -72,6 +72,19 @@ pub fn version() -> Option<(i32, i32)> {
 
 /// Compiles every kernel for `arch` into one CUBIN (no cache).
 pub fn compile(arch: &str) -> Result<Vec<u8>, CompileError> {
+    compile_with(arch, &nvrtc_options(arch)).map(|(cubin, _)| cubin)
+}
+
+/// Compiles as [`compile`] does, with ptxas reporting each function's registers, stack, spills
+/// and shared memory; returns the CUBIN and NVRTC's log (ptxas's `info` lines). The CUBIN is
+/// the same as [`compile`]'s: `-v` only reports.
+pub fn compile_reporting(arch: &str) -> Result<(Vec<u8>, String), CompileError> {
+    let mut options = nvrtc_options(arch);
+    options.push("--ptxas-options=-v".into());
+    compile_with(arch, &options)
+}
+
+fn compile_with(arch: &str, options: &[String]) -> Result<(Vec<u8>, String), CompileError> {
     if !valid_arch(arch) {
         return Err(CompileError::BadArch(arch.into()));
     }
@@ -82,7 +95,7 @@ pub fn compile(arch: &str) -> Result<Vec<u8>, CompileError> {
         .map_err(|e| CompileError::Failed(format!("{e:?}")))?;
     // SAFETY: `program` was just created and is destroyed exactly once, below; `source` and
     // `name` outlive it.
-    let compiled = unsafe { compile_created(program, arch) };
+    let compiled = unsafe { compile_created(program, options) };
     // SAFETY: as above; nothing uses `program` afterwards.
     let _ = unsafe { result::destroy_program(program) };
     compiled
@@ -90,19 +103,22 @@ pub fn compile(arch: &str) -> Result<Vec<u8>, CompileError> {
 
 /// # Safety
 /// `program` must be a live program from `create_program`.
-unsafe fn compile_created(program: sys::nvrtcProgram, arch: &str) -> Result<Vec<u8>, CompileError> {
+unsafe fn compile_created(
+    program: sys::nvrtcProgram,
+    options: &[String],
+) -> Result<(Vec<u8>, String), CompileError> {
     // SAFETY: the caller guarantees `program` is live.
-    if unsafe { result::compile_program(program, &nvrtc_options(arch)) }.is_err() {
-        // SAFETY: as above.
-        let log = unsafe { result::get_program_log(program) }.unwrap_or_default();
-        let bytes: Vec<u8> = log
-            .iter()
-            .map(|&c| c as u8)
-            .take_while(|&b| b != 0)
-            .collect();
-        return Err(CompileError::Rejected(
-            String::from_utf8_lossy(&bytes).into_owned(),
-        ));
+    let compiled = unsafe { result::compile_program(program, options) };
+    // SAFETY: as above.
+    let log = unsafe { result::get_program_log(program) }.unwrap_or_default();
+    let bytes: Vec<u8> = log
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    let log = String::from_utf8_lossy(&bytes).into_owned();
+    if compiled.is_err() {
+        return Err(CompileError::Rejected(log));
     }
     let mut size = 0usize;
     // SAFETY: `program` compiled successfully; `size` is valid for writes.
@@ -116,7 +132,7 @@ unsafe fn compile_created(program: sys::nvrtcProgram, arch: &str) -> Result<Vec<
     {
         return Err(CompileError::Failed("nvrtcGetCUBIN".into()));
     }
-    Ok(cubin)
+    Ok((cubin, log))
 }
 
 /// The cache entry's name for the current sources and build on `arch` (no NVRTC needed).

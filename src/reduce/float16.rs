@@ -1,5 +1,10 @@
 //! IEEE binary16 and bfloat16 conversions by bit arithmetic (round to nearest, ties to even),
-//! the same arithmetic the CUDA kernels use, so host and device results agree bit for bit.
+//! giving the bits the GPU kernels' `cvt.rn` gives, so host and device results agree bit for
+//! bit. A NaN narrows to [`CANONICAL_NAN16`] (the kernels pin it too: NaN payloads differ
+//! between a GPU's conversions and a CPU's arithmetic).
+
+/// The one NaN a narrowed fp16 or bf16 result takes: positive, quiet, every payload bit set.
+pub const CANONICAL_NAN16: u16 = 0x7fff;
 
 /// Widens binary16 bits to f32 (exact).
 pub fn f16_to_f32(h: u16) -> f32 {
@@ -22,20 +27,19 @@ pub fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
-/// Rounds f32 to binary16 bits, to nearest with ties to even; overflow gives infinity, NaN stays
-/// a (quiet) NaN.
+/// Rounds f32 to binary16 bits, to nearest with ties to even; overflow gives infinity, a NaN
+/// gives [`CANONICAL_NAN16`].
 pub fn f32_to_f16(f: f32) -> u16 {
+    if f.is_nan() {
+        return CANONICAL_NAN16;
+    }
     let bits = f.to_bits();
     let sign = ((bits >> 16) & 0x8000) as u16;
     let exp = ((bits >> 23) & 0xff) as i32;
-    let mant = bits & 0x7f_ffff;
     if exp == 0xff {
-        return if mant == 0 {
-            sign | 0x7c00
-        } else {
-            sign | 0x7e00 | (mant >> 13) as u16
-        };
+        return sign | 0x7c00;
     }
+    let mant = bits & 0x7f_ffff;
     let unbiased = exp - 127;
     if unbiased > 15 {
         return sign | 0x7c00;
@@ -73,12 +77,12 @@ pub fn bf16_to_f32(b: u16) -> f32 {
     f32::from_bits((b as u32) << 16)
 }
 
-/// Rounds f32 to bfloat16 bits, to nearest with ties to even; NaN stays a quiet NaN.
+/// Rounds f32 to bfloat16 bits, to nearest with ties to even; a NaN gives [`CANONICAL_NAN16`].
 pub fn f32_to_bf16(f: f32) -> u16 {
-    let bits = f.to_bits();
     if f.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
+        return CANONICAL_NAN16;
     }
+    let bits = f.to_bits();
     let lsb = (bits >> 16) & 1;
     ((bits + 0x7fff + lsb) >> 16) as u16
 }
@@ -93,7 +97,7 @@ mod tests {
             let f = f16_to_f32(h);
             let back = f32_to_f16(f);
             if f.is_nan() {
-                assert!(f16_to_f32(back).is_nan(), "{h:#x}");
+                assert_eq!(back, CANONICAL_NAN16, "{h:#x}");
             } else {
                 assert_eq!(back, h, "{h:#x} -> {f} -> {back:#x}");
             }
@@ -106,7 +110,7 @@ mod tests {
             let f = bf16_to_f32(b);
             let back = f32_to_bf16(f);
             if f.is_nan() {
-                assert!(bf16_to_f32(back).is_nan());
+                assert_eq!(back, CANONICAL_NAN16, "{b:#x}");
             } else {
                 assert_eq!(back, b);
             }

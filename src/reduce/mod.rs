@@ -7,8 +7,10 @@
 //! - fp32 and fp64 combine in their own precision, in the given operand order;
 //! - float max/min follow IEEE maxNum/minNum (a NaN loses against a number), and a tie (such
 //!   as `-0` against `+0`) keeps the first operand;
-//! - NaN payloads are not specified (which operand's payload survives is up to the compiler
-//!   and the hardware; GPUs return a canonical NaN);
+//! - an fp16 or bf16 result that is NaN is the canonical NaN `0x7fff`
+//!   ([`float16::CANONICAL_NAN16`]); fp32 and fp64 NaN payloads are not specified (which
+//!   operand's payload survives is up to the compiler and the hardware; GPUs return a canonical
+//!   NaN); copies move bytes, payloads included;
 //! - `ncclAvg` on floats multiplies each input by `1/n` rounded to the element type before the
 //!   sum (as NCCL does); on integers it sums (wrapping) and then divides by `n`, truncating;
 //! - PreMulSum multiplies each input by its rank's scalar (in the element type) before the sum;
