@@ -991,7 +991,11 @@ fn narrowing_sweep(widen: fn(u16) -> f32) -> Vec<f32> {
         let mid = f / 2.0 + next / 2.0;
         for v in [f, mid] {
             let bits = v.to_bits();
-            out.extend([v, f32::from_bits(bits.wrapping_add(1)), f32::from_bits(bits.wrapping_sub(1))]);
+            out.extend([
+                v,
+                f32::from_bits(bits.wrapping_add(1)),
+                f32::from_bits(bits.wrapping_sub(1)),
+            ]);
         }
     }
     out.extend((0..=u32::MAX).step_by(4099).map(f32::from_bits));
@@ -1005,7 +1009,11 @@ fn half_conversions_match_src_reduce_for_every_value() {
     use stragglar::reduce::float16::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
     let bits: Vec<u16> = (0..=u16::MAX).collect();
     for (brain, widen, narrow) in [
-        (0u32, f16_to_f32 as fn(u16) -> f32, f32_to_f16 as fn(f32) -> u16),
+        (
+            0u32,
+            f16_to_f32 as fn(u16) -> f32,
+            f32_to_f16 as fn(f32) -> u16,
+        ),
         (1, bf16_to_f32, f32_to_bf16),
     ] {
         let floats = narrowing_sweep(widen);

@@ -14,6 +14,8 @@ kernels options:
   --cache       also store each CUBIN as the kernel cache's entry (STRAGGLAR_CACHE_DIR), so
                 that the first use on a GPU of that architecture skips NVRTC
   --resources   print ptxas's report of each function: registers, stack, spills, shared memory
+  --source DIR  compile the kernel sources in DIR (another revision's cuda/, to compare
+                builds) instead of the built-in ones; not with --cache
 ";
 
 /// Runs `stragglar kernels`; exit status 1 when a compilation fails.
@@ -27,7 +29,23 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         .then(|| nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref()))
         .flatten();
     let resources = args.flag(&["--resources"]);
+    let source: Option<PathBuf> = args.value(&["--source"])?.map(PathBuf::from);
     args.finish()?;
+    if source.is_some() && cache.is_some() {
+        return Err(UsageError(
+            "--source and --cache: the cache holds only the built-in kernels".into(),
+        ));
+    }
+    let unit = match &source {
+        Some(dir) => match kernels::translation_unit_from(dir) {
+            Ok(unit) => Some(unit),
+            Err(e) => {
+                eprintln!("stragglar kernels: --source {}: {e}", dir.display());
+                return Ok(1);
+            }
+        },
+        None => None,
+    };
     let archs: Vec<&str> = archs.split(',').map(str::trim).collect();
     if let Some(bad) = archs.iter().find(|a| !kernels::valid_arch(a)) {
         return Err(UsageError(format!(
@@ -47,9 +65,12 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let mut failed = false;
     for arch in archs {
         let started = std::time::Instant::now();
-        let compiled = if resources {
-            nvrtc::compile_reporting(arch).map(|(bin, log)| {
-                print_resources(arch, &log);
+        let compiled = if resources || unit.is_some() {
+            let unit = unit.clone().unwrap_or_else(kernels::translation_unit);
+            nvrtc::compile_reporting(arch, &unit).map(|(bin, log)| {
+                if resources {
+                    print_resources(arch, &log);
+                }
                 bin
             })
         } else {

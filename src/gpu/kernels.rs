@@ -49,8 +49,24 @@ pub const SOURCES: [(&str, &str); 7] = [
 /// Every source concatenated, with our own `#include "..."` lines removed (each header is
 /// already above its user), under `#line` markers so NVRTC's messages name the real files.
 pub fn translation_unit() -> String {
+    assemble(SOURCES.iter().map(|&(name, text)| (name, text)))
+}
+
+/// The translation unit of the sources in `dir` (the files [`SOURCES`] names, e.g. another
+/// revision's `cuda/`), to compare builds; the library itself only compiles its own.
+pub fn translation_unit_from(dir: &std::path::Path) -> std::io::Result<String> {
+    let texts = SOURCES
+        .iter()
+        .map(|(name, _)| std::fs::read_to_string(dir.join(name)).map(|text| (*name, text)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    Ok(assemble(
+        texts.iter().map(|(name, text)| (*name, text.as_str())),
+    ))
+}
+
+fn assemble<'a>(sources: impl Iterator<Item = (&'a str, &'a str)>) -> String {
     let mut unit = String::new();
-    for (name, text) in SOURCES {
+    for (name, text) in sources {
         unit.push_str(&format!("#line 1 \"{name}\"\n"));
         for line in text.lines() {
             if line.trim_start().starts_with("#include \"stragglar_") {

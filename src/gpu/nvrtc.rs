@@ -72,24 +72,30 @@ pub fn version() -> Option<(i32, i32)> {
 
 /// Compiles every kernel for `arch` into one CUBIN (no cache).
 pub fn compile(arch: &str) -> Result<Vec<u8>, CompileError> {
-    compile_with(arch, &nvrtc_options(arch)).map(|(cubin, _)| cubin)
+    compile_with(arch, &nvrtc_options(arch), &translation_unit()).map(|(cubin, _)| cubin)
 }
 
-/// Compiles as [`compile`] does, with ptxas reporting each function's registers, stack, spills
-/// and shared memory; returns the CUBIN and NVRTC's log (ptxas's `info` lines). The CUBIN is
-/// the same as [`compile`]'s: `-v` only reports.
-pub fn compile_reporting(arch: &str) -> Result<(Vec<u8>, String), CompileError> {
+/// Compiles `unit` (the library's own sources, or another revision's: see
+/// `kernels::translation_unit_from`) as [`compile`] does, with ptxas reporting each function's
+/// registers, stack, spills and shared memory; returns the CUBIN and NVRTC's log (ptxas's
+/// `info` lines). `-v` only reports: the CUBIN is what the same sources compile to.
+pub fn compile_reporting(arch: &str, unit: &str) -> Result<(Vec<u8>, String), CompileError> {
     let mut options = nvrtc_options(arch);
     options.push("--ptxas-options=-v".into());
-    compile_with(arch, &options)
+    compile_with(arch, &options, unit)
 }
 
-fn compile_with(arch: &str, options: &[String]) -> Result<(Vec<u8>, String), CompileError> {
+fn compile_with(
+    arch: &str,
+    options: &[String],
+    unit: &str,
+) -> Result<(Vec<u8>, String), CompileError> {
     if !valid_arch(arch) {
         return Err(CompileError::BadArch(arch.into()));
     }
     version().ok_or(CompileError::NoNvrtc)?;
-    let source = CString::new(translation_unit()).expect("sources have no NUL");
+    let source = CString::new(unit)
+        .map_err(|_| CompileError::Failed("the sources hold a NUL byte".into()))?;
     let name = CString::new("stragglar_allreduce.cu").expect("no NUL");
     let program = result::create_program(&source, Some(&name))
         .map_err(|e| CompileError::Failed(format!("{e:?}")))?;

@@ -26,8 +26,23 @@ use crate::nccl::types::{cudaStream_t, ncclComm_t, DataTypeCode, RedOpCode, Resu
 use crate::plan::{PlanCache, Shape};
 use crate::reduce::{DataType, ReduceOp, Scale};
 
-/// Blocks per rank on a GPU of its own (each rank of a communicator has one).
-pub const BLOCKS: u32 = 16;
+/// The fewest plan blocks a rank's grid takes.
+pub const MIN_BLOCKS: u32 = 8;
+/// The most plan blocks a rank's grid takes (and what `doctor` sizes the staging for).
+pub const MAX_BLOCKS: u32 = 32;
+
+/// The plan blocks of each rank on a GPU of `sms` multiprocessors, chosen once per
+/// communicator: one 512-thread block per multiprocessor, a quarter of them, within
+/// [`MIN_BLOCKS`, `MAX_BLOCKS`]. Bytes in flight set a remote read's rate: each block keeps up to
+/// 8 x 16 B x 512 threads = 64 KiB of loads in flight, and a link of about 450 GB/s with a few
+/// microseconds of latency needs on the order of 1-2 MiB, so 32 blocks on an H100/H200 (132
+/// multiprocessors; 27 on an A100's 108), where the old fixed grid of 16 held half that. The rest
+/// of the GPU stays with the job's kernels that overlap the collective. Every rank of a
+/// homogeneous server derives the same grid; ranks whose GPUs differ announce different layouts
+/// and the setup declines (the communicator stays on NCCL). Not measured on a GPU.
+pub fn blocks_for(sms: u32) -> u32 {
+    (sms / 4).clamp(MIN_BLOCKS, MAX_BLOCKS)
+}
 
 /// One `ncclAllReduce`, as the engine needs it: the call's arguments as NCCL takes them (to
 /// hand it to NCCL), and as our kernels take them.
@@ -201,12 +216,12 @@ fn kernels(ordinal: i32, device: &Arc<Device>) -> Result<Arc<Kernels>, String> {
 /// The staging every rank of an `n`-rank communicator allocates: room for the largest plan of
 /// `STRAGGLAR_BUFFER_BYTES` of any type and any straggler (so every eligible call fits). The
 /// schedules are lowered into `plans`, which the communicator's engine keeps.
-pub fn layout(plans: &mut PlanCache, ranks: usize) -> Result<StagingLayout, String> {
+pub fn layout(plans: &mut PlanCache, ranks: usize, blocks: u32) -> Result<StagingLayout, String> {
     let buffer = crate::config::get().buffer_bytes;
     let mut layout = StagingLayout {
         arena_bytes: 64,
         values: 1,
-        blocks: BLOCKS as u64,
+        blocks: blocks as u64,
     };
     // StragglAR with every straggler (graph replays run Ring as their baseline where it fits).
     for choice in 0..ranks {
@@ -222,9 +237,10 @@ pub fn layout(plans: &mut PlanCache, ranks: usize) -> Result<StagingLayout, Stri
     Ok(layout)
 }
 
-/// Staging bytes one rank of an `n`-rank communicator allocates (for doctor).
+/// Staging bytes one rank of an `n`-rank communicator allocates at most (the largest grid; for
+/// doctor).
 pub fn staging_bytes(ranks: usize) -> Result<u64, String> {
-    layout(&mut PlanCache::default(), ranks).map(|l| l.allocation_bytes())
+    layout(&mut PlanCache::default(), ranks, MAX_BLOCKS).map(|l| l.allocation_bytes())
 }
 
 /// The setup's AllGather through the real communicator, on the caller's stream.
@@ -375,7 +391,7 @@ fn local_part(
         rank: call.rank,
         ranks: call.ranks,
         layout,
-        blocks: BLOCKS,
+        blocks: layout.blocks as u32,
         threads: MAX_THREADS,
         timeout: crate::config::get()
             .timeout_ms
@@ -433,7 +449,15 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
     // Kernels that cannot load make this rank's record a failed one: its peers still join.
     let kernel = kernels(call.device, &device);
     let mut plans = PlanCache::default();
-    let layout = layout(&mut plans, call.ranks).map_err(|_| Decline::GpuUnavailable)?;
+    let sms = device.sm_count().unwrap_or_else(|e| {
+        log::warn!(
+            "{}: {e}: the grid assumes {MIN_BLOCKS} blocks",
+            call.label()
+        );
+        0
+    });
+    let layout = layout(&mut plans, call.ranks, blocks_for(sms as u32))
+        .map_err(|_| Decline::GpuUnavailable)?;
     let reservation = Reservation::take(call.device, layout.allocation_bytes());
     // A panic in the local steps must not make this rank skip the collectives its peers run.
     let local = match stream_state {
@@ -548,8 +572,17 @@ mod tests {
 
     #[test]
     fn the_staging_fits_every_eligible_call() {
-        let l = layout(&mut PlanCache::default(), 8).unwrap();
+        let l = layout(&mut PlanCache::default(), 8, 27).unwrap();
         assert!(l.arena_bytes >= crate::config::get().buffer_bytes as u64);
-        assert_eq!(l.blocks, BLOCKS as u64);
+        assert_eq!(l.blocks, 27);
+    }
+
+    #[test]
+    fn the_grid_follows_the_multiprocessors_within_bounds() {
+        assert_eq!(blocks_for(132), 32, "H100/H200");
+        assert_eq!(blocks_for(108), 27, "A100");
+        assert_eq!(blocks_for(32), MIN_BLOCKS);
+        assert_eq!(blocks_for(0), MIN_BLOCKS, "an unknown count");
+        assert_eq!(blocks_for(1000), MAX_BLOCKS);
     }
 }

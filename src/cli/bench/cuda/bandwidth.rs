@@ -3,7 +3,7 @@
 
 use super::{GpuKernels, THREADS};
 use crate::cli::bench::options::BenchOptions;
-use crate::engine::cuda::attach::BLOCKS;
+use crate::engine::cuda::attach::blocks_for;
 use crate::engine::cuda::driver::{copy_async, DeviceMemory, Event, GpuError, Stream};
 use crate::gpu::kernels::{op_code, APPLY_PROBE_KERNEL};
 use crate::gpu::launch::RawApply;
@@ -12,7 +12,7 @@ use crate::reduce::ReduceOp;
 /// Prints the bandwidth of the kernels' element-wise code (1, 2 and `ranks - 1` operands)
 /// against `cuMemcpyDtoD` on the same bytes, all as memory traffic (bytes read + written), at
 /// two grids of `THREADS`-thread blocks: two per SM (the device's rate) and the library's
-/// AllReduce grid (`BLOCKS` per rank, what one call on a GPU of its own gets). Ends with one
+/// AllReduce grid (`blocks_for` the device, what one call on a GPU of its own gets). Ends with one
 /// `# bandwidth summary:` line, which `scripts/gpu-check.sh` puts in its table.
 pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), String> {
     let err = |e: GpuError| e.to_string();
@@ -49,7 +49,10 @@ pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), S
     );
     println!("#   cuMemcpyDtoD                    {copy_rate:>8.1} GB/s  (the reference)");
     let mut summary = Vec::new();
-    for (grid, blocks) in [("device grid", sms * 2), ("AllReduce grid", BLOCKS)] {
+    for (grid, blocks) in [
+        ("device grid", sms * 2),
+        ("AllReduce grid", blocks_for(sms)),
+    ] {
         println!("#   {grid}: {blocks} x {THREADS} threads");
         let mut shares = Vec::new();
         for k in [1usize, 2, operands] {

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Static figures of the GPU kernels, without a GPU. For each architecture, the kernels are
+# compiled with NVRTC exactly as the library compiles them (`stragglar kernels --resources`),
+# and the report reads:
+#   - compile: seconds NVRTC took (a job's first use on a host pays it, unless cached);
+#   - AllReduce regs / stack / spill st: ptxas's figures for ncclStragglarAllReduce;
+#   - data-loop spills: the largest spill (stores + loads, bytes) of the outlined element-wise
+#     functions (sg_apply<lane, op>, sg_copy_elems); "inlined" when the build inlines them;
+#   - sys fences: MEMBAR.*.SYS instructions in the whole CUBIN's SASS (nvdisasm);
+#   - loads before FADD: the longest run of 16-byte global loads (LDG.E.128) issued before a
+#     float add uses one, with no store between (a store ends a loop body) and within one
+#     function, over the whole SASS: how many loads a reduce keeps in flight;
+#   - hw cvt: F2FP instructions (hardware f32 -> fp16/bf16 conversions; 0 means software).
+# With --before REV, the sources of git revision REV are compiled too (`--source`), for a
+# before/after table.
+#
+# usage: scripts/kernel-figures.sh [--before REV] [--arch LIST]
+#   needs target/release/stragglar (cargo build --release), libnvrtc (LD_LIBRARY_PATH or the
+#   pip wheel), and nvdisasm (NVDISASM, or the one in .venv's triton wheel)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BEFORE=""
+ARCHS="sm_80,sm_90"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --before) BEFORE="$2"; shift 2 ;;
+    --arch) ARCHS="$2"; shift 2 ;;
+    *) echo "usage: scripts/kernel-figures.sh [--before REV] [--arch LIST]" >&2; exit 2 ;;
+  esac
+done
+CLI=target/release/stragglar
+if [ ! -x "$CLI" ]; then
+  echo "kernel-figures: build the CLI first (cargo build --release)" >&2
+  exit 1
+fi
+NVDISASM="${NVDISASM:-$(find .venv -name nvdisasm -type f 2>/dev/null | head -1)}"
+if [ -z "$NVDISASM" ] || [ ! -x "$NVDISASM" ]; then
+  echo "kernel-figures: nvdisasm not found (set NVDISASM)" >&2
+  exit 1
+fi
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+# figures LABEL [SOURCE_DIR]: one table row per architecture.
+figures() {
+  local label="$1" source=("${@:2}") arch
+  for arch in ${ARCHS//,/ }; do
+    local out="$WORK/$label-$arch"
+    mkdir -p "$out"
+    local args=(kernels --arch "$arch" --resources --out "$out")
+    [ ${#source[@]} -gt 0 ] && args+=(--source "${source[0]}")
+    "$CLI" "${args[@]}" > "$out/report.txt" 2>&1 || {
+      cat "$out/report.txt" >&2
+      exit 1
+    }
+    "$NVDISASM" "$out/stragglar_$arch.cubin" > "$out/sass.txt" 2>/dev/null
+    awk -v label="$label" -v arch="$arch" -v sass="$out/sass.txt" '
+      / in [0-9.]+ s with NVRTC/ { for (i = 1; i < NF; i++) if ($(i + 1) == "s" && $(i - 1) == "in") secs = $i }
+      /Function properties for/ { fn = $NF }
+      /bytes stack frame/ {
+        gsub(",", "")
+        for (i = 1; i <= NF; i++) {
+          if ($(i + 1) == "bytes" && $(i + 2) == "stack") stack[fn] = $i
+          if ($(i + 1) == "bytes" && $(i + 3) == "stores") st[fn] = $i
+          if ($(i + 1) == "bytes" && $(i + 3) == "loads") ld[fn] = $i
+        }
+        if (fn ~ /sg_apply|sg_copy_elems/) {
+          data = 1
+          if (st[fn] + ld[fn] > worst) worst = st[fn] + ld[fn]
+        }
+      }
+      /Used [0-9]+ registers/ && fn == "ncclStragglarAllReduce" {
+        for (i = 1; i <= NF; i++) if ($(i + 1) == "registers,") regs = $i
+      }
+      END {
+        while ((getline line < sass) > 0) {
+          if (line ~ /MEMBAR[.A-Z]*\.SYS/) fences++
+          if (line ~ /F2FP/) cvt++
+          if (line ~ /^[$_A-Za-z].*:$/ || line ~ /STG/) run = 0
+          if (line ~ /LDG\.E\.128/) run++
+          if (line ~ /[^A-Z]FADD[ .]/) { if (run > best) best = run; run = 0 }
+        }
+        printf "| %s | %s | %s s | %s / %s B / %s B | %s | %d | %d | %d |\n", label, arch, secs,
+          regs, stack["ncclStragglarAllReduce"], st["ncclStragglarAllReduce"],
+          data ? worst " B" : "inlined", fences, best, cvt
+      }' "$out/report.txt"
+  done
+}
+
+echo "| build | arch | compile | AllReduce regs / stack / spill st | data-loop spills | sys fences | loads before FADD | hw cvt |"
+echo "|---|---|---|---|---|---|---|---|"
+if [ -n "$BEFORE" ]; then
+  mkdir -p "$WORK/before-src"
+  git archive "$BEFORE" cuda | tar -x -C "$WORK/before-src"
+  figures "before ($(git rev-parse --short "$BEFORE"))" "$WORK/before-src/cuda"
+fi
+figures "now ($(git rev-parse --short HEAD)$(git diff --quiet HEAD -- cuda || echo '+'))"
