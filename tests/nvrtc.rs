@@ -62,7 +62,14 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
     let _ = std::fs::remove_dir_all(&cache);
     // With --cache, each CUBIN is also the kernel cache's entry: a GPU's first use skips NVRTC.
     let run = std::process::Command::new(env!("CARGO_BIN_EXE_stragglar"))
-        .args(["kernels", "--arch", "sm_80,sm_90", "--cache", "--out"])
+        .args([
+            "kernels",
+            "--arch",
+            "sm_80,sm_90",
+            "--cache",
+            "--resources",
+            "--out",
+        ])
         .arg(&out)
         .env("STRAGGLAR_CACHE_DIR", &cache)
         .output()
@@ -94,10 +101,90 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
             );
         }
         assert!(stdout.contains(arch), "{stdout}");
+        the_static_targets_hold(arch, &stdout, &out.join(format!("stragglar_{arch}.cubin")));
         let (cached, origin) = stragglar::gpu::nvrtc::cubin_cached(arch, Some(&cache)).unwrap();
         assert_eq!(origin, stragglar::gpu::nvrtc::Origin::Cache, "{arch}");
         assert_eq!(cached, cubin, "{arch}");
     }
+}
+
+/// nvdisasm, from the venv's triton wheel (PyTorch's dependency) or `STRAGGLAR_TEST_NVDISASM`.
+fn nvdisasm() -> Option<std::path::PathBuf> {
+    if let Some(path) = std::env::var_os("STRAGGLAR_TEST_NVDISASM") {
+        return Some(path.into());
+    }
+    let found = std::process::Command::new("find")
+        .arg(support::root().join(".venv"))
+        .args(["-name", "nvdisasm", "-type", "f"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&found.stdout);
+    text.lines().next().map(std::path::PathBuf::from)
+}
+
+/// The figures docs/KERNELS.md promises, from ptxas's report (`--resources`) and the SASS:
+/// the outlined data loops store no spill, at most 32 system-scope fences, a reduce issues at
+/// least 4 16-byte loads before its first float add, and fp16/bf16 narrow in hardware.
+fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
+    let mut function = "";
+    let mut data_loops = 0;
+    for line in report.lines().filter(|l| l.starts_with(arch)) {
+        if let Some((_, name)) = line.split_once("Function properties for ") {
+            function = name.trim();
+        } else if line.contains("bytes spill stores")
+            && (function.contains("sg_apply") || function.contains("sg_copy_elems"))
+        {
+            data_loops += 1;
+            assert!(
+                line.contains(" 0 bytes spill stores"),
+                "{arch}: {function} spills: {line}"
+            );
+        }
+    }
+    assert!(
+        data_loops >= 40,
+        "{arch}: {data_loops} data loops in ptxas's report:\n{report}"
+    );
+    let Some(tool) = nvdisasm() else {
+        assert!(
+            std::env::var_os("STRAGGLAR_TEST_REQUIRE_NVRTC").is_none(),
+            "scripts/test.sh installs PyTorch, whose triton wheel has nvdisasm"
+        );
+        eprintln!("nvdisasm not found: the SASS figures are skipped");
+        return;
+    };
+    let sass = std::process::Command::new(&tool)
+        .arg(cubin)
+        .output()
+        .unwrap();
+    let sass = String::from_utf8_lossy(&sass.stdout);
+    let fences = sass
+        .lines()
+        .filter(|l| l.contains("MEMBAR") && l.contains(".SYS"))
+        .count();
+    assert!(fences <= 32, "{arch}: {fences} system-scope fences");
+    let (mut run, mut best) = (0, 0);
+    for line in sass.lines() {
+        let function_start = !line.starts_with(['.', ' ', '\t']) && line.ends_with(':');
+        if function_start || line.contains("STG") {
+            run = 0;
+        }
+        if line.contains("LDG.E.128") {
+            run += 1;
+        }
+        if line.contains(" FADD ") || line.contains(" FADD.") {
+            best = best.max(run);
+            run = 0;
+        }
+    }
+    assert!(
+        best >= 4,
+        "{arch}: at most {best} loads in flight before a float add"
+    );
+    assert!(
+        sass.contains("F2FP"),
+        "{arch}: no hardware fp16/bf16 conversion"
+    );
 }
 
 #[test]
