@@ -151,8 +151,8 @@ SG_DEVICE bool sg_any_failed(const sg_call* call) {
   return false;
 }
 
-/* Thread 0 waits until `flag` (written by rank `peer`, or by any rank: SG_ANY_PEER) holds
- * `want`. Returns nonzero (a STATUS_*) if the call must be given up, after recording why. */
+/* The calling thread waits until `flag` (written by rank `peer`, or by any rank: SG_ANY_PEER)
+ * holds `want`. Returns nonzero (a STATUS_*) if the call must be given up, after recording why. */
 SG_DEVICE uint32_t sg_wait(const sg_call* call, const uint32_t* flag, uint32_t want,
                            uint32_t peer) {
   const RawLaunch* a = call->args;
@@ -163,13 +163,15 @@ SG_DEVICE uint32_t sg_wait(const sg_call* call, const uint32_t* flag, uint32_t w
   while (sg_load_acquire(flag) != want) {
     if ((++polls & 31u) == 0) {
       if (start == 0) start = sg_now_ns();
+      /* This rank's own failure first: a sibling thread's wait that gave up (a timeout, say)
+       * keeps its status, rather than a later wait writing PEER_FAILED over it. */
       if (sg_load_volatile((const uint32_t*)a->abort) != 0) {
         status = STATUS_ABORTED;
+      } else if (sg_load_volatile(own_failed) != 0) {
+        status = sg_load_volatile(own_failed);
       } else if (peer == SG_ANY_PEER ? sg_any_failed(call)
                                      : sg_load_volatile((const uint32_t*)call->peers[peer].failed) != 0) {
         status = STATUS_PEER_FAILED;
-      } else if (sg_load_volatile(own_failed) != 0) {
-        status = sg_load_volatile(own_failed);
       } else if (a->timeout_ns != 0 && sg_now_ns() - start > a->timeout_ns) {
         status = STATUS_TIMEOUT;
       }

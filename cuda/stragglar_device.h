@@ -128,9 +128,11 @@ SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p) {
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-/* One system-scope ordering per publish: st.release.sys alone, no fence before it. Every
- * caller publishes a block's work as sg_publish does: all threads write, sg_block_sync(), then
- * thread 0 releases. That is enough for the whole block's stores, not only thread 0's:
+/* One system-scope ordering per publish: st.release.sys alone, no fence before it. A caller
+ * either publishes only its own thread's earlier writes (the failure and arrival words), or a
+ * block's work as sg_publish does: all threads write, sg_block_sync(), then thread 0 releases
+ * (the epoch and graph counters add a gpu-scope acq_rel atomic across blocks before it). That is
+ * enough for the whole block's stores, not only thread 0's:
  *  - bar.sync orders each thread's earlier writes before what thread 0 does after the barrier
  *    (it synchronizes the block, at CTA scope);
  *  - in the PTX memory model a release is cumulative: it publishes every write that precedes

@@ -28,11 +28,10 @@ SG_DEVICE float sg_bits_to_f32(uint32_t b) {
 
 SG_DEVICE float sg_bf16_to_f32(uint16_t b) { return sg_bits_to_f32((uint32_t)b << 16); }
 
-#ifdef STRAGGLAR_HOST_EMULATION
-/* The host has no half-precision conversion instructions: bit arithmetic, rounding to nearest
- * with ties to even as the GPU's cvt.rn does (src/reduce/float16.rs is the same arithmetic, and
- * tests/kernel_emulation.rs checks every fp16 value and a sweep of f32 against it). NaN inputs
- * to the narrowing functions never get here (sg_narrow_f16/bf16 catch them). */
+/* Conversions by bit arithmetic, rounding to nearest with ties to even as the GPU's cvt.rn does
+ * (src/reduce/float16.rs is the same arithmetic, and tests/kernel_emulation.rs checks every fp16
+ * value and a sweep of f32 against it): the host emulation's, and a pre-sm_80 GPU's for bf16.
+ * NaN inputs to the narrowing ones never get here (sg_f32_to_f16/bf16 catch them). */
 
 SG_DEVICE uint32_t sg_f32_to_bits(float f) {
   union { uint32_t u; float f; } c;
@@ -40,6 +39,13 @@ SG_DEVICE uint32_t sg_f32_to_bits(float f) {
   return c.u;
 }
 
+SG_DEVICE uint16_t sg_f32_to_bf16_soft(float f) {
+  uint32_t bits = sg_f32_to_bits(f);
+  uint32_t lsb = (bits >> 16) & 1u;
+  return (uint16_t)((bits + 0x7fffu + lsb) >> 16);
+}
+
+#ifdef STRAGGLAR_HOST_EMULATION
 SG_DEVICE float sg_f16_to_f32(uint16_t h) {
   uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
   uint32_t exp = ((uint32_t)h >> 10) & 0x1fu;
@@ -87,14 +93,11 @@ SG_DEVICE uint16_t sg_f32_to_f16_rn(float f) {
   return (uint16_t)(sign | sg_round_shifted(full >> shift, full & ((1u << shift) - 1), shift));
 }
 
-SG_DEVICE uint16_t sg_f32_to_bf16_rn(float f) {
-  uint32_t bits = sg_f32_to_bits(f);
-  uint32_t lsb = (bits >> 16) & 1u;
-  return (uint16_t)((bits + 0x7fffu + lsb) >> 16);
-}
+SG_DEVICE uint16_t sg_f32_to_bf16_rn(float f) { return sg_f32_to_bf16_soft(f); }
 #else
 /* The GPU converts in hardware: one cvt each way (widening is exact, subnormals included;
- * narrowing rounds to nearest, ties to even). bf16 widening is the shift above. */
+ * narrowing rounds to nearest, ties to even). bf16 widening is the shift above, and bf16
+ * narrowing needs sm_80 (cvt.rn.bf16.f32); older GPUs (sm_70, sm_75) round in software. */
 SG_DEVICE float sg_f16_to_f32(uint16_t h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -108,9 +111,13 @@ SG_DEVICE uint16_t sg_f32_to_f16_rn(float f) {
 }
 
 SG_DEVICE uint16_t sg_f32_to_bf16_rn(float f) {
+#if __CUDA_ARCH__ >= 800
   uint16_t h;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
+#else
+  return sg_f32_to_bf16_soft(f);
+#endif
 }
 #endif
 

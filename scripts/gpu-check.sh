@@ -18,7 +18,9 @@
 #   1. doctor: what the library sees (driver, GPUs, NVRTC, NCCL); the emulated GPU's driver
 #      self-test against this real driver
 #   2. kernels: NVRTC compiles every kernel for this GPU into a checked CUBIN
-#   3. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%)
+#   3. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%), for
+#      float, half and bfloat16 (the halves within 10% of float, their device conversions
+#      checked against src/reduce)
 #   4. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash
 #   5. correctness: stragglar bench --backend cuda, ranks as threads of one process sharing the
 #      GPU (each rank on its own stream), n = 2..8, every type and op, every element checked,
@@ -196,11 +198,17 @@ step "kernels compile with NVRTC ($ARCH)" kernels.log sg kernels --arch "$ARCH" 
 # 3. Kernel bandwidth against the device's copy rate.
 #    At two grids: two blocks per SM (the device's rate), and the AllReduce's own grid (the
 #    blocks one call gets: what a real call's copies and reductions can reach).
-for t in float bfloat16; do
+#    With half and bfloat16 the run first checks the device's conversions (hardware cvt)
+#    against src/reduce bit for bit, and fails if they differ; compare their shares with
+#    float's (target: within 10%).
+for t in float half bfloat16; do
   step "kernel bandwidth vs cuMemcpyDtoD ($t)" "bandwidth-$t.log" \
     sg bench --backend cuda --ranks 8 --bandwidth -d "$t" -b 256M -e 256M -n 20 -w 2 --buffer-bytes 1G \
     --timeout-ms 60000
   bandwidth_shares "  $t: share of cuMemcpyDtoD (target >= 85%)" "bandwidth-$t.log"
+  if [ "$t" != float ]; then
+    measured "  $t: the device's cvt against src/reduce" "bandwidth-$t.log" '# conversions: ' '# conversions: '
+  fi
 done
 
 # 4. PyTorch under LD_PRELOAD, world size 1: the results, and the library's own log saying it

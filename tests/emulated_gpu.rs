@@ -225,6 +225,43 @@ fn the_bench_designates_its_late_rank_through_the_library_engine() {
 /// `--svg` draws the run: one line per type and op out of place, and in place too when one ran;
 /// one point per size on each.
 #[test]
+fn bench_bandwidth_checks_the_device_conversions_before_its_rates() {
+    // bf16 and fp16: every bit pattern and random pairs summed by the probe kernel on the
+    // (emulated) device, bit for bit against src/reduce, then the rates and their summary.
+    for dtype in ["half", "bfloat16"] {
+        let out = bench(
+            &[
+                "--bandwidth",
+                "-d",
+                dtype,
+                "-o",
+                "sum",
+                "-b",
+                "1M",
+                "-e",
+                "1M",
+                "-n",
+                "1",
+            ],
+            &[],
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", support::describe(&out));
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("# conversions: "))
+            .unwrap_or_else(|| panic!("no conversions line:\n{text}"));
+        assert!(
+            line.contains(&format!(
+                "262144 {dtype} sums on the device match src/reduce"
+            )),
+            "{line}"
+        );
+        assert!(text.contains("# bandwidth summary: "), "{text}");
+    }
+}
+
+#[test]
 fn bench_svg_draws_the_time_per_call_of_each_type_and_op() {
     let dir = support::scratch("emulated-bench-svg");
     let path = dir.join("bench.svg");

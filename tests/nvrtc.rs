@@ -106,6 +106,9 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
         assert_eq!(origin, stragglar::gpu::nvrtc::Origin::Cache, "{arch}");
         assert_eq!(cached, cubin, "{arch}");
     }
+    // Before sm_80 there is no hardware bf16 narrowing: the kernels still build (software).
+    let cubin = std::fs::read(out.join("stragglar_sm_75.cubin")).unwrap();
+    stragglar::gpu::cubin::check(&cubin, "sm_75").unwrap_or_else(|e| panic!("sm_75: {e}"));
 }
 
 /// nvdisasm, from the venv's triton wheel (PyTorch's dependency) or `STRAGGLAR_TEST_NVDISASM`.

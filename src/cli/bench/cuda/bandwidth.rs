@@ -7,13 +7,15 @@ use crate::engine::cuda::attach::blocks_for;
 use crate::engine::cuda::driver::{copy_async, DeviceMemory, Event, GpuError, Stream};
 use crate::gpu::kernels::{op_code, APPLY_PROBE_KERNEL};
 use crate::gpu::launch::RawApply;
-use crate::reduce::ReduceOp;
+use crate::reduce::{DataType, ReduceOp};
 
 /// Prints the bandwidth of the kernels' element-wise code (1, 2 and `ranks - 1` operands)
 /// against `cuMemcpyDtoD` on the same bytes, all as memory traffic (bytes read + written), at
 /// two grids of `THREADS`-thread blocks: two per SM (the device's rate) and the library's
 /// AllReduce grid (`blocks_for` the device, what one call on a GPU of its own gets). Ends with one
-/// `# bandwidth summary:` line, which `scripts/gpu-check.sh` puts in its table.
+/// `# bandwidth summary:` line, which `scripts/gpu-check.sh` puts in its table. With fp16 or
+/// bf16, the device's conversions are first checked against `src/reduce` (an error if they
+/// differ), on a `# conversions:` line.
 pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), String> {
     let err = |e: GpuError| e.to_string();
     let bytes = (options.max_bytes.max(1 << 20) as usize) / 16 * 16;
@@ -37,6 +39,13 @@ pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), S
         end.record(&stream)?;
         Ok(start.elapsed_ms(&end)? as f64 * 1e-3 / iters as f64)
     };
+    if let dtype @ (DataType::F16 | DataType::Bf16) = options.dtypes[0] {
+        let checked = super::conversions::check(gpu, dtype, blocks_for(sms))?;
+        println!(
+            "# conversions: {checked} {} sums on the device match src/reduce bit for bit",
+            dtype.name()
+        );
+    }
     let copy_rate = {
         // SAFETY: both buffers hold `bytes` bytes and outlive the synchronised timing.
         let t = time(&|| unsafe { copy_async(&stream, buffers[0].ptr, buffers[1].ptr, bytes) })

@@ -8,6 +8,7 @@
 //! measures the kernels' element-wise code against the device's own device-to-device copy rate.
 
 mod bandwidth;
+mod conversions;
 pub mod ipc;
 mod local;
 
@@ -88,10 +89,14 @@ pub fn shared_gpu_blocks(sms: u32, ranks: usize) -> Result<u32, String> {
     Ok(blocks.min(MAX_BLOCKS))
 }
 
+/// The hardware queues a device gives a process at most (`CUDA_DEVICE_MAX_CONNECTIONS`).
+const MAX_CONNECTIONS: u32 = 32;
+
 /// The most ranks that can run as threads of one process: each rank's stream needs a hardware
-/// queue of its own (`CUDA_DEVICE_MAX_CONNECTIONS`, 32 at most), or a rank's queued calls
-/// could wait behind a peer's that wait for it.
-pub const MAX_THREAD_RANKS: usize = 32;
+/// queue of its own, or a rank's queued calls could wait behind a peer's that wait for it, and
+/// one queue stays with the device's side stream (the signals and reads that must never wait
+/// behind a rank's kernel).
+pub const MAX_THREAD_RANKS: usize = MAX_CONNECTIONS as usize - 1;
 
 /// What every rank of a run derives alike from the options: the grid, the staging layout,
 /// the sizes, the (type, op) pairs and their plans.
@@ -114,7 +119,7 @@ impl Setup {
         let blocks = shared_gpu_blocks(sms, options.ranks)?;
         if options.ranks_as == RanksAs::Threads && options.ranks > MAX_THREAD_RANKS {
             return Err(format!(
-                "at most {MAX_THREAD_RANKS} ranks run as threads of one process (one hardware queue each); use --ranks-as processes"
+                "at most {MAX_THREAD_RANKS} ranks run as threads of one process (one hardware queue each, one more for the side stream); use --ranks-as processes"
             ));
         }
         let algorithm = match options.algo {
@@ -372,7 +377,7 @@ pub fn run(options: &BenchOptions) -> i32 {
     // ranks' streams could share one, and a captured graph of one rank would queue its later
     // calls ahead of a peer's first. Set before the driver initialises.
     // A smaller preset value (some container images export 1) is raised, with a note.
-    const CONNECTIONS: u32 = MAX_THREAD_RANKS as u32;
+    const CONNECTIONS: u32 = MAX_CONNECTIONS;
     let preset = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok();
     if preset
         .as_deref()
