@@ -65,7 +65,7 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
         .args([
             "kernels",
             "--arch",
-            "sm_80,sm_90",
+            "sm_75,sm_80,sm_90",
             "--cache",
             "--resources",
             "--out",
