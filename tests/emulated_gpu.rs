@@ -226,6 +226,8 @@ fn the_bench_designates_its_late_rank_through_the_library_engine() {
 /// one point per size on each.
 #[test]
 fn bench_bandwidth_checks_the_device_conversions_before_its_rates() {
+    // The probe's 8 emulated blocks of 512 threads load the machine for about a minute.
+    let _timing = timing();
     // bf16 and fp16: every bit pattern and random pairs summed by the probe kernel on the
     // (emulated) device, bit for bit against src/reduce, then the rates and their summary.
     for dtype in ["half", "bfloat16"] {
@@ -685,6 +687,9 @@ fn a_rank_killed_under_the_gpu_engine_releases_its_peers_on_ncclcommabort() {
 
 #[test]
 fn a_hundred_abort_and_recreate_cycles_do_not_grow_device_memory() {
+    // Its 400 rank setups and aborts take about 10 s alone, but starved beside another heavy
+    // emulated run they outlived the 300 s limit twice here: it holds the timing lock.
+    let _timing = timing();
     let mut env = ENGINE.to_vec();
     env.push(("LOOPBACK_CYCLES", "100"));
     let (out, _) = run_ranks(&["4"], &env);
