@@ -629,6 +629,7 @@ SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
   RawArrival arrival = a->arrival;
   arrival.ring = (uint64_t)g->ring;
   arrival.call = call;
+  arrival.note = (uint64_t)&g->note;
   sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
                            a->timeout_ns);
   if (sg_arrive(&arrival, a->rank, &w) != STATUS_OK) return;
@@ -709,11 +710,18 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
       status = sg_step(&call, s, &steps[i]);
     }
   }
-  /* The last block to finish advances the epoch for the next launch. */
+  /* The last block to finish notes the call's end (for its post-arrival time, see
+   * stragglar_arrival.h) and advances the epoch for the next launch. */
   sg_block_sync();
   if (SG_THREAD == 0) {
     if (sg_atomic_add((uint32_t*)a->finished_blocks, 1) == a->blocks - 1) {
       sg_store_volatile((uint32_t*)a->finished_blocks, 0);
+      if (a->graph != 0 && sg_graph_ok(a)) {
+        RawGraphState* g = (RawGraphState*)a->graph;
+        sg_note_finished(&g->note, g->calls);
+      } else if (a->graph == 0 && a->arrival.board != 0) {
+        sg_note_finished((RawArrivalNote*)a->arrival.note, a->arrival.call);
+      }
       sg_store_release64((uint64_t*)a->epoch, epoch);
     }
     if (a->graph != 0) sg_graph_finish(a);
@@ -726,6 +734,13 @@ SG_DEVICE void sg_ticket(const RawTicket* t) {
   sg_watch w = sg_watch_of(t->abort, t->status, t->peers, t->rank, t->arrival.ranks,
                            t->timeout_ns);
   sg_arrive(&t->arrival, t->rank, &w);
+}
+
+/* The end kernel's body (thread 0 of its one block), queued after NCCL's kernel of a ticketed
+ * call: notes that the call finished on this rank. */
+SG_DEVICE void sg_ticket_end(const RawTicket* t) {
+  if (SG_THREAD != 0) return;
+  sg_note_finished((RawArrivalNote*)t->arrival.note, t->arrival.call);
 }
 
 /* The bandwidth probe's body: out = op-fold of the operands over `bytes`, block b taking its
@@ -784,6 +799,16 @@ extern "C" void stragglar_emulate_ticket(const RawTicket* args) {
   sg_ticket(args);
 }
 
+/* Runs the end kernel of a ticketed call (its one working thread). */
+extern "C" void stragglar_emulate_ticket_end(const RawTicket* args) {
+  sg_self.block = 0;
+  sg_self.blocks = 1;
+  sg_self.thread = 0;
+  sg_self.threads = 1;
+  sg_self.barrier = 0;
+  sg_ticket_end(args);
+}
+
 /* Runs the device rule over `n` records as graph launches would, one call per record: the
  * choice of call i (written to choices[i]) from the records before it, then record i. */
 extern "C" void stragglar_emulate_rule(const RawRule* rule, RawDetector* detector,
@@ -833,6 +858,8 @@ SG_GLOBAL void __launch_bounds__(MAX_THREADS, 1) ncclStragglarAllReduce(RawLaunc
 }
 
 SG_GLOBAL void ncclStragglarTicket(RawTicket args) { sg_ticket(&args); }
+
+SG_GLOBAL void ncclStragglarTicketEnd(RawTicket args) { sg_ticket_end(&args); }
 
 /* `stragglar bench` only: holds its stream for `ns` nanoseconds of %globaltimer, so that a rank
  * sharing a GPU with its peers arrives late on the device, not just on the host. */

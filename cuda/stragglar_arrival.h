@@ -4,12 +4,18 @@
  *
  * Protocol for call c (one thread per rank: the AllReduce kernel's extra block, or the ticket
  * kernel before a call that goes to NCCL), on the board in rank 0's staging:
- *  1. copy the record of call c-1 from its board slot into this rank's host-mapped ring, once
+ *  1. if this rank arrived last at c-1, publish c-1's post-arrival time: from its ticket to its
+ *     call's end, both on its own clock (its RawArrivalNote; the end is noted by the kernel's
+ *     last plan block, or by the end kernel queued after NCCL's);
+ *  2. copy the record of call c-1 from its board slot into this rank's host-mapped ring, once
  *     both of its words carry c-1's tag (they will: this rank finished c-1, so every rank
  *     arrived at it, and its second-to-last arrival is about to finish measuring);
- *  2. take a ticket: atomicAdd on the slot's counter gives this rank's arrival position;
- *  3. the last arrival writes its rank; the second-to-last waits for the last ticket and
- *     writes the time it waited on its own clock (the lead), so no two clocks are compared.
+ *  3. copy c-2's post-arrival time into the ring (it will come: every rank started c-1, and
+ *     c-2's last arrival publishes it first thing in c-1);
+ *  4. take a ticket: atomicAdd on the slot's counter gives this rank's arrival position;
+ *  5. the last arrival writes its rank (and notes its ticket's time); the second-to-last waits
+ *     for the last ticket and writes the time it waited on its own clock (the lead), so no two
+ *     clocks are compared.
  * Slot reuse is safe with 4 slots (see BOARD_SLOTS). Every spin watches the abort word, every
  * rank's failure word (a rank that failed on its host never takes its ticket) and the timeout,
  * like the AllReduce kernel's waits. */
@@ -68,12 +74,34 @@ SG_DEVICE uint64_t sg_await_tag(const sg_watch* w, const uint64_t* p, uint64_t t
   }
 }
 
+/* Notes that this rank finished call `call` now (the kernel's last plan block, or the end
+ * kernel after NCCL's): read by its next ticketed launch, on the same stream. */
+SG_DEVICE void sg_note_finished(RawArrivalNote* note, uint64_t call) {
+  note->finished_at = sg_now_ns();
+  note->finished = sg_tag(call);
+}
+
+/* Step 1: publishes call `call`'s post-arrival time on the board if this rank arrived last at
+ * it, from its note (POST_UNMEASURED when its end was not noted). */
+SG_DEVICE void sg_publish_post(RawBoardSlot* board, const RawArrivalNote* note, uint64_t call) {
+  const uint64_t tag = sg_tag(call);
+  if (note->last != tag) return;
+  uint64_t post = POST_UNMEASURED;
+  if (note->finished == tag && note->finished_at >= note->arrived_at) {
+    uint64_t took = note->finished_at - note->arrived_at;
+    post = took < POST_UNMEASURED ? took : POST_UNMEASURED - 1;
+  }
+  sg_store_release64(&board[call % BOARD_SLOTS].post, tag | post);
+}
+
 /* Runs the arrival protocol of call `a->call` for `rank` (one thread). Returns a STATUS_*. */
 SG_DEVICE uint32_t sg_arrive(const RawArrival* a, uint32_t rank, const sg_watch* w) {
   RawBoardSlot* board = (RawBoardSlot*)a->board;
   RawRingEntry* ring = (RawRingEntry*)a->ring;
+  RawArrivalNote* note = (RawArrivalNote*)a->note;
   const uint64_t call = a->call;
   if (call > 0) {
+    sg_publish_post(board, note, call - 1);
     const RawBoardSlot* previous = &board[(call - 1) % BOARD_SLOTS];
     uint64_t tag = sg_tag(call - 1);
     uint64_t last = sg_await_tag(w, &previous->last, tag);
@@ -83,12 +111,21 @@ SG_DEVICE uint32_t sg_arrive(const RawArrival* a, uint32_t rank, const sg_watch*
     sg_store_release64(&entry->last, last);
     sg_store_release64(&entry->lead, lead);
   }
+  if (call > 1) {
+    uint64_t post = sg_await_tag(w, &board[(call - 2) % BOARD_SLOTS].post, sg_tag(call - 2));
+    if (!post) return sg_load_volatile(w->status);
+    sg_store_release64(&ring[(call - 2) % RING_ENTRIES].post, post);
+  }
   RawBoardSlot* slot = &board[call % BOARD_SLOTS];
   const uint64_t first = (call / BOARD_SLOTS) * a->ranks;
   const uint64_t tag = sg_tag(call);
   uint64_t arrived_at = sg_now_ns();
   uint64_t position = sg_atomic_add64_sys(&slot->arrived, 1) - first;
-  if (position + 1 == a->ranks) sg_store_release64(&slot->last, tag | rank);
+  if (position + 1 == a->ranks) {
+    note->arrived_at = arrived_at;
+    note->last = tag;
+    sg_store_release64(&slot->last, tag | rank);
+  }
   if (position + 2 == a->ranks || a->ranks == 1) {
     uint64_t start = 0;
     uint32_t polls = 0;

@@ -83,6 +83,12 @@
 #define RING_ENTRIES 64
 
 /**
+ * The low half of a `post` word when the last arrival could not time its call's end (a call
+ * NCCL ran whose end kernel was never queued, see `RawTicket`).
+ */
+#define POST_UNMEASURED 4294967295
+
+/**
  * Operands the bandwidth probe folds at most (the length of `RawApply::operands`).
  */
 #define APPLY_MAX_OPERANDS 8
@@ -149,6 +155,11 @@ typedef struct RawArrival {
    */
   uint32_t ranks;
   uint32_t reserved;
+  /**
+   * `RawArrivalNote*`: this rank's, in its own device memory (eager calls and graph
+   * launches keep one each).
+   */
+  uint64_t note;
 } RawArrival;
 
 /**
@@ -352,7 +363,9 @@ typedef struct RawApply {
  * The ticket kernel (`ncclStragglarTicket`, one block): the arrival record of a call that
  * goes to NCCL, so the policy keeps seeing arrivals while it forwards. Only the second-to-last
  * arrival waits (for the last, as NCCL's kernel would); the others return at once. Its spins
- * watch the abort word and every rank's failure word like the AllReduce kernel's.
+ * watch the abort word and every rank's failure word like the AllReduce kernel's. The same
+ * arguments, queued after NCCL's kernel, make the end kernel (`ncclStragglarTicketEnd`), which
+ * notes when the call finished on this rank (`RawArrivalNote::finished`).
  */
 typedef struct RawTicket {
   struct RawArrival arrival;
@@ -392,17 +405,50 @@ typedef struct RawBoardSlot {
    * arrival, which measured it on its own clock from its ticket to the last ticket).
    */
   uint64_t lead;
-  uint64_t reserved;
+  /**
+   * Tag and the call's post-arrival time in nanoseconds: from the last arrival's ticket to
+   * the end of that rank's call, on its own clock, at most `POST_UNMEASURED - 1`, or
+   * [`POST_UNMEASURED`]. Written by the last arrival at its next ticketed call, from its
+   * [`RawArrivalNote`].
+   */
+  uint64_t post;
 } RawBoardSlot;
 
 /**
  * One call's record in a rank's host-mapped ring: the board slot's `last` and `lead` words,
- * copied by that rank's next ticketed launch once both carry the call's tag.
+ * copied by that rank's next ticketed launch once both carry the call's tag, and its `post`
+ * word, copied by the launch after that (the last arrival publishes it at its next call).
  */
 typedef struct RawRingEntry {
   uint64_t last;
   uint64_t lead;
+  uint64_t post;
 } RawRingEntry;
+
+/**
+ * What one rank remembers of its latest ticketed call, in its own device memory, so that its
+ * next ticketed launch can publish the call's post-arrival time (`RawBoardSlot::post`) when
+ * it arrived last. Only this rank's kernels touch it, one after another on its stream.
+ */
+typedef struct RawArrivalNote {
+  /**
+   * The tag of the latest call at which this rank took the last ticket.
+   */
+  uint64_t last;
+  /**
+   * Its `%globaltimer` at that ticket (nanoseconds).
+   */
+  uint64_t arrived_at;
+  /**
+   * The tag of the latest call this rank finished: its AllReduce kernel's last plan block,
+   * or the ticket kernel's end kernel after NCCL's.
+   */
+  uint64_t finished;
+  /**
+   * Its `%globaltimer` then (nanoseconds).
+   */
+  uint64_t finished_at;
+} RawArrivalNote;
 
 /**
  * The device twin of `crate::detect::rule::Detector` (all zeroes: nothing observed, nothing
@@ -498,6 +544,11 @@ typedef struct RawGraphState {
    */
   uint64_t on_stragglar;
   uint64_t on_baseline;
+  /**
+   * What this rank's latest graph call noted for its post-arrival time (the eager calls'
+   * note is apart: the two boards number their calls apart).
+   */
+  struct RawArrivalNote note;
   /**
    * Records of graph calls, as copied from the board (the eager ring's format).
    */

@@ -23,6 +23,9 @@ pub struct CallEvent {
     pub lead_us: f64,
     /// The rank designated for later calls after this one, if any.
     pub designated: Option<usize>,
+    /// The call's post-arrival time (µs): from the last rank's arrival to that rank's finish,
+    /// as the policy measured it; `None` where it was not measured.
+    pub post_us: Option<f64>,
 }
 
 /// A per-rank trace file.
@@ -68,7 +71,7 @@ impl TraceWriter {
         let separator = if self.events == 0 { "" } else { ",\n" };
         write!(
             self.out,
-            "{separator}{{\"name\":\"AllReduce {}\",\"cat\":\"stragglar\",\"ph\":\"X\",\"ts\":{:.3},\"dur\":{:.3},\"pid\":{},\"tid\":{},\"args\":{{\"algorithm\":\"{}\",\"bytes\":{},\"straggler\":{},\"last_rank\":{},\"lead_us\":{:.3},\"designated\":{}}}}}",
+            "{separator}{{\"name\":\"AllReduce {}\",\"cat\":\"stragglar\",\"ph\":\"X\",\"ts\":{:.3},\"dur\":{:.3},\"pid\":{},\"tid\":{},\"args\":{{\"algorithm\":\"{}\",\"bytes\":{},\"straggler\":{},\"last_rank\":{},\"lead_us\":{:.3},\"designated\":{},\"post_arrival_us\":{}}}}}",
             e.algorithm,
             e.start_us,
             e.duration_us,
@@ -80,6 +83,7 @@ impl TraceWriter {
             opt(e.last_rank),
             e.lead_us,
             opt(e.designated),
+            e.post_us.map_or("null".to_string(), |us| format!("{us:.3}")),
         )?;
         self.events += 1;
         Ok(())
@@ -113,6 +117,7 @@ mod tests {
                     last_rank: Some(7),
                     lead_us: 120.0,
                     designated: None,
+                    post_us: (i == 2).then_some(42.5),
                 })
                 .unwrap();
             }
@@ -124,6 +129,8 @@ mod tests {
         assert!(text.trim_end().ends_with("]}"));
         assert_eq!(text.matches("\"ph\":\"X\"").count(), 3);
         assert!(text.contains("\"straggler\":null"));
+        assert_eq!(text.matches("\"post_arrival_us\":null").count(), 2);
+        assert!(text.contains("\"post_arrival_us\":42.500"));
         // Balanced braces and brackets: a structural check of the JSON.
         let depth = text.chars().fold(0i64, |d, c| match c {
             '{' | '[' => d + 1,

@@ -9,7 +9,9 @@ use std::process::Command;
 
 use cbindgen::{Builder, Config, ItemType, Language, Style};
 use stragglar::gpu::choice::{RawClassState, RawDetector, RawGraphState, RawRule};
-use stragglar::gpu::launch::{RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket};
+use stragglar::gpu::launch::{
+    RawArrivalNote, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket,
+};
 use stragglar::nccl::types::{ncclConfig_t, ncclUniqueId};
 use stragglar::plan::{RawPlanHeader, RawSource, RawStep, RawValue};
 
@@ -229,6 +231,7 @@ fn generate_launch_h() -> String {
         "RawTicket",
         "RawBoardSlot",
         "RawRingEntry",
+        "RawArrivalNote",
         "RawRule",
         "RawGraphState",
     ]
@@ -255,6 +258,7 @@ fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
         ("RawTicket", std::mem::size_of::<RawTicket>()),
         ("RawBoardSlot", std::mem::size_of::<RawBoardSlot>()),
         ("RawRingEntry", std::mem::size_of::<RawRingEntry>()),
+        ("RawArrivalNote", std::mem::size_of::<RawArrivalNote>()),
         ("RawRule", std::mem::size_of::<RawRule>()),
         ("RawDetector", std::mem::size_of::<RawDetector>()),
         ("RawClassState", std::mem::size_of::<RawClassState>()),

@@ -21,7 +21,8 @@ use stragglar::gpu::choice::{RawDetector, RawGraphState, RawRule};
 use stragglar::gpu::kernels::op_code;
 use stragglar::gpu::launch::{
     RawApply, RawArrival, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS,
-    RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED, STATUS_TIMEOUT,
+    POST_UNMEASURED, RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
+    STATUS_TIMEOUT,
 };
 use stragglar::plan::{simulate, Lowered, Plan, Step};
 use stragglar::plan::{PlanCache, Shape};
@@ -42,7 +43,8 @@ type ApplyFn = unsafe extern "C" fn(
     *mut c_void,
 );
 
-/// `stragglar_emulate_ticket`: the ticket kernel's one working thread.
+/// `stragglar_emulate_ticket` and `stragglar_emulate_ticket_end`: the ticket kernel's and the
+/// end kernel's one working thread.
 type TicketFn = unsafe extern "C" fn(*const RawTicket);
 
 /// `stragglar_emulate_rule`: the device rule over a record stream, one choice per record.
@@ -55,12 +57,29 @@ type LayoutFn = unsafe extern "C" fn(u64, u32, u32, *mut u64);
 /// `stragglar_emulate_half`: the kernel's fp16 or bf16 conversions over arrays.
 type HalfFn = unsafe extern "C" fn(u32, *const u16, *mut f32, *const f32, *mut u16, u64);
 
+/// Waits (at most 10 s) until `count` of `ranks` ranks took their ticket of call `call` on the
+/// arrival board at `board`, then `delay`.
+fn await_tickets(board: u64, ranks: usize, call: u64, count: usize, delay: Duration) {
+    let slot =
+        board as usize + (call % BOARD_SLOTS as u64) as usize * std::mem::size_of::<RawBoardSlot>();
+    let first = (call / BOARD_SLOTS as u64) * ranks as u64;
+    // SAFETY: `arrived` is the slot's first word, a live aligned u64 that the emulated kernels
+    // only touch atomically.
+    let arrived = unsafe { std::sync::atomic::AtomicU64::from_ptr(slot as *mut u64) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while arrived.load(Ordering::Acquire) < first + count as u64 && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(delay);
+}
+
 /// The emulated kernel, compiled once per test binary.
 struct Kernel {
     half: HalfFn,
     thread: ThreadFn,
     apply: ApplyFn,
     ticket: TicketFn,
+    ticket_end: TicketFn,
     rule: RuleFn,
     layout: LayoutFn,
     /// `stragglar_emulate_served_out_of_order`: served words the kernel found out of turn
@@ -168,6 +187,10 @@ fn kernel() -> &'static Kernel {
                 std::mem::transmute::<*mut c_void, TicketFn>(symbol("stragglar_emulate_ticket"))
             },
             // SAFETY: as above.
+            ticket_end: unsafe {
+                std::mem::transmute::<*mut c_void, TicketFn>(symbol("stragglar_emulate_ticket_end"))
+            },
+            // SAFETY: as above.
             rule: unsafe {
                 std::mem::transmute::<*mut c_void, RuleFn>(symbol("stragglar_emulate_rule"))
             },
@@ -238,6 +261,12 @@ struct Comm {
     arrivals: std::cell::Cell<u64>,
     /// A rank that launches this long after the others, for the next call only.
     late: Option<(usize, Duration)>,
+    /// How long the work of a call that goes to NCCL takes once every rank has taken its
+    /// ticket (what NCCL's kernel would take), before each rank's end kernel runs.
+    nccl_time: Duration,
+    /// The next ticketed call to NCCL runs no end kernel (as when NCCL's launch was never
+    /// reported), for that call only.
+    skip_end: bool,
     /// `RawLaunch::ordered_reads` of every launch (on unless a test turns it off).
     ordered_reads: bool,
 }
@@ -279,6 +308,8 @@ impl Comm {
             ticketing: true,
             arrivals: std::cell::Cell::new(0),
             late: None,
+            nccl_time: Duration::ZERO,
+            skip_end: false,
             ordered_reads: true,
         }
     }
@@ -328,18 +359,33 @@ impl Comm {
             call,
             ranks: self.ranks as u32,
             reserved: 0,
+            note: self.memory[rank].staging.addr() + self.layout.arrival_note(),
+        }
+    }
+
+    /// Call `call`'s entry in `rank`'s ring.
+    fn entry(&mut self, rank: usize, call: u64) -> RawRingEntry {
+        let size = std::mem::size_of::<RawRingEntry>();
+        let at = (call % RING_ENTRIES as u64) as usize * size;
+        let bytes = &self.memory[rank].ring.bytes()[at..at + size];
+        let word = |i: usize| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().unwrap());
+        RawRingEntry {
+            last: word(0),
+            lead: word(1),
+            post: word(2),
         }
     }
 
     /// The record of call `call` in `rank`'s ring, if it holds it: (last rank, lead ns).
     fn record(&mut self, rank: usize, call: u64) -> Option<(u32, u32)> {
-        let at = (call % RING_ENTRIES as u64) as usize * 16;
-        let bytes = self.memory[rank].ring.bytes();
-        let entry = RawRingEntry {
-            last: u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()),
-            lead: u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap()),
-        };
-        untag(entry, call)
+        untag(self.entry(rank, call), call)
+    }
+
+    /// The post-arrival word (ns, or `POST_UNMEASURED`) of call `call` in `rank`'s ring, if it
+    /// holds it.
+    fn post(&mut self, rank: usize, call: u64) -> Option<u32> {
+        let post = self.entry(rank, call).post;
+        (post >> 32 == (call % 0xffff_ffff) + 1).then_some(post as u32)
     }
 
     /// Waits (at most 10 s) until `count` ranks took their ticket of call `call`, then `delay`:
@@ -350,21 +396,12 @@ impl Comm {
 
     /// [`Comm::hold_back`] on the board at `board`.
     fn hold_back_on(&self, board: u64, call: u64, count: usize, delay: Duration) {
-        let slot = board as usize
-            + (call % BOARD_SLOTS as u64) as usize * std::mem::size_of::<RawBoardSlot>();
-        let first = (call / BOARD_SLOTS as u64) * self.ranks as u64;
-        // SAFETY: `arrived` is the slot's first word, a live aligned u64 that the emulated
-        // kernels only touch atomically.
-        let arrived = unsafe { std::sync::atomic::AtomicU64::from_ptr(slot as *mut u64) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while arrived.load(Ordering::Acquire) < first + count as u64 && Instant::now() < deadline {
-            std::thread::yield_now();
-        }
-        std::thread::sleep(delay);
+        await_tickets(board, self.ranks, call, count, delay)
     }
 
     /// Runs the ticket kernel on the ranks in `launched` (a call that goes to NCCL), the late
-    /// rank (if any) after the others.
+    /// rank (if any) after the others. When every rank is launched, each then waits for every
+    /// ticket and `nccl_time` (NCCL's kernel) and runs its end kernel, unless `skip_end`.
     fn tickets(&mut self, launched: &[usize]) {
         let call = self.arrivals.get();
         self.arrivals.set(call + 1);
@@ -376,18 +413,27 @@ impl Comm {
             .collect();
         let k = kernel();
         let late = self.late.take();
+        let ends = launched.len() == self.ranks && !std::mem::take(&mut self.skip_end);
+        let (board, ranks, nccl_time) = (self.board(), self.ranks, self.nccl_time);
+        let run = move |t: &RawTicket| {
+            // SAFETY: every address in the ticket is live memory of this Comm.
+            unsafe { (k.ticket)(t) };
+            if ends {
+                await_tickets(board, ranks, call, ranks, nccl_time);
+                // SAFETY: as above.
+                unsafe { (k.ticket_end)(t) };
+            }
+        };
         scoped(|scope| {
             let order = launched.iter().filter(|&&r| Some(r) != late.map(|l| l.0));
             for &r in order {
                 let t = &tickets[r];
-                // SAFETY: every address in the ticket is live memory of this Comm.
-                scope.spawn(move || unsafe { (k.ticket)(t) });
+                scope.spawn(move || run(t));
             }
             if let Some((r, delay)) = late.filter(|l| launched.contains(&l.0)) {
                 self.hold_back(call, launched.len() - 1, delay);
                 let t = &tickets[r];
-                // SAFETY: as above.
-                scope.spawn(move || unsafe { (k.ticket)(t) });
+                scope.spawn(move || run(t));
             }
         });
     }
@@ -1473,15 +1519,17 @@ fn f32_sum(ranks: usize, straggler: usize, count: usize, seed: u64) -> Case {
 #[test]
 fn arrival_records_name_the_late_rank_identically_on_every_rank() {
     // Calls alternate between the AllReduce kernel (its arrival block runs beside the plan)
-    // and the ticket kernel (a call the policy sends to NCCL); one rank, a different one each
-    // call, launches 30 ms after the others. Every rank's ring must hold the same record of
-    // every call: the late rank, and a lead of about the delay, measured on one clock.
+    // and the ticket kernel (a call the policy sends to NCCL, whose work takes 20 ms once
+    // every rank arrived); one rank, a different one each call, launches 30 ms after the
+    // others. Every rank's ring must hold the same record of every call: the late rank, a
+    // lead of about the delay, and the post-arrival time, each measured on one clock.
     let ranks = 5;
     let calls = 10u64;
     let late_of = |call: u64| (call * 3 % 5) as usize;
     let delay = Duration::from_millis(30);
     let mut cache = PlanCache::default();
     let mut comm = Comm::new(ranks, 2, 2);
+    comm.nccl_time = Duration::from_millis(20);
     let everyone: Vec<usize> = (0..ranks).collect();
     for call in 0..calls {
         comm.late = Some((late_of(call), delay));
@@ -1492,22 +1540,37 @@ fn arrival_records_name_the_late_rank_identically_on_every_rank() {
             comm.tickets(&everyone);
         }
     }
-    // The next ticketed launch copies the last call's record.
+    // The next two ticketed launches copy the last call's record and its post-arrival time.
+    comm.tickets(&everyone);
     comm.tickets(&everyone);
     for call in 0..calls {
         let (last, lead) = comm.record(0, call).expect("rank 0 holds the record");
+        let post = comm
+            .post(0, call)
+            .expect("rank 0 holds the post-arrival time");
         for r in 1..ranks {
             assert_eq!(
                 comm.record(r, call),
                 Some((last, lead)),
                 "call {call} rank {r}"
             );
+            assert_eq!(comm.post(r, call), Some(post), "call {call} rank {r}");
         }
         assert_eq!(last as usize, late_of(call), "call {call}");
         let lead = Duration::from_nanos(lead as u64);
         assert!(
             lead >= delay / 2 && lead < Duration::from_secs(20),
             "call {call}: {lead:?}"
+        );
+        assert_ne!(post, POST_UNMEASURED, "call {call}");
+        let post = Duration::from_nanos(post as u64);
+        let least = match call % 2 {
+            0 => Duration::from_nanos(1),
+            _ => comm.nccl_time,
+        };
+        assert!(
+            post >= least && post < Duration::from_secs(20),
+            "call {call}: {post:?}"
         );
     }
     for r in 0..ranks {
@@ -1541,6 +1604,40 @@ fn many_ticketed_calls_wrap_the_ring_and_reuse_the_board() {
                 assert_eq!(record, None, "call {call}'s entry was reused");
             }
         }
+    }
+}
+
+#[test]
+fn a_call_whose_end_was_never_noted_is_published_unmeasured_on_every_rank() {
+    // A call NCCL ran whose end kernel the host never queued (a nonblocking launch whose
+    // success the application never read): its last arrival cannot time it, and every rank
+    // must read it as unmeasured rather than wait for it or read a stale time. The calls
+    // around it keep their times.
+    let ranks = 4;
+    let mut comm = Comm::new(ranks, 1, 1);
+    comm.nccl_time = Duration::from_millis(5);
+    let everyone: Vec<usize> = (0..ranks).collect();
+    for call in 0..6u64 {
+        comm.late = Some(((call % 4) as usize, Duration::from_millis(2)));
+        comm.skip_end = call == 2;
+        comm.tickets(&everyone);
+    }
+    for call in 0..4u64 {
+        let posts: Vec<Option<u32>> = (0..ranks).map(|r| comm.post(r, call)).collect();
+        assert!(
+            posts.iter().all(|p| *p == posts[0]),
+            "call {call}: {posts:?}"
+        );
+        match call {
+            2 => assert_eq!(posts[0], Some(POST_UNMEASURED)),
+            _ => assert!(
+                posts[0].is_some_and(|ns| ns != POST_UNMEASURED && ns >= 5_000_000),
+                "call {call}: {posts:?}"
+            ),
+        }
+    }
+    for r in 0..ranks {
+        assert_eq!(comm.status(r), STATUS_OK);
     }
 }
 
@@ -1966,6 +2063,7 @@ fn graph_record(comm: &Comm, call: u64) -> stragglar::detect::ArrivalRecord {
 /// A ring entry's (last rank, lead ns) when both its words carry call `call`'s tag (`sg_tag`
 /// in cuda/stragglar_arrival.h).
 fn untag(entry: RawRingEntry, call: u64) -> Option<(u32, u32)> {
+    // The post word comes a call later and is checked apart (`Comm::post`).
     let tag = ((call % 0xffff_ffff) + 1) << 32;
     let tagged = |word: u64| word >> 32 << 32 == tag;
     (tagged(entry.last) && tagged(entry.lead)).then_some((entry.last as u32, entry.lead as u32))

@@ -160,6 +160,9 @@ pub struct RawGraphState {
     /// Graph calls on StragglAR and on the baseline so far (written by the arrival block).
     pub on_stragglar: u64,
     pub on_baseline: u64,
+    /// What this rank's latest graph call noted for its post-arrival time (the eager calls'
+    /// note is apart: the two boards number their calls apart).
+    pub note: super::launch::RawArrivalNote,
     /// Records of graph calls, as copied from the board (the eager ring's format).
     pub ring: [RawRingEntry; 64],
     /// The graph calls' arrival board (rank 0's is the one every rank uses).
@@ -182,7 +185,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<RawClassState>(), 536 + 32 + 8);
         assert_eq!(
             std::mem::size_of::<RawGraphState>(),
-            40 + 64 * 16 + 4 * 32 + 65 * 576
+            40 + 32 + 64 * 24 + 4 * 32 + 65 * 576
         );
     }
 

@@ -9,6 +9,9 @@ use super::launch::{OP_AVG, OP_MAX, OP_MIN, OP_PREMULSUM, OP_PROD, OP_SUM};
 pub const ALL_REDUCE_KERNEL: &str = "ncclStragglarAllReduce";
 /// The ticket kernel's entry point: the arrival record of a call that goes to NCCL.
 pub const TICKET_KERNEL: &str = "ncclStragglarTicket";
+/// The end kernel of a call that went to NCCL, queued after NCCL's: it notes when the call
+/// finished on this rank, for the post-arrival time.
+pub const TICKET_END_KERNEL: &str = "ncclStragglarTicketEnd";
 /// `stragglar bench`'s device-side delay of a late rank.
 pub const DELAY_KERNEL: &str = "ncclStragglarDelay";
 /// The bandwidth probe's entry point (the AllReduce kernel's element-wise code alone).
@@ -121,6 +124,7 @@ mod tests {
         assert!(unit.contains(ALL_REDUCE_KERNEL));
         assert!(unit.contains(APPLY_PROBE_KERNEL));
         assert!(unit.contains(TICKET_KERNEL));
+        assert!(unit.contains(TICKET_END_KERNEL));
         assert!(unit.contains(DELAY_KERNEL));
         for (name, _) in SOURCES {
             assert!(unit.contains(&format!("#line 1 \"{name}\"")), "{name}");

@@ -136,16 +136,43 @@ pub struct RawBoardSlot {
     /// Tag and the lead in nanoseconds, saturated to `u32::MAX` (written by the second-to-last
     /// arrival, which measured it on its own clock from its ticket to the last ticket).
     pub lead: u64,
-    pub reserved: u64,
+    /// Tag and the call's post-arrival time in nanoseconds: from the last arrival's ticket to
+    /// the end of that rank's call, on its own clock, at most `POST_UNMEASURED - 1`, or
+    /// [`POST_UNMEASURED`]. Written by the last arrival at its next ticketed call, from its
+    /// [`RawArrivalNote`].
+    pub post: u64,
 }
 
+/// The low half of a `post` word when the last arrival could not time its call's end (a call
+/// NCCL ran whose end kernel was never queued, see `RawTicket`).
+pub const POST_UNMEASURED: u32 = 0xffff_ffff;
+
 /// One call's record in a rank's host-mapped ring: the board slot's `last` and `lead` words,
-/// copied by that rank's next ticketed launch once both carry the call's tag.
+/// copied by that rank's next ticketed launch once both carry the call's tag, and its `post`
+/// word, copied by the launch after that (the last arrival publishes it at its next call).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RawRingEntry {
     pub last: u64,
     pub lead: u64,
+    pub post: u64,
+}
+
+/// What one rank remembers of its latest ticketed call, in its own device memory, so that its
+/// next ticketed launch can publish the call's post-arrival time (`RawBoardSlot::post`) when
+/// it arrived last. Only this rank's kernels touch it, one after another on its stream.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawArrivalNote {
+    /// The tag of the latest call at which this rank took the last ticket.
+    pub last: u64,
+    /// Its `%globaltimer` at that ticket (nanoseconds).
+    pub arrived_at: u64,
+    /// The tag of the latest call this rank finished: its AllReduce kernel's last plan block,
+    /// or the ticket kernel's end kernel after NCCL's.
+    pub finished: u64,
+    /// Its `%globaltimer` then (nanoseconds).
+    pub finished_at: u64,
 }
 
 /// Where a launch records its arrival (part of [`RawLaunch`] and [`RawTicket`]).
@@ -162,12 +189,17 @@ pub struct RawArrival {
     /// The communicator's size.
     pub ranks: u32,
     pub reserved: u32,
+    /// `RawArrivalNote*`: this rank's, in its own device memory (eager calls and graph
+    /// launches keep one each).
+    pub note: u64,
 }
 
 /// The ticket kernel (`ncclStragglarTicket`, one block): the arrival record of a call that
 /// goes to NCCL, so the policy keeps seeing arrivals while it forwards. Only the second-to-last
 /// arrival waits (for the last, as NCCL's kernel would); the others return at once. Its spins
-/// watch the abort word and every rank's failure word like the AllReduce kernel's.
+/// watch the abort word and every rank's failure word like the AllReduce kernel's. The same
+/// arguments, queued after NCCL's kernel, make the end kernel (`ncclStragglarTicketEnd`), which
+/// notes when the call finished on this rank (`RawArrivalNote::finished`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RawTicket {
@@ -221,14 +253,15 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(std::mem::size_of::<RawPeer>(), 56);
-        assert_eq!(std::mem::size_of::<RawLaunch>(), 216);
-        assert_eq!(std::mem::size_of::<RawArrival>(), 32);
-        assert_eq!(std::mem::size_of::<RawTicket>(), 72);
+        assert_eq!(std::mem::size_of::<RawLaunch>(), 224);
+        assert_eq!(std::mem::size_of::<RawArrival>(), 40);
+        assert_eq!(std::mem::size_of::<RawTicket>(), 80);
+        assert_eq!(std::mem::size_of::<RawArrivalNote>(), 32);
         assert_eq!(std::mem::size_of::<RawBoardSlot>(), 32);
         // `CudaRank::board_settled` reads the tags at these offsets.
         assert_eq!(std::mem::offset_of!(RawBoardSlot, last), 8);
         assert_eq!(std::mem::offset_of!(RawBoardSlot, lead), 16);
-        assert_eq!(std::mem::size_of::<RawRingEntry>(), 16);
+        assert_eq!(std::mem::size_of::<RawRingEntry>(), 24);
         assert_eq!(std::mem::size_of::<RawApply>(), 96);
     }
 }

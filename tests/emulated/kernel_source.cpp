@@ -35,6 +35,9 @@ void body(void* arg, uint32_t thread) {
     case emu::KernelId::Ticket:
       sg_ticket((const RawTicket*)run->params);
       break;
+    case emu::KernelId::TicketEnd:
+      sg_ticket_end((const RawTicket*)run->params);
+      break;
     case emu::KernelId::Delay: {
       uint64_t ns;
       memcpy(&ns, run->params, sizeof ns);
@@ -53,6 +56,7 @@ void emu_pause(void) { emu::fiber_pause(); }
 const emu::KernelSpec kSpecs[] = {
     {"ncclStragglarAllReduce", emu::KernelId::AllReduce, sizeof(RawLaunch), MAX_THREADS},
     {"ncclStragglarTicket", emu::KernelId::Ticket, sizeof(RawTicket), 1024},
+    {"ncclStragglarTicketEnd", emu::KernelId::TicketEnd, sizeof(RawTicket), 1024},
     {"ncclStragglarDelay", emu::KernelId::Delay, sizeof(uint64_t), 1024},
     {"ncclStragglarApplyProbe", emu::KernelId::ApplyProbe, sizeof(RawApply), MAX_THREADS},
 };

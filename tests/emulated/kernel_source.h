@@ -7,7 +7,7 @@
 
 namespace emu {
 
-enum class KernelId { AllReduce, Ticket, Delay, ApplyProbe };
+enum class KernelId { AllReduce, Ticket, TicketEnd, Delay, ApplyProbe };
 
 /* A kernel of cuda/ the emulated GPU can run: its entry name, its one parameter's size in
  * bytes, and the most threads a block may have (its __launch_bounds__, else 1024). */

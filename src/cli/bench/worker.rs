@@ -385,6 +385,8 @@ impl RankRun<'_> {
                 last_rank: record.as_ref().map(|r| r.last_rank),
                 lead_us: record.as_ref().map_or(0.0, |r| r.lead_ns() as f64 / 1e3),
                 designated,
+                // Known only once the next call completes (see `detect::estimate`).
+                post_us: None,
             };
             if let Err(e) = trace.call(&event) {
                 log::warn!("{}: {e}; tracing stops", trace.path().display());

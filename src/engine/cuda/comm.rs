@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use super::args::Operands;
 use super::driver::{self, Capture, Device, Event, IpcMapping};
-use super::rank::{CallError, Control, CudaRank, GraphCounts};
+use super::rank::{CallError, Control, CudaRank, GraphCounts, Ticket, TimedRecord};
 use crate::detect::policy::Policy;
 use crate::detect::tally::RankArrivals;
-use crate::detect::{ArrivalRecord, Tracker};
+use crate::detect::Tracker;
 use crate::gpu::choice::RawRule;
 use crate::gpu::launch::RING_ENTRIES;
 use crate::nccl::types::{cudaStream_t, ResultCode};
@@ -35,9 +35,10 @@ use crate::trace::{CallEvent, TraceWriter};
 /// full); 32 is the detector's window, and keeps the wait rare.
 pub const RECORD_LAG: u64 = 32;
 
-// The ring must still hold a record when it is due: written at most `RECORD_LAG - 2` calls
-// before, overwritten `RING_ENTRIES` calls after it was written.
-const _: () = assert!(RECORD_LAG >= 2 && RECORD_LAG < RING_ENTRIES as u64 + 2);
+// A record must be complete in the ring when it is due, and not yet overwritten: call k's is
+// complete from the start of call k + 2 (its post-arrival time comes last), and call
+// k + RING_ENTRIES starts overwriting it at the start of call k + RING_ENTRIES + 1.
+const _: () = assert!(RECORD_LAG >= 3 && RECORD_LAG <= RING_ENTRIES as u64);
 
 /// The model's links for the policy: an NVSwitch GPU (3 us per round, 450 GiB/s per
 /// direction), until the engine is calibrated on such hardware.
@@ -154,11 +155,12 @@ pub struct CudaComm {
     /// captured calls): with this rank's own epoch, what every peer must reach before the
     /// staging is freed.
     launched: u64,
-    /// A ticket was queued for a call NCCL runs, whose result is not reported yet.
-    ticket_awaits_nccl: bool,
-    /// The stream of such a call that NCCL (nonblocking) was still launching when it returned:
-    /// the order is taken once the application reads `ncclSuccess` (see [`CudaComm::nccl_state`]).
-    order_pending: Option<cudaStream_t>,
+    /// The ticket queued for a call NCCL runs, whose result is not reported yet.
+    ticket_awaits_nccl: Option<Ticket>,
+    /// The stream and ticket of such a call that NCCL (nonblocking) was still launching when
+    /// it returned: its end kernel and the order are queued once the application reads
+    /// `ncclSuccess` (see [`CudaComm::nccl_state`]).
+    order_pending: Option<(cudaStream_t, Ticket)>,
     /// Calls captured into graphs as graph launches.
     captured: u64,
     /// The plans graph launches choose among could not be built: captured calls stay on NCCL.
@@ -190,14 +192,14 @@ impl CudaComm {
             baseline: parts.baseline,
             label: parts.label,
             plans: parts.plans,
-            tracker: Tracker::new(parts.policy, ranks, RECORD_LAG),
+            tracker: Tracker::new(parts.policy, ranks, RECORD_LAG).measuring(),
             designated: parts.designated,
             trace: parts.trace,
             untraced: VecDeque::new(),
             reported_at: Instant::now(),
             record_waits: Duration::ZERO,
             launched: 0,
-            ticket_awaits_nccl: false,
+            ticket_awaits_nccl: None,
             order_pending: None,
             captured: 0,
             unbuildable: false,
@@ -277,7 +279,7 @@ impl CudaComm {
     /// # Safety
     /// As [`CudaComm::all_reduce`], with `stream` not capturing.
     unsafe fn eager(&mut self, operands: Operands, stream: cudaStream_t) -> Result<Ran, CallError> {
-        if std::mem::take(&mut self.ticket_awaits_nccl) {
+        if self.ticket_awaits_nccl.take().is_some() {
             log::debug!(
                 "{}: NCCL's result for a ticketed call was not reported",
                 self.label
@@ -349,7 +351,7 @@ impl CudaComm {
                 }
                 None => {
                     // SAFETY: the caller's stream, not capturing.
-                    unsafe { rank.ticket(raw) }?;
+                    self.ticket_awaits_nccl = Some(unsafe { rank.ticket(raw) }?);
                     Ran::Ticketed
                 }
             };
@@ -365,11 +367,9 @@ impl CudaComm {
             }
             Ok(ran)
         })();
-        match result {
-            Ok(Ran::Ticketed) => self.ticket_awaits_nccl = true,
-            Ok(_) => {}
+        if result.is_err() {
             // Peers already launched this call: tell them this rank will not.
-            Err(_) => rank.give_up(),
+            rank.give_up();
         }
         result
     }
@@ -381,11 +381,11 @@ impl CudaComm {
     /// `ncclSuccess` (NCCL requires it to, before anything else on the stream; see
     /// [`CudaComm::nccl_state`]). Does nothing when no ticket awaits NCCL.
     pub fn nccl_ran(&mut self, stream: cudaStream_t, code: ResultCode) {
-        if !std::mem::take(&mut self.ticket_awaits_nccl) {
+        let Some(ticket) = self.ticket_awaits_nccl.take() else {
             return;
-        }
+        };
         if code == ResultCode::IN_PROGRESS {
-            self.order_pending = Some(stream);
+            self.order_pending = Some((stream, ticket));
             return;
         }
         if code != ResultCode::SUCCESS {
@@ -399,7 +399,7 @@ impl CudaComm {
             self.rank.give_up();
             return;
         }
-        if let Err(e) = self.order_after(stream) {
+        if let Err(e) = self.end_and_order_after(ticket, stream) {
             log::warn!("ncclAllReduce on {}: {e}", self.label);
             self.rank.give_up();
         }
@@ -418,7 +418,7 @@ impl CudaComm {
             self.rank.give_up();
             return;
         }
-        let Some(forwarded_on) = self.order_pending.take() else {
+        let Some((forwarded_on, ticket)) = self.order_pending.take() else {
             return;
         };
         // Where the stream began a capture since, the order is dropped: the next launch stays
@@ -427,13 +427,26 @@ impl CudaComm {
         // valid until the application has seen that call succeed.
         match unsafe { driver::capture_of(self.rank.device(), forwarded_on.cast()) } {
             Ok(Capture::None) => {
-                if let Err(e) = self.order_after(forwarded_on) {
+                if let Err(e) = self.end_and_order_after(ticket, forwarded_on) {
                     log::warn!("{}: {e}", self.label);
                     self.rank.give_up();
                 }
             }
             _ => log::debug!("{}: a forwarded call's order was not taken", self.label),
         }
+    }
+
+    /// Queues the end kernel of a call NCCL ran on `stream` (the call's end, for its
+    /// post-arrival time), and orders this communicator's next launch after it.
+    fn end_and_order_after(
+        &mut self,
+        ticket: Ticket,
+        stream: cudaStream_t,
+    ) -> Result<(), CallError> {
+        // SAFETY: the caller's live stream of this device, with NCCL's kernel of the call
+        // queued on it; not capturing (an eager call's, checked where it was taken).
+        unsafe { self.rank.ticket_end(ticket, stream.cast()) }?;
+        self.order_after(stream)
     }
 
     /// Orders this communicator's next launch after everything queued on `stream` so far.
@@ -691,7 +704,7 @@ impl CudaComm {
 fn trace_call(
     trace: &mut Option<TraceWriter>,
     untraced: &mut VecDeque<(f64, u64, Option<usize>)>,
-    record: &ArrivalRecord,
+    timed: &TimedRecord,
     designated: Option<usize>,
     label: &str,
 ) {
@@ -711,9 +724,10 @@ fn trace_call(
             "nccl"
         },
         straggler,
-        last_rank: Some(record.last_rank),
-        lead_us: record.lead_ns as f64 / 1e3,
+        last_rank: Some(timed.record.last_rank),
+        lead_us: timed.record.lead_ns as f64 / 1e3,
         designated,
+        post_us: timed.post_ns.map(|ns| ns as f64 / 1e3),
     };
     if let Err(e) = writer.call(&event) {
         log::warn!("{}: {e}; tracing of {label} stops", writer.path().display());

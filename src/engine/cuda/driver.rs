@@ -461,15 +461,18 @@ pub struct Kernels {
     pub all_reduce: Kernel,
     /// `ncclStragglarTicket`.
     pub ticket: Kernel,
+    /// `ncclStragglarTicketEnd`.
+    pub ticket_end: Kernel,
 }
 
 impl Kernels {
-    /// Loads both kernels of `cubin` on `device`.
+    /// Loads the kernels of `cubin` on `device`.
     pub fn load(device: &Arc<Device>, cubin: &[u8]) -> Result<Kernels, GpuError> {
-        use crate::gpu::kernels::{ALL_REDUCE_KERNEL, TICKET_KERNEL};
+        use crate::gpu::kernels::{ALL_REDUCE_KERNEL, TICKET_END_KERNEL, TICKET_KERNEL};
         Ok(Kernels {
             all_reduce: Kernel::load(device, cubin, ALL_REDUCE_KERNEL)?,
             ticket: Kernel::load(device, cubin, TICKET_KERNEL)?,
+            ticket_end: Kernel::load(device, cubin, TICKET_END_KERNEL)?,
         })
     }
 }

@@ -15,8 +15,9 @@ use super::staging::StagingLayout;
 use crate::detect::{ArrivalRecord, Observed, Tracker};
 use crate::gpu::choice::{RawGraphState, RawRule};
 use crate::gpu::launch::{
-    RawArrival, RawBoardSlot, RawPeer, RawRingEntry, BOARD_SLOTS, MAX_THREADS, RING_ENTRIES,
-    STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED, STATUS_TIMEOUT,
+    RawArrival, RawBoardSlot, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS, MAX_THREADS,
+    POST_UNMEASURED, RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
+    STATUS_TIMEOUT,
 };
 use crate::nccl::types::ResultCode;
 use crate::plan::{ArenaNeed, Lowered};
@@ -160,6 +161,18 @@ pub struct GraphCounts {
     pub last_straggler: Option<usize>,
 }
 
+/// A ticketed call's arrival record as this rank's ring holds it, with the call's
+/// post-arrival time in nanoseconds (`None`: not measured).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedRecord {
+    pub record: ArrivalRecord,
+    pub post_ns: Option<u64>,
+}
+
+/// The arguments of a queued ticket kernel, for its end kernel ([`CudaRank::ticket_end`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Ticket(RawTicket);
+
 /// One rank of a GPU-engine communicator.
 pub struct CudaRank {
     device: Arc<Device>,
@@ -270,18 +283,24 @@ impl CudaRank {
         self.arrivals
     }
 
-    /// The arrival record of ticketed call `call`, once this rank's ring holds it (from the
-    /// start of this rank's call `call + 1` on, for `RING_ENTRIES` calls). Identical on every
-    /// rank: each copies the same board words.
-    pub fn record(&self, call: u64) -> Option<ArrivalRecord> {
-        let entry = (call % RING_ENTRIES as u64) as usize * 2;
+    /// The arrival record of ticketed call `call` and its post-arrival time, once this rank's
+    /// ring holds both (from the start of this rank's call `call + 2` on, until call
+    /// `call + RING_ENTRIES` overwrites them). Identical on every rank: each copies the same
+    /// board words.
+    pub fn record(&self, call: u64) -> Option<TimedRecord> {
+        const WORDS: usize = std::mem::size_of::<RawRingEntry>() / 8;
+        let entry = (call % RING_ENTRIES as u64) as usize * WORDS;
         let tag = record_tag(call);
-        let last = self.ring.word64(entry).load(Ordering::Acquire);
-        let lead = self.ring.word64(entry + 1).load(Ordering::Acquire);
+        let word = |i: usize| self.ring.word64(entry + i).load(Ordering::Acquire);
+        let [last, lead, post] = [word(0), word(1), word(2)];
         let tagged = |w: u64| w & !0xffff_ffff == tag;
-        (tagged(last) && tagged(lead)).then_some(ArrivalRecord {
-            last_rank: (last & 0xffff_ffff) as usize,
-            lead_ns: lead & 0xffff_ffff,
+        let post_ns = post & 0xffff_ffff;
+        (tagged(last) && tagged(lead) && tagged(post)).then_some(TimedRecord {
+            record: ArrivalRecord {
+                last_rank: (last & 0xffff_ffff) as usize,
+                lead_ns: lead & 0xffff_ffff,
+            },
+            post_ns: (post_ns != u64::from(POST_UNMEASURED)).then_some(post_ns),
         })
     }
 
@@ -319,13 +338,13 @@ impl CudaRank {
         })
     }
 
-    /// Waits until the ring holds the record of ticketed call `call`, which a launch this rank
-    /// already made copies there (the start of call `call + 1`). Gives up on an abort or a
+    /// Waits until the ring holds the record of ticketed call `call`, which launches this rank
+    /// already made copy there (the starts of calls `call + 1` and `call + 2`). Gives up on an abort or a
     /// kernel failure of this rank: the kernels apply `STRAGGLAR_TIMEOUT_MS` to their own
     /// waits, and the host does not time the GPU, which may rightly be many calls behind.
-    pub fn await_record(&self, call: u64) -> Result<ArrivalRecord, CallError> {
+    pub fn await_record(&self, call: u64) -> Result<TimedRecord, CallError> {
         debug_assert!(
-            call < self.arrivals,
+            call + 2 < self.arrivals,
             "record {call} has no launch to copy it"
         );
         let control = self.control();
@@ -358,13 +377,13 @@ impl CudaRank {
         unreachable!("the loop returns")
     }
 
-    /// Feeds `tracker` every due record from this rank's ring, waiting for each (see
-    /// [`CudaRank::await_record`]), and hands each record and what it changed to `each`.
-    /// Returns how long it waited for records the GPU had not written yet.
+    /// Feeds `tracker` every due record and post-arrival time from this rank's ring, waiting
+    /// for each (see [`CudaRank::await_record`]), and hands each record and what it changed to
+    /// `each`. Returns how long it waited for records the GPU had not written yet.
     pub fn feed_due(
         &self,
         tracker: &mut Tracker,
-        mut each: impl FnMut(&ArrivalRecord, Observed),
+        mut each: impl FnMut(&TimedRecord, Observed),
     ) -> Result<Duration, CallError> {
         let mut waited = Duration::ZERO;
         while let Some(call) = tracker.due() {
@@ -377,10 +396,11 @@ impl CudaRank {
                     record
                 }
             };
-            match tracker.feed(record) {
-                Some(observed) => each(&record, observed),
-                None => break,
-            }
+            let Some(observed) = tracker.feed(record.record) else {
+                break;
+            };
+            tracker.feed_time(record.post_ns);
+            each(&record, observed);
         }
         Ok(waited)
     }
@@ -396,6 +416,7 @@ impl CudaRank {
             call: self.arrivals,
             ranks: self.config.ranks as u32,
             reserved: 0,
+            note: self.staging.ptr + self.config.layout.arrival_note(),
         }
     }
 
@@ -406,7 +427,8 @@ impl CudaRank {
     }
 
     /// Queues the ticket kernel on `stream`: the arrival record of a call that goes to NCCL.
-    /// Fails fast once a kernel of this rank gave up.
+    /// Returns the call's ticket, which [`CudaRank::ticket_end`] takes once NCCL's kernel is
+    /// queued. Fails fast once a kernel of this rank gave up.
     ///
     /// # Safety
     /// `stream` must be a live stream of this device, not capturing (a replayed ticket would
@@ -414,7 +436,7 @@ impl CudaRank {
     pub unsafe fn ticket(
         &mut self,
         stream: cudarc::driver::sys::CUstream,
-    ) -> Result<(), CallError> {
+    ) -> Result<Ticket, CallError> {
         // The call is NCCL's: its ticket waits for the last arrival as long as NCCL would.
         // SAFETY: as the caller vouches.
         unsafe { self.ticket_within(stream, 0) }
@@ -429,13 +451,29 @@ impl CudaRank {
         &mut self,
         stream: cudarc::driver::sys::CUstream,
         timeout_ns: u64,
-    ) -> Result<(), CallError> {
+    ) -> Result<Ticket, CallError> {
         self.fail_fast()?;
         let args = self.site()?.ticket(self.arrival(true), timeout_ns);
         // SAFETY: every address in `args` is live memory of this rank (staging, rank 0's
         // mapped board, host words); the caller vouches for the stream.
         unsafe { self.kernels.ticket.launch(stream, 1, 32, &args) }?;
         self.arrivals += 1;
+        Ok(Ticket(args))
+    }
+
+    /// Queues the end kernel of `ticket`'s call on `stream`, after the call's own work (NCCL's
+    /// kernel): it notes when the call finished on this rank, for its post-arrival time. A
+    /// ticketed call whose end is never queued is published as unmeasured, which is safe.
+    ///
+    /// # Safety
+    /// As [`CudaRank::ticket`]; `stream` orders the end after the call's work.
+    pub unsafe fn ticket_end(
+        &self,
+        ticket: Ticket,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<(), CallError> {
+        // SAFETY: the note is this rank's staging; the caller vouches for the stream.
+        unsafe { self.kernels.ticket_end.launch(stream, 1, 32, &ticket.0) }?;
         Ok(())
     }
 
@@ -547,11 +585,12 @@ impl CudaRank {
         if operands.count == 0 {
             // Our own call (not NCCL's): its ticket keeps this rank's deadline.
             // SAFETY: as the caller vouches.
-            return if ticket {
-                unsafe { self.ticket_within(stream, self.timeout_ns()) }
-            } else {
-                Ok(())
-            };
+            if ticket {
+                let ticket = unsafe { self.ticket_within(stream, self.timeout_ns()) }?;
+                // SAFETY: as above; nothing else runs for this call.
+                unsafe { self.ticket_end(ticket, stream) }?;
+            }
+            return Ok(());
         }
         // SAFETY: the caller vouches that `stream` is a live stream of this device.
         if !self.has_plan(plan) && unsafe { super::driver::is_capturing(&self.device, stream) }? {

@@ -1,5 +1,5 @@
 //! Where one rank's staging allocation keeps what: both arena parities, both flag parities, both
-//! parities of served words, the failure word, the setup's probe words, the epoch, the finished-blocks counter, the arrival board (used on rank 0
+//! parities of served words, the failure word, the setup's probe words, the epoch, the finished-blocks counter, the note of the latest ticketed call, the arrival board (used on rank 0
 //! only) and the graph state (`RawGraphState`: graph launches' call numbers, records and
 //! device detectors). One plain allocation per rank,
 //! rounded up to 2 MiB (the granularity CUDA IPC maps), identical in layout on every rank, so
@@ -80,10 +80,16 @@ impl StagingLayout {
         self.epoch() + REGION_ALIGN
     }
 
+    /// Offset of this rank's note of its latest eager ticketed call (`RawArrivalNote`), which
+    /// only its own kernels touch.
+    pub fn arrival_note(&self) -> u64 {
+        self.finished_blocks() + REGION_ALIGN
+    }
+
     /// Offset of the arrival board (`RawBoardSlot[BOARD_SLOTS]`): every rank's tickets go to
     /// rank 0's.
     pub fn board(&self) -> u64 {
-        self.finished_blocks() + REGION_ALIGN
+        self.arrival_note() + REGION_ALIGN
     }
 
     fn board_bytes() -> u64 {
@@ -153,6 +159,7 @@ mod tests {
                 (l.probe_word(0), 4 * PROBE_WORDS),
                 (l.epoch(), 8),
                 (l.finished_blocks(), 4),
+                (l.arrival_note(), 32),
                 (l.board(), StagingLayout::board_bytes()),
                 (l.graph(), StagingLayout::graph_bytes()),
             ];
