@@ -4,7 +4,7 @@
 
 use super::estimate::ClassTimes;
 use super::rule::Detector;
-use crate::schedule::model::{stragglar_rounds, Link, Times};
+use crate::schedule::model::{stragglar_rounds, Link, Nvls, Times};
 
 /// `STRAGGLAR_ALGO`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +53,9 @@ pub struct Policy {
     algo: AlgoMode,
     straggler: StragglerMode,
     link: Link,
+    /// How the model prices the baseline before it is measured: Ring, or NCCL's NVLS where
+    /// NCCL would run it (see [`Policy::with_nvls_baseline`]).
+    nvls: Option<Nvls>,
     /// Post-arrival rounds of our schedule for `ranks` (`R(n)`), computed once.
     rounds: usize,
 }
@@ -69,6 +72,7 @@ impl Policy {
             algo,
             straggler,
             link,
+            nvls: None,
             rounds: if ranks >= 2 {
                 stragglar_rounds(ranks, 1)
             } else {
@@ -77,15 +81,36 @@ impl Policy {
         }
     }
 
+    /// The same policy, whose model prices the baseline as NCCL's NVLS AllReduce (`nvls`)
+    /// instead of Ring: what NCCL runs on NVSwitch servers of Hopper and later. Communicators
+    /// larger than [`Nvls::MAX_RANKS`] keep Ring's price (the published figure does not cover
+    /// them).
+    pub fn with_nvls_baseline(mut self, nvls: Nvls) -> Self {
+        self.nvls = Some(nvls);
+        self
+    }
+
+    /// Whether the model prices the baseline as NVLS.
+    pub fn nvls_baseline(&self) -> bool {
+        self.nvls.is_some() && self.ranks <= Nvls::MAX_RANKS
+    }
+
     /// The smallest lead (seconds) from which StragglAR beats the baseline for `bytes`, per
     /// the model; `None` when it never does (n = 3, or no faster after arrival).
     pub fn break_even(&self, bytes: usize) -> Option<f64> {
         if self.ranks < 3 {
             return None;
         }
-        Times::new(self.ranks, self.rounds, bytes as f64, self.link)
-            .with_delay(0.0)
-            .break_even
+        let times = Times::new(self.ranks, self.rounds, bytes as f64, self.link);
+        let nvls = self
+            .nvls
+            .and_then(|nvls| nvls.time(self.ranks, bytes as f64, self.link));
+        match nvls {
+            // max(D, T_RS) + T_post = D + T_nvls, as for Ring (see `Times::with_delay`).
+            Some(baseline) => (times.stragglar_post < baseline)
+                .then(|| (times.reduce_scatter + times.stragglar_post - baseline).max(0.0)),
+            None => times.with_delay(0.0).break_even,
+        }
     }
 
     /// [`Policy::break_even`] in whole nanoseconds, rounded up: the lead a call of `bytes`
@@ -287,6 +312,40 @@ mod tests {
         // A fixed algorithm never explores.
         let fixed = Policy::new(8, AlgoMode::Baseline, StragglerMode::Auto, LINK);
         assert_eq!(fixed.choose(&late, Some(&times), 1 << 20), Choice::Baseline);
+    }
+
+    /// Priced against NVLS (as NCCL runs on an 8-GPU NVSwitch server) the model needs a
+    /// longer lead than against Ring, and above 8 ranks it keeps Ring's price.
+    #[test]
+    fn an_nvls_baseline_needs_a_longer_lead() {
+        let link = Link {
+            alpha: 3e-6,
+            bandwidth: 370e9,
+        };
+        let nvls = Nvls {
+            ratio: Nvls::PUBLISHED_RATIO,
+        };
+        let ring = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, link);
+        let switch = ring.clone().with_nvls_baseline(nvls);
+        assert!(!ring.nvls_baseline() && switch.nvls_baseline());
+        let bytes = 1 << 30;
+        let (against_ring, against_nvls) = (
+            ring.break_even(bytes).unwrap(),
+            switch.break_even(bytes).unwrap(),
+        );
+        assert!(against_nvls > against_ring, "{against_ring} {against_nvls}");
+        // T_RS + T_post - T_nvls, by hand: 6 rounds and 9 rounds of M/7, NVLS 2a + M/(rB).
+        let m = bytes as f64;
+        let by_hand = 15.0 * (3e-6 + m / 7.0 / 370e9) - (6e-6 + m / (nvls.ratio * 370e9));
+        assert!(
+            (against_nvls - by_hand).abs() < 1e-9,
+            "{against_nvls} {by_hand}"
+        );
+        let sixteen = Policy::new(16, AlgoMode::Auto, StragglerMode::Auto, link);
+        assert_eq!(
+            sixteen.clone().with_nvls_baseline(nvls).break_even(bytes),
+            sixteen.break_even(bytes)
+        );
     }
 
     #[test]
