@@ -82,6 +82,36 @@ typedef struct stragglarArrivals_t {
   double p90LeadUs;
 } stragglarArrivals_t;
 
+/**
+ * The policy's view of one size class of a communicator's AllReduce calls (calls of
+ * `2^(c-1)` to `2^c - 1` bytes form class `c`), kept by the GPU engine.
+ */
+typedef struct stragglarSizeClass_t {
+  /**
+   * Calls of the class the policy decided (every call the engine took outside graph
+   * capture).
+   */
+  uint64_t calls;
+  /**
+   * Of them, the calls that ran StragglAR (the others went to NCCL).
+   */
+  uint64_t onStragglar;
+  /**
+   * Median post-arrival time of the class's recent StragglAR calls, in microseconds (from
+   * the last rank's arrival to that rank's finish, measured on its GPU); 0 before any.
+   */
+  double stragglarPostUs;
+  /**
+   * Post-arrival times of StragglAR calls measured so far.
+   */
+  uint64_t stragglarSamples;
+  /**
+   * The same for the calls NCCL ran.
+   */
+  double ncclPostUs;
+  uint64_t ncclSamples;
+} stragglarSizeClass_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -112,6 +142,17 @@ ncclResult_t stragglarGetStats(ncclComm_t comm, struct stragglarStats_t *stats);
  * its GPU): ask again. Writes `*arrivals` only on success.
  */
 ncclResult_t stragglarGetArrivals(ncclComm_t comm, int rank, struct stragglarArrivals_t *arrivals);
+
+/**
+ * Copies what the policy measured and chose for size class `sizeClass` (0 to 64) of `comm`
+ * into `*out` (zeros for a class without calls). `ncclInvalidArgument` for NULL arguments,
+ * destroyed communicators and classes outside 0..=64; `ncclInvalidUsage` when the GPU engine
+ * does not serve `comm`; `ncclInProgress` when a call of `comm` holds its state for over
+ * 10 ms: ask again. Writes `*out` only on success.
+ */
+ncclResult_t stragglarGetSizeClass(ncclComm_t comm,
+                                   int sizeClass,
+                                   struct stragglarSizeClass_t *out);
 
 /**
  * The name of fallback cause `index` (`"too-few-ranks"`, ...), or `"unknown"`. The string is

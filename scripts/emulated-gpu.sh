@@ -17,7 +17,7 @@
 # concurrency. It says nothing about timing, the GPU's memory model or its speed, and the CUDA
 # runtime (PyTorch) cannot run on it: it needs more of the driver than the engine does.
 #
-# Knobs (environment): STRAGGLAR_EMU_GPUS (8), STRAGGLAR_EMU_SMS (32),
+# Knobs (environment): STRAGGLAR_EMU_GPUS (8), STRAGGLAR_EMU_SMS (32), STRAGGLAR_EMU_MULTICAST (0),
 # STRAGGLAR_EMU_DRIVER_VERSION (13000), STRAGGLAR_EMU_FAIL (name[@device][=code],...: make a
 # driver call fail), STRAGGLAR_EMU_NO_NVRTC (1: NVRTC left off the loader path, so kernels come
 # from the cache or nowhere), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).

@@ -4,8 +4,8 @@
 use std::ffi::CStr;
 
 use stragglar::abi::extensions::{
-    stragglarArrivals_t, stragglarFallbackName, stragglarGetArrivals, stragglarGetStats,
-    stragglarStats_t, STRAGGLAR_FALLBACK_COUNT,
+    stragglarArrivals_t, stragglarFallbackName, stragglarGetArrivals, stragglarGetSizeClass,
+    stragglarGetStats, stragglarSizeClass_t, stragglarStats_t, STRAGGLAR_FALLBACK_COUNT,
 };
 use stragglar::intercept::{
     count_fallback, facts_of, limits, route_all_reduce, AllReduceCall, Route,
@@ -162,6 +162,46 @@ fn stragglar_get_arrivals_needs_the_gpu_engine_and_refuses_bad_arguments() {
         ResultCode::INVALID_ARGUMENT
     );
     assert_eq!(a, untouched, "no output written on failure");
+}
+
+#[test]
+fn stragglar_get_size_class_needs_the_gpu_engine_and_refuses_bad_arguments() {
+    let comm = register(0x6400, 4);
+    let untouched = stragglarSizeClass_t {
+        calls: 7,
+        onStragglar: 7,
+        stragglarPostUs: 7.0,
+        stragglarSamples: 7,
+        ncclPostUs: 7.0,
+        ncclSamples: 7,
+    };
+    let mut c = untouched;
+    // No GPU engine serves it (none runs here): nothing measured.
+    assert_eq!(
+        stragglarGetSizeClass(comm, 20, &mut c),
+        ResultCode::INVALID_USAGE
+    );
+    for class in [-1, 65, i32::MAX] {
+        assert_eq!(
+            stragglarGetSizeClass(comm, class, &mut c),
+            ResultCode::INVALID_ARGUMENT,
+            "class {class}"
+        );
+    }
+    assert_eq!(
+        stragglarGetSizeClass(std::ptr::null_mut(), 0, &mut c),
+        ResultCode::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        stragglarGetSizeClass(comm, 0, std::ptr::null_mut()),
+        ResultCode::INVALID_ARGUMENT
+    );
+    registry::comms().set_state(comm, CommState::Destroyed);
+    assert_eq!(
+        stragglarGetSizeClass(comm, 0, &mut c),
+        ResultCode::INVALID_ARGUMENT
+    );
+    assert_eq!(c, untouched, "no output written on failure");
 }
 
 #[test]

@@ -130,6 +130,7 @@ pointers!(
     stragglarNcclBinding_t,
     stragglarStats_t,
     stragglarArrivals_t,
+    stragglarSizeClass_t,
 );
 
 impl Hostile for ncclComm_t {
@@ -382,6 +383,7 @@ fn every_export() -> Vec<Entry> {
             ncclTeamRankToLsa, pncclTeamRankToLsa, ncclCommInitAll, ncclCommMemStats,
             ncclWinGetUserPtr, ncclParamGetParameter, pncclCommInitAll, pncclCommMemStats,
             pncclWinGetUserPtr, pncclParamGetParameter, stragglarGetArrivals,
+            stragglarGetSizeClass,
         ],
         4 => [
             ncclGetMultimemDevicePointer, pncclGetMultimemDevicePointer, ncclGetLsaDevicePointer,

@@ -246,6 +246,88 @@ pub extern "C" fn stragglarGetArrivals(
     })
 }
 
+/// The policy's view of one size class of a communicator's AllReduce calls (calls of
+/// `2^(c-1)` to `2^c - 1` bytes form class `c`), kept by the GPU engine.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct stragglarSizeClass_t {
+    /// Calls of the class the policy decided (every call the engine took outside graph
+    /// capture).
+    pub calls: u64,
+    /// Of them, the calls that ran StragglAR (the others went to NCCL).
+    pub onStragglar: u64,
+    /// Median post-arrival time of the class's recent StragglAR calls, in microseconds (from
+    /// the last rank's arrival to that rank's finish, measured on its GPU); 0 before any.
+    pub stragglarPostUs: f64,
+    /// Post-arrival times of StragglAR calls measured so far.
+    pub stragglarSamples: u64,
+    /// The same for the calls NCCL ran.
+    pub ncclPostUs: f64,
+    pub ncclSamples: u64,
+}
+
+/// Copies what the policy measured and chose for size class `sizeClass` (0 to 64) of `comm`
+/// into `*out` (zeros for a class without calls). `ncclInvalidArgument` for NULL arguments,
+/// destroyed communicators and classes outside 0..=64; `ncclInvalidUsage` when the GPU engine
+/// does not serve `comm`; `ncclInProgress` when a call of `comm` holds its state for over
+/// 10 ms: ask again. Writes `*out` only on success.
+#[no_mangle]
+pub extern "C" fn stragglarGetSizeClass(
+    comm: ncclComm_t,
+    sizeClass: c_int,
+    out: *mut stragglarSizeClass_t,
+) -> ResultCode {
+    guard("stragglarGetSizeClass", || {
+        static LIVE_WARNED: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
+        static UNSERVED_WARNED: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
+        static NULL_WARNED: [std::sync::atomic::AtomicBool; 2] =
+            [const { std::sync::atomic::AtomicBool::new(false) }; 2];
+        if comm.is_null() {
+            return reject_null(&NULL_WARNED[0], "stragglarGetSizeClass", "comm");
+        }
+        if out.is_null() {
+            return reject_null(&NULL_WARNED[1], "stragglarGetSizeClass", "out");
+        }
+        if let Err(code) = check_live(comm, &LIVE_WARNED, "stragglarGetSizeClass") {
+            return code;
+        }
+        let Some(class) = u32::try_from(sizeClass).ok().filter(|&c| c <= usize::BITS) else {
+            log::warn!(
+                "stragglarGetSizeClass: size class {sizeClass} is outside 0..={}; returning ncclInvalidArgument",
+                usize::BITS
+            );
+            return ResultCode::INVALID_ARGUMENT;
+        };
+        use crate::engine::cuda::library::{class_times, NoArrivals};
+        let times = match class_times(comm, class) {
+            Ok(times) => times.unwrap_or_default(),
+            Err(NoArrivals::Busy) => return ResultCode::IN_PROGRESS,
+            Err(_) => {
+                if !UNSERVED_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    log::warn!(
+                        "stragglarGetSizeClass: no measurements for communicator {comm:p} (the GPU engine does not serve it); returning ncclInvalidUsage (logged once)"
+                    );
+                }
+                return ResultCode::INVALID_USAGE;
+            }
+        };
+        let us = |ns: Option<u64>| ns.map_or(0.0, |ns| ns as f64 / 1e3);
+        let value = stragglarSizeClass_t {
+            calls: times.decided,
+            onStragglar: times.on_stragglar,
+            stragglarPostUs: us(times.stragglar.median()),
+            stragglarSamples: times.stragglar.taken(),
+            ncclPostUs: us(times.baseline.median()),
+            ncclSamples: times.baseline.taken(),
+        };
+        // SAFETY: checked non-NULL; the caller owns the struct.
+        unsafe { out.write(value) };
+        ResultCode::SUCCESS
+    })
+}
+
 /// The name of fallback cause `index` (`"too-few-ranks"`, ...), or `"unknown"`. The string is
 /// static.
 #[no_mangle]

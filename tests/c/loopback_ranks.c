@@ -40,6 +40,7 @@
  * library provides it; where nothing does, no statistics are printed. */
 #pragma weak stragglarGetStats
 #pragma weak stragglarGetArrivals
+#pragma weak stragglarGetSizeClass
 
 extern char** environ;
 
@@ -148,6 +149,16 @@ static void print_stats(int rank, ncclComm_t comm) {
       stragglarGetArrivals(comm, atoi(late), &arrivals) == ncclSuccess)
     printf("rank %d: rank %d arrived last %llu of %llu calls\n", rank, atoi(late),
            (unsigned long long)arrivals.arrivedLast, (unsigned long long)arrivals.calls);
+  /* What the policy measured and chose per size class: the same numbers on every rank. */
+  for (int c = 0; stragglarGetSizeClass && c <= 64; ++c) {
+    stragglarSizeClass_t s;
+    if (stragglarGetSizeClass(comm, c, &s) != ncclSuccess || s.calls == 0) continue;
+    printf("rank %d: size class %d: %llu calls, %llu on StragglAR, post-arrival StragglAR "
+           "%.3f us of %llu, NCCL %.3f us of %llu\n",
+           rank, c, (unsigned long long)s.calls, (unsigned long long)s.onStragglar,
+           s.stragglarPostUs, (unsigned long long)s.stragglarSamples, s.ncclPostUs,
+           (unsigned long long)s.ncclSamples);
+  }
 }
 
 static double now_ms(void) {

@@ -35,6 +35,7 @@ namespace emu {
 struct Machine {
   int devices = 8;
   int sms = 32;
+  int multicast = 0; /* CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED (STRAGGLAR_EMU_MULTICAST) */
   int driver_version = 13000;
   size_t memory_bytes = size_t(80) << 30;
 };

@@ -125,6 +125,7 @@ CUresult cuInit(unsigned int flags) {
   if (!g_initialized.load()) {
     g_machine.devices = env_int("STRAGGLAR_EMU_GPUS", 8, 0, 64);
     g_machine.sms = env_int("STRAGGLAR_EMU_SMS", 32, 1, 1024);
+    g_machine.multicast = env_int("STRAGGLAR_EMU_MULTICAST", 0, 0, 1);
     g_machine.driver_version = env_int("STRAGGLAR_EMU_DRIVER_VERSION", 13000, 1000, 99999);
     g_primary.assign(g_machine.devices, nullptr);
     parse_faults();
@@ -243,7 +244,7 @@ CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice
     case CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: v = machine().multicast; break;
     default: v = 0; break;
   }
   *value = v;

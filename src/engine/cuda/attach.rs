@@ -14,6 +14,7 @@ use super::args::Operands;
 use super::budget::StagingBudget;
 use super::comm::{Baseline, CommParts, CudaComm, Decline, OrderingEvents, NVSWITCH_LINK};
 use super::driver::{self, Device, DeviceMemory, IpcMapping, Kernels};
+use super::nvls::nccl_would_run_nvls;
 use super::rank::{Control, CudaRank, RankConfig};
 use super::setup::{
     run_setup, settings_of, Devices, Exchange, Identity, LocalFailure, PeerAccess, SetupError,
@@ -25,6 +26,7 @@ use crate::gpu::launch::MAX_THREADS;
 use crate::nccl::types::{cudaStream_t, ncclComm_t, DataTypeCode, RedOpCode, ResultCode};
 use crate::plan::{PlanCache, Shape};
 use crate::reduce::{DataType, ReduceOp, Scale};
+use crate::schedule::model::Nvls;
 
 /// The fewest plan blocks a rank's grid takes.
 pub const MIN_BLOCKS: u32 = 8;
@@ -372,10 +374,17 @@ pub fn connect(rank: &mut CudaRank, mappings: &[Option<IpcMapping>]) -> bool {
     rank.connect(&peers).is_ok()
 }
 
-/// The policy of an `n`-rank communicator, from the configuration.
-pub fn policy(ranks: usize) -> Policy {
+/// The policy of an `n`-rank communicator, from the configuration; its model prices NCCL as
+/// NVLS when every rank's record says NCCL would run it there.
+pub fn policy(ranks: usize, records: &[SetupRecord]) -> Policy {
     let config = crate::config::get();
-    Policy::new(ranks, config.algo, config.straggler, NVSWITCH_LINK)
+    let policy = Policy::new(ranks, config.algo, config.straggler, NVSWITCH_LINK);
+    match !records.is_empty() && records.iter().all(|r| r.nvls == 1) {
+        true => policy.with_nvls_baseline(Nvls {
+            ratio: Nvls::PUBLISHED_RATIO,
+        }),
+        false => policy,
+    }
 }
 
 /// What this rank brings to the setup: its staging (if it could make it, under the cap
@@ -416,7 +425,8 @@ fn local_part(
                 settings_of(crate::config::get()),
                 handle,
                 layout,
-            ),
+            )
+            .with_nvls(nccl_would_run_nvls(device)),
             _ => failed(LocalFailure::NoIpc),
         },
     };
@@ -527,16 +537,20 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
         members: joined.records.iter().map(SetupRecord::member).collect(),
         mappings: joined.mappings,
         plans,
-        policy: policy(call.ranks),
+        policy: policy(call.ranks, &joined.records),
         baseline: Baseline::Nccl,
         designated: watch.designated.clone(),
         trace: open_trace(call),
         label: call.label(),
         ordering,
     };
+    let prior = match parts.policy.nvls_baseline() {
+        true => "NVLS",
+        false => "Ring",
+    };
     let comm = CudaComm::new(parts);
     log::info!(
-        "{}: the GPU engine serves its AllReduce ({} ranks, {} MiB of staging on device {}: {} of STRAGGLAR_STAGING_CAP {} MiB in use)",
+        "{}: the GPU engine serves its AllReduce ({} ranks, {} MiB of staging on device {}: {} of STRAGGLAR_STAGING_CAP {} MiB in use); until measured, NCCL is priced as {prior}",
         call.label(),
         call.ranks,
         layout.allocation_bytes() >> 20,

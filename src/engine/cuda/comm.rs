@@ -234,6 +234,12 @@ impl CudaComm {
         self.tracker.arrivals(rank)
     }
 
+    /// What the policy measured and chose for size class `class` so far (`None` before its
+    /// first call).
+    pub fn class_times(&self, class: u32) -> Option<&crate::detect::estimate::ClassTimes> {
+        self.tracker.class_times(class)
+    }
+
     /// How long calls waited for arrival records their GPU had not written yet (GPU progress,
     /// not host cost).
     pub fn record_waits(&self) -> Duration {

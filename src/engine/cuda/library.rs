@@ -315,6 +315,23 @@ pub fn arrivals(
     }
 }
 
+/// What the policy measured and chose for size class `class` of `comm` (`None`: no call of
+/// that class yet). Waits at most 10 ms for a call in progress.
+pub fn class_times(
+    comm: ncclComm_t,
+    class: u32,
+) -> Result<Option<crate::detect::estimate::ClassTimes>, NoArrivals> {
+    let entry = entry_of(comm).ok_or(NoArrivals::Unserved)?;
+    let state = entry
+        .state
+        .try_lock_for(Duration::from_millis(10))
+        .ok_or(NoArrivals::Busy)?;
+    match &*state {
+        State::Ready(ready) => Ok(ready.comm.class_times(class).cloned()),
+        _ => Err(NoArrivals::Unserved),
+    }
+}
+
 /// The asynchronous error the engine holds for `comm`, if a kernel of it gave up (logged once).
 /// Never waits for a call in progress.
 pub fn async_error(comm: ncclComm_t) -> Option<ResultCode> {

@@ -8,6 +8,7 @@ pub mod budget;
 pub mod comm;
 pub mod driver;
 pub mod library;
+pub mod nvls;
 pub mod rank;
 pub mod setup;
 pub mod staging;

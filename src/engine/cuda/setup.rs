@@ -77,7 +77,8 @@ pub struct SetupRecord {
     pub ranks: u32,
     /// 0, or a [`LocalFailure`].
     pub failure: u32,
-    pub reserved: u32,
+    /// 1 when NCCL would run NVLS for AllReduce on this rank (`super::nvls`), else 0.
+    pub nvls: u32,
     /// The host name (truncated, NUL-padded).
     pub host: [u8; 64],
     /// `/proc/sys/kernel/random/boot_id` (36 characters, NUL-padded): two containers on one
@@ -234,7 +235,7 @@ impl SetupRecord {
             rank: rank as u32,
             ranks: ranks as u32,
             failure: 0,
-            reserved: 0,
+            nvls: 0,
             host: field(&identity.host),
             boot_id: field(&identity.boot_id),
             device_uuid: identity.device_uuid,
@@ -254,7 +255,7 @@ impl SetupRecord {
             rank: rank as u32,
             ranks: ranks as u32,
             failure: failure as u32,
-            reserved: 0,
+            nvls: 0,
             host: [0; 64],
             boot_id: [0; 40],
             device_uuid: [0; 16],
@@ -263,6 +264,12 @@ impl SetupRecord {
             layout: [0; 3],
             build: build_id(),
         }
+    }
+
+    /// The same record, stating whether NCCL would run NVLS on this rank.
+    pub fn with_nvls(mut self, nvls: bool) -> SetupRecord {
+        self.nvls = u32::from(nvls);
+        self
     }
 
     /// The staging layout this rank announced.
@@ -529,7 +536,7 @@ fn record_bytes(record: &SetupRecord) -> Vec<u8> {
         record.rank,
         record.ranks,
         record.failure,
-        record.reserved,
+        record.nvls,
     ] {
         out.extend_from_slice(&w.to_le_bytes());
     }
@@ -579,7 +586,7 @@ fn record_from(bytes: &[u8]) -> SetupRecord {
         rank: u32s[2],
         ranks: u32s[3],
         failure: u32s[4],
-        reserved: u32s[5],
+        nvls: u32s[5],
         host,
         boot_id,
         device_uuid,
