@@ -613,14 +613,33 @@ SG_DEVICE const RawPlanHeader* sg_graph_plan(const RawLaunch* a, uint32_t* choic
   const RawGraphState* g = (const RawGraphState*)a->graph;
   const RawClassState* own = &g->classes[a->rule.size_class];
   RawVerdict verdict = own->verdict[own->calls & 1];
-  *choice = sg_choose(&a->rule, &verdict);
+  *choice = sg_choose(&a->rule, &verdict, own->calls);
   if (*choice > a->rule.ranks) return 0; /* a damaged rule or state: fail as a bad plan */
   return (const RawPlanHeader*)((const uint64_t*)a->plans)[*choice];
 }
 
+/* Recomputes the verdict of class `fed`'s next call after its detector or times changed:
+ * the other half of it when it is this call's class (this call reads its own half), else both
+ * (no call of it runs). */
+SG_DEVICE void sg_graph_verdict(RawGraphState* g, const RawRule* rule, uint32_t fed,
+                                uint32_t own_class, uint64_t own_calls) {
+  RawClassState* c = &g->classes[fed];
+  /* The class's calls decided by its next call: this one counts for its own class. */
+  uint64_t decided = fed == own_class ? own_calls + 1 : c->calls;
+  RawVerdict verdict = sg_verdict(&c->detector, rule, &c->times, decided);
+  if (fed == own_class) {
+    c->verdict[(own_calls + 1) & 1] = verdict;
+  } else {
+    c->verdict[0] = verdict;
+    c->verdict[1] = verdict;
+  }
+}
+
 /* A graph launch's arrival block (thread 0): the arrival protocol on the graph board, with the
  * call's number from device memory; then the previous graph call's record, now complete, is
- * fed to its class's detector, and the verdict is written for that class's next call. */
+ * fed to its class's detector, the post-arrival time of the call before it (copied by the
+ * protocol) to its class's times, and the verdicts of the classes fed are written for their
+ * next calls. */
 SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
   RawGraphState* g = (RawGraphState*)a->graph;
   const uint32_t own_class = a->rule.size_class;
@@ -633,18 +652,30 @@ SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
   sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
                            a->timeout_ns);
   if (sg_arrive(&arrival, a->rank, &w) != STATUS_OK) return;
+  /* This call, for the feed of its time two calls later. */
+  const bool stragglar = choice != a->rule.ranks;
+  RawClassTimes* own_times = &g->classes[own_class].times;
+  RawGraphCall* tracked = &g->history[call % 4];
+  tracked->class_plus_one = own_class + 1;
+  tracked->stragglar = stragglar ? 1u : 0u;
+  tracked->after_switch = own_times->last != 0 && (own_times->last == 2) != stragglar ? 1u : 0u;
+  own_times->last = stragglar ? 2u : 1u;
   if (call > 0 && g->previous_class != 0) {
     const RawRingEntry* entry = &g->ring[(call - 1) % RING_ENTRIES];
-    const uint32_t fed_class = g->previous_class - 1;
-    RawClassState* fed = &g->classes[fed_class];
-    sg_observe(&fed->detector, &a->rule, (uint32_t)entry->last, (uint32_t)entry->lead);
-    RawVerdict verdict = sg_verdict(&fed->detector, &a->rule);
-    if (fed_class == own_class) {
-      fed->verdict[(own_calls + 1) & 1] = verdict; /* this call reads the other half */
-    } else {
-      fed->verdict[0] = verdict;
-      fed->verdict[1] = verdict;
+    const uint32_t fed = g->previous_class - 1;
+    sg_observe(&g->classes[fed].detector, &a->rule, (uint32_t)entry->last, (uint32_t)entry->lead);
+    sg_graph_verdict(g, &a->rule, fed, own_class, own_calls);
+  }
+  const RawGraphCall* timed = &g->history[(call + 2) % 4]; /* call - 2's */
+  if (call > 1 && timed->class_plus_one != 0 && timed->class_plus_one <= SIZE_CLASSES) {
+    const uint32_t post = (uint32_t)g->ring[(call - 2) % RING_ENTRIES].post;
+    const uint32_t fed = timed->class_plus_one - 1;
+    if (post != POST_UNMEASURED && !timed->after_switch) {
+      RawClassState* c = &g->classes[fed];
+      uint64_t decided = fed == own_class ? own_calls + 1 : c->calls;
+      sg_samples_add(timed->stragglar ? &c->times.stragglar : &c->times.baseline, decided, post);
     }
+    sg_graph_verdict(g, &a->rule, fed, own_class, own_calls);
   }
   g->previous_class = own_class + 1;
   g->last_choice = choice + 1;
@@ -682,6 +713,14 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
       sg_graph_finish(a);
     }
     return;
+  }
+  if (SG_BLOCK == 0 && SG_THREAD == 0) {
+    if (a->graph != 0 && sg_graph_ok(a)) {
+      RawGraphState* g = (RawGraphState*)a->graph;
+      sg_note_started(&g->note, g->calls);
+    } else if (a->graph == 0 && a->arrival.board != 0) {
+      sg_note_started((RawArrivalNote*)a->arrival.note, a->arrival.call);
+    }
   }
   const RawPlanHeader* plan = (const RawPlanHeader*)a->plan;
   if (a->graph != 0) plan = sg_graph_plan(a, &choice);
@@ -814,9 +853,11 @@ extern "C" void stragglar_emulate_ticket_end(const RawTicket* args) {
 extern "C" void stragglar_emulate_rule(const RawRule* rule, RawDetector* detector,
                                        const uint32_t* last, const uint32_t* lead, uint32_t n,
                                        uint32_t* choices) {
+  RawClassTimes unmeasured;
+  memset(&unmeasured, 0, sizeof unmeasured);
   for (uint32_t i = 0; i < n; ++i) {
-    RawVerdict verdict = sg_verdict(detector, rule);
-    choices[i] = sg_choose(rule, &verdict);
+    RawVerdict verdict = sg_verdict(detector, rule, &unmeasured, i);
+    choices[i] = sg_choose(rule, &verdict, i);
     sg_observe(detector, rule, last[i], lead[i]);
   }
 }

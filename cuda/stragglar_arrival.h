@@ -81,14 +81,24 @@ SG_DEVICE void sg_note_finished(RawArrivalNote* note, uint64_t call) {
   note->finished = sg_tag(call);
 }
 
+/* Notes that this rank's AllReduce kernel of call `call` started now (block 0, before its
+ * plan): the call's start if its arrival block takes the ticket later. */
+SG_DEVICE void sg_note_started(RawArrivalNote* note, uint64_t call) {
+  note->started_at = sg_now_ns();
+  note->started = sg_tag(call);
+}
+
 /* Step 1: publishes call `call`'s post-arrival time on the board if this rank arrived last at
- * it, from its note (POST_UNMEASURED when its end was not noted). */
+ * it, from its note: from its ticket, or its kernel's start if that came first, to its end
+ * (POST_UNMEASURED when its end was not noted). */
 SG_DEVICE void sg_publish_post(RawBoardSlot* board, const RawArrivalNote* note, uint64_t call) {
   const uint64_t tag = sg_tag(call);
   if (note->last != tag) return;
+  uint64_t start = note->arrived_at;
+  if (note->started == tag && note->started_at < start) start = note->started_at;
   uint64_t post = POST_UNMEASURED;
-  if (note->finished == tag && note->finished_at >= note->arrived_at) {
-    uint64_t took = note->finished_at - note->arrived_at;
+  if (note->finished == tag && note->finished_at >= start) {
+    uint64_t took = note->finished_at - start;
     post = took < POST_UNMEASURED ? took : POST_UNMEASURED - 1;
   }
   sg_store_release64(&board[call % BOARD_SLOTS].post, tag | post);

@@ -78,13 +78,69 @@ SG_DEVICE void sg_observe(RawDetector* d, const RawRule* rule, uint32_t last, ui
   }
 }
 
+/* Adds one post-arrival time taken at the class's decided call `at` (Samples::add). */
+SG_DEVICE void sg_samples_add(RawSamples* s, uint64_t at, uint32_t ns) {
+  uint32_t slot = s->len < TIMES_KEPT ? s->len : s->next;
+  s->at[slot] = at;
+  s->ns[slot] = ns;
+  if (s->len < TIMES_KEPT) {
+    s->len += 1;
+  } else {
+    s->next = (s->next + 1) % TIMES_KEPT;
+  }
+  s->taken += 1;
+}
+
+/* The upper median of the samples taken at decided call `from` or later (Samples::
+ * median_since); false when there is none. */
+SG_DEVICE bool sg_median_since(const RawSamples* s, uint64_t from, uint64_t* median) {
+  uint32_t sorted[TIMES_KEPT];
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < s->len && i < TIMES_KEPT; ++i) {
+    if (s->at[i] < from) continue;
+    uint32_t j = n++;
+    while (j > 0 && sorted[j - 1] > s->ns[i]) {
+      sorted[j] = sorted[j - 1];
+      --j;
+    }
+    sorted[j] = s->ns[i];
+  }
+  if (n == 0) return false;
+  *median = sorted[n / 2];
+  return true;
+}
+
+/* What the class's measured times say for a call after `decided` calls of it
+ * (ClassTimes::stragglar_wins): a MEASURED_* value. */
+SG_DEVICE uint32_t sg_measured(const RawClassTimes* t, uint64_t decided) {
+  uint64_t from = decided > TIMES_MAX_AGE ? decided - TIMES_MAX_AGE : 0;
+  uint64_t stragglar = 0, baseline = 0;
+  if (!sg_median_since(&t->stragglar, from, &stragglar) ||
+      !sg_median_since(&t->baseline, from, &baseline)) {
+    return MEASURED_NONE;
+  }
+  /* Both below 2^32: the products fit. */
+  return stragglar * TIMES_MARGIN_PARTS < baseline * (TIMES_MARGIN_PARTS - 1) ? MEASURED_STRAGGLAR
+                                                                             : MEASURED_BASELINE;
+}
+
+/* Whether a class's call after `decided` calls of it explores (ClassTimes::explores_next). */
+SG_DEVICE bool sg_explores(uint64_t decided) {
+  uint64_t at = decided % TIMES_EXPLORE_EVERY;
+  return at == TIMES_EXPLORE_FIRST || at == TIMES_EXPLORE_FIRST + 1;
+}
+
 /* What the next call's choice needs (Policy::considered, Detector::median_lead_ns: the lower
- * median of the considered rank's leads). */
-SG_DEVICE RawVerdict sg_verdict(const RawDetector* d, const RawRule* rule) {
+ * median of the considered rank's leads), and, with a measuring rule, what the class's times
+ * say for its next call, the class's `decided`-th. */
+SG_DEVICE RawVerdict sg_verdict(const RawDetector* d, const RawRule* rule, const RawClassTimes* t,
+                                uint64_t decided) {
   RawVerdict v;
   v.straggler = 0;
   v.has_lead = 0;
   v.lead_ns = 0;
+  v.measured = rule->measuring ? sg_measured(t, decided) : MEASURED_NONE;
+  v.reserved = 0;
   if (rule->fixed == RULE_OFF) return v;
   uint32_t considered = sg_fixed(rule) ? sg_fixed(rule) : d->designated;
   if (considered == 0) return v;
@@ -108,9 +164,9 @@ SG_DEVICE RawVerdict sg_verdict(const RawDetector* d, const RawRule* rule) {
   return v;
 }
 
-/* The plan a call runs (Policy::choose): a straggler's rank for StragglAR, or `ranks` for the
- * baseline. */
-SG_DEVICE uint32_t sg_choose(const RawRule* rule, const RawVerdict* v) {
+/* The plan a call runs (Policy::choose), the class's `decided`-th: a straggler's rank for
+ * StragglAR, or `ranks` for the baseline. */
+SG_DEVICE uint32_t sg_choose(const RawRule* rule, const RawVerdict* v, uint64_t decided) {
   const uint32_t baseline = rule->ranks;
   if (rule->ranks < 2 || rule->algo == RULE_ALGO_BASELINE) return baseline;
   uint32_t straggler = 0; /* plus one; 0: none */
@@ -120,9 +176,12 @@ SG_DEVICE uint32_t sg_choose(const RawRule* rule, const RawVerdict* v) {
     straggler = v->straggler <= rule->ranks ? v->straggler : 0;
   }
   if (rule->algo == RULE_ALGO_STRAGGLAR) return straggler ? straggler - 1 : rule->ranks - 1;
-  if (straggler == 0 || !v->has_lead || v->straggler != straggler) return baseline;
-  if (rule->break_even_ns == RULE_NEVER || v->lead_ns < rule->break_even_ns) return baseline;
-  return straggler - 1;
+  if (straggler == 0 || v->straggler != straggler) return baseline;
+  bool modelled =
+      v->has_lead && rule->break_even_ns != RULE_NEVER && v->lead_ns >= rule->break_even_ns;
+  if (!rule->measuring) return modelled ? straggler - 1 : baseline;
+  bool prefers = v->measured == MEASURED_NONE ? modelled : v->measured == MEASURED_STRAGGLAR;
+  return prefers != sg_explores(decided) ? straggler - 1 : baseline;
 }
 
 #endif /* STRAGGLAR_CHOICE_H_ */

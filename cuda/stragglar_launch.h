@@ -134,6 +134,45 @@
 #define SIZE_CLASSES 65
 
 /**
+ * Post-arrival times a device class keeps per algorithm (`estimate::SAMPLES_KEPT`).
+ */
+#define TIMES_KEPT 8
+
+/**
+ * A class explores at its calls `k` with `k % TIMES_EXPLORE_EVERY` equal to
+ * `TIMES_EXPLORE_FIRST` or the one after (`estimate::EXPLORE_EVERY`, `EXPLORE_AT`).
+ */
+#define TIMES_EXPLORE_EVERY 64
+
+#define TIMES_EXPLORE_FIRST 1
+
+/**
+ * Samples older than this many calls of their class do not count (`estimate::MAX_AGE`).
+ */
+#define TIMES_MAX_AGE 128
+
+/**
+ * StragglAR wins on measurements when `parts * s < (parts - 1) * b`
+ * (`estimate::MARGIN_PARTS`).
+ */
+#define TIMES_MARGIN_PARTS 50
+
+/**
+ * `RawVerdict::measured`: either algorithm lacks a recent sample (the model decides).
+ */
+#define MEASURED_NONE 0
+
+/**
+ * `RawVerdict::measured`: StragglAR is faster after arrival by the margin.
+ */
+#define MEASURED_STRAGGLAR 1
+
+/**
+ * `RawVerdict::measured`: it is not.
+ */
+#define MEASURED_BASELINE 2
+
+/**
  * Where a launch records its arrival (part of [`RawLaunch`] and [`RawTicket`]).
  */
 typedef struct RawArrival {
@@ -204,7 +243,11 @@ typedef struct RawRule {
    * The call's size class (`crate::detect::size_class`), below `SIZE_CLASSES`.
    */
   uint32_t size_class;
-  uint32_t reserved;
+  /**
+   * 1: `RULE_ALGO_AUTO` chooses on the measured post-arrival times once both algorithms
+   * have recent ones, and explores, as `Tracker::measuring` does; 0: on the model alone.
+   */
+  uint32_t measuring;
 } RawRule;
 
 /**
@@ -406,8 +449,8 @@ typedef struct RawBoardSlot {
    */
   uint64_t lead;
   /**
-   * Tag and the call's post-arrival time in nanoseconds: from the last arrival's ticket to
-   * the end of that rank's call, on its own clock, at most `POST_UNMEASURED - 1`, or
+   * Tag and the call's post-arrival time in nanoseconds: from the last arrival's ticket (or
+   * its kernel's start, if earlier) to the end of that rank's call, on its own clock, at most `POST_UNMEASURED - 1`, or
    * [`POST_UNMEASURED`]. Written by the last arrival at its next ticketed call, from its
    * [`RawArrivalNote`].
    */
@@ -440,6 +483,13 @@ typedef struct RawArrivalNote {
    */
   uint64_t arrived_at;
   /**
+   * The tag of the latest AllReduce kernel this rank started, and its `%globaltimer` then
+   * (block 0's start): the call's start when the arrival block took its ticket after the
+   * plan's blocks had begun (or even finished), as a busy GPU may schedule it.
+   */
+  uint64_t started;
+  uint64_t started_at;
+  /**
    * The tag of the latest call this rank finished: its AllReduce kernel's last plan block,
    * or the ticket kernel's end kernel after NCCL's.
    */
@@ -449,6 +499,25 @@ typedef struct RawArrivalNote {
    */
   uint64_t finished_at;
 } RawArrivalNote;
+
+/**
+ * What a graph call left for the feed of its post-arrival time two calls later.
+ */
+typedef struct RawGraphCall {
+  /**
+   * Its size class plus one (0: no call).
+   */
+  uint32_t class_plus_one;
+  /**
+   * 1 when it ran StragglAR.
+   */
+  uint32_t stragglar;
+  /**
+   * 1 when its class's call before it ran the other algorithm: its time is not kept.
+   */
+  uint32_t after_switch;
+  uint32_t reserved;
+} RawGraphCall;
 
 /**
  * The device twin of `crate::detect::rule::Detector` (all zeroes: nothing observed, nothing
@@ -496,7 +565,50 @@ typedef struct RawVerdict {
    */
   uint32_t has_lead;
   uint64_t lead_ns;
+  /**
+   * `MEASURED_*`: what the class's measured post-arrival times say (with a measuring rule).
+   */
+  uint32_t measured;
+  uint32_t reserved;
 } RawVerdict;
+
+/**
+ * The device twin of `crate::detect::estimate::Samples`: one algorithm's recent post-arrival
+ * times in a class.
+ */
+typedef struct RawSamples {
+  /**
+   * The class's decided calls when each sample was taken.
+   */
+  uint64_t at[8];
+  /**
+   * Each sample, nanoseconds.
+   */
+  uint32_t ns[8];
+  /**
+   * Samples kept (at most `TIMES_KEPT`), and where the next goes once full.
+   */
+  uint32_t len;
+  uint32_t next;
+  /**
+   * Samples ever taken.
+   */
+  uint64_t taken;
+} RawSamples;
+
+/**
+ * The device twin of `crate::detect::estimate::ClassTimes`, less the counts the class keeps
+ * already.
+ */
+typedef struct RawClassTimes {
+  struct RawSamples stragglar;
+  struct RawSamples baseline;
+  /**
+   * What the class's latest call ran: 0 before the first, 1 the baseline, 2 StragglAR.
+   */
+  uint32_t last;
+  uint32_t reserved;
+} RawClassTimes;
 
 /**
  * One size class of a graph state.
@@ -512,6 +624,7 @@ typedef struct RawClassState {
    * Graph calls of this class completed.
    */
   uint64_t calls;
+  struct RawClassTimes times;
 } RawClassState;
 
 /**
@@ -549,6 +662,10 @@ typedef struct RawGraphState {
    * note is apart: the two boards number their calls apart).
    */
   struct RawArrivalNote note;
+  /**
+   * The latest graph calls, call `c` at `c % 4`.
+   */
+  struct RawGraphCall history[4];
   /**
    * Records of graph calls, as copied from the board (the eager ring's format).
    */

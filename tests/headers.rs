@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cbindgen::{Builder, Config, ItemType, Language, Style};
-use stragglar::gpu::choice::{RawClassState, RawDetector, RawGraphState, RawRule};
+use stragglar::gpu::choice::{
+    RawClassState, RawClassTimes, RawDetector, RawGraphState, RawRule, RawSamples,
+};
 use stragglar::gpu::launch::{
     RawArrivalNote, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket,
 };
@@ -261,6 +263,8 @@ fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
         ("RawArrivalNote", std::mem::size_of::<RawArrivalNote>()),
         ("RawRule", std::mem::size_of::<RawRule>()),
         ("RawDetector", std::mem::size_of::<RawDetector>()),
+        ("RawSamples", std::mem::size_of::<RawSamples>()),
+        ("RawClassTimes", std::mem::size_of::<RawClassTimes>()),
         ("RawClassState", std::mem::size_of::<RawClassState>()),
         ("RawGraphState", std::mem::size_of::<RawGraphState>()),
     ] {

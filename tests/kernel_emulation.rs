@@ -2147,6 +2147,125 @@ fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
     );
 }
 
+/// The post-arrival word of graph call `call` (ns, or `POST_UNMEASURED`), which the replay two
+/// calls later copied: tagged with the call, and the same on every rank.
+fn graph_post(comm: &Comm, call: u64) -> u32 {
+    let at = call as usize % RING_ENTRIES as usize;
+    let post = comm.graph_state(0).ring[at].post;
+    assert_eq!(
+        post >> 32,
+        (call % 0xffff_ffff) + 1,
+        "call {call}: untagged"
+    );
+    for r in 1..comm.ranks {
+        assert_eq!(
+            comm.graph_state(r).ring[at].post,
+            post,
+            "call {call} rank {r}"
+        );
+    }
+    post as u32
+}
+
+#[test]
+fn graph_replays_choose_on_measured_times_exactly_as_the_rust_policy_does() {
+    // As above, with the rule the library captures: measuring. Each replay also feeds the
+    // post-arrival time of the graph call two before it to that call's class, and the choice
+    // follows the measured times once both algorithms have recent ones, exploring two calls
+    // in 64 of a class. The Rust policy, fed the same records and times from the device's
+    // ring at the same calls (`Tracker`'s rules: a call after a switch is not kept, samples
+    // dated by the class's calls, older than 128 of them ignored), must pick the same plan on
+    // every replay, and every rank the same. Class 0 gets most calls, so that its samples age.
+    use stragglar::detect::estimate::ClassTimes;
+    use stragglar::detect::policy::{AlgoMode, StragglerMode};
+    use stragglar::detect::{size_class, Choice, Detector, DetectorConfig, Policy};
+    use stragglar::schedule::model::Link;
+    let ranks = 4;
+    let link = Link {
+        alpha: 20e-6,
+        bandwidth: 20e6,
+    };
+    let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
+    let mut cache = PlanCache::default();
+    let mut comm = Comm::new(ranks, 2, 2);
+    let config = DetectorConfig::default();
+    let mut captured = [
+        Captured::new(&comm, &mut cache, &policy, config, 4096),
+        Captured::new(&comm, &mut cache, &policy, config, 300),
+    ];
+    for c in &mut captured {
+        for launch in &mut c.launches {
+            launch.rule = launch.rule.measuring();
+        }
+    }
+    assert_ne!(size_class(captured[0].bytes), size_class(captured[1].bytes));
+    let mut detectors = [0, 1].map(|_| Detector::new(ranks, config));
+    let mut times = [ClassTimes::default(), ClassTimes::default()];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let everyone: Vec<usize> = (0..ranks).collect();
+    // Per replay: its class, whether it ran StragglAR, whether its class switched.
+    let mut history: Vec<(usize, bool, bool)> = Vec::new();
+    let (mut explored, mut measured) = ([0u32; 2], [false; 2]);
+    let replays = 200u64;
+    for replay in 0..replays {
+        let which = usize::from(random() % 10 >= 7);
+        let late = if random() % 5 == 0 {
+            (random() % 4) as usize
+        } else {
+            2
+        };
+        comm.late = Some((late, Duration::from_millis(4)));
+        let bytes = captured[which].bytes;
+        let choice = match policy.choose(&detectors[which], Some(&times[which]), bytes) {
+            Choice::Stragglar { straggler } => straggler,
+            Choice::Baseline => ranks,
+        };
+        explored[which] += u32::from(times[which].explores_next());
+        measured[which] |= times[which].stragglar_wins().is_some();
+        let stragglar = choice < ranks;
+        let after_switch = times[which]
+            .last_stragglar()
+            .is_some_and(|last| last != stragglar);
+        times[which].count(stragglar);
+        history.push((which, stragglar, after_switch));
+        comm.replay(&captured[which].launches, &everyone, replay % 2 == 1);
+        check_replay(&mut comm, &mut captured[which], replay, choice);
+        if replay > 0 {
+            let (class, ..) = history[replay as usize - 1];
+            detectors[class].observe(graph_record(&comm, replay - 1));
+        }
+        if replay > 1 {
+            let (class, stragglar, after_switch) = history[replay as usize - 2];
+            let post = graph_post(&comm, replay - 2);
+            assert_ne!(post, POST_UNMEASURED, "replay {}", replay - 2);
+            if !after_switch {
+                times[class].add(stragglar, post as u64);
+            }
+        }
+    }
+    assert!(explored.iter().all(|&e| e >= 2), "{explored:?}");
+    assert_eq!(
+        measured, [true; 2],
+        "both algorithms measured in both classes"
+    );
+    let state = comm.graph_state(0);
+    let kept = |t: &ClassTimes| t.stragglar.taken() + t.baseline.taken();
+    let device_kept = |class: usize| {
+        let t = &state.classes[size_class(captured[class].bytes) as usize].times;
+        t.stragglar.taken + t.baseline.taken
+    };
+    assert_eq!(
+        [device_kept(0), device_kept(1)],
+        [kept(&times[0]), kept(&times[1])]
+    );
+}
+
 #[test]
 fn an_abort_during_a_replay_releases_every_rank_and_resets_the_graph_state() {
     // Rank 3 never launches its replay; the abort word, raised 50 ms in, must release the

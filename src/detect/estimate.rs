@@ -27,9 +27,10 @@ pub const EXPLORE_EVERY: u64 = 64;
 pub const EXPLORE_AT: [u64; 2] = [1, 2];
 
 /// StragglAR is chosen on measurements when its estimate is below the baseline's by at least
-/// this share of the baseline's (a margin against noise; the measured policy costs at most
-/// this much against always choosing the faster one).
-pub const MARGIN: f64 = 0.02;
+/// one part in this many of the baseline's, 2% (a margin against noise; the measured policy
+/// costs at most this much against always choosing the faster one). Compared in integers,
+/// `50 s < 49 b`, as the device twin compares them.
+pub const MARGIN_PARTS: u64 = 50;
 
 /// A sample older than this many calls of its class no longer counts in the choice: the
 /// machine's load may have changed since, and an estimate kept only by old samples would be
@@ -103,13 +104,14 @@ pub struct ClassTimes {
 }
 
 impl ClassTimes {
-    /// Whether StragglAR is faster after arrival by at least [`MARGIN`], on the samples of
-    /// the last [`MAX_AGE`] calls of the class; `None` while either algorithm has none.
+    /// Whether StragglAR is faster after arrival by at least one part in [`MARGIN_PARTS`],
+    /// on the samples of the last [`MAX_AGE`] calls of the class; `None` while either
+    /// algorithm has none.
     pub fn stragglar_wins(&self) -> Option<bool> {
         let from = self.decided.saturating_sub(MAX_AGE);
-        let stragglar = self.stragglar.median_since(from)? as f64;
-        let baseline = self.baseline.median_since(from)? as f64;
-        Some(stragglar < baseline * (1.0 - MARGIN))
+        let stragglar = u128::from(self.stragglar.median_since(from)?);
+        let baseline = u128::from(self.baseline.median_since(from)?);
+        Some(stragglar * u128::from(MARGIN_PARTS) < baseline * u128::from(MARGIN_PARTS - 1))
     }
 
     /// Whether the next call of this class explores (runs the algorithm the estimates would

@@ -10,6 +10,7 @@
 //! same records in the same order to the same rule, so every rank picks the same plan, with no
 //! host in the loop. The twin is tested against the Rust rule in tests/kernel_emulation.rs.
 
+use crate::detect::estimate::{EXPLORE_AT, EXPLORE_EVERY, MARGIN_PARTS, MAX_AGE, SAMPLES_KEPT};
 use crate::detect::policy::{AlgoMode, Policy, StragglerMode};
 use crate::detect::rule::{DetectorConfig, MAX_WINDOW};
 use crate::detect::size_class;
@@ -33,7 +34,33 @@ pub const DETECTOR_WINDOW: u32 = 64;
 /// Size classes a graph state tracks: `size_class(bytes)` is 0..=64.
 pub const SIZE_CLASSES: u32 = 65;
 
+/// Post-arrival times a device class keeps per algorithm (`estimate::SAMPLES_KEPT`).
+pub const TIMES_KEPT: u32 = 8;
+/// A class explores at its calls `k` with `k % TIMES_EXPLORE_EVERY` equal to
+/// `TIMES_EXPLORE_FIRST` or the one after (`estimate::EXPLORE_EVERY`, `EXPLORE_AT`).
+pub const TIMES_EXPLORE_EVERY: u64 = 64;
+pub const TIMES_EXPLORE_FIRST: u64 = 1;
+/// Samples older than this many calls of their class do not count (`estimate::MAX_AGE`).
+pub const TIMES_MAX_AGE: u64 = 128;
+/// StragglAR wins on measurements when `parts * s < (parts - 1) * b`
+/// (`estimate::MARGIN_PARTS`).
+pub const TIMES_MARGIN_PARTS: u64 = 50;
+/// `RawVerdict::measured`: either algorithm lacks a recent sample (the model decides).
+pub const MEASURED_NONE: u32 = 0;
+/// `RawVerdict::measured`: StragglAR is faster after arrival by the margin.
+pub const MEASURED_STRAGGLAR: u32 = 1;
+/// `RawVerdict::measured`: it is not.
+pub const MEASURED_BASELINE: u32 = 2;
+
 const _: () = assert!(DETECTOR_WINDOW as usize == MAX_WINDOW);
+const _: () = assert!(
+    TIMES_KEPT as usize == SAMPLES_KEPT
+        && TIMES_EXPLORE_EVERY == EXPLORE_EVERY
+        && EXPLORE_AT[0] == TIMES_EXPLORE_FIRST
+        && EXPLORE_AT[1] == TIMES_EXPLORE_FIRST + 1
+        && TIMES_MAX_AGE == MAX_AGE
+        && TIMES_MARGIN_PARTS == MARGIN_PARTS
+);
 const _: () = assert!(size_class(usize::MAX) < SIZE_CLASSES);
 
 /// The policy of one graph launch: the rule's parameters (the same for every call of a
@@ -60,7 +87,9 @@ pub struct RawRule {
     pub fixed: u32,
     /// The call's size class (`crate::detect::size_class`), below `SIZE_CLASSES`.
     pub size_class: u32,
-    pub reserved: u32,
+    /// 1: `RULE_ALGO_AUTO` chooses on the measured post-arrival times once both algorithms
+    /// have recent ones, and explores, as `Tracker::measuring` does; 0: on the model alone.
+    pub measuring: u32,
 }
 
 impl RawRule {
@@ -91,8 +120,14 @@ impl RawRule {
                 StragglerMode::Off => RULE_OFF,
             },
             size_class: size_class(bytes),
-            reserved: 0,
+            measuring: 0,
         }
+    }
+
+    /// The same rule, choosing on measured post-arrival times (see `measuring`).
+    pub fn measuring(mut self) -> RawRule {
+        self.measuring = 1;
+        self
     }
 }
 
@@ -126,6 +161,50 @@ pub struct RawVerdict {
     /// 1 when `lead_ns` holds that rank's median lead (it arrived last in a remembered call).
     pub has_lead: u32,
     pub lead_ns: u64,
+    /// `MEASURED_*`: what the class's measured post-arrival times say (with a measuring rule).
+    pub measured: u32,
+    pub reserved: u32,
+}
+
+/// The device twin of `crate::detect::estimate::Samples`: one algorithm's recent post-arrival
+/// times in a class.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawSamples {
+    /// The class's decided calls when each sample was taken.
+    pub at: [u64; 8],
+    /// Each sample, nanoseconds.
+    pub ns: [u32; 8],
+    /// Samples kept (at most `TIMES_KEPT`), and where the next goes once full.
+    pub len: u32,
+    pub next: u32,
+    /// Samples ever taken.
+    pub taken: u64,
+}
+
+/// The device twin of `crate::detect::estimate::ClassTimes`, less the counts the class keeps
+/// already.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawClassTimes {
+    pub stragglar: RawSamples,
+    pub baseline: RawSamples,
+    /// What the class's latest call ran: 0 before the first, 1 the baseline, 2 StragglAR.
+    pub last: u32,
+    pub reserved: u32,
+}
+
+/// What a graph call left for the feed of its post-arrival time two calls later.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawGraphCall {
+    /// Its size class plus one (0: no call).
+    pub class_plus_one: u32,
+    /// 1 when it ran StragglAR.
+    pub stragglar: u32,
+    /// 1 when its class's call before it ran the other algorithm: its time is not kept.
+    pub after_switch: u32,
+    pub reserved: u32,
 }
 
 /// One size class of a graph state.
@@ -138,6 +217,7 @@ pub struct RawClassState {
     pub verdict: [RawVerdict; 2],
     /// Graph calls of this class completed.
     pub calls: u64,
+    pub times: RawClassTimes,
 }
 
 /// One rank's graph state, in its staging (zeroed at allocation: a fresh communicator, and
@@ -163,6 +243,8 @@ pub struct RawGraphState {
     /// What this rank's latest graph call noted for its post-arrival time (the eager calls'
     /// note is apart: the two boards number their calls apart).
     pub note: super::launch::RawArrivalNote,
+    /// The latest graph calls, call `c` at `c % 4`.
+    pub history: [RawGraphCall; 4],
     /// Records of graph calls, as copied from the board (the eager ring's format).
     pub ring: [RawRingEntry; 64],
     /// The graph calls' arrival board (rank 0's is the one every rank uses).
@@ -181,11 +263,13 @@ mod tests {
     fn layouts_have_no_implicit_padding() {
         assert_eq!(std::mem::size_of::<RawRule>(), 48);
         assert_eq!(std::mem::size_of::<RawDetector>(), 64 * 8 + 24);
-        assert_eq!(std::mem::size_of::<RawVerdict>(), 16);
-        assert_eq!(std::mem::size_of::<RawClassState>(), 536 + 32 + 8);
+        assert_eq!(std::mem::size_of::<RawVerdict>(), 24);
+        assert_eq!(std::mem::size_of::<RawSamples>(), 112);
+        assert_eq!(std::mem::size_of::<RawClassTimes>(), 232);
+        assert_eq!(std::mem::size_of::<RawClassState>(), 536 + 48 + 8 + 232);
         assert_eq!(
             std::mem::size_of::<RawGraphState>(),
-            40 + 32 + 64 * 24 + 4 * 32 + 65 * 576
+            40 + 48 + 64 + 64 * 24 + 4 * 32 + 65 * 824
         );
     }
 

@@ -136,8 +136,8 @@ pub struct RawBoardSlot {
     /// Tag and the lead in nanoseconds, saturated to `u32::MAX` (written by the second-to-last
     /// arrival, which measured it on its own clock from its ticket to the last ticket).
     pub lead: u64,
-    /// Tag and the call's post-arrival time in nanoseconds: from the last arrival's ticket to
-    /// the end of that rank's call, on its own clock, at most `POST_UNMEASURED - 1`, or
+    /// Tag and the call's post-arrival time in nanoseconds: from the last arrival's ticket (or
+    /// its kernel's start, if earlier) to the end of that rank's call, on its own clock, at most `POST_UNMEASURED - 1`, or
     /// [`POST_UNMEASURED`]. Written by the last arrival at its next ticketed call, from its
     /// [`RawArrivalNote`].
     pub post: u64,
@@ -168,6 +168,11 @@ pub struct RawArrivalNote {
     pub last: u64,
     /// Its `%globaltimer` at that ticket (nanoseconds).
     pub arrived_at: u64,
+    /// The tag of the latest AllReduce kernel this rank started, and its `%globaltimer` then
+    /// (block 0's start): the call's start when the arrival block took its ticket after the
+    /// plan's blocks had begun (or even finished), as a busy GPU may schedule it.
+    pub started: u64,
+    pub started_at: u64,
     /// The tag of the latest call this rank finished: its AllReduce kernel's last plan block,
     /// or the ticket kernel's end kernel after NCCL's.
     pub finished: u64,
@@ -256,7 +261,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<RawLaunch>(), 224);
         assert_eq!(std::mem::size_of::<RawArrival>(), 40);
         assert_eq!(std::mem::size_of::<RawTicket>(), 80);
-        assert_eq!(std::mem::size_of::<RawArrivalNote>(), 32);
+        assert_eq!(std::mem::size_of::<RawArrivalNote>(), 48);
         assert_eq!(std::mem::size_of::<RawBoardSlot>(), 32);
         // `CudaRank::board_settled` reads the tags at these offsets.
         assert_eq!(std::mem::offset_of!(RawBoardSlot, last), 8);

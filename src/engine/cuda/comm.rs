@@ -498,7 +498,7 @@ impl CudaComm {
             }
             return Err(Decline::AboveBufferBytes);
         }
-        let rule = RawRule::new(policy, bytes);
+        let rule = RawRule::new(policy, bytes).measuring();
         let raw = stream.cast();
         let id = match capture {
             Capture::Id(id) => Some(id),

@@ -159,7 +159,7 @@ mod tests {
                 (l.probe_word(0), 4 * PROBE_WORDS),
                 (l.epoch(), 8),
                 (l.finished_blocks(), 4),
-                (l.arrival_note(), 32),
+                (l.arrival_note(), 48),
                 (l.board(), StagingLayout::board_bytes()),
                 (l.graph(), StagingLayout::graph_bytes()),
             ];
