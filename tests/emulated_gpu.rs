@@ -524,10 +524,36 @@ fn engine_with<'a>(algo: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str,
 
 #[test]
 fn the_gpu_engine_serves_ncclallreduce_on_four_and_eight_rank_processes() {
-    for ranks in ["4", "8"] {
-        let (out, _) = run_ranks(&[ranks], &ENGINE);
-        assert_every_call_on_the_engine(&out, ranks.parse().unwrap());
+    // With multicast on every GPU (an NVSwitch system of Hopper GPUs), the model prices NCCL
+    // as NVLS until it is measured; without, as Ring. Every rank says the same.
+    for (ranks, multicast, prior) in [("4", "1", "NVLS"), ("8", "0", "Ring")] {
+        let mut env = ENGINE.to_vec();
+        env.push(("STRAGGLAR_EMU_MULTICAST", multicast));
+        let (out, _) = run_ranks(&[ranks], &env);
+        let ranks: usize = ranks.parse().unwrap();
+        assert_every_call_on_the_engine(&out, ranks);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            log.matches(&format!("until measured, NCCL is priced as {prior}"))
+                .count(),
+            ranks,
+            "{}",
+            support::describe(&out)
+        );
     }
+}
+
+/// Each rank's stragglarGetSizeClass lines from loopback_ranks, by rank: "size class C: N
+/// calls, S on StragglAR, post-arrival StragglAR X us of K, NCCL Y us of L".
+fn size_classes(text: &str, ranks: usize) -> Vec<Vec<&str>> {
+    (0..ranks)
+        .map(|r| {
+            let prefix = format!("rank {r}: size class ");
+            text.lines()
+                .filter_map(|l| l.strip_prefix(prefix.as_str()))
+                .collect()
+        })
+        .collect()
 }
 
 /// Every one of `ranks` rank processes checked its 100 calls, and its report says each ran on
@@ -882,6 +908,27 @@ fn the_eager_designation_follows_the_late_rank_as_it_moves() {
         log.contains("changed from none to rank 2"),
         "{}",
         support::describe(&out)
+    );
+    // The policy measured both algorithms (NCCL before the designation and in explorations,
+    // StragglAR after it) and every rank holds the same numbers: the same post-arrival times,
+    // read from the same records, so the same choice on every call.
+    let classes = size_classes(&text, 4);
+    assert!(
+        classes.iter().all(|c| c.len() == 1 && *c == classes[0]),
+        "{}",
+        support::describe(&out)
+    );
+    let line = classes[0][0];
+    let samples = |after: &str| -> u64 {
+        let (_, rest) = line
+            .split_once(after)
+            .expect("the line names both algorithms");
+        let (_, count) = rest.split_once(" us of ").unwrap();
+        count.split(',').next().unwrap().trim().parse().unwrap()
+    };
+    assert!(
+        line.contains("200 calls") && samples("StragglAR ") > 0 && samples("NCCL ") > 0,
+        "{line}"
     );
 }
 
