@@ -5,6 +5,7 @@
 
 use once_cell::sync::OnceCell;
 
+use crate::detect::pipeline::Pipeline;
 use crate::detect::policy::{AlgoMode, StragglerMode};
 use crate::logging::{self, Level};
 
@@ -64,6 +65,11 @@ pub const SETTINGS: &[SettingDoc] = &[
         name: "STRAGGLAR_STRAGGLER",
         default: "auto",
         meaning: "auto (detected), off, or a rank of the communicator (fixes the summation order)",
+    },
+    SettingDoc {
+        name: "STRAGGLAR_PIPELINE",
+        default: "1",
+        meaning: "pieces per chunk of StragglAR's calls on the GPU engine (1: the plain schedule, up to 64), or auto (per size class, the model's best); the same on every rank",
     },
     SettingDoc {
         name: "STRAGGLAR_REPORT_INTERVAL",
@@ -131,6 +137,8 @@ pub struct Config {
     pub algo: AlgoMode,
     /// `STRAGGLAR_STRAGGLER`.
     pub straggler: StragglerMode,
+    /// `STRAGGLAR_PIPELINE`: pieces per chunk of StragglAR's calls, or `auto`.
+    pub pipeline: Pipeline,
     /// `STRAGGLAR_REPORT_INTERVAL` in seconds; 0 reports only at destroy.
     pub report_interval_s: u64,
     /// `STRAGGLAR_TRACE_DIR`, if given.
@@ -156,6 +164,7 @@ impl Default for Config {
             gpu_engine: false,
             algo: AlgoMode::Auto,
             straggler: StragglerMode::Auto,
+            pipeline: Pipeline::Pieces(1),
             report_interval_s: 600,
             trace_dir: None,
             cache_dir: None,
@@ -294,6 +303,17 @@ impl Config {
             },
         });
         read(
+            "STRAGGLAR_PIPELINE",
+            "1",
+            &mut |v| match Pipeline::parse(v) {
+                Some(pipeline) => {
+                    config.pipeline = pipeline;
+                    true
+                }
+                None => false,
+            },
+        );
+        read(
             "STRAGGLAR_REPORT_INTERVAL",
             "600",
             &mut |v| match v.parse::<u64>() {
@@ -368,6 +388,7 @@ impl Config {
                     StragglerMode::Fixed(r) => r.to_string(),
                 },
             ),
+            ("STRAGGLAR_PIPELINE", self.pipeline.to_string()),
             (
                 "STRAGGLAR_REPORT_INTERVAL",
                 self.report_interval_s.to_string(),

@@ -166,6 +166,50 @@ fn bench_ranks_as_threads_run_eager_and_in_graphs() {
     ));
 }
 
+/// Pipelined StragglAR (`--pipeline`, `STRAGGLAR_PIPELINE`) runs on the engine: the bench's
+/// eager calls and graph replays (whose choices hold the pipelined plans), every element
+/// checked and every rank compared, and the library behind `ncclAllReduce` with a fixed depth.
+#[test]
+fn pipelined_stragglar_runs_on_the_engine_eager_in_graphs_and_behind_ncclallreduce() {
+    for (extra, pieces) in [
+        (&["--pipeline", "3"][..], "3"),
+        (&["--pipeline", "2", "--graph"][..], "2"),
+    ] {
+        let out = bench(extra, &[("STRAGGLAR_DEBUG", "INFO")]);
+        assert_clean_bench(&out);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&format!("threads per rank, pipeline {pieces}\n")),
+            "{text}"
+        );
+        if !extra.contains(&"--graph") {
+            // Every rank, every size class (1 KiB, 8 KiB, 64 KiB).
+            let log = String::from_utf8_lossy(&out.stderr);
+            let said = format!("run pipelined, {pieces} pieces per chunk");
+            assert_eq!(log.matches(&said).count(), 4 * 3, "{log}");
+        }
+    }
+    let mut env = ENGINE.to_vec();
+    env.push(("STRAGGLAR_PIPELINE", "3"));
+    let (out, _) = run_ranks(&["4"], &env);
+    assert_every_call_on_the_engine(&out, 4);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.matches("run pipelined, 3 pieces per chunk").count() >= 4,
+        "{log}"
+    );
+    env.push(("LOOPBACK_GRAPHS", "1"));
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 100 calls checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+}
+
 #[test]
 fn bench_ranks_as_threads_run_ring_on_the_engine_eager_and_in_graphs() {
     for extra in [&["--algo", "ring"][..], &["--algo", "ring", "--graph"][..]] {

@@ -7,6 +7,7 @@
 //! without exchanging anything extra.
 
 pub mod estimate;
+pub mod pipeline;
 pub mod policy;
 pub mod rule;
 pub mod tally;

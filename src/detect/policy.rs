@@ -3,6 +3,7 @@
 //! the shared records), so every rank makes the same choice.
 
 use super::estimate::ClassTimes;
+use super::pipeline::Pipeline;
 use super::rule::Detector;
 use crate::schedule::model::{stragglar_rounds, Link, Nvls, Times};
 
@@ -46,6 +47,22 @@ impl Choice {
     }
 }
 
+/// Pieces per size class and rounds per pieces, worked out on first use.
+#[derive(Debug)]
+struct PiecesMemo {
+    by_class: [std::sync::OnceLock<usize>; 65],
+    rounds: std::sync::Mutex<std::collections::HashMap<usize, usize>>,
+}
+
+impl Default for PiecesMemo {
+    fn default() -> Self {
+        PiecesMemo {
+            by_class: [const { std::sync::OnceLock::new() }; 65],
+            rounds: Default::default(),
+        }
+    }
+}
+
 /// The policy of one communicator.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -56,8 +73,13 @@ pub struct Policy {
     /// How the model prices the baseline before it is measured: Ring, or NCCL's NVLS where
     /// NCCL would run it (see [`Policy::with_nvls_baseline`]).
     nvls: Option<Nvls>,
+    /// How deep StragglAR's calls are pipelined (`STRAGGLAR_PIPELINE`).
+    pipeline: Pipeline,
     /// Post-arrival rounds of our schedule for `ranks` (`R(n)`), computed once.
     rounds: usize,
+    /// What the pipeline depth costs to work out, shared by clones: pieces per size class and
+    /// post-arrival rounds per pieces, each computed once (a schedule is synthesized for each).
+    pieces_memo: std::sync::Arc<PiecesMemo>,
 }
 
 impl Policy {
@@ -73,6 +95,8 @@ impl Policy {
             straggler,
             link,
             nvls: None,
+            pipeline: Pipeline::Pieces(1),
+            pieces_memo: Default::default(),
             rounds: if ranks >= 2 {
                 stragglar_rounds(ranks, 1)
             } else {
@@ -90,6 +114,54 @@ impl Policy {
         self
     }
 
+    /// The same policy, pipelining StragglAR's calls as `pipeline` says.
+    pub fn with_pipeline(mut self, pipeline: Pipeline) -> Self {
+        self.pipeline = pipeline;
+        self.pieces_memo = Default::default();
+        self
+    }
+
+    /// `STRAGGLAR_PIPELINE` as this policy applies it.
+    pub fn pipeline(&self) -> Pipeline {
+        self.pipeline
+    }
+
+    /// Pieces per chunk of a StragglAR call of `bytes` (1: the plain schedule): the same for
+    /// every call of a size class, on every rank. Worked out once per class.
+    pub fn pieces(&self, bytes: usize) -> usize {
+        let class = super::tracker::size_class(bytes) as usize;
+        *self.pieces_memo.by_class[class]
+            .get_or_init(|| self.pipeline.pieces(self.ranks, bytes, self.link))
+    }
+
+    /// Every pieces per chunk a StragglAR call of at most `max_bytes` may run, ascending.
+    pub fn pieces_up_to(&self, max_bytes: usize) -> Vec<usize> {
+        let mut all: Vec<usize> = (0..=super::tracker::size_class(max_bytes))
+            .map(|class| match class {
+                0 => self.pieces(0),
+                c => self.pieces(1usize << (c - 1)),
+            })
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+
+    /// Post-arrival rounds of our schedule with `pieces` pieces per chunk (`R_k(n)`).
+    fn rounds_with(&self, pieces: usize) -> usize {
+        if pieces == 1 {
+            return self.rounds;
+        }
+        let mut memo = self
+            .pieces_memo
+            .rounds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *memo
+            .entry(pieces)
+            .or_insert_with(|| stragglar_rounds(self.ranks, pieces))
+    }
+
     /// Whether the model prices the baseline as NVLS.
     pub fn nvls_baseline(&self) -> bool {
         self.nvls.is_some() && self.ranks <= Nvls::MAX_RANKS
@@ -101,7 +173,13 @@ impl Policy {
         if self.ranks < 3 {
             return None;
         }
-        let times = Times::new(self.ranks, self.rounds, bytes as f64, self.link);
+        let mut times = Times::new(self.ranks, self.rounds, bytes as f64, self.link);
+        let pieces = self.pieces(bytes);
+        if pieces > 1 {
+            // The pipelined schedule after arrival: R_k rounds of M / ((n-1) k).
+            let piece = bytes as f64 / ((self.ranks - 1) * pieces) as f64;
+            times.stragglar_post = self.link.rounds(self.rounds_with(pieces), piece);
+        }
         let nvls = self
             .nvls
             .and_then(|nvls| nvls.time(self.ranks, bytes as f64, self.link));

@@ -35,6 +35,15 @@ impl Shape {
             pieces: 1,
         }
     }
+
+    /// The same shape with each chunk cut into `pieces` pieces when it is StragglAR (other
+    /// algorithms stay unpipelined).
+    pub fn with_pieces(mut self, pieces: usize) -> Shape {
+        if self.algorithm == Algorithm::Stragglar {
+            self.pieces = pieces.max(1);
+        }
+        self
+    }
 }
 
 /// Plans by (shape, count), built on first use; identical on every rank.

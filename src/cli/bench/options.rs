@@ -4,10 +4,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cli::args::{parse_bytes, Args, UsageError};
+use crate::detect::pipeline::{Pipeline, MAX_PIECES};
 use crate::engine::host::fault::Fault;
 use crate::engine::host::link::LinkModel;
 use crate::reduce::{DataType, ReduceOp};
-use crate::schedule::model::{best_pipelining, stragglar_rounds, Link};
+use crate::schedule::model::Link;
 
 /// Where the ranks run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,28 +111,6 @@ pub struct BenchOptions {
     /// `--svg FILE`: the run's times per size drawn into FILE.
     pub svg: Option<PathBuf>,
 }
-
-/// How StragglAR's calls are pipelined (`--pipeline K|auto`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pipeline {
-    /// Every chunk cut into this many pieces (1: the plain schedule).
-    Pieces(usize),
-    /// Per message size, the pieces the cost model finds fastest after arrival, with the
-    /// policy's link (the same on every rank).
-    Auto,
-}
-
-impl std::fmt::Display for Pipeline {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Pipeline::Pieces(k) => write!(f, "{k}"),
-            Pipeline::Auto => write!(f, "auto"),
-        }
-    }
-}
-
-/// The most pieces per chunk the bench runs: far past the model's best at any size it runs.
-const MAX_PIECES: usize = 64;
 
 /// The model's latency and copy rate for the host engine when links are not emulated: its own
 /// rough costs on a small machine.
@@ -244,15 +223,11 @@ impl BenchOptions {
         };
         let pipeline = match args.value(&["--pipeline", "-k"])?.as_deref() {
             None => Pipeline::Pieces(1),
-            Some("auto") => Pipeline::Auto,
-            Some(text) => match text.parse() {
-                Ok(k) if k >= 1 => Pipeline::Pieces(k),
-                _ => {
-                    return Err(UsageError(format!(
-                        "--pipeline: expected a number of pieces per chunk (>= 1) or auto, got '{text}'"
-                    )))
-                }
-            },
+            Some(text) => Pipeline::parse(text).ok_or_else(|| {
+                UsageError(format!(
+                    "--pipeline: expected a number of pieces per chunk (1 to {MAX_PIECES}) or auto, got '{text}'"
+                ))
+            })?,
         };
         let straggler = args
             .parsed(&["--straggler"], "a rank")?
@@ -354,18 +329,13 @@ impl BenchOptions {
             return fail("several types or ops (-d all, -o all, lists) need --backend cuda; the host engine runs one of each".into());
         }
         if let Pipeline::Pieces(k) = self.pipeline {
-            let most = crate::schedule::max_pieces_per_chunk(self.ranks.max(2)).min(MAX_PIECES);
+            let most = Pipeline::most_pieces(self.ranks.max(2));
             if k > most {
                 return fail(format!(
                     "--pipeline {k}: at most {most} pieces per chunk at {} ranks",
                     self.ranks
                 ));
             }
-        }
-        if self.backend == Backend::Cuda && self.pipeline != Pipeline::Pieces(1) {
-            return fail(
-                "--pipeline runs on the host engine only in this version (--backend host)".into(),
-            );
         }
         if !(2..=64).contains(&self.ranks) {
             return fail(format!(
@@ -443,19 +413,9 @@ impl BenchOptions {
     }
 
     /// Pieces per chunk of a StragglAR call of `bytes`: the fixed count, or the model's best
-    /// for this size (`--pipeline auto`).
+    /// for its size class (`--pipeline auto`).
     pub fn pieces_for(&self, bytes: usize) -> usize {
-        match self.pipeline {
-            Pipeline::Pieces(k) => k,
-            Pipeline::Auto => {
-                let n = self.ranks;
-                let most = crate::schedule::max_pieces_per_chunk(n).min(MAX_PIECES);
-                best_pipelining(n, bytes as f64, self.model_link(), most, |k| {
-                    stragglar_rounds(n, k)
-                })
-                .pieces
-            }
-        }
+        self.pipeline.pieces(self.ranks, bytes, self.model_link())
     }
 
     /// The late ranks in words, for titles: `rank 3`, or `ranks in turn`.

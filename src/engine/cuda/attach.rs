@@ -218,23 +218,31 @@ fn kernels(ordinal: i32, device: &Arc<Device>) -> Result<Arc<Kernels>, String> {
 /// The staging every rank of an `n`-rank communicator allocates: room for the largest plan of
 /// `STRAGGLAR_BUFFER_BYTES` of any type and any straggler (so every eligible call fits). The
 /// schedules are lowered into `plans`, which the communicator's engine keeps.
-pub fn layout(plans: &mut PlanCache, ranks: usize, blocks: u32) -> Result<StagingLayout, String> {
+pub fn layout(
+    plans: &mut PlanCache,
+    policy: &Policy,
+    blocks: u32,
+) -> Result<StagingLayout, String> {
     let buffer = crate::config::get().buffer_bytes;
+    let ranks = policy.ranks();
     let mut layout = StagingLayout {
         arena_bytes: 64,
         values: 1,
         blocks: blocks as u64,
     };
-    // StragglAR with every straggler (graph replays run Ring as their baseline where it fits).
-    for choice in 0..ranks {
-        let need = plans
-            .lowered(Shape::of_choice(ranks, choice, DataType::U8))?
-            .need();
-        for dtype in [DataType::U8, DataType::F16, DataType::F32, DataType::F64] {
-            let arena = need.arena_bytes(buffer / dtype.size(), dtype);
-            layout.arena_bytes = layout.arena_bytes.max(arena as u64);
+    // StragglAR with every straggler and every pipeline depth a call may run (graph replays
+    // run Ring as their baseline where it fits): a deeper pipeline needs less arena (smaller
+    // pieces) and more flags.
+    for pieces in policy.pieces_up_to(buffer) {
+        for choice in 0..ranks {
+            let shape = Shape::of_choice(ranks, choice, DataType::U8).with_pieces(pieces);
+            let need = plans.lowered(shape)?.need();
+            for dtype in [DataType::U8, DataType::F16, DataType::F32, DataType::F64] {
+                let arena = need.arena_bytes(buffer / dtype.size(), dtype);
+                layout.arena_bytes = layout.arena_bytes.max(arena as u64);
+            }
+            layout.values = layout.values.max(need.values as u64);
         }
-        layout.values = layout.values.max(need.values as u64);
     }
     Ok(layout)
 }
@@ -242,7 +250,7 @@ pub fn layout(plans: &mut PlanCache, ranks: usize, blocks: u32) -> Result<Stagin
 /// Staging bytes one rank of an `n`-rank communicator allocates at most (the largest grid; for
 /// doctor).
 pub fn staging_bytes(ranks: usize) -> Result<u64, String> {
-    layout(&mut PlanCache::default(), ranks, MAX_BLOCKS).map(|l| l.allocation_bytes())
+    layout(&mut PlanCache::default(), &policy(ranks, &[]), MAX_BLOCKS).map(|l| l.allocation_bytes())
 }
 
 /// The setup's AllGather through the real communicator, on the caller's stream.
@@ -378,7 +386,8 @@ pub fn connect(rank: &mut CudaRank, mappings: &[Option<IpcMapping>]) -> bool {
 /// NVLS when every rank's record says NCCL would run it there.
 pub fn policy(ranks: usize, records: &[SetupRecord]) -> Policy {
     let config = crate::config::get();
-    let policy = Policy::new(ranks, config.algo, config.straggler, NVSWITCH_LINK);
+    let policy = Policy::new(ranks, config.algo, config.straggler, NVSWITCH_LINK)
+        .with_pipeline(config.pipeline);
     match !records.is_empty() && records.iter().all(|r| r.nvls == 1) {
         true => policy.with_nvls_baseline(Nvls {
             ratio: Nvls::PUBLISHED_RATIO,
@@ -466,7 +475,7 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
         );
         0
     });
-    let layout = layout(&mut plans, call.ranks, blocks_for(sms as u32))
+    let layout = layout(&mut plans, &policy(call.ranks, &[]), blocks_for(sms as u32))
         .map_err(|_| Decline::GpuUnavailable)?;
     let reservation = Reservation::take(call.device, layout.allocation_bytes());
     // A panic in the local steps must not make this rank skip the collectives its peers run.
@@ -538,6 +547,7 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
         mappings: joined.mappings,
         plans,
         policy: policy(call.ranks, &joined.records),
+        max_bytes: crate::config::get().buffer_bytes,
         baseline: Baseline::Nccl,
         designated: watch.designated.clone(),
         trace: open_trace(call),
@@ -586,9 +596,34 @@ mod tests {
 
     #[test]
     fn the_staging_fits_every_eligible_call() {
-        let l = layout(&mut PlanCache::default(), 8, 27).unwrap();
-        assert!(l.arena_bytes >= crate::config::get().buffer_bytes as u64);
-        assert_eq!(l.blocks, 27);
+        let buffer = crate::config::get().buffer_bytes;
+        let plain = layout(&mut PlanCache::default(), &policy(8, &[]), 27).unwrap();
+        assert!(plain.arena_bytes >= buffer as u64);
+        assert_eq!(plain.blocks, 27);
+        // Pipelined per size class: every depth's plans fit, in no more arena than the plain
+        // schedule's (smaller pieces), with more flags.
+        let auto = policy(8, &[]).with_pipeline(crate::detect::pipeline::Pipeline::Auto);
+        let mut plans = PlanCache::default();
+        let piped = layout(&mut plans, &auto, 27).unwrap();
+        let depths = auto.pieces_up_to(buffer);
+        assert!(depths.len() > 1 && depths[0] == 1, "{depths:?}");
+        for &pieces in &depths {
+            for straggler in 0..8 {
+                let shape = Shape::of_choice(8, straggler, DataType::F32).with_pieces(pieces);
+                let need = plans.lowered(shape).unwrap().need();
+                assert!(need.arena_bytes(buffer / 4, DataType::F32) as u64 <= piped.arena_bytes);
+                assert!(need.values as u64 <= piped.values);
+            }
+        }
+        assert_eq!(piped.arena_bytes, plain.arena_bytes);
+        assert!(piped.values > plain.values);
+        eprintln!(
+            "8 ranks, {buffer} B: plain {} B ({} flags), auto {depths:?} {} B ({} flags)",
+            plain.allocation_bytes(),
+            plain.values,
+            piped.allocation_bytes(),
+            piped.values
+        );
     }
 
     #[test]

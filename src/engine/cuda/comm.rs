@@ -105,6 +105,9 @@ pub struct CommParts {
     /// Schedules already lowered (sizing the staging); the rest are lowered on first use.
     pub plans: PlanCache,
     pub policy: Policy,
+    /// The largest message the engine takes (bytes): graph launches of every pipeline depth
+    /// a call up to it may run are prepared.
+    pub max_bytes: usize,
     pub baseline: Baseline,
     /// Where the designation is published for readers that must not wait for a call (the
     /// rank, or -1).
@@ -165,6 +168,10 @@ pub struct CudaComm {
     captured: u64,
     /// The plans graph launches choose among could not be built: captured calls stay on NCCL.
     unbuildable: bool,
+    /// See [`CommParts::max_bytes`].
+    max_bytes: usize,
+    /// Size classes whose pipelined StragglAR calls were announced (bit `c`: class `c`).
+    pipelined_classes: u128,
     /// Orders this communicator's launches across the caller's streams.
     last: Event,
     last_stream: cudaStream_t,
@@ -203,6 +210,8 @@ impl CudaComm {
             order_pending: None,
             captured: 0,
             unbuildable: false,
+            max_bytes: parts.max_bytes,
+            pipelined_classes: 0,
             last_stream: std::ptr::null_mut(),
             captured_stream: None,
         }
@@ -280,6 +289,21 @@ impl CudaComm {
         Ok(unsafe { self.eager(operands, stream) })
     }
 
+    /// Pieces per chunk of a StragglAR call of `bytes`; says so at INFO the first time a size
+    /// class runs pipelined.
+    fn pieces_announced(&mut self, bytes: usize) -> usize {
+        let pieces = self.tracker.policy().pieces(bytes);
+        let class = crate::detect::size_class(bytes);
+        if pieces > 1 && self.pipelined_classes & (1u128 << class) == 0 {
+            self.pipelined_classes |= 1u128 << class;
+            log::info!(
+                "{}: StragglAR calls of sizes 2^{class} B run pipelined, {pieces} pieces per chunk",
+                self.label
+            );
+        }
+        pieces
+    }
+
     /// An eager call: due records fed, the policy's choice, the launch (or the ticket).
     ///
     /// # Safety
@@ -312,7 +336,8 @@ impl CudaComm {
         let ranks = self.tracker.policy().ranks();
         let run = match (choice.straggler(), self.baseline) {
             (Some(straggler), _) => Some((
-                Shape::of_choice(ranks, straggler, operands.dtype),
+                Shape::of_choice(ranks, straggler, operands.dtype)
+                    .with_pieces(self.pieces_announced(bytes)),
                 Ran::Stragglar { straggler },
             )),
             (None, Baseline::Ring) => {
@@ -486,7 +511,11 @@ impl CudaComm {
         if !self.rank.has_choices() {
             return Err(Decline::CapturingBeforeSetup);
         }
-        if let Err(e) = self.rank.choices_fit(operands.count, operands.dtype) {
+        let pieces = policy.pieces(bytes);
+        if let Err(e) = self
+            .rank
+            .choices_fit(operands.count, operands.dtype, pieces)
+        {
             // Eligibility keeps calls within the staging; should that ever not hold, the call
             // stays on NCCL (alike on every rank: the staging layout is agreed) rather than fail.
             static WARNED: std::sync::atomic::AtomicBool =
@@ -513,7 +542,7 @@ impl CudaComm {
                 }
             }
             // SAFETY: as the caller vouches.
-            unsafe { self.rank.all_reduce_graph(operands, raw, rule) }?;
+            unsafe { self.rank.all_reduce_graph(operands, raw, rule, pieces) }?;
             if let Some(id) = id {
                 // SAFETY: as above.
                 unsafe { self.captured_last.record_raw(raw) }?;
@@ -530,31 +559,38 @@ impl CudaComm {
     }
 
     /// Uploads, at the communicator's first call outside capture, every plan a graph launch
-    /// may pick (StragglAR with each straggler, and Ring), for every size: capture allocates
-    /// nothing, and eager calls use the same blobs. Done alike on every rank: the plans follow
-    /// from the rank count. If they cannot be built, captured calls stay on NCCL.
+    /// may pick (StragglAR with each straggler, and Ring), for every size and every pipeline
+    /// depth a call up to [`CommParts::max_bytes`] may run: capture allocates nothing, and
+    /// eager calls use the same blobs. Done alike on every rank: the plans follow from the
+    /// rank count and the settings. If they cannot be built, captured calls stay on NCCL.
     fn prepare_choices(&mut self, operands: Operands) -> Result<(), CallError> {
         if self.unbuildable || self.rank.has_choices() {
             return Ok(());
         }
-        let ranks = self.tracker.policy().ranks();
-        let mut plans = Vec::with_capacity(ranks + 1);
-        for choice in 0..=ranks {
-            match self
-                .plans
-                .lowered(Shape::of_choice(ranks, choice, operands.dtype))
-            {
-                Ok(plan) => plans.push(plan.clone()),
-                Err(why) => {
-                    // Not tried again: the same plans fail alike on every rank, every time.
-                    log::info!("{}: graphs stay on NCCL: {why}", self.label);
-                    self.unbuildable = true;
-                    return Ok(());
+        let policy = self.tracker.policy();
+        let ranks = policy.ranks();
+        let mut sets = Vec::new();
+        for pieces in policy.pieces_up_to(self.max_bytes) {
+            let mut plans = Vec::with_capacity(ranks + 1);
+            for choice in 0..=ranks {
+                let shape = Shape::of_choice(ranks, choice, operands.dtype).with_pieces(pieces);
+                match self.plans.lowered(shape) {
+                    Ok(plan) => plans.push(plan.clone()),
+                    Err(why) => {
+                        // Not tried again: the same plans fail alike on every rank, every time.
+                        log::info!("{}: graphs stay on NCCL: {why}", self.label);
+                        self.unbuildable = true;
+                        return Ok(());
+                    }
                 }
             }
+            sets.push((pieces, plans));
         }
-        let plans: Vec<&Lowered> = plans.iter().collect();
-        self.rank.prepare_choices(&plans)
+        for (pieces, plans) in &sets {
+            let plans: Vec<&Lowered> = plans.iter().collect();
+            self.rank.prepare_choices(&plans, *pieces)?;
+        }
+        Ok(())
     }
 
     /// Feeds the tracker every due record (waiting for them) and logs designation changes

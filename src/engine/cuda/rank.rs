@@ -194,8 +194,9 @@ pub struct CudaRank {
     blobs: Vec<DeviceMemory>,
     /// Rank 0's graph board as this rank addresses it, once connected.
     graph_board: u64,
-    /// The plans graph launches choose among, once uploaded.
-    choices: Option<ChoiceTables>,
+    /// The plans graph launches choose among, by pieces per chunk of their StragglAR plans,
+    /// once uploaded.
+    choices: Vec<(usize, ChoiceTables)>,
 }
 
 impl CudaRank {
@@ -227,7 +228,7 @@ impl CudaRank {
             plans: HashMap::new(),
             blobs: Vec::new(),
             graph_board: 0,
-            choices: None,
+            choices: Vec::new(),
         })
     }
 
@@ -642,14 +643,15 @@ impl CudaRank {
 
     /// Whether graph launches can be captured: the plans they choose among are uploaded.
     pub fn has_choices(&self) -> bool {
-        self.choices.is_some()
+        !self.choices.is_empty()
     }
 
-    /// Uploads every plan a graph launch may pick, for every size, and their tables: `plans[s]`
-    /// is StragglAR with straggler `s`, `plans[ranks]` Ring. One allocation and one copy for
-    /// the whole set; once per rank (later calls do nothing). Not during graph capture.
-    pub fn prepare_choices(&mut self, plans: &[&Lowered]) -> Result<(), CallError> {
-        if self.choices.is_some() {
+    /// Uploads every plan a graph launch whose StragglAR plans cut chunks into `pieces` may
+    /// pick, for every size, and their tables: `plans[s]` is StragglAR with straggler `s`,
+    /// `plans[ranks]` Ring. One allocation and one copy for the whole set; once per rank and
+    /// `pieces` (later calls do nothing). Not during graph capture.
+    pub fn prepare_choices(&mut self, plans: &[&Lowered], pieces: usize) -> Result<(), CallError> {
+        if self.choices.iter().any(|(k, _)| *k == pieces) {
             return Ok(());
         }
         let ranks = self.config.ranks;
@@ -693,29 +695,43 @@ impl CudaRank {
             self.plans.entry(plan.id()).or_insert(address(choice));
         }
         let stragglar = plans[..ranks].iter().map(|p| p.need()).collect();
-        self.choices = Some(ChoiceTables {
-            ring_last: memory.ptr + ring_last as u64,
-            straggler_last: memory.ptr + straggler_last as u64,
-            _memory: memory,
-            stragglar,
-            ring: plans[ranks].need(),
-        });
+        self.choices.push((
+            pieces,
+            ChoiceTables {
+                ring_last: memory.ptr + ring_last as u64,
+                straggler_last: memory.ptr + straggler_last as u64,
+                _memory: memory,
+                stragglar,
+                ring: plans[ranks].need(),
+            },
+        ));
         Ok(())
     }
 
-    /// `Ok` when every StragglAR plan a graph launch may pick fits the staging at `count`
-    /// elements of `dtype` (the same answer on every rank: the staging layout is agreed).
-    pub fn choices_fit(&self, count: usize, dtype: DataType) -> Result<(), CallError> {
-        self.fitting_choices(count, dtype).map(|_| ())
+    /// `Ok` when every StragglAR plan with `pieces` pieces per chunk a graph launch may pick is
+    /// uploaded and fits the staging at `count` elements of `dtype` (the same answer on every
+    /// rank: the staging layout is agreed).
+    pub fn choices_fit(
+        &self,
+        count: usize,
+        dtype: DataType,
+        pieces: usize,
+    ) -> Result<(), CallError> {
+        self.fitting_choices(count, dtype, pieces).map(|_| ())
     }
 
-    /// The uploaded choices, when every StragglAR plan fits at `count` elements of `dtype`.
-    fn fitting_choices(&self, count: usize, dtype: DataType) -> Result<&ChoiceTables, CallError> {
-        let Some(choices) = &self.choices else {
-            return Err(CallError::Unfit(
-                "the plans must be prepared before graph capture (no allocation while capturing)"
-                    .into(),
-            ));
+    /// The uploaded choices of `pieces`, when every StragglAR plan fits at `count` elements of
+    /// `dtype`.
+    fn fitting_choices(
+        &self,
+        count: usize,
+        dtype: DataType,
+        pieces: usize,
+    ) -> Result<&ChoiceTables, CallError> {
+        let Some((_, choices)) = self.choices.iter().find(|(k, _)| *k == pieces) else {
+            return Err(CallError::Unfit(format!(
+                "the plans with {pieces} pieces per chunk must be prepared before graph capture (no allocation while capturing)"
+            )));
         };
         for &need in &choices.stragglar {
             self.fits(need, count, dtype)?;
@@ -725,8 +741,9 @@ impl CudaRank {
 
     /// Queues one AllReduce captured into a graph: each replay numbers itself, records its
     /// arrival on the graph board, feeds the device detector of its size class and runs the
-    /// plan `rule` picks from the records (see `crate::gpu::choice`), with no host involved.
-    /// `prepare_choices` must have uploaded the plans. The baseline is Ring where it fits the
+    /// plan `rule` picks from the records (see `crate::gpu::choice`), with no host involved:
+    /// StragglAR with `pieces` pieces per chunk, or the baseline. `prepare_choices` must have
+    /// uploaded the plans of `pieces`. The baseline is Ring where it fits the
     /// staging at this size, StragglAR with the last rank as the straggler above (the staging
     /// is sized for StragglAR: Ring's single-assignment arena is 2.6 times the message at 8
     /// ranks, StragglAR's 1.7). A call without elements queues nothing (on every rank alike).
@@ -739,10 +756,11 @@ impl CudaRank {
         operands: Operands,
         stream: cudarc::driver::sys::CUstream,
         rule: RawRule,
+        pieces: usize,
     ) -> Result<(), CallError> {
         self.fail_fast()?;
         let (count, dtype) = (operands.count, operands.dtype);
-        let choices = self.fitting_choices(count, dtype)?;
+        let choices = self.fitting_choices(count, dtype, pieces)?;
         if count == 0 {
             return Ok(());
         }

@@ -27,7 +27,7 @@ pub fn build_id() -> u64 {
 
 /// The settings whose values must agree on every rank (a rank that disagrees would take
 /// another path and hang the job), in the order of `SetupRecord::settings`.
-pub const AGREED_SETTINGS: [&str; 7] = [
+pub const AGREED_SETTINGS: [&str; 8] = [
     "STRAGGLAR_ENABLE",
     "STRAGGLAR_BUFFER_BYTES",
     "STRAGGLAR_MIN_BYTES",
@@ -35,6 +35,7 @@ pub const AGREED_SETTINGS: [&str; 7] = [
     "STRAGGLAR_ALGO",
     "STRAGGLAR_STRAGGLER",
     "STRAGGLAR_GPU_ENGINE",
+    "STRAGGLAR_PIPELINE",
 ];
 
 /// Why a rank could not take part (0 in `SetupRecord::failure` means it could).
@@ -87,7 +88,7 @@ pub struct SetupRecord {
     /// The GPU's UUID.
     pub device_uuid: [u8; 16],
     /// A hash of each of [`AGREED_SETTINGS`]' effective values.
-    pub settings: [u64; 7],
+    pub settings: [u64; 8],
     /// The staging allocation's IPC handle.
     pub staging_handle: [u8; 64],
     /// The staging layout: arena bytes, values, blocks.
@@ -191,7 +192,7 @@ impl Identity {
 }
 
 /// The hashes of [`AGREED_SETTINGS`]' effective values in `config`.
-pub fn settings_of(config: &crate::config::Config) -> [u64; 7] {
+pub fn settings_of(config: &crate::config::Config) -> [u64; 8] {
     [
         setting_hash(if config.enabled { "1" } else { "0" }),
         setting_hash(&config.buffer_bytes.to_string()),
@@ -200,6 +201,7 @@ pub fn settings_of(config: &crate::config::Config) -> [u64; 7] {
         setting_hash(&format!("{:?}", config.algo)),
         setting_hash(&format!("{:?}", config.straggler)),
         setting_hash(if config.gpu_engine { "1" } else { "0" }),
+        setting_hash(&config.pipeline.to_string()),
     ]
 }
 
@@ -225,7 +227,7 @@ impl SetupRecord {
         rank: usize,
         ranks: usize,
         identity: &Identity,
-        settings: [u64; 7],
+        settings: [u64; 8],
         staging_handle: [u8; 64],
         layout: StagingLayout,
     ) -> SetupRecord {
@@ -259,7 +261,7 @@ impl SetupRecord {
             host: [0; 64],
             boot_id: [0; 40],
             device_uuid: [0; 16],
-            settings: [0; 7],
+            settings: [0; 8],
             staging_handle: [0; 64],
             layout: [0; 3],
             build: build_id(),
@@ -371,7 +373,7 @@ mod tests {
                     r,
                     n,
                     &identity,
-                    [1, 2, 3, 4, 5, 6, 7],
+                    [1, 2, 3, 4, 5, 6, 7, 8],
                     [r as u8; 64],
                     layout(),
                 )
@@ -506,7 +508,7 @@ mod tests {
         assert_eq!(field::<4>("abcdef"), *b"abcd");
         assert_eq!(field::<4>("ab"), [b'a', b'b', 0, 0]);
         assert_ne!(setting_hash("256M"), setting_hash("128M"));
-        assert_eq!(std::mem::size_of::<SetupRecord>(), 296);
+        assert_eq!(std::mem::size_of::<SetupRecord>(), 304);
     }
 }
 
@@ -570,7 +572,7 @@ fn record_from(bytes: &[u8]) -> SetupRecord {
     let host = take(64).try_into().expect("64 bytes");
     let boot_id = take(40).try_into().expect("40 bytes");
     let device_uuid = take(16).try_into().expect("16 bytes");
-    let mut settings = [0u64; 7];
+    let mut settings = [0u64; 8];
     for w in &mut settings {
         *w = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
     }
@@ -745,7 +747,7 @@ mod protocol_tests {
                             rank,
                             n,
                             &identity,
-                            [7; 7],
+                            [7; 8],
                             [rank as u8; 64],
                             layout,
                         );
@@ -822,7 +824,7 @@ mod protocol_tests {
             values: 2,
             blocks: 3,
         };
-        let r = SetupRecord::ready(1, 2, &identity, [1, 2, 3, 4, 5, 6, 7], [8; 64], layout);
+        let r = SetupRecord::ready(1, 2, &identity, [1, 2, 3, 4, 5, 6, 7, 8], [8; 64], layout);
         let bytes = record_bytes(&r);
         assert_eq!(bytes.len(), SETUP_RECORD_BYTES);
         assert!(std::mem::size_of::<SetupRecord>() <= SETUP_RECORD_BYTES);
@@ -864,7 +866,7 @@ mod finish_tests {
             values: 1,
             blocks: 1,
         };
-        let mine = SetupRecord::ready(0, 1, &identity, [0; 7], [0; 64], layout);
+        let mine = SetupRecord::ready(0, 1, &identity, [0; 8], [0; 64], layout);
         assert!(
             run_setup(&mut Solo, &mut Solo, &mine, Devices::OnePerRank, |_, _| {
                 true

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use super::options::{BenchAlgo, BenchOptions, RanksAs};
 use crate::cli::charts;
+use crate::detect::pipeline::Pipeline;
 use crate::detect::policy::{AlgoMode, Policy, StragglerMode};
 use crate::engine::cuda::comm::{Baseline, CommParts, CudaComm, OrderingEvents, NVSWITCH_LINK};
 use crate::engine::cuda::driver::{Device, GpuError, IpcMapping, Kernel, Kernels, Stream};
@@ -110,6 +111,8 @@ pub struct Setup {
     pub ranks: usize,
     /// `--algo auto`: each call's plan comes from the policy, as in a job.
     pub auto: bool,
+    /// `--pipeline`.
+    pipeline: Pipeline,
     cache: PlanCache,
 }
 
@@ -143,20 +146,25 @@ impl Setup {
             straggler: options.straggler,
             ranks: options.ranks,
             auto: options.algo == BenchAlgo::Auto,
+            pipeline: options.pipeline,
             cache: PlanCache::default(),
         };
-        // StragglAR's needs do not depend on which rank is the straggler; Ring's count only
-        // where the policy may pick the baseline (a graph launch runs Ring only where it fits).
-        let mut needs = vec![setup
-            .lowered_of(Algorithm::Stragglar, setup.straggler)?
-            .need()];
-        if setup.auto || setup.algorithm == Algorithm::Ring {
-            needs.push(setup.lowered_of(Algorithm::Ring, 0)?.need());
-        }
+        // StragglAR's needs do not depend on which rank is the straggler, but on the pipeline
+        // depth of each size (`--pipeline`, as the policy sets it); Ring's count only where
+        // the policy may pick the baseline (a graph launch runs Ring only where it fits).
+        let policy = setup.policy();
+        let ring = match setup.auto || setup.algorithm == Algorithm::Ring {
+            true => Some(setup.lowered_of(Algorithm::Ring, 0, 1)?.need()),
+            false => None,
+        };
         for dtype in options.dtypes.clone() {
             for bytes in setup.sizes.clone() {
                 let count = bytes as usize / dtype.size();
-                for need in &needs {
+                let pieces = policy.pieces(bytes as usize);
+                let stragglar = setup
+                    .lowered_of(Algorithm::Stragglar, setup.straggler, pieces)?
+                    .need();
+                for need in std::iter::once(stragglar).chain(ring) {
                     setup.layout.arena_bytes = setup
                         .layout
                         .arena_bytes
@@ -164,6 +172,14 @@ impl Setup {
                     setup.layout.values = setup.layout.values.max(need.values as u64);
                 }
             }
+        }
+        // A graph launch's choices of every depth a size may run, all stragglers.
+        let largest = setup.sizes.iter().copied().max().unwrap_or(0) as usize;
+        for pieces in policy.pieces_up_to(largest) {
+            let need = setup
+                .lowered_of(Algorithm::Stragglar, setup.straggler, pieces)?
+                .need();
+            setup.layout.values = setup.layout.values.max(need.values as u64);
         }
         if setup.layout.arena_bytes > options.buffer_bytes as u64 {
             return Err(format!(
@@ -176,7 +192,8 @@ impl Setup {
 
     /// The policy every rank's engine follows: `--algo auto` is the library's (from
     /// `STRAGGLAR_ALGO` and `STRAGGLAR_STRAGGLER`); `stragglar` runs StragglAR with
-    /// `--straggler` on every call, `ring` the baseline (Ring on our kernel).
+    /// `--straggler` on every call, `ring` the baseline (Ring on our kernel). StragglAR's calls
+    /// are pipelined as `--pipeline` says, priced on the policy's link.
     pub fn policy(&self) -> Policy {
         let (algo, straggler) = match (self.auto, self.algorithm) {
             (true, _) => {
@@ -186,7 +203,7 @@ impl Setup {
             (false, Algorithm::Ring) => (AlgoMode::Baseline, StragglerMode::Auto),
             (false, _) => (AlgoMode::Stragglar, StragglerMode::Fixed(self.straggler)),
         };
-        Policy::new(self.ranks, algo, straggler, NVSWITCH_LINK)
+        Policy::new(self.ranks, algo, straggler, NVSWITCH_LINK).with_pipeline(self.pipeline)
     }
 
     /// Rank `rank`'s engine, once connected (`mappings`: the peers' staging it opened, `None`
@@ -204,6 +221,7 @@ impl Setup {
             members: (0..self.ranks).map(|r| format!("rank {r}")).collect(),
             plans: self.cache.clone(),
             policy: self.policy(),
+            max_bytes: self.sizes.iter().copied().max().unwrap_or(0) as usize,
             baseline: Baseline::Ring,
             designated: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
             trace: None,
@@ -212,8 +230,14 @@ impl Setup {
         })
     }
 
-    /// The schedule of `algorithm` with `straggler`, lowered for any count.
-    fn lowered_of(&mut self, algorithm: Algorithm, straggler: usize) -> Result<Lowered, String> {
+    /// The schedule of `algorithm` with `straggler` and `pieces` pieces per chunk (StragglAR
+    /// only), lowered for any count.
+    fn lowered_of(
+        &mut self,
+        algorithm: Algorithm,
+        straggler: usize,
+        pieces: usize,
+    ) -> Result<Lowered, String> {
         let shape = Shape {
             algorithm,
             ranks: self.ranks,
@@ -221,7 +245,8 @@ impl Setup {
             // The lowering does not depend on the type.
             dtype: DataType::U8,
             pieces: 1,
-        };
+        }
+        .with_pieces(pieces);
         Ok(self.cache.lowered(shape)?.clone())
     }
 
@@ -428,11 +453,12 @@ fn preamble(options: &BenchOptions, gpu: &GpuKernels) -> Result<Setup, String> {
         RanksAs::Processes => "processes (CUDA IPC)",
     };
     println!(
-        "# stragglar bench --backend cuda: {} ranks as {how} on one {} ({}, {sms} SMs), {} x {THREADS} threads per rank",
+        "# stragglar bench --backend cuda: {} ranks as {how} on one {} ({}, {sms} SMs), {} x {THREADS} threads per rank, pipeline {}",
         options.ranks,
         gpu.device.name().map_err(err)?,
         gpu.arch,
-        setup.blocks
+        setup.blocks,
+        options.pipeline
     );
     if options.bandwidth {
         bandwidth::table(options, gpu, sms)?;
