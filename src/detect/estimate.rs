@@ -32,6 +32,11 @@ pub const EXPLORE_AT: [u64; 2] = [1, 2];
 /// `50 s < 49 b`, as the device twin compares them.
 pub const MARGIN_PARTS: u64 = 50;
 
+/// With a pipeline depth chosen by the model (`STRAGGLAR_PIPELINE=auto`), two StragglAR calls in
+/// a row in every [`EXPLORE_EVERY`] of a class, at these class calls, run a neighbouring depth,
+/// so that measurement refines the model's (the second is kept, as for exploration).
+pub const PROBE_DEPTH_AT: [u64; 2] = [33, 34];
+
 /// A sample older than this many calls of its class no longer counts in the choice: the
 /// machine's load may have changed since, and an estimate kept only by old samples would be
 /// compared with a fresh one. The algorithm not chosen gets a new sample every
@@ -93,14 +98,19 @@ impl Samples {
 /// were decided (the exploration schedule's clock).
 #[derive(Debug, Clone, Default)]
 pub struct ClassTimes {
+    /// StragglAR's samples at the class's current pipeline depth.
     pub stragglar: Samples,
     pub baseline: Samples,
     /// Calls of this class decided so far, tracked or not.
     pub decided: u64,
     /// Of them, those that ran StragglAR.
     pub on_stragglar: u64,
-    /// Whether the last of them ran StragglAR (`None` before the first).
-    last: Option<bool>,
+    /// What the last of them ran: StragglAR or not, and its depth (`None` before the first).
+    last: Option<(bool, usize)>,
+    /// The class's current pipeline depth (pieces per chunk; 0 until [`ClassTimes::set_depth`]).
+    depth: usize,
+    /// StragglAR's samples at the other depths probed, by depth.
+    probes: Vec<(usize, Samples)>,
 }
 
 impl ClassTimes {
@@ -109,9 +119,9 @@ impl ClassTimes {
     /// algorithm has none.
     pub fn stragglar_wins(&self) -> Option<bool> {
         let from = self.decided.saturating_sub(MAX_AGE);
-        let stragglar = u128::from(self.stragglar.median_since(from)?);
-        let baseline = u128::from(self.baseline.median_since(from)?);
-        Some(stragglar * u128::from(MARGIN_PARTS) < baseline * u128::from(MARGIN_PARTS - 1))
+        let stragglar = self.stragglar.median_since(from)?;
+        let baseline = self.baseline.median_since(from)?;
+        Some(beats(stragglar, baseline))
     }
 
     /// Whether the next call of this class explores (runs the algorithm the estimates would
@@ -120,26 +130,110 @@ impl ClassTimes {
         EXPLORE_AT.contains(&(self.decided % EXPLORE_EVERY))
     }
 
-    /// Counts one decided call of this class.
+    /// Counts one decided call of this class (StragglAR at the current depth, or not).
     pub fn count(&mut self, stragglar: bool) {
+        let depth = self.depth;
+        self.count_at(stragglar, depth);
+    }
+
+    /// Counts one decided call of this class that ran StragglAR at `depth`, or the baseline.
+    pub fn count_at(&mut self, stragglar: bool, depth: usize) {
         self.decided += 1;
         self.on_stragglar += stragglar as u64;
-        self.last = Some(stragglar);
+        self.last = Some((stragglar, if stragglar { depth } else { 0 }));
     }
 
     /// Whether the class's last decided call ran StragglAR (`None` before the first).
     pub fn last_stragglar(&self) -> Option<bool> {
-        self.last
+        self.last.map(|(stragglar, _)| stragglar)
+    }
+
+    /// Whether a call running StragglAR (`stragglar`) at `depth` ran something else than the
+    /// class's call before it: its time is not kept (see the module's notes).
+    pub fn switches(&self, stragglar: bool, depth: usize) -> bool {
+        let this = (stragglar, if stragglar { depth } else { 0 });
+        self.last.is_some_and(|last| last != this)
+    }
+
+    /// The class's current pipeline depth (0 before it was set).
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Sets the class's depth before its first call (the model's).
+    pub fn set_depth(&mut self, depth: usize) {
+        if self.depth == 0 {
+            self.depth = depth;
+        }
+    }
+
+    /// The depth the next call runs if it runs StragglAR, when depths are refined: the
+    /// current one, or at the class's probing calls ([`PROBE_DEPTH_AT`]) a neighbour within
+    /// `1..=most`, twice and half as deep in turn (so a model that is off by a factor is
+    /// corrected in a few probes).
+    pub fn depth_for_next(&self, most: usize) -> usize {
+        let current = self.depth.clamp(1, most.max(1));
+        let at = self.decided % EXPLORE_EVERY;
+        if !PROBE_DEPTH_AT.contains(&at) {
+            return current;
+        }
+        let (up, down) = ((current * 2).min(most.max(1)), (current / 2).max(1));
+        match (self.decided / EXPLORE_EVERY) % 2 == 0 {
+            true if up != current => up,
+            false if down != current => down,
+            _ if up != current => up,
+            _ => down,
+        }
     }
 
     /// Feeds the post-arrival time of a call that ran StragglAR (`stragglar`) or the baseline,
     /// dated by the class's calls decided so far.
     pub fn add(&mut self, stragglar: bool, ns: u64) {
-        match stragglar {
-            true => self.stragglar.add(self.decided, ns),
-            false => self.baseline.add(self.decided, ns),
+        let depth = self.depth;
+        self.add_at(stragglar, depth, ns);
+    }
+
+    /// [`ClassTimes::add`] for a StragglAR call of `depth`: a probe's time goes to its depth's
+    /// samples, and the probed depth becomes the class's when its recent median beats the
+    /// current depth's by the margin (both measured within [`MAX_AGE`] calls).
+    pub fn add_at(&mut self, stragglar: bool, depth: usize, ns: u64) {
+        let at = self.decided;
+        if !stragglar {
+            self.baseline.add(at, ns);
+            return;
+        }
+        if depth == self.depth || self.depth == 0 {
+            self.stragglar.add(at, ns);
+            return;
+        }
+        let probed = match self.probes.iter().position(|(d, _)| *d == depth) {
+            Some(i) => i,
+            None => {
+                self.probes.push((depth, Samples::default()));
+                self.probes.len() - 1
+            }
+        };
+        self.probes[probed].1.add(at, ns);
+        let from = self.decided.saturating_sub(MAX_AGE);
+        let faster = match (
+            self.probes[probed].1.median_since(from),
+            self.stragglar.median_since(from),
+        ) {
+            (Some(probe), Some(current)) => beats(probe, current),
+            _ => false,
+        };
+        if faster {
+            let (new_depth, new_samples) = self.probes.swap_remove(probed);
+            let old = std::mem::replace(&mut self.stragglar, new_samples);
+            self.probes.push((self.depth, old));
+            self.depth = new_depth;
         }
     }
+}
+
+/// Whether `a` is below `b` by at least one part in [`MARGIN_PARTS`], in integers.
+fn beats(a: u64, b: u64) -> bool {
+    u128::from(a) * u128::from(MARGIN_PARTS) < u128::from(b) * u128::from(MARGIN_PARTS - 1)
 }
 
 #[cfg(test)]
@@ -206,6 +300,42 @@ mod tests {
         t.add(false, 1100);
         t.add(false, 1100);
         assert_eq!(t.stragglar_wins(), Some(true));
+    }
+
+    /// Probing calls run a neighbouring depth, and a depth that measures faster by the margin
+    /// becomes the class's; its old samples are kept for a later probe back.
+    #[test]
+    fn a_probed_depth_that_measures_faster_becomes_the_class_depth() {
+        let mut t = ClassTimes::default();
+        t.set_depth(10);
+        t.set_depth(4);
+        assert_eq!(t.depth(), 10, "set once, before the first call");
+        let mut probed = Vec::new();
+        for call in 0..3 * EXPLORE_EVERY {
+            let depth = t.depth_for_next(16);
+            if depth != t.depth() {
+                probed.push((call, depth));
+            }
+            let time = if depth < 10 { 700 } else { 1000 };
+            let kept = !t.switches(true, depth);
+            t.count_at(true, depth);
+            if kept {
+                t.add_at(true, depth, time);
+            }
+        }
+        // Up first (16, the most; slower: kept apart), then down (5, faster: adopted at its
+        // second call), then up from 5 to 10 (slower than 5 now).
+        assert_eq!(
+            probed,
+            [(33, 16), (34, 16), (97, 5), (98, 5), (161, 10), (162, 10)]
+        );
+        assert_eq!(t.depth(), 5);
+        assert_eq!(t.stragglar.median(), Some(700));
+        let mut one = ClassTimes::default();
+        one.set_depth(1);
+        one.decided = PROBE_DEPTH_AT[0] + EXPLORE_EVERY;
+        assert_eq!(one.depth_for_next(8), 2, "from 1 the probe goes up");
+        assert_eq!(one.depth_for_next(1), 1, "nothing to probe");
     }
 
     #[test]

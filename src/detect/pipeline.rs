@@ -68,20 +68,6 @@ impl Pipeline {
             }
         }
     }
-
-    /// Every `k` a call of at most `max_bytes` may run (ascending): what a communicator
-    /// uploads plans for and sizes its staging by.
-    pub fn pieces_up_to(&self, ranks: usize, max_bytes: usize, link: Link) -> Vec<usize> {
-        let mut all: Vec<usize> = (0..=size_class(max_bytes))
-            .map(|class| match class {
-                0 => self.pieces(ranks, 0, link),
-                c => self.pieces(ranks, 1usize << (c - 1), link),
-            })
-            .collect();
-        all.sort_unstable();
-        all.dedup();
-        all
-    }
 }
 
 #[cfg(test)]
@@ -117,11 +103,11 @@ mod tests {
         );
         assert_eq!(auto.pieces(8, 4096, NVSWITCH), 1);
         assert_eq!(auto.pieces(3, 1 << 30, NVSWITCH), 1);
-        let ks = auto.pieces_up_to(8, 1 << 30, NVSWITCH);
-        assert_eq!(ks.first(), Some(&1));
-        assert_eq!(ks.last(), Some(&6));
-        assert!(ks.windows(2).all(|w| w[0] < w[1]));
-        assert_eq!(Pipeline::Pieces(4).pieces_up_to(8, 1 << 30, NVSWITCH), [4]);
+        let ks: Vec<usize> = (10..=31)
+            .map(|class| auto.pieces(8, 1 << class, NVSWITCH))
+            .collect();
+        assert!(ks.windows(2).all(|w| w[0] <= w[1]), "{ks:?}");
+        assert_eq!(Pipeline::Pieces(4).pieces(8, 1 << 30, NVSWITCH), 4);
     }
 
     #[test]

@@ -134,17 +134,31 @@ impl Policy {
             .get_or_init(|| self.pipeline.pieces(self.ranks, bytes, self.link))
     }
 
-    /// Every pieces per chunk a StragglAR call of at most `max_bytes` may run, ascending.
+    /// The deepest pipeline a StragglAR call of `bytes` may run while measurement refines the
+    /// model's depth (`STRAGGLAR_PIPELINE=auto`): twice the model's, within what the schedule
+    /// allows; a fixed depth is never refined.
+    pub fn depth_cap(&self, bytes: usize) -> usize {
+        match self.pipeline {
+            Pipeline::Auto => (2 * self.pieces(bytes)).clamp(1, Pipeline::most_pieces(self.ranks)),
+            Pipeline::Pieces(_) => self.pieces(bytes),
+        }
+    }
+
+    /// Every pieces per chunk a StragglAR call of at most `max_bytes` may run, ascending: the
+    /// fixed depth, or with `auto` every depth up to the largest [`Policy::depth_cap`].
     pub fn pieces_up_to(&self, max_bytes: usize) -> Vec<usize> {
-        let mut all: Vec<usize> = (0..=super::tracker::size_class(max_bytes))
-            .map(|class| match class {
-                0 => self.pieces(0),
-                c => self.pieces(1usize << (c - 1)),
-            })
-            .collect();
-        all.sort_unstable();
-        all.dedup();
-        all
+        let classes = 0..=super::tracker::size_class(max_bytes);
+        let bytes_of = |class: u32| match class {
+            0 => 0,
+            c => 1usize << (c - 1),
+        };
+        match self.pipeline {
+            Pipeline::Pieces(_) => vec![self.pieces(max_bytes)],
+            Pipeline::Auto => {
+                let deepest = classes.map(|c| self.depth_cap(bytes_of(c))).max();
+                (1..=deepest.unwrap_or(1)).collect()
+            }
+        }
     }
 
     /// Post-arrival rounds of our schedule with `pieces` pieces per chunk (`R_k(n)`).

@@ -10,6 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::estimate::ClassTimes;
+use super::pipeline::Pipeline;
 use super::policy::{Choice, Policy};
 use super::rule::{ArrivalRecord, Detector, DetectorConfig};
 use super::tally::ArrivalTally;
@@ -26,6 +27,14 @@ pub const fn size_class(bytes: usize) -> u32 {
 struct Pending {
     class: u32,
     stragglar: bool,
+}
+
+/// What the next call runs: the algorithm, and the pipeline depth (pieces per chunk) if it runs
+/// StragglAR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub choice: Choice,
+    pub pieces: usize,
 }
 
 /// What feeding one record changed.
@@ -68,6 +77,8 @@ pub struct Tracker {
 struct Untimed {
     class: u32,
     stragglar: bool,
+    /// Its pipeline depth (pieces per chunk) when it ran StragglAR.
+    depth: usize,
     /// The class's call before it ran the other algorithm: its time says how the switch went,
     /// not how the algorithm runs, and is not kept (see `estimate`). Per class, so that
     /// interleaved classes (a DDP step's buckets) still sample their explorations.
@@ -117,14 +128,27 @@ impl Tracker {
     /// The choice for the next call, of `bytes`, from the records fed so far, and the call
     /// tracked. Every due record must have been fed (see [`Tracker::due`]).
     pub fn decide(&mut self, bytes: usize) -> Choice {
+        self.decide_call(bytes).choice
+    }
+
+    /// [`Tracker::decide`], with the pipeline depth the call runs if it runs StragglAR.
+    pub fn decide_call(&mut self, bytes: usize) -> Decision {
         let choice = self.peek(bytes);
-        self.track(bytes, choice);
-        choice
+        let pieces = self.track_call(bytes, choice);
+        Decision { choice, pieces }
     }
 
     /// Tracks the next call, of `bytes`, whose choice was made elsewhere (a fixed algorithm):
     /// its record still feeds the detector and the report.
     pub fn track(&mut self, bytes: usize, choice: Choice) {
+        self.track_call(bytes, choice);
+    }
+
+    /// [`Tracker::track`], returning the pipeline depth (pieces per chunk) the call runs if
+    /// it runs StragglAR: the class's depth, which starts as the policy's and, with
+    /// `STRAGGLAR_PIPELINE=auto` on a measuring tracker, is refined by probing neighbouring
+    /// depths (`ClassTimes::depth_for_next`). The same on every rank.
+    pub fn track_call(&mut self, bytes: usize, choice: Choice) -> usize {
         debug_assert!(self.due().is_none(), "a due record was not fed");
         let class = size_class(bytes);
         let ranks = self.ranks;
@@ -133,16 +157,24 @@ impl Tracker {
             .or_insert_with(|| Detector::new(ranks, DetectorConfig::default()));
         let stragglar = matches!(choice, Choice::Stragglar { .. });
         self.pending.push_back(Pending { class, stragglar });
+        let refine = self.measuring && self.policy.pipeline() == Pipeline::Auto;
         let times = self.times.entry(class).or_default();
-        let after_switch = times.last_stragglar().is_some_and(|last| last != stragglar);
-        times.count(stragglar);
+        times.set_depth(self.policy.pieces(bytes));
+        let depth = match (stragglar, refine) {
+            (true, true) => times.depth_for_next(self.policy.depth_cap(bytes)),
+            _ => times.depth(),
+        };
+        let after_switch = times.switches(stragglar, depth);
+        times.count_at(stragglar, depth);
         if self.measuring {
             self.untimed.push_back(Untimed {
                 class,
                 stragglar,
+                depth,
                 after_switch,
             });
         }
+        depth
     }
 
     /// The choice [`Tracker::decide`] would make for a call of `bytes`, without tracking a
@@ -178,7 +210,7 @@ impl Tracker {
             self.times
                 .get_mut(&call.class)
                 .expect("a tracked call created its class's times")
-                .add(call.stragglar, post_ns);
+                .add_at(call.stragglar, call.depth, post_ns);
         }
         true
     }
@@ -234,8 +266,12 @@ impl Tracker {
                         samples.taken()
                     ),
                 };
+            let depth = match times.depth() {
+                0 | 1 => String::new(),
+                k => format!("{k} pieces per chunk, "),
+            };
             out += &format!(
-                "# sizes 2^{class} B, {} calls: StragglAR {:.1}% ({}), baseline {:.1}% ({})\n",
+                "# sizes 2^{class} B, {} calls: StragglAR {:.1}% ({depth}{}), baseline {:.1}% ({})\n",
                 times.decided,
                 share(times.on_stragglar),
                 median(&times.stragglar),
@@ -489,6 +525,50 @@ mod tests {
         t.track(x, Choice::Baseline);
         assert!(t.feed_time(None));
         assert_eq!(t.class_times(size_class(x)).unwrap().baseline.taken(), 1);
+    }
+
+    /// With `STRAGGLAR_PIPELINE=auto`, measurement refines the model's depth: two trackers fed
+    /// the same times (StragglAR fastest at 2 pieces, whatever the model says) probe the same
+    /// depths on the same calls and settle on 2; a fixed depth is never probed.
+    #[test]
+    fn measurement_refines_the_pipeline_depth_alike_on_every_rank() {
+        use crate::detect::pipeline::Pipeline;
+        let slow_link = Link {
+            alpha: 20e-6,
+            bandwidth: 20e6,
+        };
+        let bytes = 1 << 20;
+        let policy = |pipeline| {
+            Policy::new(8, AlgoMode::Stragglar, StragglerMode::Fixed(7), slow_link)
+                .with_pipeline(pipeline)
+        };
+        let model = policy(Pipeline::Auto).pieces(bytes);
+        assert!(model >= 8, "the model's depth here: {model}");
+        let time = |pieces: usize| 60_000_000 + 2_000_000 * (pieces as u64).abs_diff(2);
+        let mut ranks: Vec<Tracker> = (0..2)
+            .map(|_| Tracker::new(policy(Pipeline::Auto), 8, 1).measuring())
+            .collect();
+        let mut depths = vec![Vec::new(); 2];
+        for _ in 0..600 {
+            for (t, seen) in ranks.iter_mut().zip(&mut depths) {
+                let decision = t.decide_call(bytes);
+                seen.push(decision.pieces);
+                t.feed(record(0));
+                t.feed_time(Some(time(decision.pieces)));
+            }
+        }
+        assert_eq!(depths[0], depths[1]);
+        assert_eq!(depths[0][0], model);
+        let class = size_class(bytes);
+        assert_eq!(ranks[0].class_times(class).unwrap().depth(), 2);
+        assert_eq!(depths[0].last(), Some(&2));
+        assert!(ranks[0].table(&[]).contains("2 pieces per chunk"));
+        let mut fixed = Tracker::new(policy(Pipeline::Pieces(5)), 8, 1).measuring();
+        for _ in 0..200 {
+            assert_eq!(fixed.decide_call(bytes).pieces, 5);
+            fixed.feed(record(0));
+            fixed.feed_time(Some(time(5)));
+        }
     }
 
     /// The measured post-arrival time of a call that ran `choice`: StragglAR 3 ms, the baseline

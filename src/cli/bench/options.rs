@@ -412,12 +412,6 @@ impl BenchOptions {
         }
     }
 
-    /// Pieces per chunk of a StragglAR call of `bytes`: the fixed count, or the model's best
-    /// for its size class (`--pipeline auto`).
-    pub fn pieces_for(&self, bytes: usize) -> usize {
-        self.pipeline.pieces(self.ranks, bytes, self.model_link())
-    }
-
     /// The late ranks in words, for titles: `rank 3`, or `ranks in turn`.
     pub fn late_in_words(&self) -> String {
         match self.late_ranks.as_slice() {

@@ -1,6 +1,5 @@
 //! One rank's part of a benchmark run: the sweep over sizes, timed and checked.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::data;
@@ -65,17 +64,12 @@ fn ring_shape(options: &BenchOptions) -> Shape {
 
 /// The segment layout every rank uses (identical everywhere: derived from the options only).
 /// It fits StragglAR (with any straggler: relabelling changes no size, with every pipeline
-/// depth a size of the run uses) and Ring.
+/// depth a size of the run may use, measurement's refinements included) and Ring.
 pub fn layout(options: &BenchOptions) -> Result<SegmentLayout, String> {
-    let max_count = options.sizes().into_iter().max().unwrap_or(0) as usize / options.dtype.size();
-    let mut depths: Vec<usize> = options
-        .sizes()
-        .into_iter()
-        .map(|bytes| options.pieces_for(bytes as usize))
-        .collect();
-    depths.sort_unstable();
-    depths.dedup();
-    let mut shapes: Vec<Shape> = depths
+    let max_bytes = options.sizes().into_iter().max().unwrap_or(0) as usize;
+    let max_count = max_bytes / options.dtype.size();
+    let mut shapes: Vec<Shape> = bench_policy(options)
+        .pieces_up_to(max_bytes)
         .into_iter()
         .map(|pieces| stragglar_shape(options, options.ranks - 1, pieces))
         .collect();
@@ -88,6 +82,20 @@ pub fn layout(options: &BenchOptions) -> Result<SegmentLayout, String> {
     )
 }
 
+/// The policy of the run: `STRAGGLAR_ALGO` and `STRAGGLAR_STRAGGLER` steer it as in the
+/// library, on the link the model assumes here, with `--pipeline`'s depth (refined by
+/// measurement under `auto`).
+fn bench_policy(options: &BenchOptions) -> Policy {
+    let config = crate::config::get();
+    Policy::new(
+        options.ranks,
+        config.algo,
+        config.straggler,
+        options.model_link(),
+    )
+    .with_pipeline(options.pipeline)
+}
+
 /// How each call's algorithm is chosen: fixed by `--algo`, or by the policy from the arrival
 /// records of earlier calls, through the library's own `Tracker` (a detector per size class;
 /// lag 1: the host engine's record is read when the call returns).
@@ -95,9 +103,6 @@ struct Chooser {
     /// `--algo stragglar` or `ring`: every call's choice.
     fixed: Option<Choice>,
     tracker: Tracker,
-    /// Pieces per chunk of StragglAR's calls, by message bytes (`--pipeline auto` prices each
-    /// size once).
-    pieces: HashMap<usize, usize>,
     /// The engine calls the last recorded call ran as.
     previous_parts: usize,
 }
@@ -111,14 +116,9 @@ impl Chooser {
             BenchAlgo::Ring => Some(Choice::Baseline),
             BenchAlgo::Auto => None,
         };
-        let link = options.model_link();
-        // STRAGGLAR_ALGO and STRAGGLAR_STRAGGLER steer the policy as in the library.
-        let config = crate::config::get();
-        let policy = Policy::new(options.ranks, config.algo, config.straggler, link);
         Chooser {
             fixed,
-            tracker: Tracker::new(policy, options.ranks, 1).measuring(),
-            pieces: HashMap::new(),
+            tracker: Tracker::new(bench_policy(options), options.ranks, 1).measuring(),
             previous_parts: 1,
         }
     }
@@ -126,24 +126,19 @@ impl Chooser {
     /// The shape of the next call, of `bytes`; `recorded` when the call will leave an arrival
     /// record (every call with elements), which is then tracked.
     fn shape(&mut self, options: &BenchOptions, bytes: usize, recorded: bool) -> Shape {
-        let choice = match self.fixed {
-            Some(choice) => {
-                if recorded {
-                    self.tracker.track(bytes, choice);
-                }
-                choice
+        let (choice, pieces) = match (self.fixed, recorded) {
+            (Some(choice), true) => (choice, self.tracker.track_call(bytes, choice)),
+            (None, true) => {
+                let decision = self.tracker.decide_call(bytes);
+                (decision.choice, decision.pieces)
             }
-            None if recorded => self.tracker.decide(bytes),
-            None => self.tracker.peek(bytes),
+            (fixed, false) => (
+                fixed.unwrap_or_else(|| self.tracker.peek(bytes)),
+                self.tracker.policy().pieces(bytes),
+            ),
         };
         match choice {
-            Choice::Stragglar { straggler } => {
-                let pieces = *self
-                    .pieces
-                    .entry(bytes)
-                    .or_insert_with(|| options.pieces_for(bytes));
-                stragglar_shape(options, straggler, pieces)
-            }
+            Choice::Stragglar { straggler } => stragglar_shape(options, straggler, pieces),
             Choice::Baseline => ring_shape(options),
         }
     }

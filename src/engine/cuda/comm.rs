@@ -170,8 +170,9 @@ pub struct CudaComm {
     unbuildable: bool,
     /// See [`CommParts::max_bytes`].
     max_bytes: usize,
-    /// Size classes whose pipelined StragglAR calls were announced (bit `c`: class `c`).
-    pipelined_classes: u128,
+    /// (size class, pieces per chunk) pairs whose first pipelined StragglAR call was
+    /// announced.
+    pipelined: std::collections::HashSet<(u32, usize)>,
     /// Orders this communicator's launches across the caller's streams.
     last: Event,
     last_stream: cudaStream_t,
@@ -211,7 +212,7 @@ impl CudaComm {
             captured: 0,
             unbuildable: false,
             max_bytes: parts.max_bytes,
-            pipelined_classes: 0,
+            pipelined: Default::default(),
             last_stream: std::ptr::null_mut(),
             captured_stream: None,
         }
@@ -289,19 +290,16 @@ impl CudaComm {
         Ok(unsafe { self.eager(operands, stream) })
     }
 
-    /// Pieces per chunk of a StragglAR call of `bytes`; says so at INFO the first time a size
-    /// class runs pipelined.
-    fn pieces_announced(&mut self, bytes: usize) -> usize {
-        let pieces = self.tracker.policy().pieces(bytes);
+    /// Says at INFO the first time a size class runs StragglAR pipelined `pieces` deep (the
+    /// policy's depth, or one that measurement probes or adopts).
+    fn announce_pieces(&mut self, bytes: usize, pieces: usize) {
         let class = crate::detect::size_class(bytes);
-        if pieces > 1 && self.pipelined_classes & (1u128 << class) == 0 {
-            self.pipelined_classes |= 1u128 << class;
+        if pieces > 1 && self.pipelined.insert((class, pieces)) {
             log::info!(
                 "{}: StragglAR calls of sizes 2^{class} B run pipelined, {pieces} pieces per chunk",
                 self.label
             );
         }
-        pieces
     }
 
     /// An eager call: due records fed, the policy's choice, the launch (or the ticket).
@@ -332,14 +330,16 @@ impl CudaComm {
         }
         self.maybe_log_report();
         let bytes = operands.count * operands.dtype.size();
-        let choice = self.tracker.decide(bytes);
+        let decision = self.tracker.decide_call(bytes);
         let ranks = self.tracker.policy().ranks();
-        let run = match (choice.straggler(), self.baseline) {
-            (Some(straggler), _) => Some((
-                Shape::of_choice(ranks, straggler, operands.dtype)
-                    .with_pieces(self.pieces_announced(bytes)),
-                Ran::Stragglar { straggler },
-            )),
+        let run = match (decision.choice.straggler(), self.baseline) {
+            (Some(straggler), _) => {
+                self.announce_pieces(bytes, decision.pieces);
+                Some((
+                    Shape::of_choice(ranks, straggler, operands.dtype).with_pieces(decision.pieces),
+                    Ran::Stragglar { straggler },
+                ))
+            }
             (None, Baseline::Ring) => {
                 Some((Shape::of_choice(ranks, ranks, operands.dtype), Ran::Ring))
             }

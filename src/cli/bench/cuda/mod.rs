@@ -152,19 +152,22 @@ impl Setup {
         // StragglAR's needs do not depend on which rank is the straggler, but on the pipeline
         // depth of each size (`--pipeline`, as the policy sets it); Ring's count only where
         // the policy may pick the baseline (a graph launch runs Ring only where it fits).
-        let policy = setup.policy();
-        let ring = match setup.auto || setup.algorithm == Algorithm::Ring {
-            true => Some(setup.lowered_of(Algorithm::Ring, 0, 1)?.need()),
-            false => None,
-        };
+        let largest = setup.sizes.iter().copied().max().unwrap_or(0) as usize;
+        let mut needs = Vec::new();
+        for pieces in setup.policy().pieces_up_to(largest) {
+            needs.push(
+                setup
+                    .lowered_of(Algorithm::Stragglar, setup.straggler, pieces)?
+                    .need(),
+            );
+        }
+        if setup.auto || setup.algorithm == Algorithm::Ring {
+            needs.push(setup.lowered_of(Algorithm::Ring, 0, 1)?.need());
+        }
         for dtype in options.dtypes.clone() {
             for bytes in setup.sizes.clone() {
                 let count = bytes as usize / dtype.size();
-                let pieces = policy.pieces(bytes as usize);
-                let stragglar = setup
-                    .lowered_of(Algorithm::Stragglar, setup.straggler, pieces)?
-                    .need();
-                for need in std::iter::once(stragglar).chain(ring) {
+                for need in &needs {
                     setup.layout.arena_bytes = setup
                         .layout
                         .arena_bytes
@@ -172,14 +175,6 @@ impl Setup {
                     setup.layout.values = setup.layout.values.max(need.values as u64);
                 }
             }
-        }
-        // A graph launch's choices of every depth a size may run, all stragglers.
-        let largest = setup.sizes.iter().copied().max().unwrap_or(0) as usize;
-        for pieces in policy.pieces_up_to(largest) {
-            let need = setup
-                .lowered_of(Algorithm::Stragglar, setup.straggler, pieces)?
-                .need();
-            setup.layout.values = setup.layout.values.max(need.values as u64);
         }
         if setup.layout.arena_bytes > options.buffer_bytes as u64 {
             return Err(format!(
