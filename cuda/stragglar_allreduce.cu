@@ -648,7 +648,7 @@ SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
   RawArrival arrival = a->arrival;
   arrival.ring = (uint64_t)g->ring;
   arrival.call = call;
-  arrival.note = (uint64_t)&g->note;
+  arrival.note = (uint64_t)g->notes;
   sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
                            a->timeout_ns);
   if (sg_arrive(&arrival, a->rank, &w) != STATUS_OK) return;
@@ -717,9 +717,9 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   if (SG_BLOCK == 0 && SG_THREAD == 0) {
     if (a->graph != 0 && sg_graph_ok(a)) {
       RawGraphState* g = (RawGraphState*)a->graph;
-      sg_note_started(&g->note, g->calls);
+      sg_note_started((uint64_t)g->notes, g->calls);
     } else if (a->graph == 0 && a->arrival.board != 0) {
-      sg_note_started((RawArrivalNote*)a->arrival.note, a->arrival.call);
+      sg_note_started(a->arrival.note, a->arrival.call);
     }
   }
   const RawPlanHeader* plan = (const RawPlanHeader*)a->plan;
@@ -757,9 +757,9 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
       sg_store_volatile((uint32_t*)a->finished_blocks, 0);
       if (a->graph != 0 && sg_graph_ok(a)) {
         RawGraphState* g = (RawGraphState*)a->graph;
-        sg_note_finished(&g->note, g->calls);
+        sg_note_finished((uint64_t)g->notes, g->calls);
       } else if (a->graph == 0 && a->arrival.board != 0) {
-        sg_note_finished((RawArrivalNote*)a->arrival.note, a->arrival.call);
+        sg_note_finished(a->arrival.note, a->arrival.call);
       }
       sg_store_release64((uint64_t*)a->epoch, epoch);
     }
@@ -779,7 +779,7 @@ SG_DEVICE void sg_ticket(const RawTicket* t) {
  * call: notes that the call finished on this rank. */
 SG_DEVICE void sg_ticket_end(const RawTicket* t) {
   if (SG_THREAD != 0) return;
-  sg_note_finished((RawArrivalNote*)t->arrival.note, t->arrival.call);
+  sg_note_finished(t->arrival.note, t->arrival.call);
 }
 
 /* The bandwidth probe's body: out = op-fold of the operands over `bytes`, block b taking its

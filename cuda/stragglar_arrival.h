@@ -74,16 +74,24 @@ SG_DEVICE uint64_t sg_await_tag(const sg_watch* w, const uint64_t* p, uint64_t t
   }
 }
 
+/* This rank's note of call `call` among its two (`notes`: RawArrivalNote[2]): call c writes
+ * the one at c % 2 while its arrival block reads c-1's, so the two never touch one word. */
+SG_DEVICE RawArrivalNote* sg_note_of(uint64_t notes, uint64_t call) {
+  return &((RawArrivalNote*)notes)[call & 1];
+}
+
 /* Notes that this rank finished call `call` now (the kernel's last plan block, or the end
  * kernel after NCCL's): read by its next ticketed launch, on the same stream. */
-SG_DEVICE void sg_note_finished(RawArrivalNote* note, uint64_t call) {
+SG_DEVICE void sg_note_finished(uint64_t notes, uint64_t call) {
+  RawArrivalNote* note = sg_note_of(notes, call);
   note->finished_at = sg_now_ns();
   note->finished = sg_tag(call);
 }
 
 /* Notes that this rank's AllReduce kernel of call `call` started now (block 0, before its
  * plan): the call's start if its arrival block takes the ticket later. */
-SG_DEVICE void sg_note_started(RawArrivalNote* note, uint64_t call) {
+SG_DEVICE void sg_note_started(uint64_t notes, uint64_t call) {
+  RawArrivalNote* note = sg_note_of(notes, call);
   note->started_at = sg_now_ns();
   note->started = sg_tag(call);
 }
@@ -91,7 +99,8 @@ SG_DEVICE void sg_note_started(RawArrivalNote* note, uint64_t call) {
 /* Step 1: publishes call `call`'s post-arrival time on the board if this rank arrived last at
  * it, from its note: from its ticket, or its kernel's start if that came first, to its end
  * (POST_UNMEASURED when its end was not noted). */
-SG_DEVICE void sg_publish_post(RawBoardSlot* board, const RawArrivalNote* note, uint64_t call) {
+SG_DEVICE void sg_publish_post(RawBoardSlot* board, uint64_t notes, uint64_t call) {
+  const RawArrivalNote* note = sg_note_of(notes, call);
   const uint64_t tag = sg_tag(call);
   if (note->last != tag) return;
   uint64_t start = note->arrived_at;
@@ -108,10 +117,9 @@ SG_DEVICE void sg_publish_post(RawBoardSlot* board, const RawArrivalNote* note, 
 SG_DEVICE uint32_t sg_arrive(const RawArrival* a, uint32_t rank, const sg_watch* w) {
   RawBoardSlot* board = (RawBoardSlot*)a->board;
   RawRingEntry* ring = (RawRingEntry*)a->ring;
-  RawArrivalNote* note = (RawArrivalNote*)a->note;
   const uint64_t call = a->call;
   if (call > 0) {
-    sg_publish_post(board, note, call - 1);
+    sg_publish_post(board, a->note, call - 1);
     const RawBoardSlot* previous = &board[(call - 1) % BOARD_SLOTS];
     uint64_t tag = sg_tag(call - 1);
     uint64_t last = sg_await_tag(w, &previous->last, tag);
@@ -132,6 +140,7 @@ SG_DEVICE uint32_t sg_arrive(const RawArrival* a, uint32_t rank, const sg_watch*
   uint64_t arrived_at = sg_now_ns();
   uint64_t position = sg_atomic_add64_sys(&slot->arrived, 1) - first;
   if (position + 1 == a->ranks) {
+    RawArrivalNote* note = sg_note_of(a->note, call);
     note->arrived_at = arrived_at;
     note->last = tag;
     sg_store_release64(&slot->last, tag | rank);

@@ -195,8 +195,8 @@ typedef struct RawArrival {
   uint32_t ranks;
   uint32_t reserved;
   /**
-   * `RawArrivalNote*`: this rank's, in its own device memory (eager calls and graph
-   * launches keep one each).
+   * `RawArrivalNote[2]`: this rank's, in its own device memory, call `c` at `c % 2` (eager
+   * calls and graph launches keep a pair each).
    */
   uint64_t note;
 } RawArrival;
@@ -469,9 +469,11 @@ typedef struct RawRingEntry {
 } RawRingEntry;
 
 /**
- * What one rank remembers of its latest ticketed call, in its own device memory, so that its
- * next ticketed launch can publish the call's post-arrival time (`RawBoardSlot::post`) when
- * it arrived last. Only this rank's kernels touch it, one after another on its stream.
+ * What one rank remembers of a ticketed call, in its own device memory, so that its next
+ * ticketed launch can publish the call's post-arrival time (`RawBoardSlot::post`) when it
+ * arrived last. Only this rank's kernels touch it; a rank keeps two, by call parity, so that
+ * a call's blocks noting it never share a word with its arrival block reading the previous
+ * call's.
  */
 typedef struct RawArrivalNote {
   /**
@@ -658,10 +660,10 @@ typedef struct RawGraphState {
   uint64_t on_stragglar;
   uint64_t on_baseline;
   /**
-   * What this rank's latest graph call noted for its post-arrival time (the eager calls'
-   * note is apart: the two boards number their calls apart).
+   * What this rank's graph calls noted for their post-arrival times, by call parity (the
+   * eager calls' notes are apart: the two boards number their calls apart).
    */
-  struct RawArrivalNote note;
+  struct RawArrivalNote notes[2];
   /**
    * The latest graph calls, call `c` at `c % 4`.
    */

@@ -240,9 +240,9 @@ pub struct RawGraphState {
     /// Graph calls on StragglAR and on the baseline so far (written by the arrival block).
     pub on_stragglar: u64,
     pub on_baseline: u64,
-    /// What this rank's latest graph call noted for its post-arrival time (the eager calls'
-    /// note is apart: the two boards number their calls apart).
-    pub note: super::launch::RawArrivalNote,
+    /// What this rank's graph calls noted for their post-arrival times, by call parity (the
+    /// eager calls' notes are apart: the two boards number their calls apart).
+    pub notes: [super::launch::RawArrivalNote; 2],
     /// The latest graph calls, call `c` at `c % 4`.
     pub history: [RawGraphCall; 4],
     /// Records of graph calls, as copied from the board (the eager ring's format).
@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<RawClassState>(), 536 + 48 + 8 + 232);
         assert_eq!(
             std::mem::size_of::<RawGraphState>(),
-            40 + 48 + 64 + 64 * 24 + 4 * 32 + 65 * 824
+            40 + 96 + 64 + 64 * 24 + 4 * 32 + 65 * 824
         );
     }
 

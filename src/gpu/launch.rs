@@ -158,9 +158,11 @@ pub struct RawRingEntry {
     pub post: u64,
 }
 
-/// What one rank remembers of its latest ticketed call, in its own device memory, so that its
-/// next ticketed launch can publish the call's post-arrival time (`RawBoardSlot::post`) when
-/// it arrived last. Only this rank's kernels touch it, one after another on its stream.
+/// What one rank remembers of a ticketed call, in its own device memory, so that its next
+/// ticketed launch can publish the call's post-arrival time (`RawBoardSlot::post`) when it
+/// arrived last. Only this rank's kernels touch it; a rank keeps two, by call parity, so that
+/// a call's blocks noting it never share a word with its arrival block reading the previous
+/// call's.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RawArrivalNote {
@@ -194,8 +196,8 @@ pub struct RawArrival {
     /// The communicator's size.
     pub ranks: u32,
     pub reserved: u32,
-    /// `RawArrivalNote*`: this rank's, in its own device memory (eager calls and graph
-    /// launches keep one each).
+    /// `RawArrivalNote[2]`: this rank's, in its own device memory, call `c` at `c % 2` (eager
+    /// calls and graph launches keep a pair each).
     pub note: u64,
 }
 

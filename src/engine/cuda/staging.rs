@@ -80,8 +80,8 @@ impl StagingLayout {
         self.epoch() + REGION_ALIGN
     }
 
-    /// Offset of this rank's note of its latest eager ticketed call (`RawArrivalNote`), which
-    /// only its own kernels touch.
+    /// Offset of this rank's notes of its eager ticketed calls (`RawArrivalNote[2]`, by call
+    /// parity), which only its own kernels touch.
     pub fn arrival_note(&self) -> u64 {
         self.finished_blocks() + REGION_ALIGN
     }
@@ -159,7 +159,7 @@ mod tests {
                 (l.probe_word(0), 4 * PROBE_WORDS),
                 (l.epoch(), 8),
                 (l.finished_blocks(), 4),
-                (l.arrival_note(), 48),
+                (l.arrival_note(), 96),
                 (l.board(), StagingLayout::board_bytes()),
                 (l.graph(), StagingLayout::graph_bytes()),
             ];
