@@ -352,9 +352,8 @@ SG_DEVICE void sg_reduce_at(const sg_math* m, const unsigned char* const* operan
         SG_UNROLL
         for (uint32_t k = 0; k < LANES; ++k) {
           const A x = L::widen(in[p][j].e[k]);
-          if (j > 0) {
-            acc[p][k] = L::combine(OP, acc[p][k], x);
-          } else if (first > 0) {
+          /* Only the first operand starts the fold (`j > 0` is known when unrolled). */
+          if (j > 0 || first > 0) {
             acc[p][k] = L::combine(OP, acc[p][k], x);
           } else {
             acc[p][k] = scale ? L::multiply(x, scalar) : x;

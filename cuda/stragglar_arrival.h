@@ -38,8 +38,9 @@ struct sg_watch {
 SG_DEVICE uint64_t sg_tag(uint64_t call) { return ((call % 0xffffffffull) + 1) << 32; }
 
 /* Whether the spin must stop; records why (once) when it must. `start` is 0 until the first
- * check. */
-SG_DEVICE uint32_t sg_watch_check(const sg_watch* w, uint64_t* start) {
+ * check. Outlined: every spin of the protocol calls it, each 32 polls, and one copy keeps one
+ * fence before its status store instead of one per caller. */
+SG_OUTLINED uint32_t sg_watch_check(const sg_watch* w, uint64_t* start) {
   uint32_t* own_failed = (uint32_t*)w->peers[w->rank].failed;
   uint32_t status = STATUS_OK;
   if (*start == 0) *start = sg_now_ns();
@@ -62,12 +63,15 @@ SG_DEVICE uint32_t sg_watch_check(const sg_watch* w, uint64_t* start) {
   return status;
 }
 
-/* Waits until the packed word at `p` carries `tag`; returns its value, or 0 if given up. */
-SG_DEVICE uint64_t sg_await_tag(const sg_watch* w, const uint64_t* p, uint64_t tag) {
+/* Waits until the packed word at `p` carries `tag`; returns its value, or 0 if given up. With
+ * `acquire`, what its writer did before is visible after; without, only the word itself (a
+ * post-arrival time, which publishes nothing else). */
+SG_DEVICE uint64_t sg_await_tag(const sg_watch* w, const uint64_t* p, uint64_t tag,
+                                bool acquire = true) {
   uint64_t start = 0;
   uint32_t polls = 0;
   for (;;) {
-    uint64_t v = sg_load_acquire64(p);
+    uint64_t v = acquire ? sg_load_acquire64(p) : sg_load_relaxed64(p);
     if ((v & 0xffffffff00000000ull) == tag) return v;
     if ((++polls & 31u) == 0 && sg_watch_check(w, &start) != STATUS_OK) return 0;
     sg_pause();
@@ -110,7 +114,9 @@ SG_DEVICE void sg_publish_post(RawBoardSlot* board, uint64_t notes, uint64_t cal
     uint64_t took = note->finished_at - start;
     post = took < POST_UNMEASURED ? took : POST_UNMEASURED - 1;
   }
-  sg_store_release64(&board[call % BOARD_SLOTS].post, tag | post);
+  /* Self-tagged, and the ticket's atomic after it orders it before this rank's later board
+   * accesses. */
+  sg_store_relaxed64(&board[call % BOARD_SLOTS].post, tag | post);
 }
 
 /* Runs the arrival protocol of call `a->call` for `rank` (one thread). Returns a STATUS_*. */
@@ -130,9 +136,10 @@ SG_DEVICE uint32_t sg_arrive(const RawArrival* a, uint32_t rank, const sg_watch*
     sg_store_release64(&entry->lead, lead);
   }
   if (call > 1) {
-    uint64_t post = sg_await_tag(w, &board[(call - 2) % BOARD_SLOTS].post, sg_tag(call - 2));
+    uint64_t post =
+        sg_await_tag(w, &board[(call - 2) % BOARD_SLOTS].post, sg_tag(call - 2), false);
     if (!post) return sg_load_volatile(w->status);
-    sg_store_release64(&ring[(call - 2) % RING_ENTRIES].post, post);
+    sg_store_relaxed64(&ring[(call - 2) % RING_ENTRIES].post, post); /* self-tagged */
   }
   RawBoardSlot* slot = &board[call % BOARD_SLOTS];
   const uint64_t first = (call / BOARD_SLOTS) * a->ranks;

@@ -60,6 +60,9 @@ SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p) {
 SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
+SG_DEVICE uint64_t sg_load_relaxed64(const uint64_t* p) {
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
 SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v) {
 #ifdef STRAGGLAR_MUTANT_RELAXED_RELEASE
   /* A planted bug, built only by scripts/tsan-emulation.sh, which requires ThreadSanitizer to
@@ -76,6 +79,9 @@ SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p) {
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
 SG_DEVICE void sg_store_volatile(uint32_t* p, uint32_t v) {
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+SG_DEVICE void sg_store_relaxed64(uint64_t* p, uint64_t v) {
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
 SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v) {
@@ -128,6 +134,12 @@ SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p) {
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+/* A tagged 64-bit word read whole, which orders nothing after it (sg_store_relaxed64's). */
+SG_DEVICE uint64_t sg_load_relaxed64(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 /* One system-scope ordering per publish: st.release.sys alone, no fence before it. A caller
  * either publishes only its own thread's earlier writes (the failure and arrival words), or a
  * block's work as sg_publish does: all threads write, sg_block_sync(), then thread 0 releases
@@ -156,6 +168,11 @@ SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p) {
 }
 SG_DEVICE void sg_store_volatile(uint32_t* p, uint32_t v) {
   asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+/* A 64-bit word other GPUs and the host read whole, that publishes nothing but itself (a
+ * tagged value): no fence before it. */
+SG_DEVICE void sg_store_relaxed64(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v) {
   uint32_t old;
