@@ -637,8 +637,8 @@ SG_DEVICE void sg_graph_verdict(RawGraphState* g, const RawRule* rule, uint32_t 
 /* A graph launch's arrival block (thread 0): the arrival protocol on the graph board, with the
  * call's number from device memory; then the previous graph call's record, now complete, is
  * fed to its class's detector, the post-arrival time of the call before it (copied by the
- * protocol) to its class's times, and the verdicts of the classes fed are written for their
- * next calls. */
+ * protocol) to its class's times, and the verdicts of the classes fed, and of this call's, are
+ * written for their next calls. */
 SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
   RawGraphState* g = (RawGraphState*)a->graph;
   const uint32_t own_class = a->rule.size_class;
@@ -676,6 +676,9 @@ SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
     }
     sg_graph_verdict(g, &a->rule, fed, own_class, own_calls);
   }
+  /* This class's next call has one more call behind it: its verdict's age window moves even
+   * when nothing of this class was fed. */
+  sg_graph_verdict(g, &a->rule, own_class, own_class, own_calls);
   g->previous_class = own_class + 1;
   g->last_choice = choice + 1;
   if (choice == a->rule.ranks) {

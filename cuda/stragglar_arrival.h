@@ -4,9 +4,10 @@
  *
  * Protocol for call c (one thread per rank: the AllReduce kernel's extra block, or the ticket
  * kernel before a call that goes to NCCL), on the board in rank 0's staging:
- *  1. if this rank arrived last at c-1, publish c-1's post-arrival time: from its ticket to its
- *     call's end, both on its own clock (its RawArrivalNote; the end is noted by the kernel's
- *     last plan block, or by the end kernel queued after NCCL's);
+ *  1. if this rank arrived last at c-1, publish c-1's post-arrival time: from its ticket (or
+ *     its kernel's start, if earlier) to its call's end, all on its own clock (its
+ *     RawArrivalNote; the end is noted by the kernel's last plan block, or by the end kernel
+ *     queued after NCCL's);
  *  2. copy the record of call c-1 from its board slot into this rank's host-mapped ring, once
  *     both of its words carry c-1's tag (they will: this rank finished c-1, so every rank
  *     arrived at it, and its second-to-last arrival is about to finish measuring);
@@ -85,7 +86,7 @@ SG_DEVICE RawArrivalNote* sg_note_of(uint64_t notes, uint64_t call) {
 }
 
 /* Notes that this rank finished call `call` now (the kernel's last plan block, or the end
- * kernel after NCCL's): read by its next ticketed launch, on the same stream. */
+ * kernel after NCCL's): read by its next ticketed launch, which the engine orders after it. */
 SG_DEVICE void sg_note_finished(uint64_t notes, uint64_t call) {
   RawArrivalNote* note = sg_note_of(notes, call);
   note->finished_at = sg_now_ns();

@@ -80,7 +80,7 @@ SG_DEVICE void sg_observe(RawDetector* d, const RawRule* rule, uint32_t last, ui
 
 /* Adds one post-arrival time taken at the class's decided call `at` (Samples::add). */
 SG_DEVICE void sg_samples_add(RawSamples* s, uint64_t at, uint32_t ns) {
-  uint32_t slot = s->len < TIMES_KEPT ? s->len : s->next;
+  uint32_t slot = s->len < TIMES_KEPT ? s->len : s->next % TIMES_KEPT; /* never past the end */
   s->at[slot] = at;
   s->ns[slot] = ns;
   if (s->len < TIMES_KEPT) {

@@ -97,12 +97,13 @@ typedef struct stragglarSizeClass_t {
    */
   uint64_t onStragglar;
   /**
-   * Median post-arrival time of the class's recent StragglAR calls, in microseconds (from
+   * Median post-arrival time of the class's recent StragglAR calls at its current pipeline
+   * depth (`STRAGGLAR_PIPELINE=auto` refines it by measurement), in microseconds (from
    * the last rank's arrival to that rank's finish, measured on its GPU); 0 before any.
    */
   double stragglarPostUs;
   /**
-   * Post-arrival times of StragglAR calls measured so far.
+   * Post-arrival times of StragglAR calls measured so far at that depth.
    */
   uint64_t stragglarSamples;
   /**

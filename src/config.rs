@@ -69,7 +69,7 @@ pub const SETTINGS: &[SettingDoc] = &[
     SettingDoc {
         name: "STRAGGLAR_PIPELINE",
         default: "1",
-        meaning: "pieces per chunk of StragglAR's calls on the GPU engine (1: the plain schedule, up to 64), or auto (per size class, the model's best); the same on every rank",
+        meaning: "pieces per chunk of StragglAR's calls on the GPU engine (1: the plain schedule, up to 64), or auto (per size class, the model's best, refined by measurement); the same on every rank",
     },
     SettingDoc {
         name: "STRAGGLAR_REPORT_INTERVAL",

@@ -256,10 +256,11 @@ pub struct stragglarSizeClass_t {
     pub calls: u64,
     /// Of them, the calls that ran StragglAR (the others went to NCCL).
     pub onStragglar: u64,
-    /// Median post-arrival time of the class's recent StragglAR calls, in microseconds (from
+    /// Median post-arrival time of the class's recent StragglAR calls at its current pipeline
+    /// depth (`STRAGGLAR_PIPELINE=auto` refines it by measurement), in microseconds (from
     /// the last rank's arrival to that rank's finish, measured on its GPU); 0 before any.
     pub stragglarPostUs: f64,
-    /// Post-arrival times of StragglAR calls measured so far.
+    /// Post-arrival times of StragglAR calls measured so far at that depth.
     pub stragglarSamples: u64,
     /// The same for the calls NCCL ran.
     pub ncclPostUs: f64,

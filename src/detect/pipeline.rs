@@ -1,7 +1,9 @@
 //! How deep StragglAR's calls are pipelined: each chunk cut into `k` pieces, which brings the
 //! time after the straggler's arrival toward the floor `M/B` at the cost of more rounds
-//! (`schedule::model::best_pipelining`). `k` follows from the settings and the call's size
-//! class alone, so every rank runs the same plan.
+//! (`schedule::model::best_pipelining`). The model's `k` follows from the settings and the call's
+//! size class alone; under `auto`, measurement then refines it per class
+//! (`estimate::ClassTimes::depth_for_next`), from times every rank shares. Either way every rank
+//! runs the same plan.
 
 use super::tracker::size_class;
 use crate::schedule::model::{best_pipelining, stragglar_rounds, Link};

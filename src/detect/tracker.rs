@@ -79,6 +79,8 @@ struct Untimed {
     stragglar: bool,
     /// Its pipeline depth (pieces per chunk) when it ran StragglAR.
     depth: usize,
+    /// It ran a depth other than its class's (a probe of another depth).
+    probe: bool,
     /// The class's call before it ran the other algorithm: its time says how the switch went,
     /// not how the algorithm runs, and is not kept (see `estimate`). Per class, so that
     /// interleaved classes (a DDP step's buckets) still sample their explorations.
@@ -165,12 +167,14 @@ impl Tracker {
             _ => times.depth(),
         };
         let after_switch = times.switches(stragglar, depth);
+        let probe = stragglar && depth != times.depth();
         times.count_at(stragglar, depth);
         if self.measuring {
             self.untimed.push_back(Untimed {
                 class,
                 stragglar,
                 depth,
+                probe,
                 after_switch,
             });
         }
@@ -206,11 +210,16 @@ impl Tracker {
         let Some(post_ns) = post_ns else {
             return true;
         };
-        if !call.after_switch {
-            self.times
-                .get_mut(&call.class)
-                .expect("a tracked call created its class's times")
-                .add_at(call.stragglar, call.depth, post_ns);
+        let times = self
+            .times
+            .get_mut(&call.class)
+            .expect("a tracked call created its class's times");
+        // A call that ran the class's depth before the class adopted another (its time comes
+        // `lag` calls later) measured the old depth but is no probe of it: not kept, so that
+        // the old depth's late times cannot take the class straight back.
+        let stale = call.stragglar && !call.probe && call.depth != times.depth();
+        if !call.after_switch && !stale {
+            times.add_at(call.stragglar, call.depth, post_ns);
         }
         true
     }

@@ -30,7 +30,8 @@ use crate::schedule::model::Link;
 use crate::trace::{CallEvent, TraceWriter};
 
 /// Ticketed calls between a call and the first call its arrival record can decide. A record
-/// reaches a rank's ring when that rank's GPU starts the next ticketed call, so a host more
+/// reaches a rank's ring when that rank's GPU starts the next ticketed call, and its
+/// post-arrival time at the one after, so a host more
 /// than this many calls ahead of its GPU waits for it (as NCCL's host waits when its queue is
 /// full); 32 is the detector's window, and keeps the wait rare.
 pub const RECORD_LAG: u64 = 32;
@@ -160,10 +161,10 @@ pub struct CudaComm {
     launched: u64,
     /// The ticket queued for a call NCCL runs, whose result is not reported yet.
     ticket_awaits_nccl: Option<Ticket>,
-    /// The stream and ticket of such a call that NCCL (nonblocking) was still launching when
-    /// it returned: its end kernel and the order are queued once the application reads
-    /// `ncclSuccess` (see [`CudaComm::nccl_state`]).
-    order_pending: Option<(cudaStream_t, Ticket)>,
+    /// The stream of such a call that NCCL (nonblocking) was still launching when it
+    /// returned: the order is taken once the application reads `ncclSuccess` (see
+    /// [`CudaComm::nccl_state`]); its time is not measured (no end kernel is queued).
+    order_pending: Option<cudaStream_t>,
     /// Calls captured into graphs as graph launches.
     captured: u64,
     /// The plans graph launches choose among could not be built: captured calls stay on NCCL.
@@ -416,7 +417,7 @@ impl CudaComm {
             return;
         };
         if code == ResultCode::IN_PROGRESS {
-            self.order_pending = Some((stream, ticket));
+            self.order_pending = Some(stream);
             return;
         }
         if code != ResultCode::SUCCESS {
@@ -449,7 +450,10 @@ impl CudaComm {
             self.rank.give_up();
             return;
         }
-        let Some((forwarded_on, ticket)) = self.order_pending.take() else {
+        // The call's end kernel is not queued now: whatever the stream ran since NCCL's kernel
+        // (and the time until the application asked) would count in the call's time. The call
+        // is published as unmeasured; only the order is taken.
+        let Some(forwarded_on) = self.order_pending.take() else {
             return;
         };
         // Where the stream began a capture since, the order is dropped: the next launch stays
@@ -458,7 +462,7 @@ impl CudaComm {
         // valid until the application has seen that call succeed.
         match unsafe { driver::capture_of(self.rank.device(), forwarded_on.cast()) } {
             Ok(Capture::None) => {
-                if let Err(e) = self.end_and_order_after(ticket, forwarded_on) {
+                if let Err(e) = self.order_after(forwarded_on) {
                     log::warn!("{}: {e}", self.label);
                     self.rank.give_up();
                 }

@@ -1,5 +1,5 @@
 //! Where one rank's staging allocation keeps what: both arena parities, both flag parities, both
-//! parities of served words, the failure word, the setup's probe words, the epoch, the finished-blocks counter, the note of the latest ticketed call, the arrival board (used on rank 0
+//! parities of served words, the failure word, the setup's probe words, the epoch, the finished-blocks counter, the notes of its ticketed calls (two, by call parity), the arrival board (used on rank 0
 //! only) and the graph state (`RawGraphState`: graph launches' call numbers, records and
 //! device detectors). One plain allocation per rank,
 //! rounded up to 2 MiB (the granularity CUDA IPC maps), identical in layout on every rank, so
