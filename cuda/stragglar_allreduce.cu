@@ -604,15 +604,20 @@ SG_DEVICE bool sg_graph_ok(const RawLaunch* a) {
          a->arrival.board != 0 && a->plans != 0;
 }
 
+/* The choice of a graph call of `rule`'s size class: what the verdict of its class gives, with
+ * the class's calls so far (the exploration schedule's clock). */
+SG_DEVICE uint32_t sg_graph_choice(const RawGraphState* g, const RawRule* rule) {
+  const RawClassState* own = &g->classes[rule->size_class];
+  RawVerdict verdict = own->verdict[own->calls & 1];
+  return sg_choose(rule, &verdict, own->calls);
+}
+
 /* A graph launch's plan: the choice the verdict of its size class gives (every block reads the
  * same half of it, which no launch writes while this one runs; see RawClassState). */
 SG_DEVICE const RawPlanHeader* sg_graph_plan(const RawLaunch* a, uint32_t* choice) {
   *choice = a->rule.ranks;
   if (!sg_graph_ok(a)) return 0;
-  const RawGraphState* g = (const RawGraphState*)a->graph;
-  const RawClassState* own = &g->classes[a->rule.size_class];
-  RawVerdict verdict = own->verdict[own->calls & 1];
-  *choice = sg_choose(&a->rule, &verdict, own->calls);
+  *choice = sg_graph_choice((const RawGraphState*)a->graph, &a->rule);
   if (*choice > a->rule.ranks) return 0; /* a damaged rule or state: fail as a bad plan */
   return (const RawPlanHeader*)((const uint64_t*)a->plans)[*choice];
 }
@@ -634,25 +639,16 @@ SG_DEVICE void sg_graph_verdict(RawGraphState* g, const RawRule* rule, uint32_t 
   }
 }
 
-/* A graph launch's arrival block (thread 0): the arrival protocol on the graph board, with the
- * call's number from device memory; then the previous graph call's record, now complete, is
- * fed to its class's detector, the post-arrival time of the call before it (copied by the
- * protocol) to its class's times, and the verdicts of the classes fed, and of this call's, are
- * written for their next calls. */
-SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
-  RawGraphState* g = (RawGraphState*)a->graph;
-  const uint32_t own_class = a->rule.size_class;
+/* What a graph call does once the arrival protocol copied its records into the graph ring
+ * (`g->calls` is this call's number, not advanced yet): tracks this call, feeds the previous
+ * call's record and the post-arrival time of the call before it, rewrites the verdicts of the
+ * classes fed and of this call's, and counts the choice. */
+SG_DEVICE void sg_graph_feed(RawGraphState* g, const RawRule* rule, uint32_t choice) {
+  const uint32_t own_class = rule->size_class;
   const uint64_t call = g->calls;
   const uint64_t own_calls = g->classes[own_class].calls;
-  RawArrival arrival = a->arrival;
-  arrival.ring = (uint64_t)g->ring;
-  arrival.call = call;
-  arrival.note = (uint64_t)g->notes;
-  sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
-                           a->timeout_ns);
-  if (sg_arrive(&arrival, a->rank, &w) != STATUS_OK) return;
   /* This call, for the feed of its time two calls later. */
-  const bool stragglar = choice != a->rule.ranks;
+  const bool stragglar = choice != rule->ranks;
   RawClassTimes* own_times = &g->classes[own_class].times;
   RawGraphCall* tracked = &g->history[call % 4];
   tracked->class_plus_one = own_class + 1;
@@ -662,8 +658,8 @@ SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
   if (call > 0 && g->previous_class != 0) {
     const RawRingEntry* entry = &g->ring[(call - 1) % RING_ENTRIES];
     const uint32_t fed = g->previous_class - 1;
-    sg_observe(&g->classes[fed].detector, &a->rule, (uint32_t)entry->last, (uint32_t)entry->lead);
-    sg_graph_verdict(g, &a->rule, fed, own_class, own_calls);
+    sg_observe(&g->classes[fed].detector, rule, (uint32_t)entry->last, (uint32_t)entry->lead);
+    sg_graph_verdict(g, rule, fed, own_class, own_calls);
   }
   const RawGraphCall* timed = &g->history[(call + 2) % 4]; /* call - 2's */
   if (call > 1 && timed->class_plus_one != 0 && timed->class_plus_one <= SIZE_CLASSES) {
@@ -674,18 +670,32 @@ SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
       uint64_t decided = fed == own_class ? own_calls + 1 : c->calls;
       sg_samples_add(timed->stragglar ? &c->times.stragglar : &c->times.baseline, decided, post);
     }
-    sg_graph_verdict(g, &a->rule, fed, own_class, own_calls);
+    sg_graph_verdict(g, rule, fed, own_class, own_calls);
   }
   /* This class's next call has one more call behind it: its verdict's age window moves even
    * when nothing of this class was fed. */
-  sg_graph_verdict(g, &a->rule, own_class, own_class, own_calls);
+  sg_graph_verdict(g, rule, own_class, own_class, own_calls);
   g->previous_class = own_class + 1;
   g->last_choice = choice + 1;
-  if (choice == a->rule.ranks) {
+  if (choice == rule->ranks) {
     g->on_baseline += 1;
   } else {
     g->on_stragglar += 1;
   }
+}
+
+/* A graph launch's arrival block (thread 0): the arrival protocol on the graph board, with the
+ * call's number from device memory; then the feed of what it copied (sg_graph_feed). */
+SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
+  RawGraphState* g = (RawGraphState*)a->graph;
+  RawArrival arrival = a->arrival;
+  arrival.ring = (uint64_t)g->ring;
+  arrival.call = g->calls;
+  arrival.note = (uint64_t)g->notes;
+  sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
+                           a->timeout_ns);
+  if (sg_arrive(&arrival, a->rank, &w) != STATUS_OK) return;
+  sg_graph_feed(g, &a->rule, choice);
 }
 
 /* Thread 0 of each block of a graph launch, once the block is done: the last of the grid's
@@ -862,6 +872,18 @@ extern "C" void stragglar_emulate_rule(const RawRule* rule, RawDetector* detecto
     choices[i] = sg_choose(rule, &verdict, i);
     sg_observe(detector, rule, last[i], lead[i]);
   }
+}
+
+/* One graph call of `rule` as the device decides and feeds it, without the arrival protocol
+ * or the plan: the choice from the state, the feed of what `g->ring` holds (the test writes
+ * it there as the protocol would), then the call counted as the last block counts it. Returns
+ * the choice. */
+extern "C" uint32_t stragglar_emulate_graph_call(RawGraphState* g, const RawRule* rule) {
+  uint32_t choice = sg_graph_choice(g, rule);
+  sg_graph_feed(g, rule, choice);
+  g->classes[rule->size_class].calls += 1;
+  g->calls += 1;
+  return choice;
 }
 
 /* The kernel's layout of `count` elements of type `dt` in `chunks` chunks: out[0] the IN bytes,

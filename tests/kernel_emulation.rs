@@ -51,6 +51,9 @@ type TicketFn = unsafe extern "C" fn(*const RawTicket);
 type RuleFn =
     unsafe extern "C" fn(*const RawRule, *mut RawDetector, *const u32, *const u32, u32, *mut u32);
 
+/// `stragglar_emulate_graph_call`: one graph call's choice and feed, without protocol or plan.
+type GraphCallFn = unsafe extern "C" fn(*mut RawGraphState, *const RawRule) -> u32;
+
 /// `stragglar_emulate_layout`: the kernel's chunk ranges and slot size for a count and type.
 type LayoutFn = unsafe extern "C" fn(u64, u32, u32, *mut u64);
 
@@ -81,6 +84,7 @@ struct Kernel {
     ticket: TicketFn,
     ticket_end: TicketFn,
     rule: RuleFn,
+    graph_call: GraphCallFn,
     layout: LayoutFn,
     /// `stragglar_emulate_served_out_of_order`: served words the kernel found out of turn
     /// order, in every test of this binary so far.
@@ -193,6 +197,12 @@ fn kernel() -> &'static Kernel {
             // SAFETY: as above.
             rule: unsafe {
                 std::mem::transmute::<*mut c_void, RuleFn>(symbol("stragglar_emulate_rule"))
+            },
+            // SAFETY: as above.
+            graph_call: unsafe {
+                std::mem::transmute::<*mut c_void, GraphCallFn>(symbol(
+                    "stragglar_emulate_graph_call",
+                ))
             },
             // SAFETY: as above.
             served_out_of_order: unsafe {
@@ -2264,6 +2274,115 @@ fn graph_replays_choose_on_measured_times_exactly_as_the_rust_policy_does() {
         [device_kept(0), device_kept(1)],
         [kept(&times[0]), kept(&times[1])]
     );
+}
+
+#[test]
+fn the_device_graph_policy_matches_the_rust_estimator_over_thousands_of_calls() {
+    // The graph state's decisions alone (no protocol, no plan), over 8000 calls of three size
+    // classes, one of them rare, with scripted records and post-arrival times written into
+    // the graph ring as the protocol would (record c-1 and the time of c-2 before call c),
+    // some unmeasured. The Rust estimator, fed the same, must choose the same on every call:
+    // samples age out of the window at every class call, explorations, switches not kept.
+    // (Without a call rewriting its own class's verdict, a class's call right after another
+    // of the class read a verdict whose age window was one call behind: this test fails.)
+    use stragglar::detect::estimate::ClassTimes;
+    use stragglar::detect::policy::{AlgoMode, StragglerMode};
+    use stragglar::detect::{size_class, ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
+    use stragglar::schedule::model::Link;
+    let ranks = 4;
+    let link = Link {
+        alpha: 20e-6,
+        bandwidth: 20e6,
+    };
+    let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
+    let sizes = [4096usize, 300, 70_000];
+    let rules = sizes.map(|bytes| RawRule::new(&policy, bytes).measuring());
+    // SAFETY: all-zero bytes are a valid RawGraphState (integers only): a fresh one.
+    let mut g: Box<RawGraphState> = unsafe { Box::new(std::mem::zeroed()) };
+    let mut detectors = [0; 3].map(|_| Detector::new(ranks, DetectorConfig::default()));
+    let mut times: [ClassTimes; 3] = Default::default();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut random = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let tag = |call: u64| ((call % 0xffff_ffff) + 1) << 32;
+    // Per call: class, ran StragglAR, followed a switch; and its record and time.
+    let mut history: Vec<(usize, bool, bool)> = Vec::new();
+    let mut records: Vec<(u64, u64, u64)> = Vec::new();
+    let (mut on_stragglar, mut measured) = (0u32, [0u32; 3]);
+    let k = kernel();
+    for call in 0..8000u64 {
+        let which = match random() % 20 {
+            0 => 2,
+            r if r < 12 => 0,
+            _ => 1,
+        };
+        if call > 0 {
+            let (last, lead, _) = records[call as usize - 1];
+            let entry = &mut g.ring[(call - 1) as usize % RING_ENTRIES as usize];
+            entry.last = tag(call - 1) | last;
+            entry.lead = tag(call - 1) | lead;
+        }
+        if call > 1 {
+            let (_, _, post) = records[call as usize - 2];
+            g.ring[(call - 2) as usize % RING_ENTRIES as usize].post = tag(call - 2) | post;
+        }
+        let expected = match policy.choose(&detectors[which], Some(&times[which]), sizes[which]) {
+            Choice::Stragglar { straggler } => straggler as u32,
+            Choice::Baseline => ranks as u32,
+        };
+        measured[which] += u32::from(times[which].stragglar_wins().is_some());
+        // SAFETY: a live, exclusive graph state and rule.
+        let chosen = unsafe { (k.graph_call)(&mut *g, &rules[which]) };
+        assert_eq!(
+            chosen, expected,
+            "call {call} (class of {} B)",
+            sizes[which]
+        );
+        let stragglar = chosen < ranks as u32;
+        on_stragglar += u32::from(stragglar);
+        let after_switch = times[which]
+            .last_stragglar()
+            .is_some_and(|last| last != stragglar);
+        times[which].count(stragglar);
+        history.push((which, stragglar, after_switch));
+        // This call's record and time, as the protocol would copy them: rank 2 late most of
+        // the time; StragglAR's time around the baseline's, so the comparison goes both ways.
+        let last = if random() % 5 == 0 { random() % 4 } else { 2 };
+        let lead = 1_000_000 + random() % 400_000;
+        let post = match random() % 40 {
+            0 => u64::from(POST_UNMEASURED),
+            _ if stragglar => 850_000 + random() % 250_000 + 50_000 * which as u64,
+            _ => 900_000 + random() % 250_000,
+        };
+        records.push((last, lead, post));
+        if call > 0 {
+            let (class, ..) = history[call as usize - 1];
+            let (last, lead, _) = records[call as usize - 1];
+            detectors[class].observe(ArrivalRecord {
+                last_rank: last as usize,
+                lead_ns: lead,
+            });
+        }
+        if call > 1 {
+            let (class, stragglar, after_switch) = history[call as usize - 2];
+            let (_, _, post) = records[call as usize - 2];
+            if post != u64::from(POST_UNMEASURED) && !after_switch {
+                times[class].add(stragglar, post);
+            }
+        }
+    }
+    assert!(on_stragglar > 800 && on_stragglar < 7200, "{on_stragglar}");
+    assert!(measured.iter().all(|&m| m > 0), "{measured:?}");
+    for (class, bytes) in sizes.iter().enumerate() {
+        let device = &g.classes[size_class(*bytes) as usize];
+        assert_eq!(device.calls, times[class].decided, "class of {bytes} B");
+        assert_eq!(device.times.stragglar.taken, times[class].stragglar.taken());
+        assert_eq!(device.times.baseline.taken, times[class].baseline.taken());
+    }
 }
 
 #[test]
