@@ -250,7 +250,7 @@ pub fn layout(
 /// Staging bytes one rank of an `n`-rank communicator allocates at most (the largest grid; for
 /// doctor).
 pub fn staging_bytes(ranks: usize) -> Result<u64, String> {
-    layout(&mut PlanCache::default(), &policy(ranks, &[]), MAX_BLOCKS).map(|l| l.allocation_bytes())
+    layout(&mut PlanCache::default(), &policy(ranks), MAX_BLOCKS).map(|l| l.allocation_bytes())
 }
 
 /// The setup's AllGather through the real communicator, on the caller's stream.
@@ -382,12 +382,17 @@ pub fn connect(rank: &mut CudaRank, mappings: &[Option<IpcMapping>]) -> bool {
     rank.connect(&peers).is_ok()
 }
 
-/// The policy of an `n`-rank communicator, from the configuration; its model prices NCCL as
-/// NVLS when every rank's record says NCCL would run it there.
-pub fn policy(ranks: usize, records: &[SetupRecord]) -> Policy {
+/// The policy of an `n`-rank communicator, from the configuration (its model prices NCCL as
+/// Ring until [`with_setup_facts`] says otherwise).
+pub fn policy(ranks: usize) -> Policy {
     let config = crate::config::get();
-    let policy = Policy::new(ranks, config.algo, config.straggler, NVSWITCH_LINK)
-        .with_pipeline(config.pipeline);
+    Policy::new(ranks, config.algo, config.straggler, NVSWITCH_LINK).with_pipeline(config.pipeline)
+}
+
+/// `policy` once the setup's records are known: its model prices NCCL as NVLS when every
+/// rank's record says NCCL would run it there. The depths `policy` worked out while sizing the
+/// staging stay with it (no schedule is synthesized again on the first calls).
+pub fn with_setup_facts(policy: Policy, records: &[SetupRecord]) -> Policy {
     match !records.is_empty() && records.iter().all(|r| r.nvls == 1) {
         true => policy.with_nvls_baseline(Nvls {
             ratio: Nvls::PUBLISHED_RATIO,
@@ -475,7 +480,8 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
         );
         0
     });
-    let layout = layout(&mut plans, &policy(call.ranks, &[]), blocks_for(sms as u32))
+    let base_policy = policy(call.ranks);
+    let layout = layout(&mut plans, &base_policy, blocks_for(sms as u32))
         .map_err(|_| Decline::GpuUnavailable)?;
     let reservation = Reservation::take(call.device, layout.allocation_bytes());
     // A panic in the local steps must not make this rank skip the collectives its peers run.
@@ -546,7 +552,7 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
         members: joined.records.iter().map(SetupRecord::member).collect(),
         mappings: joined.mappings,
         plans,
-        policy: policy(call.ranks, &joined.records),
+        policy: with_setup_facts(base_policy, &joined.records),
         max_bytes: crate::config::get().buffer_bytes,
         baseline: Baseline::Nccl,
         designated: watch.designated.clone(),
@@ -597,12 +603,12 @@ mod tests {
     #[test]
     fn the_staging_fits_every_eligible_call() {
         let buffer = crate::config::get().buffer_bytes;
-        let plain = layout(&mut PlanCache::default(), &policy(8, &[]), 27).unwrap();
+        let plain = layout(&mut PlanCache::default(), &policy(8), 27).unwrap();
         assert!(plain.arena_bytes >= buffer as u64);
         assert_eq!(plain.blocks, 27);
         // Pipelined per size class: every depth's plans fit, in no more arena than the plain
         // schedule's (smaller pieces), with more flags.
-        let auto = policy(8, &[]).with_pipeline(crate::detect::pipeline::Pipeline::Auto);
+        let auto = policy(8).with_pipeline(crate::detect::pipeline::Pipeline::Auto);
         let mut plans = PlanCache::default();
         let piped = layout(&mut plans, &auto, 27).unwrap();
         let depths = auto.pieces_up_to(buffer);

@@ -304,13 +304,24 @@ pub fn arrivals(
     comm: ncclComm_t,
     rank: usize,
 ) -> Result<crate::detect::tally::RankArrivals, NoArrivals> {
+    with_served(comm, |engine| {
+        engine.arrivals(rank).ok_or(NoArrivals::NoSuchRank)
+    })
+}
+
+/// Runs `read` on `comm`'s engine once it serves the communicator, waiting at most 10 ms for a
+/// call in progress.
+fn with_served<T>(
+    comm: ncclComm_t,
+    read: impl FnOnce(&super::comm::CudaComm) -> Result<T, NoArrivals>,
+) -> Result<T, NoArrivals> {
     let entry = entry_of(comm).ok_or(NoArrivals::Unserved)?;
     let state = entry
         .state
         .try_lock_for(Duration::from_millis(10))
         .ok_or(NoArrivals::Busy)?;
     match &*state {
-        State::Ready(ready) => ready.comm.arrivals(rank).ok_or(NoArrivals::NoSuchRank),
+        State::Ready(ready) => read(&ready.comm),
         _ => Err(NoArrivals::Unserved),
     }
 }
@@ -321,15 +332,7 @@ pub fn class_times(
     comm: ncclComm_t,
     class: u32,
 ) -> Result<Option<crate::detect::estimate::ClassTimes>, NoArrivals> {
-    let entry = entry_of(comm).ok_or(NoArrivals::Unserved)?;
-    let state = entry
-        .state
-        .try_lock_for(Duration::from_millis(10))
-        .ok_or(NoArrivals::Busy)?;
-    match &*state {
-        State::Ready(ready) => Ok(ready.comm.class_times(class).cloned()),
-        _ => Err(NoArrivals::Unserved),
-    }
+    with_served(comm, |engine| Ok(engine.class_times(class).cloned()))
 }
 
 /// The asynchronous error the engine holds for `comm`, if a kernel of it gave up (logged once).
