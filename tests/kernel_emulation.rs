@@ -1424,21 +1424,22 @@ fn many_calls_alternate_parities_and_move_the_straggler() {
     assert_eq!(comm.epoch(0), 12);
 }
 
-#[test]
-fn ranks_run_ahead_without_a_barrier_between_calls() {
-    // Each rank runs its calls back to back, ordered only by its own "stream": a fast rank
-    // starts call e+1 (writing the other parity) while slow ones still read call e. The
-    // two-parity argument says no value is overwritten while a peer may read it.
-    let ranks = 5;
-    let calls = 10;
+/// Runs `calls` calls on `ranks` ranks with reads ordered or not, each rank running its calls
+/// back to back, ordered only by its own "stream": a fast rank starts call e+1 (writing the
+/// other parity) while slow ones still read call e. `ring(call)` says which calls run Ring
+/// (the others StragglAR, the straggler moving every call); every type and op take turns.
+/// The two-parity argument says no value is overwritten while a peer may read it: every call's
+/// output must be its plan's, bit for bit, on every rank.
+fn run_ahead(ranks: usize, calls: usize, ordered_reads: bool, ring: fn(usize) -> bool) {
     let mut cache = PlanCache::default();
     let mut comm = Comm::new(ranks, 2, 2);
+    comm.ordered_reads = ordered_reads;
     let mut prepared = Vec::new();
     for call in 0..calls {
         let dtype = DataType::ALL[call % DataType::ALL.len()];
         let op = ReduceOp::ALL[call % ReduceOp::ALL.len()];
         let shape = Shape {
-            algorithm: if call % 4 == 3 {
+            algorithm: if ring(call) {
                 Algorithm::Ring
             } else {
                 Algorithm::Stragglar
@@ -1495,17 +1496,39 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
             });
         }
     });
+    let label = format!("{ranks} ranks, ordered reads {ordered_reads}");
     for rank in 0..ranks {
-        assert_eq!(comm.status(rank), STATUS_OK);
-        assert_eq!(comm.epoch(rank), calls as u64);
+        assert_eq!(comm.status(rank), STATUS_OK, "{label}: rank {rank}");
+        assert_eq!(comm.epoch(rank), calls as u64, "{label}: rank {rank}");
     }
     for (call, (_, _, _, outputs, expected, bytes)) in prepared.iter_mut().enumerate() {
         for rank in 0..ranks {
             assert!(
                 outputs[rank].bytes()[..*bytes] == expected[rank][..],
-                "call {call} rank {rank}"
+                "{label}: call {call} rank {rank}"
             );
         }
+    }
+}
+
+#[test]
+fn ranks_run_ahead_without_a_barrier_between_calls() {
+    run_ahead(5, 10, true, |call| call % 4 == 3);
+}
+
+#[test]
+fn ranks_run_ahead_at_two_to_four_ranks_with_reads_ordered_or_not() {
+    for ranks in 2..=4 {
+        for ordered_reads in [true, false] {
+            run_ahead(ranks, 8, ordered_reads, |call| call % 3 == 1);
+        }
+    }
+}
+
+#[test]
+fn ranks_run_ahead_on_ring_alone() {
+    for ordered_reads in [true, false] {
+        run_ahead(4, 8, ordered_reads, |_| true);
     }
 }
 
@@ -2155,6 +2178,88 @@ fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
         last_stragglar, [true; 2],
         "StragglAR with rank 2 in both classes"
     );
+}
+
+#[test]
+fn graph_replays_run_ahead_without_a_barrier_between_them() {
+    // Each rank replays its captured call back to back, ordered only by its own stream: a fast
+    // rank's replay r+1 numbers itself, takes its ticket and chooses its plan from the device's
+    // state while slow ranks still run replay r. Rank 2 starts most replays last, so the
+    // device detector finds it and StragglAR replays run beside Ring ones (at 4 and 5 ranks:
+    // the policy keeps fewer on the baseline). Every rank must end
+    // with the same count and the same last choice, and that choice's output bit for bit.
+    use stragglar::detect::policy::{AlgoMode, StragglerMode};
+    use stragglar::detect::{DetectorConfig, Policy};
+    use stragglar::schedule::model::Link;
+    let link = Link {
+        alpha: 20e-6,
+        bandwidth: 20e6,
+    };
+    let replays = 64u64;
+    for ranks in [4, 5] {
+        let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
+        let mut cache = PlanCache::default();
+        let mut comm = Comm::new(ranks, 2, 2);
+        let mut captured =
+            Captured::new(&comm, &mut cache, &policy, DetectorConfig::default(), 4096);
+        let k = kernel();
+        let (grid, threads) = (comm.blocks + 1, comm.threads);
+        let (launches, board) = (&captured.launches, comm.graph_board());
+        scoped(|scope| {
+            for rank in 0..ranks {
+                scope.spawn(move || {
+                    for replay in 0..replays {
+                        if rank == 2 && replay % 5 != 0 {
+                            // Last for sure, however loaded the machine (TSan is slow).
+                            await_tickets(
+                                board,
+                                ranks,
+                                replay,
+                                ranks - 1,
+                                Duration::from_millis(2),
+                            );
+                        } else if (rank as u64 + replay) % 4 == 0 {
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        scoped(|blocks| {
+                            for block in 0..grid {
+                                let launch = &launches[rank];
+                                blocks.spawn(move || emulate_block(k, launch, block, threads));
+                            }
+                        });
+                    }
+                });
+            }
+        });
+        let last = comm.graph_state(0);
+        let choice = last.last_choice as usize - 1;
+        assert!(choice <= ranks, "{ranks} ranks: choice {choice}");
+        assert_eq!(last.on_stragglar + last.on_baseline, replays);
+        assert!(
+            last.on_stragglar > 0 && last.on_baseline > 0,
+            "{ranks} ranks: {} StragglAR and {} Ring replays: both must run",
+            last.on_stragglar,
+            last.on_baseline
+        );
+        for r in 0..ranks {
+            let state = comm.graph_state(r);
+            assert_eq!(comm.status(r), STATUS_OK, "{ranks} ranks: rank {r}");
+            assert_eq!(state.calls, replays, "{ranks} ranks: rank {r}");
+            assert_eq!(
+                state.last_choice, last.last_choice,
+                "{ranks} ranks: rank {r}"
+            );
+            assert_eq!(
+                state.on_stragglar, last.on_stragglar,
+                "{ranks} ranks: rank {r}"
+            );
+            let bytes = captured.bytes;
+            assert!(
+                captured.outputs[r].bytes()[..bytes] == captured.expected[choice][r][..],
+                "{ranks} ranks: rank {r}: not the output of choice {choice}"
+            );
+        }
+    }
 }
 
 /// The post-arrival word of graph call `call` (ns, or `POST_UNMEASURED`), which the replay two
