@@ -426,12 +426,12 @@ SG_DEVICE void sg_reduce_elems(const sg_math* m, const unsigned char* const* ope
  * caller's input. Whole vectors go through sg_reduce16 when every pointer is aligned:
  *  - one operand (a scaled copy-in, which never combines): four vectors per pass (two for
  *    one-byte types, whose 16 lanes a vector would spill at four), as many loads in flight;
- *  - more: two vectors per pass, four operands per batch, so eight loads are in flight per
- *    thread (four for two operands), and a combine of up to four operands issues every load
- *    before any arithmetic; a larger pull (the straggler's 7 operands at 8 ranks) takes two
- *    batches, 8 then 6 loads, the same bytes in flight per thread. A batch of 8 was not kept:
- *    it doubles the unrolled code, which NVRTC compiles at every first use on a host.
- * No shape spills within one 512-thread block per SM (ptxas; docs/KERNELS.md).
+ *  - two to four: two vectors per pass, four operands per batch, so eight loads are in flight
+ *    per thread (four for two operands), every load issued before any arithmetic;
+ *  - five or more (the straggler's pull: 7 operands at 8 ranks): one vector per pass, eight
+ *    operands per batch, so a pull of up to eight operands issues every load before any
+ *    arithmetic (7 in flight at 8 ranks); more take batches of eight.
+ * No shape stores a spill within one 512-thread block per SM (ptxas; docs/KERNELS.md).
  *
  * Outlined (one function per lane and op, called from each step), not inlined: inlined into
  * every caller, the 40 instantiations made one kernel body NVRTC needed many minutes for. */
@@ -450,8 +450,12 @@ SG_OUTLINED void sg_apply(const sg_math math, const unsigned char* const* operan
       enum { SINGLE = sizeof(typename L::elem) == 1 ? 2 : 4 };
       sg_reduce16<L, OP, SINGLE, 1>(m, operands, count, begin, vec_end, out_a, out_b, scale,
                                     finish);
-    } else {
+    } else if (count <= 4) {
       sg_reduce16<L, OP, 2, 4>(m, operands, count, begin, vec_end, out_a, out_b, scale, finish);
+    } else {
+      /* A pull of up to 8 operands (the straggler's 7 at 8 ranks) loads every one of them
+       * before any combining; more take batches of 8. */
+      sg_reduce16<L, OP, 1, 8>(m, operands, count, begin, vec_end, out_a, out_b, scale, finish);
     }
   }
   sg_reduce_elems<L, OP>(m, operands, count, vec_end, end, out_a, out_b, scale, finish);
@@ -493,8 +497,9 @@ SG_DEVICE void sg_apply_any(const sg_math* m, sg_scratch* s, uint32_t operands, 
                sg_apply_typed<L>(m, s->operands, operands, begin, end, out_a, out_b, scale, finish));
 }
 
-/* Copies this rank's input into IN, chunk by chunk, scaling it, publishing each slice. */
-SG_DEVICE void sg_copy_in(const sg_call* call, sg_scratch* s) {
+/* Copies this rank's input into IN, chunk by chunk, scaling it, publishing each slice.
+ * Outlined, as sg_step. */
+SG_OUTLINED void sg_copy_in(const sg_call* call, sg_scratch* s) {
   const RawLaunch* a = call->args;
   for (uint32_t c = 0; c < call->plan->chunk_count; ++c) {
     uint64_t start, bytes;
@@ -510,8 +515,11 @@ SG_DEVICE void sg_copy_in(const sg_call* call, sg_scratch* s) {
   }
 }
 
-/* Runs one combine or copy step. Returns nonzero if the call was given up. */
-SG_DEVICE uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* step) {
+/* Runs one combine or copy step. Returns nonzero if the call was given up. Outlined: what
+ * stays live across its call into the data loop is the step's own state, not the kernel's as
+ * well (ptxas: the kernel's spills around the data loops fell from 228 to 108 bytes per
+ * thread, per step; docs/KERNELS.md). */
+SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* step) {
   const RawPlanHeader* plan = call->plan;
   const RawLaunch* a = call->args;
   const RawSource* sources = sg_at<RawSource>(plan, plan->sources_at) + step->first_source;
@@ -642,8 +650,9 @@ SG_DEVICE void sg_graph_verdict(RawGraphState* g, const RawRule* rule, uint32_t 
 /* What a graph call does once the arrival protocol copied its records into the graph ring
  * (`g->calls` is this call's number, not advanced yet): tracks this call, feeds the previous
  * call's record and the post-arrival time of the call before it, rewrites the verdicts of the
- * classes fed and of this call's, and counts the choice. */
-SG_DEVICE void sg_graph_feed(RawGraphState* g, const RawRule* rule, uint32_t choice) {
+ * classes fed and of this call's, and counts the choice. Outlined: one thread of one block runs
+ * it, once per call, and it keeps the kernel's own code small. */
+SG_OUTLINED void sg_graph_feed(RawGraphState* g, const RawRule* rule, uint32_t choice) {
   const uint32_t own_class = rule->size_class;
   const uint64_t call = g->calls;
   const uint64_t own_calls = g->classes[own_class].calls;

@@ -92,8 +92,8 @@ SG_DEVICE void sg_samples_add(RawSamples* s, uint64_t at, uint32_t ns) {
 }
 
 /* The upper median of the samples taken at decided call `from` or later (Samples::
- * median_since); false when there is none. */
-SG_DEVICE bool sg_median_since(const RawSamples* s, uint64_t from, uint64_t* median) {
+ * median_since); false when there is none. Outlined, as sg_verdict. */
+SG_OUTLINED bool sg_median_since(const RawSamples* s, uint64_t from, uint64_t* median) {
   uint32_t sorted[TIMES_KEPT];
   uint32_t n = 0;
   for (uint32_t i = 0; i < s->len && i < TIMES_KEPT; ++i) {
@@ -132,8 +132,10 @@ SG_DEVICE bool sg_explores(uint64_t decided) {
 
 /* What the next call's choice needs (Policy::considered, Detector::median_lead_ns: the lower
  * median of the considered rank's leads), and, with a measuring rule, what the class's times
- * say for its next call, the class's `decided`-th. */
-SG_DEVICE RawVerdict sg_verdict(const RawDetector* d, const RawRule* rule, const RawClassTimes* t,
+ * say for its next call, the class's `decided`-th. Outlined: a graph call computes up to three
+ * verdicts, and their sorts inlined at each place tripled NVRTC's time for the whole kernel
+ * (about 200 s for sm_90 on a 2-core machine, 60 s outlined; docs/KERNELS.md). */
+SG_OUTLINED RawVerdict sg_verdict(const RawDetector* d, const RawRule* rule, const RawClassTimes* t,
                                 uint64_t decided) {
   RawVerdict v;
   v.straggler = 0;

@@ -21,6 +21,7 @@
 #   3. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%), for
 #      float, half and bfloat16 (the halves within 10% of float, their device conversions
 #      checked against src/reduce)
+#      the fixed cost of a step (target <= 2 us) and of a call, fitted over Ring at n = 2..8
 #   4. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash
 #   5. correctness: stragglar bench --backend cuda, ranks as threads of one process sharing the
 #      GPU (each rank on its own stream), n = 2..8, every type and op, every element checked,
@@ -205,11 +206,47 @@ for t in float half bfloat16; do
   step "kernel bandwidth vs cuMemcpyDtoD ($t)" "bandwidth-$t.log" \
     sg bench --backend cuda --ranks 8 --bandwidth -d "$t" -b 256M -e 256M -n 20 -w 2 --buffer-bytes 1G \
     --timeout-ms 60000
-  bandwidth_shares "  $t: share of cuMemcpyDtoD (target >= 85%)" "bandwidth-$t.log"
+  bandwidth_shares "  $t: share of cuMemcpyDtoD (HBM on one GPU, not NVLink; targets: copy and reduce of 2 >= 85%, reduce of 7 >= 80%)" "bandwidth-$t.log"
   if [ "$t" != float ]; then
     measured "  $t: the device's cvt against src/reduce" "bandwidth-$t.log" '# conversions: ' '# conversions: '
   fi
 done
+
+# 3b. Fixed costs: Ring on 1 KiB (the data moves in no time), each rank's calls captured into a
+#     graph and replayed (no host in the timing), at 2, 4, 6 and 8 ranks sharing the GPU. The time
+#     per call against the steps every rank runs, 2(n-1), fitted by least squares: the slope is
+#     the fixed cost of a step (target: at most 2 us), the intercept that of a call. On one GPU a
+#     step's flag crosses L2, not NVLink: a floor for what a step costs between GPUs.
+fixed_cost() {
+  local n steps time points=""
+  for n in 2 4 6 8; do
+    local log="$OUT/fixed-cost-$n.log"
+    if ! sg bench --backend cuda --graph --ranks "$n" --algo ring -d float -o sum -b 1K -e 1K \
+      -n 200 -w 10 --timeout-ms 20000 >"$log" 2>&1; then
+      tail -5 "$log"
+      return 1
+    fi
+    steps=$((2 * (n - 1)))
+    time=$(awk '$1 == 1024 && $5 == "ring" { t = $7 } END { print t }' "$log")
+    if [ -z "$time" ]; then
+      echo "n=$n: no time in $log"
+      return 1
+    fi
+    echo "n=$n: $steps steps per rank, $time us per call"
+    points="$points $steps $time"
+  done
+  fixed_cost_fit $points
+}
+# Least squares over pairs "steps time_us ...": prints the '# fixed cost:' line.
+fixed_cost_fit() {
+  echo "$@" | awk '{
+    for (i = 1; i < NF; i += 2) { x = $i; y = $(i + 1); k++; sx += x; sy += y; sxx += x * x; sxy += x * y }
+    b = (k * sxy - sx * sy) / (k * sxx - sx * sx); a = (sy - b * sx) / k
+    printf "# fixed cost: %.2f us per step (target <= 2 us), %.2f us per call (Ring on 1 KiB, n = 2..8, graph replays; one GPU: L2, not NVLink)\n", b, a
+  }'
+}
+step "fixed cost per step and per call (Ring, graphs)" fixed-cost.log fixed_cost
+measured "  fixed costs (least squares over n = 2, 4, 6, 8)" fixed-cost.log '# fixed cost: ' '# fixed cost: '
 
 # 4. PyTorch under LD_PRELOAD, world size 1: the results, and the library's own log saying it
 #    bound the real NCCL and saw the AllReduce (which forwards: one rank is too few).

@@ -126,8 +126,8 @@ fn nvdisasm() -> Option<std::path::PathBuf> {
 }
 
 /// The figures docs/KERNELS.md promises, from ptxas's report (`--resources`) and the SASS:
-/// the outlined data loops store no spill, at most 32 system-scope fences, a reduce issues at
-/// least 4 16-byte loads before its first float add, and fp16/bf16 narrow in hardware.
+/// the outlined data loops store no spill, at most 32 system-scope fences, a reduce issues
+/// 8 16-byte loads before its first float add, and fp16/bf16 narrow in hardware.
 fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
     let mut function = "";
     let mut data_loops = 0;
@@ -181,7 +181,7 @@ fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
         }
     }
     assert!(
-        best >= 4,
+        best >= 8,
         "{arch}: at most {best} loads in flight before a float add"
     );
     assert!(
