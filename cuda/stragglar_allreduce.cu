@@ -3,11 +3,14 @@
  *
  * Invariants (see src/plan/mod.rs and docs/ALGORITHM.md for the protocol):
  *  - single assignment: every value slot is written once per call, by its owner, then
- *    published by a flag holding the call's epoch; nothing a peer may read is overwritten within
- *    a call, and two arena/flag parities keep call e+1 off call e's memory;
+ *    published by a flag holding the call's epoch, which the owner writes into the inbox of
+ *    each of the value's readers (RawPeer::flags; one writer per word), so a reader polls its
+ *    own memory; nothing a peer may read is overwritten within a call, and two arena/flag
+ *    parities keep call e+1 off call e's memory;
  *  - block b covers the same bytes of every chunk on every rank (the grid is fixed per
  *    communicator), and waits only on block b's flags, so no block ever waits for a sibling:
- *    co-residency of the grid is not needed for progress within a rank;
+ *    co-residency of the grid is not needed for progress within a rank; a launch that records
+ *    its arrival runs the protocol in block 0's last warp, outside the plan's barriers;
  *  - every wait polls the abort word, the awaited peer's failure word and this rank's own, and
  *    gives up after timeout_ns (when nonzero), writing a STATUS_* code instead of hanging;
  *  - the epoch lives in device memory and is advanced by the last block to finish, so a
@@ -30,9 +33,9 @@
 /* Per-block scratch: shared memory on the GPU, one per emulated block on the host. */
 struct sg_scratch {
   const unsigned char* operands[SG_MAX_OPERANDS];
-  /* The outcome of each operand's wait in the current step (a STATUS_*), written by the thread
-   * that waited on it. */
-  uint32_t waits[SG_MAX_OPERANDS];
+  /* The outcome of each wait in the current step (a STATUS_*), written by the thread that
+   * waited: operand i's flag at i, its turn (ordered reads) at operands + i. */
+  uint32_t waits[2 * SG_MAX_OPERANDS];
 };
 
 /* What the element-wise code needs: the op, the world size (for integer avg), the element
@@ -103,26 +106,67 @@ struct sg_call {
   uint32_t flag; /* the value every flag of this call holds */
 };
 
+/* Whether the launch records its arrival: a graph launch always, an eager one with a board. */
+SG_DEVICE bool sg_has_arrival(const RawLaunch* a) {
+  return a->graph != 0 || a->arrival.board != 0;
+}
+
 template <typename T>
 SG_DEVICE const T* sg_at(const RawPlanHeader* plan, uint64_t offset) {
   return (const T*)((const unsigned char*)plan + offset);
 }
 
-/* Bytes [begin, end) of chunk `c` that block `b` of `blocks` covers: whole 16-byte units, the
- * same split on every rank; the last block's range may end in a partial unit. */
-SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint64_t* begin,
-                        uint64_t* end) {
-  uint64_t units = (chunk_bytes + 15) / 16;
-  *begin = units * b / blocks * 16;
-  uint64_t e = units * (b + 1) / blocks * 16;
+/* Bytes [begin, end) of a chunk of `chunk_bytes` that block `b` of `blocks` covers: whole
+ * 16-byte units in proportion to the block's threads (`threads` each, block 0 `short0` fewer:
+ * the arrival warp's), the same split on every rank; the last block's range may end in a
+ * partial unit. Units times threads stay far below 2^64 (2^40 units, 2^14 threads). */
+SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint32_t threads,
+                        uint32_t short0, uint64_t* begin, uint64_t* end) {
+  const uint64_t units = (chunk_bytes + 15) / 16;
+  const uint64_t total = (uint64_t)blocks * threads - short0;
+  const uint64_t first = b == 0 ? 0 : (uint64_t)b * threads - short0;
+  const uint64_t next = (uint64_t)(b + 1) * threads - short0;
+  *begin = total == 0 ? 0 : units * first / total * 16;
+  uint64_t e = total == 0 ? chunk_bytes : units * next / total * 16;
   *end = e < chunk_bytes ? e : chunk_bytes;
   if (*begin > *end) *begin = *end;
 }
 
-/* The flag of this block's slice of `value` (the grid's data blocks are `blocks`). */
-SG_DEVICE uint32_t* sg_flag(const sg_call* call, uint32_t rank, uint32_t value) {
-  const RawPeer* peer = &call->peers[rank];
-  return (uint32_t*)peer->flags[call->parity] + (uint64_t)value * call->args->blocks + SG_BLOCK;
+/* This block's bytes [begin, end) of a chunk of `bytes` in `call` (see sg_slice): block 0
+ * of a launch that records its arrival has one warp fewer for the plan, so a smaller share. */
+SG_DEVICE void sg_call_slice(const sg_call* call, uint64_t bytes, uint64_t* begin,
+                             uint64_t* end) {
+  const RawLaunch* a = call->args;
+  const uint32_t short0 = sg_has_arrival(a) && a->threads > SG_ARRIVAL_LANES ? SG_ARRIVAL_LANES : 0;
+  sg_slice(bytes, SG_BLOCK, a->blocks, a->threads, short0, begin, end);
+}
+
+/* The flag of this block's slice of value `value` of rank `owner` in the inbox of rank
+ * `reader` (RawPeer::flags): written by the owner, polled by the reader in its own memory, so a
+ * wait costs no round trip over the link (the owner's release is a posted write). */
+SG_DEVICE uint32_t* sg_inbox(const sg_call* call, uint32_t reader, uint32_t owner,
+                             uint32_t value) {
+  const uint32_t* bases = sg_at<uint32_t>(call->plan, call->plan->value_bases_at);
+  const uint64_t word = (uint64_t)(bases[owner] + value) * call->args->blocks + SG_BLOCK;
+  return (uint32_t*)call->peers[reader].flags[call->parity] + word;
+}
+
+/* Every thread of the block, after its barrier: publishes this block's slice of own value
+ * `value` to each of its readers (RawValue::first_reader), one release into each reader's
+ * inbox, thread i taking reader i, so that several readers' releases go out together rather
+ * than each waiting on the one before (each release is cumulative over the whole block's
+ * writes, which the barrier ordered before it; stragglar_device.h). */
+SG_DEVICE void sg_publish_to_readers(const sg_call* call, uint32_t value) {
+  const RawPlanHeader* plan = call->plan;
+  const uint32_t rank = call->args->rank;
+  const uint32_t* bases = sg_at<uint32_t>(plan, plan->value_bases_at);
+  const RawValue* v = sg_at<RawValue>(plan, plan->values_at) + bases[rank] + value;
+  const uint32_t* readers = sg_at<uint32_t>(plan, plan->readers_at) + v->first_reader;
+  for (uint32_t i = SG_THREAD; i < v->reader_count; i += SG_THREADS) {
+    if (readers[i] < plan->ranks) {
+      sg_store_release(sg_inbox(call, readers[i], rank, value), call->flag);
+    }
+  }
 }
 
 /* Records a failure: `status` in this rank's failure word (its peers' waits watch it), then
@@ -218,12 +262,10 @@ SG_DEVICE bool sg_ordered(const sg_call* call, const RawStep* step) {
   return call->args->ordered_reads != 0 && step->turn != NO_TURN;
 }
 
-/* Publishes this block's slice of own value `value`. */
+/* Publishes this block's slice of own value `value` to its readers. */
 SG_DEVICE void sg_publish(const sg_call* call, uint32_t value) {
   sg_block_sync();
-  if (SG_THREAD == 0) {
-    sg_store_release(sg_flag(call, call->args->rank, value), call->flag);
-  }
+  sg_publish_to_readers(call, value);
 }
 
 /* Where value `v` of rank `r` lives (IN, or its arena slot), or 0 if it is not kept. */
@@ -298,8 +340,8 @@ SG_OUTLINED void sg_copy_elems(const unsigned char* src, uint64_t begin, uint64_
     sg_copy16(src, begin, vec_end, out_a, out_b);
     begin = vec_end;
   }
-  for (uint64_t at = begin + (uint64_t)SG_THREAD * elem; at < end;
-       at += (uint64_t)SG_THREADS * elem) {
+  const uint64_t stride = (uint64_t)SG_THREADS * elem; /* read once: barriers clobber memory */
+  for (uint64_t at = begin + (uint64_t)SG_THREAD * elem; at < end; at += stride) {
     unsigned char e[8];
     sg_copy_bytes(e, src + at, elem);
     if (out_a) sg_store_bytes(out_a + at, e, elem);
@@ -407,8 +449,8 @@ SG_DEVICE void sg_reduce_elems(const sg_math* m, const unsigned char* const* ope
   typedef typename L::elem E;
   typedef typename L::acc A;
   const A scalar = scale ? L::widen(*(const E*)m->scale) : A();
-  for (uint64_t at = from + (uint64_t)SG_THREAD * sizeof(E); at < end;
-       at += (uint64_t)SG_THREADS * sizeof(E)) {
+  const uint64_t stride = (uint64_t)SG_THREADS * sizeof(E);
+  for (uint64_t at = from + (uint64_t)SG_THREAD * sizeof(E); at < end; at += stride) {
     A acc = L::widen(sg_load_elem<L>(operands[0] + at));
     if (scale) acc = L::multiply(acc, scalar);
     for (uint32_t i = 1; i < count; ++i) {
@@ -505,7 +547,7 @@ SG_OUTLINED void sg_copy_in(const sg_call* call, sg_scratch* s) {
     uint64_t start, bytes;
     sg_chunk(&call->layout, c, &start, &bytes);
     uint64_t begin, end;
-    sg_slice(bytes, SG_BLOCK, a->blocks, &begin, &end);
+    sg_call_slice(call, bytes, &begin, &end);
     sg_block_sync();
     if (SG_THREAD == 0) s->operands[0] = (const unsigned char*)a->input + start;
     sg_block_sync();
@@ -526,32 +568,36 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* 
   uint64_t start, bytes;
   sg_chunk(&call->layout, step->chunk, &start, &bytes);
   uint64_t begin, end;
-  sg_slice(bytes, SG_BLOCK, a->blocks, &begin, &end);
+  sg_call_slice(call, bytes, &begin, &end);
   /* The previous step's readers of the scratch are done before it is rewritten. */
   sg_block_sync();
-  /* Thread i waits on source i (its flag, then with ordered reads its turn), so the waits' round
-   * trips over the link overlap instead of following one another. A wait that gives up marks
-   * this rank failed, which releases the block's other waits (sg_wait watches this rank's own
-   * failure word). */
-  for (uint32_t i = SG_THREAD; i < step->source_count; i += SG_THREADS) {
+  /* Thread i waits on source i's flag and, with ordered reads, thread count + i on its turn (the
+   * source's served word), so every wait's round trip over the link overlaps the others: the
+   * order costs no round trip of its own. A wait that gives up marks this rank failed, which
+   * releases the block's other waits (sg_wait watches this rank's own failure word). */
+  const uint32_t count = step->source_count;
+  const uint32_t waits = sg_ordered(call, step) && step->turn > 0 ? 2 * count : count;
+  for (uint32_t i = SG_THREAD; i < waits; i += SG_THREADS) {
+    const uint32_t source = i < count ? i : i - count;
     uint32_t status = STATUS_OK;
-    if (sources[i].rank != a->rank) {
-      const uint32_t* flag = sg_flag(call, sources[i].rank, sources[i].value);
-      status = sg_wait(call, flag, call->flag, sources[i].rank);
-      /* This read is its source's send number `turn`: the sends before it go first. Their
-       * readers may be any ranks, so every rank's failure releases this wait. */
-      if (status == STATUS_OK && sg_ordered(call, step) && step->turn > 0) {
-        status = sg_wait(call, sg_served_word(call, sources[i].rank),
+    if (sources[source].rank != a->rank) {
+      if (i < count) {
+        const uint32_t* flag = sg_inbox(call, a->rank, sources[i].rank, sources[i].value);
+        status = sg_wait(call, flag, call->flag, sources[i].rank);
+      } else {
+        /* This read is its source's send number `turn`: the sends before it go first. Their
+         * readers may be any ranks, so every rank's failure releases this wait. */
+        status = sg_wait(call, sg_served_word(call, sources[source].rank),
                          sg_served(call->flag, step->turn), SG_ANY_PEER);
       }
     }
-    s->operands[i] = sg_value_at(call, sources[i].rank, sources[i].value);
+    if (i < count) s->operands[i] = sg_value_at(call, sources[i].rank, sources[i].value);
     s->waits[i] = status;
   }
   /* The acquires above and this barrier order every thread's reads of the sources after the
    * flags were seen. */
   sg_block_sync();
-  for (uint32_t i = 0; i < step->source_count; ++i) {
+  for (uint32_t i = 0; i < waits; ++i) {
     if (s->waits[i] != STATUS_OK) return s->waits[i];
   }
   unsigned char* own = sg_value_at(call, a->rank, step->out_value);
@@ -566,20 +612,22 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* 
   /* One barrier ends the step: every thread's reads of the sources are done (each source's next
    * send may go) and every write of its value is made (the value may be published). */
   sg_block_sync();
-  if (SG_THREAD == 0) {
-    for (uint32_t i = 0; serves && i < step->source_count; ++i) {
-      if (sources[i].rank == a->rank) continue;
+  /* Thread i serves source i (no two sources of a step are one rank's: each word is written
+   * once) and, below, thread j publishes to reader j: the releases go out together. */
+  for (uint32_t i = SG_THREAD; serves && i < step->source_count; i += SG_THREADS) {
+    if (sources[i].rank != a->rank) {
       sg_serve(sg_served_word(call, sources[i].rank), call->flag, step->turn);
     }
-    if (own) sg_store_release(sg_flag(call, a->rank, step->out_value), call->flag);
   }
+  if (own) sg_publish_to_readers(call, step->out_value);
   return STATUS_OK;
 }
 
-/* Whether a launch may run `plan`: the blob is one of this rank's, of this layout, and the
- * launch's type is one the kernel knows. */
+/* Whether a launch may run `plan`: the blob is one of this rank's, of this layout, the
+ * launch's type is one the kernel knows, and block 0 can spare the arrival warp it needs. */
 SG_DEVICE bool sg_plan_ok(const RawLaunch* a, const RawPlanHeader* plan) {
-  return plan != 0 && plan->magic == PLAN_MAGIC && plan->version == PLAN_VERSION &&
+  const bool arrival_fits = !sg_has_arrival(a) || SG_BLOCK_DIM > SG_ARRIVAL_LANES;
+  return arrival_fits && plan != 0 && plan->magic == PLAN_MAGIC && plan->version == PLAN_VERSION &&
          plan->rank == a->rank && plan->ranks >= 1 && plan->ranks <= SG_MAX_OPERANDS &&
          plan->chunk_count >= 1 && sg_elem_size((uint32_t)a->datatype) != 0;
 }
@@ -597,14 +645,6 @@ SG_DEVICE sg_watch sg_watch_of(uint64_t abort, uint64_t status, uint64_t peers, 
   return w;
 }
 
-/* The arrival block (index `blocks`, present when the launch takes a ticket): thread 0 runs
- * the arrival protocol beside the plan, never delaying it. */
-SG_DEVICE void sg_arrival_block(const RawLaunch* a) {
-  if (SG_THREAD != 0 || a->arrival.board == 0) return;
-  sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
-                           a->timeout_ns);
-  sg_arrive(&a->arrival, a->rank, &w);
-}
 
 /* Whether a graph launch's state indices are in range (otherwise it fails as a bad plan). */
 SG_DEVICE bool sg_graph_ok(const RawLaunch* a) {
@@ -693,8 +733,8 @@ SG_OUTLINED void sg_graph_feed(RawGraphState* g, const RawRule* rule, uint32_t c
   }
 }
 
-/* A graph launch's arrival block (thread 0): the arrival protocol on the graph board, with the
- * call's number from device memory; then the feed of what it copied (sg_graph_feed). */
+/* A graph launch's arrival work: the arrival protocol on the graph board, with the call's
+ * number from device memory; then the feed of what it copied (sg_graph_feed). */
 SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
   RawGraphState* g = (RawGraphState*)a->graph;
   RawArrival arrival = a->arrival;
@@ -707,8 +747,9 @@ SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
   sg_graph_feed(g, &a->rule, choice);
 }
 
-/* Thread 0 of each block of a graph launch, once the block is done: the last of the grid's
- * blocks (the arrival block included) advances the call numbers, after every block read them. */
+/* Thread 0 of each block of a graph launch once the block's plan is done, and the arrival
+ * thread once its work is: the last of these `blocks + 1` advances the call numbers, after
+ * every one of them read them. */
 SG_DEVICE void sg_graph_finish(const RawLaunch* a) {
   RawGraphState* g = (RawGraphState*)a->graph;
   if (sg_atomic_add(&g->finished, 1) != a->blocks) return;
@@ -717,22 +758,45 @@ SG_DEVICE void sg_graph_finish(const RawLaunch* a) {
   sg_store_release64(&g->calls, g->calls + 1);
 }
 
+/* The threads of block `block` (of `block_dim`) that run the plan and meet at its barriers:
+ * all of them, but in block 0 of a launch that records its arrival, all but the last warp
+ * (SG_ARRIVAL_LANES threads), whose first thread runs the arrival protocol beside the plan.
+ * Arrival work is one thread's spinning: a warp of block 0 does it, where a block of its own
+ * would hold a whole multiprocessor (the kernel's registers fill one). A block too small to
+ * spare the warp keeps every thread (sg_plan_ok then refuses the launch). */
+SG_DEVICE uint32_t sg_plan_threads(const RawLaunch* a, uint32_t block, uint32_t block_dim) {
+  if (block != 0 || !sg_has_arrival(a) || block_dim <= SG_ARRIVAL_LANES) return block_dim;
+  return block_dim - SG_ARRIVAL_LANES;
+}
+
+/* The arrival work of a launch (its arrival thread): the protocol on the eager board; or, in a
+ * graph launch, the device's choice, the protocol on the graph board, the detector's feed and
+ * the launch's count. Outlined: one thread runs it, beside the plan. */
+SG_OUTLINED void sg_arrival_work(const RawLaunch* a) {
+  if (a->graph == 0) {
+    sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
+                             a->timeout_ns);
+    sg_arrive(&a->arrival, a->rank, &w);
+    return;
+  }
+  /* Only this thread of the warp reads the graph state: the grid's last block advances its
+   * class's calls once every block, and this thread, has finished (RawClassState), so another
+   * thread reading it here would race with that. */
+  uint32_t choice = 0;
+  sg_graph_plan(a, &choice);
+  if (sg_graph_ok(a)) sg_graph_arrival(a, choice);
+  sg_graph_finish(a);
+}
+
 /* The kernel body, shared by the GPU entry point and the host emulation. Blocks
- * 0..blocks-1 run the plan; block `blocks`, if launched, records the arrival (and, in a graph
- * launch, feeds the device's detector). */
+ * 0..blocks-1 run the plan; when the launch records its arrival, the last warp of block 0
+ * does that instead (and, in a graph launch, feeds the device's detector): sg_plan_threads. */
 SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   uint32_t choice = 0;
-  if (SG_BLOCK >= a->blocks) {
-    if (a->graph == 0) {
-      sg_arrival_block(a);
-    } else if (SG_THREAD == 0) {
-      /* Only thread 0 reads the graph state here: the grid's last block advances its class's
-       * calls once every block, this one through thread 0, has finished (RawClassState), so
-       * another thread of this block reading it would race with that. */
-      sg_graph_plan(a, &choice);
-      if (sg_graph_ok(a)) sg_graph_arrival(a, choice);
-      sg_graph_finish(a);
-    }
+  const uint32_t plan_threads = sg_plan_threads(a, SG_BLOCK, SG_BLOCK_DIM);
+  sg_set_threads(plan_threads);
+  if (SG_THREAD >= plan_threads) {
+    if (SG_THREAD == plan_threads) sg_arrival_work(a);
     return;
   }
   if (SG_BLOCK == 0 && SG_THREAD == 0) {
@@ -806,6 +870,7 @@ SG_DEVICE void sg_ticket_end(const RawTicket* t) {
 /* The bandwidth probe's body: out = op-fold of the operands over `bytes`, block b taking its
  * slice as the AllReduce kernel slices a chunk (the same vector code). */
 SG_DEVICE void sg_apply_probe(const RawApply* a, sg_scratch* s) {
+  sg_set_threads(SG_BLOCK_DIM);
   sg_math math;
   math.op = a->op;
   math.ranks = 1;
@@ -817,21 +882,28 @@ SG_DEVICE void sg_apply_probe(const RawApply* a, sg_scratch* s) {
   }
   sg_block_sync();
   uint64_t begin, end;
-  sg_slice(a->bytes, SG_BLOCK, SG_BLOCKS, &begin, &end);
+  sg_slice(a->bytes, SG_BLOCK, SG_BLOCKS, SG_BLOCK_DIM, 0, &begin, &end);
   sg_apply_any(&math, s, operands, begin, end, (unsigned char*)a->output, 0, false, false);
 }
 
 #ifdef STRAGGLAR_HOST_EMULATION
 thread_local sg_host_thread sg_self;
 
+/* The threads of block `block` of a launch that meet at its barrier: the harness's barrier
+ * is for this many (the others run the arrival work, see sg_plan_threads). */
+extern "C" uint32_t stragglar_emulate_plan_threads(const RawLaunch* args, uint32_t block) {
+  return sg_plan_threads(args, block, args->threads);
+}
+
 /* Runs one emulated GPU thread of block `block` (the harness starts `threads` OS threads per
- * block, all sharing `barrier` and `scratch`). */
+ * block, all sharing `scratch`; `barrier` is for stragglar_emulate_plan_threads of them). */
 extern "C" void stragglar_emulate_thread(const RawLaunch* args, uint32_t block, uint32_t thread,
                                          pthread_barrier_t* barrier, void* scratch) {
   sg_self.block = block;
   sg_self.blocks = args->blocks;
   sg_self.thread = thread;
   sg_self.threads = args->threads;
+  sg_self.block_dim = args->threads;
   sg_self.barrier = barrier;
   sg_all_reduce(args, (sg_scratch*)scratch);
 }
@@ -845,6 +917,7 @@ extern "C" void stragglar_emulate_apply_thread(const RawApply* args, uint32_t bl
   sg_self.blocks = blocks;
   sg_self.thread = thread;
   sg_self.threads = threads;
+  sg_self.block_dim = threads;
   sg_self.barrier = barrier;
   sg_apply_probe(args, (sg_scratch*)scratch);
 }
@@ -855,6 +928,7 @@ extern "C" void stragglar_emulate_ticket(const RawTicket* args) {
   sg_self.blocks = 1;
   sg_self.thread = 0;
   sg_self.threads = 1;
+  sg_self.block_dim = 1;
   sg_self.barrier = 0;
   sg_ticket(args);
 }
@@ -865,6 +939,7 @@ extern "C" void stragglar_emulate_ticket_end(const RawTicket* args) {
   sg_self.blocks = 1;
   sg_self.thread = 0;
   sg_self.threads = 1;
+  sg_self.block_dim = 1;
   sg_self.barrier = 0;
   sg_ticket_end(args);
 }
@@ -923,9 +998,9 @@ extern "C" uint64_t stragglar_emulate_served_out_of_order(void) {
 /* Bytes of scratch one emulated block needs. */
 extern "C" uint64_t stragglar_emulate_scratch_bytes(void) { return sizeof(sg_scratch); }
 #else
-/* One 512-thread block per SM, as NCCL's kernels: a grid of 17 blocks needs no more, and the
- * register budget (up to 128 per thread) keeps the copy's loads in flight without spilling
- * (ptxas for sm_90: 110 registers, no local memory but the detector's sort). */
+/* One 512-thread block per SM, as NCCL's kernels: the grid is the plan's blocks (the arrival
+ * protocol runs in a warp of block 0), and the register budget (up to 128 per thread) keeps
+ * 8 loads in flight per thread in the data loops without spilling (docs/KERNELS.md). */
 SG_GLOBAL void __launch_bounds__(MAX_THREADS, 1) ncclStragglarAllReduce(RawLaunch args) {
   __shared__ sg_scratch scratch;
   sg_all_reduce(&args, &scratch);

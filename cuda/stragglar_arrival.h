@@ -2,8 +2,9 @@
  * the GPUs themselves and identical on every rank, so every rank's policy reads the same
  * history without exchanging anything (docs/ALGORITHM.md; src/detect for the rule).
  *
- * Protocol for call c (one thread per rank: the AllReduce kernel's extra block, or the ticket
- * kernel before a call that goes to NCCL), on the board in rank 0's staging:
+ * Protocol for call c (one thread per rank: the first of the AllReduce kernel's arrival warp,
+ * the last warp of its block 0, or the ticket kernel before a call that goes to NCCL), on the
+ * board in rank 0's staging:
  *  1. if this rank arrived last at c-1, publish c-1's post-arrival time: from its ticket (or
  *     its kernel's start, if earlier) to its call's end, all on its own clock (its
  *     RawArrivalNote; the end is noted by the kernel's last plan block, or by the end kernel
@@ -80,7 +81,7 @@ SG_DEVICE uint64_t sg_await_tag(const sg_watch* w, const uint64_t* p, uint64_t t
 }
 
 /* This rank's note of call `call` among its two (`notes`: RawArrivalNote[2]): call c writes
- * the one at c % 2 while its arrival block reads c-1's, so the two never touch one word. */
+ * the one at c % 2 while its arrival thread reads c-1's, so the two never touch one word. */
 SG_DEVICE RawArrivalNote* sg_note_of(uint64_t notes, uint64_t call) {
   return &((RawArrivalNote*)notes)[call & 1];
 }
@@ -94,7 +95,7 @@ SG_DEVICE void sg_note_finished(uint64_t notes, uint64_t call) {
 }
 
 /* Notes that this rank's AllReduce kernel of call `call` started now (block 0, before its
- * plan): the call's start if its arrival block takes the ticket later. */
+ * plan): the call's start if its arrival thread takes the ticket later. */
 SG_DEVICE void sg_note_started(uint64_t notes, uint64_t call) {
   RawArrivalNote* note = sg_note_of(notes, call);
   note->started_at = sg_now_ns();

@@ -41,7 +41,9 @@ typedef struct __attribute__((aligned(16))) sg_vec16 {
  * `fiber_sync` and `fiber_pause` switch to the block's next fiber, and the harness rewrites
  * `thread` on every switch). */
 struct sg_host_thread {
-  uint32_t block, blocks, thread, threads;
+  /* `threads`: the block's threads that run the plan and meet at sg_block_sync (sg_set_threads);
+   * `block_dim`: every thread the harness runs in the block. */
+  uint32_t block, blocks, thread, threads, block_dim;
   pthread_barrier_t* barrier; /* OS-thread harness: one per emulated block */
   void (*fiber_sync)(void);   /* fiber harness: the block barrier (null otherwise) */
   void (*fiber_pause)(void);  /* fiber harness: lets the block's other fibers run */
@@ -111,8 +113,13 @@ SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) { memcpy(ds
 SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) { memcpy(dst, src, n); }
 #define SG_THREAD (sg_self.thread)
 #define SG_THREADS (sg_self.threads)
+#define SG_BLOCK_DIM (sg_self.block_dim)
 #define SG_BLOCK (sg_self.block)
 #define SG_BLOCKS (sg_self.blocks)
+/* The emulation's warp is one thread: the arrival "warp" of block 0 is its last thread. */
+#define SG_ARRIVAL_LANES 1u
+/* Sets SG_THREADS for the calling thread (each emulated thread has its own copy). */
+SG_DEVICE void sg_set_threads(uint32_t threads) { sg_self.threads = threads; }
 
 #else
 /* ---------------------------------------------------------------- GPU (NVRTC) ------------- */
@@ -123,7 +130,20 @@ SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) { memcpy(d
 #define SG_UNROLL _Pragma("unroll")
 #define SG_GLOBAL extern "C" __global__
 
-SG_DEVICE void sg_block_sync(void) { __syncthreads(); }
+/* The threads of this block that run the data path and meet at sg_block_sync: every thread
+ * but an arrival warp. Set once at a kernel's start by every thread of the block (thread 0
+ * writes it, then the whole block, the arrival warp included, meets at barrier 0). */
+static __shared__ uint32_t sg_block_threads;
+SG_DEVICE void sg_set_threads(uint32_t threads) {
+  if (threadIdx.x == 0) sg_block_threads = threads;
+  __syncthreads();
+}
+/* The block barrier of the data path: named barrier 1 for SG_THREADS threads (a multiple of
+ * the warp size), so a warp doing other work (the arrival protocol) never takes part. Like
+ * __syncthreads, bar.sync orders the memory accesses of the threads taking part. */
+SG_DEVICE void sg_block_sync(void) {
+  asm volatile("bar.sync 1, %0;" ::"r"(sg_block_threads) : "memory");
+}
 SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -251,8 +271,11 @@ SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) {
   }
 }
 #define SG_THREAD (threadIdx.x)
-#define SG_THREADS (blockDim.x)
+#define SG_THREADS (sg_block_threads)
+#define SG_BLOCK_DIM (blockDim.x)
 #define SG_BLOCK (blockIdx.x)
+/* The arrival warp of block 0 (see sg_plan_threads). */
+#define SG_ARRIVAL_LANES WARP_THREADS
 #define SG_BLOCKS (gridDim.x)
 #endif
 

@@ -44,6 +44,14 @@
 #define MAX_THREADS 512
 
 /**
+ * The threads of a GPU warp. A launch that records its arrival gives the protocol the last
+ * warp of block 0 (one working thread), not a block of its own, so block 0's plan runs on the
+ * block's other warps: a GPU launch has a multiple of `WARP_THREADS` threads, at least two
+ * warps of them.
+ */
+#define WARP_THREADS 32
+
+/**
  * `RawLaunch::status` values a kernel writes when it gives up (0 means no error).
  */
 #define STATUS_OK 0
@@ -325,9 +333,10 @@ typedef struct RawLaunch {
   uint32_t ordered_reads;
   uint32_t reserved;
   /**
-   * The arrival record of this call: `board` nonzero adds one block (index `blocks`) to the
-   * grid that runs [`RawTicket`]'s protocol alongside the plan; 0 takes none. In a graph
-   * launch only `board` (rank 0's graph board) and `ranks` are read.
+   * The arrival record of this call: `board` nonzero has the last warp of block 0 run
+   * [`RawTicket`]'s protocol alongside the plan (the grid stays `blocks`); 0 takes none. A
+   * graph launch always records its arrival, and reads only `board` (rank 0's graph board)
+   * and `ranks` here.
    */
   struct RawArrival arrival;
   /**
@@ -357,8 +366,11 @@ typedef struct RawPeer {
    */
   uint64_t arena[2];
   /**
-   * The flags of each parity: `uint32_t[values][blocks]`, the epoch of the call that wrote
-   * value `v`'s slice `b` at `flags[v * blocks + b]`; written only by the owner.
+   * The flags of each parity, an inbox: `uint32_t[values][blocks]` over the values of all
+   * ranks (the plan's value table). `flags[g * blocks + b]` holds the epoch of the call whose
+   * value `g` (its index in the value table) has its slice `b` written, and is written only
+   * by that value's owner, into the staging of each of its readers; a reader waits on its
+   * own memory.
    */
   uint64_t flags[2];
   /**
@@ -472,7 +484,7 @@ typedef struct RawRingEntry {
  * What one rank remembers of a ticketed call, in its own device memory, so that its next
  * ticketed launch can publish the call's post-arrival time (`RawBoardSlot::post`) when it
  * arrived last. Only this rank's kernels touch it; a rank keeps two, by call parity, so that
- * a call's blocks noting it never share a word with its arrival block reading the previous
+ * a call's blocks noting it never share a word with its arrival thread reading the previous
  * call's.
  */
 typedef struct RawArrivalNote {
@@ -486,8 +498,8 @@ typedef struct RawArrivalNote {
   uint64_t arrived_at;
   /**
    * The tag of the latest AllReduce kernel this rank started, and its `%globaltimer` then
-   * (block 0's start): the call's start when the arrival block took its ticket after the
-   * plan's blocks had begun (or even finished), as a busy GPU may schedule it.
+   * (block 0's start): the call's start when the arrival thread took its ticket after the
+   * plan had begun (or even finished): its protocol first waits for earlier calls' records.
    */
   uint64_t started;
   uint64_t started_at;
@@ -640,7 +652,7 @@ typedef struct RawGraphState {
    */
   uint64_t calls;
   /**
-   * Blocks of the current graph call that have finished, the arrival block included.
+   * Blocks of the current graph call that have finished, and its arrival thread.
    */
   uint32_t finished;
   /**
@@ -655,7 +667,7 @@ typedef struct RawGraphState {
   uint32_t last_choice;
   uint32_t reserved;
   /**
-   * Graph calls on StragglAR and on the baseline so far (written by the arrival block).
+   * Graph calls on StragglAR and on the baseline so far (written by the arrival thread).
    */
   uint64_t on_stragglar;
   uint64_t on_baseline;

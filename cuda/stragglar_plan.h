@@ -27,7 +27,7 @@ typedef unsigned long long uint64_t;
 /**
  * `RawPlanHeader::version` of this layout.
  */
-#define PLAN_VERSION 2
+#define PLAN_VERSION 3
 
 /**
  * `RawStep::kind`: copy the caller's input into `IN`.
@@ -104,6 +104,10 @@ typedef struct RawPlanHeader {
    * `uint32_t[ranks]`: index of each rank's first value in the value array.
    */
   uint64_t value_bases_at;
+  /**
+   * `uint32_t[]`: the ranks that read each value (`RawValue::first_reader`), ascending.
+   */
+  uint64_t readers_at;
 } RawPlanHeader;
 
 /**
@@ -151,6 +155,13 @@ typedef struct RawValue {
    * and `slot` is `slot_bytes` of the count.
    */
   uint32_t slot;
+  /**
+   * The other ranks whose steps read this value: `readers[first_reader ..
+   * first_reader + reader_count]`. The owner publishes the value into each reader's
+   * staging (its flag there), so a reader's wait polls its own memory.
+   */
+  uint32_t first_reader;
+  uint32_t reader_count;
 } RawValue;
 
 #endif  /* STRAGGLAR_PLAN_H_ */

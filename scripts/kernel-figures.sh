@@ -4,6 +4,8 @@
 # and the report reads:
 #   - compile: seconds NVRTC took (a job's first use on a host pays it, unless cached);
 #   - AllReduce regs / stack / spill st: ptxas's figures for ncclStragglarAllReduce;
+#   - control spill st: spill stores of the kernel's own code, its outlined control functions
+#     included (the step, the copy-in, the arrival work), per thread: paid once per step;
 #   - data-loop spills: the largest spill (stores + loads, bytes) of the outlined element-wise
 #     functions (sg_apply<lane, op>, sg_copy_elems); "inlined" when the build inlines them;
 #   - sys fences: MEMBAR.*.SYS instructions in the whole CUBIN's SASS (nvdisasm);
@@ -67,6 +69,8 @@ figures() {
         if (fn ~ /sg_apply|sg_copy_elems/) {
           data = 1
           if (st[fn] + ld[fn] > worst) worst = st[fn] + ld[fn]
+        } else if (fn == "ncclStragglarAllReduce" || fn !~ /^nccl/) {
+          control += st[fn]
         }
       }
       /Used [0-9]+ registers/ && fn == "ncclStragglarAllReduce" {
@@ -80,15 +84,15 @@ figures() {
           if (line ~ /LDG\.E\.128/) run++
           if (line ~ /[^A-Z]FADD[ .]/) { if (run > best) best = run; run = 0 }
         }
-        printf "| %s | %s | %s s | %s / %s B / %s B | %s | %d | %d | %d |\n", label, arch, secs,
-          regs, stack["ncclStragglarAllReduce"], st["ncclStragglarAllReduce"],
-          data ? worst " B" : "inlined", fences, best, cvt
+        printf "| %s | %s | %s s | %s / %s B / %s B | %d B | %s | %d | %d | %d |\n", label, arch,
+          secs, regs, stack["ncclStragglarAllReduce"], st["ncclStragglarAllReduce"], control,
+          data ? worst + 0 " B" : "inlined", fences, best, cvt
       }' "$out/report.txt"
   done
 }
 
-echo "| build | arch | compile | AllReduce regs / stack / spill st | data-loop spills | sys fences | loads before FADD | hw cvt |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| build | arch | compile | AllReduce regs / stack / spill st | control spill st | data-loop spills | sys fences | loads before FADD | hw cvt |"
+echo "|---|---|---|---|---|---|---|---|---|"
 if [ -n "$BEFORE" ]; then
   mkdir -p "$WORK/before-src"
   git archive "$BEFORE" cuda | tar -x -C "$WORK/before-src"

@@ -37,6 +37,7 @@ fn the_dry_run_lists_every_check_and_ends_with_the_summary() {
         "straggler policy on the GPU: 4 ranks, rank 3 late",
         "policy in graph replays, on the GPU: 4 ranks, rank 3 late",
         "kernel bandwidth vs cuMemcpyDtoD",
+        "fixed cost per step and per call",
         "processes over CUDA IPC: n=2,3,4",
         "PyTorch LD_PRELOAD, world size 1",
     ] {

@@ -32,6 +32,8 @@ use stragglar::schedule::Algorithm;
 /// `stragglar_emulate_thread`: one GPU thread of the AllReduce kernel.
 type ThreadFn =
     unsafe extern "C" fn(*const RawLaunch, u32, u32, *mut libc::pthread_barrier_t, *mut c_void);
+/// `stragglar_emulate_plan_threads`: the threads of a block that meet at its barrier.
+type PlanThreadsFn = unsafe extern "C" fn(*const RawLaunch, u32) -> u32;
 /// `stragglar_emulate_apply_thread`: one GPU thread of the bandwidth probe.
 type ApplyFn = unsafe extern "C" fn(
     *const RawApply,
@@ -80,6 +82,7 @@ fn await_tickets(board: u64, ranks: usize, call: u64, count: usize, delay: Durat
 struct Kernel {
     half: HalfFn,
     thread: ThreadFn,
+    plan_threads: PlanThreadsFn,
     apply: ApplyFn,
     ticket: TicketFn,
     ticket_end: TicketFn,
@@ -222,6 +225,12 @@ fn kernel() -> &'static Kernel {
             thread: unsafe {
                 std::mem::transmute::<*mut c_void, ThreadFn>(symbol("stragglar_emulate_thread"))
             },
+            // SAFETY: as above.
+            plan_threads: unsafe {
+                std::mem::transmute::<*mut c_void, PlanThreadsFn>(symbol(
+                    "stragglar_emulate_plan_threads",
+                ))
+            },
             // SAFETY: a plain function without arguments.
             scratch_bytes: unsafe { scratch() } as usize,
         }
@@ -266,7 +275,7 @@ struct Comm {
     abort: Aligned,
     timeout_ns: u64,
     calls: u64,
-    /// Whether launches record arrivals (an extra block), and the next ticketed call.
+    /// Whether launches record arrivals (block 0's last thread), and the next ticketed call.
     ticketing: bool,
     arrivals: std::cell::Cell<u64>,
     /// A rank that launches this long after the others, for the next call only.
@@ -284,7 +293,7 @@ struct Comm {
 const ARENA_BYTES: usize = 1 << 20;
 /// What the bytes past a call's arenas hold while it runs (see `Comm::poison_past_arenas`).
 const POISON: u8 = 0xa5;
-const MAX_VALUES: usize = 512;
+const MAX_VALUES: usize = 4096;
 
 impl Comm {
     fn new(ranks: usize, blocks: u32, threads: u32) -> Comm {
@@ -352,9 +361,10 @@ impl Comm {
         self.memory[0].staging.addr() + self.layout.board()
     }
 
-    /// Blocks per launch: the plan's, and the arrival block when ticketing.
+    /// Blocks per launch: the plan's (a launch that records its arrival does it in block 0's
+    /// last thread).
     fn grid(&self) -> u32 {
-        self.blocks + u32::from(self.ticketing)
+        self.blocks
     }
 
     /// The arrival part of the next launch on `rank` (the call number is taken by `prepare` or
@@ -548,7 +558,7 @@ impl Comm {
         corrupt_plan_of: Option<usize>,
     ) -> (Vec<Vec<u64>>, Vec<RawLaunch>) {
         let (lowered, plan) = (&plan.lowered, &plan.plan);
-        assert!(plan.max_arena_bytes() <= ARENA_BYTES && plan.max_values() <= MAX_VALUES);
+        assert!(plan.max_arena_bytes() <= ARENA_BYTES && plan.total_values() <= MAX_VALUES);
         let call = self.arrivals.get();
         self.arrivals.set(call + 1);
         let arrivals: Vec<RawArrival> = (0..self.ranks).map(|r| self.arrival(r, call)).collect();
@@ -618,8 +628,8 @@ impl Comm {
     /// Runs `launches[r]` for each rank `r` in `launched` as `grid` blocks; the late rank (if
     /// any) launches once the others took their ticket of `hold` (board, call), or after its
     /// delay alone when the launches take no ticket. With `arrival_first`, the late rank's
-    /// arrival block (the last) runs to its end before its other blocks start: as the last
-    /// arrival it waits for nobody, and whatever it writes is in place before they read.
+    /// arrival thread (block 0's last) runs to its end before its other threads start: as the
+    /// last arrival it waits for nobody, and whatever it writes is in place before they read.
     fn execute(
         &mut self,
         launches: &[RawLaunch],
@@ -649,11 +659,16 @@ impl Comm {
                     None => std::thread::sleep(delay),
                 }
                 if arrival_first {
-                    emulate_block(k, &launches[r], grid - 1, self.threads);
-                    for block in 0..grid - 1 {
+                    emulate_threads(k, &launches[r], 0, self.threads, Threads::Arrival);
+                    for block in 0..grid {
                         let launch = &launches[r];
                         let threads = self.threads;
-                        scope.spawn(move || emulate_block(k, launch, block, threads));
+                        let which = if block == 0 {
+                            Threads::Plan
+                        } else {
+                            Threads::All
+                        };
+                        scope.spawn(move || emulate_threads(k, launch, block, threads, which));
                     }
                 } else {
                     launch_rank(r);
@@ -707,11 +722,11 @@ impl Comm {
     }
 
     /// Replays a captured call on the ranks in `launched` (the late rank after the others'
-    /// tickets; its arrival block first with `arrival_first`, see [`Comm::execute`]).
+    /// tickets; its arrival thread first with `arrival_first`, see [`Comm::execute`]).
     fn replay(&mut self, launches: &[RawLaunch], launched: &[usize], arrival_first: bool) {
         let call = self.graph_state(0).calls;
         let hold = Some((self.graph_board(), call));
-        self.execute(launches, launched, self.blocks + 1, hold, arrival_first);
+        self.execute(launches, launched, self.blocks, hold, arrival_first);
     }
 }
 
@@ -744,17 +759,44 @@ fn blob_words(plan: &Lowered, rank: usize) -> Vec<u64> {
 
 /// Runs one block: `threads` OS threads sharing a barrier and the block's scratch.
 fn emulate_block(k: &Kernel, launch: &RawLaunch, block: u32, threads: u32) {
+    emulate_threads(k, launch, block, threads, Threads::All)
+}
+
+/// Which threads of a block [`emulate_threads`] runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Threads {
+    All,
+    /// The arrival threads alone (block 0's last, when the launch records its arrival).
+    Arrival,
+    /// Every thread but the arrival threads.
+    Plan,
+}
+
+/// Runs threads of one block (see [`Threads`]): OS threads sharing a barrier, for the threads
+/// that run the plan (the arrival threads never wait at it), and the block's scratch.
+fn emulate_threads(k: &Kernel, launch: &RawLaunch, block: u32, threads: u32, which: Threads) {
+    // SAFETY: a live launch; the function only reads it.
+    let planned = unsafe { (k.plan_threads)(launch, block) };
+    assert!(
+        planned >= 1 && planned <= threads,
+        "{planned} of {threads} threads"
+    );
     let mut barrier = std::mem::MaybeUninit::<libc::pthread_barrier_t>::uninit();
-    // SAFETY: initialising a barrier we own, for `threads` participants.
+    // SAFETY: initialising a barrier we own, for the threads that run the plan.
     assert_eq!(
-        unsafe { libc::pthread_barrier_init(barrier.as_mut_ptr(), std::ptr::null(), threads) },
+        unsafe { libc::pthread_barrier_init(barrier.as_mut_ptr(), std::ptr::null(), planned) },
         0
     );
     let scratch = Aligned::new(k.scratch_bytes);
     let scratch_addr = scratch.addr() as usize;
     let barrier_addr = barrier.as_mut_ptr() as usize;
+    let range = match which {
+        Threads::All => 0..threads,
+        Threads::Arrival => planned..threads,
+        Threads::Plan => 0..planned,
+    };
     scoped(|scope| {
-        for thread in 0..threads {
+        for thread in range {
             scope.spawn(move || {
                 // SAFETY: the launch, barrier and scratch outlive every thread of this scope;
                 // the kernel body is the code under test.
@@ -1430,9 +1472,15 @@ fn many_calls_alternate_parities_and_move_the_straggler() {
 /// (the others StragglAR, the straggler moving every call); every type and op take turns.
 /// The two-parity argument says no value is overwritten while a peer may read it: every call's
 /// output must be its plan's, bit for bit, on every rank.
-fn run_ahead(ranks: usize, calls: usize, ordered_reads: bool, ring: fn(usize) -> bool) {
+fn run_ahead(
+    ranks: usize,
+    threads: u32,
+    calls: usize,
+    ordered_reads: bool,
+    ring: fn(usize) -> bool,
+) {
     let mut cache = PlanCache::default();
-    let mut comm = Comm::new(ranks, 2, 2);
+    let mut comm = Comm::new(ranks, 2, threads);
     comm.ordered_reads = ordered_reads;
     let mut prepared = Vec::new();
     for call in 0..calls {
@@ -1513,14 +1561,16 @@ fn run_ahead(ranks: usize, calls: usize, ordered_reads: bool, ring: fn(usize) ->
 
 #[test]
 fn ranks_run_ahead_without_a_barrier_between_calls() {
-    run_ahead(5, 10, true, |call| call % 4 == 3);
+    run_ahead(5, 2, 10, true, |call| call % 4 == 3);
 }
 
 #[test]
 fn ranks_run_ahead_at_two_to_four_ranks_with_reads_ordered_or_not() {
     for ranks in 2..=4 {
         for ordered_reads in [true, false] {
-            run_ahead(ranks, 8, ordered_reads, |call| call % 3 == 1);
+            // Three threads: block 0 has two for the plan beside its arrival thread, and a
+            // read's flag and turn are waited for by two threads.
+            run_ahead(ranks, 3, 8, ordered_reads, |call| call % 3 == 1);
         }
     }
 }
@@ -1528,7 +1578,7 @@ fn ranks_run_ahead_at_two_to_four_ranks_with_reads_ordered_or_not() {
 #[test]
 fn ranks_run_ahead_on_ring_alone() {
     for ordered_reads in [true, false] {
-        run_ahead(4, 8, ordered_reads, |_| true);
+        run_ahead(4, 2, 8, ordered_reads, |_| true);
     }
 }
 
@@ -1551,7 +1601,7 @@ fn f32_sum(ranks: usize, straggler: usize, count: usize, seed: u64) -> Case {
 
 #[test]
 fn arrival_records_name_the_late_rank_identically_on_every_rank() {
-    // Calls alternate between the AllReduce kernel (its arrival block runs beside the plan)
+    // Calls alternate between the AllReduce kernel (its arrival thread runs beside the plan)
     // and the ticket kernel (a call the policy sends to NCCL, whose work takes 20 ms once
     // every rank arrived); one rank, a different one each call, launches 30 ms after the
     // others. Every rank's ring must hold the same record of every call: the late rank, a
@@ -2163,7 +2213,7 @@ fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
         on_stragglar += usize::from(choice < ranks);
         last_stragglar[which] = choice == 2;
         classes.push(which);
-        // Odd replays: the late rank's arrival block writes the verdict of its class's next
+        // Odd replays: the late rank's arrival thread writes the verdict of its class's next
         // call before its data blocks read this call's (the other half).
         comm.replay(&captured[which].launches, &everyone, replay % 2 == 1);
         check_replay(&mut comm, &mut captured[which], replay, choice);
@@ -2199,14 +2249,14 @@ fn graph_replays_run_ahead_without_a_barrier_between_them() {
     for ranks in [4, 5] {
         let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
         let mut cache = PlanCache::default();
-        let mut comm = Comm::new(ranks, 2, 2);
+        let mut comm = Comm::new(ranks, 2, 3);
         let mut captured =
             Captured::new(&comm, &mut cache, &policy, DetectorConfig::default(), 4096);
         let k = kernel();
-        let (grid, threads) = (comm.blocks + 1, comm.threads);
-        let (launches, board) = (&captured.launches, comm.graph_board());
+        let (grid, threads) = (comm.blocks, comm.threads);
+        let board = comm.graph_board();
         scoped(|scope| {
-            for rank in 0..ranks {
+            for (rank, launch) in captured.launches.iter().enumerate() {
                 scope.spawn(move || {
                     for replay in 0..replays {
                         if rank == 2 && replay % 5 != 0 {
@@ -2223,7 +2273,6 @@ fn graph_replays_run_ahead_without_a_barrier_between_them() {
                         }
                         scoped(|blocks| {
                             for block in 0..grid {
-                                let launch = &launches[rank];
                                 blocks.spawn(move || emulate_block(k, launch, block, threads));
                             }
                         });
@@ -2536,7 +2585,7 @@ fn graph_choices_that_change_at_every_replay_stay_identical_on_every_rank() {
     // stragglar: each replay runs StragglAR with the rank that was last two graph calls of its
     // class before, and a random rank is late at every replay, so the choice changes at most
     // replays. Two captured calls of different size classes; on odd replays the late rank's
-    // arrival block writes its verdict before its data blocks read theirs. Any replay reading a
+    // arrival thread writes its verdict before its data blocks read theirs. Any replay reading a
     // verdict half that is being written, or a stale one, shows as a rank or a choice that
     // differs.
     use stragglar::detect::policy::{AlgoMode, StragglerMode};

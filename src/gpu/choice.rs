@@ -228,7 +228,7 @@ pub struct RawGraphState {
     /// Graph calls of this communicator completed: the next one's number, the same on every
     /// rank (all replay the same collectives in the same order).
     pub calls: u64,
-    /// Blocks of the current graph call that have finished, the arrival block included.
+    /// Blocks of the current graph call that have finished, and its arrival thread.
     pub finished: u32,
     /// The size class of the previous graph call plus one (whose record the next call feeds);
     /// 0 before the first.
@@ -237,7 +237,7 @@ pub struct RawGraphState {
     /// for the baseline), for the host's report; 0 before the first.
     pub last_choice: u32,
     pub reserved: u32,
-    /// Graph calls on StragglAR and on the baseline so far (written by the arrival block).
+    /// Graph calls on StragglAR and on the baseline so far (written by the arrival thread).
     pub on_stragglar: u64,
     pub on_baseline: u64,
     /// What this rank's graph calls noted for their post-arrival times, by call parity (the

@@ -23,6 +23,12 @@ pub const OP_PREMULSUM: u32 = 5;
 /// are sized to one block per SM each, see `shared_gpu_blocks`).
 pub const MAX_THREADS: u32 = 512;
 
+/// The threads of a GPU warp. A launch that records its arrival gives the protocol the last
+/// warp of block 0 (one working thread), not a block of its own, so block 0's plan runs on the
+/// block's other warps: a GPU launch has a multiple of `WARP_THREADS` threads, at least two
+/// warps of them.
+pub const WARP_THREADS: u32 = 32;
+
 /// `RawLaunch::status` values a kernel writes when it gives up (0 means no error).
 pub const STATUS_OK: u32 = 0;
 /// The host raised the abort word.
@@ -40,8 +46,11 @@ pub const STATUS_BAD_PLAN: u32 = 4;
 pub struct RawPeer {
     /// The arena of each call parity: `arena_bytes` each, 16-byte aligned.
     pub arena: [u64; 2],
-    /// The flags of each parity: `uint32_t[values][blocks]`, the epoch of the call that wrote
-    /// value `v`'s slice `b` at `flags[v * blocks + b]`; written only by the owner.
+    /// The flags of each parity, an inbox: `uint32_t[values][blocks]` over the values of all
+    /// ranks (the plan's value table). `flags[g * blocks + b]` holds the epoch of the call whose
+    /// value `g` (its index in the value table) has its slice `b` written, and is written only
+    /// by that value's owner, into the staging of each of its readers; a reader waits on its
+    /// own memory.
     pub flags: [u64; 2],
     /// `uint32_t`: nonzero once the owner failed a call (the owner's status); peers' waits on
     /// this rank give up when they see it.
@@ -97,9 +106,10 @@ pub struct RawLaunch {
     /// soon as their value is published. Identical on every rank.
     pub ordered_reads: u32,
     pub reserved: u32,
-    /// The arrival record of this call: `board` nonzero adds one block (index `blocks`) to the
-    /// grid that runs [`RawTicket`]'s protocol alongside the plan; 0 takes none. In a graph
-    /// launch only `board` (rank 0's graph board) and `ranks` are read.
+    /// The arrival record of this call: `board` nonzero has the last warp of block 0 run
+    /// [`RawTicket`]'s protocol alongside the plan (the grid stays `blocks`); 0 takes none. A
+    /// graph launch always records its arrival, and reads only `board` (rank 0's graph board)
+    /// and `ranks` here.
     pub arrival: RawArrival,
     /// `RawGraphState*`, this rank's, in device memory: nonzero makes this a graph launch, whose
     /// call number, arrival record and plan come from device memory (see `super::choice`); 0
@@ -161,7 +171,7 @@ pub struct RawRingEntry {
 /// What one rank remembers of a ticketed call, in its own device memory, so that its next
 /// ticketed launch can publish the call's post-arrival time (`RawBoardSlot::post`) when it
 /// arrived last. Only this rank's kernels touch it; a rank keeps two, by call parity, so that
-/// a call's blocks noting it never share a word with its arrival block reading the previous
+/// a call's blocks noting it never share a word with its arrival thread reading the previous
 /// call's.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -171,8 +181,8 @@ pub struct RawArrivalNote {
     /// Its `%globaltimer` at that ticket (nanoseconds).
     pub arrived_at: u64,
     /// The tag of the latest AllReduce kernel this rank started, and its `%globaltimer` then
-    /// (block 0's start): the call's start when the arrival block took its ticket after the
-    /// plan's blocks had begun (or even finished), as a busy GPU may schedule it.
+    /// (block 0's start): the call's start when the arrival thread took its ticket after the
+    /// plan had begun (or even finished): its protocol first waits for earlier calls' records.
     pub started: u64,
     pub started_at: u64,
     /// The tag of the latest call this rank finished: its AllReduce kernel's last plan block,

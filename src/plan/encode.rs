@@ -1,8 +1,8 @@
 //! The `#[repr(C)]` encoding of one rank's program that the CUDA kernels read.
 //!
 //! A [`PlanBlob`] is one contiguous, 8-byte aligned byte buffer: a [`RawPlanHeader`], then this
-//! rank's steps, the steps' sources, every rank's value table, and the index of each rank's
-//! first value. A blob holds no count, type or byte offset: the launch gives the count and the
+//! rank's steps, the steps' sources, every rank's value table (with each value's readers), the
+//! index of each rank's first value, and the reader ranks the value table points into. A blob holds no count, type or byte offset: the launch gives the count and the
 //! type, and the kernel derives each chunk's range and each value's place from them exactly as
 //! `super::layout` does (`chunk_range`, `slot_bytes`). So one blob per rank and schedule serves
 //! every message size, uploaded once. `cuda/stragglar_plan.h` is generated from these
@@ -13,7 +13,7 @@ use super::{RankProgram, Step};
 /// `RawPlanHeader::magic`: "SGPL".
 pub const PLAN_MAGIC: u32 = 0x5347_504c;
 /// `RawPlanHeader::version` of this layout.
-pub const PLAN_VERSION: u32 = 2;
+pub const PLAN_VERSION: u32 = 3;
 /// `RawStep::kind`: copy the caller's input into `IN`.
 pub const STEP_COPY_IN: u32 = 0;
 /// `RawStep::kind`: reduce the sources into a new value.
@@ -54,6 +54,8 @@ pub struct RawPlanHeader {
     pub values_at: u64,
     /// `uint32_t[ranks]`: index of each rank's first value in the value array.
     pub value_bases_at: u64,
+    /// `uint32_t[]`: the ranks that read each value (`RawValue::first_reader`), ascending.
+    pub readers_at: u64,
 }
 
 /// One step. Sources are `sources[first_source .. first_source + source_count]`.
@@ -91,6 +93,11 @@ pub struct RawValue {
     /// `[IN + k * slot, IN + (k + 1) * slot)`, where `IN` is the count's bytes rounded up to 16
     /// and `slot` is `slot_bytes` of the count.
     pub slot: u32,
+    /// The other ranks whose steps read this value: `readers[first_reader ..
+    /// first_reader + reader_count]`. The owner publishes the value into each reader's
+    /// staging (its flag there), so a reader's wait polls its own memory.
+    pub first_reader: u32,
+    pub reader_count: u32,
 }
 
 /// One rank's encoded plan.
@@ -117,6 +124,34 @@ fn words(values: &[u64]) -> Vec<u8> {
 
 fn words32(values: &[u32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// `readers[r][v]`: the ranks other than `r` whose steps read value `v` of rank `r`,
+/// ascending and without repeats.
+fn readers_of(programs: &[RankProgram]) -> Vec<Vec<Vec<usize>>> {
+    let mut readers: Vec<Vec<Vec<usize>>> = programs
+        .iter()
+        .map(|p| vec![Vec::new(); p.values.len()])
+        .collect();
+    for (reader, program) in programs.iter().enumerate() {
+        for step in &program.steps {
+            let sources = match step {
+                Step::CopyIn => &[][..],
+                Step::Combine { sources, .. } => &sources[..],
+                Step::Copy { source, .. } => std::slice::from_ref(source),
+            };
+            for source in sources.iter().filter(|s| s.rank != reader) {
+                let list = &mut readers[source.rank][source.id];
+                if !list.contains(&reader) {
+                    list.push(reader);
+                }
+            }
+        }
+    }
+    for list in readers.iter_mut().flatten() {
+        list.sort_unstable();
+    }
+    readers
 }
 
 /// Encodes `rank`'s program: `slots[r][v]` is the arena slot of value `v` of rank `r`
@@ -169,24 +204,25 @@ pub(super) fn encode_programs(
             value: s.id as u32,
         }));
     }
+    let readers = readers_of(programs);
     let mut values = Vec::new();
     let mut bases = Vec::new();
-    for (p, slots) in programs.iter().zip(slots) {
+    let mut reader_ranks = Vec::new();
+    for ((p, slots), readers) in programs.iter().zip(slots).zip(&readers) {
         bases.push(values.len() as u32);
-        values.extend(
-            p.values
-                .iter()
-                .zip(slots)
-                .enumerate()
-                .map(|(id, (v, slot))| RawValue {
-                    chunk: v.chunk as u32,
-                    slot: match slot {
-                        _ if id < chunks => SLOT_INPUT,
-                        Some(k) => *k as u32,
-                        None => SLOT_NONE,
-                    },
-                }),
-        );
+        for (id, ((v, slot), readers)) in p.values.iter().zip(slots).zip(readers).enumerate() {
+            values.push(RawValue {
+                chunk: v.chunk as u32,
+                slot: match slot {
+                    _ if id < chunks => SLOT_INPUT,
+                    Some(k) => *k as u32,
+                    None => SLOT_NONE,
+                },
+                first_reader: reader_ranks.len() as u32,
+                reader_count: readers.len() as u32,
+            });
+            reader_ranks.extend(readers.iter().map(|&r| r as u32));
+        }
     }
     let mut out = vec![0u8; std::mem::size_of::<RawPlanHeader>()];
     let steps_at = push(&mut out, &steps, |s| {
@@ -202,8 +238,11 @@ pub(super) fn encode_programs(
         ])
     });
     let sources_at = push(&mut out, &sources, |s| words32(&[s.rank, s.value]));
-    let values_at = push(&mut out, &values, |v| words32(&[v.chunk, v.slot]));
+    let values_at = push(&mut out, &values, |v| {
+        words32(&[v.chunk, v.slot, v.first_reader, v.reader_count])
+    });
     let value_bases_at = push(&mut out, &bases, |b| b.to_le_bytes().to_vec());
+    let readers_at = push(&mut out, &reader_ranks, |r| r.to_le_bytes().to_vec());
     let header = RawPlanHeader {
         magic: PLAN_MAGIC,
         version: PLAN_VERSION,
@@ -219,6 +258,7 @@ pub(super) fn encode_programs(
         sources_at,
         values_at,
         value_bases_at,
+        readers_at,
     };
     let h = [
         words32(&[
@@ -238,6 +278,7 @@ pub(super) fn encode_programs(
             header.sources_at,
             header.values_at,
             header.value_bases_at,
+            header.readers_at,
         ]),
     ]
     .concat();

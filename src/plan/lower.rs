@@ -354,7 +354,8 @@ pub struct ArenaNeed {
     pub chunks: usize,
     /// The most arena slots (kept produced values) any rank has.
     pub slots: usize,
-    /// The largest value table of any rank (flags per parity).
+    /// Values of all ranks together: a rank's flags (per parity and block) are an inbox with
+    /// one word per value of any rank, written by the value's owner.
     pub values: usize,
     /// The most ordered sends of any rank in a call (the kernel counts them in 16 bits).
     pub sends: usize,
@@ -420,12 +421,7 @@ impl Lowered {
                 .map(|rank| self.slots(rank).flatten().count())
                 .max()
                 .unwrap_or(0),
-            values: self
-                .programs
-                .iter()
-                .map(|p| p.values.len())
-                .max()
-                .unwrap_or(0),
+            values: self.programs.iter().map(|p| p.values.len()).sum(),
             sends: max_sends,
         }
     }

@@ -122,13 +122,19 @@ impl Plan {
             .unwrap_or(0)
     }
 
-    /// The largest value table of any rank (flags needed per parity).
+    /// The largest value table of any rank (the host engine's flags per bank).
     pub fn max_values(&self) -> usize {
         self.programs
             .iter()
             .map(|p| p.values.len())
             .max()
             .unwrap_or(0)
+    }
+
+    /// Values of all ranks together (the GPU kernel's flags per parity, an inbox with a word
+    /// for every value of any rank).
+    pub fn total_values(&self) -> usize {
+        self.programs.iter().map(|p| p.values.len()).sum()
     }
 }
 

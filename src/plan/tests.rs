@@ -321,6 +321,90 @@ fn blob_values(blob: &PlanBlob, owner: usize) -> Vec<(u32, u32)> {
         .collect()
 }
 
+/// The reader ranks of `owner`'s values in `blob`, value by value.
+fn blob_readers(blob: &PlanBlob, owner: usize) -> Vec<Vec<u32>> {
+    let word = |at: usize| u32::from_le_bytes(blob.bytes[at..at + 4].try_into().unwrap());
+    let dword = |at: usize| u64::from_le_bytes(blob.bytes[at..at + 8].try_into().unwrap());
+    let values_at = dword(std::mem::offset_of!(RawPlanHeader, values_at)) as usize;
+    let bases_at = dword(std::mem::offset_of!(RawPlanHeader, value_bases_at)) as usize;
+    let readers_at = dword(std::mem::offset_of!(RawPlanHeader, readers_at)) as usize;
+    let base = word(bases_at + 4 * owner) as usize;
+    (0..blob_values(blob, owner).len())
+        .map(|v| {
+            let at = values_at + (base + v) * std::mem::size_of::<RawValue>();
+            let (first, count) = (word(at + 8) as usize, word(at + 12) as usize);
+            (first..first + count)
+                .map(|i| word(readers_at + 4 * i))
+                .collect()
+        })
+        .collect()
+}
+
+/// Every blob lists, for every value of every rank, exactly the other ranks that have a step
+/// reading it (where the owner publishes its flag), ascending.
+#[test]
+fn blobs_list_every_reader_of_every_value() {
+    for (algorithm, ranks, straggler, pieces) in [
+        (Algorithm::Stragglar, 4, 3, 1),
+        (Algorithm::Stragglar, 8, 5, 1),
+        (Algorithm::Stragglar, 6, 2, 3),
+        (Algorithm::Ring, 5, 0, 1),
+    ] {
+        let schedule = algorithm
+            .schedule(&PlanRequest {
+                pieces_per_chunk: pieces,
+                ..PlanRequest::new(ranks, straggler)
+            })
+            .unwrap();
+        verify(&schedule).unwrap();
+        let lowered = lower_structure(&schedule).unwrap();
+        let plan = lowered.plan(1000, DataType::F32);
+        let mut expected: Vec<Vec<Vec<u32>>> = plan
+            .programs
+            .iter()
+            .map(|p| vec![Vec::new(); p.values.len()])
+            .collect();
+        for (reader, program) in plan.programs.iter().enumerate() {
+            for step in &program.steps {
+                let sources = match step {
+                    Step::CopyIn => vec![],
+                    Step::Combine { sources, .. } => sources.clone(),
+                    Step::Copy { source, .. } => vec![*source],
+                };
+                for source in sources.into_iter().filter(|s| s.rank != reader) {
+                    expected[source.rank][source.id].push(reader as u32);
+                }
+            }
+        }
+        for list in expected.iter_mut().flatten() {
+            list.sort_unstable();
+            list.dedup();
+        }
+        let read = expected.iter().flatten().filter(|l| !l.is_empty()).count();
+        assert!(
+            read > ranks,
+            "{algorithm:?} n={ranks}: only {read} values read"
+        );
+        for rank in 0..ranks {
+            let blob = lowered.blob(rank);
+            for (owner, expected) in expected.iter().enumerate() {
+                let label = format!("{algorithm:?} n={ranks} pieces {pieces}: blob {rank}");
+                assert_eq!(
+                    &blob_readers(&blob, owner),
+                    expected,
+                    "{label}, owner {owner}"
+                );
+                // A value somebody reads has a place (its owner publishes it from there).
+                for (v, (_, slot)) in blob_values(&blob, owner).into_iter().enumerate() {
+                    if !expected[v].is_empty() {
+                        assert_ne!(slot, SLOT_NONE, "{label}: value {v} of {owner}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// One blob per rank serves every count and type: the place each value gets from its slot
 /// (the kernel's rule) is where the plan of that count puts it, and the staging need is the
 /// plan's.
@@ -341,7 +425,7 @@ fn blobs_give_every_count_and_type_the_plans_arena_layout() {
                 let in_bytes = (count * size).div_ceil(ALIGN_BYTES) * ALIGN_BYTES;
                 let slot = slot_bytes(count, size, plan.chunks.len());
                 assert_eq!(need.arena_bytes(count, dtype), plan.max_arena_bytes());
-                assert_eq!(need.values, plan.max_values());
+                assert_eq!(need.values, plan.total_values());
                 for (rank, blob) in blobs.iter().enumerate() {
                     for owner in 0..ranks {
                         let table = blob_values(blob, owner);

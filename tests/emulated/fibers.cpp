@@ -3,6 +3,8 @@
  * below each), and round-robin scheduling with a block barrier. */
 #include "fibers.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <sched.h>
 #include <sys/mman.h>
@@ -69,6 +71,9 @@ struct Block {
   std::vector<void*> sp;
   std::vector<State> state;
   uint32_t live = 0;
+  /* Fibers below `syncing_below` take part in the barrier; `syncing` of them have not returned. */
+  uint32_t syncing_below = 0;
+  uint32_t syncing = 0;
   uint32_t arrived = 0;
   uint32_t current = 0;
   bool progressed = false;
@@ -122,8 +127,17 @@ void fiber_main(Block* b) {
   b->body(b->arg, me);
   b->state[me] = Done;
   b->live--;
+  if (me < b->syncing_below) {
+    /* A GPU's named barrier with a count waits for that many threads: one that returned while
+     * the others wait there never comes, and the block hangs. Stop here instead. */
+    if (b->arrived > 0) {
+      fprintf(stderr, "emulated GPU: thread %u returned while %u threads wait at the barrier\n",
+              me, b->arrived);
+      abort();
+    }
+    b->syncing--;
+  }
   b->progressed = true;
-  if (b->live > 0 && b->arrived == b->live) release_barrier(b);
   void* unused;
   sgemu_switch(&unused, b->scheduler_sp); /* never resumed */
 }
@@ -143,16 +157,18 @@ void fiber_sync() {
   b->state[b->current] = AtBarrier;
   b->arrived++;
   b->progressed = true;
-  if (b->arrived == b->live) release_barrier(b);
+  if (b->arrived == b->syncing) release_barrier(b);
   to_scheduler(b);
 }
 
 void fiber_pause() { to_scheduler(t_block); }
 
-void run_fibers(uint32_t threads, void (*body)(void*, uint32_t),
+void run_fibers(uint32_t threads, uint32_t syncing, void (*body)(void*, uint32_t),
                 void (*on_switch)(void*, uint32_t), void* arg) {
   Block b;
   b.threads = threads;
+  b.syncing_below = syncing < threads ? syncing : threads;
+  b.syncing = b.syncing_below;
   b.body = body;
   b.on_switch = on_switch;
   b.arg = arg;

@@ -10,10 +10,12 @@ namespace emu {
 
 /* Runs `threads` fibers on the calling thread, fiber i calling body(arg, i) after
  * on_switch(arg, i) (and on_switch again each time it is resumed), until every fiber returned.
- * Inside a body, fiber_sync() is the block barrier (fibers that returned count as arrived) and
+ * Inside a body, fiber_sync() is the block barrier of the first `syncing` fibers (the others
+ * never take part: a warp doing other work; one of them returning while others wait there
+ * aborts, as the GPU's counted barrier would hang) and
  * fiber_pause() lets the others run; when every fiber only pauses, the OS thread yields and
  * then sleeps briefly, so a block that spins on another rank does not starve it. */
-void run_fibers(uint32_t threads, void (*body)(void* arg, uint32_t thread),
+void run_fibers(uint32_t threads, uint32_t syncing, void (*body)(void* arg, uint32_t thread),
                 void (*on_switch)(void* arg, uint32_t thread), void* arg);
 void fiber_sync();
 void fiber_pause();

@@ -79,10 +79,15 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
   sg_self.block = block;
   sg_self.blocks = blocks;
   sg_self.threads = threads;
+  sg_self.block_dim = threads;
   sg_self.barrier = nullptr;
   sg_self.fiber_sync = emu_sync;
   sg_self.fiber_pause = emu_pause;
-  run_fibers(threads, body, on_switch, &run);
+  /* The AllReduce kernel's arrival warp (block 0's last threads) never meets the others. */
+  const uint32_t syncing = k->id == emu::KernelId::AllReduce
+                               ? sg_plan_threads((const RawLaunch*)params, block, threads)
+                               : threads;
+  run_fibers(threads, syncing, body, on_switch, &run);
   sg_self.fiber_sync = nullptr;
   sg_self.fiber_pause = nullptr;
   free(shared);

@@ -37,7 +37,8 @@ pub struct LaunchSite {
     pub status: u64,
     pub rank: u32,
     pub ranks: u32,
-    /// The plan's blocks and threads per block (the arrival block comes on top).
+    /// The plan's blocks (the whole grid) and threads per block (block 0's last warp records
+    /// the arrival of a call that takes a ticket).
     pub blocks: u32,
     pub threads: u32,
     /// How long a kernel waits for a peer before it gives up; 0: never.

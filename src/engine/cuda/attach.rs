@@ -244,6 +244,12 @@ pub fn layout(
             layout.values = layout.values.max(need.values as u64);
         }
     }
+    // Ring's flags too (its arena may not fit: graph replays then take StragglAR's last rank
+    // as their baseline), so that flags never decide the baseline.
+    let ring = plans
+        .lowered(Shape::of_choice(ranks, ranks, DataType::U8))?
+        .need();
+    layout.values = layout.values.max(ring.values as u64);
     Ok(layout)
 }
 
@@ -620,6 +626,16 @@ mod tests {
                 assert!(need.arena_bytes(buffer / 4, DataType::F32) as u64 <= piped.arena_bytes);
                 assert!(need.values as u64 <= piped.values);
             }
+        }
+        for ranks in 2..=16 {
+            let mut plans = PlanCache::default();
+            let fitted = layout(&mut plans, &policy(ranks), 8).unwrap();
+            let ring = Shape::of_choice(ranks, ranks, DataType::U8);
+            let need = plans.lowered(ring).unwrap().need();
+            assert!(
+                need.values as u64 <= fitted.values,
+                "Ring's flags at {ranks} ranks"
+            );
         }
         assert_eq!(piped.arena_bytes, plain.arena_bytes);
         assert!(piped.values > plain.values);

@@ -17,7 +17,7 @@ use crate::gpu::choice::{RawGraphState, RawRule};
 use crate::gpu::launch::{
     RawArrival, RawBoardSlot, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS, MAX_THREADS,
     POST_UNMEASURED, RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
-    STATUS_TIMEOUT,
+    STATUS_TIMEOUT, WARP_THREADS,
 };
 use crate::nccl::types::ResultCode;
 use crate::plan::{ArenaNeed, Lowered};
@@ -208,8 +208,11 @@ impl CudaRank {
         config: RankConfig,
     ) -> Result<CudaRank, GpuError> {
         assert!(
-            (1..=MAX_THREADS).contains(&config.threads) && config.blocks >= 1,
-            "the kernel is built for 1..={MAX_THREADS} threads per block"
+            (2 * WARP_THREADS..=MAX_THREADS).contains(&config.threads)
+                && config.threads % WARP_THREADS == 0
+                && config.blocks >= 1,
+            "the kernel is built for whole warps, 2..={} of them per block (one for arrivals)",
+            MAX_THREADS / WARP_THREADS
         );
         let staging = DeviceMemory::zeroed(device, config.layout.allocation_bytes() as usize)?;
         let words = Arc::new(HostWords::new(device, 2)?);
@@ -604,8 +607,8 @@ impl CudaRank {
         let args = self
             .site()?
             .eager(self.plans[&plan.id()], self.arrival(ticket), &operands);
-        // The arrival block runs beside the plan's blocks.
-        let grid = self.config.blocks + u32::from(ticket);
+        // The arrival protocol, if this call records its arrival, runs in block 0's last warp.
+        let grid = self.config.blocks;
         // SAFETY: every address in `args` is live device memory of this rank (staging, plan,
         // peer table, host words, rank 0's mapped board) or the caller's buffers, which the
         // caller vouches for.
@@ -774,12 +777,9 @@ impl CudaRank {
         // graph state, plan table and blobs, peer table, host words, rank 0's mapped graph
         // board) or the caller's buffers, which the caller vouches for.
         unsafe {
-            self.kernels.all_reduce.launch(
-                stream,
-                self.config.blocks + 1,
-                self.config.threads,
-                &args,
-            )
+            self.kernels
+                .all_reduce
+                .launch(stream, self.config.blocks, self.config.threads, &args)
         }?;
         Ok(())
     }

@@ -24,7 +24,7 @@ fn align(bytes: u64, to: u64) -> u64 {
 pub struct StagingLayout {
     /// Bytes of one arena parity (the largest arena of any plan it will run).
     pub arena_bytes: u64,
-    /// Values per rank whose flags fit (the largest value table of any plan).
+    /// Values whose flags fit: of all ranks together, for the largest plan (`ArenaNeed::values`).
     pub values: u64,
     /// Blocks of the communicator's fixed grid.
     pub blocks: u64,

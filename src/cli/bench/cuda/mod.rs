@@ -75,16 +75,16 @@ pub fn open_gpu() -> Result<GpuKernels, String> {
 
 /// The plan blocks of each rank when `ranks` ranks share one GPU of `sms` multiprocessors:
 /// every rank's blocks must be resident at once (they wait on each other's flags), one per
-/// multiprocessor (the AllReduce kernel's registers fill one), with each rank's arrival block
-/// and one delay kernel (`--delay-us`) beside them. Too many ranks for the GPU is an error: a
-/// grid that cannot be resident would wait forever.
+/// multiprocessor (the AllReduce kernel's registers fill one; each rank's arrival protocol
+/// runs in a warp of its block 0), with one delay kernel (`--delay-us`) beside them. Too many
+/// ranks for the GPU is an error: a grid that cannot be resident would wait forever.
 pub fn shared_gpu_blocks(sms: u32, ranks: usize) -> Result<u32, String> {
     let ranks = ranks.max(1) as u32;
-    let blocks = (sms.saturating_sub(1) / ranks).saturating_sub(1);
+    let blocks = sms.saturating_sub(1) / ranks;
     if blocks == 0 {
         return Err(format!(
-            "{ranks} ranks sharing one GPU need {} multiprocessors (two blocks each, one per multiprocessor, and one for the delay kernel); this GPU has {sms}",
-            2 * ranks + 1
+            "{ranks} ranks sharing one GPU need {} multiprocessors (one block each, one per multiprocessor, and one for the delay kernel); this GPU has {sms}",
+            ranks + 1
         ));
     }
     Ok(blocks.min(MAX_BLOCKS))
@@ -697,16 +697,16 @@ mod tests {
 
     #[test]
     fn shared_gpu_grids_stay_resident() {
-        assert_eq!(shared_gpu_blocks(132, 8), Ok(15));
+        assert_eq!(shared_gpu_blocks(132, 8), Ok(16));
         assert_eq!(shared_gpu_blocks(132, 2), Ok(MAX_BLOCKS));
-        assert!(shared_gpu_blocks(4, 8).is_err());
+        assert!(shared_gpu_blocks(8, 8).is_err());
         for sms in [58, 72, 108, 114, 132] {
             for ranks in 1..=64 {
-                // Plan blocks and the arrival block of every rank, and one delay kernel, one
-                // block per multiprocessor; or an error when even one plan block cannot fit.
+                // Every rank's plan blocks (its arrival warp in block 0) and one delay kernel,
+                // one block per multiprocessor; or an error when even one block cannot fit.
                 match shared_gpu_blocks(sms, ranks) {
-                    Ok(b) => assert!(b >= 1 && ranks as u32 * (b + 1) < sms, "{ranks} on {sms}"),
-                    Err(_) => assert!(2 * ranks as u32 + 1 > sms, "{ranks} on {sms}"),
+                    Ok(b) => assert!(b >= 1 && ranks as u32 * b < sms, "{ranks} on {sms}"),
+                    Err(_) => assert!(ranks as u32 + 1 > sms, "{ranks} on {sms}"),
                 }
             }
         }
