@@ -122,12 +122,13 @@ SG_DEVICE const T* sg_at(const RawPlanHeader* plan, uint64_t offset) {
  * partial unit. Units times threads stay far below 2^64 (2^40 units, 2^14 threads). */
 SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint32_t threads,
                         uint32_t short0, uint64_t* begin, uint64_t* end) {
+  if (short0 >= threads) short0 = 0; /* a block must keep some share */
   const uint64_t units = (chunk_bytes + 15) / 16;
   const uint64_t total = (uint64_t)blocks * threads - short0;
   const uint64_t first = b == 0 ? 0 : (uint64_t)b * threads - short0;
   const uint64_t next = (uint64_t)(b + 1) * threads - short0;
   *begin = total == 0 ? 0 : units * first / total * 16;
-  uint64_t e = total == 0 ? chunk_bytes : units * next / total * 16;
+  uint64_t e = total == 0 ? 0 : units * next / total * 16; /* no blocks: nothing to cover */
   *end = e < chunk_bytes ? e : chunk_bytes;
   if (*begin > *end) *begin = *end;
 }
@@ -153,16 +154,19 @@ SG_DEVICE uint32_t* sg_inbox(const sg_call* call, uint32_t reader, uint32_t owne
 
 /* Every thread of the block, after its barrier: publishes this block's slice of own value
  * `value` to each of its readers (RawValue::first_reader), one release into each reader's
- * inbox, thread i taking reader i, so that several readers' releases go out together rather
- * than each waiting on the one before (each release is cumulative over the whole block's
- * writes, which the barrier ordered before it; stragglar_device.h). */
-SG_DEVICE void sg_publish_to_readers(const sg_call* call, uint32_t value) {
+ * inbox, thread `first + j` taking reader j (`first`: the threads busy with other releases),
+ * so that several readers' releases go out together rather than each waiting on the one before
+ * (each release is cumulative over the whole block's writes, which the barrier ordered before
+ * it; stragglar_device.h). */
+SG_DEVICE void sg_publish_to_readers(const sg_call* call, uint32_t value, uint32_t first) {
   const RawPlanHeader* plan = call->plan;
   const uint32_t rank = call->args->rank;
   const uint32_t* bases = sg_at<uint32_t>(plan, plan->value_bases_at);
   const RawValue* v = sg_at<RawValue>(plan, plan->values_at) + bases[rank] + value;
   const uint32_t* readers = sg_at<uint32_t>(plan, plan->readers_at) + v->first_reader;
-  for (uint32_t i = SG_THREAD; i < v->reader_count; i += SG_THREADS) {
+  const uint32_t threads = SG_THREADS;
+  for (uint32_t i = (SG_THREAD + threads - first % threads) % threads; i < v->reader_count;
+       i += threads) {
     if (readers[i] < plan->ranks) {
       sg_store_release(sg_inbox(call, readers[i], rank, value), call->flag);
     }
@@ -265,7 +269,7 @@ SG_DEVICE bool sg_ordered(const sg_call* call, const RawStep* step) {
 /* Publishes this block's slice of own value `value` to its readers. */
 SG_DEVICE void sg_publish(const sg_call* call, uint32_t value) {
   sg_block_sync();
-  sg_publish_to_readers(call, value);
+  sg_publish_to_readers(call, value, 0);
 }
 
 /* Where value `v` of rank `r` lives (IN, or its arena slot), or 0 if it is not kept. */
@@ -613,21 +617,24 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* 
    * send may go) and every write of its value is made (the value may be published). */
   sg_block_sync();
   /* Thread i serves source i (no two sources of a step are one rank's: each word is written
-   * once) and, below, thread j publishes to reader j: the releases go out together. */
+   * once) and the threads after those publish to the readers: the releases go out together. */
   for (uint32_t i = SG_THREAD; serves && i < step->source_count; i += SG_THREADS) {
     if (sources[i].rank != a->rank) {
       sg_serve(sg_served_word(call, sources[i].rank), call->flag, step->turn);
     }
   }
-  if (own) sg_publish_to_readers(call, step->out_value);
+  if (own) sg_publish_to_readers(call, step->out_value, serves ? step->source_count : 0);
   return STATUS_OK;
 }
 
 /* Whether a launch may run `plan`: the blob is one of this rank's, of this layout, the
  * launch's type is one the kernel knows, and block 0 can spare the arrival warp it needs. */
 SG_DEVICE bool sg_plan_ok(const RawLaunch* a, const RawPlanHeader* plan) {
+  /* Every rank splits chunks among blocks by `a->threads` (sg_call_slice): it must be the
+   * block's size, in whole warps, with room for the arrival warp when there is one. */
+  const bool block_ok = a->threads == SG_BLOCK_DIM && SG_BLOCK_DIM % SG_ARRIVAL_LANES == 0;
   const bool arrival_fits = !sg_has_arrival(a) || SG_BLOCK_DIM > SG_ARRIVAL_LANES;
-  return arrival_fits && plan != 0 && plan->magic == PLAN_MAGIC && plan->version == PLAN_VERSION &&
+  return block_ok && arrival_fits && plan != 0 && plan->magic == PLAN_MAGIC && plan->version == PLAN_VERSION &&
          plan->rank == a->rank && plan->ranks >= 1 && plan->ranks <= SG_MAX_OPERANDS &&
          plan->chunk_count >= 1 && sg_elem_size((uint32_t)a->datatype) != 0;
 }

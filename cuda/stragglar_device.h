@@ -162,11 +162,11 @@ SG_DEVICE uint64_t sg_load_relaxed64(const uint64_t* p) {
 }
 /* One system-scope ordering per publish: st.release.sys alone, no fence before it. A caller
  * either publishes only its own thread's earlier writes (the failure and arrival words), or a
- * block's work as sg_publish does: all threads write, sg_block_sync(), then thread 0 releases
- * (the epoch and graph counters add a gpu-scope acq_rel atomic across blocks before it). That is
- * enough for the whole block's stores, not only thread 0's:
- *  - bar.sync orders each thread's earlier writes before what thread 0 does after the barrier
- *    (it synchronizes the block, at CTA scope);
+ * block's work as sg_publish does: all threads write, sg_block_sync(), then one thread per
+ * reader releases (the epoch and graph counters add a gpu-scope acq_rel atomic across blocks
+ * before it). That is enough for the whole block's stores, not only the releasing thread's:
+ *  - bar.sync orders each thread's earlier writes before what any thread of the block does
+ *    after the barrier (it synchronizes the block, at CTA scope);
  *  - in the PTX memory model a release is cumulative: it publishes every write that precedes
  *    it in causality order, and causality order is transitive across scopes, so the other
  *    threads' writes (ordered before the release by the barrier) are published with it;

@@ -5,7 +5,8 @@
 #   - compile: seconds NVRTC took (a job's first use on a host pays it, unless cached);
 #   - AllReduce regs / stack / spill st: ptxas's figures for ncclStragglarAllReduce;
 #   - control spill st: spill stores of the kernel's own code, its outlined control functions
-#     included (the step, the copy-in, the arrival work), per thread: paid once per step;
+#     included (the step and copy-in: once per step; the arrival work, graph decisions and
+#     failure path: once per call at most), per thread, summed;
 #   - data-loop spills: the largest spill (stores + loads, bytes) of the outlined element-wise
 #     functions (sg_apply<lane, op>, sg_copy_elems); "inlined" when the build inlines them;
 #   - sys fences: MEMBAR.*.SYS instructions in the whole CUBIN's SASS (nvdisasm);

@@ -107,7 +107,9 @@ pub struct RawLaunch {
     pub ordered_reads: u32,
     pub reserved: u32,
     /// The arrival record of this call: `board` nonzero has the last warp of block 0 run
-    /// [`RawTicket`]'s protocol alongside the plan (the grid stays `blocks`); 0 takes none. A
+    /// [`RawTicket`]'s protocol alongside the plan (the grid stays `blocks`); 0 takes none.
+    /// Identical on every rank (the protocol needs every rank's ticket, and block 0's smaller
+    /// share of each chunk depends on it). A
     /// graph launch always records its arrival, and reads only `board` (rank 0's graph board)
     /// and `ranks` here.
     pub arrival: RawArrival,

@@ -154,6 +154,12 @@ void idle(uint32_t rounds) {
 
 void fiber_sync() {
   Block* b = t_block;
+  if (b->syncing < b->syncing_below) {
+    /* A thread of the barrier returned: a GPU's counted barrier would wait for it forever. */
+    fprintf(stderr, "emulated GPU: a barrier thread returned before thread %u's barrier\n",
+            b->current);
+    abort();
+  }
   b->state[b->current] = AtBarrier;
   b->arrived++;
   b->progressed = true;
