@@ -1781,17 +1781,12 @@ fn every_rank_decides_alike_from_its_own_ring() {
     // designated straggler) or the ticket kernel (the call NCCL would run). Rank 3 is late in
     // most calls, a random rank in the others: every rank must choose alike on every call, and
     // StragglAR must take over once rank 3 is designated.
-    use stragglar::detect::policy::{AlgoMode, StragglerMode};
-    use stragglar::detect::{ArrivalRecord, Choice, Policy, Tracker};
-    use stragglar::schedule::model::Link;
+    use stragglar::detect::policy::AlgoMode;
+    use stragglar::detect::{ArrivalRecord, Choice, Tracker};
     let ranks = 4;
-    let link = Link {
-        alpha: 20e-6,
-        bandwidth: 20e6,
-    };
     let mut trackers: Vec<Tracker> = (0..ranks)
         .map(|_| {
-            let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
+            let policy = slow_link_policy(ranks, AlgoMode::Auto);
             Tracker::new(policy, ranks, 2)
         })
         .collect();
@@ -1929,7 +1924,6 @@ fn the_device_rule_chooses_exactly_what_the_rust_policy_chooses() {
     // decides many calls. Every choice, and the final designation, must agree.
     use stragglar::detect::policy::{AlgoMode, StragglerMode};
     use stragglar::detect::{ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
-    use stragglar::schedule::model::Link;
     let k = kernel();
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
@@ -1951,7 +1945,7 @@ fn the_device_rule_chooses_exactly_what_the_rust_policy_chooses() {
             1 => StragglerMode::Off,
             _ => StragglerMode::Auto,
         };
-        let link = Link {
+        let link = stragglar::schedule::model::Link {
             alpha: 1e-6 * (1 + next() % 20) as f64,
             bandwidth: 1e9 * (1 + next() % 400) as f64,
         };
@@ -2040,6 +2034,24 @@ fn uneven_floats(rank: usize, count: usize, seed: u64) -> Vec<u8> {
             v.to_le_bytes()
         })
         .collect()
+}
+
+/// A policy of `algo` (the straggler detected) over links slow enough (20 us and 20 MB/s per
+/// transfer) that StragglAR wins the tests' sizes once a rank is late by a few milliseconds.
+fn slow_link_policy(
+    ranks: usize,
+    algo: stragglar::detect::policy::AlgoMode,
+) -> stragglar::detect::Policy {
+    let link = stragglar::schedule::model::Link {
+        alpha: 20e-6,
+        bandwidth: 20e6,
+    };
+    stragglar::detect::Policy::new(
+        ranks,
+        algo,
+        stragglar::detect::policy::StragglerMode::Auto,
+        link,
+    )
 }
 
 /// One call captured into a graph on every rank: its launches (replayed unchanged), the plan
@@ -2162,15 +2174,10 @@ fn graph_replays_find_the_late_rank_and_choose_their_plan_on_the_device() {
     // the Rust policy picks from the records of the graph calls before the previous one (per
     // class), StragglAR with rank 2 must take over in both classes, and every output must be
     // that plan's, bit for bit.
-    use stragglar::detect::policy::{AlgoMode, StragglerMode};
-    use stragglar::detect::{size_class, Choice, Detector, DetectorConfig, Policy};
-    use stragglar::schedule::model::Link;
+    use stragglar::detect::policy::AlgoMode;
+    use stragglar::detect::{size_class, Choice, Detector, DetectorConfig};
     let ranks = 4;
-    let link = Link {
-        alpha: 20e-6,
-        bandwidth: 20e6,
-    };
-    let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
+    let policy = slow_link_policy(ranks, AlgoMode::Auto);
     let mut cache = PlanCache::default();
     let mut comm = Comm::new(ranks, 2, 2);
     let config = DetectorConfig::default();
@@ -2238,16 +2245,11 @@ fn graph_replays_run_ahead_without_a_barrier_between_them() {
     // device detector finds it and StragglAR replays run beside Ring ones (at 4 and 5 ranks:
     // the policy keeps fewer on the baseline). Every rank must end
     // with the same count and the same last choice, and that choice's output bit for bit.
-    use stragglar::detect::policy::{AlgoMode, StragglerMode};
-    use stragglar::detect::{DetectorConfig, Policy};
-    use stragglar::schedule::model::Link;
-    let link = Link {
-        alpha: 20e-6,
-        bandwidth: 20e6,
-    };
+    use stragglar::detect::policy::AlgoMode;
+    use stragglar::detect::DetectorConfig;
     let replays = 64u64;
     for ranks in [4, 5] {
-        let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
+        let policy = slow_link_policy(ranks, AlgoMode::Auto);
         let mut cache = PlanCache::default();
         let mut comm = Comm::new(ranks, 2, 3);
         let mut captured =
@@ -2341,15 +2343,10 @@ fn graph_replays_choose_on_measured_times_exactly_as_the_rust_policy_does() {
     // dated by the class's calls, older than 128 of them ignored), must pick the same plan on
     // every replay, and every rank the same. Class 0 gets most calls, so that its samples age.
     use stragglar::detect::estimate::ClassTimes;
-    use stragglar::detect::policy::{AlgoMode, StragglerMode};
-    use stragglar::detect::{size_class, Choice, Detector, DetectorConfig, Policy};
-    use stragglar::schedule::model::Link;
+    use stragglar::detect::policy::AlgoMode;
+    use stragglar::detect::{size_class, Choice, Detector, DetectorConfig};
     let ranks = 4;
-    let link = Link {
-        alpha: 20e-6,
-        bandwidth: 20e6,
-    };
-    let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
+    let policy = slow_link_policy(ranks, AlgoMode::Auto);
     let mut cache = PlanCache::default();
     let mut comm = Comm::new(ranks, 2, 2);
     let config = DetectorConfig::default();
@@ -2440,15 +2437,10 @@ fn the_device_graph_policy_matches_the_rust_estimator_over_thousands_of_calls() 
     // (Without a call rewriting its own class's verdict, a class's call right after another
     // of the class read a verdict whose age window was one call behind: this test fails.)
     use stragglar::detect::estimate::ClassTimes;
-    use stragglar::detect::policy::{AlgoMode, StragglerMode};
-    use stragglar::detect::{size_class, ArrivalRecord, Choice, Detector, DetectorConfig, Policy};
-    use stragglar::schedule::model::Link;
+    use stragglar::detect::policy::AlgoMode;
+    use stragglar::detect::{size_class, ArrivalRecord, Choice, Detector, DetectorConfig};
     let ranks = 4;
-    let link = Link {
-        alpha: 20e-6,
-        bandwidth: 20e6,
-    };
-    let policy = Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link);
+    let policy = slow_link_policy(ranks, AlgoMode::Auto);
     let sizes = [4096usize, 300, 70_000];
     let rules = sizes.map(|bytes| RawRule::new(&policy, bytes).measuring());
     // SAFETY: all-zero bytes are a valid RawGraphState (integers only): a fresh one.
@@ -2544,15 +2536,9 @@ fn an_abort_during_a_replay_releases_every_rank_and_resets_the_graph_state() {
     // Rank 3 never launches its replay; the abort word, raised 50 ms in, must release the
     // three that did (no deadline set), each reporting the abort, and their graph state must
     // be left consistent: the blocks' counter back at 0 and the call counted.
-    use stragglar::detect::policy::{AlgoMode, StragglerMode};
-    use stragglar::detect::Policy;
-    use stragglar::schedule::model::Link;
+    use stragglar::detect::policy::AlgoMode;
     let ranks = 4;
-    let link = Link {
-        alpha: 20e-6,
-        bandwidth: 20e6,
-    };
-    let policy = Policy::new(ranks, AlgoMode::Stragglar, StragglerMode::Auto, link);
+    let policy = slow_link_policy(ranks, AlgoMode::Stragglar);
     let mut cache = PlanCache::default();
     let mut comm = Comm::new(ranks, 2, 2);
     comm.timeout_ns = 0;
@@ -2588,15 +2574,10 @@ fn graph_choices_that_change_at_every_replay_stay_identical_on_every_rank() {
     // arrival thread writes its verdict before its data blocks read theirs. Any replay reading a
     // verdict half that is being written, or a stale one, shows as a rank or a choice that
     // differs.
-    use stragglar::detect::policy::{AlgoMode, StragglerMode};
-    use stragglar::detect::{Choice, Detector, DetectorConfig, Policy};
-    use stragglar::schedule::model::Link;
+    use stragglar::detect::policy::AlgoMode;
+    use stragglar::detect::{Choice, Detector, DetectorConfig};
     let ranks = 4;
-    let link = Link {
-        alpha: 20e-6,
-        bandwidth: 20e6,
-    };
-    let policy = Policy::new(ranks, AlgoMode::Stragglar, StragglerMode::Auto, link);
+    let policy = slow_link_policy(ranks, AlgoMode::Stragglar);
     let config = DetectorConfig {
         window: 1,
         on_fraction: 1.0,
