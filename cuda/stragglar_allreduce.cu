@@ -16,12 +16,13 @@
  *  - the epoch lives in device memory and is advanced by the last block to finish, so a
  *    replayed CUDA graph stays correct with no host involvement.
  *  - with RawLaunch::ordered_reads, a remote read that is its source's send number k (its plan
- *    turn, RawStep::turn) waits until the source's served word (per block and parity) says the
- *    k sends before it were served, and then says k + 1: every send port serves in the
- *    schedule's round order, as the host engine keeps it; the results are the same either way.
- *    A served word is the one word several ranks write with plain stores (each reader of the
- *    source, in turn): the reader of turn k writes only after it saw k, and the next writer
- *    waits for k + 1, so the writes are ordered by the word's own values and never race. */
+ *    turn, RawStep::turn) waits until its turn word for that source (RawPeer::served, in its
+ *    own staging, per block and parity) says k, and once read hands turn k + 1 to the source's
+ *    next reader (RawStep::next_reader), writing k + 1 into that reader's turn word: every send
+ *    port serves in the schedule's round order, as the host engine keeps it; the results are
+ *    the same either way. A turn word may be written by several ranks over a call (the
+ *    readers of the source's earlier sends), but only by the reader of send k - 1 once it
+ *    was itself handed k - 1, so the writes are ordered by the chain of turns and never race. */
 
 #include "stragglar_arrival.h"
 #include "stragglar_choice.h"
@@ -231,29 +232,33 @@ SG_DEVICE uint32_t sg_wait(const sg_call* call, const uint32_t* flag, uint32_t w
   return status;
 }
 
-/* A served word: `turns` of a rank's sends served in the call whose flags hold `flag`. The low 16
- * bits of the flag tell calls of one parity apart (they differ by 2), and no rank sends 2^16
- * times in a call (one send per round, fewer than 2 * MAX_RANKS rounds). */
+/* A turn word's value: `turns` of a rank's sends served in the call whose flags hold `flag`. The
+ * low 16 bits of the flag tell calls of one parity apart (they differ by 2), and no rank sends
+ * 2^16 times in a call (one send per round, fewer than 2 * MAX_RANKS rounds). */
 SG_DEVICE uint32_t sg_served(uint32_t flag, uint32_t turns) {
   return ((flag & 0xffffu) << 16) | (turns & 0xffffu);
 }
 
-/* Block `b`'s served word of `rank` in this call's parity. */
-SG_DEVICE uint32_t* sg_served_word(const sg_call* call, uint32_t rank) {
-  return (uint32_t*)call->peers[rank].served[call->parity] + SG_BLOCK;
+/* Block `b`'s turn word for `source`'s sends in the staging of rank `reader` (RawPeer::served),
+ * in this call's parity: written by the source's previous reader, polled by `reader` in its own
+ * memory. */
+SG_DEVICE uint32_t* sg_turn_word(const sg_call* call, uint32_t reader, uint32_t source) {
+  const uint64_t word = (uint64_t)source * call->args->blocks + SG_BLOCK;
+  return (uint32_t*)call->peers[reader].served[call->parity] + word;
 }
 
 #ifdef STRAGGLAR_HOST_EMULATION
-/* Served words found out of turn order (a test reads it: it must stay 0). */
+/* Turns handed on out of order (a test reads it: it must stay 0). */
 static uint64_t sg_served_out_of_order = 0;
 #endif
 
-/* Marks send `turn` of a source served in its word (the next send may go). The emulation also
- * checks that the word held exactly the sends before it. */
+/* Hands send `turn + 1` of a source to its reader, through `word` (that reader's turn word):
+ * send `turn` is read. The emulation also checks that the word was not already handed this
+ * turn or a later one in this call (its reader's earlier turns of the source came before). */
 SG_DEVICE void sg_serve(uint32_t* word, uint32_t flag, uint32_t turn) {
 #ifdef STRAGGLAR_HOST_EMULATION
   uint32_t before = __atomic_exchange_n(word, sg_served(flag, turn + 1), __ATOMIC_ACQ_REL);
-  if (turn > 0 && before != sg_served(flag, turn)) {
+  if (before >> 16 == (flag & 0xffffu) && (before & 0xffffu) > turn) {
     __atomic_fetch_add(&sg_served_out_of_order, 1, __ATOMIC_RELAXED);
   }
 #else
@@ -575,9 +580,9 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* 
   sg_call_slice(call, bytes, &begin, &end);
   /* The previous step's readers of the scratch are done before it is rewritten. */
   sg_block_sync();
-  /* Thread i waits on source i's flag and, with ordered reads, thread count + i on its turn (the
-   * source's served word), so every wait's round trip over the link overlaps the others: the
-   * order costs no round trip of its own. A wait that gives up marks this rank failed, which
+  /* Thread i waits on source i's flag and, with ordered reads, thread count + i on its turn (its
+   * turn word for the source), both in this rank's own memory, so the waits run side by side
+   * and none is a round trip over the link. A wait that gives up marks this rank failed, which
    * releases the block's other waits (sg_wait watches this rank's own failure word). */
   const uint32_t count = step->source_count;
   const uint32_t waits = sg_ordered(call, step) && step->turn > 0 ? 2 * count : count;
@@ -591,7 +596,7 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* 
       } else {
         /* This read is its source's send number `turn`: the sends before it go first. Their
          * readers may be any ranks, so every rank's failure releases this wait. */
-        status = sg_wait(call, sg_served_word(call, sources[source].rank),
+        status = sg_wait(call, sg_turn_word(call, a->rank, sources[source].rank),
                          sg_served(call->flag, step->turn), SG_ANY_PEER);
       }
     }
@@ -611,16 +616,17 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* 
   if (own || output) {
     sg_apply_any(&call->math, s, step->source_count, begin, end, own, output, false, finish);
   }
-  bool serves = sg_ordered(call, step);
+  bool serves = sg_ordered(call, step) && step->next_reader != NO_READER;
   if (!serves && !own) return STATUS_OK;
   /* One barrier ends the step: every thread's reads of the sources are done (each source's next
    * send may go) and every write of its value is made (the value may be published). */
   sg_block_sync();
-  /* Thread i serves source i (no two sources of a step are one rank's: each word is written
-   * once) and the threads after those publish to the readers: the releases go out together. */
+  /* Thread i hands source i's next turn on (a read in turn has one remote source, so one word
+   * is written) and the threads after those publish to the readers: the releases go out
+   * together. */
   for (uint32_t i = SG_THREAD; serves && i < step->source_count; i += SG_THREADS) {
     if (sources[i].rank != a->rank) {
-      sg_serve(sg_served_word(call, sources[i].rank), call->flag, step->turn);
+      sg_serve(sg_turn_word(call, step->next_reader, sources[i].rank), call->flag, step->turn);
     }
   }
   if (own) sg_publish_to_readers(call, step->out_value, serves ? step->source_count : 0);

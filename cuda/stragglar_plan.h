@@ -27,7 +27,7 @@ typedef unsigned long long uint64_t;
 /**
  * `RawPlanHeader::version` of this layout.
  */
-#define PLAN_VERSION 3
+#define PLAN_VERSION 4
 
 /**
  * `RawStep::kind`: copy the caller's input into `IN`.
@@ -48,6 +48,11 @@ typedef unsigned long long uint64_t;
  * `RawStep::turn` of an unordered read.
  */
 #define NO_TURN UINT32_MAX
+
+/**
+ * `RawStep::next_reader` when no rank reads the source's next send in turn.
+ */
+#define NO_READER UINT32_MAX
 
 /**
  * `RawValue::slot` of an `IN` chunk: it lives at its chunk's place at the arena's start.
@@ -133,7 +138,12 @@ typedef struct RawStep {
    * The remote read's place in its source's sends (`plan::Turn`), or `NO_TURN`.
    */
   uint32_t turn;
-  uint32_t reserved;
+  /**
+   * With a turn: the rank that reads the same source's next send (turn + 1), into whose
+   * staging this rank writes that turn once its own read is done (`RawPeer::served`), or
+   * `NO_READER` for the source's last send. `NO_READER` without a turn.
+   */
+  uint32_t next_reader;
 } RawStep;
 
 /**

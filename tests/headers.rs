@@ -323,6 +323,7 @@ fn plan_h_compiles_without_system_headers_and_matches_rust_sizes() {
     text += "_Static_assert(SLOT_NONE == 0xffffffffu, \"sentinel\");\n";
     text += "_Static_assert(SLOT_INPUT == 0xfffffffeu, \"sentinel\");\n";
     text += "_Static_assert(NO_TURN == 0xffffffffu, \"sentinel\");\n";
+    text += "_Static_assert(NO_READER == 0xffffffffu, \"sentinel\");\n";
     text += &format!(
         "_Static_assert(__builtin_offsetof(RawPlanHeader, value_bases_at) == {}, \"offsets\");\n",
         std::mem::offset_of!(RawPlanHeader, value_bases_at)

@@ -255,7 +255,7 @@ impl Aligned {
 }
 
 /// One rank's device-side state, as the library allocates it: one staging allocation laid
-/// out by the library's `StagingLayout` (arenas, flags, served words, failure word, epoch,
+/// out by the library's `StagingLayout` (arenas, flags, turn words, failure word, epoch,
 /// finished blocks, rank 0's arrival board, graph state), and its host-mapped words.
 struct RankMemory {
     staging: Aligned,
@@ -301,6 +301,7 @@ impl Comm {
             arena_bytes: ARENA_BYTES as u64,
             values: MAX_VALUES as u64,
             blocks: blocks as u64,
+            ranks: ranks as u64,
         };
         let memory: Vec<RankMemory> = (0..ranks)
             .map(|_| RankMemory {
@@ -492,47 +493,52 @@ impl Comm {
         }
     }
 
-    /// Panics unless call `epoch` (which ran `plan`) left every rank's served words as ordered
-    /// reads leave them: each block's word names the call and the rank's number of ordered sends
-    /// (the last turn's reader wrote it, after every earlier one), or untouched without them.
+    /// Panics unless call `epoch` (which ran `plan`) left every rank's turn words as ordered
+    /// reads leave them: a rank's word for a source, in every block, names the call and the
+    /// last of the source's sends this rank read in turn after the first (the reader of the
+    /// send before wrote it, after every earlier hand-on), and is not this call's where the
+    /// rank read none; untouched without ordered reads.
     fn assert_every_send_served(&mut self, plan: &Plan, epoch: u64, label: &str) {
         let parity = (epoch & 1) as usize;
         let flag = ((epoch - 1) % 0xffff_ffff) as u32 + 1;
+        let tag = (flag & 0xffff) << 16;
         let ordered = self.ordered_reads;
-        for source in 0..self.ranks {
-            let sends = plan
-                .programs
-                .iter()
-                .enumerate()
-                .flat_map(|(reader, p)| p.steps.iter().map(move |step| (reader, step)))
-                .filter(|(reader, step)| match step {
-                    Step::Copy {
-                        source: s, turn, ..
-                    } => turn.is_some() && s.rank == source && *reader != source,
-                    Step::Combine { sources, turn, .. } => {
-                        turn.is_some()
-                            && *reader != source
-                            && sources.iter().any(|s| s.rank == source)
+        let blocks = self.blocks as usize;
+        let ranks = self.ranks;
+        for (reader, program) in plan.programs.iter().enumerate() {
+            // The last turn after the first in which `reader` reads each source.
+            let mut last_turn = vec![0u32; ranks];
+            for step in &program.steps {
+                let (sources, turn) = match step {
+                    Step::Copy { source, turn, .. } => (std::slice::from_ref(source), turn),
+                    Step::Combine { sources, turn, .. } => (&sources[..], turn),
+                    Step::CopyIn => continue,
+                };
+                for s in sources.iter().filter(|s| s.rank != reader) {
+                    if let Some(turn) = turn {
+                        last_turn[s.rank] = last_turn[s.rank].max(*turn as u32);
                     }
-                    Step::CopyIn => false,
-                })
-                .count() as u32;
+                }
+            }
             let served = self.layout.served(parity);
-            let blocks = self.blocks as usize;
-            let words = self.region(source, served, blocks * 4);
-            for block in 0..blocks {
-                let word = u32::from_le_bytes(words[block * 4..block * 4 + 4].try_into().unwrap());
-                if !ordered {
-                    assert_eq!(
-                        word, 0,
-                        "{label}: rank {source} block {block}: unordered reads wrote a served word"
-                    );
-                } else if sends > 0 {
-                    assert_eq!(
-                        word,
-                        (flag & 0xffff) << 16 | sends,
-                        "{label}: rank {source} block {block}: {sends} ordered sends"
-                    );
+            let words = self.region(reader, served, ranks * blocks * 4).to_vec();
+            for (source, &turn) in last_turn.iter().enumerate() {
+                for block in 0..blocks {
+                    let at = (source * blocks + block) * 4;
+                    let word = u32::from_le_bytes(words[at..at + 4].try_into().unwrap());
+                    let at =
+                        format!("{label}: rank {reader}'s turn word for {source}, block {block}");
+                    if !ordered {
+                        assert_eq!(word, 0, "{at}: unordered reads wrote a turn word");
+                    } else if turn > 0 {
+                        assert_eq!(word, tag | turn, "{at}: its last turn");
+                    } else {
+                        assert_ne!(
+                            word >> 16,
+                            tag >> 16,
+                            "{at}: written with no turn to hand on"
+                        );
+                    }
                 }
             }
         }

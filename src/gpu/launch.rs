@@ -55,10 +55,13 @@ pub struct RawPeer {
     /// `uint32_t`: nonzero once the owner failed a call (the owner's status); peers' waits on
     /// this rank give up when they see it.
     pub failed: u64,
-    /// The served words of each parity: `uint32_t[blocks]`. Block `b`'s word says how many of
-    /// the owner's sends in the current call (plan turns, `RawStep::turn`) the readers' blocks
-    /// `b` have served, tagged with the call (`sg_served` in cuda/stragglar_allreduce.cu).
-    /// Written by the readers, in turn order.
+    /// The turn words of each parity, an inbox like `flags`: `uint32_t[ranks][blocks]`. Word
+    /// `s * blocks + b` says how many of rank `s`'s sends in the current call (plan turns,
+    /// `RawStep::turn`) have been read by their readers' blocks `b`, tagged with the call
+    /// (`sg_served` in cuda/stragglar_allreduce.cu): this rank's block `b` may read send `k` of
+    /// `s` once it says `k`. Written by the reader of `s`'s send `k - 1`
+    /// (`RawStep::next_reader`), so the readers of one source write it in turn order; polled by
+    /// the owner in its own memory.
     pub served: [u64; 2],
 }
 

@@ -13,7 +13,7 @@ use super::{RankProgram, Step};
 /// `RawPlanHeader::magic`: "SGPL".
 pub const PLAN_MAGIC: u32 = 0x5347_504c;
 /// `RawPlanHeader::version` of this layout.
-pub const PLAN_VERSION: u32 = 3;
+pub const PLAN_VERSION: u32 = 4;
 /// `RawStep::kind`: copy the caller's input into `IN`.
 pub const STEP_COPY_IN: u32 = 0;
 /// `RawStep::kind`: reduce the sources into a new value.
@@ -22,6 +22,8 @@ pub const STEP_COMBINE: u32 = 1;
 pub const STEP_COPY: u32 = 2;
 /// `RawStep::turn` of an unordered read.
 pub const NO_TURN: u32 = u32::MAX;
+/// `RawStep::next_reader` when no rank reads the source's next send in turn.
+pub const NO_READER: u32 = u32::MAX;
 /// `RawValue::slot` of an `IN` chunk: it lives at its chunk's place at the arena's start.
 pub const SLOT_INPUT: u32 = u32::MAX - 1;
 /// `RawValue::slot` of a value that is not kept in the arena (nobody reads it).
@@ -73,7 +75,10 @@ pub struct RawStep {
     pub complete: u32,
     /// The remote read's place in its source's sends (`plan::Turn`), or `NO_TURN`.
     pub turn: u32,
-    pub reserved: u32,
+    /// With a turn: the rank that reads the same source's next send (turn + 1), into whose
+    /// staging this rank writes that turn once its own read is done (`RawPeer::served`), or
+    /// `NO_READER` for the source's last send. `NO_READER` without a turn.
+    pub next_reader: u32,
 }
 
 /// A value on some rank.
@@ -154,6 +159,39 @@ fn readers_of(programs: &[RankProgram]) -> Vec<Vec<Vec<usize>>> {
     readers
 }
 
+/// The one source of a step with a turn that is not the reader's own value (lowering reads one
+/// rank per transfer: a copy's source, or the other operand of a reduce).
+fn remote_source(sources: &[super::ValueRef], reader: usize) -> Option<usize> {
+    let mut remote = sources.iter().filter(|s| s.rank != reader);
+    let source = remote.next()?;
+    debug_assert!(
+        remote.next().is_none(),
+        "a read in turn has one remote source"
+    );
+    Some(source.rank)
+}
+
+/// `(source, turn) -> reader`: which rank's step reads `source`'s send number `turn` (each send
+/// has one reader).
+fn turn_readers(programs: &[RankProgram]) -> std::collections::HashMap<(usize, usize), usize> {
+    let mut readers = std::collections::HashMap::new();
+    for (reader, program) in programs.iter().enumerate() {
+        for step in &program.steps {
+            let (sources, turn) = match step {
+                Step::CopyIn => continue,
+                Step::Combine { sources, turn, .. } => (&sources[..], turn),
+                Step::Copy { source, turn, .. } => (std::slice::from_ref(source), turn),
+            };
+            let Some(turn) = turn else { continue };
+            if let Some(source) = remote_source(sources, reader) {
+                let before = readers.insert((source, *turn), reader);
+                debug_assert!(before.is_none(), "send {turn} of rank {source} read twice");
+            }
+        }
+    }
+    readers
+}
+
 /// Encodes `rank`'s program: `slots[r][v]` is the arena slot of value `v` of rank `r`
 /// (`None` for `IN` chunks, values `0..chunks`, and for values nobody reads).
 pub(super) fn encode_programs(
@@ -163,6 +201,7 @@ pub(super) fn encode_programs(
     rank: usize,
 ) -> PlanBlob {
     let program = &programs[rank];
+    let turn_readers = turn_readers(programs);
     let mut steps = Vec::new();
     let mut sources = Vec::new();
     for step in &program.steps {
@@ -197,7 +236,12 @@ pub(super) fn encode_programs(
             out_value: out as u32,
             complete: complete as u32,
             turn: turn.map_or(NO_TURN, |t| t as u32),
-            reserved: 0,
+            next_reader: turn
+                .and_then(|t| {
+                    let source = remote_source(&srcs, rank)?;
+                    turn_readers.get(&(source, t + 1)).copied()
+                })
+                .map_or(NO_READER, |r| r as u32),
         });
         sources.extend(srcs.iter().map(|s| RawSource {
             rank: s.rank as u32,
@@ -234,7 +278,7 @@ pub(super) fn encode_programs(
             s.out_value,
             s.complete,
             s.turn,
-            s.reserved,
+            s.next_reader,
         ])
     });
     let sources_at = push(&mut out, &sources, |s| words32(&[s.rank, s.value]));

@@ -19,8 +19,8 @@ mod simulate;
 
 pub use cache::{PlanCache, Shape};
 pub use encode::{
-    PlanBlob, RawPlanHeader, RawSource, RawStep, RawValue, NO_TURN, PLAN_MAGIC, PLAN_VERSION,
-    SLOT_INPUT, SLOT_NONE, STEP_COMBINE, STEP_COPY, STEP_COPY_IN,
+    PlanBlob, RawPlanHeader, RawSource, RawStep, RawValue, NO_READER, NO_TURN, PLAN_MAGIC,
+    PLAN_VERSION, SLOT_INPUT, SLOT_NONE, STEP_COMBINE, STEP_COPY, STEP_COPY_IN,
 };
 pub use layout::{chunk_range, chunk_ranges, slot_bytes, ElementRange, ALIGN_BYTES};
 pub use lower::{lower, lower_structure, ArenaNeed, LowerError, Lowered};

@@ -340,16 +340,17 @@ fn blob_readers(blob: &PlanBlob, owner: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Every blob lists, for every value of every rank, exactly the other ranks that have a step
-/// reading it (where the owner publishes its flag), ascending.
-#[test]
-fn blobs_list_every_reader_of_every_value() {
-    for (algorithm, ranks, straggler, pieces) in [
+/// The plans the blob tests read: StragglAR at 4, 8 and 6 ranks (the last pipelined, 3 pieces a
+/// chunk) and Ring at 5, as `(algorithm, ranks, pieces, lowered)`.
+fn blob_cases() -> Vec<(Algorithm, usize, usize, Lowered)> {
+    [
         (Algorithm::Stragglar, 4, 3, 1),
         (Algorithm::Stragglar, 8, 5, 1),
         (Algorithm::Stragglar, 6, 2, 3),
         (Algorithm::Ring, 5, 0, 1),
-    ] {
+    ]
+    .into_iter()
+    .map(|(algorithm, ranks, straggler, pieces)| {
         let schedule = algorithm
             .schedule(&PlanRequest {
                 pieces_per_chunk: pieces,
@@ -357,7 +358,21 @@ fn blobs_list_every_reader_of_every_value() {
             })
             .unwrap();
         verify(&schedule).unwrap();
-        let lowered = lower_structure(&schedule).unwrap();
+        (
+            algorithm,
+            ranks,
+            pieces,
+            lower_structure(&schedule).unwrap(),
+        )
+    })
+    .collect()
+}
+
+/// Every blob lists, for every value of every rank, exactly the other ranks that have a step
+/// reading it (where the owner publishes its flag), ascending.
+#[test]
+fn blobs_list_every_reader_of_every_value() {
+    for (algorithm, ranks, pieces, lowered) in blob_cases() {
         let plan = lowered.plan(1000, DataType::F32);
         let mut expected: Vec<Vec<Vec<u32>>> = plan
             .programs
@@ -400,6 +415,76 @@ fn blobs_list_every_reader_of_every_value() {
                         assert_ne!(slot, SLOT_NONE, "{label}: value {v} of {owner}");
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The steps of one plan that read in turn: `(source, turn, reader, step index)`.
+fn reads_in_turn(plan: &Plan) -> Vec<(usize, usize, usize, usize)> {
+    let mut reads = Vec::new();
+    for (reader, program) in plan.programs.iter().enumerate() {
+        for (i, step) in program.steps.iter().enumerate() {
+            let (sources, turn) = match step {
+                Step::CopyIn => continue,
+                Step::Combine { sources, turn, .. } => (sources.clone(), *turn),
+                Step::Copy { source, turn, .. } => (vec![*source], *turn),
+            };
+            let remote: Vec<usize> = sources
+                .iter()
+                .filter(|s| s.rank != reader)
+                .map(|s| s.rank)
+                .collect();
+            if let Some(turn) = turn {
+                assert_eq!(remote.len(), 1, "rank {reader} step {i}: one remote source");
+                reads.push((remote[0], turn, reader, i));
+            }
+        }
+    }
+    reads
+}
+
+/// Every step that reads in turn names the rank reading its source's next send (the one it
+/// hands the turn to), and every other step names none.
+#[test]
+fn blobs_name_the_reader_of_each_sources_next_send() {
+    for (algorithm, ranks, pieces, lowered) in blob_cases() {
+        let plan = lowered.plan(1000, DataType::F32);
+        let reads = reads_in_turn(&plan);
+        let mut expected: Vec<Vec<u32>> = plan
+            .programs
+            .iter()
+            .map(|p| vec![NO_READER; p.steps.len()])
+            .collect();
+        for &(source, turn, reader, i) in &reads {
+            let sends = reads.iter().filter(|r| r.0 == source).count();
+            assert!(turn < sends, "rank {source}'s turns are 0..{sends}");
+            if let Some(next) = reads.iter().find(|r| r.0 == source && r.1 == turn + 1) {
+                expected[reader][i] = next.2 as u32;
+            }
+        }
+        let handed = expected
+            .iter()
+            .flatten()
+            .filter(|&&r| r != NO_READER)
+            .count();
+        assert!(
+            handed + ranks >= reads.len() && handed > ranks,
+            "{algorithm:?} n={ranks}: {handed} of {} reads hand a turn on",
+            reads.len()
+        );
+        for (rank, expected) in expected.iter().enumerate() {
+            let blob = lowered.blob(rank);
+            let word = |at: usize| u32::from_le_bytes(blob.bytes[at..at + 4].try_into().unwrap());
+            let dword = |at: usize| u64::from_le_bytes(blob.bytes[at..at + 8].try_into().unwrap());
+            let steps_at = dword(std::mem::offset_of!(RawPlanHeader, steps_at)) as usize;
+            for (i, &next) in expected.iter().enumerate() {
+                let at = steps_at + i * std::mem::size_of::<RawStep>();
+                assert_eq!(
+                    word(at + std::mem::offset_of!(RawStep, next_reader)),
+                    next,
+                    "{algorithm:?} n={ranks} pieces {pieces}: rank {rank} step {i}"
+                );
             }
         }
     }

@@ -229,6 +229,7 @@ pub fn layout(
         arena_bytes: 64,
         values: 1,
         blocks: blocks as u64,
+        ranks: ranks as u64,
     };
     // StragglAR with every straggler and every pipeline depth a call may run (graph replays
     // run Ring as their baseline where it fits): a deeper pipeline needs less arena (smaller

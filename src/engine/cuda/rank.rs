@@ -23,7 +23,7 @@ use crate::nccl::types::ResultCode;
 use crate::plan::{ArenaNeed, Lowered};
 use crate::reduce::DataType;
 
-/// Ordered sends of one rank in a call must stay below this: the kernel's served words count
+/// Ordered sends of one rank in a call must stay below this: the kernel's turn words count
 /// them in 16 bits (`sg_served` in cuda/stragglar_allreduce.cu).
 const MAX_SENDS: usize = 1 << 16;
 

@@ -280,6 +280,7 @@ impl SetupRecord {
             arena_bytes: self.layout[0],
             values: self.layout[1],
             blocks: self.layout[2],
+            ranks: self.ranks as u64,
         }
     }
 }
@@ -358,6 +359,7 @@ mod tests {
             arena_bytes: 1 << 20,
             values: 40,
             blocks: 16,
+            ranks: 8,
         }
     }
 
@@ -742,6 +744,7 @@ mod protocol_tests {
                             arena_bytes: 4096,
                             values: 8,
                             blocks: 4,
+                            ranks: n as u64,
                         };
                         let mut mine = SetupRecord::ready(
                             rank,
@@ -823,6 +826,7 @@ mod protocol_tests {
             arena_bytes: 1,
             values: 2,
             blocks: 3,
+            ranks: 2,
         };
         let r = SetupRecord::ready(1, 2, &identity, [1, 2, 3, 4, 5, 6, 7, 8], [8; 64], layout);
         let bytes = record_bytes(&r);
@@ -865,6 +869,7 @@ mod finish_tests {
             arena_bytes: 64,
             values: 1,
             blocks: 1,
+            ranks: 1,
         };
         let mine = SetupRecord::ready(0, 1, &identity, [0; 8], [0; 64], layout);
         assert!(

@@ -1,5 +1,5 @@
 //! Where one rank's staging allocation keeps what: both arena parities, both flag parities, both
-//! parities of served words, the failure word, the setup's probe words, the epoch, the finished-blocks counter, the notes of its ticketed calls (two, by call parity), the arrival board (used on rank 0
+//! parities of turn words, the failure word, the setup's probe words, the epoch, the finished-blocks counter, the notes of its ticketed calls (two, by call parity), the arrival board (used on rank 0
 //! only) and the graph state (`RawGraphState`: graph launches' call numbers, records and
 //! device detectors). One plain allocation per rank,
 //! rounded up to 2 MiB (the granularity CUDA IPC maps), identical in layout on every rank, so
@@ -28,6 +28,8 @@ pub struct StagingLayout {
     pub values: u64,
     /// Blocks of the communicator's fixed grid.
     pub blocks: u64,
+    /// Ranks of the communicator (each has a turn word per block in every rank's staging).
+    pub ranks: u64,
 }
 
 impl StagingLayout {
@@ -50,10 +52,10 @@ impl StagingLayout {
     }
 
     fn served_stride(&self) -> u64 {
-        align(self.blocks.max(1) * 4, REGION_ALIGN)
+        align(self.ranks.max(1) * self.blocks.max(1) * 4, REGION_ALIGN)
     }
 
-    /// Offset of the served words of `parity` (`uint32_t[blocks]`, see `RawPeer::served`).
+    /// Offset of the turn words of `parity` (`uint32_t[ranks][blocks]`, see `RawPeer::served`).
     pub fn served(&self, parity: usize) -> u64 {
         2 * self.arena_stride() + 2 * self.flags_stride() + parity as u64 * self.served_stride()
     }
@@ -140,21 +142,25 @@ mod tests {
 
     #[test]
     fn regions_are_disjoint_aligned_and_fit_the_granule() {
-        for (arena_bytes, values, blocks) in
-            [(0, 0, 1), (1, 1, 1), (3 << 20, 40, 16), (64, 900, 24)]
-        {
+        for (arena_bytes, values, blocks, ranks) in [
+            (0, 0, 1, 1),
+            (1, 1, 1, 2),
+            (3 << 20, 40, 16, 8),
+            (64, 900, 24, 3),
+        ] {
             let l = StagingLayout {
                 arena_bytes,
                 values,
                 blocks,
+                ranks,
             };
             let regions = [
                 (l.arena(0), arena_bytes),
                 (l.arena(1), arena_bytes),
                 (l.flags(0), values * blocks * 4),
                 (l.flags(1), values * blocks * 4),
-                (l.served(0), blocks * 4),
-                (l.served(1), blocks * 4),
+                (l.served(0), ranks * blocks * 4),
+                (l.served(1), ranks * blocks * 4),
                 (l.failed(), 4),
                 (l.probe_word(0), 4 * PROBE_WORDS),
                 (l.epoch(), 8),

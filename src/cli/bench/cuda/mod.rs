@@ -135,6 +135,7 @@ impl Setup {
                 arena_bytes: 64,
                 values: 1,
                 blocks: blocks as u64,
+                ranks: options.ranks as u64,
             },
             algorithm,
             sizes: options.sizes(),
