@@ -365,6 +365,58 @@ union sg_lanes {
   typename L::elem e[16 / sizeof(typename L::elem)];
 };
 
+/* Loads the POSITIONS vectors at byte `at`, a block stride apart, of operands [first, first +
+ * BATCH): every load issued before any is used. An operand past `count` or a position past
+ * `end` reads zeros (masked, never a break, so the loops unroll and `in` stays in registers). */
+template <class L, uint32_t POSITIONS, uint32_t BATCH>
+SG_DEVICE void sg_load_batch(sg_lanes<L> (&in)[POSITIONS][BATCH],
+                             const unsigned char* const* operands, uint32_t first,
+                             uint32_t count, uint64_t at, uint64_t stride, uint64_t end) {
+  SG_UNROLL
+  for (uint32_t j = 0; j < BATCH; ++j) {
+    SG_UNROLL
+    for (uint32_t p = 0; p < POSITIONS; ++p) {
+      sg_vec16 zero = {{0, 0, 0, 0}};
+      const bool live = first + j < count && (p == 0 || at + p * stride < end);
+      in[p][j].v = live ? sg_load16_fresh(operands[first + j] + at + p * stride) : zero;
+    }
+  }
+}
+
+/* sg_reduce_at for `count` <= BATCH (one batch holds every operand): each lane is folded over
+ * the operands, finished and narrowed in turn, so no accumulator outlives its lane and a
+ * position's result is packed as soon as its lanes are done (16 one-byte lanes a vector need
+ * 16 accumulators each otherwise, which spilled). Same fold, same order, same bits. */
+template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH>
+SG_DEVICE void sg_reduce_once_at(const sg_math* m, const unsigned char* const* operands,
+                                 uint32_t count, uint64_t at, uint64_t stride, uint64_t end,
+                                 unsigned char* out_a, unsigned char* out_b, bool scale,
+                                 typename L::acc scalar, bool finish) {
+  typedef typename L::acc A;
+  enum { LANES = 16 / sizeof(typename L::elem) };
+  sg_lanes<L> in[POSITIONS][BATCH];
+  sg_load_batch<L, POSITIONS, BATCH>(in, operands, 0, count, at, stride, end);
+  SG_UNROLL
+  for (uint32_t p = 0; p < POSITIONS; ++p) {
+    if (p > 0 && at + p * stride >= end) break;
+    sg_lanes<L> out;
+    SG_UNROLL
+    for (uint32_t k = 0; k < LANES; ++k) {
+      const A first = L::widen(in[p][0].e[k]);
+      A v = scale ? L::multiply(first, scalar) : first;
+      SG_UNROLL
+      for (uint32_t j = 1; j < BATCH; ++j) {
+        if (j < count) v = L::combine(OP, v, L::widen(in[p][j].e[k]));
+      }
+      /* Only a sum (avg) finishes: the other ops' instantiations carry no division. */
+      if (OP == OP_SUM && finish) v = L::finish(m->op, v, m->ranks);
+      out.e[k] = L::narrow(v);
+    }
+    if (out_a) sg_store16(out_a + at + p * stride, out.v);
+    if (out_b) sg_store16(out_b + at + p * stride, out.v);
+  }
+}
+
 /* Reduces the POSITIONS vectors at byte `at`, a block stride apart (those below `end`), of
  * every operand, and stores the result to up to two destinations. The operands are read BATCH
  * at a time, every load of a batch issued before any is combined; the fold keeps the operands'
@@ -386,15 +438,7 @@ SG_DEVICE void sg_reduce_at(const sg_math* m, const unsigned char* const* operan
   }
   for (uint32_t first = 0; first < count; first += BATCH) {
     sg_lanes<L> in[POSITIONS][BATCH];
-    SG_UNROLL
-    for (uint32_t j = 0; j < BATCH; ++j) {
-      SG_UNROLL
-      for (uint32_t p = 0; p < POSITIONS; ++p) {
-        sg_vec16 zero = {{0, 0, 0, 0}};
-        const bool live = first + j < count && (p == 0 || at + p * stride < end);
-        in[p][j].v = live ? sg_load16_fresh(operands[first + j] + at + p * stride) : zero;
-      }
-    }
+    sg_load_batch<L, POSITIONS, BATCH>(in, operands, first, count, at, stride, end);
     SG_UNROLL
     for (uint32_t j = 0; j < BATCH; ++j) {
       if (first + j >= count) continue;
@@ -433,8 +477,9 @@ SG_DEVICE void sg_reduce_at(const sg_math* m, const unsigned char* const* operan
  * 16-byte aligned operands (a multiple of 16 bytes), out = finish?(OP-fold of the operands, the
  * first optionally scaled). Each thread takes POSITIONS vectors a block stride apart per pass
  * and reads the operands BATCH at a time, so it keeps up to POSITIONS * BATCH 16-byte loads in
- * flight where a loop over one vector would wait on each. `count` >= 1. */
-template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH>
+ * flight where a loop over one vector would wait on each. `count` >= 1, and with ONE_BATCH
+ * `count` <= BATCH (the caller's promise: sg_reduce_once_at keeps no accumulators). */
+template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH, bool ONE_BATCH>
 SG_DEVICE void sg_reduce16(const sg_math* m, const unsigned char* const* operands, uint32_t count,
                            uint64_t begin, uint64_t end, unsigned char* out_a,
                            unsigned char* out_b, bool scale, bool finish) {
@@ -443,8 +488,13 @@ SG_DEVICE void sg_reduce16(const sg_math* m, const unsigned char* const* operand
   const uint64_t stride = (uint64_t)SG_THREADS * 16;
   const A scalar = scale ? L::widen(*(const E*)m->scale) : A();
   for (uint64_t at = begin + (uint64_t)SG_THREAD * 16; at < end; at += stride * POSITIONS) {
-    sg_reduce_at<L, OP, POSITIONS, BATCH>(m, operands, count, at, stride, end, out_a, out_b,
-                                          scale, scalar, finish);
+    if (ONE_BATCH) {
+      sg_reduce_once_at<L, OP, POSITIONS, BATCH>(m, operands, count, at, stride, end, out_a,
+                                                 out_b, scale, scalar, finish);
+    } else {
+      sg_reduce_at<L, OP, POSITIONS, BATCH>(m, operands, count, at, stride, end, out_a, out_b,
+                                            scale, scalar, finish);
+    }
   }
 }
 
@@ -475,14 +525,16 @@ SG_DEVICE void sg_reduce_elems(const sg_math* m, const unsigned char* const* ope
  * [begin, end) of the chunk, out = finish?(OP-fold of `count` operands, the first optionally
  * scaled), written to up to two destinations. Operands are arena slots (16-byte aligned) or the
  * caller's input. Whole vectors go through sg_reduce16 when every pointer is aligned:
- *  - one operand (a scaled copy-in, which never combines): four vectors per pass (two for
- *    one-byte types, whose 16 lanes a vector would spill at four), as many loads in flight;
+ *  - one operand (a scaled copy-in, which never combines): four vectors per pass, as many
+ *    loads in flight;
  *  - two to four: two vectors per pass, four operands per batch, so eight loads are in flight
  *    per thread (four for two operands), every load issued before any arithmetic;
  *  - five or more (the straggler's pull: 7 operands at 8 ranks): one vector per pass, eight
  *    operands per batch, so a pull of up to eight operands issues every load before any
  *    arithmetic (7 in flight at 8 ranks); more take batches of eight.
- * No shape stores a spill within one 512-thread block per SM (ptxas; docs/KERNELS.md).
+ * The first two hold every operand in one batch and fold lane by lane (sg_reduce_once_at), so
+ * they keep no accumulators. No function of the kernel spills within one 512-thread block per
+ * SM (ptxas; docs/KERNELS.md, tests/nvrtc.rs).
  *
  * Outlined (one function per lane and op, called from each step), not inlined: inlined into
  * every caller, the 40 instantiations made one kernel body NVRTC needed many minutes for. */
@@ -497,16 +549,16 @@ SG_OUTLINED void sg_apply(const sg_math math, const unsigned char* const* operan
   if (sg_aligned16(operands, count, out_a, out_b)) {
     vec_end = begin + (end - begin) / 16 * 16;
     if (OP == OP_SUM && count == 1) { /* sg_apply_typed sends every single operand here */
-      /* Bytes hold 16 lanes a vector: two positions, or their accumulators spill. */
-      enum { SINGLE = sizeof(typename L::elem) == 1 ? 2 : 4 };
-      sg_reduce16<L, OP, SINGLE, 1>(m, operands, count, begin, vec_end, out_a, out_b, scale,
-                                    finish);
+      sg_reduce16<L, OP, 4, 1, true>(m, operands, count, begin, vec_end, out_a, out_b, scale,
+                                     finish);
     } else if (count <= 4) {
-      sg_reduce16<L, OP, 2, 4>(m, operands, count, begin, vec_end, out_a, out_b, scale, finish);
+      sg_reduce16<L, OP, 2, 4, true>(m, operands, count, begin, vec_end, out_a, out_b, scale,
+                                     finish);
     } else {
       /* A pull of up to 8 operands (the straggler's 7 at 8 ranks) loads every one of them
        * before any combining; more take batches of 8. */
-      sg_reduce16<L, OP, 1, 8>(m, operands, count, begin, vec_end, out_a, out_b, scale, finish);
+      sg_reduce16<L, OP, 1, 8, false>(m, operands, count, begin, vec_end, out_a, out_b, scale,
+                                      finish);
     }
   }
   sg_reduce_elems<L, OP>(m, operands, count, vec_end, end, out_a, out_b, scale, finish);

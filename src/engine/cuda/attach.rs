@@ -33,17 +33,29 @@ pub const MIN_BLOCKS: u32 = 8;
 /// The most plan blocks a rank's grid takes (and what `doctor` sizes the staging for).
 pub const MAX_BLOCKS: u32 = 32;
 
-/// The plan blocks of each rank on a GPU of `sms` multiprocessors, chosen once per
-/// communicator: one 512-thread block per multiprocessor, a quarter of them, within
-/// [`MIN_BLOCKS`, `MAX_BLOCKS`]. Bytes in flight set a remote read's rate: each block keeps up to
-/// 8 x 16 B x 512 threads = 64 KiB of loads in flight, and a link of about 450 GB/s with a few
-/// microseconds of latency needs on the order of 1-2 MiB, so 32 blocks on an H100/H200 (132
-/// multiprocessors; 27 on an A100's 108), where the old fixed grid of 16 held half that. The rest
-/// of the GPU stays with the job's kernels that overlap the collective. Every rank of a
-/// homogeneous server derives the same grid; ranks whose GPUs differ announce different layouts
-/// and the setup declines (the communicator stays on NCCL). Not measured on a GPU.
-pub fn blocks_for(sms: u32) -> u32 {
-    (sms / 4).clamp(MIN_BLOCKS, MAX_BLOCKS)
+/// Bytes of one chunk a plan block should have at the largest message the staging takes: one
+/// batch of loads in flight for each of its threads (8 x 16 B x 512 threads).
+pub const BLOCK_MIN_BYTES: usize = 64 << 10;
+
+/// The plan blocks of each rank of an `ranks`-rank communicator on a GPU of `sms`
+/// multiprocessors whose staging takes messages of up to `buffer_bytes`, chosen once per
+/// communicator: one 512-thread block per multiprocessor, a quarter of them, no more than give
+/// each block [`BLOCK_MIN_BYTES`] of a chunk of the largest message (a chunk is at most
+/// `buffer_bytes / (ranks - 1)`; `ranks` is taken as the divisor, for pipelined plans' smaller
+/// pieces), within [`MIN_BLOCKS`, `MAX_BLOCKS`]. Bytes in flight set a remote read's rate: each
+/// block keeps up to 8 x 16 B x 512 threads = 64 KiB of loads in flight, and a link of about
+/// 450 GB/s with a few microseconds of latency needs on the order of 1-2 MiB, so 32 blocks on an
+/// H100/H200 (132 multiprocessors; 27 on an A100's 108) with the default 256 MiB buffer, where
+/// the old fixed grid of 16 held half that; a small buffer (`STRAGGLAR_BUFFER_BYTES`) takes
+/// fewer blocks, whose flags would otherwise cost more than their few bytes. The rest of the
+/// GPU stays with the job's kernels that overlap the collective. Every rank of a homogeneous
+/// server derives the same grid; ranks whose GPUs differ announce different layouts and the
+/// setup declines (the communicator stays on NCCL). Not measured on a GPU.
+pub fn blocks_for(sms: u32, buffer_bytes: usize, ranks: usize) -> u32 {
+    let by_buffer = buffer_bytes / ranks.max(1) / BLOCK_MIN_BYTES;
+    (sms / 4)
+        .min(u32::try_from(by_buffer).unwrap_or(u32::MAX))
+        .clamp(MIN_BLOCKS, MAX_BLOCKS)
 }
 
 /// One `ncclAllReduce`, as the engine needs it: the call's arguments as NCCL takes them (to
@@ -488,8 +500,8 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
         0
     });
     let base_policy = policy(call.ranks);
-    let layout = layout(&mut plans, &base_policy, blocks_for(sms as u32))
-        .map_err(|_| Decline::GpuUnavailable)?;
+    let blocks = blocks_for(sms as u32, crate::config::get().buffer_bytes, call.ranks);
+    let layout = layout(&mut plans, &base_policy, blocks).map_err(|_| Decline::GpuUnavailable)?;
     let reservation = Reservation::take(call.device, layout.allocation_bytes());
     // A panic in the local steps must not make this rank skip the collectives its peers run.
     let local = match stream_state {
@@ -651,10 +663,17 @@ mod tests {
 
     #[test]
     fn the_grid_follows_the_multiprocessors_within_bounds() {
-        assert_eq!(blocks_for(132), 32, "H100/H200");
-        assert_eq!(blocks_for(108), 27, "A100");
-        assert_eq!(blocks_for(32), MIN_BLOCKS);
-        assert_eq!(blocks_for(0), MIN_BLOCKS, "an unknown count");
-        assert_eq!(blocks_for(1000), MAX_BLOCKS);
+        let buffer = crate::config::DEFAULT_BUFFER_BYTES;
+        assert_eq!(blocks_for(132, buffer, 8), 32, "H100/H200");
+        assert_eq!(blocks_for(108, buffer, 8), 27, "A100");
+        assert_eq!(blocks_for(32, buffer, 8), MIN_BLOCKS);
+        assert_eq!(blocks_for(0, buffer, 8), MIN_BLOCKS, "an unknown count");
+        assert_eq!(blocks_for(1000, buffer, 8), MAX_BLOCKS);
+        // A small buffer: each block keeps a batch of loads' worth of the largest chunk.
+        assert_eq!(blocks_for(132, 16 << 20, 8), 32);
+        assert_eq!(blocks_for(132, 12 << 20, 8), 24);
+        assert_eq!(blocks_for(132, 12 << 20, 4), 32);
+        assert_eq!(blocks_for(132, 1 << 20, 8), MIN_BLOCKS);
+        assert_eq!(blocks_for(132, usize::MAX, 8), 32, "no overflow");
     }
 }

@@ -40,7 +40,11 @@ pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), S
         Ok(start.elapsed_ms(&end)? as f64 * 1e-3 / iters as f64)
     };
     if let dtype @ (DataType::F16 | DataType::Bf16) = options.dtypes[0] {
-        let checked = super::conversions::check(gpu, dtype, blocks_for(sms))?;
+        let checked = super::conversions::check(
+            gpu,
+            dtype,
+            blocks_for(sms, options.buffer_bytes, options.ranks),
+        )?;
         println!(
             "# conversions: {checked} {} sums on the device match src/reduce bit for bit",
             dtype.name()
@@ -60,7 +64,10 @@ pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), S
     let mut summary = Vec::new();
     for (grid, blocks) in [
         ("device grid", sms * 2),
-        ("AllReduce grid", blocks_for(sms)),
+        (
+            "AllReduce grid",
+            blocks_for(sms, options.buffer_bytes, options.ranks),
+        ),
     ] {
         println!("#   {grid}: {blocks} x {THREADS} threads");
         let mut shares = Vec::new();
