@@ -314,6 +314,13 @@ SG_DEVICE bool sg_aligned16(const unsigned char* const* operands, uint32_t count
   return aligned;
 }
 
+/* Stores one 16-byte vector at byte `at` of up to two destinations. */
+SG_DEVICE void sg_store16_to(unsigned char* out_a, unsigned char* out_b, uint64_t at,
+                             sg_vec16 v) {
+  if (out_a) sg_store16(out_a + at, v);
+  if (out_b) sg_store16(out_b + at, v);
+}
+
 /* A copy of bytes [begin, end) (multiples of 16 from 16-byte aligned bases) to up to two
  * destinations: each thread moves UNROLL vectors a block stride apart per pass, every load
  * issued before any store, so a copy (most of a call's traffic: the exchange's copies, and
@@ -329,10 +336,7 @@ SG_DEVICE void sg_copy16(const unsigned char* src, uint64_t begin, uint64_t end,
       if (at + j * stride < end) v[j] = sg_load16_fresh(src + at + j * stride);
     }
     for (uint32_t j = 0; j < UNROLL; ++j) {
-      if (at + j * stride < end) {
-        if (out_a) sg_store16(out_a + at + j * stride, v[j]);
-        if (out_b) sg_store16(out_b + at + j * stride, v[j]);
-      }
+      if (at + j * stride < end) sg_store16_to(out_a, out_b, at + j * stride, v[j]);
     }
   }
 }
@@ -383,38 +387,11 @@ SG_DEVICE void sg_load_batch(sg_lanes<L> (&in)[POSITIONS][BATCH],
   }
 }
 
-/* sg_reduce_at for `count` <= BATCH (one batch holds every operand): each lane is folded over
- * the operands, finished and narrowed in turn, so no accumulator outlives its lane and a
- * position's result is packed as soon as its lanes are done (16 one-byte lanes a vector need
- * 16 accumulators each otherwise, which spilled). Same fold, same order, same bits. */
-template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH>
-SG_DEVICE void sg_reduce_once_at(const sg_math* m, const unsigned char* const* operands,
-                                 uint32_t count, uint64_t at, uint64_t stride, uint64_t end,
-                                 unsigned char* out_a, unsigned char* out_b, bool scale,
-                                 typename L::acc scalar, bool finish) {
-  typedef typename L::acc A;
-  enum { LANES = 16 / sizeof(typename L::elem) };
-  sg_lanes<L> in[POSITIONS][BATCH];
-  sg_load_batch<L, POSITIONS, BATCH>(in, operands, 0, count, at, stride, end);
-  SG_UNROLL
-  for (uint32_t p = 0; p < POSITIONS; ++p) {
-    if (p > 0 && at + p * stride >= end) break;
-    sg_lanes<L> out;
-    SG_UNROLL
-    for (uint32_t k = 0; k < LANES; ++k) {
-      const A first = L::widen(in[p][0].e[k]);
-      A v = scale ? L::multiply(first, scalar) : first;
-      SG_UNROLL
-      for (uint32_t j = 1; j < BATCH; ++j) {
-        if (j < count) v = L::combine(OP, v, L::widen(in[p][j].e[k]));
-      }
-      /* Only a sum (avg) finishes: the other ops' instantiations carry no division. */
-      if (OP == OP_SUM && finish) v = L::finish(m->op, v, m->ranks);
-      out.e[k] = L::narrow(v);
-    }
-    if (out_a) sg_store16(out_a + at + p * stride, out.v);
-    if (out_b) sg_store16(out_b + at + p * stride, out.v);
-  }
+/* A lane's fold as it is stored: finished (only a sum finishes, for avg: the other ops'
+ * instantiations carry no division) and narrowed. */
+template <class L, uint32_t OP>
+SG_DEVICE typename L::elem sg_result(const sg_math* m, typename L::acc v, bool finish) {
+  return L::narrow(OP == OP_SUM && finish ? L::finish(m->op, v, m->ranks) : v);
 }
 
 /* Reduces the POSITIONS vectors at byte `at`, a block stride apart (those below `end`), of
@@ -422,14 +399,40 @@ SG_DEVICE void sg_reduce_once_at(const sg_math* m, const unsigned char* const* o
  * at a time, every load of a batch issued before any is combined; the fold keeps the operands'
  * order, whatever the batching. Loops of constant trip count are fully unrolled, so `in` and
  * `acc` stay in registers: an operand past `count` or a position past `end` is masked, never a
- * break (a masked position folds zeros and is not stored). `count` >= 1. */
-template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH>
+ * break (a masked position folds zeros and is not stored). `count` >= 1.
+ *
+ * With ONE_BATCH (the caller's promise: `count` <= BATCH, one batch holds every operand), each
+ * lane is folded over the operands, finished and narrowed in turn, so no accumulator outlives
+ * its lane and a position's result is packed as its lanes complete: 16 one-byte lanes a vector
+ * need 16 accumulators each otherwise, which spilled. Same fold, same order, same bits. */
+template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH, bool ONE_BATCH>
 SG_DEVICE void sg_reduce_at(const sg_math* m, const unsigned char* const* operands,
                             uint32_t count, uint64_t at, uint64_t stride, uint64_t end,
                             unsigned char* out_a, unsigned char* out_b, bool scale,
                             typename L::acc scalar, bool finish) {
   typedef typename L::acc A;
   enum { LANES = 16 / sizeof(typename L::elem) };
+  if (ONE_BATCH) {
+    sg_lanes<L> in[POSITIONS][BATCH];
+    sg_load_batch<L, POSITIONS, BATCH>(in, operands, 0, count, at, stride, end);
+    SG_UNROLL
+    for (uint32_t p = 0; p < POSITIONS; ++p) {
+      if (p > 0 && at + p * stride >= end) break;
+      sg_lanes<L> out;
+      SG_UNROLL
+      for (uint32_t k = 0; k < LANES; ++k) {
+        const A first = L::widen(in[p][0].e[k]);
+        A v = scale ? L::multiply(first, scalar) : first;
+        SG_UNROLL
+        for (uint32_t j = 1; j < BATCH; ++j) {
+          if (j < count) v = L::combine(OP, v, L::widen(in[p][j].e[k]));
+        }
+        out.e[k] = sg_result<L, OP>(m, v, finish);
+      }
+      sg_store16_to(out_a, out_b, at + p * stride, out.v);
+    }
+    return;
+  }
   A acc[POSITIONS][LANES];
   SG_UNROLL
   for (uint32_t p = 0; p < POSITIONS; ++p) {
@@ -462,13 +465,8 @@ SG_DEVICE void sg_reduce_at(const sg_math* m, const unsigned char* const* operan
     if (p > 0 && at + p * stride >= end) break;
     sg_lanes<L> out;
     SG_UNROLL
-    for (uint32_t k = 0; k < LANES; ++k) {
-      /* Only a sum (avg) finishes: the other ops' instantiations carry no division. */
-      const A v = OP == OP_SUM && finish ? L::finish(m->op, acc[p][k], m->ranks) : acc[p][k];
-      out.e[k] = L::narrow(v);
-    }
-    if (out_a) sg_store16(out_a + at + p * stride, out.v);
-    if (out_b) sg_store16(out_b + at + p * stride, out.v);
+    for (uint32_t k = 0; k < LANES; ++k) out.e[k] = sg_result<L, OP>(m, acc[p][k], finish);
+    sg_store16_to(out_a, out_b, at + p * stride, out.v);
   }
 }
 
@@ -478,7 +476,7 @@ SG_DEVICE void sg_reduce_at(const sg_math* m, const unsigned char* const* operan
  * first optionally scaled). Each thread takes POSITIONS vectors a block stride apart per pass
  * and reads the operands BATCH at a time, so it keeps up to POSITIONS * BATCH 16-byte loads in
  * flight where a loop over one vector would wait on each. `count` >= 1, and with ONE_BATCH
- * `count` <= BATCH (the caller's promise: sg_reduce_once_at keeps no accumulators). */
+ * `count` <= BATCH (the caller's promise; see sg_reduce_at). */
 template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH, bool ONE_BATCH>
 SG_DEVICE void sg_reduce16(const sg_math* m, const unsigned char* const* operands, uint32_t count,
                            uint64_t begin, uint64_t end, unsigned char* out_a,
@@ -488,13 +486,8 @@ SG_DEVICE void sg_reduce16(const sg_math* m, const unsigned char* const* operand
   const uint64_t stride = (uint64_t)SG_THREADS * 16;
   const A scalar = scale ? L::widen(*(const E*)m->scale) : A();
   for (uint64_t at = begin + (uint64_t)SG_THREAD * 16; at < end; at += stride * POSITIONS) {
-    if (ONE_BATCH) {
-      sg_reduce_once_at<L, OP, POSITIONS, BATCH>(m, operands, count, at, stride, end, out_a,
-                                                 out_b, scale, scalar, finish);
-    } else {
-      sg_reduce_at<L, OP, POSITIONS, BATCH>(m, operands, count, at, stride, end, out_a, out_b,
-                                            scale, scalar, finish);
-    }
+    sg_reduce_at<L, OP, POSITIONS, BATCH, ONE_BATCH>(m, operands, count, at, stride, end,
+                                                     out_a, out_b, scale, scalar, finish);
   }
 }
 
@@ -515,7 +508,7 @@ SG_DEVICE void sg_reduce_elems(const sg_math* m, const unsigned char* const* ope
     for (uint32_t i = 1; i < count; ++i) {
       acc = L::combine(OP, acc, L::widen(sg_load_elem<L>(operands[i] + at)));
     }
-    E e = L::narrow(OP == OP_SUM && finish ? L::finish(m->op, acc, m->ranks) : acc);
+    E e = sg_result<L, OP>(m, acc, finish);
     if (out_a) sg_store_elem<L>(out_a + at, e);
     if (out_b) sg_store_elem<L>(out_b + at, e);
   }
@@ -532,9 +525,9 @@ SG_DEVICE void sg_reduce_elems(const sg_math* m, const unsigned char* const* ope
  *  - five or more (the straggler's pull: 7 operands at 8 ranks): one vector per pass, eight
  *    operands per batch, so a pull of up to eight operands issues every load before any
  *    arithmetic (7 in flight at 8 ranks); more take batches of eight.
- * The first two hold every operand in one batch and fold lane by lane (sg_reduce_once_at), so
- * they keep no accumulators. No function of the kernel spills within one 512-thread block per
- * SM (ptxas; docs/KERNELS.md, tests/nvrtc.rs).
+ * The first two hold every operand in one batch and fold lane by lane (sg_reduce_at's
+ * ONE_BATCH), so they keep no accumulators. No function of the kernel spills within one
+ * 512-thread block per SM (ptxas; docs/KERNELS.md, tests/nvrtc.rs).
  *
  * Outlined (one function per lane and op, called from each step), not inlined: inlined into
  * every caller, the 40 instantiations made one kernel body NVRTC needed many minutes for. */
