@@ -21,8 +21,10 @@
  *    next reader (RawStep::next_reader), writing k + 1 into that reader's turn word: every send
  *    port serves in the schedule's round order, as the host engine keeps it; the results are
  *    the same either way. A turn word may be written by several ranks over a call (the
- *    readers of the source's earlier sends), but only by the reader of send k - 1 once it
- *    was itself handed k - 1, so the writes are ordered by the chain of turns and never race. */
+ *    readers of the source's earlier sends), but turn k only by the reader of send k - 1,
+ *    after its own turn came (send 0 needs none), so the writes are ordered by the chain of
+ *    turns and never race. A turn word is 64 bits, the call's whole flag beside the turn, so
+ *    a word that no plan touched for many calls is never taken for this call's. */
 
 #include "stragglar_arrival.h"
 #include "stragglar_choice.h"
@@ -200,16 +202,20 @@ SG_DEVICE bool sg_any_failed(const sg_call* call) {
   return false;
 }
 
+/* A flag (32 bits) or a turn word (64 bits) read with acquire at system scope. */
+SG_DEVICE uint32_t sg_load_word(const uint32_t* p) { return sg_load_acquire(p); }
+SG_DEVICE uint64_t sg_load_word(const uint64_t* p) { return sg_load_acquire64(p); }
+
 /* The calling thread waits until `flag` (written by rank `peer`, or by any rank: SG_ANY_PEER)
  * holds `want`. Returns nonzero (a STATUS_*) if the call must be given up, after recording why. */
-SG_DEVICE uint32_t sg_wait(const sg_call* call, const uint32_t* flag, uint32_t want,
-                           uint32_t peer) {
+template <class W>
+SG_DEVICE uint32_t sg_wait(const sg_call* call, const W* flag, W want, uint32_t peer) {
   const RawLaunch* a = call->args;
   const uint32_t* own_failed = (const uint32_t*)call->peers[a->rank].failed;
   uint32_t status = STATUS_OK;
   uint64_t start = 0;
   uint32_t polls = 0;
-  while (sg_load_acquire(flag) != want) {
+  while (sg_load_word(flag) != want) {
     if ((++polls & 31u) == 0) {
       if (start == 0) start = sg_now_ns();
       /* This rank's own failure first: a sibling thread's wait that gave up (a timeout, say)
@@ -232,19 +238,18 @@ SG_DEVICE uint32_t sg_wait(const sg_call* call, const uint32_t* flag, uint32_t w
   return status;
 }
 
-/* A turn word's value: `turns` of a rank's sends served in the call whose flags hold `flag`. The
- * low 16 bits of the flag tell calls of one parity apart (they differ by 2), and no rank sends
- * 2^16 times in a call (one send per round, fewer than 2 * MAX_RANKS rounds). */
-SG_DEVICE uint32_t sg_served(uint32_t flag, uint32_t turns) {
-  return ((flag & 0xffffu) << 16) | (turns & 0xffffu);
+/* A turn word's value: `turns` of a rank's sends served in the call whose flags hold `flag`
+ * (the whole flag, as a flag word tells calls apart). */
+SG_DEVICE uint64_t sg_served(uint32_t flag, uint32_t turns) {
+  return ((uint64_t)flag << 32) | turns;
 }
 
 /* Block `b`'s turn word for `source`'s sends in the staging of rank `reader` (RawPeer::served),
  * in this call's parity: written by the source's previous reader, polled by `reader` in its own
  * memory. */
-SG_DEVICE uint32_t* sg_turn_word(const sg_call* call, uint32_t reader, uint32_t source) {
+SG_DEVICE uint64_t* sg_turn_word(const sg_call* call, uint32_t reader, uint32_t source) {
   const uint64_t word = (uint64_t)source * call->args->blocks + SG_BLOCK;
-  return (uint32_t*)call->peers[reader].served[call->parity] + word;
+  return (uint64_t*)call->peers[reader].served[call->parity] + word;
 }
 
 #ifdef STRAGGLAR_HOST_EMULATION
@@ -255,14 +260,14 @@ static uint64_t sg_served_out_of_order = 0;
 /* Hands send `turn + 1` of a source to its reader, through `word` (that reader's turn word):
  * send `turn` is read. The emulation also checks that the word was not already handed this
  * turn or a later one in this call (its reader's earlier turns of the source came before). */
-SG_DEVICE void sg_serve(uint32_t* word, uint32_t flag, uint32_t turn) {
+SG_DEVICE void sg_serve(uint64_t* word, uint32_t flag, uint32_t turn) {
 #ifdef STRAGGLAR_HOST_EMULATION
-  uint32_t before = __atomic_exchange_n(word, sg_served(flag, turn + 1), __ATOMIC_ACQ_REL);
-  if (before >> 16 == (flag & 0xffffu) && (before & 0xffffu) > turn) {
+  uint64_t before = __atomic_exchange_n(word, sg_served(flag, turn + 1), __ATOMIC_ACQ_REL);
+  if (before >> 32 == flag && (uint32_t)before > turn) {
     __atomic_fetch_add(&sg_served_out_of_order, 1, __ATOMIC_RELAXED);
   }
 #else
-  sg_store_release(word, sg_served(flag, turn + 1));
+  sg_store_release64(word, sg_served(flag, turn + 1));
 #endif
 }
 
@@ -661,7 +666,8 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* 
   if (own || output) {
     sg_apply_any(&call->math, s, step->source_count, begin, end, own, output, false, finish);
   }
-  bool serves = sg_ordered(call, step) && step->next_reader != NO_READER;
+  /* NO_READER (the source's last send) is no rank; neither is a damaged blob's reader. */
+  bool serves = sg_ordered(call, step) && step->next_reader < plan->ranks;
   if (!serves && !own) return STATUS_OK;
   /* One barrier ends the step: every thread's reads of the sources are done (each source's next
    * send may go) and every write of its value is made (the value may be published). */
@@ -1048,7 +1054,7 @@ extern "C" void stragglar_emulate_half(uint32_t brain, const uint16_t* bits, flo
   }
 }
 
-/* How many served words were found out of turn order so far (see sg_serve). */
+/* How many turns were handed on out of order so far (see sg_serve). */
 extern "C" uint64_t stragglar_emulate_served_out_of_order(void) {
   return __atomic_load_n(&sg_served_out_of_order, __ATOMIC_RELAXED);
 }

@@ -381,10 +381,11 @@ typedef struct RawPeer {
    */
   uint64_t failed;
   /**
-   * The turn words of each parity, an inbox like `flags`: `uint32_t[ranks][blocks]`. Word
+   * The turn words of each parity, an inbox like `flags`: `uint64_t[ranks][blocks]`. Word
    * `s * blocks + b` says how many of rank `s`'s sends in the current call (plan turns,
-   * `RawStep::turn`) have been read by their readers' blocks `b`, tagged with the call
-   * (`sg_served` in cuda/stragglar_allreduce.cu): this rank's block `b` may read send `k` of
+   * `RawStep::turn`) have been read by their readers' blocks `b`, beside the call's flag in
+   * the high 32 bits (`sg_served` in cuda/stragglar_allreduce.cu): this rank's block `b` may
+   * read send `k` of
    * `s` once it says `k`. Written by the reader of `s`'s send `k - 1`
    * (`RawStep::next_reader`), so the readers of one source write it in turn order; polled by
    * the owner in its own memory.

@@ -89,8 +89,8 @@ struct Kernel {
     rule: RuleFn,
     graph_call: GraphCallFn,
     layout: LayoutFn,
-    /// `stragglar_emulate_served_out_of_order`: served words the kernel found out of turn
-    /// order, in every test of this binary so far.
+    /// `stragglar_emulate_served_out_of_order`: turns the kernel handed on out of order (to a
+    /// word that had passed them), in every test of this binary so far.
     served_out_of_order: unsafe extern "C" fn() -> u64,
     scratch_bytes: usize,
 }
@@ -252,6 +252,39 @@ impl Aligned {
         // SAFETY: the Vec owns `len` initialised bytes.
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast(), len) }
     }
+}
+
+/// The flag of call `epoch` (its epoch as the kernel's 32-bit flags hold it, never 0).
+fn call_flag(epoch: u64) -> u32 {
+    ((epoch - 1) % 0xffff_ffff) as u32 + 1
+}
+
+/// `turns[reader][source]`: the turns after the first (those a read waits for) in which
+/// `reader` reads `source` in `plan`, ascending.
+fn turns_read(plan: &Plan, ranks: usize) -> Vec<Vec<Vec<u64>>> {
+    plan.programs
+        .iter()
+        .enumerate()
+        .map(|(reader, program)| {
+            let mut turns = vec![Vec::new(); ranks];
+            for step in &program.steps {
+                let (sources, turn) = match step {
+                    Step::Copy { source, turn, .. } => (std::slice::from_ref(source), turn),
+                    Step::Combine { sources, turn, .. } => (&sources[..], turn),
+                    Step::CopyIn => continue,
+                };
+                for s in sources.iter().filter(|s| s.rank != reader) {
+                    if let Some(turn) = turn.filter(|&t| t > 0) {
+                        turns[s.rank].push(turn as u64);
+                    }
+                }
+            }
+            for list in &mut turns {
+                list.sort_unstable();
+            }
+            turns
+        })
+        .collect()
 }
 
 /// One rank's device-side state, as the library allocates it: one staging allocation laid
@@ -493,6 +526,34 @@ impl Comm {
         }
     }
 
+    /// Writes into every rank's turn word for each source it reads in turn what a call 65,536
+    /// calls before `epoch` (same parity) would have left there for the first turn it waits
+    /// for: a word that the plans of all the calls between never touched. A tag of 16 bits
+    /// would take it for this call's and let the read go early (which the emulation counts);
+    /// the whole flag does not.
+    fn plant_stale_turns(&mut self, plan: &Plan, epoch: u64) {
+        if !self.ordered_reads {
+            return;
+        }
+        let parity = (epoch & 1) as usize;
+        let stale = call_flag(epoch).wrapping_sub(1 << 16);
+        let blocks = self.blocks as usize;
+        let served = self.layout.served(parity);
+        for (reader, sources) in turns_read(plan, self.ranks).into_iter().enumerate() {
+            let words = self.region(reader, served, sources.len() * blocks * 8);
+            for (source, turns) in sources.iter().enumerate() {
+                let Some(&first) = turns.first() else {
+                    continue;
+                };
+                for block in 0..blocks {
+                    let at = (source * blocks + block) * 8;
+                    let value = u64::from(stale) << 32 | first;
+                    words[at..at + 8].copy_from_slice(&value.to_le_bytes());
+                }
+            }
+        }
+    }
+
     /// Panics unless call `epoch` (which ran `plan`) left every rank's turn words as ordered
     /// reads leave them: a rank's word for a source, in every block, names the call and the
     /// last of the source's sends this rank read in turn after the first (the reader of the
@@ -500,32 +561,19 @@ impl Comm {
     /// rank read none; untouched without ordered reads.
     fn assert_every_send_served(&mut self, plan: &Plan, epoch: u64, label: &str) {
         let parity = (epoch & 1) as usize;
-        let flag = ((epoch - 1) % 0xffff_ffff) as u32 + 1;
-        let tag = (flag & 0xffff) << 16;
+        let tag = u64::from(call_flag(epoch)) << 32;
         let ordered = self.ordered_reads;
         let blocks = self.blocks as usize;
-        let ranks = self.ranks;
-        for (reader, program) in plan.programs.iter().enumerate() {
-            // The last turn after the first in which `reader` reads each source.
-            let mut last_turn = vec![0u32; ranks];
-            for step in &program.steps {
-                let (sources, turn) = match step {
-                    Step::Copy { source, turn, .. } => (std::slice::from_ref(source), turn),
-                    Step::Combine { sources, turn, .. } => (&sources[..], turn),
-                    Step::CopyIn => continue,
-                };
-                for s in sources.iter().filter(|s| s.rank != reader) {
-                    if let Some(turn) = turn {
-                        last_turn[s.rank] = last_turn[s.rank].max(*turn as u32);
-                    }
-                }
-            }
-            let served = self.layout.served(parity);
-            let words = self.region(reader, served, ranks * blocks * 4).to_vec();
-            for (source, &turn) in last_turn.iter().enumerate() {
+        let served = self.layout.served(parity);
+        for (reader, sources) in turns_read(plan, self.ranks).into_iter().enumerate() {
+            let words = self
+                .region(reader, served, sources.len() * blocks * 8)
+                .to_vec();
+            for (source, turns) in sources.iter().enumerate() {
+                let turn = turns.last().copied().unwrap_or(0);
                 for block in 0..blocks {
-                    let at = (source * blocks + block) * 4;
-                    let word = u32::from_le_bytes(words[at..at + 4].try_into().unwrap());
+                    let at = (source * blocks + block) * 8;
+                    let word = u64::from_le_bytes(words[at..at + 8].try_into().unwrap());
                     let at =
                         format!("{label}: rank {reader}'s turn word for {source}, block {block}");
                     if !ordered {
@@ -534,8 +582,8 @@ impl Comm {
                         assert_eq!(word, tag | turn, "{at}: its last turn");
                     } else {
                         assert_ne!(
-                            word >> 16,
-                            tag >> 16,
+                            word >> 32,
+                            tag >> 32,
                             "{at}: written with no turn to hand on"
                         );
                     }
@@ -944,6 +992,7 @@ fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
     let everyone: Vec<usize> = (0..case.ranks).collect();
     let epoch_before = comm.epoch(0);
     comm.poison_past_arenas(&plan.plan);
+    comm.plant_stale_turns(&plan.plan, epoch_before + 1);
     comm.run(
         &plan,
         case.op,

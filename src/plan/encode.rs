@@ -164,7 +164,8 @@ fn readers_of(programs: &[RankProgram]) -> Vec<Vec<Vec<usize>>> {
 fn remote_source(sources: &[super::ValueRef], reader: usize) -> Option<usize> {
     let mut remote = sources.iter().filter(|s| s.rank != reader);
     let source = remote.next()?;
-    debug_assert!(
+    // The kernel hands every remote source of the step the same next reader: one only.
+    assert!(
         remote.next().is_none(),
         "a read in turn has one remote source"
     );

@@ -23,9 +23,10 @@ use crate::nccl::types::ResultCode;
 use crate::plan::{ArenaNeed, Lowered};
 use crate::reduce::DataType;
 
-/// Ordered sends of one rank in a call must stay below this: the kernel's turn words count
-/// them in 16 bits (`sg_served` in cuda/stragglar_allreduce.cu).
-const MAX_SENDS: usize = 1 << 16;
+/// Ordered sends of one rank in a call must stay below this: a turn is 32 bits in the plan blob
+/// and in the kernel's turn words (`RawStep::turn`, whose `NO_TURN` is `u32::MAX`; `sg_served`
+/// in cuda/stragglar_allreduce.cu).
+const MAX_SENDS: usize = u32::MAX as usize;
 
 /// Index of the abort word among a rank's host words.
 const ABORT_WORD: usize = 0;

@@ -52,10 +52,10 @@ impl StagingLayout {
     }
 
     fn served_stride(&self) -> u64 {
-        align(self.ranks.max(1) * self.blocks.max(1) * 4, REGION_ALIGN)
+        align(self.ranks.max(1) * self.blocks.max(1) * 8, REGION_ALIGN)
     }
 
-    /// Offset of the turn words of `parity` (`uint32_t[ranks][blocks]`, see `RawPeer::served`).
+    /// Offset of the turn words of `parity` (`uint64_t[ranks][blocks]`, see `RawPeer::served`).
     pub fn served(&self, parity: usize) -> u64 {
         2 * self.arena_stride() + 2 * self.flags_stride() + parity as u64 * self.served_stride()
     }
@@ -159,8 +159,8 @@ mod tests {
                 (l.arena(1), arena_bytes),
                 (l.flags(0), values * blocks * 4),
                 (l.flags(1), values * blocks * 4),
-                (l.served(0), ranks * blocks * 4),
-                (l.served(1), ranks * blocks * 4),
+                (l.served(0), ranks * blocks * 8),
+                (l.served(1), ranks * blocks * 8),
                 (l.failed(), 4),
                 (l.probe_word(0), 4 * PROBE_WORDS),
                 (l.epoch(), 8),
