@@ -24,7 +24,7 @@ use stragglar::gpu::launch::{
     POST_UNMEASURED, RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
     STATUS_TIMEOUT,
 };
-use stragglar::plan::{simulate, Lowered, Plan, Step};
+use stragglar::plan::{simulate, Lowered, Plan};
 use stragglar::plan::{PlanCache, Shape};
 use stragglar::reduce::{DataType, ReduceOp, Scale};
 use stragglar::schedule::Algorithm;
@@ -268,11 +268,7 @@ fn turns_read(plan: &Plan, ranks: usize) -> Vec<Vec<Vec<u64>>> {
         .map(|(reader, program)| {
             let mut turns = vec![Vec::new(); ranks];
             for step in &program.steps {
-                let (sources, turn) = match step {
-                    Step::Copy { source, turn, .. } => (std::slice::from_ref(source), turn),
-                    Step::Combine { sources, turn, .. } => (&sources[..], turn),
-                    Step::CopyIn => continue,
-                };
+                let (sources, turn) = step.reads();
                 for s in sources.iter().filter(|s| s.rank != reader) {
                     if let Some(turn) = turn.filter(|&t| t > 0) {
                         turns[s.rank].push(turn as u64);

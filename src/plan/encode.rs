@@ -2,10 +2,11 @@
 //!
 //! A [`PlanBlob`] is one contiguous, 8-byte aligned byte buffer: a [`RawPlanHeader`], then this
 //! rank's steps, the steps' sources, every rank's value table (with each value's readers), the
-//! index of each rank's first value, and the reader ranks the value table points into. A blob holds no count, type or byte offset: the launch gives the count and the
-//! type, and the kernel derives each chunk's range and each value's place from them exactly as
-//! `super::layout` does (`chunk_range`, `slot_bytes`). So one blob per rank and schedule serves
-//! every message size, uploaded once. `cuda/stragglar_plan.h` is generated from these
+//! index of each rank's first value, and the reader ranks the value table points into. A blob
+//! holds no count, type or byte offset: the launch gives the count and the type, and the kernel
+//! derives each chunk's range and each value's place from them exactly as `super::layout` does
+//! (`chunk_range`, `slot_bytes`). So one blob per rank and schedule serves every message size,
+//! uploaded once. `cuda/stragglar_plan.h` is generated from these
 //! definitions by cbindgen (tests/headers.rs), so kernel and host agree on the layout.
 
 use super::{RankProgram, Step};
@@ -140,12 +141,7 @@ fn readers_of(programs: &[RankProgram]) -> Vec<Vec<Vec<usize>>> {
         .collect();
     for (reader, program) in programs.iter().enumerate() {
         for step in &program.steps {
-            let sources = match step {
-                Step::CopyIn => &[][..],
-                Step::Combine { sources, .. } => &sources[..],
-                Step::Copy { source, .. } => std::slice::from_ref(source),
-            };
-            for source in sources.iter().filter(|s| s.rank != reader) {
+            for source in step.reads().0.iter().filter(|s| s.rank != reader) {
                 let list = &mut readers[source.rank][source.id];
                 if !list.contains(&reader) {
                     list.push(reader);
@@ -178,14 +174,11 @@ fn turn_readers(programs: &[RankProgram]) -> std::collections::HashMap<(usize, u
     let mut readers = std::collections::HashMap::new();
     for (reader, program) in programs.iter().enumerate() {
         for step in &program.steps {
-            let (sources, turn) = match step {
-                Step::CopyIn => continue,
-                Step::Combine { sources, turn, .. } => (&sources[..], turn),
-                Step::Copy { source, turn, .. } => (std::slice::from_ref(source), turn),
+            let (sources, Some(turn)) = step.reads() else {
+                continue;
             };
-            let Some(turn) = turn else { continue };
             if let Some(source) = remote_source(sources, reader) {
-                let before = readers.insert((source, *turn), reader);
+                let before = readers.insert((source, turn), reader);
                 debug_assert!(before.is_none(), "send {turn} of rank {source} read twice");
             }
         }

@@ -73,6 +73,17 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// The values this step reads (none for `CopyIn`) and its [`Turn`].
+    pub fn reads(&self) -> (&[ValueRef], Turn) {
+        match self {
+            Step::CopyIn => (&[], None),
+            Step::Combine { sources, turn, .. } => (sources, *turn),
+            Step::Copy { source, turn, .. } => (std::slice::from_ref(source), *turn),
+        }
+    }
+}
+
 /// Where a step's remote read stands in its source's sends. `Some(k)`: it is the source's
 /// `k`-th send of the call (in schedule order), and waits until the source has served the
 /// `k` before it, so every send port serves in round order as the round model assumes.

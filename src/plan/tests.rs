@@ -381,12 +381,7 @@ fn blobs_list_every_reader_of_every_value() {
             .collect();
         for (reader, program) in plan.programs.iter().enumerate() {
             for step in &program.steps {
-                let sources = match step {
-                    Step::CopyIn => vec![],
-                    Step::Combine { sources, .. } => sources.clone(),
-                    Step::Copy { source, .. } => vec![*source],
-                };
-                for source in sources.into_iter().filter(|s| s.rank != reader) {
+                for source in step.reads().0.iter().filter(|s| s.rank != reader) {
                     expected[source.rank][source.id].push(reader as u32);
                 }
             }
@@ -425,11 +420,7 @@ fn reads_in_turn(plan: &Plan) -> Vec<(usize, usize, usize, usize)> {
     let mut reads = Vec::new();
     for (reader, program) in plan.programs.iter().enumerate() {
         for (i, step) in program.steps.iter().enumerate() {
-            let (sources, turn) = match step {
-                Step::CopyIn => continue,
-                Step::Combine { sources, turn, .. } => (sources.clone(), *turn),
-                Step::Copy { source, turn, .. } => (vec![*source], *turn),
-            };
+            let (sources, turn) = step.reads();
             let remote: Vec<usize> = sources
                 .iter()
                 .filter(|s| s.rank != reader)
