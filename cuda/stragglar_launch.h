@@ -385,10 +385,9 @@ typedef struct RawPeer {
    * `s * blocks + b` says how many of rank `s`'s sends in the current call (plan turns,
    * `RawStep::turn`) have been read by their readers' blocks `b`, beside the call's flag in
    * the high 32 bits (`sg_served` in cuda/stragglar_allreduce.cu): this rank's block `b` may
-   * read send `k` of
-   * `s` once it says `k`. Written by the reader of `s`'s send `k - 1`
+   * read send `k` of `s` once it says `k`. Written by the reader of `s`'s send `k - 1`
    * (`RawStep::next_reader`), so the readers of one source write it in turn order; polled by
-   * the owner in its own memory.
+   * this rank in its own memory.
    */
   uint64_t served[2];
 } RawPeer;
