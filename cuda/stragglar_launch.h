@@ -77,6 +77,11 @@
 #define STATUS_BAD_PLAN 4
 
 /**
+ * Operands the bandwidth probe folds at most (the length of `RawApply::operands`).
+ */
+#define APPLY_MAX_OPERANDS 8
+
+/**
  * Slots of the arrival board: call `c` uses slot `c % BOARD_SLOTS`. Every rank's ticket of
  * call `c - 2` is taken before any rank starts call `c` (a rank starting `c` finished `c - 1`,
  * which needed every rank to have started it, so to have finished `c - 2`), so 4 slots never
@@ -95,11 +100,6 @@
  * NCCL ran whose end kernel was never queued, see `RawTicket`).
  */
 #define POST_UNMEASURED 4294967295
-
-/**
- * Operands the bandwidth probe folds at most (the length of `RawApply::operands`).
- */
-#define APPLY_MAX_OPERANDS 8
 
 /**
  * `RawRule::algo`: StragglAR when the straggler's median lead pays for the call's size.
@@ -181,7 +181,7 @@
 #define MEASURED_BASELINE 2
 
 /**
- * Where a launch records its arrival (part of [`RawLaunch`] and [`RawTicket`]).
+ * Where a launch records its arrival (part of `RawLaunch` and [`RawTicket`]).
  */
 typedef struct RawArrival {
   /**
@@ -334,7 +334,7 @@ typedef struct RawLaunch {
   uint32_t reserved;
   /**
    * The arrival record of this call: `board` nonzero has the last warp of block 0 run
-   * [`RawTicket`]'s protocol alongside the plan (the grid stays `blocks`); 0 takes none.
+   * `RawTicket`'s protocol alongside the plan (the grid stays `blocks`); 0 takes none.
    * Identical on every rank (the protocol needs every rank's ticket, and block 0's smaller
    * share of each chunk depends on it). A
    * graph launch always records its arrival, and reads only `board` (rank 0's graph board)
@@ -430,7 +430,7 @@ typedef struct RawApply {
 typedef struct RawTicket {
   struct RawArrival arrival;
   /**
-   * As in [`RawLaunch`].
+   * As in `RawLaunch`.
    */
   uint64_t abort;
   uint64_t status;
@@ -439,7 +439,7 @@ typedef struct RawTicket {
    */
   uint64_t peers;
   /**
-   * As in [`RawLaunch`]; the library passes 0 (a call NCCL runs waits as long as NCCL's).
+   * As in `RawLaunch`; the library passes 0 (a call NCCL runs waits as long as NCCL's).
    */
   uint64_t timeout_ns;
   uint32_t rank;

@@ -523,12 +523,22 @@ fn bench_svg_draws_measured_times_and_the_model_when_links_are_emulated() {
     let quick = [
         "bench", "--ranks", "4", "-b", "8K", "-e", "32K", "-f", "2", "-n", "2", "-w", "1",
     ];
+    let json_path = dir.join("bench.json");
+    let json = json_path.to_str().unwrap();
     let mut emulated = quick.to_vec();
-    emulated.extend(["--link-gbs", "1", "--svg", svg]);
+    emulated.extend(["--link-gbs", "1", "--svg", svg, "-J", json, "-a", "2"]);
     ok(&emulated);
+    // -J: one result per size, the time statistic named, the lateness measured.
+    let doc = std::fs::read_to_string(&json_path).unwrap();
+    assert!(
+        doc.contains("\"backend\": \"host\"") && doc.contains("\"average\": 2"),
+        "{doc}"
+    );
+    assert_eq!(doc.matches("\"type\": \"float\"").count(), 3, "{doc}");
+    assert!(!doc.contains("\"lead_us\": null"), "{doc}");
     let (texts, tags) = svg_contents(&path);
     for label in [
-        "time per call, measured (out of place)",
+        "time per call, float sum, out of place",
         "after the last arrival, measured",
         "after the last arrival, model (StragglAR)",
     ] {

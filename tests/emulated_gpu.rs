@@ -257,7 +257,8 @@ fn the_bench_designates_its_late_rank_through_the_library_engine() {
             .unwrap_or_else(|| panic!("{text}"))
             .split_whitespace()
             .collect();
-        let (share, designated) = (row[row.len() - 2], row[row.len() - 1]);
+        // The table ends with the designated straggler and the share of calls on StragglAR.
+        let (designated, share) = (row[row.len() - 2], row[row.len() - 1]);
         assert_eq!(designated, "3", "{ranks_as}: {text}");
         assert!(
             share.parse::<u32>().unwrap() > 0,
@@ -308,11 +309,34 @@ fn bench_bandwidth_checks_the_device_conversions_before_its_rates() {
 }
 
 #[test]
-fn bench_svg_draws_the_time_per_call_of_each_type_and_op() {
+fn bench_svg_and_json_report_each_type_and_op() {
     let dir = support::scratch("emulated-bench-svg");
     let path = dir.join("bench.svg");
     let svg = path.to_str().unwrap();
-    assert_clean_bench(&bench(&["--ranks-as", "processes", "--svg", svg], &[]));
+    let json_path = dir.join("bench.json");
+    let json = json_path.to_str().unwrap();
+    assert_clean_bench(&bench(
+        &[
+            "--ranks-as",
+            "processes",
+            "--svg",
+            svg,
+            "-J",
+            json,
+            "-a",
+            "3",
+        ],
+        &[],
+    ));
+    // -J under --backend cuda: the same document as the host backend's, one result per size,
+    // the lateness not measured per size here.
+    let doc = std::fs::read_to_string(&json_path).unwrap();
+    assert!(
+        doc.contains("\"backend\": \"cuda\"") && doc.contains("\"average\": 3"),
+        "{doc}"
+    );
+    assert_eq!(doc.matches("\"type\": \"float\"").count(), 3, "{doc}");
+    assert!(doc.contains("\"post_arrival_us\": null"), "{doc}");
     let (texts, tags) = svg_contents(&path);
     for label in [
         "time per call, float sum, out of place",

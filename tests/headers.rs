@@ -8,12 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cbindgen::{Builder, Config, ItemType, Language, Style};
+use stragglar::gpu::arrival::{RawArrivalNote, RawBoardSlot, RawRingEntry, RawTicket};
 use stragglar::gpu::choice::{
     RawClassState, RawClassTimes, RawDetector, RawGraphState, RawRule, RawSamples,
 };
-use stragglar::gpu::launch::{
-    RawArrivalNote, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket,
-};
+use stragglar::gpu::launch::{RawLaunch, RawPeer};
 use stragglar::nccl::types::{ncclConfig_t, ncclUniqueId};
 use stragglar::plan::{RawPlanHeader, RawSource, RawStep, RawValue};
 
@@ -239,7 +238,14 @@ fn generate_launch_h() -> String {
     ]
     .map(String::from)
     .to_vec();
-    build(config, &["src/gpu/launch.rs", "src/gpu/choice.rs"])
+    build(
+        config,
+        &[
+            "src/gpu/launch.rs",
+            "src/gpu/arrival.rs",
+            "src/gpu/choice.rs",
+        ],
+    )
 }
 
 #[test]

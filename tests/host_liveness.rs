@@ -151,10 +151,8 @@ fn check_with_the_peer_acting_after_the_first_look(watch: &Watch<'_>) -> Result<
     let old_step = install(libc::SIGTRAP, on_step);
     PEER_PAGE.store(page, Ordering::SeqCst);
     // SAFETY: the page starts the peer's mapping; only the trap handler opens it again.
-    assert_eq!(
-        unsafe { libc::mprotect(page as *mut libc::c_void, page_size(), libc::PROT_NONE) },
-        0
-    );
+    let rc = unsafe { libc::mprotect(page as *mut libc::c_void, page_size(), libc::PROT_NONE) };
+    assert_eq!(rc, 0);
     let seen = watch.check();
     PEER_PAGE.store(0, Ordering::SeqCst);
     // SAFETY: as above; the page is opened in case the check never touched it.

@@ -17,11 +17,13 @@ use std::time::{Duration, Instant};
 
 use stragglar::engine::cuda::args::{LaunchSite, Operands};
 use stragglar::engine::cuda::staging::StagingLayout;
+use stragglar::gpu::arrival::{
+    RawArrival, RawBoardSlot, RawRingEntry, RawTicket, BOARD_SLOTS, POST_UNMEASURED, RING_ENTRIES,
+};
 use stragglar::gpu::choice::{RawDetector, RawGraphState, RawRule};
 use stragglar::gpu::kernels::op_code;
 use stragglar::gpu::launch::{
-    RawApply, RawArrival, RawBoardSlot, RawLaunch, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS,
-    POST_UNMEASURED, RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
+    RawApply, RawLaunch, RawPeer, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
     STATUS_TIMEOUT,
 };
 use stragglar::plan::{simulate, Lowered, Plan};
@@ -833,10 +835,8 @@ fn emulate_threads(k: &Kernel, launch: &RawLaunch, block: u32, threads: u32, whi
     );
     let mut barrier = std::mem::MaybeUninit::<libc::pthread_barrier_t>::uninit();
     // SAFETY: initialising a barrier we own, for the threads that run the plan.
-    assert_eq!(
-        unsafe { libc::pthread_barrier_init(barrier.as_mut_ptr(), std::ptr::null(), planned) },
-        0
-    );
+    let rc = unsafe { libc::pthread_barrier_init(barrier.as_mut_ptr(), std::ptr::null(), planned) };
+    assert_eq!(rc, 0);
     let scratch = Aligned::new(k.scratch_bytes);
     let scratch_addr = scratch.addr() as usize;
     let barrier_addr = barrier.as_mut_ptr() as usize;

@@ -6,28 +6,10 @@ use std::os::raw::c_char;
 use once_cell::sync::OnceCell;
 
 use super::guard::guard;
+use super::result_text::own_error_string;
 use crate::forward;
 use crate::nccl::types::{ncclComm_t, ResultCode};
 use crate::nccl::{binding, BindError};
-
-/// Our own text for each result code, worded as NCCL 2.32 words it (with a pointer to our log
-/// variable where NCCL points to its own).
-pub fn own_error_string(code: ResultCode) -> &'static CStr {
-    match code.0 {
-        0 => c"no error",
-        1 => {
-            c"unhandled cuda error (run with STRAGGLAR_DEBUG=INFO and NCCL_DEBUG=INFO for details)"
-        }
-        2 => c"unhandled system error (run with STRAGGLAR_DEBUG=INFO for details)",
-        3 => c"internal error - please report this issue to the stragglar developers",
-        4 => c"invalid argument (run with STRAGGLAR_DEBUG=WARN for details)",
-        5 => c"invalid usage (run with STRAGGLAR_DEBUG=WARN for details)",
-        6 => c"remote process exited or there was a network error",
-        7 => c"NCCL operation in progress",
-        8 => c"timeout",
-        _ => c"unknown result code",
-    }
-}
 
 /// `ncclGetLastError`'s answer when no real NCCL is bound: why not.
 fn bind_failure_text(error: &BindError) -> &'static CStr {
@@ -59,23 +41,4 @@ pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
         }
         forward!(ncclGetLastError(comm))
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn own_strings_cover_every_code_and_unknown_ones() {
-        for code in 0..=8 {
-            assert_ne!(
-                own_error_string(ResultCode(code)),
-                c"unknown result code",
-                "{code}"
-            );
-        }
-        for code in [-1, 9, 1000] {
-            assert_eq!(own_error_string(ResultCode(code)), c"unknown result code");
-        }
-    }
 }

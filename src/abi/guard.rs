@@ -34,7 +34,7 @@ impl FailureValue for c_int {
 /// Functions returning a string report failure with our own message.
 impl FailureValue for *const c_char {
     fn from_code(code: ResultCode) -> Self {
-        crate::abi::errors::own_error_string(code).as_ptr()
+        super::result_text::own_error_string(code).as_ptr()
     }
 }
 

@@ -18,4 +18,5 @@ pub mod guard;
 pub mod lifecycle;
 pub mod passthrough;
 pub mod redops;
+pub mod result_text;
 pub mod twins;

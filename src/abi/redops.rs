@@ -142,9 +142,7 @@ mod tests {
             })
         );
         // SAFETY: an unknown residence does not read through the pointer.
-        assert_eq!(
-            unsafe { capture_scalar(p, DataTypeCode(8), ScalarResidenceCode(9)) },
-            None
-        );
+        let unknown = unsafe { capture_scalar(p, DataTypeCode(8), ScalarResidenceCode(9)) };
+        assert_eq!(unknown, None);
     }
 }

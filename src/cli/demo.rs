@@ -44,7 +44,14 @@ fn options(
     BenchOptions::parse(Args::new(args.iter().map(|s| s.to_string())))
 }
 
-fn measure(algo: &str, bytes: u64, delay_us: u64, iters: usize) -> Result<Row, UsageError> {
+/// One size of the demo: its row, and the lateness the host engine measured for it.
+struct Measured {
+    row: Row,
+    lead_us: f64,
+    post_us: f64,
+}
+
+fn measure(algo: &str, bytes: u64, delay_us: u64, iters: usize) -> Result<Measured, UsageError> {
     let outcome = execute(
         &options(algo, bytes, delay_us, iters)?,
         fresh_comm_id(),
@@ -63,11 +70,19 @@ fn measure(algo: &str, bytes: u64, delay_us: u64, iters: usize) -> Result<Row, U
             outcome.wrong()
         )));
     }
-    outcome
+    let row = outcome
         .rows
         .into_iter()
         .next()
-        .ok_or_else(|| UsageError("no result".into()))
+        .ok_or_else(|| UsageError("no result".into()))?;
+    let (Some(lead_us), Some(post_us)) = (row.lead_us, row.post_us) else {
+        return Err(UsageError("the host engine measured no lateness".into()));
+    };
+    Ok(Measured {
+        row,
+        lead_us,
+        post_us,
+    })
 }
 
 fn ms(us: f64) -> String {
@@ -126,14 +141,14 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
     let times = Times::new(RANKS, rounds, bytes as f64, link);
     let delay_us = ((2.0 * times.reduce_scatter + times.stragglar_post) * 1e6) as u64;
     let auto = measure("auto", bytes, delay_us, 30)?;
-    let designated = if auto.designated < 0 {
+    let designated = if auto.row.designated < 0 {
         "none".to_string()
     } else {
-        format!("rank {}", auto.designated)
+        format!("rank {}", auto.row.designated)
     };
     println!(
         "Policy (--algo auto at {bytes} B, no hint given): designated straggler {designated}; {:.0}% of timed calls",
-        auto.stragglar_percent
+        auto.row.stragglar_percent
     );
     println!("ran StragglAR (the first calls go to Ring while the detector fills its 32-call window), every rank");
     println!("choosing alike on every call.");

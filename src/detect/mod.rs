@@ -6,6 +6,9 @@
 //! and therefore designates the same straggler and chooses the same algorithm for every call,
 //! without exchanging anything extra.
 
+#![forbid(unsafe_code)]
+
+pub mod classes;
 pub mod estimate;
 pub mod pipeline;
 pub mod policy;
@@ -13,7 +16,8 @@ pub mod rule;
 pub mod tally;
 pub mod tracker;
 
+pub use classes::size_class;
 pub use policy::{Choice, Policy};
 pub use rule::{ArrivalRecord, Detector, DetectorConfig};
 pub use tally::ArrivalTally;
-pub use tracker::{size_class, Observed, Tracker};
+pub use tracker::{Observed, Tracker};

@@ -5,7 +5,7 @@
 //! (`estimate::ClassTimes::depth_for_next`), from times every rank shares. Either way every rank
 //! runs the same plan.
 
-use super::tracker::size_class;
+use super::classes::size_class;
 use crate::schedule::model::{best_pipelining, stragglar_rounds, Link};
 
 /// The most pieces per chunk any call runs: far past the model's best at any size an engine

@@ -129,7 +129,7 @@ impl Policy {
     /// Pieces per chunk of a StragglAR call of `bytes` (1: the plain schedule): the same for
     /// every call of a size class, on every rank. Worked out once per class.
     pub fn pieces(&self, bytes: usize) -> usize {
-        let class = super::tracker::size_class(bytes) as usize;
+        let class = super::classes::size_class(bytes) as usize;
         *self.pieces_memo.by_class[class]
             .get_or_init(|| self.pipeline.pieces(self.ranks, bytes, self.link))
     }
@@ -147,7 +147,7 @@ impl Policy {
     /// Every pieces per chunk a StragglAR call of at most `max_bytes` may run, ascending: the
     /// fixed depth, or with `auto` every depth up to the largest [`Policy::depth_cap`].
     pub fn pieces_up_to(&self, max_bytes: usize) -> Vec<usize> {
-        let classes = 0..=super::tracker::size_class(max_bytes);
+        let classes = 0..=super::classes::size_class(max_bytes);
         let bytes_of = |class: u32| match class {
             0 => 0,
             c => 1usize << (c - 1),

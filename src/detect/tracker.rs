@@ -9,18 +9,12 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use super::classes::size_class;
 use super::estimate::ClassTimes;
 use super::pipeline::Pipeline;
 use super::policy::{Choice, Policy};
 use super::rule::{ArrivalRecord, Detector, DetectorConfig};
 use super::tally::ArrivalTally;
-
-/// The size class of a call: the bit length of its byte count (a power-of-two bucket).
-/// Designations are kept per class: in a DDP step only the first bucket sees the straggler's
-/// compute delay.
-pub const fn size_class(bytes: usize) -> u32 {
-    usize::BITS - bytes.leading_zeros()
-}
 
 /// A decided call whose record is not fed yet.
 #[derive(Debug, Clone, Copy)]

@@ -15,7 +15,7 @@ use crate::detect::policy::{AlgoMode, Policy, StragglerMode};
 use crate::detect::rule::{DetectorConfig, MAX_WINDOW};
 use crate::detect::size_class;
 
-use super::launch::{RawBoardSlot, RawRingEntry, BOARD_SLOTS, RING_ENTRIES};
+use super::arrival::{RawArrivalNote, RawBoardSlot, RawRingEntry, BOARD_SLOTS, RING_ENTRIES};
 
 /// `RawRule::algo`: StragglAR when the straggler's median lead pays for the call's size.
 pub const RULE_ALGO_AUTO: u32 = 0;
@@ -242,7 +242,7 @@ pub struct RawGraphState {
     pub on_baseline: u64,
     /// What this rank's graph calls noted for their post-arrival times, by call parity (the
     /// eager calls' notes are apart: the two boards number their calls apart).
-    pub notes: [super::launch::RawArrivalNote; 2],
+    pub notes: [RawArrivalNote; 2],
     /// The latest graph calls, call `c` at `c % 4`.
     pub history: [RawGraphCall; 4],
     /// Records of graph calls, as copied from the board (the eager ring's format).

@@ -132,6 +132,15 @@ mod tests {
     }
 
     #[test]
+    fn op_codes_follow_reduce_op_order() {
+        use super::super::launch::{OP_AVG, OP_MAX, OP_MIN, OP_PREMULSUM, OP_PROD, OP_SUM};
+        let codes = [OP_SUM, OP_PROD, OP_MAX, OP_MIN, OP_AVG, OP_PREMULSUM];
+        for (op, code) in crate::reduce::ReduceOp::ALL.iter().zip(codes) {
+            assert_eq!(op_code(*op), code);
+        }
+    }
+
+    #[test]
     fn architectures() {
         for good in ["sm_70", "sm_80", "sm_90", "sm_90a", "sm_100"] {
             assert!(valid_arch(good), "{good}");

@@ -11,6 +11,8 @@
 //! rank (waiting for their flags), computes, and writes a new value on its own rank, the
 //! caller's output, or both. Nothing a peer may read is ever overwritten within a call.
 
+#![forbid(unsafe_code)]
+
 mod cache;
 mod encode;
 mod layout;

@@ -16,6 +16,8 @@
 //! - PreMulSum multiplies each input by its rank's scalar (in the element type) before the sum;
 //! - fp8 types are refused ([`DataType::from_nccl`] returns `None`): NCCL keeps them.
 
+#![forbid(unsafe_code)]
+
 pub mod combine;
 pub mod float16;
 

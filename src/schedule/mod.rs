@@ -9,6 +9,8 @@
 //!
 //! Entry point: [`Algorithm::schedule`].
 
+#![forbid(unsafe_code)]
+
 mod algorithm;
 mod baseline;
 mod contributions;

@@ -18,7 +18,7 @@ use std::sync::mpsc;
 
 use super::args::{Args, UsageError};
 use ending::{Exit, RankEnd, RankFailure, Told};
-pub use options::{BenchAlgo, BenchOptions, RanksAs, USAGE};
+pub use options::{BenchAlgo, BenchOptions, RanksAs, TimeStat, USAGE};
 pub use report::Row;
 use worker::{Half, SizeResult};
 
@@ -59,12 +59,9 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Wrong elements over every row.
+    /// Wrong elements and rank disagreements over every row.
     pub fn wrong(&self) -> u64 {
-        self.rows
-            .iter()
-            .flat_map(|r| r.halves.iter().map(|h| h.3))
-            .sum()
+        self.rows.iter().map(Row::bad).sum()
     }
 }
 
@@ -107,13 +104,14 @@ pub fn execute(
                     .or_insert_with(|| vec![None; options.ranks]);
                 slot[rank] = Some(result);
                 if slot.iter().all(Option::is_some) {
-                    let all: Vec<SizeResult> = pending
+                    let all: Vec<report::RankSize> = pending
                         .remove(&result.bytes)
                         .unwrap()
                         .into_iter()
                         .flatten()
+                        .map(|r| r.for_report(options))
                         .collect();
-                    let row = report::combine(options, &all);
+                    let row = report::combine(options.ranks, options.time_stat, &all);
                     on_row(&row);
                     outcome.rows.push(row);
                 }
@@ -165,60 +163,6 @@ pub fn execute(
     Ok(outcome)
 }
 
-/// Draws the run's rows into `path` (`--svg`): measured times per size, and the model's time
-/// after the last arrival where the links are emulated (`--link-gbs`) and one algorithm ran.
-fn draw(options: &BenchOptions, rows: &[Row], path: &std::path::Path) -> Result<(), String> {
-    use crate::schedule::model::{stragglar_rounds, Link, Times};
-    let measured = vec![
-        (
-            "time per call, measured (out of place)".to_string(),
-            rows.iter().map(|r| (r.bytes, r.halves[0].0)).collect(),
-        ),
-        (
-            "after the last arrival, measured".to_string(),
-            rows.iter().map(|r| (r.bytes, r.post_us)).collect(),
-        ),
-    ];
-    let n = options.ranks;
-    let link = options.link_gbs.map(|gbs| Link {
-        alpha: options.link_latency_us * 1e-6,
-        bandwidth: gbs * 1e9,
-    });
-    let rounds = stragglar_rounds(n, 1);
-    let post = |bytes: f64| {
-        let t = Times::new(n, rounds, bytes, link.expect("checked below"));
-        match options.algo {
-            options::BenchAlgo::Ring => t.ring,
-            _ => t.stragglar_post,
-        }
-    };
-    let algo = match options.algo {
-        options::BenchAlgo::Stragglar => "StragglAR",
-        options::BenchAlgo::Ring => "Ring",
-        options::BenchAlgo::Auto => "auto",
-    };
-    let model_label = format!("after the last arrival, model ({algo})");
-    let model: Option<(&str, &dyn Fn(f64) -> f64)> = match (link, options.algo) {
-        (Some(_), options::BenchAlgo::Stragglar | options::BenchAlgo::Ring) => {
-            Some((&model_label, &post))
-        }
-        _ => None,
-    };
-    let links = match options.link_gbs {
-        Some(gbs) => format!(
-            "links emulated at {gbs} GB/s, {} us",
-            options.link_latency_us
-        ),
-        None => "links not emulated: no model".into(),
-    };
-    let title = format!(
-        "stragglar bench: {algo}, {n} ranks, {} late by {} us; {links}",
-        options.late_in_words(),
-        options.delay_us
-    );
-    super::charts::bench(&title, measured, model, &path.display().to_string())
-}
-
 /// Runs `stragglar bench`; exit status 1 if any element was wrong or a rank failed.
 pub fn run(args: Args) -> Result<i32, UsageError> {
     let options = BenchOptions::parse(args)?;
@@ -227,37 +171,39 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
     }
     let comm_id = fresh_comm_id();
     worker::layout(&options).map_err(|e| UsageError(format!("cannot plan this run: {e}")))?;
-    print!("{}", report::header(&options, comm_id));
-    let outcome = execute(&options, comm_id, |row| {
-        println!("{}", report::line(&options, row))
-    })
-    .map_err(UsageError)?;
-    print!("{}", report::footer(&outcome.rows));
+    let mut report = report::Report::start(&options, comm_id, &host_links(&options));
+    let outcome = execute(&options, comm_id, |row| report.add(row.clone())).map_err(UsageError)?;
+    let written = report.finish();
     print!("{}", outcome.straggler_report);
-    if let Some(path) = &options.svg {
-        if let Err(e) = draw(&options, &outcome.rows, path) {
-            eprintln!("stragglar bench: {e}");
-            return Ok(1);
-        }
-    }
-    if let Some(path) = &options.json {
-        if let Err(e) = std::fs::write(path, report::json(&options, &outcome.rows)) {
-            eprintln!("stragglar bench: cannot write {}: {e}", path.display());
-            return Ok(1);
-        }
+    if let Err(e) = written {
+        eprintln!("stragglar bench: {e}");
+        return Ok(1);
     }
     for failure in &outcome.failures {
         eprintln!("stragglar bench: {failure}");
     }
     let wrong = outcome.wrong();
     if wrong > 0 {
-        eprintln!("stragglar bench: {wrong} wrong element(s)");
+        eprintln!("stragglar bench: {wrong} wrong element(s) or rank disagreement(s)");
     }
     Ok(if wrong > 0 || !outcome.failures.is_empty() {
         1
     } else {
         0
     })
+}
+
+/// The host engine's links, for the header.
+fn host_links(options: &BenchOptions) -> String {
+    let link = match (options.link_gbs, options.baseline_link_gbs) {
+        (Some(g), None) => format!("{g} GB/s + {} us per transfer", options.link_latency_us),
+        (Some(g), Some(b)) => format!(
+            "{g} GB/s (the baseline's {b} GB/s) + {} us per transfer",
+            options.link_latency_us
+        ),
+        (None, _) => "unlimited".into(),
+    };
+    format!("link {link}")
 }
 
 /// A communicator id that no concurrent run shares.

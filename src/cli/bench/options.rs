@@ -46,6 +46,42 @@ impl BenchAlgo {
     }
 }
 
+/// Which rank's time a row shows (nccl-tests' `-a`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeStat {
+    /// `-a 0`: rank 0's.
+    Rank0,
+    /// `-a 1` (the default): the average over ranks.
+    Average,
+    /// `-a 2`: the fastest rank's.
+    Min,
+    /// `-a 3`: the slowest rank's.
+    Max,
+}
+
+impl TimeStat {
+    /// The `-a` code.
+    pub fn code(self) -> u8 {
+        match self {
+            TimeStat::Rank0 => 0,
+            TimeStat::Average => 1,
+            TimeStat::Min => 2,
+            TimeStat::Max => 3,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<TimeStat> {
+        [
+            TimeStat::Rank0,
+            TimeStat::Average,
+            TimeStat::Min,
+            TimeStat::Max,
+        ]
+        .into_iter()
+        .find(|s| s.code() == code)
+    }
+}
+
 /// Everything a run needs; every rank gets the same.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchOptions {
@@ -65,6 +101,8 @@ pub struct BenchOptions {
     pub ops: Vec<ReduceOp>,
     pub dtypes: Vec<DataType>,
     pub json: Option<PathBuf>,
+    /// `-a`: which rank's time each row shows.
+    pub time_stat: TimeStat,
     pub ranks: usize,
     pub ranks_as: RanksAs,
     pub backend: Backend,
@@ -120,7 +158,7 @@ const HOST_BANDWIDTH: f64 = 2e9;
 /// Options of `stragglar bench`, as shown by `stragglar help`.
 pub const USAGE: &str = "
 stragglar bench [-b SIZE] [-e SIZE] [-i SIZE | -f F] [-n ITERS] [-w WARMUP] [-c CHECK]
-                [-d TYPE,...|all] [-o OP,...|all] [-J FILE] [--svg FILE]
+                [-d TYPE,...|all] [-o OP,...|all] [-a 0|1|2|3] [-J FILE] [--svg FILE]
                 [--backend host|cuda] [--ranks N] [--ranks-as processes|threads]
                 [--algo stragglar|ring|auto] [--pipeline K|auto] [--straggler R] [--late-rank R,...]
                 [--late-every K] [--delay-us D] [--jitter-us J] [--link-gbs G]
@@ -133,7 +171,8 @@ stragglar bench [-b SIZE] [-e SIZE] [-i SIZE | -f F] [-n ITERS] [-w WARMUP] [-c 
     (--baseline-link-gbs: Ring's own, hidden from the policy's model);
     --svg draws the measured times per size (and the model's, with --link-gbs);
     --pipeline cuts StragglAR's chunks into K pieces (auto: the model's best per size);
-    -J writes the rows as JSON; --bandwidth, --graph and --unordered-reads need cuda
+    -a: each row's time is rank 0's (0), the average over ranks (1, default), the fastest
+    rank's (2) or the slowest's (3); -J writes the rows as JSON; --bandwidth, --graph and --unordered-reads need cuda
 ";
 
 impl BenchOptions {
@@ -182,6 +221,14 @@ impl BenchOptions {
         let (op, dtype) = (ops[0], dtypes[0]);
         let json = args.value(&["-J", "--output_file"])?.map(PathBuf::from);
         let svg = args.value(&["--svg"])?.map(PathBuf::from);
+        let time_stat = match args.parsed::<u8>(&["-a", "--average"], "0, 1, 2 or 3")? {
+            None => TimeStat::Average,
+            Some(code) => TimeStat::from_code(code).ok_or_else(|| {
+                UsageError(format!(
+                    "-a {code}: expected 0 (rank 0), 1 (average), 2 (min) or 3 (max)"
+                ))
+            })?,
+        };
         let backend = match args.value(&["--backend"])?.as_deref() {
             None | Some("host") => Backend::Host,
             Some("cuda") => Backend::Cuda,
@@ -284,6 +331,7 @@ impl BenchOptions {
             ops,
             dtypes,
             json,
+            time_stat,
             ranks,
             ranks_as,
             backend,
@@ -450,6 +498,8 @@ impl BenchOptions {
             self.warmup.to_string(),
             "-c".into(),
             self.check.to_string(),
+            "-a".into(),
+            self.time_stat.code().to_string(),
             "-o".into(),
             self.ops
                 .iter()
@@ -558,12 +608,26 @@ mod tests {
             "49999",
             "--timeout-ms",
             "2000",
+            "-a",
+            "3",
         ])
         .unwrap();
         assert!(options.graph && options.unordered_reads);
+        assert_eq!(options.time_stat, TimeStat::Max);
         let words = options.to_args();
         let again = BenchOptions::parse(Args::new(words)).unwrap();
         assert_eq!(again, options);
+    }
+
+    #[test]
+    fn the_time_statistic_is_one_of_four() {
+        assert_eq!(parse(&[]).unwrap().time_stat, TimeStat::Average);
+        assert_eq!(parse(&["-a", "0"]).unwrap().time_stat, TimeStat::Rank0);
+        assert_eq!(parse(&["--average", "2"]).unwrap().time_stat, TimeStat::Min);
+        for bad in ["4", "x", "-1"] {
+            let refused = parse(&["-a", bad]).unwrap_err();
+            assert!(refused.0.contains("-a"), "{bad}: {}", refused.0);
+        }
     }
 
     #[test]

@@ -1,77 +1,129 @@
-//! The nccl-tests all_reduce_perf table, footer and `-J` JSON, with our two extra columns
-//! after the in-place `#wrong` (so nccl-tests parsers keep working).
+//! What `stragglar bench` prints and writes, for both backends: the nccl-tests all_reduce_perf
+//! table (our two extra columns after the in-place `#wrong`, so nccl-tests parsers keep
+//! working), its footer, the `-J` JSON document and the `--svg` chart.
+//!
+//! Each backend reduces what one rank measured for one size to a [`RankSize`]; [`combine`]
+//! makes a row of every rank's, the same way for both.
 
 use std::fmt::Write;
 
-use super::options::{BenchOptions, RanksAs};
-use super::worker::SizeResult;
+use super::options::{Backend, BenchAlgo, BenchOptions, RanksAs, TimeStat};
+use crate::reduce::{DataType, ReduceOp};
 
-/// One size, combined over ranks: times averaged (nccl-tests' default `-a 1`), wrong elements
-/// summed, lateness averaged, post-arrival time the slowest rank's.
+/// One placement (out of place or in place) of one size, as one rank measured it.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RankHalf {
+    /// Mean time per call, microseconds.
+    pub time_us: f64,
+    /// Elements that differ from the expectation.
+    pub wrong: u64,
+    /// A digest of the output, which every rank must share.
+    pub digest: u64,
+}
+
+/// One size of one type and op, as one rank measured it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankSize {
+    pub bytes: u64,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    /// Out of place, then in place.
+    pub halves: [RankHalf; 2],
+    /// Mean lead of the last arrival over the second-to-last, and mean time from the last
+    /// arrival to this rank's finish, microseconds (`None`: the backend does not measure them
+    /// per size).
+    pub lead_us: Option<f64>,
+    pub post_us: Option<f64>,
+    /// Timed calls, and those that ran StragglAR.
+    pub calls: u64,
+    pub stragglar_calls: u64,
+    /// A digest of everything every rank must decide alike (its choices, its arrival records).
+    pub agreed: u64,
+    /// The designated straggler after the size, -1 for none.
+    pub designated: i64,
+}
+
+/// One size, combined over ranks: the time as `-a` says (nccl-tests' default: the average),
+/// wrong elements summed, lateness averaged, post-arrival time the slowest rank's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub bytes: u64,
     pub count: u64,
-    /// (time us, algbw GB/s, busbw GB/s, #wrong) out-of-place then in-place.
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    /// (time us, algbw GB/s, busbw GB/s, #wrong) out-of-place then in-place. A rank whose
+    /// output differs from rank 0's counts as one wrong element.
     pub halves: [(f64, f64, f64, u64); 2],
-    pub lead_us: f64,
-    pub post_us: f64,
+    pub lead_us: Option<f64>,
+    pub post_us: Option<f64>,
     /// The designated straggler after the size (rank 0's view), -1 for none.
     pub designated: i64,
-    /// Share of timed calls that ran StragglAR, in percent.
+    /// Share of timed calls that ran StragglAR (rank 0's), in percent.
     pub stragglar_percent: f64,
-    /// Ranks whose sequence of choices differs from rank 0's (must be 0).
+    /// Ranks whose choices or records differ from rank 0's (must be 0).
     pub disagreements: u64,
 }
 
-/// Combines every rank's result of one size. Outputs that differ between ranks count as
-/// wrong elements too (one per rank that disagrees with rank 0).
-pub fn combine(options: &BenchOptions, per_rank: &[SizeResult]) -> Row {
-    let n = per_rank.len() as f64;
-    let bytes = per_rank[0].bytes;
-    let bus = 2.0 * (options.ranks as f64 - 1.0) / options.ranks as f64;
+impl Row {
+    /// Wrong elements and disagreements: what makes a run fail.
+    pub fn bad(&self) -> u64 {
+        self.halves.iter().map(|h| h.3).sum::<u64>() + self.disagreements
+    }
+}
+
+impl TimeStat {
+    /// The time of a size over every rank's.
+    fn over(self, times: impl Iterator<Item = f64> + Clone) -> f64 {
+        let n = times.clone().count().max(1) as f64;
+        match self {
+            TimeStat::Rank0 => times.clone().next().unwrap_or(0.0),
+            TimeStat::Average => times.sum::<f64>() / n,
+            TimeStat::Min => times.fold(f64::INFINITY, f64::min),
+            TimeStat::Max => times.fold(0.0, f64::max),
+        }
+    }
+}
+
+/// Combines every rank's result of one size, `per_rank` in rank order (rank 0 first).
+pub fn combine(ranks: usize, stat: TimeStat, per_rank: &[RankSize]) -> Row {
+    let first = &per_rank[0];
+    let bus = 2.0 * (ranks as f64 - 1.0) / ranks as f64;
     let mut halves = [(0.0, 0.0, 0.0, 0); 2];
     for (h, slot) in halves.iter_mut().enumerate() {
-        let time = per_rank.iter().map(|r| r.halves[h].time_us).sum::<f64>() / n;
+        let time = stat.over(per_rank.iter().map(|r| r.halves[h].time_us));
         let algbw = if time > 0.0 {
-            bytes as f64 / time / 1e3
+            first.bytes as f64 / time / 1e3
         } else {
             0.0
         };
         let disagree = per_rank
             .iter()
-            .filter(|r| r.halves[h].digest != per_rank[0].halves[h].digest)
+            .filter(|r| r.halves[h].digest != first.halves[h].digest)
             .count() as u64;
         let wrong = per_rank.iter().map(|r| r.halves[h].wrong).sum::<u64>() + disagree;
         *slot = (time, algbw, algbw * bus, wrong);
     }
+    let n = per_rank.len() as f64;
     let lead_us = per_rank
         .iter()
-        .map(|r| (r.halves[0].lead_us + r.halves[1].lead_us) / 2.0)
-        .sum::<f64>()
-        / n;
+        .map(|r| r.lead_us)
+        .sum::<Option<f64>>()
+        .map(|sum| sum / n);
     let post_us = per_rank
         .iter()
-        .map(|r| (r.halves[0].post_us + r.halves[1].post_us) / 2.0)
-        .fold(0.0, f64::max);
-    let disagreements = per_rank
-        .iter()
-        .filter(|r| (0..2).any(|h| r.halves[h].choices != per_rank[0].halves[h].choices))
-        .count() as u64;
-    let timed = per_rank[0]
-        .halves
-        .iter()
-        .map(|h| h.stragglar_calls)
-        .sum::<u64>() as f64;
+        .map(|r| r.post_us)
+        .try_fold(0.0, |slowest: f64, post| post.map(|p| slowest.max(p)));
     Row {
-        bytes,
-        count: bytes / options.dtype.size() as u64,
+        bytes: first.bytes,
+        count: first.bytes / first.dtype.size() as u64,
+        dtype: first.dtype,
+        op: first.op,
         halves,
         lead_us,
         post_us,
-        designated: per_rank[0].halves[1].designated,
-        stragglar_percent: 100.0 * timed / (2 * options.iters) as f64,
-        disagreements,
+        designated: first.designated,
+        stragglar_percent: 100.0 * first.stragglar_calls as f64 / first.calls.max(1) as f64,
+        disagreements: per_rank.iter().filter(|r| r.agreed != first.agreed).count() as u64,
     }
 }
 
@@ -86,21 +138,22 @@ fn fit(value: f64, width: usize) -> String {
     format!("{value:>width$.0}")
 }
 
-fn describe_algo(options: &BenchOptions) -> &'static str {
-    options.algo.name()
+/// A measured value, or `N/A` where the backend does not measure it.
+fn fit_or_na(value: Option<f64>, width: usize) -> String {
+    value.map_or_else(|| format!("{:>width$}", "N/A"), |v| fit(v, width))
 }
 
-/// The header lines.
-pub fn header(options: &BenchOptions, comm_id: u64) -> String {
+fn backend_name(options: &BenchOptions) -> &'static str {
+    match options.backend {
+        Backend::Host => "host",
+        Backend::Cuda => "cuda",
+    }
+}
+
+/// The header lines; `machine` describes where the ranks ran (the host engine's links, or
+/// the GPU and its grid).
+pub fn header(options: &BenchOptions, comm_id: u64, machine: &str) -> String {
     let mut s = String::new();
-    let link = match (options.link_gbs, options.baseline_link_gbs) {
-        (Some(g), None) => format!("{g} GB/s + {} us per transfer", options.link_latency_us),
-        (Some(g), Some(b)) => format!(
-            "{g} GB/s (the baseline's {b} GB/s) + {} us per transfer",
-            options.link_latency_us
-        ),
-        (None, _) => "unlimited".into(),
-    };
     let step = match options.step_factor {
         Some(f) => format!("{f}(factor)"),
         None => format!("{}(bytes)", options.step_bytes),
@@ -112,14 +165,15 @@ pub fn header(options: &BenchOptions, comm_id: u64) -> String {
     );
     let _ = writeln!(
         s,
-        "# backend host ranks {} as {} algo {} pipeline {} straggler {} late rank {} delay {} us link {}",
+        "# backend {} ranks {} as {} algo {} pipeline {} straggler {} late rank {} delay {} us {machine}",
+        backend_name(options),
         options.ranks,
         if options.ranks_as == RanksAs::Processes {
             "processes"
         } else {
             "threads"
         },
-        describe_algo(options),
+        options.algo.name(),
         options.pipeline,
         options.straggler,
         options
@@ -129,12 +183,18 @@ pub fn header(options: &BenchOptions, comm_id: u64) -> String {
             .collect::<Vec<_>>()
             .join(","),
         options.delay_us,
-        link
     );
     let _ = writeln!(
         s,
-        "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} agg iters: 1 validation: {} graph: 0",
-        options.min_bytes, options.max_bytes, step, options.warmup, options.iters, options.check
+        "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} agg iters: 1 validation: {} graph: {} average: {}",
+        options.min_bytes,
+        options.max_bytes,
+        step,
+        options.warmup,
+        options.iters,
+        options.check,
+        u8::from(options.graph),
+        options.time_stat.code()
     );
     let _ = writeln!(s, "#");
     let _ = writeln!(
@@ -152,7 +212,7 @@ pub fn header(options: &BenchOptions, comm_id: u64) -> String {
     s
 }
 
-/// One table line.
+/// One table line. Rank disagreements count in the out-of-place `#wrong`.
 pub fn line(options: &BenchOptions, row: &Row) -> String {
     let wrong = |w: u64| {
         if options.check == 0 {
@@ -165,11 +225,12 @@ pub fn line(options: &BenchOptions, row: &Row) -> String {
         "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}",
         row.bytes,
         row.count,
-        options.dtype.name(),
-        options.op.name(),
+        row.dtype.name(),
+        row.op.name(),
         -1
     );
-    for (time, algbw, busbw, w) in row.halves {
+    for (half, (time, algbw, busbw, w)) in row.halves.into_iter().enumerate() {
+        let w = if half == 0 { w + row.disagreements } else { w };
         let _ = write!(
             s,
             "  {}  {}  {}  {:>6}",
@@ -179,7 +240,12 @@ pub fn line(options: &BenchOptions, row: &Row) -> String {
             wrong(w)
         );
     }
-    let _ = write!(s, "  {}  {}", fit(row.lead_us, 7), fit(row.post_us, 7));
+    let _ = write!(
+        s,
+        "  {}  {}",
+        fit_or_na(row.lead_us, 7),
+        fit_or_na(row.post_us, 7)
+    );
     let designated = if row.designated < 0 {
         "-".to_string()
     } else {
@@ -189,31 +255,35 @@ pub fn line(options: &BenchOptions, row: &Row) -> String {
     s
 }
 
-/// The footer; `Avg bus bandwidth` is the mean of every printed busbw.
-pub fn footer(rows: &[Row]) -> String {
+/// The mean of every printed busbw.
+fn average_bus_bandwidth(rows: &[Row]) -> f64 {
     let bws: Vec<f64> = rows
         .iter()
         .flat_map(|r| r.halves.iter().map(|h| h.2))
         .collect();
-    let avg = if bws.is_empty() {
+    if bws.is_empty() {
         0.0
     } else {
         bws.iter().sum::<f64>() / bws.len() as f64
-    };
-    format!("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {avg:.6}\n#\n# Collective test concluded: all_reduce_perf\n")
+    }
+}
+
+/// The footer; `Avg bus bandwidth` is the mean of every printed busbw, and our own line counts
+/// what makes the run fail.
+pub fn footer(rows: &[Row]) -> String {
+    format!(
+        "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {:.6}\n# wrong elements and rank disagreements: {}\n#\n# Collective test concluded: all_reduce_perf\n",
+        average_bus_bandwidth(rows),
+        rows.iter().map(Row::bad).sum::<u64>()
+    )
+}
+
+fn json_number(value: Option<f64>) -> String {
+    value.map_or("null".to_string(), |v| format!("{v:.3}"))
 }
 
 /// The `-J` JSON document.
 pub fn json(options: &BenchOptions, rows: &[Row]) -> String {
-    let bws: Vec<f64> = rows
-        .iter()
-        .flat_map(|r| r.halves.iter().map(|h| h.2))
-        .collect();
-    let avg = if bws.is_empty() {
-        0.0
-    } else {
-        bws.iter().sum::<f64>() / bws.len() as f64
-    };
     let half = |h: (f64, f64, f64, u64)| {
         format!(
             "{{\"time\": {:.3}, \"alg_bw\": {:.6}, \"bus_bw\": {:.6}, \"nwrong\": {}}}",
@@ -224,24 +294,30 @@ pub fn json(options: &BenchOptions, rows: &[Row]) -> String {
         .iter()
         .map(|r| {
             format!(
-                "    {{\"size\": {}, \"count\": {}, \"type\": \"{}\", \"redop\": \"{}\", \"root\": -1, \"out_of_place\": {}, \"in_place\": {}, \"straggler\": {{\"lead_us\": {:.3}, \"post_arrival_us\": {:.3}, \"designated\": {}, \"stragglar_percent\": {:.1}}}}}",
+                "    {{\"size\": {}, \"count\": {}, \"type\": \"{}\", \"redop\": \"{}\", \"root\": -1, \"out_of_place\": {}, \"in_place\": {}, \"straggler\": {{\"lead_us\": {}, \"post_arrival_us\": {}, \"designated\": {}, \"stragglar_percent\": {:.1}, \"disagreements\": {}}}}}",
                 r.bytes,
                 r.count,
-                options.dtype.name(),
-                options.op.name(),
+                r.dtype.name(),
+                r.op.name(),
                 half(r.halves[0]),
                 half(r.halves[1]),
-                r.lead_us,
-                r.post_us,
+                json_number(r.lead_us),
+                json_number(r.post_us),
                 r.designated,
-                r.stragglar_percent
+                r.stragglar_percent,
+                r.disagreements
             )
         })
         .collect();
     format!(
-        "{{\n  \"config\": {{\"collective\": \"all_reduce_perf\", \"backend\": \"host\", \"ranks\": {}, \"algo\": \"{}\", \"pipeline\": \"{}\", \"straggler\": {}, \"delay_us\": {}, \"link_gbs\": {}, \"baseline_link_gbs\": {}, \"minBytes\": {}, \"maxBytes\": {}, \"iters\": {}, \"warmup_iters\": {}, \"validation\": {}}},\n  \"results\": [\n{}\n  ],\n  \"out_of_bounds\": 0,\n  \"average_bus_bandwidth\": {:.6}\n}}\n",
+        "{{\n  \"config\": {{\"collective\": \"all_reduce_perf\", \"backend\": \"{}\", \"ranks\": {}, \"ranks_as\": \"{}\", \"algo\": \"{}\", \"pipeline\": \"{}\", \"straggler\": {}, \"delay_us\": {}, \"link_gbs\": {}, \"baseline_link_gbs\": {}, \"minBytes\": {}, \"maxBytes\": {}, \"iters\": {}, \"warmup_iters\": {}, \"validation\": {}, \"graph\": {}, \"average\": {}}},\n  \"results\": [\n{}\n  ],\n  \"out_of_bounds\": 0,\n  \"average_bus_bandwidth\": {:.6}\n}}\n",
+        backend_name(options),
         options.ranks,
-        describe_algo(options),
+        match options.ranks_as {
+            RanksAs::Processes => "processes",
+            RanksAs::Threads => "threads",
+        },
+        options.algo.name(),
         options.pipeline,
         options.straggler,
         options.delay_us,
@@ -254,7 +330,196 @@ pub fn json(options: &BenchOptions, rows: &[Row]) -> String {
         options.iters,
         options.warmup,
         options.check,
+        options.graph,
+        options.time_stat.code(),
         results.join(",\n"),
-        avg
+        average_bus_bandwidth(rows)
     )
+}
+
+/// Draws the run's rows into `path` (`--svg`): the time per call out of place of each type and
+/// op (and in place too when one ran), the measured time after the last arrival where the
+/// backend measures it, and the model's where the links are emulated (`--link-gbs`) and one
+/// algorithm ran.
+pub fn draw(options: &BenchOptions, rows: &[Row], path: &std::path::Path) -> Result<(), String> {
+    use crate::schedule::model::{stragglar_rounds, Link, Times};
+    let mut groups: Vec<(DataType, ReduceOp)> = Vec::new();
+    for r in rows {
+        if !groups.contains(&(r.dtype, r.op)) {
+            groups.push((r.dtype, r.op));
+        }
+    }
+    let points = |dtype, op, value: &dyn Fn(&Row) -> f64| -> Vec<(u64, f64)> {
+        let mut p: Vec<(u64, f64)> = rows
+            .iter()
+            .filter(|r| (r.dtype, r.op) == (dtype, op))
+            .map(|r| (r.bytes, value(r)))
+            .collect();
+        p.sort_by_key(|&(bytes, _)| bytes);
+        p
+    };
+    let mut measured = Vec::new();
+    for &(dtype, op) in &groups {
+        let label = format!("{} {}", dtype.name(), op.name());
+        measured.push((
+            format!("time per call, {label}, out of place"),
+            points(dtype, op, &|r| r.halves[0].0),
+        ));
+        if groups.len() == 1 {
+            measured.push((
+                format!("time per call, {label}, in place"),
+                points(dtype, op, &|r| r.halves[1].0),
+            ));
+        }
+    }
+    if groups.len() == 1 && rows.iter().all(|r| r.post_us.is_some()) {
+        let (dtype, op) = groups[0];
+        measured.push((
+            "after the last arrival, measured".to_string(),
+            points(dtype, op, &|r| r.post_us.unwrap_or(0.0)),
+        ));
+    }
+    let n = options.ranks;
+    let link = options.link_gbs.map(|gbs| Link {
+        alpha: options.link_latency_us * 1e-6,
+        bandwidth: gbs * 1e9,
+    });
+    let rounds = stragglar_rounds(n, 1);
+    let post = |bytes: f64| {
+        let t = Times::new(n, rounds, bytes, link.expect("checked below"));
+        match options.algo {
+            BenchAlgo::Ring => t.ring,
+            _ => t.stragglar_post,
+        }
+    };
+    let algo = match options.algo {
+        BenchAlgo::Stragglar => "StragglAR",
+        BenchAlgo::Ring => "Ring",
+        BenchAlgo::Auto => "auto",
+    };
+    let model_label = format!("after the last arrival, model ({algo})");
+    let model: Option<(&str, &dyn Fn(f64) -> f64)> = match (link, options.algo) {
+        (Some(_), BenchAlgo::Stragglar | BenchAlgo::Ring) => Some((&model_label, &post)),
+        _ => None,
+    };
+    let late = format!(
+        "{} late by {} us",
+        options.late_in_words(),
+        options.delay_us
+    );
+    let title = match (options.backend, options.link_gbs) {
+        (Backend::Cuda, _) => format!(
+            "stragglar bench --backend cuda: {algo}, {n} ranks on one GPU, {late}; no model (one GPU, no links to price)"
+        ),
+        (Backend::Host, Some(gbs)) => format!(
+            "stragglar bench: {algo}, {n} ranks, {late}; links emulated at {gbs} GB/s, {} us",
+            options.link_latency_us
+        ),
+        (Backend::Host, None) => {
+            format!("stragglar bench: {algo}, {n} ranks, {late}; links not emulated: no model")
+        }
+    };
+    super::super::charts::bench(&title, measured, model, &path.display().to_string())
+}
+
+/// Prints the table of a run as its rows arrive, then its footer, and writes `-J` and `--svg`.
+pub struct Report<'a> {
+    options: &'a BenchOptions,
+    rows: Vec<Row>,
+}
+
+impl<'a> Report<'a> {
+    /// Prints the header.
+    pub fn start(options: &'a BenchOptions, comm_id: u64, machine: &str) -> Report<'a> {
+        print!("{}", header(options, comm_id, machine));
+        Report {
+            options,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Prints one row and keeps it.
+    pub fn add(&mut self, row: Row) {
+        println!("{}", line(self.options, &row));
+        self.rows.push(row);
+    }
+
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+
+    /// Prints the footer and writes the files asked for; the error says which failed.
+    pub fn finish(self) -> Result<Vec<Row>, String> {
+        print!("{}", footer(&self.rows));
+        if let Some(path) = &self.options.svg {
+            draw(self.options, &self.rows, path)?;
+        }
+        if let Some(path) = &self.options.json {
+            std::fs::write(path, json(self.options, &self.rows))
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+        Ok(self.rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(time: [f64; 2], digest: u64, agreed: u64) -> RankSize {
+        RankSize {
+            bytes: 4096,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            halves: [0, 1].map(|h| RankHalf {
+                time_us: time[h],
+                wrong: 0,
+                digest,
+            }),
+            lead_us: Some(10.0),
+            post_us: None,
+            calls: 4,
+            stragglar_calls: 3,
+            agreed,
+            designated: 2,
+        }
+    }
+
+    #[test]
+    fn the_time_statistic_is_nccl_tests_a() {
+        let ranks = [
+            rank([4.0, 8.0], 1, 0),
+            rank([2.0, 2.0], 1, 0),
+            rank([6.0, 2.0], 1, 0),
+        ];
+        let time = |stat| combine(3, stat, &ranks).halves.map(|h| h.0);
+        assert_eq!(time(TimeStat::Rank0), [4.0, 8.0]);
+        assert_eq!(time(TimeStat::Average), [4.0, 4.0]);
+        assert_eq!(time(TimeStat::Min), [2.0, 2.0]);
+        assert_eq!(time(TimeStat::Max), [6.0, 8.0]);
+    }
+
+    #[test]
+    fn ranks_that_differ_count_and_unmeasured_columns_stay_unmeasured() {
+        let ranks = [
+            rank([1.0; 2], 1, 0),
+            rank([1.0; 2], 2, 0),
+            rank([1.0; 2], 1, 9),
+        ];
+        let row = combine(3, TimeStat::Average, &ranks);
+        assert_eq!(row.halves.map(|h| h.3), [1, 1], "rank 1's output differs");
+        assert_eq!(row.disagreements, 1, "rank 2's choices differ");
+        assert_eq!(row.bad(), 3);
+        assert_eq!((row.lead_us, row.post_us), (Some(10.0), None));
+        assert_eq!(row.stragglar_percent, 75.0);
+        assert_eq!(row.count, 1024);
+        let options = BenchOptions::parse(crate::cli::args::Args::new(Vec::<String>::new()))
+            .expect("defaults");
+        let text = line(&options, &row);
+        assert!(text.contains(" N/A "), "{text}");
+        assert!(text.trim_end().ends_with("2    75"), "{text}");
+        let doc = json(&options, &[row]);
+        assert!(doc.contains("\"post_arrival_us\": null"), "{doc}");
+        assert!(doc.contains("\"lead_us\": 10.000"), "{doc}");
+    }
 }

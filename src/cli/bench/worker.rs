@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use super::data;
 use super::ending::RankFailure;
 use super::options::{BenchAlgo, BenchOptions};
+use super::report::{RankHalf, RankSize};
 use crate::detect::{ArrivalRecord, Choice, Observed, Policy, Tracker};
 use crate::engine::host::comm::CallRecord;
 use crate::engine::host::runner::{all_reduce, layout_for};
@@ -42,6 +43,30 @@ pub struct SizeResult {
     pub bytes: u64,
     /// Out-of-place, then in-place.
     pub halves: [Half; 2],
+}
+
+impl SizeResult {
+    /// What the report combines: times, checks and lateness per placement, and the choices of
+    /// both placements as one digest every rank must share.
+    pub fn for_report(&self, options: &BenchOptions) -> RankSize {
+        let [out, inp] = self.halves;
+        RankSize {
+            bytes: self.bytes,
+            dtype: options.dtype,
+            op: options.op,
+            halves: self.halves.map(|h| RankHalf {
+                time_us: h.time_us,
+                wrong: h.wrong,
+                digest: h.digest,
+            }),
+            lead_us: Some((out.lead_us + inp.lead_us) / 2.0),
+            post_us: Some((out.post_us + inp.post_us) / 2.0),
+            calls: 2 * options.iters as u64,
+            stragglar_calls: out.stragglar_calls + inp.stragglar_calls,
+            agreed: data::digest_more(out.choices, inp.choices),
+            designated: inp.designated,
+        }
+    }
 }
 
 /// StragglAR with `straggler`, its chunks cut into `pieces`.

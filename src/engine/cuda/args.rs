@@ -4,9 +4,10 @@
 //! out by the same `StagingLayout`. No device access here: addresses in, arguments out.
 
 use super::staging::StagingLayout;
+use crate::gpu::arrival::{RawArrival, RawTicket};
 use crate::gpu::choice::RawRule;
 use crate::gpu::kernels::op_code;
-use crate::gpu::launch::{RawArrival, RawLaunch, RawTicket};
+use crate::gpu::launch::RawLaunch;
 use crate::reduce::{DataType, ReduceOp, Scale};
 
 /// What one AllReduce launch reduces, besides its plan.

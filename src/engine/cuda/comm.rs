@@ -22,8 +22,8 @@ use super::rank::{CallError, Control, CudaRank, GraphCounts, Ticket, TimedRecord
 use crate::detect::policy::Policy;
 use crate::detect::tally::RankArrivals;
 use crate::detect::Tracker;
+use crate::gpu::arrival::RING_ENTRIES;
 use crate::gpu::choice::RawRule;
-use crate::gpu::launch::RING_ENTRIES;
 use crate::nccl::types::{cudaStream_t, ResultCode};
 use crate::plan::{Lowered, PlanCache, Shape};
 use crate::schedule::model::Link;

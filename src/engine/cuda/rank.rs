@@ -13,10 +13,12 @@ use super::args::{LaunchSite, Operands};
 use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::staging::StagingLayout;
 use crate::detect::{ArrivalRecord, Observed, Tracker};
+use crate::gpu::arrival::{
+    RawArrival, RawBoardSlot, RawRingEntry, RawTicket, BOARD_SLOTS, POST_UNMEASURED, RING_ENTRIES,
+};
 use crate::gpu::choice::{RawGraphState, RawRule};
 use crate::gpu::launch::{
-    RawArrival, RawBoardSlot, RawPeer, RawRingEntry, RawTicket, BOARD_SLOTS, MAX_THREADS,
-    POST_UNMEASURED, RING_ENTRIES, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
+    RawPeer, MAX_THREADS, STATUS_ABORTED, STATUS_BAD_PLAN, STATUS_OK, STATUS_PEER_FAILED,
     STATUS_TIMEOUT, WARP_THREADS,
 };
 use crate::nccl::types::ResultCode;
@@ -589,8 +591,8 @@ impl CudaRank {
         self.fits(plan.need(), operands.count, operands.dtype)?;
         if operands.count == 0 {
             // Our own call (not NCCL's): its ticket keeps this rank's deadline.
-            // SAFETY: as the caller vouches.
             if ticket {
+                // SAFETY: as the caller vouches.
                 let ticket = unsafe { self.ticket_within(stream, self.timeout_ns()) }?;
                 // SAFETY: as above; nothing else runs for this call.
                 unsafe { self.ticket_end(ticket, stream) }?;

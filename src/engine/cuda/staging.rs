@@ -5,8 +5,9 @@
 //! rounded up to 2 MiB (the granularity CUDA IPC maps), identical in layout on every rank, so
 //! a peer's `RawPeer` follows from its base address alone.
 
+use crate::gpu::arrival::{RawBoardSlot, BOARD_SLOTS};
 use crate::gpu::choice::RawGraphState;
-use crate::gpu::launch::{RawBoardSlot, RawPeer, BOARD_SLOTS};
+use crate::gpu::launch::RawPeer;
 
 /// Alignment of every region: a 256-byte boundary keeps vector loads and cache lines apart.
 const REGION_ALIGN: u64 = 256;

@@ -7,11 +7,12 @@ use std::error::Error;
 use super::GpuKernels;
 use crate::cli::bench::data;
 use crate::cli::bench::options::BenchOptions;
+use crate::cli::bench::report::{RankHalf, RankSize};
 use crate::engine::cuda::args::Operands;
 use crate::engine::cuda::comm::{CudaComm, Ran};
 use crate::engine::cuda::driver::{DeviceMemory, Event, GpuError, Graph, Stream};
 use crate::engine::cuda::rank::{CallError, CudaRank, GraphCounts};
-use crate::gpu::launch::RING_ENTRIES;
+use crate::gpu::arrival::RING_ENTRIES;
 use crate::reduce::{DataType, ReduceOp, Scale};
 
 /// One rank held here: its engine, its own stream and what it chose.
@@ -83,6 +84,30 @@ pub struct Outcome {
     /// yet are left out), averaged over both placements; 0 when the timed calls were graph
     /// replays. Threads as ranks each get an equal share of the loop's time.
     pub host_us: f64,
+}
+
+impl Outcome {
+    /// What the report combines for `bytes` of `dtype` and `op`: the times, checks and
+    /// output digests per placement, and the choices and records every rank must share (the
+    /// lateness is not measured per size here).
+    pub fn for_report(&self, bytes: u64, dtype: DataType, op: ReduceOp) -> RankSize {
+        RankSize {
+            bytes,
+            dtype,
+            op,
+            halves: [0, 1].map(|h| RankHalf {
+                time_us: self.time_us[h],
+                wrong: self.wrong[h],
+                digest: self.digest[h],
+            }),
+            lead_us: None,
+            post_us: None,
+            calls: self.calls,
+            stragglar_calls: self.stragglar_calls,
+            agreed: data::digest_more(self.choices, self.records),
+            designated: self.designated,
+        }
+    }
 }
 
 /// A digest of the arrival records and post-arrival times `comm`'s ring holds once its stream

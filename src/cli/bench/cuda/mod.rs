@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 
 use super::options::{BenchAlgo, BenchOptions, RanksAs};
-use crate::cli::charts;
+use super::report::{combine, RankSize, Report, Row};
 use crate::detect::pipeline::Pipeline;
 use crate::detect::policy::{AlgoMode, Policy, StragglerMode};
 use crate::engine::cuda::comm::{Baseline, CommParts, CudaComm, OrderingEvents, NVSWITCH_LINK};
@@ -260,135 +260,62 @@ impl Setup {
     }
 }
 
-/// One size's result over all ranks.
-struct Row {
-    bytes: u64,
-    count: usize,
-    /// Microseconds per call, out of place and in place: the slowest rank's.
-    time_us: [f64; 2],
-    wrong: [u64; 2],
-    /// Rank outputs, rings or choices that differ from rank 0's.
-    disagreements: u64,
-    /// Rank 0's eager calls, those on StragglAR, and its designation after the size.
-    calls: u64,
-    stragglar_calls: u64,
-    designated: i64,
-    /// Host microseconds to queue one eager call: the largest of the ranks' (0 for graph
-    /// replays).
-    host_us: f64,
-}
-
-/// The host time to queue one eager call, over the rows of a run.
+/// The host time to queue one eager call, over the sizes of a run: each size's slowest rank.
 #[derive(Default)]
 struct HostCost {
     sum_us: f64,
-    rows: usize,
+    sizes: usize,
     worst_us: f64,
 }
 
 impl HostCost {
-    fn add(&mut self, row: &Row) {
-        if row.host_us > 0.0 {
-            self.sum_us += row.host_us;
-            self.rows += 1;
-            self.worst_us = self.worst_us.max(row.host_us);
+    fn add(&mut self, outcomes: &[Outcome]) {
+        let host_us = outcomes.iter().map(|o| o.host_us).fold(0.0, f64::max);
+        if host_us > 0.0 {
+            self.sum_us += host_us;
+            self.sizes += 1;
+            self.worst_us = self.worst_us.max(host_us);
         }
     }
 
     /// One comment line under the table (nothing when no eager call was timed).
     fn print(&self) {
-        if self.rows > 0 {
+        if self.sizes > 0 {
             println!(
                 "# host time to queue one eager call (choice and launch, waits for records left out): mean {:.2} us, worst size {:.2} us",
-                self.sum_us / self.rows as f64,
+                self.sum_us / self.sizes as f64,
                 self.worst_us
             );
         }
     }
 }
 
-impl Row {
-    fn combine(count: usize, dtype: DataType, outcomes: &[Outcome]) -> Row {
-        let mut row = Row {
-            bytes: (count * dtype.size()) as u64,
-            count,
-            time_us: [0.0; 2],
-            wrong: [0; 2],
-            disagreements: 0,
-            calls: outcomes.first().map_or(0, |o| o.calls),
-            stragglar_calls: outcomes.first().map_or(0, |o| o.stragglar_calls),
-            designated: outcomes.first().map_or(-1, |o| o.designated),
-            host_us: 0.0,
-        };
-        for o in outcomes {
-            row.host_us = row.host_us.max(o.host_us);
-            for p in 0..2 {
-                row.time_us[p] = row.time_us[p].max(o.time_us[p]);
-                row.wrong[p] += o.wrong[p];
-                row.disagreements += (o.digest[p] != outcomes[0].digest[p]) as u64;
-            }
-            row.disagreements += (o.records != outcomes[0].records) as u64;
-            row.disagreements += (o.choices != outcomes[0].choices) as u64;
-        }
-        row
-    }
+/// The rows of a run as every rank reports its sizes: the report, and the host cost.
+struct Rows<'a> {
+    options: &'a BenchOptions,
+    report: Report<'a>,
+    host: HostCost,
 }
 
-/// The chart of a run (`--svg`): for each type and op, the slowest rank's time per call out of
-/// place against size, and in place too when only one type and op ran.
-#[derive(Default)]
-struct Plot {
-    /// Per type and op, in the order they ran: the label, then (bytes, microseconds) out of
-    /// place and in place.
-    lines: Vec<(String, [SizeTimes; 2])>,
-}
-
-/// (bytes, microseconds per call) for each size that ran.
-type SizeTimes = Vec<(u64, f64)>;
-
-impl Plot {
-    fn add(&mut self, dtype: DataType, op: ReduceOp, row: &Row) {
-        let label = format!("{} {}", dtype.name(), op.name());
-        let at = match self.lines.iter().position(|(l, _)| *l == label) {
-            Some(at) => at,
-            None => {
-                self.lines.push((label, Default::default()));
-                self.lines.len() - 1
-            }
-        };
-        for (place, points) in self.lines[at].1.iter_mut().enumerate() {
-            points.push((row.bytes, row.time_us[place]));
-        }
+impl Rows<'_> {
+    /// Adds the size every rank ran, `outcomes` in rank order.
+    fn add(&mut self, count: usize, dtype: DataType, op: ReduceOp, outcomes: &[Outcome]) {
+        let bytes = (count * dtype.size()) as u64;
+        let per_rank: Vec<RankSize> = outcomes
+            .iter()
+            .map(|o| o.for_report(bytes, dtype, op))
+            .collect();
+        self.host.add(outcomes);
+        self.report.add(combine(
+            self.options.ranks,
+            self.options.time_stat,
+            &per_rank,
+        ));
     }
 
-    /// Draws the lines into `path`; no model: the ranks share one GPU, so there are no links
-    /// to price.
-    fn draw(self, options: &BenchOptions, path: &std::path::Path) -> Result<(), String> {
-        let both = self.lines.len() == 1;
-        let mut measured = Vec::new();
-        for (label, [mut out_of_place, mut in_place]) in self.lines {
-            out_of_place.sort_by_key(|&(bytes, _)| bytes);
-            in_place.sort_by_key(|&(bytes, _)| bytes);
-            measured.push((
-                format!("time per call, {label}, out of place"),
-                out_of_place,
-            ));
-            if both {
-                measured.push((format!("time per call, {label}, in place"), in_place));
-            }
-        }
-        let algo = match options.algo {
-            BenchAlgo::Stragglar => "StragglAR",
-            BenchAlgo::Ring => "Ring",
-            BenchAlgo::Auto => "auto",
-        };
-        let title = format!(
-            "stragglar bench --backend cuda: {algo}, {} ranks on one GPU, {} late by {} us",
-            options.ranks,
-            options.late_in_words(),
-            options.delay_us
-        );
-        charts::bench(&title, measured, None, &path.display().to_string())
+    /// Wrong elements and disagreements so far.
+    fn bad(&self) -> u64 {
+        self.report.rows().iter().map(Row::bad).sum()
     }
 }
 
@@ -417,16 +344,21 @@ pub fn run(options: &BenchOptions) -> i32 {
             return 1;
         }
     };
-    let mut plot = Plot::default();
-    let mut result = match options.ranks_as {
-        RanksAs::Threads => run_threads(options, &gpu, &mut plot),
-        RanksAs::Processes => run_processes(options, &gpu, &mut plot),
-    };
-    if let (Ok(_), Some(path)) = (&result, &options.svg) {
-        if let Err(e) = plot.draw(options, path) {
-            result = Err(e);
-        }
-    }
+    let result = preamble(options, &gpu).and_then(|(setup, machine)| {
+        let mut rows = Rows {
+            options,
+            report: Report::start(options, super::fresh_comm_id(), &machine),
+            host: HostCost::default(),
+        };
+        match options.ranks_as {
+            RanksAs::Threads => run_threads(options, &gpu, &setup, &mut rows),
+            RanksAs::Processes => run_processes(options, &setup, &mut rows),
+        }?;
+        rows.host.print();
+        let bad = rows.bad();
+        rows.report.finish()?;
+        Ok(bad)
+    });
     match result {
         Ok(0) => 0,
         Ok(bad) => {
@@ -440,32 +372,31 @@ pub fn run(options: &BenchOptions) -> i32 {
     }
 }
 
-fn preamble(options: &BenchOptions, gpu: &GpuKernels) -> Result<Setup, String> {
+/// The run's setup, and the machine it runs on in words for the header; the kernels' rates
+/// first with `--bandwidth`.
+fn preamble(options: &BenchOptions, gpu: &GpuKernels) -> Result<(Setup, String), String> {
     let err = |e: GpuError| e.to_string();
     let sms = gpu.device.sm_count().map_err(err)? as u32;
     let setup = Setup::new(options, sms)?;
-    let how = match options.ranks_as {
-        RanksAs::Threads => "threads",
-        RanksAs::Processes => "processes (CUDA IPC)",
-    };
-    println!(
-        "# stragglar bench --backend cuda: {} ranks as {how} on one {} ({}, {sms} SMs), {} x {THREADS} threads per rank, pipeline {}",
-        options.ranks,
+    let machine = format!(
+        "on one {} ({}, {sms} SMs), {} x {THREADS} threads per rank",
         gpu.device.name().map_err(err)?,
         gpu.arch,
         setup.blocks,
-        options.pipeline
     );
     if options.bandwidth {
         bandwidth::table(options, gpu, sms)?;
     }
-    print_header(options.algo == BenchAlgo::Auto);
-    Ok(setup)
+    Ok((setup, machine))
 }
 
-fn run_threads(options: &BenchOptions, gpu: &GpuKernels, plot: &mut Plot) -> Result<u64, String> {
+fn run_threads(
+    options: &BenchOptions,
+    gpu: &GpuKernels,
+    setup: &Setup,
+    rows: &mut Rows,
+) -> Result<(), String> {
     let err = |e: GpuError| e.to_string();
-    let setup = preamble(options, gpu)?;
     let mut ranks = (0..options.ranks)
         .map(|rank| CudaRank::new(&gpu.device, &gpu.kernels, setup.rank_config(options, rank)))
         .collect::<Result<Vec<_>, _>>()
@@ -485,8 +416,6 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels, plot: &mut Plot) -> Res
             choices: Choices::default(),
         });
     }
-    let mut bad = 0;
-    let mut host = HostCost::default();
     let mut seed = 0;
     for (dtype, op) in setup.combos.clone() {
         for bytes in setup.sizes.clone() {
@@ -511,11 +440,7 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels, plot: &mut Plot) -> Res
                     return Err(e.to_string());
                 }
             };
-            let row = Row::combine(count, dtype, &outcomes);
-            bad += row.wrong[0] + row.wrong[1] + row.disagreements;
-            host.add(&row);
-            plot.add(dtype, op, &row);
-            print_row(options, &row, dtype, op, setup.algorithm);
+            rows.add(count, dtype, op, &outcomes);
         }
     }
     for l in &locals {
@@ -528,31 +453,28 @@ fn run_threads(options: &BenchOptions, gpu: &GpuKernels, plot: &mut Plot) -> Res
             ));
         }
     }
-    host.print();
-    println!("# wrong elements and rank disagreements: {bad}");
-    Ok(bad)
+    Ok(())
 }
 
-fn run_processes(options: &BenchOptions, gpu: &GpuKernels, plot: &mut Plot) -> Result<u64, String> {
-    let setup = preamble(options, gpu)?;
+fn run_processes(options: &BenchOptions, setup: &Setup, rows: &mut Rows) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!(
         "stragglar-cuda-{}-{}",
         std::process::id(),
         super::fresh_comm_id()
     ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = collect(options, &setup, &dir, plot);
+    let result = collect(options, setup, &dir, rows);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-/// Runs the workers and prints a row once every rank reported a size.
+/// Runs the workers and adds a row once every rank reported a size.
 fn collect(
     options: &BenchOptions,
     setup: &Setup,
     dir: &std::path::Path,
-    plot: &mut Plot,
-) -> Result<u64, String> {
+    rows: &mut Rows,
+) -> Result<(), String> {
     let mut children =
         ipc::spawn(options, dir).map_err(|e| format!("cannot start workers: {e}"))?;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -570,8 +492,6 @@ fn collect(
     drop(tx);
     let mut pending: std::collections::BTreeMap<(usize, usize), Vec<(usize, Outcome)>> =
         Default::default();
-    let mut bad = 0;
-    let mut host = HostCost::default();
     for (rank, (combo, size, outcome)) in rx {
         let entry = pending.entry((combo, size)).or_default();
         entry.push((rank, outcome));
@@ -582,11 +502,7 @@ fn collect(
             let outcomes: Vec<Outcome> = ranked.into_iter().map(|(_, o)| o).collect();
             let (dtype, op) = setup.combos[combo];
             let count = setup.sizes[size] as usize / dtype.size();
-            let row = Row::combine(count, dtype, &outcomes);
-            bad += row.wrong[0] + row.wrong[1] + row.disagreements;
-            host.add(&row);
-            plot.add(dtype, op, &row);
-            print_row(options, &row, dtype, op, setup.algorithm);
+            rows.add(count, dtype, op, &outcomes);
         }
     }
     let mut failed = Vec::new();
@@ -604,92 +520,7 @@ fn collect(
             pending.len()
         ));
     }
-    host.print();
-    println!("# wrong elements and rank disagreements: {bad}");
-    Ok(bad)
-}
-
-fn print_header(auto: bool) {
-    let policy = |a: &str, b: &str| match auto {
-        true => format!(" | {a:>5} {b:>5}"),
-        false => String::new(),
-    };
-    println!(
-        "#\n# {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}{}",
-        "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
-        policy("sg%", "strag")
-    );
-    println!(
-        "# {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10} {:>8} {:>8} {:>6} | {:>10} {:>8} {:>8} {:>6}{}",
-        "(B)",
-        "(elements)",
-        "",
-        "",
-        "",
-        "(us)",
-        "(GB/s)",
-        "(GB/s)",
-        "",
-        "(us)",
-        "(GB/s)",
-        "(GB/s)",
-        "",
-        policy("", "")
-    );
-}
-
-/// Prints one nccl-tests style line; with `--algo auto`, the share of calls the policy ran on
-/// StragglAR and the straggler it designated (`-` for none).
-fn print_row(
-    options: &BenchOptions,
-    row: &Row,
-    dtype: DataType,
-    op: ReduceOp,
-    algorithm: Algorithm,
-) {
-    let bw = |t: f64| {
-        let alg = if t > 0.0 {
-            row.bytes as f64 / t / 1e3
-        } else {
-            0.0
-        };
-        let n = options.ranks as f64;
-        (alg, alg * 2.0 * (n - 1.0) / n)
-    };
-    let (a0, b0) = bw(row.time_us[0]);
-    let (a1, b1) = bw(row.time_us[1]);
-    let auto = options.algo == BenchAlgo::Auto;
-    let policy = match auto {
-        true => format!(
-            " | {:>5.0} {:>5}",
-            100.0 * row.stragglar_calls as f64 / row.calls.max(1) as f64,
-            match row.designated {
-                -1 => "-".to_string(),
-                r => r.to_string(),
-            }
-        ),
-        false => String::new(),
-    };
-    println!(
-        "  {:>12} {:>12} {:>8} {:>9} {:>4} | {:>10.1} {:>8.2} {:>8.2} {:>6} | {:>10.1} {:>8.2} {:>8.2} {:>6}{policy}",
-        row.bytes,
-        row.count,
-        dtype.name(),
-        op.name(),
-        match (auto, algorithm) {
-            (true, _) => "auto",
-            (false, Algorithm::Ring) => "ring",
-            (false, _) => "sg",
-        },
-        row.time_us[0],
-        a0,
-        b0,
-        row.wrong[0] + row.disagreements,
-        row.time_us[1],
-        a1,
-        b1,
-        row.wrong[1]
-    );
+    Ok(())
 }
 
 #[cfg(test)]
