@@ -16,13 +16,27 @@ cd "$(dirname "$0")/.."
 # check step below as one test and each test `cargo test` ran (its ignored ones as skipped).
 CHECKS_PASSED=0
 CURRENT_STEP=""
+# Each step's elapsed seconds, printed at the end with the total ("SECONDS  STEP" lines).
+STEP_TIMES=()
+STEP_STARTED=$SECONDS
+step_took() {
+  if [ -n "$CURRENT_STEP" ]; then
+    STEP_TIMES+=("$(printf '%6d s  %s' $((SECONDS - STEP_STARTED)) "$CURRENT_STEP")")
+  fi
+  STEP_STARTED=$SECONDS
+}
 step() {
   if [ -n "$CURRENT_STEP" ]; then CHECKS_PASSED=$((CHECKS_PASSED + 1)); fi
+  step_took
   CURRENT_STEP="$*"
   printf '\n== %s\n' "$*"
 }
 summary() {
   local status=$? passed=$CHECKS_PASSED failed=0 skipped=0 p f i
+  step_took
+  printf '\n== time per step\n'
+  printf '%s\n' "${STEP_TIMES[@]}"
+  printf '%6d s  total\n' "$SECONDS"
   if [ "$CURRENT_STEP" = "cargo test" ] && [ -f target/test-output.log ]; then
     while read -r p f i; do
       passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + i))

@@ -3,7 +3,8 @@
 //! Every path a source file names (`crate::a::b`, `super::b`, `self::b`, brace groups of them,
 //! `$crate::` in macros; comments and string literals left out) is resolved to the module it
 //! names, from the module the file (or its inline `mod x { .. }`) is. A reference from module
-//! `p::a::..` to `p::b::..` is an edge `a -> b` among the children of folder `p`. Every folder's
+//! `p::a::..` to `p::b::..` is an edge `a -> b` among the children of folder `p`. Test code
+//! (`#[cfg(test)] mod x { .. }`, and `tests.rs` files) may use any module and is left out. Every folder's
 //! graph must be free of cycles, and the top-level rooms must keep the order [`TOP_LEVEL`]
 //! declares: a room names only rooms after it.
 
@@ -214,8 +215,9 @@ fn path_items(rest: &str) -> Vec<Vec<String>> {
 /// Every module path `text` (the code of module `at`, inline modules included) refers to.
 fn references(text: &str, at: &ModPath) -> Vec<(ModPath, ModPath)> {
     let chars: Vec<char> = text.chars().collect();
-    // The inline modules open at each position: (name, brace depth it opened at).
-    let mut inline: Vec<(String, i32)> = Vec::new();
+    // The inline modules open at each position: (name, brace depth it opened at, whether it is
+    // `#[cfg(test)]`).
+    let mut inline: Vec<(String, i32, bool)> = Vec::new();
     let mut depth = 0;
     let mut found = Vec::new();
     let mut i = 0;
@@ -225,7 +227,7 @@ fn references(text: &str, at: &ModPath) -> Vec<(ModPath, ModPath)> {
             depth += 1;
         } else if c == '}' {
             depth -= 1;
-            if inline.last().is_some_and(|(_, d)| *d == depth) {
+            if inline.last().is_some_and(|(_, d, _)| *d == depth) {
                 inline.pop();
             }
         }
@@ -239,14 +241,17 @@ fn references(text: &str, at: &ModPath) -> Vec<(ModPath, ModPath)> {
         let here: ModPath = at
             .iter()
             .cloned()
-            .chain(inline.iter().map(|(n, _)| n.clone()))
+            .chain(inline.iter().map(|(n, _, _)| n.clone()))
             .collect();
+        let in_test = inline.iter().any(|(_, _, test)| *test);
         if word == "mod" {
             let tail = rest[3..].trim_start();
             let name = ident(tail);
             let opens = tail[name.len()..].trim_start().starts_with('{');
             if !name.is_empty() && opens {
-                inline.push((name.to_string(), depth));
+                let before: String = chars[..i].iter().collect();
+                let test_only = before.trim_end().ends_with("#[cfg(test)]");
+                inline.push((name.to_string(), depth, test_only));
             }
         }
         let base: Option<(ModPath, usize)> = if rest.starts_with("crate::") {
@@ -267,7 +272,7 @@ fn references(text: &str, at: &ModPath) -> Vec<(ModPath, ModPath)> {
             None
         };
         if let Some((base, skip)) = base {
-            for item in path_items(&rest[skip..]) {
+            for item in path_items(&rest[skip..]).into_iter().filter(|_| !in_test) {
                 let mut target = base.clone();
                 target.extend(item.into_iter().filter(|s| s != "self"));
                 found.push((here.clone(), target));
@@ -308,8 +313,12 @@ fn graphs() -> BTreeMap<ModPath, BTreeMap<String, BTreeSet<String>>> {
         })
         .collect();
     for file in sources(&src()) {
+        let module = module_of(&file);
+        if module.last().is_some_and(|m| m == "tests") {
+            continue;
+        }
         let text = code_only(&std::fs::read_to_string(&file).unwrap());
-        for (from, to) in references(&text, &module_of(&file)) {
+        for (from, to) in references(&text, &module) {
             let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
             let (Some(a), Some(b)) = (from.get(common), to.get(common)) else {
                 continue;
@@ -459,6 +468,8 @@ fn paths_resolve_from_where_they_are_written() {
          let s = \"crate::cli in a string {\";\n\
          fn f() { crate::plan::Shape::new(); }\n\
          mod tests { use super::super::estimate::X; use self::inner::Y; }\n\
+         #[cfg(test)]\n\
+         mod checks { use crate::cli::Anything; }\n\
          use super::pipeline;",
     );
     let found: Vec<(String, String)> = references(&code, &here)

@@ -104,7 +104,7 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         engine_verdict(gpus, config.gpu_engine, nvrtc_usable || cached)
     );
     let cap = config.staging_cap;
-    match crate::engine::cuda::attach::staging_bytes(8) {
+    match crate::engine::cuda::sizing::staging_bytes(8) {
         Ok(bytes) => println!(
             "  staging:   {} MiB per rank of an 8-rank communicator (STRAGGLAR_BUFFER_BYTES {} MiB); cap {} MiB per device (STRAGGLAR_STAGING_CAP), room for {}",
             bytes >> 20,

@@ -10,7 +10,7 @@ pub mod report;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::engine::cuda::attach::EngineCall;
+use crate::engine::cuda::call::EngineCall;
 use crate::engine::cuda::comm::Decline;
 use crate::nccl::types::{ncclComm_t, DataTypeCode, RedOpCode, ResultCode};
 use crate::registry::fallback::Fallback;

@@ -6,6 +6,9 @@
 
 use std::collections::HashMap;
 
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+
 /// Staging bytes in use per CUDA device ordinal, against one cap.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StagingBudget {
@@ -65,6 +68,41 @@ impl StagingBudget {
     /// Bytes in use on `device`.
     pub fn used(&self, device: i32) -> u64 {
         self.used.get(&device).copied().unwrap_or(0)
+    }
+}
+
+/// Staging in use per device, against `STRAGGLAR_STAGING_CAP`.
+static BUDGET: Lazy<Mutex<StagingBudget>> = Lazy::new(Default::default);
+
+/// Staging bytes in use on `device`.
+pub fn used(device: i32) -> u64 {
+    BUDGET.lock().used(device)
+}
+
+/// Staging bytes counted against a device's cap until dropped (with the staging it counts:
+/// an aborted communicator's once every peer released it).
+pub struct Reservation {
+    device: i32,
+    bytes: u64,
+}
+
+impl Reservation {
+    /// Reserves `bytes` on `device`, or says why not (at WARN, for each communicator refused).
+    pub fn take(device: i32, bytes: u64) -> Option<Reservation> {
+        let cap = crate::config::get().staging_cap;
+        match BUDGET.lock().reserve(device, bytes, cap) {
+            Ok(_) => Some(Reservation { device, bytes }),
+            Err(over) => {
+                log::warn!("{over}: this communicator stays on NCCL");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        BUDGET.lock().release(self.device, self.bytes);
     }
 }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::args::Operands;
-use super::driver::{self, Capture, Device, Event, IpcMapping};
+use super::driver::{self, Capture, Device, Event, PeerMapping};
 use super::rank::{CallError, Control, CudaRank, GraphCounts, Ticket, TimedRecord};
 use crate::detect::policy::Policy;
 use crate::detect::tally::RankArrivals;
@@ -98,9 +98,8 @@ pub enum Ran {
 pub struct CommParts {
     /// This rank, connected to every peer.
     pub rank: CudaRank,
-    /// Peers' staging, open for the communicator's lifetime (`None` for this rank, and for
-    /// peers addressed as plain device pointers).
-    pub mappings: Vec<Option<IpcMapping>>,
+    /// Peers' staging, open for the communicator's lifetime (`None` for this rank).
+    pub mappings: Vec<Option<PeerMapping>>,
     /// Each rank's host and GPU, for the straggler report.
     pub members: Vec<String>,
     /// Schedules already lowered (sizing the staging); the rest are lowered on first use.
@@ -113,7 +112,6 @@ pub struct CommParts {
     /// Where the designation is published for readers that must not wait for a call (the
     /// rank, or -1).
     pub designated: Arc<AtomicI64>,
-    pub trace: Option<TraceWriter>,
     /// How log lines name the communicator ("communicator 0x...").
     pub label: String,
     pub ordering: OrderingEvents,
@@ -139,7 +137,7 @@ impl OrderingEvents {
 /// One rank's engine of one communicator.
 pub struct CudaComm {
     rank: CudaRank,
-    mappings: Vec<Option<IpcMapping>>,
+    mappings: Vec<Option<PeerMapping>>,
     members: Vec<String>,
     baseline: Baseline,
     label: String,
@@ -203,7 +201,7 @@ impl CudaComm {
             plans: parts.plans,
             tracker: Tracker::new(parts.policy, ranks, RECORD_LAG).measuring(),
             designated: parts.designated,
-            trace: parts.trace,
+            trace: None,
             untraced: VecDeque::new(),
             reported_at: Instant::now(),
             record_waits: Duration::ZERO,
@@ -217,6 +215,16 @@ impl CudaComm {
             last_stream: std::ptr::null_mut(),
             captured_stream: None,
         }
+    }
+
+    /// Whether the policy prices NCCL as NVLS (the setup's records said NCCL would run it).
+    pub fn nvls_baseline(&self) -> bool {
+        self.tracker.policy().nvls_baseline()
+    }
+
+    /// Traces this rank's calls from now on into `trace` (`STRAGGLAR_TRACE_DIR`).
+    pub fn trace_into(&mut self, trace: TraceWriter) {
+        self.trace = Some(trace);
     }
 
     /// This rank's part (its staging, ring and words).

@@ -298,7 +298,7 @@ impl DeviceMemory {
         self.device.synchronize_side()
     }
 
-    /// The IPC handle another process opens with [`IpcMapping::open`].
+    /// The IPC handle another process opens with [`PeerMapping::open`].
     pub fn ipc_handle(&self) -> Result<[u8; 64], GpuError> {
         let _current = self.device.current()?;
         let mut handle = sys::CUipcMemHandle { reserved: [0; 64] };
@@ -319,15 +319,19 @@ impl Drop for DeviceMemory {
     }
 }
 
-/// A peer process's allocation opened through its IPC handle.
-pub struct IpcMapping {
+/// A peer's staging as this rank reaches it: another process's allocation opened through its
+/// IPC handle (closed on drop), or an allocation of this same process addressed as it is
+/// (ranks as threads of one process: a process cannot open its own IPC handles).
+pub struct PeerMapping {
     device: Arc<Device>,
     pub ptr: sys::CUdeviceptr,
+    /// Opened through IPC here, so closed on drop.
+    opened: bool,
 }
 
-impl IpcMapping {
+impl PeerMapping {
     /// Opens `handle` (from [`DeviceMemory::ipc_handle`] in another process) on `device`.
-    pub fn open(device: &Arc<Device>, handle: &[u8; 64]) -> Result<IpcMapping, GpuError> {
+    pub fn open(device: &Arc<Device>, handle: &[u8; 64]) -> Result<PeerMapping, GpuError> {
         let _current = device.current()?;
         let handle = sys::CUipcMemHandle {
             reserved: handle.map(|b| b as std::ffi::c_char),
@@ -341,16 +345,27 @@ impl IpcMapping {
                 sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint,
             )
         })?;
-        Ok(IpcMapping {
+        Ok(PeerMapping {
             device: device.clone(),
             ptr,
+            opened: true,
         })
+    }
+
+    /// The allocation at `ptr` of this process on `device`, reached as a peer's staging; it
+    /// must outlive the mapping's last use (dropping the mapping frees nothing).
+    pub fn same_process(device: &Arc<Device>, ptr: sys::CUdeviceptr) -> PeerMapping {
+        PeerMapping {
+            device: device.clone(),
+            ptr,
+            opened: false,
+        }
     }
 }
 
-impl IpcMapping {
+impl PeerMapping {
     /// Writes `value` to the `u32` at `offset` (4-byte aligned) in the mapped allocation, on
-    /// the device's side stream: a later [`read_u32`](IpcMapping::read_u32), on the same
+    /// the device's side stream: a later [`read_u32`](PeerMapping::read_u32), on the same
     /// stream, sees it.
     pub fn write_u32(&self, offset: u64, value: u32) -> Result<(), GpuError> {
         assert!(offset % 4 == 0, "an aligned word");
@@ -371,11 +386,14 @@ impl IpcMapping {
     }
 }
 
-impl Drop for IpcMapping {
+impl Drop for PeerMapping {
     /// Closes the mapping once the side stream's writes into it have landed (a write still
     /// queued would otherwise hit a closed mapping: an illegal address on a GPU).
     fn drop(&mut self) {
         let _ = self.device.synchronize_side();
+        if !self.opened {
+            return;
+        }
         if let Ok(_current) = self.device.current() {
             // SAFETY: opened by cuIpcOpenMemHandle in `open`, closed once here.
             let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };

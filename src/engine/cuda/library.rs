@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::attach::{attach, Attached, SetupWatch};
+use super::attach::{attach, Attached};
 use super::comm::{Decline, Ran};
 use super::rank::{status_text, CallError, Control};
+use super::watch::SetupWatch;
 use crate::gpu::launch::{STATUS_ABORTED, STATUS_OK};
 use crate::nccl::types::{ncclComm_t, ResultCode};
 
-pub use super::attach::EngineCall;
+pub use super::call::EngineCall;
 
 enum State {
     /// The first eligible call is setting it up (the entry exists so that a concurrent abort

@@ -3,12 +3,20 @@
 //! threads of one process).
 
 pub mod args;
+pub mod assemble;
 pub mod attach;
 pub mod budget;
+pub mod call;
 pub mod comm;
 pub mod driver;
+pub mod exchange;
+pub mod gpus;
+pub mod grid;
 pub mod library;
 pub mod nvls;
+pub mod peers;
 pub mod rank;
 pub mod setup;
+pub mod sizing;
 pub mod staging;
+pub mod watch;

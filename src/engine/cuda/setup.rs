@@ -515,16 +515,20 @@ mod tests {
 }
 
 /// The collective the setup runs through: the real communicator's AllGather in the library,
-/// an in-process exchange in tests. Every rank calls it the same number of times.
+/// files in a directory between the bench's worker processes, a barrier between threads. Every rank calls it the same number of times.
 pub trait Exchange {
     /// Gathers `mine` (the same length on every rank) from every rank, in rank order.
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<u8>, String>;
 }
 
-/// Opening peers' staging through CUDA IPC, and proving the mapping works.
+/// Reaching peers' staging (through CUDA IPC, or as plain pointers within one process), and
+/// proving the mapping works.
 pub trait PeerAccess {
     /// An open mapping (closed on drop).
     type Mapping;
+    /// Makes this rank's `staging` reachable by its peers, before the first all-gather; what a
+    /// peer needs beyond the record (nothing, for IPC: the record carries the handle).
+    fn share(&mut self, _staging: &super::driver::DeviceMemory) {}
     /// Opens `record`'s staging.
     fn open(&mut self, record: &SetupRecord) -> Result<Self::Mapping, String>;
     /// Writes through `mapping` and reads it back (a round trip to the peer's memory).
@@ -681,25 +685,7 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
 #[cfg(test)]
 mod protocol_tests {
     use super::*;
-    use std::sync::{Arc, Barrier, Mutex};
-
-    /// An all-gather among threads: each round, every rank deposits its bytes, waits for the
-    /// others, and takes the concatenation.
-    struct ThreadExchange {
-        rank: usize,
-        slots: Arc<Mutex<Vec<Vec<u8>>>>,
-        barrier: Arc<Barrier>,
-    }
-
-    impl Exchange for ThreadExchange {
-        fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<u8>, String> {
-            self.slots.lock().unwrap()[self.rank] = mine.to_vec();
-            self.barrier.wait();
-            let all = self.slots.lock().unwrap().concat();
-            self.barrier.wait();
-            Ok(all)
-        }
-    }
+    use crate::engine::cuda::exchange::ThreadExchange;
 
     /// Peer access that fails for the pairs listed (from rank, to rank).
     struct FakePeers {
@@ -727,12 +713,12 @@ mod protocol_tests {
         broken: Vec<(usize, usize)>,
         tweak: impl Fn(usize, &mut SetupRecord) + Sync,
     ) -> Vec<Result<Joined<usize>, SetupError>> {
-        let slots = Arc::new(Mutex::new(vec![Vec::new(); n]));
-        let barrier = Arc::new(Barrier::new(n));
         std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..n)
-                .map(|rank| {
-                    let (slots, barrier, broken) = (slots.clone(), barrier.clone(), broken.clone());
+            let handles: Vec<_> = ThreadExchange::group(n)
+                .into_iter()
+                .enumerate()
+                .map(|(rank, mut exchange)| {
+                    let broken = broken.clone();
                     let tweak = &tweak;
                     scope.spawn(move || {
                         let identity = Identity {
@@ -755,11 +741,6 @@ mod protocol_tests {
                             layout,
                         );
                         tweak(rank, &mut mine);
-                        let mut exchange = ThreadExchange {
-                            rank,
-                            slots,
-                            barrier,
-                        };
                         let mut peers = FakePeers { rank, broken };
                         run_setup(
                             &mut exchange,

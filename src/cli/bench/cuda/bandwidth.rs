@@ -3,8 +3,8 @@
 
 use super::{GpuKernels, THREADS};
 use crate::cli::bench::options::BenchOptions;
-use crate::engine::cuda::attach::blocks_for;
 use crate::engine::cuda::driver::{copy_async, DeviceMemory, Event, GpuError, Stream};
+use crate::engine::cuda::grid::blocks_for;
 use crate::gpu::kernels::{op_code, APPLY_PROBE_KERNEL};
 use crate::gpu::launch::RawApply;
 use crate::reduce::{DataType, ReduceOp};

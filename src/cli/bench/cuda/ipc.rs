@@ -1,7 +1,7 @@
-//! Ranks as processes on one GPU: each worker allocates its staging and runs the library's
-//! setup protocol (`engine::cuda::setup::run_setup`: the records all-gathered, the verdict,
-//! every peer's staging opened through CUDA IPC and probed, the second all-gather), with a
-//! rendezvous directory standing in for NCCL's AllGather (files written to a temporary name,
+//! Ranks as processes on one GPU: each worker assembles its engine as the library does
+//! (`engine::cuda::assemble`: the records all-gathered, the verdict, every peer's staging
+//! opened through CUDA IPC and probed, the second all-gather), with a rendezvous directory
+//! standing in for NCCL's AllGather (files written to a temporary name,
 //! then renamed, so readers never see half of one). Then it runs the sweep for its own rank,
 //! printing one `outcome` line per size for the parent to combine.
 
@@ -14,13 +14,10 @@ use super::local::{run_size, Choices, Local, Outcome};
 use super::{open_gpu, Setup};
 use crate::cli::args::Args;
 use crate::cli::bench::options::BenchOptions;
-use crate::engine::cuda::attach::{connect, tickets_are_atomic, IpcAccess};
-use crate::engine::cuda::comm::OrderingEvents;
-use crate::engine::cuda::driver::{IpcMapping, Stream};
-use crate::engine::cuda::rank::CudaRank;
-use crate::engine::cuda::setup::{
-    run_setup, settings_of, Devices, Exchange, Identity, SetupError, SetupRecord,
-};
+use crate::engine::cuda::assemble::assemble;
+use crate::engine::cuda::driver::Stream;
+use crate::engine::cuda::peers::IpcAccess;
+use crate::engine::cuda::setup::Exchange;
 
 /// The hidden subcommand a worker runs: `__bench-cuda-worker DIR RANK OPTIONS...`.
 pub const WORKER_COMMAND: &str = "__bench-cuda-worker";
@@ -138,16 +135,6 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
     let gpu = open_gpu()?;
     let sms = gpu.device.sm_count()? as u32;
     let setup = Setup::new(options, sms)?;
-    let mut rank_part = CudaRank::new(&gpu.device, &gpu.kernels, setup.rank_config(options, rank))?;
-    let identity = Identity::this_host(gpu.device.uuid()?);
-    let record = SetupRecord::ready(
-        rank,
-        options.ranks,
-        &identity,
-        settings_of(crate::config::get()),
-        rank_part.staging().ipc_handle()?,
-        setup.layout,
-    );
     let mut exchange = DirExchange {
         dir,
         rank,
@@ -159,30 +146,12 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
         layout: setup.layout,
         rank,
     };
-    let mut ordering = None;
-    let finish = |mappings: &[Option<IpcMapping>], records: &[SetupRecord]| {
-        ordering = (tickets_are_atomic(&gpu.device, records) && connect(&mut rank_part, mappings))
-            .then(|| OrderingEvents::new(&gpu.device).ok())
-            .flatten();
-        ordering.is_some()
-    };
-    let mappings = match run_setup(
-        &mut exchange,
-        &mut access,
-        &record,
-        Devices::MayShare,
-        finish,
-    ) {
-        Ok(joined) => joined.mappings,
-        Err(SetupError::Refused(verdict)) => {
-            return Err(format!("setup refused: {}", verdict.describe()).into())
-        }
-        Err(SetupError::Exchange(why)) => return Err(format!("setup failed: {why}").into()),
-    };
-    let ordering = ordering.ok_or("the setup's verdict was Eligible without this rank's events")?;
+    let assembly = setup.assembly(options, &gpu, rank);
+    let comm =
+        assemble(assembly, &mut exchange, &mut access, |_| {}).map_err(super::setup_failure)?;
     let mut locals = [Local {
         rank,
-        comm: setup.engine(rank_part, mappings, ordering),
+        comm,
         stream: Stream::new(&gpu.device)?,
         calls: 0,
         choices: Choices::default(),

@@ -13,30 +13,30 @@ pub mod ipc;
 mod local;
 
 use std::io::{BufRead, BufReader};
+use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
 use super::options::{BenchAlgo, BenchOptions, RanksAs};
 use super::report::{combine, RankSize, Report, Row};
-use crate::detect::pipeline::Pipeline;
 use crate::detect::policy::{AlgoMode, Policy, StragglerMode};
-use crate::engine::cuda::comm::{Baseline, CommParts, CudaComm, OrderingEvents, NVSWITCH_LINK};
-use crate::engine::cuda::driver::{Device, GpuError, IpcMapping, Kernel, Kernels, Stream};
-use crate::engine::cuda::rank::{status_text, CudaRank, RankConfig};
+use crate::engine::cuda::assemble::{assemble, Assembly};
+use crate::engine::cuda::comm::{Baseline, CudaComm, NVSWITCH_LINK};
+use crate::engine::cuda::driver::{Device, GpuError, Kernel, Kernels, Stream};
+use crate::engine::cuda::exchange::ThreadExchange;
+use crate::engine::cuda::gpus;
+use crate::engine::cuda::grid::{shared_gpu_blocks, THREADS};
+use crate::engine::cuda::peers::{SameProcessAccess, SharedStaging};
+use crate::engine::cuda::rank::status_text;
+use crate::engine::cuda::setup::{Devices, SetupError};
+use crate::engine::cuda::sizing::{layout, Sizing};
 use crate::engine::cuda::staging::StagingLayout;
 use crate::gpu::kernels::{APPLY_PROBE_KERNEL, DELAY_KERNEL};
-use crate::gpu::nvrtc;
-use crate::gpu::probe::{probe, Driver};
-use crate::plan::{Lowered, PlanCache, Shape};
+use crate::plan::PlanCache;
 use crate::reduce::{DataType, ReduceOp};
 use crate::schedule::Algorithm;
 use local::{run_size, Choices, Local, Outcome};
 
-/// Threads per block of the AllReduce kernel.
-const THREADS: u32 = 512;
-/// The most blocks one rank's grid takes.
-const MAX_BLOCKS: u32 = 32;
-
-/// The loaded kernels of one GPU.
+/// The GPU the ranks share, our kernels on it, and the bench's own kernels beside them.
 pub struct GpuKernels {
     pub device: Arc<Device>,
     /// The AllReduce and ticket kernels.
@@ -47,47 +47,21 @@ pub struct GpuKernels {
     pub arch: String,
 }
 
-/// Opens GPU 0 and loads the kernels (compiled with NVRTC, or from the cache); the reason as
-/// text when anything is missing.
+/// Opens GPU 0 and loads the kernels (compiled with NVRTC, or from the cache) as the library
+/// does; the reason as text when anything is missing.
 pub fn open_gpu() -> Result<GpuKernels, String> {
-    match probe().driver {
-        Driver::Devices(n) if n > 0 => {}
-        Driver::Devices(_) => return Err("the CUDA driver sees no GPU".into()),
-        Driver::Missing => return Err("no CUDA driver (libcuda.so) on this machine".into()),
-        Driver::Unusable(why) => return Err(why),
-    }
+    let device = gpus::device(0, |_| {})?;
+    let loaded = gpus::kernels(0, &device, |_| {})?;
     let gpu = |e: GpuError| e.to_string();
-    let device = Device::open(0).map_err(gpu)?;
-    let arch = device.arch().map_err(gpu)?;
-    let cache = nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref());
-    let (cubin, _) = nvrtc::cubin_cached(&arch, cache.as_deref()).map_err(|e| e.to_string())?;
-    let kernels = Arc::new(Kernels::load(&device, &cubin).map_err(gpu)?);
-    let probe = Kernel::load(&device, &cubin, APPLY_PROBE_KERNEL).map_err(gpu)?;
-    let delay = Kernel::load(&device, &cubin, DELAY_KERNEL).map_err(gpu)?;
+    let probe = Kernel::load(&device, &loaded.cubin, APPLY_PROBE_KERNEL).map_err(gpu)?;
+    let delay = Kernel::load(&device, &loaded.cubin, DELAY_KERNEL).map_err(gpu)?;
     Ok(GpuKernels {
+        kernels: loaded.kernels.clone(),
+        arch: loaded.arch.clone(),
         device,
-        kernels,
         delay,
         probe,
-        arch,
     })
-}
-
-/// The plan blocks of each rank when `ranks` ranks share one GPU of `sms` multiprocessors:
-/// every rank's blocks must be resident at once (they wait on each other's flags), one per
-/// multiprocessor (the AllReduce kernel's registers fill one; each rank's arrival protocol
-/// runs in a warp of its block 0), with one delay kernel (`--delay-us`) beside them. Too many
-/// ranks for the GPU is an error: a grid that cannot be resident would wait forever.
-pub fn shared_gpu_blocks(sms: u32, ranks: usize) -> Result<u32, String> {
-    let ranks = ranks.max(1) as u32;
-    let blocks = sms.saturating_sub(1) / ranks;
-    if blocks == 0 {
-        return Err(format!(
-            "{ranks} ranks sharing one GPU need {} multiprocessors (one block each, one per multiprocessor, and one for the delay kernel); this GPU has {sms}",
-            ranks + 1
-        ));
-    }
-    Ok(blocks.min(MAX_BLOCKS))
 }
 
 /// The hardware queues a device gives a process at most (`CUDA_DEVICE_MAX_CONNECTIONS`).
@@ -100,24 +74,22 @@ const MAX_CONNECTIONS: u32 = 32;
 pub const MAX_THREAD_RANKS: usize = MAX_CONNECTIONS as usize - 1;
 
 /// What every rank of a run derives alike from the options: the grid, the staging layout,
-/// the sizes, the (type, op) pairs and their plans.
+/// the sizes, the (type, op) pairs, the policy and the plans lowered while sizing.
 pub struct Setup {
     pub blocks: u32,
     pub layout: StagingLayout,
-    pub algorithm: Algorithm,
     pub sizes: Vec<u64>,
     pub combos: Vec<(DataType, ReduceOp)>,
-    straggler: usize,
     pub ranks: usize,
     /// `--algo auto`: each call's plan comes from the policy, as in a job.
     pub auto: bool,
-    /// `--pipeline`.
-    pipeline: Pipeline,
-    cache: PlanCache,
+    policy: Policy,
+    plans: PlanCache,
 }
 
 impl Setup {
-    /// Plans every size of every type once, to size the staging.
+    /// Sizes the staging for every size of every type of the run, as the library sizes a
+    /// communicator's for its buffer.
     pub fn new(options: &BenchOptions, sms: u32) -> Result<Setup, String> {
         let blocks = shared_gpu_blocks(sms, options.ranks)?;
         if options.ranks_as == RanksAs::Threads && options.ranks > MAX_THREAD_RANKS {
@@ -129,134 +101,87 @@ impl Setup {
             BenchAlgo::Ring => Algorithm::Ring,
             _ => Algorithm::Stragglar,
         };
-        let mut setup = Setup {
+        let auto = options.algo == BenchAlgo::Auto;
+        let policy = bench_policy(options, auto, algorithm);
+        let sizes = options.sizes();
+        let mut plans = PlanCache::default();
+        let sizing = Sizing {
+            max_bytes: sizes.iter().copied().max().unwrap_or(0) as usize,
+            dtypes: &options.dtypes,
+            // The baseline is our Ring (where NCCL cannot run) when the policy may pick it.
+            ring_runs_eagerly: auto || algorithm == Algorithm::Ring,
+        };
+        let layout = layout(&mut plans, &policy, blocks, sizing)?;
+        if layout.arena_bytes > options.buffer_bytes as u64 {
+            return Err(format!(
+                "the largest size needs {} B of staging per rank and parity; --buffer-bytes allows {} (lower -e)",
+                layout.arena_bytes, options.buffer_bytes
+            ));
+        }
+        Ok(Setup {
             blocks,
-            layout: StagingLayout {
-                arena_bytes: 64,
-                values: 1,
-                blocks: blocks as u64,
-                ranks: options.ranks as u64,
-            },
-            algorithm,
-            sizes: options.sizes(),
+            layout,
+            sizes,
             combos: options
                 .dtypes
                 .iter()
                 .flat_map(|&d| options.ops.iter().map(move |&o| (d, o)))
                 .collect(),
-            straggler: options.straggler,
             ranks: options.ranks,
-            auto: options.algo == BenchAlgo::Auto,
-            pipeline: options.pipeline,
-            cache: PlanCache::default(),
-        };
-        // StragglAR's needs do not depend on which rank is the straggler, but on the pipeline
-        // depth of each size (`--pipeline`, as the policy sets it); Ring's count only where
-        // the policy may pick the baseline (a graph launch runs Ring only where it fits).
-        let largest = setup.sizes.iter().copied().max().unwrap_or(0) as usize;
-        let mut needs = Vec::new();
-        for pieces in setup.policy().pieces_up_to(largest) {
-            needs.push(
-                setup
-                    .lowered_of(Algorithm::Stragglar, setup.straggler, pieces)?
-                    .need(),
-            );
-        }
-        if setup.auto || setup.algorithm == Algorithm::Ring {
-            needs.push(setup.lowered_of(Algorithm::Ring, 0, 1)?.need());
-        }
-        for dtype in options.dtypes.clone() {
-            for bytes in setup.sizes.clone() {
-                let count = bytes as usize / dtype.size();
-                for need in &needs {
-                    setup.layout.arena_bytes = setup
-                        .layout
-                        .arena_bytes
-                        .max(need.arena_bytes(count, dtype) as u64);
-                    setup.layout.values = setup.layout.values.max(need.values as u64);
-                }
-            }
-        }
-        if setup.layout.arena_bytes > options.buffer_bytes as u64 {
-            return Err(format!(
-                "the largest size needs {} B of staging per rank and parity; --buffer-bytes allows {} (lower -e)",
-                setup.layout.arena_bytes, options.buffer_bytes
-            ));
-        }
-        Ok(setup)
-    }
-
-    /// The policy every rank's engine follows: `--algo auto` is the library's (from
-    /// `STRAGGLAR_ALGO` and `STRAGGLAR_STRAGGLER`); `stragglar` runs StragglAR with
-    /// `--straggler` on every call, `ring` the baseline (Ring on our kernel). StragglAR's calls
-    /// are pipelined as `--pipeline` says, priced on the policy's link.
-    pub fn policy(&self) -> Policy {
-        let (algo, straggler) = match (self.auto, self.algorithm) {
-            (true, _) => {
-                let config = crate::config::get();
-                (config.algo, config.straggler)
-            }
-            (false, Algorithm::Ring) => (AlgoMode::Baseline, StragglerMode::Auto),
-            (false, _) => (AlgoMode::Stragglar, StragglerMode::Fixed(self.straggler)),
-        };
-        Policy::new(self.ranks, algo, straggler, NVSWITCH_LINK).with_pipeline(self.pipeline)
-    }
-
-    /// Rank `rank`'s engine, once connected (`mappings`: the peers' staging it opened, `None`
-    /// where it addresses a peer as a plain device pointer).
-    pub fn engine(
-        &self,
-        rank: CudaRank,
-        mappings: Vec<Option<IpcMapping>>,
-        ordering: OrderingEvents,
-    ) -> CudaComm {
-        let index = rank.index();
-        CudaComm::new(CommParts {
-            rank,
-            mappings,
-            members: (0..self.ranks).map(|r| format!("rank {r}")).collect(),
-            plans: self.cache.clone(),
-            policy: self.policy(),
-            max_bytes: self.sizes.iter().copied().max().unwrap_or(0) as usize,
-            baseline: Baseline::Ring,
-            designated: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
-            trace: None,
-            label: format!("bench rank {index}"),
-            ordering,
+            auto,
+            policy,
+            plans,
         })
     }
 
-    /// The schedule of `algorithm` with `straggler` and `pieces` pieces per chunk (StragglAR
-    /// only), lowered for any count.
-    fn lowered_of(
-        &mut self,
-        algorithm: Algorithm,
-        straggler: usize,
-        pieces: usize,
-    ) -> Result<Lowered, String> {
-        let shape = Shape {
-            algorithm,
-            ranks: self.ranks,
-            straggler,
-            // The lowering does not depend on the type.
-            dtype: DataType::U8,
-            pieces: 1,
-        }
-        .with_pieces(pieces);
-        Ok(self.cache.lowered(shape)?.clone())
-    }
-
-    /// How rank `rank` runs.
-    pub fn rank_config(&self, options: &BenchOptions, rank: usize) -> RankConfig {
-        RankConfig {
+    /// What rank `rank`'s engine is assembled from: the library's assembly, with ranks that may
+    /// share the GPU and our Ring as the baseline.
+    pub fn assembly<'a>(
+        &self,
+        options: &BenchOptions,
+        gpu: &'a GpuKernels,
+        rank: usize,
+    ) -> Assembly<'a> {
+        Assembly {
+            device: &gpu.device,
+            kernels: Ok(&gpu.kernels),
             rank,
-            ranks: options.ranks,
+            ranks: self.ranks,
             layout: self.layout,
-            blocks: self.blocks,
-            threads: THREADS,
+            plans: self.plans.clone(),
+            policy: self.policy.clone(),
+            max_bytes: self.sizes.iter().copied().max().unwrap_or(0) as usize,
             timeout: options.timeout_ms.map(std::time::Duration::from_millis),
             ordered_reads: !options.unordered_reads,
+            devices: Devices::MayShare,
+            baseline: Baseline::Ring,
+            label: format!("bench rank {rank}"),
+            designated: Arc::new(AtomicI64::new(-1)),
         }
+    }
+}
+
+/// The policy every rank's engine follows: `--algo auto` is the library's (from
+/// `STRAGGLAR_ALGO` and `STRAGGLAR_STRAGGLER`); `stragglar` runs StragglAR with `--straggler`
+/// on every call, `ring` the baseline (Ring on our kernel). StragglAR's calls are pipelined as
+/// `--pipeline` says, priced on the policy's link.
+fn bench_policy(options: &BenchOptions, auto: bool, algorithm: Algorithm) -> Policy {
+    let (algo, straggler) = match (auto, algorithm) {
+        (true, _) => {
+            let config = crate::config::get();
+            (config.algo, config.straggler)
+        }
+        (false, Algorithm::Ring) => (AlgoMode::Baseline, StragglerMode::Auto),
+        (false, _) => (AlgoMode::Stragglar, StragglerMode::Fixed(options.straggler)),
+    };
+    Policy::new(options.ranks, algo, straggler, NVSWITCH_LINK).with_pipeline(options.pipeline)
+}
+
+/// The setup's failure in words.
+pub fn setup_failure(error: SetupError) -> String {
+    match error {
+        SetupError::Refused(verdict) => format!("setup refused: {}", verdict.describe()),
+        SetupError::Exchange(why) => format!("setup failed: {why}"),
     }
 }
 
@@ -390,6 +315,43 @@ fn preamble(options: &BenchOptions, gpu: &GpuKernels) -> Result<(Setup, String),
     Ok((setup, machine))
 }
 
+/// Every rank's engine, each assembled on a thread of its own (the setup's all-gathers are a
+/// barrier among them), peers' staging addressed as plain device pointers.
+fn assemble_threads(
+    options: &BenchOptions,
+    gpu: &GpuKernels,
+    setup: &Setup,
+) -> Result<Vec<CudaComm>, String> {
+    let staging: SharedStaging = Arc::new(parking_lot::Mutex::new(vec![None; options.ranks]));
+    let assembled: Vec<Result<CudaComm, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ThreadExchange::group(options.ranks)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut exchange)| {
+                let staging = staging.clone();
+                scope.spawn(move || {
+                    let mut access = SameProcessAccess {
+                        device: &gpu.device,
+                        layout: setup.layout,
+                        rank,
+                        staging,
+                    };
+                    let assembly = setup.assembly(options, gpu, rank);
+                    assemble(assembly, &mut exchange, &mut access, |_| {}).map_err(setup_failure)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank's setup panicked".into()))
+            })
+            .collect()
+    });
+    assembled.into_iter().collect()
+}
+
 fn run_threads(
     options: &BenchOptions,
     gpu: &GpuKernels,
@@ -397,20 +359,12 @@ fn run_threads(
     rows: &mut Rows,
 ) -> Result<(), String> {
     let err = |e: GpuError| e.to_string();
-    let mut ranks = (0..options.ranks)
-        .map(|rank| CudaRank::new(&gpu.device, &gpu.kernels, setup.rank_config(options, rank)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(err)?;
-    let peers: Vec<_> = ranks.iter().map(CudaRank::own_peer).collect();
-    for r in &mut ranks {
-        r.connect(&peers).map_err(|e| e.to_string())?;
-    }
+    let comms = assemble_threads(options, gpu, setup)?;
     let mut locals = Vec::with_capacity(options.ranks);
-    for (rank, r) in ranks.into_iter().enumerate() {
-        let ordering = OrderingEvents::new(&gpu.device).map_err(|e| e.to_string())?;
+    for (rank, comm) in comms.into_iter().enumerate() {
         locals.push(Local {
             rank,
-            comm: setup.engine(r, (0..options.ranks).map(|_| None).collect(), ordering),
+            comm,
             stream: Stream::new(&gpu.device).map_err(err)?,
             calls: 0,
             choices: Choices::default(),
@@ -526,23 +480,7 @@ fn collect(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shared_gpu_grids_stay_resident() {
-        assert_eq!(shared_gpu_blocks(132, 8), Ok(16));
-        assert_eq!(shared_gpu_blocks(132, 2), Ok(MAX_BLOCKS));
-        assert!(shared_gpu_blocks(8, 8).is_err());
-        for sms in [58, 72, 108, 114, 132] {
-            for ranks in 1..=64 {
-                // Every rank's plan blocks (its arrival warp in block 0) and one delay kernel,
-                // one block per multiprocessor; or an error when even one block cannot fit.
-                match shared_gpu_blocks(sms, ranks) {
-                    Ok(b) => assert!(b >= 1 && ranks as u32 * b < sms, "{ranks} on {sms}"),
-                    Err(_) => assert!(ranks as u32 + 1 > sms, "{ranks} on {sms}"),
-                }
-            }
-        }
-    }
+    use crate::gpu::probe::{probe, Driver};
 
     #[test]
     fn without_a_driver_the_backend_says_why() {

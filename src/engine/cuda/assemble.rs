@@ -1,0 +1,159 @@
+//! The one assembly of a rank's GPU engine ([`CudaComm`]), for a job's communicator and for
+//! the bench's ranks alike: this rank's staging and record, the setup protocol through the
+//! caller's exchange and peer access, the checks that must pass before any kernel runs
+//! (tickets' atomics, the peer table, the ordering events), and the engine. What differs
+//! between callers comes in [`Assembly`].
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::comm::{Baseline, CommParts, CudaComm, OrderingEvents};
+use super::driver::{Device, Kernels, PeerMapping};
+use super::grid::THREADS;
+use super::nvls::nccl_would_run_nvls;
+use super::peers::{connect, tickets_are_atomic};
+use super::rank::{Control, CudaRank, RankConfig};
+use super::setup::{
+    run_setup, settings_of, Devices, Exchange, Identity, LocalFailure, PeerAccess, SetupError,
+    SetupRecord,
+};
+use super::sizing::with_setup_facts;
+use super::staging::StagingLayout;
+use crate::detect::policy::Policy;
+use crate::plan::PlanCache;
+
+/// What one rank's engine is assembled from.
+pub struct Assembly<'a> {
+    pub device: &'a Arc<Device>,
+    /// Our kernels on the device, or why this rank cannot run them: it still joins the setup,
+    /// with a failed record, so that its peers never wait for it and every rank declines alike.
+    pub kernels: Result<&'a Arc<Kernels>, LocalFailure>,
+    pub rank: usize,
+    pub ranks: usize,
+    /// The staging every rank allocates (`super::sizing::layout`) and the plans lowered while
+    /// sizing it; `layout.blocks` is the grid.
+    pub layout: StagingLayout,
+    pub plans: PlanCache,
+    pub policy: Policy,
+    /// The largest message the staging takes, in bytes.
+    pub max_bytes: usize,
+    /// Per-wait deadline of the kernels; `None` waits until aborted, as NCCL does.
+    pub timeout: Option<Duration>,
+    /// Remote reads keep their source's send order.
+    pub ordered_reads: bool,
+    /// Whether ranks may share a GPU (the bench) or need one each (a job).
+    pub devices: Devices,
+    /// What runs a call the policy keeps off StragglAR. With NCCL, the setup's records also
+    /// tell the policy whether NCCL would run NVLS.
+    pub baseline: Baseline,
+    /// How log lines name the communicator.
+    pub label: String,
+    /// Where the engine publishes its designation (the rank, or -1).
+    pub designated: Arc<AtomicI64>,
+}
+
+/// Assembles this rank's engine: `Ok` when every rank of the communicator is eligible, else
+/// the verdict (the same on every rank) or the exchange's failure. Every rank makes both of
+/// the setup's all-gathers whatever fails locally (a panic included), so no peer waits for a
+/// rank that gave up. `on_control` gets the rank's abort and status words as soon as its
+/// staging exists (an abort during the setup must reach them).
+pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
+    assembly: Assembly,
+    exchange: &mut X,
+    access: &mut A,
+    on_control: impl FnOnce(Control),
+) -> Result<CudaComm, SetupError> {
+    let config = RankConfig {
+        rank: assembly.rank,
+        ranks: assembly.ranks,
+        layout: assembly.layout,
+        blocks: assembly.layout.blocks as u32,
+        threads: THREADS,
+        timeout: assembly.timeout,
+        ordered_reads: assembly.ordered_reads,
+    };
+    let failed = |why| SetupRecord::failed(assembly.rank, assembly.ranks, why);
+    // A panic in the local steps must not make this rank skip the collectives its peers run.
+    let local = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        local_part(&assembly, config)
+    }));
+    let (mut rank, record) = local.unwrap_or_else(|_| {
+        log::warn!(
+            "{}: a panic while preparing this rank: it joins the setup as failed",
+            assembly.label
+        );
+        let why = LocalFailure::NoMemory;
+        (Err(why), failed(why))
+    });
+    if let Ok(r) = &rank {
+        on_control(r.control());
+        access.share(r.staging());
+    }
+    let device = assembly.device;
+    let mut ordering = None;
+    let finish = |mappings: &[Option<PeerMapping>], records: &[SetupRecord]| {
+        let Ok(r) = &mut rank else {
+            return false;
+        };
+        ordering = (tickets_are_atomic(device, records) && connect(r, mappings))
+            .then(|| OrderingEvents::new(device).ok())
+            .flatten();
+        ordering.is_some()
+    };
+    let joined = run_setup(exchange, access, &record, assembly.devices, finish)?;
+    // The final verdict was Eligible on every rank, so this rank's steps all succeeded.
+    let (Ok(rank), Some(ordering)) = (rank, ordering) else {
+        return Err(SetupError::Exchange(
+            "the verdict was Eligible without this rank's engine".into(),
+        ));
+    };
+    let policy = match assembly.baseline {
+        Baseline::Nccl => with_setup_facts(assembly.policy, &joined.records),
+        Baseline::Ring => assembly.policy,
+    };
+    Ok(CudaComm::new(CommParts {
+        rank,
+        members: joined.records.iter().map(SetupRecord::member).collect(),
+        mappings: joined.mappings,
+        plans: assembly.plans,
+        policy,
+        max_bytes: assembly.max_bytes,
+        baseline: assembly.baseline,
+        designated: assembly.designated,
+        label: assembly.label,
+        ordering,
+    }))
+}
+
+/// This rank's staging (if it can make it) and its record: ready, or failed with the cause.
+fn local_part(
+    assembly: &Assembly,
+    config: RankConfig,
+) -> (Result<CudaRank, LocalFailure>, SetupRecord) {
+    let (rank, ranks) = (assembly.rank, assembly.ranks);
+    let made = assembly.kernels.and_then(|kernels| {
+        CudaRank::new(assembly.device, kernels, config).map_err(|_| LocalFailure::NoMemory)
+    });
+    let record = match &made {
+        Err(why) => SetupRecord::failed(rank, ranks, *why),
+        Ok(r) => match (assembly.device.uuid(), r.staging().ipc_handle()) {
+            (Ok(uuid), Ok(handle)) => {
+                let record = SetupRecord::ready(
+                    rank,
+                    ranks,
+                    &Identity::this_host(uuid),
+                    settings_of(crate::config::get()),
+                    handle,
+                    assembly.layout,
+                );
+                match assembly.baseline {
+                    Baseline::Nccl => record.with_nvls(nccl_would_run_nvls(assembly.device)),
+                    Baseline::Ring => record,
+                }
+            }
+            _ => SetupRecord::failed(rank, ranks, LocalFailure::NoIpc),
+        },
+    };
+    (made, record)
+}
