@@ -1,7 +1,8 @@
 //! `STRAGGLAR_*` settings: read once from the environment, echoed at INFO, bad values warned
 //! about and replaced by their defaults.
 //!
-//! Every setting is listed in [`SETTINGS`], which `stragglar doctor` and the README follow.
+//! Every setting is declared once, in [`SETTINGS`]: how it is read and shown, its default and
+//! meaning, which `stragglar doctor`, `stragglar run` and the README (checked by a test) follow.
 
 use once_cell::sync::OnceCell;
 
@@ -9,92 +10,231 @@ use crate::detect::pipeline::Pipeline;
 use crate::detect::policy::{AlgoMode, StragglerMode};
 use crate::logging::{self, Level};
 
-/// Documentation of one setting: its variable, default and meaning.
-pub struct SettingDoc {
+/// One `STRAGGLAR_*` setting, declared once: its variable, its default and meaning (for
+/// `stragglar doctor`, `stragglar run` and the README), how a value is read into a [`Config`],
+/// and how the effective value shows.
+pub struct Setting {
     /// The environment variable.
     pub name: &'static str,
     /// The default, as a person would write it.
     pub default: &'static str,
     /// What it does, in one line.
     pub meaning: &'static str,
+    /// Reads a (trimmed) value into the configuration; false for a value it cannot use (the
+    /// configuration then keeps the default).
+    pub parse: fn(&mut Config, &str) -> bool,
+    /// The effective value, as `stragglar doctor` shows it.
+    pub show: fn(&Config) -> String,
 }
 
-/// Every `STRAGGLAR_*` variable the library reads.
-pub const SETTINGS: &[SettingDoc] = &[
-    SettingDoc {
+/// A non-empty text value.
+fn text(slot: &mut Option<String>, value: &str) -> bool {
+    *slot = (!value.is_empty()).then(|| value.to_string());
+    !value.is_empty()
+}
+
+/// `0` or `1`.
+fn switch(slot: &mut bool, value: &str) -> bool {
+    match value {
+        "0" | "1" => {
+            *slot = value == "1";
+            true
+        }
+        _ => false,
+    }
+}
+
+fn shown(slot: &Option<String>, unset: &str) -> String {
+    slot.clone().unwrap_or_else(|| unset.to_string())
+}
+
+/// Every `STRAGGLAR_*` variable the library reads, in the order `doctor` shows them.
+pub const SETTINGS: &[Setting] = &[
+    Setting {
         name: "STRAGGLAR_ENABLE",
         default: "1",
         meaning: "0 makes the library a pure forwarder to the real NCCL",
+        parse: |c, v| switch(&mut c.enabled, v),
+        show: |c| u8::from(c.enabled).to_string(),
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_NCCL_LIB",
         default: "(unset: search)",
         meaning: "absolute path of the real libnccl.so.2 to forward to",
+        parse: |c, v| text(&mut c.nccl_lib, v),
+        show: |c| shown(&c.nccl_lib, "(unset: search)"),
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_BUFFER_BYTES",
         default: "256M",
         meaning: "largest AllReduce StragglAR takes (K/M/G); larger ones stay on NCCL (the host engine and bench run them in segments)",
+        parse: |c, v| match parse_bytes(v) {
+            Some(bytes) if bytes >= 4096 && bytes <= usize::MAX as u64 => {
+                c.buffer_bytes = bytes as usize;
+                true
+            }
+            _ => false,
+        },
+        show: |c| c.buffer_bytes.to_string(),
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_MIN_BYTES",
         default: "64K",
         meaning: "smaller AllReduce calls stay on NCCL (provisional until measured on GPUs)",
+        parse: |c, v| match parse_bytes(v) {
+            Some(bytes) if bytes <= usize::MAX as u64 => {
+                c.min_bytes = bytes as usize;
+                true
+            }
+            _ => false,
+        },
+        show: |c| c.min_bytes.to_string(),
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_STAGING_CAP",
         default: "4G",
         meaning: "most GPU-engine staging per device, over all communicators (K/M/G); beyond it setup refuses",
+        parse: |c, v| match parse_bytes(v) {
+            Some(bytes) => {
+                c.staging_cap = bytes;
+                true
+            }
+            None => false,
+        },
+        show: |c| c.staging_cap.to_string(),
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_TIMEOUT_MS",
         default: "(unset: no deadline)",
         meaning: "give up a wait on peers after this many ms (as NCCL, none by default)",
+        parse: |c, v| match v.parse::<u64>() {
+            Ok(ms) => {
+                c.timeout_ms = (ms > 0).then_some(ms);
+                true
+            }
+            Err(_) => false,
+        },
+        show: |c| {
+            c.timeout_ms
+                .map_or_else(|| "(unset: no deadline)".into(), |ms| ms.to_string())
+        },
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_GPU_ENGINE",
         default: "0",
         meaning: "1 runs eligible AllReduce calls on the GPU engine (experimental: not yet run on several GPUs)",
+        parse: |c, v| switch(&mut c.gpu_engine, v),
+        show: |c| u8::from(c.gpu_engine).to_string(),
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_ALGO",
         default: "auto",
         meaning: "auto (StragglAR when a straggler is designated and the model says it wins), stragglar, or nccl",
+        parse: |c, v| {
+            c.algo = match v {
+                "auto" => AlgoMode::Auto,
+                "stragglar" => AlgoMode::Stragglar,
+                "nccl" => AlgoMode::Baseline,
+                _ => return false,
+            };
+            true
+        },
+        show: |c| {
+            match c.algo {
+                AlgoMode::Auto => "auto",
+                AlgoMode::Stragglar => "stragglar",
+                AlgoMode::Baseline => "nccl",
+            }
+            .to_string()
+        },
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_STRAGGLER",
         default: "auto",
         meaning: "auto (detected), off, or a rank of the communicator (fixes the summation order)",
+        parse: |c, v| {
+            c.straggler = match v {
+                "auto" => StragglerMode::Auto,
+                "off" => StragglerMode::Off,
+                rank => match rank.parse::<usize>() {
+                    Ok(r) => StragglerMode::Fixed(r),
+                    Err(_) => return false,
+                },
+            };
+            true
+        },
+        show: |c| match c.straggler {
+            StragglerMode::Auto => "auto".to_string(),
+            StragglerMode::Off => "off".to_string(),
+            StragglerMode::Fixed(r) => r.to_string(),
+        },
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_PIPELINE",
         default: "1",
         meaning: "pieces per chunk of StragglAR's calls on the GPU engine (1: the plain schedule, up to 64), or auto (per size class, the model's best, refined by measurement); the same on every rank",
+        parse: |c, v| match Pipeline::parse(v) {
+            Some(pipeline) => {
+                c.pipeline = pipeline;
+                true
+            }
+            None => false,
+        },
+        show: |c| c.pipeline.to_string(),
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_REPORT_INTERVAL",
         default: "600",
         meaning: "seconds between AllReduce reports per communicator at INFO (0: only at destroy)",
+        parse: |c, v| match v.parse::<u64>() {
+            Ok(s) => {
+                c.report_interval_s = s;
+                true
+            }
+            Err(_) => false,
+        },
+        show: |c| c.report_interval_s.to_string(),
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_TRACE_DIR",
         default: "(unset: no traces)",
         meaning: "write per-rank Chrome trace JSON (one event per AllReduce) into this directory",
+        parse: |c, v| text(&mut c.trace_dir, v),
+        show: |c| shown(&c.trace_dir, "(unset: no traces)"),
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_CACHE_DIR",
         default: "(unset: ~/.cache/stragglar)",
         meaning: "compiled kernels, keyed by source hash, GPU architecture and build, read without NVRTC",
+        parse: |c, v| text(&mut c.cache_dir, v),
+        show: |c| {
+            c.cache_dir.clone().unwrap_or_else(|| {
+                crate::gpu::nvrtc::default_cache_dir(None).map_or_else(
+                    || "(unset: no cache)".into(),
+                    |d| format!("(unset: {})", d.display()),
+                )
+            })
+        },
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_DEBUG",
         default: "WARN",
         meaning: "log level: WARN, INFO or TRACE",
+        parse: |c, v| match Level::parse(v) {
+            Some(level) => {
+                c.log_level = level;
+                true
+            }
+            None => false,
+        },
+        show: |c| c.log_level.name().to_string(),
     },
-    SettingDoc {
+    Setting {
         name: "STRAGGLAR_DEBUG_FILE",
         default: "(unset: stderr)",
         meaning: "log file; %h becomes the host name, %p the process id",
+        parse: |c, v| text(&mut c.log_file, v),
+        show: |c| shown(&c.log_file, "(unset: stderr)"),
     },
 ];
 
@@ -192,230 +332,34 @@ impl Config {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> (Config, Vec<Notice>) {
         let mut config = Config::default();
         let mut notices = Vec::new();
-        let mut read =
-            |name: &'static str, default: &'static str, accept: &mut dyn FnMut(&str) -> bool| {
-                if let Some(value) = lookup(name) {
-                    if accept(value.trim()) {
-                        notices.push(Notice::Set { name, value });
-                    } else {
-                        notices.push(Notice::Invalid {
-                            name,
-                            value,
-                            default,
-                        });
-                    }
-                }
+        for setting in SETTINGS {
+            let Some(value) = lookup(setting.name) else {
+                continue;
             };
-        read("STRAGGLAR_ENABLE", "1", &mut |v| match v {
-            "0" => {
-                config.enabled = false;
-                true
+            // A value it cannot use leaves the default in place.
+            let mut read = config.clone();
+            if (setting.parse)(&mut read, value.trim()) {
+                config = read;
+                notices.push(Notice::Set {
+                    name: setting.name,
+                    value,
+                });
+            } else {
+                notices.push(Notice::Invalid {
+                    name: setting.name,
+                    value,
+                    default: setting.default,
+                });
             }
-            "1" => true,
-            _ => false,
-        });
-        read("STRAGGLAR_NCCL_LIB", "(unset)", &mut |v| {
-            config.nccl_lib = (!v.is_empty()).then(|| v.to_string());
-            !v.is_empty()
-        });
-        read(
-            "STRAGGLAR_BUFFER_BYTES",
-            "256M",
-            &mut |v| match parse_bytes(v) {
-                Some(bytes) if bytes >= 4096 && bytes <= usize::MAX as u64 => {
-                    config.buffer_bytes = bytes as usize;
-                    true
-                }
-                _ => false,
-            },
-        );
-        read(
-            "STRAGGLAR_MIN_BYTES",
-            "64K",
-            &mut |v| match parse_bytes(v) {
-                Some(bytes) if bytes <= usize::MAX as u64 => {
-                    config.min_bytes = bytes as usize;
-                    true
-                }
-                _ => false,
-            },
-        );
-        read(
-            "STRAGGLAR_STAGING_CAP",
-            "4G",
-            &mut |v| match parse_bytes(v) {
-                Some(bytes) => {
-                    config.staging_cap = bytes;
-                    true
-                }
-                None => false,
-            },
-        );
+        }
         config.p2p_disabled =
             lookup("NCCL_P2P_DISABLE").is_some_and(|v| !matches!(v.trim(), "" | "0"));
-        read(
-            "STRAGGLAR_TIMEOUT_MS",
-            "(unset)",
-            &mut |v| match v.parse::<u64>() {
-                Ok(0) => {
-                    config.timeout_ms = None;
-                    true
-                }
-                Ok(ms) => {
-                    config.timeout_ms = Some(ms);
-                    true
-                }
-                Err(_) => false,
-            },
-        );
-        read("STRAGGLAR_GPU_ENGINE", "0", &mut |v| match v {
-            "0" => true,
-            "1" => {
-                config.gpu_engine = true;
-                true
-            }
-            _ => false,
-        });
-        read("STRAGGLAR_ALGO", "auto", &mut |v| match v {
-            "auto" => true,
-            "stragglar" => {
-                config.algo = AlgoMode::Stragglar;
-                true
-            }
-            "nccl" => {
-                config.algo = AlgoMode::Baseline;
-                true
-            }
-            _ => false,
-        });
-        read("STRAGGLAR_STRAGGLER", "auto", &mut |v| match v {
-            "auto" => true,
-            "off" => {
-                config.straggler = StragglerMode::Off;
-                true
-            }
-            rank => match rank.parse::<usize>() {
-                Ok(r) => {
-                    config.straggler = StragglerMode::Fixed(r);
-                    true
-                }
-                Err(_) => false,
-            },
-        });
-        read(
-            "STRAGGLAR_PIPELINE",
-            "1",
-            &mut |v| match Pipeline::parse(v) {
-                Some(pipeline) => {
-                    config.pipeline = pipeline;
-                    true
-                }
-                None => false,
-            },
-        );
-        read(
-            "STRAGGLAR_REPORT_INTERVAL",
-            "600",
-            &mut |v| match v.parse::<u64>() {
-                Ok(s) => {
-                    config.report_interval_s = s;
-                    true
-                }
-                Err(_) => false,
-            },
-        );
-        read("STRAGGLAR_TRACE_DIR", "(unset)", &mut |v| {
-            config.trace_dir = (!v.is_empty()).then(|| v.to_string());
-            !v.is_empty()
-        });
-        read("STRAGGLAR_CACHE_DIR", "(unset)", &mut |v| {
-            config.cache_dir = (!v.is_empty()).then(|| v.to_string());
-            !v.is_empty()
-        });
-        read("STRAGGLAR_DEBUG", "WARN", &mut |v| match Level::parse(v) {
-            Some(level) => {
-                config.log_level = level;
-                true
-            }
-            None => false,
-        });
-        read("STRAGGLAR_DEBUG_FILE", "(unset)", &mut |v| {
-            config.log_file = (!v.is_empty()).then(|| v.to_string());
-            !v.is_empty()
-        });
         (config, notices)
     }
 
     /// `(variable, effective value)` for every setting, in [`SETTINGS`] order.
     pub fn effective(&self) -> Vec<(&'static str, String)> {
-        vec![
-            (
-                "STRAGGLAR_ENABLE",
-                if self.enabled { "1" } else { "0" }.to_string(),
-            ),
-            (
-                "STRAGGLAR_NCCL_LIB",
-                self.nccl_lib
-                    .clone()
-                    .unwrap_or_else(|| "(unset: search)".into()),
-            ),
-            ("STRAGGLAR_BUFFER_BYTES", self.buffer_bytes.to_string()),
-            ("STRAGGLAR_MIN_BYTES", self.min_bytes.to_string()),
-            ("STRAGGLAR_STAGING_CAP", self.staging_cap.to_string()),
-            (
-                "STRAGGLAR_TIMEOUT_MS",
-                self.timeout_ms
-                    .map_or_else(|| "(unset: no deadline)".into(), |ms| ms.to_string()),
-            ),
-            (
-                "STRAGGLAR_GPU_ENGINE",
-                if self.gpu_engine { "1" } else { "0" }.to_string(),
-            ),
-            (
-                "STRAGGLAR_ALGO",
-                match self.algo {
-                    AlgoMode::Auto => "auto",
-                    AlgoMode::Stragglar => "stragglar",
-                    AlgoMode::Baseline => "nccl",
-                }
-                .to_string(),
-            ),
-            (
-                "STRAGGLAR_STRAGGLER",
-                match self.straggler {
-                    StragglerMode::Auto => "auto".to_string(),
-                    StragglerMode::Off => "off".to_string(),
-                    StragglerMode::Fixed(r) => r.to_string(),
-                },
-            ),
-            ("STRAGGLAR_PIPELINE", self.pipeline.to_string()),
-            (
-                "STRAGGLAR_REPORT_INTERVAL",
-                self.report_interval_s.to_string(),
-            ),
-            (
-                "STRAGGLAR_TRACE_DIR",
-                self.trace_dir
-                    .clone()
-                    .unwrap_or_else(|| "(unset: no traces)".into()),
-            ),
-            (
-                "STRAGGLAR_CACHE_DIR",
-                self.cache_dir.clone().unwrap_or_else(|| {
-                    crate::gpu::nvrtc::default_cache_dir(None).map_or_else(
-                        || "(unset: no cache)".into(),
-                        |d| format!("(unset: {})", d.display()),
-                    )
-                }),
-            ),
-            ("STRAGGLAR_DEBUG", self.log_level.name().to_string()),
-            (
-                "STRAGGLAR_DEBUG_FILE",
-                self.log_file
-                    .clone()
-                    .unwrap_or_else(|| "(unset: stderr)".into()),
-            ),
-        ]
+        SETTINGS.iter().map(|s| (s.name, (s.show)(self))).collect()
     }
 }
 
@@ -533,6 +477,53 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn every_shown_value_reads_back() {
+        let (config, notices) = parse(&[
+            ("STRAGGLAR_ENABLE", "0"),
+            ("STRAGGLAR_NCCL_LIB", "/x/libnccl.so.2"),
+            ("STRAGGLAR_BUFFER_BYTES", "64M"),
+            ("STRAGGLAR_MIN_BYTES", "1K"),
+            ("STRAGGLAR_STAGING_CAP", "1G"),
+            ("STRAGGLAR_TIMEOUT_MS", "1500"),
+            ("STRAGGLAR_GPU_ENGINE", "1"),
+            ("STRAGGLAR_ALGO", "nccl"),
+            ("STRAGGLAR_STRAGGLER", "3"),
+            ("STRAGGLAR_PIPELINE", "auto"),
+            ("STRAGGLAR_REPORT_INTERVAL", "0"),
+            ("STRAGGLAR_TRACE_DIR", "/t"),
+            ("STRAGGLAR_CACHE_DIR", "/c"),
+            ("STRAGGLAR_DEBUG", "TRACE"),
+            ("STRAGGLAR_DEBUG_FILE", "/l.%p"),
+        ]);
+        assert_eq!(
+            notices.len(),
+            SETTINGS.len(),
+            "every setting set: {notices:?}"
+        );
+        assert!(notices.iter().all(|n| matches!(n, Notice::Set { .. })));
+        for setting in SETTINGS {
+            let shown = (setting.show)(&config);
+            let mut again = Config::default();
+            assert!(
+                (setting.parse)(&mut again, &shown),
+                "{}: {shown}",
+                setting.name
+            );
+            assert_eq!((setting.show)(&again), shown, "{}", setting.name);
+            assert_ne!(
+                (setting.show)(&Config::default()),
+                shown,
+                "{}: the test sets a value other than the default",
+                setting.name
+            );
+        }
+        // A value it cannot use changes nothing.
+        let mut unchanged = config.clone();
+        assert!(!(SETTINGS[0].parse)(&mut unchanged, "maybe"));
+        assert_eq!(unchanged, config);
     }
 
     #[test]

@@ -135,7 +135,27 @@ fn the_readme_documents_every_setting_with_its_default() {
             .lines()
             .find(|l| l.starts_with(&format!("| `{}` |", setting.name)))
             .unwrap_or_else(|| panic!("README has no row for {}", setting.name));
-        assert!(row.split('|').count() >= 4, "{row}");
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        assert!(cells.len() >= 4, "{row}");
+        // The default column says what the table declares: the value, or that it is unset.
+        let default = cells[2];
+        match setting.default.strip_prefix("(unset") {
+            Some(_) => assert!(default.starts_with("unset"), "{}: {row}", setting.name),
+            None => assert!(
+                default.contains(&format!("`{}`", setting.default)),
+                "{}: the README's default is not `{}`: {row}",
+                setting.name,
+                setting.default
+            ),
+        }
+    }
+    // No row for a variable the library does not read.
+    for row in readme.lines().filter(|l| l.starts_with("| `STRAGGLAR_")) {
+        let name = row.split('`').nth(1).unwrap_or_default();
+        assert!(
+            stragglar::config::SETTINGS.iter().any(|s| s.name == name),
+            "README documents {name}, which the library does not read"
+        );
     }
 }
 
