@@ -3,6 +3,8 @@
 
 mod support;
 
+use std::path::Path;
+
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 /// Whether libnvrtc can be loaded here (scripts/test.sh puts the wheel's on the search path).
@@ -56,30 +58,12 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
     if !nvrtc_available() {
         return;
     }
-    let out = support::root().join("target").join("kernels-test");
-    let cache = support::root().join("target").join("kernels-test-cache");
-    let _ = std::fs::remove_dir_all(&out);
-    let _ = std::fs::remove_dir_all(&cache);
-    // With --cache, each CUBIN is also the kernel cache's entry: a GPU's first use skips NVRTC.
-    let run = std::process::Command::new(env!("CARGO_BIN_EXE_stragglar"))
-        .args([
-            "kernels",
-            "--arch",
-            "sm_75,sm_80,sm_90",
-            "--cache",
-            "--resources",
-            "--out",
-        ])
-        .arg(&out)
-        .env("STRAGGLAR_CACHE_DIR", &cache)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    // The one build of the run (`stragglar kernels --arch sm_75,sm_80,sm_90 --cache
+    // --resources --out`): with --cache, each CUBIN is also the kernel cache's entry, so a
+    // GPU's first use skips NVRTC.
+    let built = support::real_kernels(Path::new(env!("CARGO_BIN_EXE_stragglar")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (out, cache, stdout) = (&built.out, &built.cache, &built.report);
     for arch in ["sm_80", "sm_90"] {
         let cubin = std::fs::read(out.join(format!("stragglar_{arch}.cubin"))).unwrap();
         stragglar::gpu::cubin::check(&cubin, arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
@@ -101,8 +85,8 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
             );
         }
         assert!(stdout.contains(arch), "{stdout}");
-        the_static_targets_hold(arch, &stdout, &out.join(format!("stragglar_{arch}.cubin")));
-        let (cached, origin) = stragglar::gpu::nvrtc::cubin_cached(arch, Some(&cache)).unwrap();
+        the_static_targets_hold(arch, stdout, &out.join(format!("stragglar_{arch}.cubin")));
+        let (cached, origin) = stragglar::gpu::nvrtc::cubin_cached(arch, Some(cache)).unwrap();
         assert_eq!(origin, stragglar::gpu::nvrtc::Origin::Cache, "{arch}");
         assert_eq!(cached, cubin, "{arch}");
     }
@@ -197,26 +181,40 @@ fn the_kernel_cache_compiles_once_then_reuses_the_entry() {
     if !nvrtc_available() {
         return;
     }
-    use stragglar::gpu::nvrtc::{cubin_cached, Origin};
-    let dir = support::root().join("target").join("kernel-cache-test");
-    let _ = std::fs::remove_dir_all(&dir);
-    let (first, origin) = cubin_cached("sm_90", Some(&dir)).unwrap();
+    use stragglar::gpu::nvrtc::{Origin, Unit};
+    // A tiny unit with our two kernels' names (what a valid entry must hold): the cache's
+    // logic, not NVRTC's time on our kernels, is under test.
+    let unit = Unit::from_text(
+        "extern \"C\" __global__ void ncclStragglarAllReduce(int *x) { if (x) *x = 1; }\n\
+         extern \"C\" __global__ void ncclStragglarApplyProbe(int *x) { if (x) *x = 2; }\n",
+    );
+    let dir = support::scratch("kernel-cache-test");
+    let (first, origin) = unit.cubin_cached("sm_90", Some(&dir)).unwrap();
     assert_eq!(origin, Origin::Compiled);
-    let (second, origin) = cubin_cached("sm_90", Some(&dir)).unwrap();
+    let (second, origin) = unit.cubin_cached("sm_90", Some(&dir)).unwrap();
     assert_eq!(origin, Origin::Cache);
     assert_eq!(first, second);
+    // Its entry is its own: our kernels' is another.
+    let entry = dir.join(unit.cache_key("sm_90"));
+    assert_ne!(
+        unit.cache_key("sm_90"),
+        stragglar::gpu::nvrtc::cache_key("sm_90")
+    );
+    assert_eq!(stragglar::gpu::nvrtc::read_cached("sm_90", &dir), None);
     // The entry names the NVRTC that compiled it, and is found without NVRTC.
-    let entry = dir.join(stragglar::gpu::nvrtc::cache_key("sm_90"));
-    let (cached, built_by) = stragglar::gpu::nvrtc::read_cached("sm_90", &dir).unwrap();
+    let (cached, built_by) = unit.read_cached("sm_90", &dir).unwrap();
     assert_eq!(cached, first);
     assert_eq!(Some(built_by), stragglar::gpu::nvrtc::version());
     assert!(std::fs::read(&entry).unwrap().ends_with(&first));
     // A damaged entry is not trusted: it is recompiled and replaced.
     std::fs::write(&entry, b"garbage").unwrap();
-    let (third, origin) = cubin_cached("sm_90", Some(&dir)).unwrap();
+    let (third, origin) = unit.cubin_cached("sm_90", Some(&dir)).unwrap();
     assert_eq!(origin, Origin::Compiled);
     assert_eq!(third, first);
     assert!(std::fs::read(&entry).unwrap().ends_with(&first));
+    // An entry for another architecture is not this one's.
+    std::fs::copy(&entry, dir.join(unit.cache_key("sm_80"))).unwrap();
+    assert_eq!(unit.read_cached("sm_80", &dir), None);
 }
 
 #[test]

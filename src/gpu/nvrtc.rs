@@ -70,9 +70,53 @@ pub fn version() -> Option<(i32, i32)> {
     ok.then_some((major, minor))
 }
 
+/// What the kernel cache compiles: our kernels' translation unit, or another (the cache's own
+/// tests use a tiny one). Its entries are keyed by a hash of the text.
+pub struct Unit {
+    text: String,
+}
+
+impl Unit {
+    /// Our kernels: every source of `cuda/`, as one translation unit.
+    pub fn ours() -> Unit {
+        Unit {
+            text: translation_unit(),
+        }
+    }
+
+    /// Any CUDA C++ translation unit without includes.
+    pub fn from_text(text: impl Into<String>) -> Unit {
+        Unit { text: text.into() }
+    }
+
+    /// Compiles the unit for `arch` into one CUBIN (no cache).
+    pub fn compile(&self, arch: &str) -> Result<Vec<u8>, CompileError> {
+        compile_with(arch, &nvrtc_options(arch), &self.text).map(|(cubin, _)| cubin)
+    }
+
+    /// The cache entry's name for this unit and build on `arch` (no NVRTC needed).
+    pub fn cache_key(&self, arch: &str) -> String {
+        unit_key(&self.text, arch)
+    }
+
+    /// As [`read_cached`], for this unit.
+    pub fn read_cached(&self, arch: &str, dir: &Path) -> Option<(Vec<u8>, (i32, i32))> {
+        read_entry(&self.cache_key(arch), arch, dir)
+    }
+
+    /// As [`cubin_cached`], for this unit.
+    pub fn cubin_cached(
+        &self,
+        arch: &str,
+        cache_dir: Option<&Path>,
+    ) -> Result<(Vec<u8>, Origin), CompileError> {
+        cached_or_compiled(self, arch, cache_dir)
+    }
+}
+
 /// Compiles every kernel for `arch` into one CUBIN (no cache).
 pub fn compile(arch: &str) -> Result<Vec<u8>, CompileError> {
-    compile_with(arch, &nvrtc_options(arch), &translation_unit()).map(|(cubin, _)| cubin)
+    Unit::ours().compile(arch)
 }
 
 /// Compiles `unit` (the library's own sources, or another revision's: see
@@ -143,7 +187,11 @@ unsafe fn compile_created(
 
 /// The cache entry's name for the current sources and build on `arch` (no NVRTC needed).
 pub fn cache_key(arch: &str) -> String {
-    let text = format!("{}\0{:?}", translation_unit(), nvrtc_options(arch));
+    Unit::ours().cache_key(arch)
+}
+
+fn unit_key(unit: &str, arch: &str) -> String {
+    let text = format!("{unit}\0{:?}", nvrtc_options(arch));
     let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     });
@@ -192,7 +240,11 @@ fn parse_entry(bytes: &[u8]) -> Option<((i32, i32), &[u8])> {
 /// The cached CUBIN for `arch` in `dir` and the NVRTC that compiled it, when the entry exists
 /// and holds a valid CUBIN for `arch`.
 pub fn read_cached(arch: &str, dir: &Path) -> Option<(Vec<u8>, (i32, i32))> {
-    let bytes = std::fs::read(dir.join(cache_key(arch))).ok()?;
+    Unit::ours().read_cached(arch, dir)
+}
+
+fn read_entry(key: &str, arch: &str, dir: &Path) -> Option<(Vec<u8>, (i32, i32))> {
+    let bytes = std::fs::read(dir.join(key)).ok()?;
     let (version, cubin) = parse_entry(&bytes)?;
     super::cubin::check(cubin, arch).ok()?;
     Some((cubin.to_vec(), version))
@@ -215,10 +267,10 @@ struct CompileLock {
 impl CompileLock {
     /// Waits for the lock of `arch`'s entry in `dir`; `None` when the lock file cannot be made
     /// (a read-only cache: compiling without it only costs duplicate work).
-    fn take(arch: &str, dir: &Path) -> Option<CompileLock> {
+    fn take(key: &str, dir: &Path) -> Option<CompileLock> {
         use std::os::fd::AsRawFd;
         std::fs::create_dir_all(dir).ok()?;
-        let file = std::fs::File::create(dir.join(format!(".{}.lock", cache_key(arch)))).ok()?;
+        let file = std::fs::File::create(dir.join(format!(".{key}.lock"))).ok()?;
         // SAFETY: `file` is an open descriptor for the call's duration; flock only locks it.
         let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0;
         locked.then_some(CompileLock { _file: file })
@@ -239,15 +291,24 @@ pub fn cubin_cached(
     arch: &str,
     cache_dir: Option<&Path>,
 ) -> Result<(Vec<u8>, Origin), CompileError> {
+    Unit::ours().cubin_cached(arch, cache_dir)
+}
+
+fn cached_or_compiled(
+    unit: &Unit,
+    arch: &str,
+    cache_dir: Option<&Path>,
+) -> Result<(Vec<u8>, Origin), CompileError> {
+    let key = unit.cache_key(arch);
     let driver = super::probe::driver_cuda_version();
     // An entry the driver can load, or the version of the NVRTC that made one it cannot.
     let loadable = |dir: &Path| {
-        read_cached(arch, dir).map(
-            |(cubin, built_by)| match newer_than_driver(built_by, driver) {
+        read_entry(&key, arch, dir).map(|(cubin, built_by)| {
+            match newer_than_driver(built_by, driver) {
                 false => Ok(cubin),
                 true => Err(built_by),
-            },
-        )
+            }
+        })
     };
     let first = cache_dir.and_then(|dir| loadable(dir).map(|entry| (dir, entry)));
     match first {
@@ -256,7 +317,7 @@ pub fn cubin_cached(
             let d = driver.unwrap_or_default();
             log::warn!(
                 "kernel cache entry {} was compiled by NVRTC {}.{}, newer than the driver's CUDA {}.{}: not used",
-                dir.join(cache_key(arch)).display(),
+                dir.join(&key).display(),
                 n.0,
                 n.1,
                 d.0,
@@ -274,7 +335,7 @@ pub fn cubin_cached(
         log::warn!("{error}");
         return Err(error);
     }
-    let _lock = cache_dir.and_then(|dir| CompileLock::take(arch, dir));
+    let _lock = cache_dir.and_then(|dir| CompileLock::take(&key, dir));
     // Another process may have stored the entry while this one waited for the lock (one that
     // was there already was refused above, and is not looked at again).
     if let (Some(dir), None) = (cache_dir, &first) {
@@ -282,9 +343,9 @@ pub fn cubin_cached(
             return Ok((cubin, Origin::Cache));
         }
     }
-    let cubin = compile(arch)?;
+    let cubin = unit.compile(arch)?;
     if let Some(dir) = cache_dir {
-        store_cached(arch, dir, &cubin);
+        store_entry(&key, dir, &cubin);
     }
     Ok((cubin, Origin::Compiled))
 }
@@ -293,14 +354,17 @@ pub fn cubin_cached(
 /// entry in `dir` (atomically: written aside, then renamed). A cache that cannot be written
 /// only costs a recompilation next time: it is logged at INFO, not an error.
 pub fn store_cached(arch: &str, dir: &Path, cubin: &[u8]) {
+    store_entry(&cache_key(arch), dir, cubin)
+}
+
+fn store_entry(key: &str, dir: &Path, cubin: &[u8]) {
     let Some(version) = version() else {
         return;
     };
-    let key = cache_key(arch);
     let temporary = dir.join(format!(".{}.{key}", std::process::id()));
     let stored = std::fs::create_dir_all(dir)
         .and_then(|()| std::fs::write(&temporary, entry_bytes(version, cubin)))
-        .and_then(|()| std::fs::rename(&temporary, dir.join(&key)));
+        .and_then(|()| std::fs::rename(&temporary, dir.join(key)));
     if let Err(e) = stored {
         let _ = std::fs::remove_file(&temporary);
         log::info!("kernel cache {} not written: {e}", dir.display());

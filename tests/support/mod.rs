@@ -126,3 +126,77 @@ pub fn fuzz_setup(name: &str, without_nccl: bool, dead: usize) -> PathBuf {
     );
     log
 }
+
+/// Our real kernels, compiled once per revision of their sources for every test binary that
+/// needs them (NVRTC takes most of a minute per architecture): `stragglar kernels --arch A
+/// --cache --resources --out` for each architecture side by side, under a lock, kept in `target/test-kernels`
+/// while the cache keys (a hash of the sources and options) and the CLI are the same.
+pub struct RealKernels {
+    /// `stragglar_{arch}.cubin` for each architecture.
+    pub out: PathBuf,
+    /// A kernel cache holding each architecture's entry.
+    pub cache: PathBuf,
+    /// What the command printed (each CUBIN's line, and ptxas's resources with `--resources`).
+    pub report: String,
+}
+
+/// The architectures [`real_kernels`] builds.
+pub const KERNEL_ARCHS: [&str; 3] = ["sm_75", "sm_80", "sm_90"];
+
+/// Builds (or finds built) our kernels with the CLI `cli`; `Err` with the command's output
+/// when it fails.
+pub fn real_kernels(cli: &Path) -> Result<RealKernels, String> {
+    use std::os::fd::AsRawFd;
+    let dir = root().join("target").join("test-kernels");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let lock = std::fs::File::create(dir.join(".lock")).map_err(|e| e.to_string())?;
+    // SAFETY: `lock` is an open descriptor for the call's duration; flock only locks it (the
+    // lock goes with the descriptor, when this function returns).
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err("cannot lock target/test-kernels".into());
+    }
+    let binary = std::fs::metadata(cli).map_err(|e| e.to_string())?;
+    let stamp = format!(
+        "{:?} {:?} {}\n",
+        KERNEL_ARCHS.map(stragglar::gpu::nvrtc::cache_key),
+        binary.modified().ok(),
+        binary.len()
+    );
+    let built = RealKernels {
+        out: dir.join("out"),
+        cache: dir.join("cache"),
+        report: std::fs::read_to_string(dir.join("report.txt")).unwrap_or_default(),
+    };
+    if std::fs::read_to_string(dir.join("stamp")).ok().as_deref() == Some(&stamp) {
+        return Ok(built);
+    }
+    for stale in [&built.out, &built.cache] {
+        let _ = std::fs::remove_dir_all(stale);
+    }
+    let _ = std::fs::remove_file(dir.join("stamp"));
+    // One process per architecture, side by side (NVRTC compiles on one thread).
+    let runs: Vec<_> = KERNEL_ARCHS
+        .iter()
+        .map(|arch| {
+            Command::new(cli)
+                .args(["kernels", "--arch", arch, "--cache", "--resources", "--out"])
+                .arg(&built.out)
+                .env("STRAGGLAR_CACHE_DIR", &built.cache)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let mut report = String::new();
+    for run in runs {
+        let run = run.wait_with_output().map_err(|e| e.to_string())?;
+        if !run.status.success() {
+            return Err(describe(&run));
+        }
+        report.push_str(&String::from_utf8_lossy(&run.stdout));
+    }
+    std::fs::write(dir.join("report.txt"), &report).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("stamp"), stamp).map_err(|e| e.to_string())?;
+    Ok(RealKernels { report, ..built })
+}
