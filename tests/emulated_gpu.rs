@@ -175,7 +175,7 @@ fn pipelined_stragglar_runs_on_the_engine_eager_in_graphs_and_behind_ncclallredu
         assert_clean_bench(&out);
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
-            text.contains(&format!("threads per rank, pipeline {pieces}\n")),
+            text.contains(&format!(" algo stragglar pipeline {pieces} straggler ")),
             "{text}"
         );
         if !extra.contains(&"--graph") {
@@ -212,7 +212,14 @@ fn bench_ranks_as_threads_run_ring_on_the_engine_eager_and_in_graphs() {
         let out = bench(extra, &[]);
         assert_clean_bench(&out);
         let text = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(text.matches(" ring |").count(), 3, "{text}");
+        assert!(text.contains(" algo ring pipeline "), "{text}");
+        // Three sizes, no call on StragglAR (the last column, its share).
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains(" float "))
+            .collect();
+        assert_eq!(rows.len(), 3, "{text}");
+        assert!(rows.iter().all(|r| r.ends_with(" 0")), "{text}");
     }
 }
 
