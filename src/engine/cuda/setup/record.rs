@@ -1,11 +1,7 @@
-//! The once-per-communicator setup of the GPU engine, as data: what each rank contributes to
-//! the all-gather through the real communicator, and the verdict every rank computes from the
-//! gathered array. The verdict depends only on that array, which is identical on every rank,
-//! so all ranks agree on whether StragglAR may run, without any further exchange.
-//!
-//! Two all-gathers: first the records (host identity, device, configuration, the staging's IPC
-//! handle and layout); then, after every rank opened its peers' handles and tried a round trip
-//! through each mapping, one word per rank saying whether that worked.
+//! The setup as data: what each rank contributes to the first all-gather (its record: host
+//! identity, device, configuration, the staging's IPC handle and layout), and the verdict every
+//! rank computes from the gathered records. The verdict depends only on them, which are
+//! identical on every rank, so all ranks agree on whether StragglAR may run.
 
 use crate::engine::cuda::staging::StagingLayout;
 
@@ -350,6 +346,76 @@ pub fn peer_verdict(peer_access: &[u32]) -> Verdict {
     }
 }
 
+/// The bytes of a record, as gathered.
+pub(super) fn record_bytes(record: &SetupRecord) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SETUP_RECORD_BYTES);
+    for w in [
+        record.magic,
+        record.version,
+        record.rank,
+        record.ranks,
+        record.failure,
+        record.nvls,
+    ] {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    out.extend_from_slice(&record.host);
+    out.extend_from_slice(&record.boot_id);
+    out.extend_from_slice(&record.device_uuid);
+    for w in record.settings {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    out.extend_from_slice(&record.staging_handle);
+    for w in record.layout {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    out.extend_from_slice(&record.build.to_le_bytes());
+    out.resize(SETUP_RECORD_BYTES, 0);
+    out
+}
+
+/// A record from its gathered bytes (`record_bytes`' inverse; the padding is ignored).
+pub(super) fn record_from(bytes: &[u8]) -> SetupRecord {
+    let mut at = 0;
+    let mut take = |n: usize| {
+        let s = &bytes[at..at + n];
+        at += n;
+        s
+    };
+    let mut u32s = [0u32; 6];
+    for w in &mut u32s {
+        *w = u32::from_le_bytes(take(4).try_into().expect("4 bytes"));
+    }
+    let host = take(64).try_into().expect("64 bytes");
+    let boot_id = take(40).try_into().expect("40 bytes");
+    let device_uuid = take(16).try_into().expect("16 bytes");
+    let mut settings = [0u64; 8];
+    for w in &mut settings {
+        *w = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
+    }
+    let staging_handle = take(64).try_into().expect("64 bytes");
+    let mut layout = [0u64; 3];
+    for w in &mut layout {
+        *w = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
+    }
+    let build = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
+    SetupRecord {
+        magic: u32s[0],
+        version: u32s[1],
+        rank: u32s[2],
+        ranks: u32s[3],
+        failure: u32s[4],
+        nvls: u32s[5],
+        host,
+        boot_id,
+        device_uuid,
+        settings,
+        staging_handle,
+        layout,
+        build,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,360 +577,5 @@ mod tests {
         assert_eq!(field::<4>("ab"), [b'a', b'b', 0, 0]);
         assert_ne!(setting_hash("256M"), setting_hash("128M"));
         assert_eq!(std::mem::size_of::<SetupRecord>(), 304);
-    }
-}
-
-/// The collective the setup runs through: the real communicator's AllGather in the library,
-/// files in a directory between the bench's worker processes, a barrier between threads. Every rank calls it the same number of times.
-pub trait Exchange {
-    /// Gathers `mine` (the same length on every rank) from every rank, in rank order.
-    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<u8>, String>;
-}
-
-/// Reaching peers' staging (through CUDA IPC, or as plain pointers within one process), and
-/// proving the mapping works.
-pub trait PeerAccess {
-    /// An open mapping (closed on drop).
-    type Mapping;
-    /// Makes this rank's `staging` reachable by its peers, before the first all-gather; what a
-    /// peer needs beyond the record (nothing, for IPC: the record carries the handle).
-    fn share(&mut self, _staging: &super::driver::DeviceMemory) {}
-    /// Opens `record`'s staging.
-    fn open(&mut self, record: &SetupRecord) -> Result<Self::Mapping, String>;
-    /// Writes through `mapping` and reads it back (a round trip to the peer's memory).
-    fn probe(&mut self, mapping: &Self::Mapping) -> bool;
-}
-
-/// The bytes of a record, as gathered.
-fn record_bytes(record: &SetupRecord) -> Vec<u8> {
-    let mut out = Vec::with_capacity(SETUP_RECORD_BYTES);
-    for w in [
-        record.magic,
-        record.version,
-        record.rank,
-        record.ranks,
-        record.failure,
-        record.nvls,
-    ] {
-        out.extend_from_slice(&w.to_le_bytes());
-    }
-    out.extend_from_slice(&record.host);
-    out.extend_from_slice(&record.boot_id);
-    out.extend_from_slice(&record.device_uuid);
-    for w in record.settings {
-        out.extend_from_slice(&w.to_le_bytes());
-    }
-    out.extend_from_slice(&record.staging_handle);
-    for w in record.layout {
-        out.extend_from_slice(&w.to_le_bytes());
-    }
-    out.extend_from_slice(&record.build.to_le_bytes());
-    out.resize(SETUP_RECORD_BYTES, 0);
-    out
-}
-
-/// A record from its gathered bytes (`record_bytes`' inverse; the padding is ignored).
-fn record_from(bytes: &[u8]) -> SetupRecord {
-    let mut at = 0;
-    let mut take = |n: usize| {
-        let s = &bytes[at..at + n];
-        at += n;
-        s
-    };
-    let mut u32s = [0u32; 6];
-    for w in &mut u32s {
-        *w = u32::from_le_bytes(take(4).try_into().expect("4 bytes"));
-    }
-    let host = take(64).try_into().expect("64 bytes");
-    let boot_id = take(40).try_into().expect("40 bytes");
-    let device_uuid = take(16).try_into().expect("16 bytes");
-    let mut settings = [0u64; 8];
-    for w in &mut settings {
-        *w = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
-    }
-    let staging_handle = take(64).try_into().expect("64 bytes");
-    let mut layout = [0u64; 3];
-    for w in &mut layout {
-        *w = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
-    }
-    let build = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
-    SetupRecord {
-        magic: u32s[0],
-        version: u32s[1],
-        rank: u32s[2],
-        ranks: u32s[3],
-        failure: u32s[4],
-        nvls: u32s[5],
-        host,
-        boot_id,
-        device_uuid,
-        settings,
-        staging_handle,
-        layout,
-        build,
-    }
-}
-
-/// Why a setup did not produce a working engine: the same verdict on every rank, or an
-/// exchange that failed (NCCL's own error; the communicator is then unusable anyway).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SetupError {
-    Refused(Verdict),
-    Exchange(String),
-}
-
-/// A communicator this rank joined: its peers' open mappings (`mappings[r]`, `None` for this
-/// rank) and every rank's setup record.
-#[derive(Debug)]
-pub struct Joined<M> {
-    pub mappings: Vec<Option<M>>,
-    pub records: Vec<SetupRecord>,
-}
-
-/// Runs the setup protocol for this rank: all-gathers the records, computes the verdict,
-/// opens every peer's staging and probes it, runs `finish` on the mappings and the gathered
-/// records (the local steps that must succeed before the engine can run: connecting the peer
-/// table, checking atomics on rank 0's GPU, ...), all-gathers
-/// whether all that worked, and computes the final verdict. Every rank makes the same
-/// collective calls whatever happens locally, so a local failure never leaves a peer waiting.
-pub fn run_setup<E: Exchange, P: PeerAccess>(
-    exchange: &mut E,
-    peers: &mut P,
-    mine: &SetupRecord,
-    devices: Devices,
-    finish: impl FnOnce(&[Option<P::Mapping>], &[SetupRecord]) -> bool,
-) -> Result<Joined<P::Mapping>, SetupError> {
-    let size = SETUP_RECORD_BYTES;
-    let gathered = exchange
-        .all_gather(&record_bytes(mine))
-        .map_err(SetupError::Exchange)?;
-    if gathered.len() % size != 0 || gathered.is_empty() {
-        return Err(SetupError::Exchange(format!(
-            "the all-gather returned {} bytes",
-            gathered.len()
-        )));
-    }
-    let records: Vec<SetupRecord> = gathered.chunks(size).map(record_from).collect();
-    let first = verdict(&records, devices);
-    if first != Verdict::Eligible {
-        return Err(SetupError::Refused(first));
-    }
-    let me = mine.rank as usize;
-    let mut mappings: Vec<Option<P::Mapping>> = Vec::with_capacity(records.len());
-    let mut ok = true;
-    for (rank, record) in records.iter().enumerate() {
-        if rank == me || !ok {
-            mappings.push(None);
-            continue;
-        }
-        match peers.open(record) {
-            Ok(m) => {
-                ok = peers.probe(&m);
-                mappings.push(Some(m));
-            }
-            Err(_) => {
-                ok = false;
-                mappings.push(None);
-            }
-        }
-    }
-    let ok = ok && finish(&mappings, &records);
-    let flags = exchange
-        .all_gather(&(ok as u32).to_le_bytes())
-        .map_err(SetupError::Exchange)?;
-    let flags: Vec<u32> = flags
-        .chunks(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap_or([0; 4])))
-        .collect();
-    match peer_verdict(&flags) {
-        Verdict::Eligible => Ok(Joined { mappings, records }),
-        refused => Err(SetupError::Refused(refused)),
-    }
-}
-
-#[cfg(test)]
-mod protocol_tests {
-    use super::*;
-    use crate::engine::cuda::exchange::ThreadExchange;
-
-    /// Peer access that fails for the pairs listed (from rank, to rank).
-    struct FakePeers {
-        rank: usize,
-        broken: Vec<(usize, usize)>,
-    }
-
-    impl PeerAccess for FakePeers {
-        type Mapping = usize;
-        fn open(&mut self, record: &SetupRecord) -> Result<usize, String> {
-            let to = record.rank as usize;
-            if self.broken.contains(&(self.rank, to)) {
-                Err("cuIpcOpenMemHandle failed".into())
-            } else {
-                Ok(to)
-            }
-        }
-        fn probe(&mut self, _: &usize) -> bool {
-            true
-        }
-    }
-
-    fn run(
-        n: usize,
-        broken: Vec<(usize, usize)>,
-        tweak: impl Fn(usize, &mut SetupRecord) + Sync,
-    ) -> Vec<Result<Joined<usize>, SetupError>> {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = ThreadExchange::group(n)
-                .into_iter()
-                .enumerate()
-                .map(|(rank, mut exchange)| {
-                    let broken = broken.clone();
-                    let tweak = &tweak;
-                    scope.spawn(move || {
-                        let identity = Identity {
-                            host: "node".into(),
-                            boot_id: "boot".into(),
-                            device_uuid: [rank as u8 + 1; 16],
-                        };
-                        let layout = StagingLayout {
-                            arena_bytes: 4096,
-                            values: 8,
-                            blocks: 4,
-                            ranks: n as u64,
-                        };
-                        let mut mine = SetupRecord::ready(
-                            rank,
-                            n,
-                            &identity,
-                            [7; 8],
-                            [rank as u8; 64],
-                            layout,
-                        );
-                        tweak(rank, &mut mine);
-                        let mut peers = FakePeers { rank, broken };
-                        run_setup(
-                            &mut exchange,
-                            &mut peers,
-                            &mine,
-                            Devices::OnePerRank,
-                            |_, _| true,
-                        )
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    }
-
-    #[test]
-    fn every_rank_maps_every_peer_when_all_is_well() {
-        for (rank, result) in run(5, vec![], |_, _| {}).into_iter().enumerate() {
-            let mappings = result.unwrap().mappings;
-            assert_eq!(mappings.len(), 5);
-            for (peer, m) in mappings.iter().enumerate() {
-                assert_eq!(*m, (peer != rank).then_some(peer));
-            }
-        }
-    }
-
-    #[test]
-    fn a_local_failure_refuses_the_communicator_on_every_rank_alike() {
-        let results = run(4, vec![], |rank, r| {
-            if rank == 2 {
-                *r = SetupRecord::failed(2, 4, LocalFailure::NoKernels);
-            }
-        });
-        for result in results {
-            assert_eq!(
-                result.unwrap_err(),
-                SetupError::Refused(Verdict::RankFailed {
-                    rank: 2,
-                    failure: 2
-                })
-            );
-        }
-    }
-
-    #[test]
-    fn one_unreachable_peer_refuses_it_everywhere_without_a_hang() {
-        let results = run(4, vec![(3, 1)], |_, _| {});
-        for result in results {
-            assert_eq!(
-                result.unwrap_err(),
-                SetupError::Refused(Verdict::PeerAccessFailed { rank: 3 })
-            );
-        }
-    }
-
-    #[test]
-    fn records_survive_the_byte_round_trip() {
-        let identity = Identity {
-            host: "h".into(),
-            boot_id: "b".into(),
-            device_uuid: [9; 16],
-        };
-        let layout = StagingLayout {
-            arena_bytes: 1,
-            values: 2,
-            blocks: 3,
-            ranks: 2,
-        };
-        let r = SetupRecord::ready(1, 2, &identity, [1, 2, 3, 4, 5, 6, 7, 8], [8; 64], layout);
-        let bytes = record_bytes(&r);
-        assert_eq!(bytes.len(), SETUP_RECORD_BYTES);
-        assert!(std::mem::size_of::<SetupRecord>() <= SETUP_RECORD_BYTES);
-        assert_eq!(record_from(&bytes), r);
-    }
-}
-
-#[cfg(test)]
-mod finish_tests {
-    use super::*;
-
-    struct Solo;
-
-    impl Exchange for Solo {
-        fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<u8>, String> {
-            Ok(mine.to_vec())
-        }
-    }
-
-    impl PeerAccess for Solo {
-        type Mapping = ();
-        fn open(&mut self, _: &SetupRecord) -> Result<(), String> {
-            Ok(())
-        }
-        fn probe(&mut self, _: &()) -> bool {
-            true
-        }
-    }
-
-    #[test]
-    fn a_failed_local_step_is_gathered_not_skipped() {
-        let identity = Identity {
-            host: "h".into(),
-            boot_id: "b".into(),
-            device_uuid: [1; 16],
-        };
-        let layout = StagingLayout {
-            arena_bytes: 64,
-            values: 1,
-            blocks: 1,
-            ranks: 1,
-        };
-        let mine = SetupRecord::ready(0, 1, &identity, [0; 8], [0; 64], layout);
-        assert!(
-            run_setup(&mut Solo, &mut Solo, &mine, Devices::OnePerRank, |_, _| {
-                true
-            })
-            .is_ok()
-        );
-        assert_eq!(
-            run_setup(&mut Solo, &mut Solo, &mine, Devices::OnePerRank, |_, _| {
-                false
-            })
-            .unwrap_err(),
-            SetupError::Refused(Verdict::PeerAccessFailed { rank: 0 })
-        );
     }
 }

@@ -1,0 +1,11 @@
+//! The once-per-communicator setup of the GPU engine: each rank's record and the verdict
+//! computed from all of them (`record`), and the protocol that gathers them and checks every
+//! peer's staging (`protocol`).
+
+pub mod protocol;
+pub mod record;
+
+pub use protocol::{run_setup, Exchange, Joined, PeerAccess, SetupError};
+pub use record::{
+    build_id, settings_of, Devices, Identity, LocalFailure, SetupRecord, Verdict, AGREED_SETTINGS,
+};
