@@ -1,0 +1,192 @@
+//! A rank's graph launches: the plans a replay chooses among, uploaded once with their tables,
+//! the launch whose replays choose on the GPU, and what they chose.
+
+use super::{CallError, CudaRank};
+use crate::engine::cuda::args::Operands;
+use crate::engine::cuda::driver::DeviceMemory;
+use crate::gpu::choice::{RawGraphState, RawRule};
+use crate::plan::{ArenaNeed, Lowered};
+use crate::reduce::DataType;
+
+/// The plans graph launches choose among, for every size, in one allocation: the blobs, then
+/// two tables of `u64[ranks + 1]` blob addresses, StragglAR with straggler `s` at `s` and the
+/// baseline last: Ring in one, StragglAR with the last rank as the straggler in the other (for
+/// sizes where Ring does not fit the staging).
+pub(super) struct ChoiceTables {
+    /// Keeps the blobs and tables alive.
+    _memory: DeviceMemory,
+    /// Device addresses of the two tables.
+    ring_last: u64,
+    straggler_last: u64,
+    /// What each StragglAR plan and Ring need of the staging.
+    stragglar: Vec<ArenaNeed>,
+    ring: ArenaNeed,
+}
+
+/// What a rank's graph launches chose, counted on its GPU (the same on every rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GraphCounts {
+    /// Graph calls on StragglAR and on the Ring baseline.
+    pub stragglar: u64,
+    pub baseline: u64,
+    /// The straggler of the latest graph call, `None` when it ran Ring (or none ran).
+    pub last_straggler: Option<usize>,
+}
+
+impl CudaRank {
+    /// Whether graph launches can be captured: the plans they choose among are uploaded.
+    pub fn has_choices(&self) -> bool {
+        !self.choices.is_empty()
+    }
+
+    /// Uploads every plan a graph launch whose StragglAR plans cut chunks into `pieces` may
+    /// pick, for every size, and their tables: `plans[s]` is StragglAR with straggler `s`,
+    /// `plans[ranks]` Ring. One allocation and one copy for the whole set; once per rank and
+    /// `pieces` (later calls do nothing). Not during graph capture.
+    pub fn prepare_choices(&mut self, plans: &[&Lowered], pieces: usize) -> Result<(), CallError> {
+        if self.choices.iter().any(|(k, _)| *k == pieces) {
+            return Ok(());
+        }
+        let ranks = self.config.ranks;
+        let in_order = plans.len() == ranks + 1
+            && plans.iter().enumerate().all(|(choice, p)| {
+                p.ranks() == ranks && (choice == ranks || p.straggler() == Some(choice))
+            });
+        if !in_order {
+            return Err(CallError::Unfit(format!(
+                "a graph launch chooses among {} plans: StragglAR with each straggler, then Ring",
+                ranks + 1
+            )));
+        }
+        // Every blob at a 256-byte boundary, then the two tables of their addresses.
+        let blobs: Vec<Vec<u8>> = plans
+            .iter()
+            .map(|p| p.blob(self.config.rank).bytes)
+            .collect();
+        let mut offsets = Vec::with_capacity(blobs.len());
+        let mut end = 0usize;
+        for blob in &blobs {
+            offsets.push(end);
+            end = (end + blob.len()).div_ceil(256) * 256;
+        }
+        let ring_last = end;
+        let straggler_last = ring_last + 8 * (ranks + 1);
+        let mut bytes = vec![0u8; straggler_last + 8 * (ranks + 1)];
+        let memory = DeviceMemory::for_upload(&self.device, bytes.len())?;
+        let address = |choice: usize| memory.ptr + offsets[choice] as u64;
+        for (choice, (blob, &at)) in blobs.iter().zip(&offsets).enumerate() {
+            bytes[at..at + blob.len()].copy_from_slice(blob);
+            let entry = ring_last + 8 * choice;
+            bytes[entry..entry + 8].copy_from_slice(&address(choice).to_le_bytes());
+            let baseline = if choice == ranks { ranks - 1 } else { choice };
+            let entry = straggler_last + 8 * choice;
+            bytes[entry..entry + 8].copy_from_slice(&address(baseline).to_le_bytes());
+        }
+        memory.upload(&bytes)?;
+        // Eager calls of these plans use the same blobs (no second upload).
+        for (choice, plan) in plans.iter().enumerate() {
+            self.plans.entry(plan.id()).or_insert(address(choice));
+        }
+        let stragglar = plans[..ranks].iter().map(|p| p.need()).collect();
+        self.choices.push((
+            pieces,
+            ChoiceTables {
+                ring_last: memory.ptr + ring_last as u64,
+                straggler_last: memory.ptr + straggler_last as u64,
+                _memory: memory,
+                stragglar,
+                ring: plans[ranks].need(),
+            },
+        ));
+        Ok(())
+    }
+
+    /// `Ok` when every StragglAR plan with `pieces` pieces per chunk a graph launch may pick is
+    /// uploaded and fits the staging at `count` elements of `dtype` (the same answer on every
+    /// rank: the staging layout is agreed).
+    pub fn choices_fit(
+        &self,
+        count: usize,
+        dtype: DataType,
+        pieces: usize,
+    ) -> Result<(), CallError> {
+        self.fitting_choices(count, dtype, pieces).map(|_| ())
+    }
+
+    /// The uploaded choices of `pieces`, when every StragglAR plan fits at `count` elements of
+    /// `dtype`.
+    fn fitting_choices(
+        &self,
+        count: usize,
+        dtype: DataType,
+        pieces: usize,
+    ) -> Result<&ChoiceTables, CallError> {
+        let Some((_, choices)) = self.choices.iter().find(|(k, _)| *k == pieces) else {
+            return Err(CallError::Unfit(format!(
+                "the plans with {pieces} pieces per chunk must be prepared before graph capture (no allocation while capturing)"
+            )));
+        };
+        for &need in &choices.stragglar {
+            self.fits(need, count, dtype)?;
+        }
+        Ok(choices)
+    }
+
+    /// Queues one AllReduce captured into a graph: each replay numbers itself, records its
+    /// arrival on the graph board, feeds the device detector of its size class and runs the
+    /// plan `rule` picks from the records (see `crate::gpu::choice`), with no host involved:
+    /// StragglAR with `pieces` pieces per chunk, or the baseline. `prepare_choices` must have
+    /// uploaded the plans of `pieces`. The baseline is Ring where it fits the
+    /// staging at this size, StragglAR with the last rank as the straggler above (the staging
+    /// is sized for StragglAR: Ring's single-assignment arena is 2.6 times the message at 8
+    /// ranks, StragglAR's 1.7). A call without elements queues nothing (on every rank alike).
+    ///
+    /// # Safety
+    /// As [`CudaRank::all_reduce`]: the operands hold `count` elements of this device for
+    /// every replay; `stream` is a live stream of this device.
+    pub unsafe fn all_reduce_graph(
+        &mut self,
+        operands: Operands,
+        stream: cudarc::driver::sys::CUstream,
+        rule: RawRule,
+        pieces: usize,
+    ) -> Result<(), CallError> {
+        self.fail_fast()?;
+        let (count, dtype) = (operands.count, operands.dtype);
+        let choices = self.fitting_choices(count, dtype, pieces)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let table = if self.fits(choices.ring, count, dtype).is_ok() {
+            choices.ring_last
+        } else {
+            choices.straggler_last
+        };
+        let args = self.site()?.graph(table, self.graph_board, rule, &operands);
+        // SAFETY: every address in `args` is live device memory of this rank (staging with its
+        // graph state, plan table and blobs, peer table, host words, rank 0's mapped graph
+        // board) or the caller's buffers, which the caller vouches for.
+        unsafe {
+            self.kernels
+                .all_reduce
+                .launch(stream, self.config.blocks, self.config.threads, &args)
+        }?;
+        Ok(())
+    }
+
+    /// What this rank's graph launches chose so far, as its GPU counted them; `None` when the
+    /// device cannot be read. Synchronous: read once the replays are done (or at destroy).
+    pub fn graph_counts(&self) -> Option<GraphCounts> {
+        let base = self.config.layout.graph();
+        let word = |offset: usize| self.staging.read_u32(base + offset as u64).map(u64::from);
+        let counter = |offset: usize| Some(word(offset).ok()? | word(offset + 4).ok()? << 32);
+        let last = word(std::mem::offset_of!(RawGraphState, last_choice)).ok()?;
+        Some(GraphCounts {
+            stragglar: counter(std::mem::offset_of!(RawGraphState, on_stragglar))?,
+            baseline: counter(std::mem::offset_of!(RawGraphState, on_baseline))?,
+            last_straggler: (1..=self.config.ranks as u64)
+                .contains(&last)
+                .then(|| last as usize - 1),
+        })
+    }
+}

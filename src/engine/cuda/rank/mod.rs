@@ -1,0 +1,324 @@
+//! One rank of a GPU-engine communicator: its staging allocation, its host-mapped abort and
+//! status words (`control`), the table of every rank's memory as this rank addresses it, the
+//! plan blobs it has uploaded (one per schedule, for every message size) and the launch of one
+//! eager AllReduce. Its arrival records and tickets are in `records`, its graph launches in
+//! `graph`, why a call fails in `errors`.
+
+mod control;
+mod errors;
+mod graph;
+mod records;
+
+pub use control::Control;
+pub use errors::{status_text, CallError};
+pub use graph::GraphCounts;
+pub use records::{Ticket, TimedRecord};
+
+use control::{ABORT_WORD, STATUS_WORD};
+use graph::ChoiceTables;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::args::{LaunchSite, Operands};
+use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
+use super::staging::StagingLayout;
+use crate::gpu::arrival::{RawRingEntry, RING_ENTRIES};
+use crate::gpu::launch::{RawPeer, MAX_THREADS, STATUS_ABORTED, STATUS_OK, WARP_THREADS};
+use crate::plan::{ArenaNeed, Lowered};
+use crate::reduce::DataType;
+
+/// Ordered sends of one rank in a call must stay below this: a turn is 32 bits in the plan blob
+/// and in the kernel's turn words (`RawStep::turn`, whose `NO_TURN` is `u32::MAX`; `sg_served`
+/// in cuda/stragglar_allreduce.cu).
+const MAX_SENDS: usize = u32::MAX as usize;
+
+/// How one rank runs. Everything but `rank` is identical on every rank of a communicator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankConfig {
+    pub rank: usize,
+    pub ranks: usize,
+    pub layout: StagingLayout,
+    /// The fixed grid of the communicator.
+    pub blocks: u32,
+    pub threads: u32,
+    /// Per-wait deadline (`STRAGGLAR_TIMEOUT_MS`); `None` waits until aborted, as NCCL does.
+    pub timeout: Option<Duration>,
+    /// Remote reads keep their source's send order (`RawLaunch::ordered_reads`); the library
+    /// always does, `stragglar bench --unordered-reads` does not, to compare.
+    pub ordered_reads: bool,
+}
+
+/// One rank of a GPU-engine communicator.
+pub struct CudaRank {
+    device: Arc<Device>,
+    kernels: Arc<Kernels>,
+    config: RankConfig,
+    staging: DeviceMemory,
+    words: Arc<HostWords>,
+    /// `RawPeer[ranks]` in device memory, once connected.
+    peer_table: Option<DeviceMemory>,
+    /// Rank 0's arrival board as this rank addresses it, once connected.
+    board: u64,
+    /// `RawRingEntry[RING_ENTRIES]`, host-mapped: the records this rank's launches copy.
+    ring: HostWords,
+    /// Ticketed calls launched so far (the next one's number).
+    arrivals: u64,
+    /// Uploaded plan blobs: their device addresses by `Lowered::id`, in `blobs` or in the
+    /// choice tables' allocation (both live as long as this rank). A blob serves every count.
+    plans: HashMap<u64, u64>,
+    blobs: Vec<DeviceMemory>,
+    /// Rank 0's graph board as this rank addresses it, once connected.
+    graph_board: u64,
+    /// The plans graph launches choose among, by pieces per chunk of their StragglAR plans,
+    /// once uploaded.
+    choices: Vec<(usize, ChoiceTables)>,
+}
+
+impl CudaRank {
+    /// Allocates and zeroes this rank's staging (synchronously: it is ready to be shared when
+    /// this returns) and its host-mapped words.
+    pub fn new(
+        device: &Arc<Device>,
+        kernels: &Arc<Kernels>,
+        config: RankConfig,
+    ) -> Result<CudaRank, GpuError> {
+        assert!(
+            (2 * WARP_THREADS..=MAX_THREADS).contains(&config.threads)
+                && config.threads % WARP_THREADS == 0
+                && config.blocks >= 1,
+            "the kernel is built for whole warps, 2..={} of them per block (one for arrivals)",
+            MAX_THREADS / WARP_THREADS
+        );
+        let staging = DeviceMemory::zeroed(device, config.layout.allocation_bytes() as usize)?;
+        let words = Arc::new(HostWords::new(device, 2)?);
+        let ring_words = RING_ENTRIES as usize * std::mem::size_of::<RawRingEntry>() / 4;
+        let ring = HostWords::new(device, ring_words)?;
+        Ok(CudaRank {
+            device: device.clone(),
+            kernels: kernels.clone(),
+            config,
+            staging,
+            words,
+            peer_table: None,
+            board: 0,
+            ring,
+            arrivals: 0,
+            plans: HashMap::new(),
+            blobs: Vec::new(),
+            graph_board: 0,
+            choices: Vec::new(),
+        })
+    }
+
+    /// This rank's memory as a peer in the same process addresses it.
+    pub fn own_peer(&self) -> RawPeer {
+        self.config.layout.peer(self.staging.ptr)
+    }
+
+    /// The staging allocation, for IPC export.
+    pub fn staging(&self) -> &DeviceMemory {
+        &self.staging
+    }
+
+    /// The staging layout.
+    pub fn layout(&self) -> StagingLayout {
+        self.config.layout
+    }
+
+    /// The GPU this rank runs on.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// This rank's index in the communicator.
+    pub fn index(&self) -> usize {
+        self.config.rank
+    }
+
+    /// Whether `plan`'s blob is uploaded already (a call of it, of any size, allocates nothing).
+    fn has_plan(&self, plan: &Lowered) -> bool {
+        self.plans.contains_key(&plan.id())
+    }
+
+    /// Uploads every rank's memory as this rank addresses it (`peers[rank]` is its own). The
+    /// peers' memory must stay mapped while this rank is connected: until it is dropped.
+    pub fn connect(&mut self, peers: &[RawPeer]) -> Result<(), CallError> {
+        if peers.len() != self.config.ranks || peers[self.config.rank] != self.own_peer() {
+            return Err(CallError::Unfit(
+                "the peer table does not match the communicator".into(),
+            ));
+        }
+        let table = DeviceMemory::for_upload(&self.device, std::mem::size_of_val(peers))?;
+        table.upload(peers)?;
+        self.peer_table = Some(table);
+        let layout = self.config.layout;
+        self.board = layout.base_of(&peers[0]) + layout.board();
+        self.graph_board = layout.base_of(&peers[0]) + layout.graph_board();
+        Ok(())
+    }
+
+    /// Uploads `plan`'s blob for this rank unless it is there already: once per schedule, for
+    /// every count. Not during graph capture.
+    fn prepare(&mut self, plan: &Lowered) -> Result<(), CallError> {
+        self.check_ranks(plan)?;
+        if !self.has_plan(plan) {
+            let blob = plan.blob(self.config.rank).bytes;
+            let memory = DeviceMemory::for_upload(&self.device, blob.len())?;
+            memory.upload(&blob)?;
+            self.plans.insert(plan.id(), memory.ptr);
+            self.blobs.push(memory);
+        }
+        Ok(())
+    }
+
+    fn check_ranks(&self, plan: &Lowered) -> Result<(), CallError> {
+        if plan.ranks() != self.config.ranks {
+            return Err(CallError::Unfit(format!(
+                "a plan for {} ranks",
+                plan.ranks()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `Ok` when a plan needing `need` fits this rank's staging for `count` elements of
+    /// `dtype`.
+    pub fn fits(&self, need: ArenaNeed, count: usize, dtype: DataType) -> Result<(), CallError> {
+        let layout = self.config.layout;
+        if need.sends >= MAX_SENDS {
+            return Err(CallError::Unfit(format!(
+                "the plan has {} sends on one rank; the kernel counts fewer than {MAX_SENDS}",
+                need.sends
+            )));
+        }
+        let arena = need.arena_bytes(count, dtype);
+        if arena as u64 > layout.arena_bytes || need.values as u64 > layout.values {
+            return Err(CallError::Unfit(format!(
+                "the plan needs {arena} B of arena and {} flags; staging has {} B and {}",
+                need.values, layout.arena_bytes, layout.values
+            )));
+        }
+        Ok(())
+    }
+
+    /// The status a kernel of this rank left (0 while all is well).
+    pub fn status(&self) -> u32 {
+        self.control().status()
+    }
+
+    /// `Err` once a kernel of this rank gave up: later launches fail fast.
+    fn fail_fast(&self) -> Result<(), CallError> {
+        match self.status() {
+            STATUS_OK => Ok(()),
+            status => Err(CallError::Failed(status)),
+        }
+    }
+
+    /// Raises the abort word: every running and later kernel of this rank gives up (and then
+    /// marks this rank failed where its peers look). Never waits for the GPU.
+    pub fn abort(&self) {
+        self.control().abort()
+    }
+
+    /// The abort and status words, usable without holding this rank (a watchdog aborting a
+    /// communicator must not wait for the lock a stuck call holds).
+    pub fn control(&self) -> Control {
+        Control(self.words.clone())
+    }
+
+    /// Gives this rank up: its abort word ends its own kernels, and its failure word releases
+    /// every peer waiting on it. Never synchronises (a stream may be capturing).
+    pub fn give_up(&self) {
+        self.abort();
+        self.mark_failed();
+    }
+
+    /// Marks this rank failed in its staging, where every peer's waits on it look, for a
+    /// failure on the host side (no kernel of this rank ran to report it). Best effort; queued
+    /// on the device's side stream, so it is allowed while the caller's stream captures.
+    fn mark_failed(&self) {
+        let _ = self
+            .staging
+            .post_u32(self.config.layout.failed(), STATUS_ABORTED);
+    }
+
+    /// Queues one AllReduce of `plan` on `stream`: the operands' `input` and `output` hold
+    /// `count` elements (the same address for in place). A call with zero elements launches nothing
+    /// and does not advance the epoch (with `ticket`, it launches the ticket kernel instead,
+    /// bound by this rank's deadline).
+    /// With `ticket`, the launch also records its arrival (never while `stream` captures).
+    /// Fails fast once a kernel of this rank gave up.
+    ///
+    /// # Safety
+    /// `input` and `output` must be device memory of this device holding `count` elements
+    /// until the kernel finishes; `stream` must be a live stream of this device.
+    pub unsafe fn all_reduce(
+        &mut self,
+        plan: &Lowered,
+        operands: Operands,
+        stream: cudarc::driver::sys::CUstream,
+        ticket: bool,
+    ) -> Result<(), CallError> {
+        self.fail_fast()?;
+        self.check_ranks(plan)?;
+        self.fits(plan.need(), operands.count, operands.dtype)?;
+        if operands.count == 0 {
+            // Our own call (not NCCL's): its ticket keeps this rank's deadline.
+            if ticket {
+                // SAFETY: as the caller vouches.
+                let ticket = unsafe { self.ticket_within(stream, self.timeout_ns()) }?;
+                // SAFETY: as above; nothing else runs for this call.
+                unsafe { self.ticket_end(ticket, stream) }?;
+            }
+            return Ok(());
+        }
+        // SAFETY: the caller vouches that `stream` is a live stream of this device.
+        if !self.has_plan(plan) && unsafe { super::driver::is_capturing(&self.device, stream) }? {
+            return Err(CallError::Unfit(
+                "the plan must be prepared before graph capture (no allocation while capturing)"
+                    .into(),
+            ));
+        }
+        self.prepare(plan)?;
+        let args = self
+            .site()?
+            .eager(self.plans[&plan.id()], self.arrival(ticket), &operands);
+        // The arrival protocol, if this call records its arrival, runs in block 0's last warp.
+        let grid = self.config.blocks;
+        // SAFETY: every address in `args` is live device memory of this rank (staging, plan,
+        // peer table, host words, rank 0's mapped board) or the caller's buffers, which the
+        // caller vouches for.
+        unsafe {
+            self.kernels
+                .all_reduce
+                .launch(stream, grid, self.config.threads, &args)
+        }?;
+        if ticket {
+            self.arrivals += 1;
+        }
+        Ok(())
+    }
+
+    /// Where this rank's launches point, once it is connected to its peers.
+    fn site(&self) -> Result<LaunchSite, CallError> {
+        let peers = self
+            .peer_table
+            .as_ref()
+            .ok_or_else(|| CallError::Unfit("not connected to the peers".into()))?;
+        Ok(LaunchSite {
+            staging: self.staging.ptr,
+            layout: self.config.layout,
+            peer_table: peers.ptr,
+            abort: self.words.device_address(ABORT_WORD),
+            status: self.words.device_address(STATUS_WORD),
+            rank: self.config.rank as u32,
+            ranks: self.config.ranks as u32,
+            blocks: self.config.blocks,
+            threads: self.config.threads,
+            timeout_ns: self.timeout_ns(),
+            ordered_reads: self.config.ordered_reads,
+        })
+    }
+}
