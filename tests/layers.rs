@@ -421,6 +421,11 @@ fn the_top_level_rooms_only_point_down() {
     let declared: BTreeSet<&str> = TOP_LEVEL.iter().copied().collect();
     let actual: BTreeSet<&str> = top.keys().map(String::as_str).collect();
     assert_eq!(declared, actual, "TOP_LEVEL lists every room of src/");
+    // The exports reach the GPU engine through one door, `intercept::engine`.
+    assert!(
+        !top["abi"].contains("engine"),
+        "abi names the engine: go through intercept::engine"
+    );
     let against = upward(top, TOP_LEVEL);
     assert!(
         against.is_empty(),

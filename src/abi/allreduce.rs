@@ -4,11 +4,10 @@ use std::os::raw::c_void;
 use std::sync::atomic::AtomicBool;
 
 use super::guard::{check_live, guard};
-use crate::engine::cuda::library::Served;
 use crate::forward;
+use crate::intercept::engine::{self, Served};
 use crate::intercept::{
-    count_fallback, count_stragglar, engine_call, facts_of, limits, route_all_reduce,
-    AllReduceCall, Route,
+    count_fallback, count_stragglar, facts_of, limits, route_all_reduce, AllReduceCall, Route,
 };
 use crate::nccl::types::*;
 use crate::registry::fallback::Fallback;
@@ -46,9 +45,7 @@ pub extern "C" fn ncclAllReduce(
         };
         let mut route = route_all_reduce(&call, &facts_of(&call), &limits());
         if route == Route::Engine {
-            match engine_call(&call, stream)
-                .and_then(|c| crate::engine::cuda::library::all_reduce(&c).map_err(Fallback::from))
-            {
+            match engine::all_reduce(&call, stream) {
                 Ok(Served::Stragglar(code)) => {
                     // A call that failed on the engine ran nowhere: it is not counted.
                     if code == ResultCode::SUCCESS {
@@ -71,7 +68,7 @@ pub extern "C" fn ncclAllReduce(
                 ));
                 if cause == Fallback::NonblockingComm && crate::config::get().gpu_engine {
                     let state = crate::nccl::nonblocking::async_state(comm);
-                    crate::engine::cuda::library::nccl_state_seen(comm, state);
+                    engine::nccl_state_seen(comm, state);
                 }
                 code
             }

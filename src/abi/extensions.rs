@@ -160,7 +160,7 @@ pub extern "C" fn stragglarGetStats(comm: ncclComm_t, stats: *mut stragglarStats
             onStragglar: s.on_stragglar,
             onNccl: s.on_nccl(),
             fallbacks: s.fallbacks,
-            designatedStraggler: crate::engine::cuda::library::designated(comm)
+            designatedStraggler: crate::intercept::engine::designated(comm)
                 .map_or(-1, |r| r as c_int),
             reserved: 0,
         };
@@ -212,7 +212,7 @@ pub extern "C" fn stragglarGetArrivals(
         if let Err(code) = check_live(comm, &LIVE_WARNED, "stragglarGetArrivals") {
             return code;
         }
-        use crate::engine::cuda::library::{arrivals as arrivals_of, NoArrivals};
+        use crate::intercept::engine::{arrivals as arrivals_of, NoArrivals};
         let nranks = crate::registry::comms().get(comm).and_then(|i| i.nranks);
         let Some(rank) = usize::try_from(rank)
             .ok()
@@ -301,7 +301,7 @@ pub extern "C" fn stragglarGetSizeClass(
             );
             return ResultCode::INVALID_ARGUMENT;
         };
-        use crate::engine::cuda::library::{class_times, NoArrivals};
+        use crate::intercept::engine::{class_times, NoArrivals};
         let times = match class_times(comm, class) {
             Ok(times) => times.unwrap_or_default(),
             Err(NoArrivals::Busy) => return ResultCode::IN_PROGRESS,

@@ -77,7 +77,7 @@ fn record(
     // A new communicator (perhaps at a reused address) starts its counters and its engine
     // state from zero.
     registry::stats().remove(comm);
-    crate::engine::cuda::library::forget(comm, false);
+    crate::intercept::engine::forget(comm, false);
     registry::comms().insert(comm, info);
 }
 
@@ -386,7 +386,7 @@ fn end_comm(
     if !tracking() {
         return real();
     }
-    crate::engine::cuda::library::forget(comm, ending.abort_engine);
+    crate::intercept::engine::forget(comm, ending.abort_engine);
     let rc = calling_real(real);
     if ending.always || made(rc) {
         retire(comm, ending.state);

@@ -4,7 +4,7 @@
 //! preloaded (libnccl calls about twenty of its exported names through the PLT), so they keep
 //! no state and have no side effects beyond the NULL-output check. The one exception,
 //! `ncclCommGetAsyncError`, also tells the GPU engine what the application read (see
-//! `engine::cuda::library::nccl_state_seen`), and only for the application's own calls.
+//! `intercept::engine::nccl_state_seen`), and only for the application's own calls.
 
 #![allow(non_snake_case)]
 
@@ -71,11 +71,11 @@ pub extern "C" fn ncclCommGetAsyncError(
             && !crate::nccl::reentry::inside_real_nccl()
         {
             // SAFETY: the forward above checked `asyncError` non-NULL and NCCL wrote it.
-            crate::engine::cuda::library::nccl_state_seen(comm, unsafe { *asyncError });
+            crate::intercept::engine::nccl_state_seen(comm, unsafe { *asyncError });
         }
         // A kernel of the GPU engine that gave up makes the communicator's state an error too.
         if rc == ResultCode::SUCCESS && crate::config::get().gpu_engine {
-            if let Some(code) = crate::engine::cuda::library::async_error(comm) {
+            if let Some(code) = crate::intercept::engine::async_error(comm) {
                 // SAFETY: the forward above checked `asyncError` non-NULL and NCCL wrote it.
                 unsafe { *asyncError = code };
             }

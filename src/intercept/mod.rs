@@ -6,6 +6,7 @@
 //! NCCL, or declines it for a cause of its own (`gpu-unavailable`, `setup-refused`, ...).
 
 pub mod eligibility;
+pub mod engine;
 pub mod report;
 
 use std::sync::atomic::{AtomicBool, Ordering};
