@@ -154,7 +154,7 @@ pub extern "C" fn stragglarGetStats(comm: ncclComm_t, stats: *mut stragglarStats
         if let Err(code) = check_live(comm, &LIVE_WARNED, "stragglarGetStats") {
             return code;
         }
-        let s = crate::registry::stats().get(comm).unwrap_or_default();
+        let s = crate::registry::comms().stats(comm).unwrap_or_default();
         let value = stragglarStats_t {
             allReduceCalls: s.calls,
             onStragglar: s.on_stragglar,

@@ -74,9 +74,8 @@ fn record(
         info.cuda_device,
         if blocking { "blocking" } else { "nonblocking" }
     );
-    // A new communicator (perhaps at a reused address) starts its counters and its engine
-    // state from zero.
-    registry::stats().remove(comm);
+    // A new communicator (perhaps at a reused address) gets a new record: its counters, ops
+    // and engine state start from nothing (an old engine at the address is ended first).
     crate::intercept::engine::forget(comm, false);
     registry::comms().insert(comm, info);
 }
@@ -87,8 +86,7 @@ fn retire(comm: ncclComm_t, state: CommState) {
         log::info!("communicator {comm:p} is now {state:?}");
     }
     if state == CommState::Destroyed {
-        registry::redops().remove_comm(comm);
-        if let Some(stats) = registry::stats().remove(comm) {
+        if let Some(stats) = registry::comms().retire(comm) {
             crate::intercept::report::log_at_destroy(comm, &stats);
         }
     }

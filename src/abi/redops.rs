@@ -76,7 +76,7 @@ pub extern "C" fn ncclRedOpCreatePreMulSum(
             // wrote the new op through the non-NULL `op`.
             let (captured, created) = unsafe { (capture_scalar(scalar, datatype, residence), *op) };
             if let Some(scalar) = captured {
-                registry::redops().insert(comm, created, PreMulSum { datatype, scalar });
+                registry::comms().insert_redop(comm, created, PreMulSum { datatype, scalar });
             }
         }
         rc
@@ -101,7 +101,7 @@ pub extern "C" fn ncclRedOpDestroy(op: RedOpCode, comm: ncclComm_t) -> ResultCod
         }
         let rc: ResultCode = calling_real(|| forward!(ncclRedOpDestroy(op, comm)));
         if rc.is_success() {
-            registry::redops().remove(comm, op);
+            registry::comms().remove_redop(comm, op);
         }
         rc
     })

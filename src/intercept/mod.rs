@@ -105,7 +105,7 @@ pub fn facts_of(call: &AllReduceCall) -> CallFacts {
     }
     // Only a dynamic op (a PreMulSum) needs the op table's lock.
     let premul = (call.op.0 > 4)
-        .then(|| crate::registry::redops().get(call.comm, call.op))
+        .then(|| crate::registry::comms().redop(call.comm, call.op))
         .flatten();
     CallFacts {
         count: call.count,
@@ -155,7 +155,10 @@ pub fn route_all_reduce(call: &AllReduceCall, facts: &CallFacts, limits: &Limits
 
 /// Counts a call StragglAR ran on its communicator.
 pub fn count_stragglar(comm: ncclComm_t) {
-    crate::registry::stats().of(comm).ran_stragglar();
+    crate::registry::comms()
+        .record_or_new(comm)
+        .stats
+        .ran_stragglar();
 }
 
 /// The cause a call the GPU engine declined is counted as.
@@ -190,7 +193,7 @@ pub fn engine_call(
         2 => (ReduceOp::Max, None),
         3 => (ReduceOp::Min, None),
         4 => (ReduceOp::Avg, None),
-        _ => match crate::registry::redops().get(call.comm, call.op) {
+        _ => match crate::registry::comms().redop(call.comm, call.op) {
             Some(crate::registry::PreMulSum {
                 scalar: crate::registry::Scalar::Host { bytes, .. },
                 ..
@@ -220,7 +223,8 @@ pub fn engine_call(
 /// Counts a forwarded call on its communicator and logs the cause at INFO the first time it
 /// keeps that communicator's calls on NCCL.
 pub fn count_fallback(comm: ncclComm_t, cause: Fallback) {
-    let stats = crate::registry::stats().of(comm);
+    let record = crate::registry::comms().record_or_new(comm);
+    let stats = &record.stats;
     if stats.fell_back(cause) {
         log::info!(
             "ncclAllReduce on communicator {comm:p} goes to NCCL: {} (logged once per communicator and cause)",

@@ -1,13 +1,17 @@
-//! The side table of communicators, keyed by the real `ncclComm_t` (returned to the caller
-//! unchanged).
+//! One record per communicator, keyed by the real `ncclComm_t` (returned to the caller
+//! unchanged): its facts, counters, PreMulSum ops and the GPU engine's slot, made at init and
+//! retired at destroy or abort as one.
 
+use std::any::Any;
 use std::collections::HashMap;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
-use crate::nccl::types::ncclComm_t;
+use super::redops::PreMulSum;
+use super::stats::{CommStats, StatsSnapshot};
+use crate::nccl::types::{ncclComm_t, RedOpCode};
 
 /// Which call made a communicator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,12 +57,38 @@ pub struct CommInfo {
     pub single_process: bool,
 }
 
-/// Communicators by handle. Entries of destroyed communicators stay (state `Destroyed`) until
+/// The GPU engine's state of a communicator, opaque here (the engine keeps its own type in it).
+pub type EngineSlot = Arc<dyn Any + Send + Sync>;
+
+/// Everything kept about one communicator: its facts, its AllReduce counters, its PreMulSum
+/// ops and the GPU engine's slot. Made when an init, split, shrink or grow returns it (or, for
+/// a handle we did not see made, at its first counted call or created op), retired at destroy
+/// or abort, replaced whole when a new communicator takes its address.
+#[derive(Default)]
+pub struct CommRecord {
+    /// What we know of it; `None` for a handle we did not see made.
+    info: RwLock<Option<CommInfo>>,
+    /// Its AllReduce counters.
+    pub stats: CommStats,
+    /// PreMulSum ops created on it, by op value.
+    redops: Mutex<HashMap<i32, PreMulSum>>,
+    /// The GPU engine's state, if the engine ever took a call of it.
+    pub engine: Mutex<Option<EngineSlot>>,
+}
+
+impl CommRecord {
+    /// The op `op`, if it was created on this communicator through us and not destroyed.
+    pub fn redop(&self, op: RedOpCode) -> Option<PreMulSum> {
+        self.redops.lock().get(&op.0).copied()
+    }
+}
+
+/// Communicators by handle. Records of destroyed communicators stay (state `Destroyed`) until
 /// the allocator hands the same address to a new communicator.
 #[derive(Default)]
 pub struct CommTable {
-    entries: RwLock<HashMap<usize, CommInfo>>,
-    /// Entries in state `Destroyed`: while 0, [`CommTable::is_destroyed`] is one atomic load.
+    entries: RwLock<HashMap<usize, Arc<CommRecord>>>,
+    /// Records in state `Destroyed`: while 0, [`CommTable::is_destroyed`] is one atomic load.
     destroyed: AtomicUsize,
 }
 
@@ -67,11 +97,30 @@ fn key(comm: ncclComm_t) -> usize {
 }
 
 impl CommTable {
-    /// Records a communicator that an init, split, shrink or grow call returned.
+    /// Records a communicator that an init, split, shrink or grow call returned: a fresh
+    /// record (counters at zero, no ops, no engine) in place of any older one at its address.
     pub fn insert(&self, comm: ncclComm_t, info: CommInfo) {
         let state = info.state;
-        let previous = self.entries.write().insert(key(comm), info);
-        self.count_transition(previous.map(|p| p.state), state);
+        let record = CommRecord {
+            info: RwLock::new(Some(info)),
+            ..CommRecord::default()
+        };
+        let previous = self.entries.write().insert(key(comm), Arc::new(record));
+        let before = previous.and_then(|p| p.info.read().as_ref().map(|i| i.state));
+        self.count_transition(before, state);
+    }
+
+    /// `comm`'s record, if it has one.
+    pub fn record(&self, comm: ncclComm_t) -> Option<Arc<CommRecord>> {
+        self.entries.read().get(&key(comm)).cloned()
+    }
+
+    /// `comm`'s record, made (without facts) for a handle we did not see made.
+    pub fn record_or_new(&self, comm: ncclComm_t) -> Arc<CommRecord> {
+        if let Some(record) = self.record(comm) {
+            return record;
+        }
+        self.entries.write().entry(key(comm)).or_default().clone()
     }
 
     /// Whether `comm` is a handle whose Destroy or Abort has returned (and that no new
@@ -80,9 +129,7 @@ impl CommTable {
         if self.destroyed.load(Ordering::Acquire) == 0 {
             return false;
         }
-        self.entries
-            .read()
-            .get(&key(comm))
+        self.get(comm)
             .is_some_and(|info| info.state == CommState::Destroyed)
     }
 
@@ -98,27 +145,65 @@ impl CommTable {
 
     /// What we know about `comm`, if we saw it made.
     pub fn get(&self, comm: ncclComm_t) -> Option<CommInfo> {
-        self.entries.read().get(&key(comm)).cloned()
+        self.record(comm)?.info.read().clone()
     }
 
     /// Changes what is known of `comm` with `update` (not its state); returns the result, or
-    /// `None` for an unknown handle.
+    /// `None` for a handle we did not see made.
     pub fn update(&self, comm: ncclComm_t, update: impl FnOnce(&mut CommInfo)) -> Option<CommInfo> {
-        let mut entries = self.entries.write();
-        let info = entries.get_mut(&key(comm))?;
+        let record = self.record(comm)?;
+        let mut guard = record.info.write();
+        let info = guard.as_mut()?;
         let state = info.state;
         update(info);
         info.state = state;
         Some(info.clone())
     }
 
-    /// Moves `comm` to `state`. Returns the previous state, or `None` for an unknown handle.
+    /// Moves `comm` to `state`. Returns the previous state, or `None` for a handle we did not
+    /// see made.
     pub fn set_state(&self, comm: ncclComm_t, state: CommState) -> Option<CommState> {
-        let mut entries = self.entries.write();
-        let info = entries.get_mut(&key(comm))?;
+        let record = self.record(comm)?;
+        let mut guard = record.info.write();
+        let info = guard.as_mut()?;
         let before = std::mem::replace(&mut info.state, state);
         self.count_transition(Some(before), state);
         Some(before)
+    }
+
+    /// Retires `comm` at its destroy or abort: its ops are forgotten; returns its last
+    /// counters (for the report at destroy), or `None` for a handle without a record.
+    pub fn retire(&self, comm: ncclComm_t) -> Option<StatsSnapshot> {
+        let record = self.record(comm)?;
+        record.redops.lock().clear();
+        Some(record.stats.snapshot())
+    }
+
+    /// Records an op the real NCCL created on `comm`.
+    pub fn insert_redop(&self, comm: ncclComm_t, op: RedOpCode, premul: PreMulSum) {
+        self.record_or_new(comm).redops.lock().insert(op.0, premul);
+    }
+
+    /// The op `op` of `comm`, if it was created there through us and not destroyed.
+    pub fn redop(&self, comm: ncclComm_t, op: RedOpCode) -> Option<PreMulSum> {
+        self.record(comm)?.redop(op)
+    }
+
+    /// Forgets one op (after `ncclRedOpDestroy`).
+    pub fn remove_redop(&self, comm: ncclComm_t, op: RedOpCode) {
+        if let Some(record) = self.record(comm) {
+            record.redops.lock().remove(&op.0);
+        }
+    }
+
+    /// Number of live ops on `comm`.
+    pub fn redop_count(&self, comm: ncclComm_t) -> usize {
+        self.record(comm).map_or(0, |r| r.redops.lock().len())
+    }
+
+    /// `comm`'s AllReduce counters, if it has a record.
+    pub fn stats(&self, comm: ncclComm_t) -> Option<StatsSnapshot> {
+        self.record(comm).map(|r| r.stats.snapshot())
     }
 
     /// Number of communicators in `state`.
@@ -126,7 +211,7 @@ impl CommTable {
         self.entries
             .read()
             .values()
-            .filter(|i| i.state == state)
+            .filter(|r| r.info.read().as_ref().is_some_and(|i| i.state == state))
             .count()
     }
 }
@@ -199,6 +284,46 @@ mod tests {
             (now.origin, now.state),
             (CommOrigin::Split, CommState::Live)
         );
+    }
+
+    #[test]
+    fn ops_and_counters_belong_to_their_communicator_and_start_afresh() {
+        use crate::nccl::types::DataTypeCode;
+        use crate::registry::fallback::Fallback;
+        use crate::registry::redops::Scalar;
+        let table = CommTable::default();
+        let (a, b) = (handle(0x10), handle(0x20));
+        table.insert(a, info(CommOrigin::InitRank));
+        let op = PreMulSum {
+            datatype: DataTypeCode(7),
+            scalar: Scalar::Host {
+                bytes: [0, 0, 0, 0x3f, 0, 0, 0, 0],
+                len: 4,
+            },
+        };
+        table.insert_redop(a, RedOpCode(5), op);
+        // A handle not seen made gets a record without facts for its ops and counters.
+        table.insert_redop(b, RedOpCode(5), op);
+        assert_eq!(table.get(b), None);
+        assert_eq!(table.redop(a, RedOpCode(5)), Some(op));
+        table.remove_redop(a, RedOpCode(5));
+        assert_eq!(table.redop(a, RedOpCode(5)), None);
+        assert_eq!(table.redop(b, RedOpCode(5)), Some(op));
+        table.insert_redop(a, RedOpCode(6), op);
+        table.record_or_new(a).stats.fell_back(Fallback::InGroup);
+        table.record_or_new(a).stats.ran_stragglar();
+        assert_eq!(table.stats(a).map(|s| s.calls), Some(2));
+        // Retired: its ops go, its last counters are reported.
+        table.set_state(a, CommState::Destroyed);
+        assert_eq!(table.retire(a).map(|s| s.on_stragglar), Some(1));
+        assert_eq!(table.redop_count(a), 0);
+        // A new communicator at the address starts from zero.
+        table.insert_redop(a, RedOpCode(7), op);
+        table.insert(a, info(CommOrigin::Split));
+        assert_eq!(table.stats(a).map(|s| s.calls), Some(0));
+        assert_eq!(table.redop_count(a), 0);
+        assert!(!table.is_destroyed(a));
+        assert_eq!(table.count(CommState::Destroyed), 0);
     }
 
     #[test]

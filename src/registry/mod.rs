@@ -1,5 +1,6 @@
-//! Bookkeeping for the fast path: what we know about each communicator, the PreMulSum ops
-//! created on it, and each thread's group depth.
+//! Bookkeeping for the fast path: one record per communicator (what we know about it, its
+//! counters, the PreMulSum ops created on it, the GPU engine's slot), and each thread's group
+//! depth.
 //!
 //! Filled by the exported lifecycle functions after the real call returns, never by NCCL's own
 //! internal calls (see `nccl::reentry`). Thread-safe: PyTorch's watchdog calls
@@ -14,25 +15,13 @@ pub mod identity;
 pub mod redops;
 pub mod stats;
 
-pub use comms::{CommInfo, CommOrigin, CommState, CommTable};
-pub use redops::{PreMulSum, RedOpTable, Scalar};
+pub use comms::{CommInfo, CommOrigin, CommRecord, CommState, CommTable, EngineSlot};
+pub use redops::{PreMulSum, Scalar};
 
 use once_cell::sync::Lazy;
 
-/// The process's communicators.
+/// The process's communicators, one record each.
 pub fn comms() -> &'static CommTable {
     static TABLE: Lazy<CommTable> = Lazy::new(CommTable::default);
-    &TABLE
-}
-
-/// The process's per-communicator AllReduce counters.
-pub fn stats() -> &'static stats::StatsTable {
-    static TABLE: Lazy<stats::StatsTable> = Lazy::new(stats::StatsTable::default);
-    &TABLE
-}
-
-/// The process's PreMulSum ops.
-pub fn redops() -> &'static RedOpTable {
-    static TABLE: Lazy<RedOpTable> = Lazy::new(RedOpTable::default);
     &TABLE
 }

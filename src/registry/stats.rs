@@ -1,14 +1,9 @@
-//! Per-communicator AllReduce counters: how many calls, how many ran on StragglAR and on NCCL,
-//! and why each fallback happened. Lock-free once a communicator's entry exists; a new
-//! communicator at a reused address starts from zero.
+//! A communicator's AllReduce counters (kept in its record, `super::comms`): how many calls, how
+//! many ran on StragglAR and on NCCL, and why each fallback happened. Lock-free; a new
+//! communicator at a reused address gets a new record, so it starts from zero.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 
-use parking_lot::RwLock;
-
-use crate::nccl::types::ncclComm_t;
 use crate::registry::fallback::Fallback;
 
 /// The counters of one communicator.
@@ -85,57 +80,18 @@ impl CommStats {
     }
 }
 
-/// Counters by communicator handle.
-#[derive(Default)]
-pub struct StatsTable {
-    entries: RwLock<HashMap<usize, Arc<CommStats>>>,
-}
-
-impl StatsTable {
-    /// The counters of `comm`, made on first use.
-    pub fn of(&self, comm: ncclComm_t) -> Arc<CommStats> {
-        if let Some(s) = self.entries.read().get(&(comm as usize)) {
-            return s.clone();
-        }
-        self.entries
-            .write()
-            .entry(comm as usize)
-            .or_default()
-            .clone()
-    }
-
-    /// The counters of `comm`, if it has any.
-    pub fn get(&self, comm: ncclComm_t) -> Option<StatsSnapshot> {
-        self.entries
-            .read()
-            .get(&(comm as usize))
-            .map(|s| s.snapshot())
-    }
-
-    /// Forgets `comm` (destroyed, or a new communicator at its address) and returns its last
-    /// counters.
-    pub fn remove(&self, comm: ncclComm_t) -> Option<StatsSnapshot> {
-        self.entries
-            .write()
-            .remove(&(comm as usize))
-            .map(|s| s.snapshot())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn counts_and_first_sightings() {
-        let table = StatsTable::default();
-        let comm = 0x40 as ncclComm_t;
-        let s = table.of(comm);
+        let s = CommStats::default();
         assert!(s.fell_back(Fallback::TooFewRanks));
         assert!(!s.fell_back(Fallback::TooFewRanks));
         assert!(s.fell_back(Fallback::InGroup));
         s.ran_stragglar();
-        let snap = table.get(comm).unwrap();
+        let snap = s.snapshot();
         assert_eq!(snap.calls, 4);
         assert_eq!(snap.on_stragglar, 1);
         assert_eq!(snap.on_nccl(), 3);
@@ -148,8 +104,6 @@ mod tests {
         assert!(s.report_due(1_600, 500));
         assert!(!s.report_due(1_700, 500), "once per period");
         assert!(!s.report_due(9_000, 0), "interval 0: never");
-        assert_eq!(table.remove(comm), Some(snap));
-        assert_eq!(table.get(comm), None);
-        assert_eq!(table.of(comm).snapshot(), StatsSnapshot::default());
+        assert_eq!(CommStats::default().snapshot(), StatsSnapshot::default());
     }
 }

@@ -1,6 +1,7 @@
 //! The GPU engine behind `ncclAllReduce` (experimental, off unless `STRAGGLAR_GPU_ENGINE=1`:
-//! nothing here has run on several GPUs yet): the table of communicators it serves, and each
-//! one's life around its engine (`super::comm::CudaComm`).
+//! nothing here has run on several GPUs yet): each communicator's life around its engine
+//! (`super::comm::CudaComm`), kept in the engine slot of the communicator's record
+//! (`crate::registry::comms`).
 //!
 //! Per communicator, at its first eligible call (outside groups, never while the stream
 //! captures), `super::attach` sets the engine up; the verdict, the same on every rank, either
@@ -9,7 +10,6 @@
 //! one step. Abort, destroy and a new communicator at the same address end an engine; an
 //! aborted one's memory waits until no rank can touch it.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,11 +57,14 @@ impl Drop for Entry {
     }
 }
 
-static ENGINES: Lazy<Mutex<HashMap<usize, Arc<Entry>>>> = Lazy::new(Default::default);
-
-/// The engine of `comm`, if one was ever set up or is being set up.
+/// The engine of `comm`, if one was ever set up or is being set up: the slot of its record.
 fn entry_of(comm: ncclComm_t) -> Option<Arc<Entry>> {
-    ENGINES.lock().get(&(comm as usize)).cloned()
+    let slot = crate::registry::comms()
+        .record(comm)?
+        .engine
+        .lock()
+        .clone()?;
+    slot.downcast::<Entry>().ok()
 }
 
 /// A communicator aborted while the engine served it: its memory waits here until no rank can
@@ -127,18 +130,18 @@ pub enum Served {
 /// Runs one eligible call on the GPU engine, setting the communicator up on its first call.
 /// `Err` names why the call stays on NCCL, untouched; `Ok` says who ran it.
 pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
-    let key = call.comm as usize;
+    let record = crate::registry::comms().record_or_new(call.comm);
     let (entry, fresh) = {
-        let mut engines = ENGINES.lock();
-        match engines.get(&key) {
-            Some(e) => (e.clone(), false),
+        let mut slot = record.engine.lock();
+        match slot.clone().and_then(|e| e.downcast::<Entry>().ok()) {
+            Some(e) => (e, false),
             None => {
                 let e = Arc::new(Entry {
                     state: Mutex::new(State::SettingUp),
                     watch: SetupWatch::default(),
                     reported: Default::default(),
                 });
-                engines.insert(key, e.clone());
+                *slot = Some(e.clone());
                 (e, true)
             }
         }
@@ -157,7 +160,7 @@ pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
             Ok(ready) => *state = State::Ready(Box::new(ready)),
             Err(Decline::CapturingBeforeSetup) => {
                 // Not capturing later may let it set up: forget this attempt.
-                ENGINES.lock().remove(&key);
+                record.engine.lock().take();
                 return Err(Decline::CapturingBeforeSetup);
             }
             Err(_) if entry.watch.forgotten() => {
@@ -364,7 +367,15 @@ const DRAIN: Duration = Duration::from_secs(10);
 /// teardown waits for its own: a kernel waiting for a peer that never comes ends only by
 /// `STRAGGLAR_TIMEOUT_MS`, a peer's failure, or ncclCommAbort.
 pub fn forget(comm: ncclComm_t, abort: bool) {
-    let Some(entry) = ENGINES.lock().remove(&(comm as usize)) else {
+    let Some(record) = crate::registry::comms().record(comm) else {
+        return;
+    };
+    let Some(entry) = record
+        .engine
+        .lock()
+        .take()
+        .and_then(|e| e.downcast::<Entry>().ok())
+    else {
         return;
     };
     entry.watch.forgotten.store(true, Ordering::Release);
