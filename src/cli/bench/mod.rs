@@ -20,12 +20,11 @@ use super::args::{Args, UsageError};
 use ending::{Exit, RankEnd, RankFailure, Told};
 pub use options::{BenchAlgo, BenchOptions, RanksAs, TimeStat, USAGE};
 pub use report::Row;
-use worker::{Half, SizeResult};
 
 /// What a rank tells the parent (a worker process, one line each on stdout).
 #[derive(Debug, PartialEq)]
 enum Said {
-    Size(SizeResult),
+    Size(report::RankSize),
     /// A line of the rank's straggler report.
     Report(String),
     Failed(RankFailure),
@@ -79,7 +78,7 @@ pub fn execute(
         RanksAs::Processes => spawn_processes(options, comm_id, tx)
             .map_err(|e| format!("cannot start workers: {e}"))?,
     };
-    let mut pending: BTreeMap<u64, Vec<Option<SizeResult>>> = BTreeMap::new();
+    let mut pending: BTreeMap<u64, Vec<Option<report::RankSize>>> = BTreeMap::new();
     let mut outcome = Outcome {
         rows: Vec::new(),
         failures: Vec::new(),
@@ -109,7 +108,6 @@ pub fn execute(
                         .unwrap()
                         .into_iter()
                         .flatten()
-                        .map(|r| r.for_report(options))
                         .collect();
                     let row = report::combine(options.ranks, options.time_stat, &all);
                     on_row(&row);
@@ -258,7 +256,8 @@ fn spawn_threads(options: &BenchOptions, comm_id: u64, tx: mpsc::Sender<Message>
                 let say = |said| {
                     let _ = tx.send(Message::Said(rank, said));
                 };
-                match worker::run(&options, comm_id, rank, |r| say(Said::Size(r))) {
+                let sized = |r: worker::SizeResult| say(Said::Size(r.for_report(&options)));
+                match worker::run(&options, comm_id, rank, sized) {
                     Ok(finished) => {
                         for line in finished.report.lines() {
                             say(Said::Report(line.to_string()));
@@ -331,7 +330,9 @@ pub fn worker_main(mut argv: Vec<String>) -> i32 {
             return 2;
         }
     };
-    let result = worker::run(&options, comm_id, rank, |r| println!("{}", format_line(&r)));
+    let result = worker::run(&options, comm_id, rank, |r| {
+        println!("{}", r.for_report(&options).worker_line())
+    });
     match result {
         Ok(finished) => {
             for line in finished.report.lines() {
@@ -345,26 +346,6 @@ pub fn worker_main(mut argv: Vec<String>) -> i32 {
             1
         }
     }
-}
-
-/// Fields of one half on a worker line.
-const HALF_FIELDS: usize = 8;
-
-fn format_line(r: &SizeResult) -> String {
-    let h = |h: &Half| {
-        format!(
-            "{} {} {} {} {} {} {} {}",
-            h.time_us,
-            h.wrong,
-            h.lead_us,
-            h.post_us,
-            h.digest,
-            h.stragglar_calls,
-            h.choices,
-            h.designated
-        )
-    };
-    format!("RESULT {} {} {}", r.bytes, h(&r.halves[0]), h(&r.halves[1]))
 }
 
 /// What a worker's line says; `None` for anything but a worker line. An unreadable worker
@@ -384,30 +365,13 @@ fn parse_line(line: &str) -> Option<Said> {
     if let Some(calls) = line.strip_prefix("DONE ") {
         return Some(calls.parse().map_or_else(|_| unreadable(), Said::Done));
     }
-    let fields: Vec<&str> = line.strip_prefix("RESULT ")?.split_whitespace().collect();
-    let parse = || -> Option<SizeResult> {
-        let half = |at: usize| -> Option<Half> {
-            Some(Half {
-                time_us: fields.get(at)?.parse().ok()?,
-                wrong: fields.get(at + 1)?.parse().ok()?,
-                lead_us: fields.get(at + 2)?.parse().ok()?,
-                post_us: fields.get(at + 3)?.parse().ok()?,
-                digest: fields.get(at + 4)?.parse().ok()?,
-                stragglar_calls: fields.get(at + 5)?.parse().ok()?,
-                choices: fields.get(at + 6)?.parse().ok()?,
-                designated: fields.get(at + 7)?.parse().ok()?,
-            })
-        };
-        Some(SizeResult {
-            bytes: fields.first()?.parse().ok()?,
-            halves: [half(1)?, half(1 + HALF_FIELDS)?],
-        })
-    };
-    Some(parse().map_or_else(unreadable, Said::Size))
+    let size = report::RankSize::from_worker_line(line)?;
+    Some(size.map_or_else(|_| unreadable(), Said::Size))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::worker::{Half, SizeResult};
     use super::*;
 
     #[test]
@@ -437,7 +401,9 @@ mod tests {
                 },
             ],
         };
-        assert_eq!(parse_line(&format_line(&r)), Some(Said::Size(r)));
+        let options = BenchOptions::parse(Args::new(Vec::<String>::new())).unwrap();
+        let size = r.for_report(&options);
+        assert_eq!(parse_line(&size.worker_line()), Some(Said::Size(size)));
         let failure = RankFailure {
             call: 7,
             peer: Some(3),
@@ -447,7 +413,7 @@ mod tests {
         assert_eq!(parse_line("DONE 12"), Some(Said::Done(12)));
         assert_eq!(parse_line("REPORT x y"), Some(Said::Report("x y".into())));
         assert!(matches!(
-            parse_line("RESULT 12 x"),
+            parse_line("SIZE 12 x"),
             Some(Said::Failed(RankFailure { call: 0, .. }))
         ));
         assert_eq!(parse_line("noise"), None);

@@ -41,6 +41,75 @@ pub struct RankSize {
     pub agreed: u64,
     /// The designated straggler after the size, -1 for none.
     pub designated: i64,
+    /// Host microseconds to queue one eager call (`None`: not measured, or graph replays).
+    pub host_us: Option<f64>,
+}
+
+/// The word of a worker's line for a size.
+const SIZE_WORD: &str = "SIZE";
+
+impl RankSize {
+    /// The line a worker process prints for this size (one parser reads it for both backends:
+    /// [`RankSize::from_worker_line`]). Floats print as Rust prints them, which parse back exactly.
+    pub fn worker_line(&self) -> String {
+        let optional = |v: Option<f64>| v.map_or("-".to_string(), |v| v.to_string());
+        let halves: Vec<String> = self
+            .halves
+            .iter()
+            .map(|h| format!("{} {} {}", h.time_us, h.wrong, h.digest))
+            .collect();
+        format!(
+            "{SIZE_WORD} {} {} {} {} {} {} {} {} {} {} {}",
+            self.bytes,
+            self.dtype.name(),
+            self.op.name(),
+            halves.join(" "),
+            optional(self.lead_us),
+            optional(self.post_us),
+            self.calls,
+            self.stragglar_calls,
+            self.agreed,
+            self.designated,
+            optional(self.host_us)
+        )
+    }
+
+    /// What a worker's line says: `None` when it is not a size's line, `Some(Err)` when it is
+    /// one that does not parse.
+    pub fn from_worker_line(line: &str) -> Option<Result<RankSize, String>> {
+        let rest = line.strip_prefix(SIZE_WORD)?.strip_prefix(' ')?;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let parse = || -> Option<RankSize> {
+            if f.len() != 16 {
+                return None;
+            }
+            let optional = |at: usize| match f[at] {
+                "-" => Some(None),
+                v => v.parse().ok().map(Some),
+            };
+            let half = |at: usize| -> Option<RankHalf> {
+                Some(RankHalf {
+                    time_us: f[at].parse().ok()?,
+                    wrong: f[at + 1].parse().ok()?,
+                    digest: f[at + 2].parse().ok()?,
+                })
+            };
+            Some(RankSize {
+                bytes: f[0].parse().ok()?,
+                dtype: DataType::parse(f[1])?,
+                op: ReduceOp::parse(f[2])?,
+                halves: [half(3)?, half(6)?],
+                lead_us: optional(9)?,
+                post_us: optional(10)?,
+                calls: f[11].parse().ok()?,
+                stragglar_calls: f[12].parse().ok()?,
+                agreed: f[13].parse().ok()?,
+                designated: f[14].parse().ok()?,
+                host_us: optional(15)?,
+            })
+        };
+        Some(parse().ok_or_else(|| format!("unreadable worker line: {line}")))
+    }
 }
 
 /// One size, combined over ranks: the time as `-a` says (nccl-tests' default: the average),
@@ -482,7 +551,30 @@ mod tests {
             stragglar_calls: 3,
             agreed,
             designated: 2,
+            host_us: None,
         }
+    }
+
+    #[test]
+    fn worker_lines_round_trip() {
+        let mut r = rank([12.5, 1e-3], 0xfeed_beef_dead_cafe, 7);
+        r.halves[1].wrong = 3;
+        r.post_us = Some(3.25);
+        r.host_us = Some(2.0);
+        r.dtype = DataType::Bf16;
+        r.op = ReduceOp::PreMulSum;
+        assert_eq!(RankSize::from_worker_line(&r.worker_line()), Some(Ok(r)));
+        let plain = rank([1.0, 2.0], 1, 0);
+        assert_eq!(
+            RankSize::from_worker_line(&plain.worker_line()),
+            Some(Ok(plain))
+        );
+        assert!(matches!(
+            RankSize::from_worker_line("SIZE 12 x"),
+            Some(Err(_))
+        ));
+        assert_eq!(RankSize::from_worker_line("noise"), None);
+        assert_eq!(RankSize::from_worker_line("SIZES 1"), None);
     }
 
     #[test]

@@ -65,6 +65,7 @@ impl SizeResult {
             stragglar_calls: out.stragglar_calls + inp.stragglar_calls,
             agreed: data::digest_more(out.choices, inp.choices),
             designated: inp.designated,
+            host_us: None,
         }
     }
 }

@@ -3,14 +3,15 @@
 //! opened through CUDA IPC and probed, the second all-gather), with a rendezvous directory
 //! standing in for NCCL's AllGather (files written to a temporary name,
 //! then renamed, so readers never see half of one). Then it runs the sweep for its own rank,
-//! printing one `outcome` line per size for the parent to combine.
+//! printing one line per size for the parent to combine (the host backend's worker line,
+//! `report::RankSize::worker_line`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::local::{run_size, Choices, Local, Outcome};
+use super::local::{run_size, Choices, Local};
 use super::{open_gpu, Setup};
 use crate::cli::args::Args;
 use crate::cli::bench::options::BenchOptions;
@@ -83,30 +84,6 @@ pub fn spawn(options: &BenchOptions, dir: &Path) -> std::io::Result<Vec<Child>> 
         .collect()
 }
 
-/// Parses a worker's `outcome COMBO SIZE T0 T1 W0 W1 D0 D1 R CALLS SG CHOICES DESIGNATED HOST`
-/// line.
-pub fn parse_outcome(line: &str) -> Option<(usize, usize, Outcome)> {
-    let f: Vec<&str> = line.split_whitespace().collect();
-    if f.len() != 15 || f[0] != "outcome" {
-        return None;
-    }
-    Some((
-        f[1].parse().ok()?,
-        f[2].parse().ok()?,
-        Outcome {
-            time_us: [f[3].parse().ok()?, f[4].parse().ok()?],
-            wrong: [f[5].parse().ok()?, f[6].parse().ok()?],
-            digest: [f[7].parse().ok()?, f[8].parse().ok()?],
-            records: f[9].parse().ok()?,
-            calls: f[10].parse().ok()?,
-            stragglar_calls: f[11].parse().ok()?,
-            choices: f[12].parse().ok()?,
-            designated: f[13].parse().ok()?,
-            host_us: f[14].parse().ok()?,
-        },
-    ))
-}
-
 /// The worker's main; exit status 0 when its rank ran every size.
 pub fn worker_main(argv: Vec<String>) -> i32 {
     let mut it = argv.into_iter();
@@ -158,8 +135,8 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
     }];
     let stdout = std::io::stdout();
     let mut seed = 0;
-    for (combo, &(dtype, op)) in setup.combos.clone().iter().enumerate() {
-        for (size, &bytes) in setup.sizes.clone().iter().enumerate() {
+    for &(dtype, op) in &setup.combos.clone() {
+        for &bytes in &setup.sizes.clone() {
             seed += 1;
             let count = bytes as usize / dtype.size();
             let o = match run_size(
@@ -180,22 +157,8 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
                 }
             };
             let mut out = stdout.lock();
-            writeln!(
-                out,
-                "outcome {combo} {size} {} {} {} {} {} {} {} {} {} {} {} {}",
-                o.time_us[0],
-                o.time_us[1],
-                o.wrong[0],
-                o.wrong[1],
-                o.digest[0],
-                o.digest[1],
-                o.records,
-                o.calls,
-                o.stragglar_calls,
-                o.choices,
-                o.designated,
-                o.host_us
-            )?;
+            let bytes = (count * dtype.size()) as u64;
+            writeln!(out, "{}", o.for_report(bytes, dtype, op).worker_line())?;
             out.flush()?;
         }
     }
@@ -216,24 +179,6 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn outcomes_parse() {
-        let line = "outcome 2 5 10.5 11 0 3 17 18 19 40 30 77 -1 2.25";
-        let (combo, size, o) = parse_outcome(line).unwrap();
-        assert_eq!((combo, size), (2, 5));
-        assert_eq!(o.time_us, [10.5, 11.0]);
-        assert_eq!(o.wrong, [0, 3]);
-        assert_eq!(o.digest, [17, 18]);
-        assert_eq!(o.records, 19);
-        assert_eq!(
-            (o.calls, o.stragglar_calls, o.choices, o.designated),
-            (40, 30, 77, -1)
-        );
-        assert_eq!(o.host_us, 2.25);
-        assert!(parse_outcome("size 1 2").is_none());
-        assert!(parse_outcome(line.trim_end_matches(" 2.25")).is_none());
-    }
 
     #[test]
     fn the_directory_exchange_gathers_in_rank_order() {

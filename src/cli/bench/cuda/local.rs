@@ -106,6 +106,7 @@ impl Outcome {
             stragglar_calls: self.stragglar_calls,
             agreed: data::digest_more(self.choices, self.records),
             designated: self.designated,
+            host_us: (self.host_us > 0.0).then_some(self.host_us),
         }
     }
 }

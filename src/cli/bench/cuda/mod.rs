@@ -34,7 +34,7 @@ use crate::gpu::kernels::{APPLY_PROBE_KERNEL, DELAY_KERNEL};
 use crate::plan::PlanCache;
 use crate::reduce::{DataType, ReduceOp};
 use crate::schedule::Algorithm;
-use local::{run_size, Choices, Local, Outcome};
+use local::{run_size, Choices, Local};
 
 /// The GPU the ranks share, our kernels on it, and the bench's own kernels beside them.
 pub struct GpuKernels {
@@ -194,8 +194,11 @@ struct HostCost {
 }
 
 impl HostCost {
-    fn add(&mut self, outcomes: &[Outcome]) {
-        let host_us = outcomes.iter().map(|o| o.host_us).fold(0.0, f64::max);
+    fn add(&mut self, per_rank: &[RankSize]) {
+        let host_us = per_rank
+            .iter()
+            .filter_map(|r| r.host_us)
+            .fold(0.0, f64::max);
         if host_us > 0.0 {
             self.sum_us += host_us;
             self.sizes += 1;
@@ -223,18 +226,13 @@ struct Rows<'a> {
 }
 
 impl Rows<'_> {
-    /// Adds the size every rank ran, `outcomes` in rank order.
-    fn add(&mut self, count: usize, dtype: DataType, op: ReduceOp, outcomes: &[Outcome]) {
-        let bytes = (count * dtype.size()) as u64;
-        let per_rank: Vec<RankSize> = outcomes
-            .iter()
-            .map(|o| o.for_report(bytes, dtype, op))
-            .collect();
-        self.host.add(outcomes);
+    /// Adds the size every rank ran, `per_rank` in rank order.
+    fn add(&mut self, per_rank: &[RankSize]) {
+        self.host.add(per_rank);
         self.report.add(combine(
             self.options.ranks,
             self.options.time_stat,
-            &per_rank,
+            per_rank,
         ));
     }
 
@@ -277,7 +275,7 @@ pub fn run(options: &BenchOptions) -> i32 {
         };
         match options.ranks_as {
             RanksAs::Threads => run_threads(options, &gpu, &setup, &mut rows),
-            RanksAs::Processes => run_processes(options, &setup, &mut rows),
+            RanksAs::Processes => run_processes(options, &mut rows),
         }?;
         rows.host.print();
         let bad = rows.bad();
@@ -394,7 +392,12 @@ fn run_threads(
                     return Err(e.to_string());
                 }
             };
-            rows.add(count, dtype, op, &outcomes);
+            let bytes = (count * dtype.size()) as u64;
+            let per_rank: Vec<RankSize> = outcomes
+                .iter()
+                .map(|o| o.for_report(bytes, dtype, op))
+                .collect();
+            rows.add(&per_rank);
         }
     }
     for l in &locals {
@@ -410,25 +413,20 @@ fn run_threads(
     Ok(())
 }
 
-fn run_processes(options: &BenchOptions, setup: &Setup, rows: &mut Rows) -> Result<(), String> {
+fn run_processes(options: &BenchOptions, rows: &mut Rows) -> Result<(), String> {
     let dir = std::env::temp_dir().join(format!(
         "stragglar-cuda-{}-{}",
         std::process::id(),
         super::fresh_comm_id()
     ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = collect(options, setup, &dir, rows);
+    let result = collect(options, &dir, rows);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
 /// Runs the workers and adds a row once every rank reported a size.
-fn collect(
-    options: &BenchOptions,
-    setup: &Setup,
-    dir: &std::path::Path,
-    rows: &mut Rows,
-) -> Result<(), String> {
+fn collect(options: &BenchOptions, dir: &std::path::Path, rows: &mut Rows) -> Result<(), String> {
     let mut children =
         ipc::spawn(options, dir).map_err(|e| format!("cannot start workers: {e}"))?;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -437,26 +435,40 @@ fn collect(
         let tx = tx.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(outcome) = ipc::parse_outcome(&line) {
-                    let _ = tx.send((rank, outcome));
+                if let Some(size) = RankSize::from_worker_line(&line) {
+                    let _ = tx.send((rank, size));
                 }
             }
         });
     }
     drop(tx);
-    let mut pending: std::collections::BTreeMap<(usize, usize), Vec<(usize, Outcome)>> =
-        Default::default();
-    for (rank, (combo, size, outcome)) in rx {
-        let entry = pending.entry((combo, size)).or_default();
-        entry.push((rank, outcome));
-        if entry.len() == options.ranks {
-            // In rank order: rank 0's outcome is the one the others are compared with.
-            let mut ranked = pending.remove(&(combo, size)).expect("present");
+    // Each (type, op, size) until every rank reported it, then in rank order: rank 0's is the
+    // one the others are compared with.
+    type Key = (DataType, ReduceOp, u64);
+    let mut pending: Vec<(Key, Vec<(usize, RankSize)>)> = Vec::new();
+    let mut unreadable = Vec::new();
+    for (rank, size) in rx {
+        let size = match size {
+            Ok(size) => size,
+            Err(why) => {
+                unreadable.push(format!("rank {rank}: {why}"));
+                continue;
+            }
+        };
+        let key = (size.dtype, size.op, size.bytes);
+        let at = match pending.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                pending.push((key, Vec::new()));
+                pending.len() - 1
+            }
+        };
+        pending[at].1.push((rank, size));
+        if pending[at].1.len() == options.ranks {
+            let (_, mut ranked) = pending.remove(at);
             ranked.sort_by_key(|&(rank, _)| rank);
-            let outcomes: Vec<Outcome> = ranked.into_iter().map(|(_, o)| o).collect();
-            let (dtype, op) = setup.combos[combo];
-            let count = setup.sizes[size] as usize / dtype.size();
-            rows.add(count, dtype, op, &outcomes);
+            let per_rank: Vec<RankSize> = ranked.into_iter().map(|(_, s)| s).collect();
+            rows.add(&per_rank);
         }
     }
     let mut failed = Vec::new();
@@ -467,6 +479,7 @@ fn collect(
             Err(e) => failed.push(format!("rank {rank}: {e}")),
         }
     }
+    failed.extend(unreadable);
     if !failed.is_empty() || !pending.is_empty() {
         return Err(format!(
             "{}; {} size(s) incomplete",
