@@ -908,6 +908,71 @@ fn a_panic_inside_the_gpu_engine_gives_the_rank_up_and_releases_its_peers() {
     );
 }
 
+/// A failure while the engine attaches, a panic included, is this rank's local failure: it
+/// joins the setup with a failed record, every rank declines alike and every call runs on
+/// NCCL. A driver lacking `cuModuleLoadData` (cudarc panics looking it up; used only while
+/// attaching) on every rank, then on rank 2 alone; and NVRTC missing with an empty kernel
+/// cache on rank 1 alone. Before, the panic became `ncclInternalError` on every call of the
+/// broken rank, and with one broken rank its peers waited in the setup's all-gather.
+#[test]
+fn a_failure_while_attaching_keeps_every_rank_on_nccl() {
+    let out = support::run(&mut emulated(&["--build-without", "cuModuleLoadData"]));
+    assert!(out.status.success(), "{}", support::describe(&out));
+    let without = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let nvrtc = support::root().join(".venv/cu12/nvidia/cuda_nvrtc/lib");
+    let broken = format!(
+        "LD_LIBRARY_PATH={without}:{}:{}",
+        built().display(),
+        nvrtc.display()
+    );
+    let empty = support::scratch("attach-without-kernels");
+    let no_kernels = format!("STRAGGLAR_CACHE_DIR={}", empty.display());
+    let every: Vec<(String, &str)> = (0..4)
+        .map(|r| (format!("LOOPBACK_ENV_{r}"), broken.as_str()))
+        .collect();
+    let one = vec![("LOOPBACK_ENV_2".to_string(), broken.as_str())];
+    let nvrtc_fails = vec![("LOOPBACK_ENV_1".to_string(), no_kernels.as_str())];
+    for (case, ranks, said) in [
+        ("every rank", &every, "loading the kernels panicked"),
+        ("rank 2", &one, "loading the kernels panicked"),
+        (
+            "rank 1 without NVRTC",
+            &nvrtc_fails,
+            "libnvrtc is not available",
+        ),
+    ] {
+        let mut env: Vec<(&str, &str)> = ENGINE.to_vec();
+        env.extend(ranks.iter().map(|(k, v)| (k.as_str(), *v)));
+        if case.contains("NVRTC") {
+            env.push(("STRAGGLAR_EMU_NO_NVRTC", "1"));
+        }
+        let (out, _) = run_ranks(&["4"], &env);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{case}: {}", support::describe(&out));
+        assert_eq!(
+            text.matches(": 100 calls checked").count(),
+            4,
+            "{case}: {}",
+            support::describe(&out)
+        );
+        assert_eq!(
+            log.matches("100 calls, 0 on StragglAR, 100 on NCCL")
+                .count(),
+            4,
+            "{case}: {}",
+            support::describe(&out)
+        );
+        assert_eq!(
+            log.matches(said).count(),
+            ranks.len(),
+            "{case}: {}",
+            support::describe(&out)
+        );
+        assert!(!log.contains("internal error"), "{case}: {log}");
+    }
+}
+
 #[test]
 fn graph_replays_follow_the_late_rank_as_it_moves_alike_on_every_rank() {
     let _timing = timing();

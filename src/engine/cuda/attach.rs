@@ -39,8 +39,11 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
     .map_err(|_| Decline::GpuUnavailable)?;
     // Every rank asks its own stream; one that cannot tell still joins the setup (its peers
     // are entering the same collectives) with a failed record, so every rank refuses alike.
-    // SAFETY: the caller's stream of this communicator's device.
-    let stream_state = match unsafe { driver::is_capturing(&device, call.stream.cast()) } {
+    let capturing = gpus::without_panics("asking the stream", || {
+        // SAFETY: the caller's stream of this communicator's device.
+        unsafe { driver::is_capturing(&device, call.stream.cast()) }.map_err(|e| e.to_string())
+    });
+    let stream_state = match capturing {
         Ok(true) => return Err(Decline::CapturingBeforeSetup),
         Ok(false) => Ok(()),
         Err(e) => {
@@ -57,7 +60,10 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
             "GPU engine kernels unavailable on device {ordinal}: {why}; AllReduce stays on NCCL"
         )
     });
-    let sms = device.sm_count().unwrap_or_else(|e| {
+    let sms = gpus::without_panics("counting multiprocessors", || {
+        device.sm_count().map_err(|e| e.to_string())
+    })
+    .unwrap_or_else(|e| {
         log::warn!(
             "{}: {e}: the grid assumes {MIN_BLOCKS} blocks",
             call.label()

@@ -1,5 +1,5 @@
 //! The GPUs this process drives and our kernels on them, each opened or loaded once per process
-//! (a failure is remembered too, so it is tried and reported once).
+//! (a failure is remembered too, so it is tried and reported once; a panic is a failure).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,6 +27,22 @@ struct Found {
 
 static GPUS: Lazy<Mutex<HashMap<i32, Found>>> = Lazy::new(Default::default);
 
+/// Runs `attempt`; a panic (cudarc panics when the driver lacks a function it looks up, as an
+/// older driver may) becomes an error naming it, like any other failure to open or load.
+pub fn without_panics<T>(
+    what: &str,
+    attempt: impl FnOnce() -> Result<T, String>,
+) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(attempt)).unwrap_or_else(|payload| {
+        let why = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(format!("{what} panicked: {why}"))
+    })
+}
+
 /// GPU `ordinal`, opened once per process; `first_failure` hears why not, once.
 pub fn device(ordinal: i32, first_failure: impl FnOnce(&str)) -> Result<Arc<Device>, String> {
     GPUS.lock()
@@ -34,18 +50,20 @@ pub fn device(ordinal: i32, first_failure: impl FnOnce(&str)) -> Result<Arc<Devi
         .or_default()
         .device
         .get_or_insert_with(|| {
-            let device = match crate::gpu::probe::probe().driver {
-                crate::gpu::probe::Driver::Devices(n) if n > ordinal => {
-                    Device::open(ordinal).map_err(|e| e.to_string())
+            let device = without_panics("opening the GPU", || {
+                match crate::gpu::probe::probe().driver {
+                    crate::gpu::probe::Driver::Devices(n) if n > ordinal => {
+                        Device::open(ordinal).map_err(|e| e.to_string())
+                    }
+                    crate::gpu::probe::Driver::Devices(_) => {
+                        Err(format!("the CUDA driver sees no GPU {ordinal}"))
+                    }
+                    crate::gpu::probe::Driver::Missing => {
+                        Err("no CUDA driver (libcuda.so) on this machine".into())
+                    }
+                    crate::gpu::probe::Driver::Unusable(why) => Err(why),
                 }
-                crate::gpu::probe::Driver::Devices(_) => {
-                    Err(format!("the CUDA driver sees no GPU {ordinal}"))
-                }
-                crate::gpu::probe::Driver::Missing => {
-                    Err("no CUDA driver (libcuda.so) on this machine".into())
-                }
-                crate::gpu::probe::Driver::Unusable(why) => Err(why),
-            };
+            });
             if let Err(why) = &device {
                 first_failure(why);
             }
@@ -67,19 +85,21 @@ pub fn kernels(
         .or_default()
         .kernels
         .get_or_insert_with(|| {
-            let loaded = (|| -> Result<Arc<Loaded>, String> {
-                let arch = device.arch().map_err(|e| e.to_string())?;
-                let cache =
-                    crate::gpu::nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref());
-                let (cubin, _) = crate::gpu::nvrtc::cubin_cached(&arch, cache.as_deref())
-                    .map_err(|e| e.to_string())?;
-                let kernels = Kernels::load(device, &cubin).map_err(|e| e.to_string())?;
-                Ok(Arc::new(Loaded {
-                    kernels: Arc::new(kernels),
-                    cubin,
-                    arch,
-                }))
-            })();
+            let loaded =
+                without_panics("loading the kernels", || -> Result<Arc<Loaded>, String> {
+                    let arch = device.arch().map_err(|e| e.to_string())?;
+                    let cache = crate::gpu::nvrtc::default_cache_dir(
+                        crate::config::get().cache_dir.as_deref(),
+                    );
+                    let (cubin, _) = crate::gpu::nvrtc::cubin_cached(&arch, cache.as_deref())
+                        .map_err(|e| e.to_string())?;
+                    let kernels = Kernels::load(device, &cubin).map_err(|e| e.to_string())?;
+                    Ok(Arc::new(Loaded {
+                        kernels: Arc::new(kernels),
+                        cubin,
+                        arch,
+                    }))
+                });
             if let Err(why) = &loaded {
                 first_failure(why);
             }
