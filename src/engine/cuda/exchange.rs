@@ -2,9 +2,9 @@
 //! barrier between threads of one process (the bench's thread ranks). The bench's worker
 //! processes gather through files (`cli::bench::cuda::ipc`).
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::driver::{self, Device, DeviceMemory};
 use super::setup::Exchange;
@@ -75,24 +75,43 @@ impl Exchange for NcclExchange<'_> {
     }
 }
 
-/// An all-gather among threads of one process: each round, every rank deposits its bytes,
-/// waits for the others, and takes the concatenation in rank order.
+/// An all-gather among threads of one process: each round, every rank deposits its bytes, waits
+/// for the others, and takes the concatenation in rank order. A rank whose exchange is dropped
+/// (its thread ended, by a panic too) fails the rounds that now cannot complete, so its peers
+/// never wait for it.
 pub struct ThreadExchange {
     rank: usize,
-    slots: Arc<Mutex<Vec<Vec<u8>>>>,
-    barrier: Arc<Barrier>,
+    shared: Arc<(Mutex<Rounds>, Condvar)>,
+}
+
+/// The state every rank's exchange shares.
+struct Rounds {
+    /// Rounds completed.
+    generation: u64,
+    /// Ranks that deposited their bytes in the current round.
+    arrived: usize,
+    slots: Vec<Vec<u8>>,
+    /// The last completed round's concatenation.
+    gathered: Vec<u8>,
+    /// A rank whose exchange was dropped.
+    left: Option<usize>,
 }
 
 impl ThreadExchange {
     /// One exchange per rank of a group of `ranks` threads.
     pub fn group(ranks: usize) -> Vec<ThreadExchange> {
-        let slots = Arc::new(Mutex::new(vec![Vec::new(); ranks]));
-        let barrier = Arc::new(Barrier::new(ranks));
+        let rounds = Rounds {
+            generation: 0,
+            arrived: 0,
+            slots: vec![Vec::new(); ranks],
+            gathered: Vec::new(),
+            left: None,
+        };
+        let shared = Arc::new((Mutex::new(rounds), Condvar::new()));
         (0..ranks)
             .map(|rank| ThreadExchange {
                 rank,
-                slots: slots.clone(),
-                barrier: barrier.clone(),
+                shared: shared.clone(),
             })
             .collect()
     }
@@ -100,10 +119,66 @@ impl ThreadExchange {
 
 impl Exchange for ThreadExchange {
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<u8>, String> {
-        self.slots.lock()[self.rank] = mine.to_vec();
-        self.barrier.wait();
-        let all = self.slots.lock().concat();
-        self.barrier.wait();
-        Ok(all)
+        let (lock, ready) = &*self.shared;
+        let mut rounds = lock.lock();
+        let gone = |left: usize| Err(format!("rank {left} left the exchange"));
+        if let Some(left) = rounds.left {
+            return gone(left);
+        }
+        rounds.slots[self.rank] = mine.to_vec();
+        rounds.arrived += 1;
+        let generation = rounds.generation;
+        if rounds.arrived == rounds.slots.len() {
+            rounds.gathered = rounds.slots.concat();
+            rounds.arrived = 0;
+            rounds.generation += 1;
+            ready.notify_all();
+            return Ok(rounds.gathered.clone());
+        }
+        while rounds.generation == generation && rounds.left.is_none() {
+            ready.wait(&mut rounds);
+        }
+        match (rounds.generation == generation, rounds.left) {
+            (true, Some(left)) => gone(left),
+            // No rank can start the next round's completion before this one read the last.
+            _ => Ok(rounds.gathered.clone()),
+        }
+    }
+}
+
+impl Drop for ThreadExchange {
+    fn drop(&mut self) {
+        let (lock, ready) = &*self.shared;
+        lock.lock().left.get_or_insert(self.rank);
+        ready.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_gather_in_rank_order_and_a_rank_that_leaves_fails_the_round() {
+        let gathered: Vec<Result<Vec<u8>, String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ThreadExchange::group(3)
+                .into_iter()
+                .map(|mut x| {
+                    scope.spawn(move || {
+                        let first = x.all_gather(&[x.rank as u8; 2])?;
+                        if x.rank == 1 {
+                            return Ok(first);
+                        }
+                        // Rank 1 is gone: this round cannot complete.
+                        x.all_gather(&[9]).map(|second| [first, second].concat())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(gathered[1], Ok(vec![0, 0, 1, 1, 2, 2]));
+        for rank in [0, 2] {
+            assert_eq!(gathered[rank], Err("rank 1 left the exchange".to_string()));
+        }
     }
 }
