@@ -174,6 +174,12 @@ pub fn real_kernels(cli: &Path) -> Result<RealKernels, String> {
         let _ = std::fs::remove_dir_all(stale);
     }
     let _ = std::fs::remove_file(dir.join("stamp"));
+    // NVRTC from the wheel scripts/test.sh installs, also when a test binary runs on its own.
+    let nvrtc = root().join(".venv/cu12/nvidia/cuda_nvrtc/lib");
+    let mut library_path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    if nvrtc.is_dir() {
+        library_path = format!("{}:{library_path}", nvrtc.display());
+    }
     // One process per architecture, side by side (NVRTC compiles on one thread).
     let runs: Vec<_> = KERNEL_ARCHS
         .iter()
@@ -182,6 +188,7 @@ pub fn real_kernels(cli: &Path) -> Result<RealKernels, String> {
                 .args(["kernels", "--arch", arch, "--cache", "--resources", "--out"])
                 .arg(&built.out)
                 .env("STRAGGLAR_CACHE_DIR", &built.cache)
+                .env("LD_LIBRARY_PATH", &library_path)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
