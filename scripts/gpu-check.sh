@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
 # The GPU self-check: one prepared run on a machine with one GPU (an H200 in mind), no network
-# and no Rust toolchain. Build here first (cargo build --release, scripts/emulated-gpu.sh --build),
-# carry target/release/stragglar, target/release/libstragglar.so and target/emulated-gpu/selftest,
-# run this there. It uses the machine's own PyTorch, NCCL and
-# NVRTC. Finishes within BUDGET_S seconds (450: under 8 minutes); prints one summary table last.
+# and no Rust toolchain. Prepare here first (`scripts/gpu-check.sh --prepare`: the release build,
+# the emulated GPU's driver self-test and our kernels compiled for sm_90 into a kernel cache),
+# carry target/release/stragglar, target/release/libstragglar.so, target/emulated-gpu/selftest
+# and target/gpu-check-kernels, and run this there: it uses the machine's own PyTorch and NCCL,
+# and its NVRTC only if the carried kernels do not match the GPU. Finishes within BUDGET_S
+# seconds (450: under 8 minutes); prints one summary table last. In OUT it leaves only
+# summary.txt and gpu-check-logs.tar.gz (every log, each cut to its first 192 KiB and last
+# 64 KiB: at most 16 MiB for the 64 logs a run may write).
 #
-# usage: scripts/gpu-check.sh [--dry-run] [--quick]
-#   --dry-run  print every step without running anything (works on any machine)
+# usage: scripts/gpu-check.sh [--dry-run] [--quick] [--prepare]
+#   --dry-run  check the inputs (binaries, self-test, kernels of the current sources) and print
+#              every step without running anything (works on any machine); fails on a missing
+#              or stale input
 #   --quick    fewer world sizes, types and ops (a minute or two)
+#   --prepare  on the build machine: build and fill the inputs, then run the dry run
 # Each run of the binary (and the PyTorch check) is stopped after RUN_LIMIT_S seconds (240), or
 # when the whole check's BUDGET_S is spent: a step cut short shows CUT, later steps SKIPPED.
 # Environment: STRAGGLAR_BIN, STRAGGLAR_LIB (the carried binaries, default target/release/),
-# STRAGGLAR_SELFTEST (default target/emulated-gpu/selftest),
-# PYTHON (python3, the one with PyTorch), OUT (where the logs go), RUN_LIMIT_S, BUDGET_S.
+# STRAGGLAR_SELFTEST (default target/emulated-gpu/selftest), STRAGGLAR_KERNELS (the carried
+# kernel cache, default target/gpu-check-kernels), PYTHON (python3, the one with PyTorch), OUT
+# (where the summary and the logs go), RUN_LIMIT_S, BUDGET_S.
 #
 # What it checks, the quick and most telling first (a budget cut ends the list):
 #   1. doctor: what the library sees (driver, GPUs, NVRTC, NCCL); the emulated GPU's driver
 #      self-test against this real driver
-#   2. kernels: NVRTC compiles every kernel for this GPU into a checked CUBIN
+#   2. kernels: the carried CUBIN for this GPU (or NVRTC compiles every kernel into a checked
+#      one when it does not match)
 #   3. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%), for
 #      float, half and bfloat16 (the halves within 10% of float, their device conversions
 #      checked against src/reduce)
@@ -34,20 +43,45 @@ cd "$(dirname "$0")/.."
 
 DRY=0
 QUICK=0
+PREPARE=0
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
     --quick) QUICK=1 ;;
-    *) echo "usage: scripts/gpu-check.sh [--dry-run] [--quick]" >&2; exit 2 ;;
+    --prepare) PREPARE=1 ;;
+    *) echo "usage: scripts/gpu-check.sh [--dry-run] [--quick] [--prepare]" >&2; exit 2 ;;
   esac
 done
 
 BIN="${STRAGGLAR_BIN:-target/release/stragglar}"
 LIB="${STRAGGLAR_LIB:-target/release/libstragglar.so}"
+SELFTEST="${STRAGGLAR_SELFTEST:-target/emulated-gpu/selftest}"
+KERNELS="${STRAGGLAR_KERNELS:-target/gpu-check-kernels}"
+# The architecture the carried kernels are built for: the H100's and H200's.
+PREPARED_ARCH=sm_90
 PYTHON="${PYTHON:-python3}"
+
+# --prepare: the inputs, built on this machine (it needs cargo, c++ and the test wheels).
+if [ "$PREPARE" = 1 ]; then
+  set -e
+  cargo build --release --quiet
+  scripts/emulated-gpu.sh --build >/dev/null
+  . scripts/wheels.sh
+  wheels_cu12
+  LD_LIBRARY_PATH="$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    STRAGGLAR_CACHE_DIR="$KERNELS" "$BIN" kernels --arch "$PREPARED_ARCH" --cache
+  set +e
+  echo "carry: $BIN $LIB $SELFTEST $KERNELS"
+  DRY=1
+fi
+
 OUT="${OUT:-${TMPDIR:-/tmp}/stragglar-gpu-check}"
 mkdir -p "$OUT"
-export STRAGGLAR_CACHE_DIR="$OUT/kernel-cache"
+# What the run makes besides its logs (the kernel cache, CUBINs, MPS's directories); removed at
+# the end, so that OUT holds only the summary and the logs' archive.
+WORK="$OUT/work"
+mkdir -p "$WORK"
+export STRAGGLAR_CACHE_DIR="$WORK/kernel-cache"
 # PyTorch runs with the loader path it came with (an older toolkit's libraries would break it).
 ORIGINAL_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 # No step may take the whole session: each run of the binary gives up after this many seconds
@@ -151,21 +185,55 @@ find_nvrtc_dir() {
 }
 
 echo "stragglar gpu-check: binaries $BIN and $LIB, logs in $OUT"
+
+# The inputs. A missing binary ends the check at once; a missing self-test or kernel cache is a
+# failed row on the GPU (the kernels are then compiled there), and fails the dry run.
+INPUTS_MISSING=0
+input() { # name, ok (0/1), detail
+  if [ "$2" = 1 ]; then
+    record "input: $1" OK "$3"
+  else
+    record "input: $1" MISSING "$3"
+    INPUTS_MISSING=1
+  fi
+}
+for f in "$BIN" "$LIB"; do
+  if [ -f "$f" ]; then
+    input "$(basename "$f")" 1 "$f"
+  else
+    input "$(basename "$f")" 0 "$f: run scripts/gpu-check.sh --prepare and carry it"
+    if [ "$DRY" = 0 ]; then
+      echo "missing $f: run scripts/gpu-check.sh --prepare on the build machine and carry target/release" >&2
+      exit 2
+    fi
+  fi
+done
+if [ -x "$SELFTEST" ]; then
+  input "driver self-test" 1 "$SELFTEST"
+else
+  input "driver self-test" 0 "$SELFTEST: scripts/emulated-gpu.sh --build, then carry it"
+fi
+# The carried kernels match these sources when the binary finds their cache entry.
+kernels_carried() { # arch
+  [ -f "$BIN" ] && STRAGGLAR_CACHE_DIR="$KERNELS" "$BIN" kernels --arch "$1" --cached >/dev/null 2>&1
+}
+if kernels_carried "$PREPARED_ARCH"; then
+  input "kernels ($PREPARED_ARCH, these sources)" 1 "$KERNELS"
+elif [ -f "$BIN" ]; then
+  input "kernels ($PREPARED_ARCH, these sources)" 0 "none in $KERNELS: scripts/gpu-check.sh --prepare"
+else
+  input "kernels ($PREPARED_ARCH, these sources)" 0 "not checked without $BIN"
+fi
+
 if [ "$DRY" = 0 ]; then
   # The policy tables are written inside their steps: none may be left from an earlier run.
   rm -f "$OUT/policy-table.log" "$OUT/graph-policy-table.log"
-  for f in "$BIN" "$LIB"; do
-    if [ ! -x "$f" ] && [ ! -f "$f" ]; then
-      echo "missing $f: run cargo build --release on the build machine and carry target/release" >&2
-      exit 2
-    fi
-  done
   if NVRTC_DIR=$(find_nvrtc_dir); then
     # The loader is asked for libnvrtc.so before any versioned name, and the system's cache
     # may hold another toolkit's: a link of that name to the chosen library comes first.
-    mkdir -p "$OUT/nvrtc"
-    ln -sf "$(ls "$NVRTC_DIR"/libnvrtc.so.[0-9]* | head -1)" "$OUT/nvrtc/libnvrtc.so"
-    export LD_LIBRARY_PATH="$OUT/nvrtc:$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    mkdir -p "$WORK/nvrtc"
+    ln -sf "$(ls "$NVRTC_DIR"/libnvrtc.so.[0-9]* | head -1)" "$WORK/nvrtc/libnvrtc.so"
+    export LD_LIBRARY_PATH="$WORK/nvrtc:$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     echo "NVRTC from $NVRTC_DIR"
   else
     echo "no libnvrtc found: the kernels cannot be compiled here" >&2
@@ -178,7 +246,6 @@ step "doctor" doctor.log sg doctor
 
 # 1b. The driver semantics the emulated GPU promises (tests/emulated/selftest.c), against this
 #     real driver: what CI proves on the emulation holds only as far as these pass here.
-SELFTEST="${STRAGGLAR_SELFTEST:-target/emulated-gpu/selftest}"
 selftest() {
   if [ ! -x "$SELFTEST" ]; then
     echo "$SELFTEST not carried (build it with scripts/emulated-gpu.sh --build)"
@@ -194,7 +261,18 @@ if [ "$DRY" = 0 ]; then
   CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
   if [ -n "$CC" ]; then ARCH="sm_$CC"; fi
 fi
-step "kernels compile with NVRTC ($ARCH)" kernels.log sg kernels --arch "$ARCH" --cache --out "$OUT/cubins"
+# The carried cache entry when it is this GPU's architecture (no NVRTC on the device: a minute
+# saved), else NVRTC compiles them here.
+carried_kernels() {
+  mkdir -p "$STRAGGLAR_CACHE_DIR"
+  cp "$KERNELS"/stragglar-*-"$ARCH"-*.cubin "$STRAGGLAR_CACHE_DIR"/ &&
+    "$BIN" kernels --arch "$ARCH" --cached
+}
+if [ "$DRY" = 1 ] || kernels_carried "$ARCH"; then
+  step "kernels carried, built here for $ARCH" kernels.log carried_kernels
+else
+  step "kernels compile with NVRTC ($ARCH)" kernels.log sg kernels --arch "$ARCH" --cache --out "$WORK/cubins"
+fi
 
 # 3. Kernel bandwidth against the device's copy rate.
 #    At two grids: two blocks per SM (the device's rate), and the AllReduce's own grid (the
@@ -380,7 +458,7 @@ step "policy in graph replays, on the GPU: 4 ranks, rank 3 late" graph-policy.lo
 #    so a waiting rank spins until its slice ends: small sizes. MPS is started if it can be.
 MPS_STARTED=0
 if [ "$DRY" = 0 ] && [ "$(run_limit)" -gt 90 ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
-  export CUDA_MPS_PIPE_DIRECTORY="$OUT/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$OUT/mps-log"
+  export CUDA_MPS_PIPE_DIRECTORY="$WORK/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$WORK/mps-log"
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d 2>/dev/null; then
     # The daemon may start yet serve no client (in some containers): a small run, which
@@ -418,10 +496,34 @@ if [ "$MPS_STARTED" = 1 ]; then
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
 
-echo
-echo "== gpu-check summary ($((SECONDS)) s of a ${BUDGET_S} s budget)"
-printf '%-58s %-8s %s\n' "check" "result" "detail"
-for line in "${SUMMARY[@]}"; do
-  echo "$line"
-done
+# Every log in one archive of bounded size, each cut to its first 192 KiB and last 64 KiB; the
+# work files go. OUT keeps the summary and the archive.
+if [ "$DRY" = 0 ]; then
+  mkdir -p "$WORK/logs"
+  for log in "$OUT"/*.log; do
+    [ -f "$log" ] || continue
+    if [ "$(stat -c %s "$log")" -gt $((256 << 10)) ]; then
+      { head -c $((192 << 10)) "$log"; printf '\n[... cut: %s bytes in all ...]\n' "$(stat -c %s "$log")"; tail -c $((64 << 10)) "$log"; } >"$WORK/logs/$(basename "$log")"
+    else
+      cp "$log" "$WORK/logs/"
+    fi
+    rm -f "$log"
+  done
+  tar -czf "$OUT/gpu-check-logs.tar.gz" -C "$WORK" logs
+  rm -rf "$WORK"
+fi
+
+if [ "$DRY" = 1 ]; then
+  rm -rf "$WORK"
+  if [ "$INPUTS_MISSING" = 1 ]; then FAILED=1; fi
+fi
+{
+  echo
+  echo "== gpu-check summary ($((SECONDS)) s of a ${BUDGET_S} s budget)"
+  printf '%-58s %-8s %s\n' "check" "result" "detail"
+  for line in "${SUMMARY[@]}"; do
+    echo "$line"
+  done
+  if [ "$DRY" = 0 ]; then echo "logs: $OUT/gpu-check-logs.tar.gz (log names as in the rows)"; fi
+} | tee "$OUT/summary.txt"
 exit "$FAILED"

@@ -5,18 +5,34 @@ mod support;
 
 use std::process::Command;
 
+/// The inputs a device run needs, as `--prepare` makes them: the binaries of this build, the
+/// emulated GPU's driver self-test, and a kernel cache holding sm_90's entry of these sources.
+fn prepared(cmd: &mut Command) -> &mut Command {
+    let built =
+        support::run(Command::new(support::root().join("scripts/emulated-gpu.sh")).arg("--build"));
+    assert!(built.status.success(), "{}", support::describe(&built));
+    let emulated = String::from_utf8(built.stdout).unwrap().trim().to_owned();
+    let kernels = support::real_kernels(std::path::Path::new(env!("CARGO_BIN_EXE_stragglar")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    cmd.env("STRAGGLAR_BIN", env!("CARGO_BIN_EXE_stragglar"))
+        .env("STRAGGLAR_LIB", support::stragglar_so())
+        .env(
+            "STRAGGLAR_SELFTEST",
+            std::path::Path::new(&emulated).join("selftest"),
+        )
+        .env("STRAGGLAR_KERNELS", kernels.cache)
+}
+
 #[test]
-fn the_dry_run_lists_every_check_and_ends_with_the_summary() {
+fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
     // Run as the README and the device command run it: the script itself, not `bash script`,
     // so a lost executable bit fails here.
-    let out = Command::new(support::root().join("scripts/gpu-check.sh"))
-        .arg("--dry-run")
-        .env(
-            "OUT",
-            support::root().join("target").join("gpu-check-dry-run"),
-        )
-        .output()
-        .unwrap();
+    let mut cmd = Command::new(support::root().join("scripts/gpu-check.sh"));
+    cmd.arg("--dry-run").env(
+        "OUT",
+        support::root().join("target").join("gpu-check-dry-run"),
+    );
+    let out = prepared(&mut cmd).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -28,8 +44,12 @@ fn the_dry_run_lists_every_check_and_ends_with_the_summary() {
         .nth(1)
         .expect("a summary table");
     for check in [
+        "input: stragglar ",
+        "input: libstragglar.so ",
+        "input: driver self-test ",
+        "input: kernels (sm_90, these sources) ",
         "doctor",
-        "kernels compile with NVRTC",
+        "kernels carried, built here for sm_90",
         "bench --backend cuda: n=2,3,4,5,6,7,8, types all, ops all",
         "8 ranks, 1K..256M, stragglar",
         "8 ranks, 1K..256M, ring",
@@ -44,6 +64,52 @@ fn the_dry_run_lists_every_check_and_ends_with_the_summary() {
         assert!(summary.contains(check), "{check} missing from:\n{summary}");
     }
     assert!(!summary.contains("FAIL") && !summary.contains("PENDING"));
+    assert!(!summary.contains("MISSING"), "{summary}");
+}
+
+/// A missing binary, self-test or kernel cache (or one of other sources) fails the dry run,
+/// each named in its row.
+#[test]
+fn the_dry_run_fails_on_a_missing_input() {
+    let empty = support::scratch("gpu-check-no-kernels");
+    for (variable, value, row) in [
+        (
+            "STRAGGLAR_BIN",
+            "/nonexistent/stragglar",
+            "input: stragglar ",
+        ),
+        (
+            "STRAGGLAR_LIB",
+            "/nonexistent/libstragglar.so",
+            "input: libstragglar.so ",
+        ),
+        (
+            "STRAGGLAR_SELFTEST",
+            "/nonexistent/selftest",
+            "input: driver self-test ",
+        ),
+        (
+            "STRAGGLAR_KERNELS",
+            empty.to_str().unwrap(),
+            "input: kernels (sm_90, these sources) ",
+        ),
+    ] {
+        let mut cmd = Command::new(support::root().join("scripts/gpu-check.sh"));
+        cmd.arg("--dry-run").env(
+            "OUT",
+            support::root().join("target").join("gpu-check-dry-missing"),
+        );
+        let out = prepared(&mut cmd).env(variable, value).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{variable}: {stdout}");
+        let missing: Vec<&str> = stdout.lines().filter(|l| l.contains("MISSING")).collect();
+        // Without the binary the kernels cannot be checked either; otherwise only the one.
+        let expected = if variable == "STRAGGLAR_BIN" { 2 } else { 1 };
+        assert!(
+            missing.len() == expected && missing[0].starts_with(row),
+            "{variable}: {stdout}"
+        );
+    }
 }
 
 /// A real (not dry) run whose budget is already spent: every step is SKIPPED at once (no row
@@ -83,11 +149,22 @@ fn a_spent_budget_skips_every_step_and_still_prints_the_summary() {
         .nth(1)
         .expect("a summary table");
     assert!(summary.contains("of a 0 s budget"), "{summary}");
-    let rows: Vec<&str> = summary.lines().skip(2).filter(|l| !l.is_empty()).collect();
+    let rows: Vec<&str> = summary
+        .lines()
+        .skip(2)
+        .filter(|l| !l.is_empty() && !l.starts_with("input: ") && !l.starts_with("logs: "))
+        .collect();
     assert!(rows.len() >= 10, "{summary}");
     for row in rows {
         assert!(row.contains("SKIPPED"), "{row}");
     }
+    // What OUT keeps: the summary and one archive of the logs (the earlier run's too).
+    let mut kept: Vec<String> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["gpu-check-logs.tar.gz", "summary.txt"], "{stdout}");
 }
 
 #[test]

@@ -16,6 +16,9 @@ kernels options:
   --resources   print ptxas's report of each function: registers, stack, spills, shared memory
   --source DIR  compile the kernel sources in DIR (another revision's cuda/, to compare
                 builds) instead of the built-in ones; not with --cache
+  --cached      compile nothing: check that the kernel cache (STRAGGLAR_CACHE_DIR) holds a
+                valid entry of these sources for each architecture (no NVRTC needed); exit
+                status 1 naming those that are missing
 ";
 
 /// Runs `stragglar kernels`; exit status 1 when a compilation fails.
@@ -30,6 +33,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         .flatten();
     let resources = args.flag(&["--resources"]);
     let source: Option<PathBuf> = args.value(&["--source"])?.map(PathBuf::from);
+    let cached_only = args.flag(&["--cached"]);
     args.finish()?;
     if source.is_some() && cache.is_some() {
         return Err(UsageError(
@@ -51,6 +55,14 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         return Err(UsageError(format!(
             "--arch: {bad} is not an architecture (sm_70 or later, e.g. sm_90)"
         )));
+    }
+    if cached_only {
+        if source.is_some() || out.is_some() || cache.is_some() || resources {
+            return Err(UsageError(
+                "--cached only checks the cache: no --out, --cache, --resources or --source".into(),
+            ));
+        }
+        return Ok(check_cached(&archs));
     }
     let Some((major, minor)) = nvrtc::version() else {
         eprintln!("stragglar kernels: libnvrtc not found (install nvidia-cuda-nvrtc-cu12, and put its lib/ on LD_LIBRARY_PATH or bind its NCCL with STRAGGLAR_NCCL_LIB)");
@@ -110,6 +122,33 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         }
     }
     Ok(failed as i32)
+}
+
+/// `--cached`: whether the kernel cache holds a valid entry of the built-in sources for each of
+/// `archs`; exit status 0 when every one is there.
+fn check_cached(archs: &[&str]) -> i32 {
+    let Some(dir) = nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref()) else {
+        eprintln!("stragglar kernels: no kernel cache directory (set STRAGGLAR_CACHE_DIR)");
+        return 1;
+    };
+    let mut missing = 0;
+    for arch in archs {
+        match nvrtc::read_cached(arch, &dir) {
+            Some((cubin, (major, minor))) => println!(
+                "{arch}: cached in {} ({} bytes, compiled by NVRTC {major}.{minor})",
+                dir.join(nvrtc::cache_key(arch)).display(),
+                cubin.len()
+            ),
+            None => {
+                eprintln!(
+                    "stragglar kernels: {arch}: no entry of these sources in {} (build it with `stragglar kernels --arch {arch} --cache`)",
+                    dir.display()
+                );
+                missing += 1;
+            }
+        }
+    }
+    i32::from(missing > 0)
 }
 
 /// Prints ptxas's report in NVRTC's log (its `info` lines and each function's stack and spill
