@@ -223,21 +223,28 @@ pub fn engine_call(
 /// Counts a forwarded call on its communicator and logs the cause at INFO the first time it
 /// keeps that communicator's calls on NCCL.
 pub fn count_fallback(comm: ncclComm_t, cause: Fallback) {
-    let record = crate::registry::comms().record_or_new(comm);
-    let stats = &record.stats;
-    if stats.fell_back(cause) {
+    let interval = match log::log_enabled!(log::Level::Info) {
+        true => crate::config::get()
+            .report_interval_s
+            .saturating_mul(1_000_000_000),
+        false => 0,
+    };
+    // Counted under the table's lock; logged after it (the report reads the table again).
+    let (first, due) = crate::registry::comms().with_record(comm, |record| {
+        let stats = &record.stats;
+        let first = stats.fell_back(cause);
+        let due = (interval > 0 && stats.report_due(crate::clock::now_ns(), interval))
+            .then(|| stats.snapshot());
+        (first, due)
+    });
+    if first {
         log::info!(
             "ncclAllReduce on communicator {comm:p} goes to NCCL: {} (logged once per communicator and cause)",
             cause.describe()
         );
     }
-    if log::log_enabled!(log::Level::Info) {
-        let interval = crate::config::get()
-            .report_interval_s
-            .saturating_mul(1_000_000_000);
-        if stats.report_due(crate::clock::now_ns(), interval) {
-            log::info!("{}", report::summary(comm, &stats.snapshot()));
-        }
+    if let Some(snapshot) = due {
+        log::info!("{}", report::summary(comm, &snapshot));
     }
 }
 

@@ -123,6 +123,17 @@ impl CommTable {
         self.entries.write().entry(key(comm)).or_default().clone()
     }
 
+    /// Runs `f` on `comm`'s record (made, without facts, for a handle we did not see made)
+    /// under the table's read lock: no reference is taken, for the per-call path. `f` must not
+    /// use the table itself (a second read behind a waiting writer would deadlock).
+    pub fn with_record<R>(&self, comm: ncclComm_t, f: impl FnOnce(&CommRecord) -> R) -> R {
+        if let Some(record) = self.entries.read().get(&key(comm)) {
+            return f(record);
+        }
+        let record = self.record_or_new(comm);
+        f(&record)
+    }
+
     /// Whether `comm` is a handle whose Destroy or Abort has returned (and that no new
     /// communicator has reused since). Cheap while nothing was ever destroyed.
     pub fn is_destroyed(&self, comm: ncclComm_t) -> bool {
@@ -145,7 +156,7 @@ impl CommTable {
 
     /// What we know about `comm`, if we saw it made.
     pub fn get(&self, comm: ncclComm_t) -> Option<CommInfo> {
-        self.record(comm)?.info.read().clone()
+        self.entries.read().get(&key(comm))?.info.read().clone()
     }
 
     /// Changes what is known of `comm` with `update` (not its state); returns the result, or
@@ -186,7 +197,7 @@ impl CommTable {
 
     /// The op `op` of `comm`, if it was created there through us and not destroyed.
     pub fn redop(&self, comm: ncclComm_t, op: RedOpCode) -> Option<PreMulSum> {
-        self.record(comm)?.redop(op)
+        self.entries.read().get(&key(comm))?.redop(op)
     }
 
     /// Forgets one op (after `ncclRedOpDestroy`).
