@@ -183,6 +183,20 @@ pub const SETTINGS: &[Setting] = &[
         show: |c| c.pipeline.to_string(),
     },
     Setting {
+        name: "STRAGGLAR_OBSERVE",
+        default: "0",
+        meaning: "1 times every ncclAllReduce forwarded to NCCL (two events on the caller's stream, read later) and writes each rank's durations into STRAGGLAR_REPORT_DIR, for `stragglar report`",
+        parse: |c, v| switch(&mut c.observe, v),
+        show: |c| u8::from(c.observe).to_string(),
+    },
+    Setting {
+        name: "STRAGGLAR_REPORT_DIR",
+        default: "(unset: no records)",
+        meaning: "where observe mode writes each rank's records at destroy; %h becomes the host name, %p the process id",
+        parse: |c, v| text(&mut c.report_dir, v),
+        show: |c| shown(&c.report_dir, "(unset: no records)"),
+    },
+    Setting {
         name: "STRAGGLAR_REPORT_INTERVAL",
         default: "600",
         meaning: "seconds between AllReduce reports per communicator at INFO (0: only at destroy)",
@@ -279,6 +293,10 @@ pub struct Config {
     pub straggler: StragglerMode,
     /// `STRAGGLAR_PIPELINE`: pieces per chunk of StragglAR's calls, or `auto`.
     pub pipeline: Pipeline,
+    /// `STRAGGLAR_OBSERVE`: time forwarded AllReduce calls for the straggler report.
+    pub observe: bool,
+    /// `STRAGGLAR_REPORT_DIR`, with `%h` and `%p` still unexpanded.
+    pub report_dir: Option<String>,
     /// `STRAGGLAR_REPORT_INTERVAL` in seconds; 0 reports only at destroy.
     pub report_interval_s: u64,
     /// `STRAGGLAR_TRACE_DIR`, if given.
@@ -305,6 +323,8 @@ impl Default for Config {
             algo: AlgoMode::Auto,
             straggler: StragglerMode::Auto,
             pipeline: Pipeline::Pieces(1),
+            observe: false,
+            report_dir: None,
             report_interval_s: 600,
             trace_dir: None,
             cache_dir: None,
@@ -492,6 +512,8 @@ mod tests {
             ("STRAGGLAR_ALGO", "nccl"),
             ("STRAGGLAR_STRAGGLER", "3"),
             ("STRAGGLAR_PIPELINE", "auto"),
+            ("STRAGGLAR_OBSERVE", "1"),
+            ("STRAGGLAR_REPORT_DIR", "/r/%h"),
             ("STRAGGLAR_REPORT_INTERVAL", "0"),
             ("STRAGGLAR_TRACE_DIR", "/t"),
             ("STRAGGLAR_CACHE_DIR", "/c"),

@@ -16,6 +16,7 @@ use crate::nccl::reentry::{calling_real, tracking};
 use crate::nccl::types::*;
 use crate::registry::comm_config::{effective_blocking, requested_blocking};
 use crate::registry::identity::read_identity;
+use crate::registry::names;
 use crate::registry::{self, CommInfo, CommOrigin, CommState};
 
 /// Whether a result means NCCL handed out a communicator.
@@ -126,6 +127,7 @@ pub extern "C" fn ncclCommInitRank(
                 blocking,
                 std::ptr::null_mut(),
             );
+            names::name(written(comm), names::of_unique_id(&commId));
         }
         rc
     })
@@ -158,6 +160,7 @@ pub extern "C" fn ncclCommInitRankConfig(
                 blocking,
                 std::ptr::null_mut(),
             );
+            names::name(written(comm), names::of_unique_id(&commId));
         }
         rc
     })
@@ -254,6 +257,8 @@ pub extern "C" fn ncclCommSplit(
         let rc: ResultCode = calling_real(
             || forward!(ncclCommSplit(comm, color, key, newcomm, config); outputs newcomm),
         );
+        // Every member counts the split, whatever its color: its child's name numbers it.
+        let child_name = names::next_split(comm, color);
         if made(rc) {
             let blocking = blocking_of(config, comm);
             record(
@@ -265,6 +270,9 @@ pub extern "C" fn ncclCommSplit(
                 blocking,
                 comm,
             );
+            if let Some(name) = child_name {
+                names::name(written(newcomm), name);
+            }
         }
         rc
     })
@@ -383,6 +391,9 @@ fn end_comm(
     }
     if !tracking() {
         return real();
+    }
+    if ending.state == CommState::Destroyed {
+        crate::intercept::engine::observation_ends(comm, ending.abort_engine);
     }
     crate::intercept::engine::forget(comm, ending.abort_engine);
     let rc = calling_real(real);

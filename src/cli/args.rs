@@ -88,6 +88,16 @@ impl Args {
     }
 
     /// Fails if any argument was not consumed.
+    /// The arguments not taken yet (positional ones, after the options were taken); an
+    /// option-like one among them is a usage error.
+    pub fn rest(self) -> Result<Vec<String>, UsageError> {
+        let left: Vec<String> = self.items.into_iter().flatten().collect();
+        match left.iter().find(|a| a.starts_with('-')) {
+            Some(option) => Err(UsageError(format!("unknown option '{option}'"))),
+            None => Ok(left),
+        }
+    }
+
     pub fn finish(self) -> Result<(), UsageError> {
         let left: Vec<String> = self.items.into_iter().flatten().collect();
         if left.is_empty() {

@@ -8,6 +8,7 @@ mod doctor;
 mod kernels;
 pub mod model;
 pub mod plan;
+mod report;
 mod run;
 mod soak;
 
@@ -28,6 +29,7 @@ commands:
   run        run a command (torchrun, python, ...) with the library preloaded
   soak       a seeded stream of random AllReduce calls on the host engine, every element checked
   plan       print a StragglAR, Ring, halving-doubling or Direct schedule
+  report     which rank is the persistent straggler, from observe mode's records
   model      modelled times of every algorithm, speedups, break-even delays
 ";
 
@@ -39,6 +41,7 @@ fn usage_of(command: &str) -> Option<&'static str> {
         "plan" => Some(plan::USAGE),
         "model" => Some(model::USAGE),
         "kernels" => Some(kernels::USAGE),
+        "report" => Some(report::USAGE),
         _ => None,
     }
 }
@@ -74,11 +77,12 @@ pub fn run(argv: Vec<String>) -> i32 {
     let result: Result<i32, UsageError> = match command.as_str() {
         "help" | "--help" | "-h" => {
             print!(
-                "{USAGE}{}{}{}{}{}",
+                "{USAGE}{}{}{}{}{}{}",
                 bench::USAGE,
                 plan::USAGE,
                 model::USAGE,
                 kernels::USAGE,
+                report::USAGE,
                 run::USAGE
             );
             Ok(0)
@@ -90,6 +94,7 @@ pub fn run(argv: Vec<String>) -> i32 {
         "model" => model::run(args),
         "soak" => soak::run(args),
         "kernels" => kernels::run(args),
+        "report" => report::run(args),
         other => Err(UsageError(format!(
             "unknown command '{other}'; try 'stragglar help'"
         ))),

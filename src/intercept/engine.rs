@@ -2,7 +2,7 @@
 //! name the engine themselves, so the path of a call is abi -> intercept -> engine.
 
 use super::{engine_call, AllReduceCall};
-use crate::engine::cuda::library;
+use crate::engine::cuda::{library, observe};
 use crate::nccl::types::{cudaStream_t, ncclComm_t, ResultCode};
 use crate::registry::fallback::Fallback;
 
@@ -49,4 +49,21 @@ pub fn class_times(
 /// Ends `comm`'s engine (a new communicator at its address, destroy, or abort with `abort`).
 pub fn forget(comm: ncclComm_t, abort: bool) {
     library::forget(comm, abort)
+}
+
+/// Runs `call`, NCCL's AllReduce of `bytes` on `comm` and `stream`, timed in observe mode
+/// (`STRAGGLAR_OBSERVE=1`; see `engine::cuda::observe`).
+pub fn observed(
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    bytes: usize,
+    call: impl FnOnce() -> ResultCode,
+) -> ResultCode {
+    let in_group = crate::registry::groups::depth() > 0;
+    observe::observed(comm, stream, bytes, in_group, call)
+}
+
+/// Ends `comm`'s observations at its destroy (or abort, with `abort`), writing its record.
+pub fn observation_ends(comm: ncclComm_t, abort: bool) {
+    observe::finish(comm, abort)
 }

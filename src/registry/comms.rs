@@ -4,9 +4,10 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use once_cell::sync::OnceCell;
 use parking_lot::{Mutex, RwLock};
 
 use super::redops::PreMulSum;
@@ -74,6 +75,13 @@ pub struct CommRecord {
     redops: Mutex<HashMap<i32, PreMulSum>>,
     /// The GPU engine's state, if the engine ever took a call of it.
     pub engine: Mutex<Option<EngineSlot>>,
+    /// A name of the communicator that every rank of it derives alike (from its unique id, or
+    /// from its parent's name and split), once known.
+    pub identity: OnceCell<u64>,
+    /// Splits of this communicator so far: a child's name counts them.
+    pub splits: AtomicU64,
+    /// Observe mode's state of it (opaque here: the timing events are the GPU engine's).
+    pub observer: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 impl CommRecord {

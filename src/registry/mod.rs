@@ -12,6 +12,7 @@ pub mod comms;
 pub mod fallback;
 pub mod groups;
 pub mod identity;
+pub mod names;
 pub mod redops;
 pub mod stats;
 

@@ -623,6 +623,10 @@ pub struct Event {
     raw: sys::CUevent,
 }
 
+// SAFETY: an event handle may be used from any thread of the process; every method makes the
+// event's context current on the calling thread first.
+unsafe impl Send for Event {}
+
 impl Event {
     /// A new event that records time.
     pub fn new(device: &Arc<Device>) -> Result<Event, GpuError> {

@@ -14,6 +14,7 @@ pub mod gpus;
 pub mod grid;
 pub mod library;
 pub mod nvls;
+pub mod observe;
 pub mod peers;
 pub mod rank;
 pub mod setup;

@@ -1,0 +1,385 @@
+//! `stragglar report DIR...`: which rank is the persistent straggler of each communicator, from
+//! the records observe mode wrote (`STRAGGLAR_OBSERVE=1`, `STRAGGLAR_REPORT_DIR`), one host's
+//! directory or several.
+//!
+//! For each call every rank observed, the rank whose call was the shortest arrived last (the
+//! others waited for it): its lateness is the others' median duration minus its own, and the
+//! lead that could hide a ReduceScatter the second-shortest minus its own. No clock is
+//! compared across GPUs or hosts. The arrivals go through the detector the GPU engine uses
+//! (`detect::rule`: last in 75% of a 32-call window, released below half), so "persistent"
+//! means what it means to the engine.
+
+mod records;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use super::args::{Args, UsageError};
+use crate::detect::{ArrivalRecord, Detector, DetectorConfig};
+use crate::engine::cuda::comm::NVSWITCH_LINK;
+use crate::schedule::model::{stragglar_rounds, Times};
+use records::RankRecord;
+
+/// Usage of `stragglar report`.
+pub const USAGE: &str = "
+stragglar report DIR... [--json]
+    which rank is the persistent straggler of each communicator, how late, in what share of
+    calls, from which call on, and what the model says StragglAR would save, from the records
+    observe mode wrote (STRAGGLAR_OBSERVE=1 STRAGGLAR_REPORT_DIR=DIR); --json prints JSON
+";
+
+/// One call every rank observed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Call {
+    number: u64,
+    class: u32,
+    last: usize,
+    /// The others' median duration minus the last rank's, nanoseconds.
+    lateness_ns: u64,
+    /// The second-shortest duration minus the shortest, nanoseconds.
+    lead_ns: u64,
+}
+
+/// What the report says of one communicator.
+#[derive(Debug, Clone, PartialEq)]
+struct Finding {
+    comm: u64,
+    ranks: usize,
+    /// Per rank: its host, GPU and process.
+    members: Vec<(String, String, u32)>,
+    calls: Vec<Call>,
+    unobserved: u64,
+    /// The persistent straggler at the last call, and from which call on.
+    straggler: Option<(usize, u64)>,
+}
+
+/// The calls of one communicator's records (one per rank, in rank order) that every rank
+/// observed, each with the rank that arrived last.
+fn calls_of(records: &[&RankRecord]) -> Vec<Call> {
+    let first = records[0];
+    let mut calls = Vec::new();
+    for (&number, &(class, _)) in &first.calls {
+        let durations: Option<Vec<u64>> = records
+            .iter()
+            .map(|r| r.calls.get(&number).map(|&(_, d)| d))
+            .collect();
+        let Some(durations) = durations else {
+            continue;
+        };
+        // The shortest (the highest rank on a tie, as the engine's records break ties).
+        let last = (0..durations.len())
+            .rev()
+            .min_by_key(|&r| durations[r])
+            .expect("ranks");
+        let mut others: Vec<u64> = (0..durations.len())
+            .filter(|&r| r != last)
+            .map(|r| durations[r])
+            .collect();
+        others.sort_unstable();
+        let own = durations[last];
+        let lateness_ns = others.get(others.len() / 2).map_or(0, |m| m - own);
+        let lead_ns = others.first().map_or(0, |s| s - own);
+        calls.push(Call {
+            number,
+            class,
+            last,
+            lateness_ns,
+            lead_ns,
+        });
+    }
+    calls
+}
+
+/// The designated straggler after the last call, and the call from which it has been.
+fn persistent(ranks: usize, calls: &[Call]) -> Option<(usize, u64)> {
+    let mut detector = Detector::new(ranks, DetectorConfig::default());
+    let mut since = None;
+    for call in calls {
+        let before = detector.designated();
+        detector.observe(ArrivalRecord {
+            last_rank: call.last,
+            lead_ns: call.lead_ns,
+        });
+        if detector.designated() != before {
+            since = Some(call.number);
+        }
+    }
+    detector.designated().zip(since)
+}
+
+/// Groups the records by communicator and reads each; the errors say which input is wrong.
+fn findings(records: &[RankRecord]) -> (Vec<Finding>, Vec<String>) {
+    let mut by_comm: BTreeMap<u64, Vec<&RankRecord>> = BTreeMap::new();
+    for r in records {
+        by_comm.entry(r.comm).or_default().push(r);
+    }
+    let mut found = Vec::new();
+    let mut errors = Vec::new();
+    for (comm, mut ranks) in by_comm {
+        ranks.sort_by_key(|r| r.rank);
+        let n = ranks[0].ranks;
+        if let Some(other) = ranks.iter().find(|r| r.ranks != n) {
+            errors.push(format!(
+                "communicator {comm:016x}: {} says {} ranks, {} says {n}",
+                other.path.display(),
+                other.ranks,
+                ranks[0].path.display()
+            ));
+            continue;
+        }
+        if let Some(pair) = ranks.windows(2).find(|w| w[0].rank == w[1].rank) {
+            errors.push(format!(
+                "communicator {comm:016x}: two records of rank {} ({} and {}): two jobs' records in one directory?",
+                pair[0].rank,
+                pair[0].path.display(),
+                pair[1].path.display()
+            ));
+            continue;
+        }
+        if ranks.len() != n {
+            let missing: Vec<String> = (0..n)
+                .filter(|r| !ranks.iter().any(|x| x.rank == *r))
+                .map(|r| r.to_string())
+                .collect();
+            errors.push(format!(
+                "communicator {comm:016x}: no record of rank(s) {} of {n} (seen by only some ranks: their records are needed to compare)",
+                missing.join(", ")
+            ));
+            continue;
+        }
+        let calls = calls_of(&ranks);
+        found.push(Finding {
+            comm,
+            ranks: n,
+            members: ranks
+                .iter()
+                .map(|r| (r.host.clone(), r.gpu.clone(), r.pid))
+                .collect(),
+            unobserved: ranks
+                .iter()
+                .map(|r| r.unobserved + r.dropped)
+                .max()
+                .unwrap_or(0),
+            straggler: persistent(n, &calls),
+            calls,
+        });
+    }
+    (found, errors)
+}
+
+/// The `p`-th percentile (0..=100) of `values` (sorted here), nearest rank.
+fn percentile(values: &mut [u64], p: usize) -> u64 {
+    if values.is_empty() {
+        return 0;
+    }
+    values.sort_unstable();
+    let at = (p * values.len()).div_ceil(100).clamp(1, values.len()) - 1;
+    values[at]
+}
+
+/// The straggler's figures: share of calls it arrived last in, and its lateness's median and
+/// p90 over those calls, nanoseconds.
+fn figures(finding: &Finding, rank: usize) -> (f64, u64, u64) {
+    let mut late: Vec<u64> = finding
+        .calls
+        .iter()
+        .filter(|c| c.last == rank)
+        .map(|c| c.lateness_ns)
+        .collect();
+    let share = late.len() as f64 / finding.calls.len().max(1) as f64;
+    (share, percentile(&mut late, 50), percentile(&mut late, 90))
+}
+
+/// What the model says of the most common size class at `lateness_ns`: Ring's and
+/// StragglAR's time per call on an 8-GPU NVSwitch server's links, seconds.
+fn modelled(finding: &Finding, lateness_ns: u64) -> Option<(u64, f64, f64)> {
+    let mut classes: BTreeMap<u32, usize> = BTreeMap::new();
+    for c in &finding.calls {
+        *classes.entry(c.class).or_default() += 1;
+    }
+    let (&class, _) = classes.iter().max_by_key(|&(_, n)| *n)?;
+    let bytes = 1u64 << class.saturating_sub(1).min(62);
+    let n = finding.ranks.max(2);
+    let times = Times::new(n, stragglar_rounds(n, 1), bytes as f64, NVSWITCH_LINK);
+    let at = times.with_delay(lateness_ns as f64 * 1e-9);
+    Some((bytes, at.ring, at.stragglar))
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.3} ms", ns as f64 / 1e6)
+}
+
+fn text(findings: &[Finding], files: usize) -> String {
+    let mut s = format!(
+        "# stragglar report: {} communicator(s) from {files} record file(s)\n",
+        findings.len()
+    );
+    for f in findings {
+        let _ = writeln!(
+            s,
+            "communicator {:016x}: {} ranks, {} calls observed on every rank ({} not observed on some rank)",
+            f.comm,
+            f.ranks,
+            f.calls.len(),
+            f.unobserved
+        );
+        match f.straggler {
+            Some((rank, since)) => {
+                let (share, median, p90) = figures(f, rank);
+                let (host, gpu, pid) = &f.members[rank];
+                let _ = writeln!(
+                    s,
+                    "  persistent straggler: rank {rank} (host {host}, GPU {gpu}, pid {pid}), last in {:.0}% of calls, late by {} (median), {} (p90), designated from call {since}",
+                    100.0 * share,
+                    ms(median),
+                    ms(p90)
+                );
+                if let Some((bytes, ring, stragglar)) = modelled(f, median) {
+                    let _ = writeln!(
+                        s,
+                        "  model, NVSwitch links (not measured): at {bytes} B and that lateness, Ring takes {:.1} us per call, StragglAR {:.1} us: {:.1} us saved",
+                        ring * 1e6,
+                        stragglar * 1e6,
+                        (ring - stragglar) * 1e6
+                    );
+                }
+            }
+            None => {
+                let _ = writeln!(s, "  no persistent straggler");
+            }
+        }
+        let _ = writeln!(s, "  rank  last (%)  median lateness when last");
+        for rank in 0..f.ranks {
+            let (share, median, _) = figures(f, rank);
+            let _ = writeln!(s, "  {rank:>4}  {:>8.1}  {}", 100.0 * share, ms(median));
+        }
+    }
+    s
+}
+
+fn json(findings: &[Finding]) -> String {
+    let items: Vec<String> = findings
+        .iter()
+        .map(|f| {
+            let straggler = match f.straggler {
+                Some((rank, since)) => {
+                    let (share, median, p90) = figures(f, rank);
+                    let (host, gpu, pid) = &f.members[rank];
+                    format!(
+                        "{{\"rank\": {rank}, \"host\": \"{host}\", \"gpu\": \"{gpu}\", \"pid\": {pid}, \"last_share\": {share:.4}, \"lateness_median_ns\": {median}, \"lateness_p90_ns\": {p90}, \"since_call\": {since}}}"
+                    )
+                }
+                None => "null".to_string(),
+            };
+            format!(
+                "    {{\"comm\": \"{:016x}\", \"ranks\": {}, \"calls\": {}, \"unobserved\": {}, \"straggler\": {straggler}}}",
+                f.comm,
+                f.ranks,
+                f.calls.len(),
+                f.unobserved
+            )
+        })
+        .collect();
+    format!(
+        "{{\n  \"communicators\": [\n{}\n  ]\n}}\n",
+        items.join(",\n")
+    )
+}
+
+/// Runs `stragglar report`; exit status 1 when an input is wrong (the rest is still reported).
+pub fn run(mut args: Args) -> Result<i32, UsageError> {
+    let as_json = args.flag(&["--json"]);
+    let dirs: Vec<PathBuf> = args.rest()?.into_iter().map(PathBuf::from).collect();
+    if dirs.is_empty() {
+        return Err(UsageError(
+            "report: name the directories of the records".into(),
+        ));
+    }
+    let records = match records::read_dirs(&dirs) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("stragglar report: {e}");
+            return Ok(1);
+        }
+    };
+    if records.is_empty() {
+        eprintln!("stragglar report: no record files (stragglar-*.rec) in the directories given");
+        return Ok(1);
+    }
+    let (found, errors) = findings(&records);
+    match as_json {
+        true => print!("{}", json(&found)),
+        false => print!("{}", text(&found, records.len())),
+    }
+    for e in &errors {
+        eprintln!("stragglar report: {e}");
+    }
+    Ok(i32::from(!errors.is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(rank: usize, durations: impl Fn(u64) -> u64) -> RankRecord {
+        RankRecord {
+            path: PathBuf::from(format!("r{rank}.rec")),
+            comm: 0xab,
+            rank,
+            ranks: 4,
+            host: "h".into(),
+            pid: rank as u32,
+            gpu: "g".into(),
+            unobserved: 0,
+            dropped: 0,
+            calls: (0..100).map(|c| (c, (14, durations(c)))).collect(),
+        }
+    }
+
+    #[test]
+    fn the_shortest_call_names_the_last_arrival_and_the_detector_the_straggler() {
+        // Rank 2 arrives 5 ms late on every call: the others wait for it.
+        let records: Vec<RankRecord> = (0..4)
+            .map(|r| {
+                record(
+                    r,
+                    move |c| if r == 2 { 100_000 } else { 5_100_000 + c * 10 },
+                )
+            })
+            .collect();
+        let (found, errors) = findings(&records);
+        assert!(errors.is_empty(), "{errors:?}");
+        let f = &found[0];
+        assert_eq!(f.calls.len(), 100);
+        let (rank, since) = f.straggler.expect("a straggler");
+        assert_eq!(rank, 2);
+        assert!(since < 32, "designated within a window: {since}");
+        let (share, median, _) = figures(f, 2);
+        assert_eq!(share, 1.0);
+        assert!((4_900_000..5_100_000).contains(&median), "{median}");
+        assert!(text(&found, 4).contains("persistent straggler: rank 2"));
+        assert!(json(&found).contains("\"rank\": 2"));
+    }
+
+    #[test]
+    fn nobody_is_named_when_the_last_rank_keeps_changing() {
+        let records: Vec<RankRecord> = (0..4)
+            .map(|r| record(r, move |c| if c % 4 == r as u64 { 100 } else { 2_000 }))
+            .collect();
+        let (found, _) = findings(&records);
+        assert_eq!(found[0].straggler, None);
+        assert!(text(&found, 4).contains("no persistent straggler"));
+    }
+
+    #[test]
+    fn missing_ranks_and_two_jobs_are_errors() {
+        let three: Vec<RankRecord> = (0..3).map(|r| record(r, |_| 1)).collect();
+        let (found, errors) = findings(&three);
+        assert!(found.is_empty() && errors[0].contains("no record of rank(s) 3 of 4"));
+        let mut twice: Vec<RankRecord> = (0..4).map(|r| record(r, |_| 1)).collect();
+        twice.push(record(1, |_| 1));
+        let (_, errors) = findings(&twice);
+        assert!(errors[0].contains("two records of rank 1"), "{errors:?}");
+    }
+}

@@ -1,0 +1,153 @@
+//! Reading the record files observe mode writes (`engine::cuda::observe`): one per rank and
+//! communicator, named by the communicator's name, its rank and the writer's process.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::engine::cuda::observe::RECORD_MAGIC;
+
+/// What one rank measured on one communicator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankRecord {
+    pub path: PathBuf,
+    pub comm: u64,
+    pub rank: usize,
+    pub ranks: usize,
+    pub host: String,
+    pub pid: u32,
+    pub gpu: String,
+    pub unobserved: u64,
+    pub dropped: u64,
+    /// Per call number: its size class and its duration on this rank, in nanoseconds.
+    pub calls: BTreeMap<u64, (u32, u64)>,
+}
+
+/// Parses one record file's text; the error names the line that does not read.
+pub fn parse(path: &Path, text: &str) -> Result<RankRecord, String> {
+    let bad = |line: usize, what: &str| format!("{}:{line}: {what}", path.display());
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l));
+    let mut next = |key: &str| -> Result<(usize, String), String> {
+        let (n, line) = lines
+            .next()
+            .ok_or_else(|| bad(0, &format!("ends before its {key} line")))?;
+        let value = line
+            .strip_prefix(key)
+            .and_then(|v| v.strip_prefix(' '))
+            .ok_or_else(|| bad(n, &format!("expected '{key} ...'")))?;
+        Ok((n, value.to_string()))
+    };
+    let number = |n: usize, v: &str| -> Result<u64, String> {
+        v.trim()
+            .parse::<u64>()
+            .map_err(|_| bad(n, &format!("'{v}' is not a number")))
+    };
+    match text.lines().next() {
+        Some(RECORD_MAGIC) => {}
+        _ => return Err(bad(1, &format!("not a record ('{RECORD_MAGIC}' expected)"))),
+    }
+    let _ = next("stragglar-observe");
+    let (n, comm) = next("comm")?;
+    let comm = u64::from_str_radix(comm.trim(), 16).map_err(|_| bad(n, "a bad name"))?;
+    let (n, rank_of) = next("rank")?;
+    let (rank, ranks) = rank_of
+        .split_once(" of ")
+        .ok_or_else(|| bad(n, "expected 'rank R of N'"))?;
+    let (rank, ranks) = (number(n, rank)? as usize, number(n, ranks)? as usize);
+    if ranks == 0 || rank >= ranks {
+        return Err(bad(n, "rank out of range"));
+    }
+    let host = next("host")?.1;
+    let (n, pid) = next("pid")?;
+    let pid = number(n, &pid)? as u32;
+    let gpu = next("gpu")?.1;
+    let (n, unobserved) = next("unobserved")?;
+    let unobserved = number(n, &unobserved)?;
+    let (n, dropped) = next("dropped")?;
+    let dropped = number(n, &dropped)?;
+    let (n, count) = next("calls")?;
+    let count = number(n, &count)?;
+    let mut calls = BTreeMap::new();
+    for (n, line) in lines {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [call, class, ns] = f[..] else {
+            return Err(bad(n, "expected 'CALL CLASS NANOSECONDS'"));
+        };
+        let class = u32::try_from(number(n, class)?).map_err(|_| bad(n, "a bad class"))?;
+        if calls
+            .insert(number(n, call)?, (class, number(n, ns)?))
+            .is_some()
+        {
+            return Err(bad(n, "a call listed twice"));
+        }
+    }
+    if calls.len() as u64 != count {
+        return Err(bad(
+            0,
+            &format!("says {count} calls but lists {} (cut short?)", calls.len()),
+        ));
+    }
+    Ok(RankRecord {
+        path: path.to_path_buf(),
+        comm,
+        rank,
+        ranks,
+        host,
+        pid,
+        gpu,
+        unobserved,
+        dropped,
+        calls,
+    })
+}
+
+/// Every record file (`stragglar-*.rec`) in `dirs`, parsed; unreadable ones are errors.
+pub fn read_dirs(dirs: &[PathBuf]) -> Result<Vec<RankRecord>, String> {
+    let mut records = Vec::new();
+    for dir in dirs {
+        let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.extension().is_some_and(|x| x == "rec")
+                    && p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("stragglar-"))
+            })
+            .collect();
+        paths.sort();
+        for path in paths {
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            records.push(parse(&path, &text)?);
+        }
+    }
+    Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "stragglar-observe 1\ncomm 00000000000000ab\nrank 1 of 4\nhost h\npid 7\ngpu 0011\nunobserved 2\ndropped 0\ncalls 2\n0 13 1500\n1 13 1700\n";
+
+    #[test]
+    fn a_record_reads_back_and_damage_is_named() {
+        let r = parse(Path::new("x.rec"), GOOD).unwrap();
+        assert_eq!((r.comm, r.rank, r.ranks, r.pid), (0xab, 1, 4, 7));
+        assert_eq!(r.calls[&1], (13, 1700));
+        assert_eq!(r.unobserved, 2);
+        for (text, says) in [
+            ("garbage", "not a record"),
+            (
+                &GOOD.replace("rank 1 of 4", "rank 4 of 4"),
+                "rank out of range",
+            ),
+            (&GOOD.replace("1 13 1700\n", ""), "cut short"),
+            (&GOOD.replace("1 13 1700", "1 13"), "expected 'CALL"),
+            (&GOOD.replace("1 13 1700", "0 13 1700"), "twice"),
+        ] {
+            let e = parse(Path::new("x.rec"), text).unwrap_err();
+            assert!(e.contains(says), "{says}: {e}");
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Observe mode (`STRAGGLAR_OBSERVE=1`): every `ncclAllReduce` forwarded to NCCL is timed by
+//! two events on the caller's stream around the real call, read later without waiting (each
+//! call harvests the events that completed since), and at destroy each rank writes what it
+//! measured into `STRAGGLAR_REPORT_DIR` for `stragglar report`.
+//!
+//! A rank that arrives last at a collective finds the others waiting, so its call is the
+//! shortest: the report compares durations of the same call across ranks, never clocks. Calls
+//! are matched across ranks by their number on the communicator, the same on every rank
+//! (every rank routes every call alike). Not observed, and counted as such: calls inside a
+//! group (NCCL runs them at the group's end), calls while the stream captures a graph, calls
+//! NCCL refused, and calls on a communicator whose GPU or name is unknown.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::driver::{self, Device, Event};
+use super::gpus;
+use crate::nccl::types::{cudaStream_t, ncclComm_t, ResultCode};
+use crate::registry::{self, names};
+
+/// Calls whose events are kept pending at most: a host this far ahead of its GPU observes no
+/// more calls until the GPU catches up (they are counted unobserved).
+const MAX_PENDING: usize = 256;
+
+/// Samples kept per communicator at most (16 MiB of records): later calls are counted as
+/// dropped, so a long job's records stay bounded.
+pub const MAX_SAMPLES: usize = 1 << 20;
+
+/// How long a destroy waits for the last calls' events.
+const FINISH_WAIT: Duration = Duration::from_secs(2);
+
+/// The first line of a record file, with the format's version.
+pub const RECORD_MAGIC: &str = "stragglar-observe 1";
+
+/// One observed call: its number on the communicator, its size class and how long it took on
+/// this rank's stream, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    pub call: u64,
+    pub class: u32,
+    pub duration_ns: u64,
+}
+
+/// A call whose events are not yet read.
+struct Pending {
+    call: u64,
+    class: u32,
+    start: Event,
+    end: Event,
+}
+
+/// One communicator's observations on this rank.
+struct Observer {
+    device: Arc<Device>,
+    name: u64,
+    rank: i32,
+    ranks: i32,
+    /// The number the next call gets.
+    next_call: u64,
+    pending: VecDeque<Pending>,
+    spare: Vec<(Event, Event)>,
+    samples: Vec<Sample>,
+    unobserved: u64,
+    dropped: u64,
+}
+
+impl Observer {
+    /// Reads the events of the calls that completed, oldest first; never waits.
+    fn harvest(&mut self) {
+        while self.pending.front().is_some_and(|p| p.end.is_complete()) {
+            let done = self.pending.pop_front().expect("checked");
+            self.keep(&done);
+            self.spare.push((done.start, done.end));
+        }
+    }
+
+    fn keep(&mut self, done: &Pending) {
+        match done.start.elapsed_ms(&done.end) {
+            Ok(ms) if self.samples.len() < MAX_SAMPLES => self.samples.push(Sample {
+                call: done.call,
+                class: done.class,
+                duration_ns: (f64::from(ms) * 1e6).max(0.0) as u64,
+            }),
+            Ok(_) => self.dropped += 1,
+            Err(_) => self.unobserved += 1,
+        }
+    }
+
+    /// Two events for the next call, reused or new.
+    fn events(&mut self) -> Option<(Event, Event)> {
+        if let Some(pair) = self.spare.pop() {
+            return Some(pair);
+        }
+        Some((
+            Event::new(&self.device).ok()?,
+            Event::new(&self.device).ok()?,
+        ))
+    }
+
+    /// The record file's text.
+    fn record(&self) -> String {
+        let uuid = self
+            .device
+            .uuid()
+            .map(|u| u.iter().map(|b| format!("{b:02x}")).collect::<String>())
+            .unwrap_or_else(|_| "unknown".into());
+        let mut text = format!(
+            "{RECORD_MAGIC}\ncomm {:016x}\nrank {} of {}\nhost {}\npid {}\ngpu {uuid}\nunobserved {}\ndropped {}\ncalls {}\n",
+            self.name,
+            self.rank,
+            self.ranks,
+            crate::logging::short_hostname(),
+            std::process::id(),
+            self.unobserved + self.pending.len() as u64,
+            self.dropped,
+            self.samples.len()
+        );
+        for s in &self.samples {
+            let _ = writeln!(text, "{} {} {}", s.call, s.class, s.duration_ns);
+        }
+        text
+    }
+}
+
+/// `comm`'s observer, made at its first observed call; `None` (and the call unobserved) where
+/// its GPU, rank or name is unknown.
+fn make_observer(comm: ncclComm_t) -> Option<Observer> {
+    let info = registry::comms().get(comm)?;
+    let (Some(device), Some(rank), Some(ranks)) = (info.cuda_device, info.rank, info.nranks) else {
+        return None;
+    };
+    let name = names::of(comm)?;
+    let device = gpus::device(device, |why| {
+        log::warn!("observe mode: device {device}: {why}; its calls are not timed")
+    })
+    .ok()?;
+    Some(Observer {
+        device,
+        name,
+        rank,
+        ranks,
+        next_call: 0,
+        pending: VecDeque::new(),
+        spare: Vec::new(),
+        samples: Vec::new(),
+        unobserved: 0,
+        dropped: 0,
+    })
+}
+
+/// Runs `call` (the real NCCL's AllReduce of `bytes` on `comm` and `stream`), timing it when
+/// observe mode is on. Never waits for the GPU, and holds no lock across NCCL's call.
+pub fn observed(
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    bytes: usize,
+    in_group: bool,
+    call: impl FnOnce() -> ResultCode,
+) -> ResultCode {
+    if !crate::config::get().observe {
+        return call();
+    }
+    let Some(record) = registry::comms().record(comm) else {
+        return call();
+    };
+    // Before the call: its number, and its start event on the stream.
+    let started = {
+        let mut slot = record.observer.lock();
+        if slot.is_none() {
+            *slot = make_observer(comm).map(|o| Box::new(o) as Box<dyn std::any::Any + Send>);
+        }
+        match slot.as_mut().and_then(|o| o.downcast_mut::<Observer>()) {
+            None => None,
+            Some(observer) => start(observer, stream, in_group),
+        }
+    };
+    let code = call();
+    let Some((number, start, end)) = started else {
+        return code;
+    };
+    let mut slot = record.observer.lock();
+    let Some(observer) = slot.as_mut().and_then(|o| o.downcast_mut::<Observer>()) else {
+        return code;
+    };
+    // SAFETY: as above; NCCL's call is queued before the end event.
+    let ended = code == ResultCode::SUCCESS && unsafe { end.record_raw(stream.cast()) }.is_ok();
+    if ended {
+        observer.pending.push_back(Pending {
+            call: number,
+            class: crate::detect::size_class(bytes),
+            start,
+            end,
+        });
+    } else {
+        observer.unobserved += 1;
+        observer.spare.push((start, end));
+    }
+    code
+}
+
+/// Numbers the next call and records its start event on `stream`; `None` (the call counted
+/// unobserved) inside a group, while the stream captures, with too many calls pending, or when
+/// the driver refuses.
+fn start(
+    observer: &mut Observer,
+    stream: cudaStream_t,
+    in_group: bool,
+) -> Option<(u64, Event, Event)> {
+    observer.harvest();
+    let number = observer.next_call;
+    observer.next_call += 1;
+    // SAFETY: the caller's live stream of this communicator's device.
+    let capturing = unsafe { driver::is_capturing(&observer.device, stream.cast()) };
+    let events = match (in_group, capturing, observer.pending.len() < MAX_PENDING) {
+        (false, Ok(false), true) => observer.events(),
+        _ => None,
+    };
+    // SAFETY: as above.
+    match events.filter(|(start, _)| unsafe { start.record_raw(stream.cast()) }.is_ok()) {
+        Some((start, end)) => Some((number, start, end)),
+        None => {
+            observer.unobserved += 1;
+            None
+        }
+    }
+}
+
+/// Ends `comm`'s observations (its destroy, or with `abort` its abort): the last calls' events
+/// are read (for a destroy, waiting up to 2 s for them), and the record is written into
+/// `STRAGGLAR_REPORT_DIR` if it is set.
+pub fn finish(comm: ncclComm_t, abort: bool) {
+    let Some(record) = registry::comms().record(comm) else {
+        return;
+    };
+    let Some(slot) = record.observer.lock().take() else {
+        return;
+    };
+    let Ok(mut observer) = slot.downcast::<Observer>() else {
+        return;
+    };
+    let deadline = Instant::now() + FINISH_WAIT;
+    while !abort && !observer.pending.is_empty() && Instant::now() < deadline {
+        observer.harvest();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    observer.harvest();
+    let Some(pattern) = crate::config::get().report_dir.as_deref() else {
+        return;
+    };
+    let dir = crate::logging::expand_file_pattern(
+        pattern,
+        &crate::logging::short_hostname(),
+        std::process::id(),
+    );
+    let path = std::path::Path::new(&dir).join(format!(
+        "stragglar-{:016x}-rank{}-{}.rec",
+        observer.name,
+        observer.rank,
+        std::process::id()
+    ));
+    let written = std::fs::create_dir_all(&dir).and_then(|()| {
+        let temporary = path.with_extension("part");
+        std::fs::write(&temporary, observer.record())?;
+        std::fs::rename(&temporary, &path)
+    });
+    match written {
+        Ok(()) => log::info!(
+            "communicator {comm:p}: {} observed calls written to {}",
+            observer.samples.len(),
+            path.display()
+        ),
+        Err(e) => log::warn!(
+            "communicator {comm:p}: STRAGGLAR_REPORT_DIR {dir}: {e}; its observations are lost"
+        ),
+    }
+}
