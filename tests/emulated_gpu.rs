@@ -1091,3 +1091,117 @@ fn two_communicators_over_the_same_ranks_driven_by_one_thread_and_by_two() {
         );
     }
 }
+
+/// `stragglar report` over the records observe mode wrote: the number in "late by X ms
+/// (median)" of its straggler line.
+fn reported_lateness_ms(report: &str) -> Option<f64> {
+    let line = report
+        .lines()
+        .find(|l| l.contains("persistent straggler: rank"))?;
+    let after = line.split("late by ").nth(1)?;
+    after.split(" ms").next()?.parse().ok()
+}
+
+/// Observe mode, with the GPU engine off, on 4 rank processes through the loopback NCCL: a
+/// rank held back 20 ms before every call is named by `stragglar report`, with its lateness
+/// within 20%; with no rank held back nobody is; with the lateness moving from rank 2 to
+/// rank 1 halfway, the report names rank 1 from a call after the move.
+#[test]
+fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
+    let _timing = timing();
+    let root = support::scratch("observe-records");
+    for (case, late) in [("held", Some("2")), ("none", None), ("moving", Some("2,1"))] {
+        let dir = root.join(case);
+        let dir_text = dir.to_str().unwrap().to_owned();
+        let mut env: Vec<(&str, &str)> = vec![
+            ("STRAGGLAR_OBSERVE", "1"),
+            ("STRAGGLAR_REPORT_DIR", &dir_text),
+            ("STRAGGLAR_DEBUG", "INFO"),
+            ("LOOPBACK_FIXED", "1"),
+        ];
+        if let Some(late) = late {
+            env.extend([("LOOPBACK_LATE_RANK", late), ("LOOPBACK_LATE_US", "20000")]);
+        }
+        let (out, _) = run_ranks(&["4"], &env);
+        assert!(out.status.success(), "{case}: {}", support::describe(&out));
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            log.matches("100 observed calls written to").count(),
+            4,
+            "{case}: {log}"
+        );
+        // The emulated machine's calls take milliseconds, and 4 ranks on 2 cores arrive in a
+        // scheduling order of their own (one rank last by a fraction of a millisecond most
+        // of the time): names are for ranks late by 2 ms or more here.
+        let report = support::run(
+            Command::new(stragglar())
+                .args(["report", "--min-lateness-us", "2000"])
+                .arg(&dir),
+        );
+        let text = String::from_utf8_lossy(&report.stdout);
+        assert!(
+            report.status.success(),
+            "{case}: {}",
+            support::describe(&report)
+        );
+        assert!(
+            text.contains("4 ranks, 100 calls observed on every rank"),
+            "{case}: {text}"
+        );
+        match case {
+            "held" => {
+                assert!(text.contains("persistent straggler: rank 2 "), "{text}");
+                let ms = reported_lateness_ms(&text).unwrap_or_else(|| panic!("{text}"));
+                assert!((16.0..=24.0).contains(&ms), "{ms} ms: {text}");
+                let json = support::run(
+                    Command::new(stragglar())
+                        .args(["report", "--json", "--min-lateness-us", "2000"])
+                        .arg(&dir),
+                );
+                let json = String::from_utf8_lossy(&json.stdout);
+                assert!(json.contains("\"rank\": 2,"), "{json}");
+            }
+            "none" => assert!(text.contains("no persistent straggler"), "{text}"),
+            _ => {
+                assert!(text.contains("persistent straggler: rank 1 "), "{text}");
+                let since: u64 = text
+                    .split("designated from call ")
+                    .nth(1)
+                    .and_then(|s| s.split_whitespace().next())
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or_else(|| panic!("{text}"));
+                assert!(since >= 50, "designated from call {since}: {text}");
+                assert!(
+                    text.contains("the straggler moved: rank 2 from call "),
+                    "{text}"
+                );
+                // Records of two directories (hosts) merge into one report.
+                let (a, b) = (root.join("moving-a"), root.join("moving-b"));
+                for half in [&a, &b] {
+                    std::fs::create_dir_all(half).unwrap();
+                }
+                for entry in std::fs::read_dir(&dir).unwrap() {
+                    let path = entry.unwrap().path();
+                    let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+                    let half = if name.contains("-rank0-") || name.contains("-rank1-") {
+                        &a
+                    } else {
+                        &b
+                    };
+                    std::fs::copy(&path, half.join(&name)).unwrap();
+                }
+                let merged = support::run(
+                    Command::new(stragglar())
+                        .args(["report", "--min-lateness-us", "2000"])
+                        .arg(&a)
+                        .arg(&b),
+                );
+                assert_eq!(String::from_utf8_lossy(&merged.stdout), text);
+                let alone = support::run(Command::new(stragglar()).arg("report").arg(&a));
+                assert_eq!(alone.status.code(), Some(1));
+                assert!(String::from_utf8_lossy(&alone.stderr)
+                    .contains("no record of rank(s) 2, 3 of 4"));
+            }
+        }
+    }
+}

@@ -73,3 +73,40 @@ fn torch_runs_with_stragglar_disabled() {
         describe(&out)
     );
 }
+
+/// Observe mode changes nothing PyTorch can do without a GPU: the same outputs, and no new
+/// line in the log, with and without it.
+#[test]
+fn torch_runs_the_same_with_observe_mode_on() {
+    let Some(python) = torch_python() else { return };
+    let script = r#"
+import torch, torch.distributed as dist
+print("unique_id_bytes", len(torch.cuda.nccl.unique_id()))
+print("nccl_available", dist.is_nccl_available())
+print("nccl_version", torch.cuda.nccl.version())
+"#;
+    let records = support::scratch("torch-observe-records");
+    let run_with = |observe: bool| {
+        let mut cmd = Command::new(&python);
+        for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("STRAGGLAR_")) {
+            cmd.env_remove(key);
+        }
+        cmd.arg("-c")
+            .arg(script)
+            .env_remove("LD_LIBRARY_PATH")
+            .env("LD_PRELOAD", stragglar_so());
+        if observe {
+            cmd.env("STRAGGLAR_OBSERVE", "1")
+                .env("STRAGGLAR_REPORT_DIR", &records);
+        }
+        run(&mut cmd)
+    };
+    let (off, on) = (run_with(false), run_with(true));
+    assert!(
+        off.status.success() && on.status.success(),
+        "{}",
+        describe(&on)
+    );
+    assert_eq!(on.stdout, off.stdout, "{}", describe(&on));
+    assert_eq!(on.stderr, off.stderr, "{}", describe(&on));
+}

@@ -23,11 +23,16 @@ use records::RankRecord;
 
 /// Usage of `stragglar report`.
 pub const USAGE: &str = "
-stragglar report DIR... [--json]
+stragglar report DIR... [--json] [--min-lateness-us US]
     which rank is the persistent straggler of each communicator, how late, in what share of
     calls, from which call on, and what the model says StragglAR would save, from the records
-    observe mode wrote (STRAGGLAR_OBSERVE=1 STRAGGLAR_REPORT_DIR=DIR); --json prints JSON
+    observe mode wrote (STRAGGLAR_OBSERVE=1 STRAGGLAR_REPORT_DIR=DIR); --json prints JSON;
+    a rank late by less than --min-lateness-us (median, default 100) is not named: launch
+    jitter and the events' placement blur smaller leads
 ";
+
+/// Default of `--min-lateness-us`: a choice, not a measurement (see USAGE).
+const MIN_LATENESS_US: u64 = 100;
 
 /// One call every rank observed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,8 +55,13 @@ struct Finding {
     members: Vec<(String, String, u32)>,
     calls: Vec<Call>,
     unobserved: u64,
-    /// The persistent straggler at the last call, and from which call on.
+    /// The persistent straggler at the last call, and from which call on (late enough).
     straggler: Option<(usize, u64)>,
+    /// A rank the detector designates at the last call whose median lateness is under the
+    /// threshold: not named.
+    too_early: Option<(usize, u64)>,
+    /// Every change of the designation: from which call on, which rank (or none).
+    changes: Vec<(u64, Option<usize>)>,
 }
 
 /// The calls of one communicator's records (one per rank, in rank order) that every rank
@@ -91,10 +101,11 @@ fn calls_of(records: &[&RankRecord]) -> Vec<Call> {
     calls
 }
 
-/// The designated straggler after the last call, and the call from which it has been.
-fn persistent(ranks: usize, calls: &[Call]) -> Option<(usize, u64)> {
+/// Every change of the designated straggler over the calls: from which call on which rank (or
+/// none) was designated.
+fn designations(ranks: usize, calls: &[Call]) -> Vec<(u64, Option<usize>)> {
     let mut detector = Detector::new(ranks, DetectorConfig::default());
-    let mut since = None;
+    let mut changes = Vec::new();
     for call in calls {
         let before = detector.designated();
         detector.observe(ArrivalRecord {
@@ -102,14 +113,23 @@ fn persistent(ranks: usize, calls: &[Call]) -> Option<(usize, u64)> {
             lead_ns: call.lead_ns,
         });
         if detector.designated() != before {
-            since = Some(call.number);
+            changes.push((call.number, detector.designated()));
         }
     }
-    detector.designated().zip(since)
+    changes
 }
 
-/// Groups the records by communicator and reads each; the errors say which input is wrong.
-fn findings(records: &[RankRecord]) -> (Vec<Finding>, Vec<String>) {
+/// The designated straggler after the last call, and the call from which it has been.
+fn persistent(changes: &[(u64, Option<usize>)]) -> Option<(usize, u64)> {
+    match changes.last() {
+        Some(&(since, Some(rank))) => Some((rank, since)),
+        _ => None,
+    }
+}
+
+/// Groups the records by communicator and reads each; the errors say which input is wrong. A
+/// designated rank whose median lateness is under `min_lateness_ns` is not named.
+fn findings(records: &[RankRecord], min_lateness_ns: u64) -> (Vec<Finding>, Vec<String>) {
     let mut by_comm: BTreeMap<u64, Vec<&RankRecord>> = BTreeMap::new();
     for r in records {
         by_comm.entry(r.comm).or_default().push(r);
@@ -149,7 +169,9 @@ fn findings(records: &[RankRecord]) -> (Vec<Finding>, Vec<String>) {
             continue;
         }
         let calls = calls_of(&ranks);
-        found.push(Finding {
+        let changes = designations(n, &calls);
+        let designated = persistent(&changes);
+        let mut finding = Finding {
             comm,
             ranks: n,
             members: ranks
@@ -161,9 +183,19 @@ fn findings(records: &[RankRecord]) -> (Vec<Finding>, Vec<String>) {
                 .map(|r| r.unobserved + r.dropped)
                 .max()
                 .unwrap_or(0),
-            straggler: persistent(n, &calls),
+            straggler: designated,
+            too_early: None,
+            changes,
             calls,
-        });
+        };
+        if let Some((rank, _)) = designated {
+            let (_, median, _) = figures(&finding, rank);
+            if median < min_lateness_ns {
+                finding.too_early = Some((rank, median));
+                finding.straggler = None;
+            }
+        }
+        found.push(finding);
     }
     (found, errors)
 }
@@ -247,7 +279,25 @@ fn text(findings: &[Finding], files: usize) -> String {
             }
             None => {
                 let _ = writeln!(s, "  no persistent straggler");
+                if let Some((rank, median)) = f.too_early {
+                    let _ = writeln!(
+                        s,
+                        "  (rank {rank} arrived last persistently, but by only {} (median): under --min-lateness-us)",
+                        ms(median)
+                    );
+                }
             }
+        }
+        if f.changes.len() > 1 {
+            let moves: Vec<String> = f
+                .changes
+                .iter()
+                .map(|(call, rank)| match rank {
+                    Some(r) => format!("rank {r} from call {call}"),
+                    None => format!("none from call {call}"),
+                })
+                .collect();
+            let _ = writeln!(s, "  the straggler moved: {}", moves.join(", then "));
         }
         let _ = writeln!(s, "  rank  last (%)  median lateness when last");
         for rank in 0..f.ranks {
@@ -290,6 +340,9 @@ fn json(findings: &[Finding]) -> String {
 /// Runs `stragglar report`; exit status 1 when an input is wrong (the rest is still reported).
 pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let as_json = args.flag(&["--json"]);
+    let min_lateness_us = args
+        .parsed::<u64>(&["--min-lateness-us"], "microseconds")?
+        .unwrap_or(MIN_LATENESS_US);
     let dirs: Vec<PathBuf> = args.rest()?.into_iter().map(PathBuf::from).collect();
     if dirs.is_empty() {
         return Err(UsageError(
@@ -307,7 +360,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         eprintln!("stragglar report: no record files (stragglar-*.rec) in the directories given");
         return Ok(1);
     }
-    let (found, errors) = findings(&records);
+    let (found, errors) = findings(&records, min_lateness_us * 1000);
     match as_json {
         true => print!("{}", json(&found)),
         false => print!("{}", text(&found, records.len())),
@@ -348,7 +401,7 @@ mod tests {
                 )
             })
             .collect();
-        let (found, errors) = findings(&records);
+        let (found, errors) = findings(&records, 0);
         assert!(errors.is_empty(), "{errors:?}");
         let f = &found[0];
         assert_eq!(f.calls.len(), 100);
@@ -360,6 +413,10 @@ mod tests {
         assert!((4_900_000..5_100_000).contains(&median), "{median}");
         assert!(text(&found, 4).contains("persistent straggler: rank 2"));
         assert!(json(&found).contains("\"rank\": 2"));
+        // Late by 5 ms: under a 6 ms threshold it is not named, and the report says why.
+        let (quiet, _) = findings(&records, 6_000_000);
+        assert_eq!(quiet[0].straggler, None);
+        assert!(text(&quiet, 4).contains("rank 2 arrived last persistently, but by only"));
     }
 
     #[test]
@@ -367,7 +424,7 @@ mod tests {
         let records: Vec<RankRecord> = (0..4)
             .map(|r| record(r, move |c| if c % 4 == r as u64 { 100 } else { 2_000 }))
             .collect();
-        let (found, _) = findings(&records);
+        let (found, _) = findings(&records, 0);
         assert_eq!(found[0].straggler, None);
         assert!(text(&found, 4).contains("no persistent straggler"));
     }
@@ -375,11 +432,11 @@ mod tests {
     #[test]
     fn missing_ranks_and_two_jobs_are_errors() {
         let three: Vec<RankRecord> = (0..3).map(|r| record(r, |_| 1)).collect();
-        let (found, errors) = findings(&three);
+        let (found, errors) = findings(&three, 0);
         assert!(found.is_empty() && errors[0].contains("no record of rank(s) 3 of 4"));
         let mut twice: Vec<RankRecord> = (0..4).map(|r| record(r, |_| 1)).collect();
         twice.push(record(1, |_| 1));
-        let (_, errors) = findings(&twice);
+        let (_, errors) = findings(&twice, 0);
         assert!(errors[0].contains("two records of rank 1"), "{errors:?}");
     }
 }
