@@ -225,6 +225,15 @@ impl CommTable {
         self.record(comm).map(|r| r.stats.snapshot())
     }
 
+    /// Every record, with its handle.
+    pub fn all(&self) -> Vec<(ncclComm_t, Arc<CommRecord>)> {
+        self.entries
+            .read()
+            .iter()
+            .map(|(&k, r)| (k as ncclComm_t, r.clone()))
+            .collect()
+    }
+
     /// Number of communicators in `state`.
     pub fn count(&self, state: CommState) -> usize {
         self.entries

@@ -16,7 +16,8 @@
  *   and report "aborted"; with LOOPBACK_LATE_RANK=A[,B] and LOOPBACK_LATE_US, rank A sleeps
  *   before every call (before the first half, and rank B before the second, with B); with LOOPBACK_FIXED every call is the same (4099 floats, sum), one size class for
  *   the straggler's detection; LOOPBACK_ENV_<r>=NAME=VALUE sets NAME in rank r's environment
- *   only. Each rank that finishes prints its stragglarGetStats (the designated straggler,
+ *   only; with LOOPBACK_NO_DESTROY a rank exits without destroying its communicator. Each rank
+ *   that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL).
  * Built twice by tests/emulated_gpu.rs: linked against libstragglar, and linked against the
  * (loopback) libnccl alone, run with LD_PRELOAD=libstragglar.so. */
@@ -286,7 +287,9 @@ static int run_pairs(int rank, int nranks, ncclComm_t comm) {
     }
   }
   print_stats(rank, comm);
-  ncclCommDestroy(comm);
+  /* LOOPBACK_NO_DESTROY: the process exits with its communicator alive, as scripts that never
+   * destroy their process group do. */
+  if (!getenv("LOOPBACK_NO_DESTROY")) ncclCommDestroy(comm);
   printf("rank %d: %d calls checked\n", rank, CALLS);
   return 0;
 }
@@ -566,7 +569,9 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     }
   }
   print_stats(rank, comm);
-  ncclCommDestroy(comm);
+  /* LOOPBACK_NO_DESTROY: the process exits with its communicator alive, as scripts that never
+   * destroy their process group do. */
+  if (!getenv("LOOPBACK_NO_DESTROY")) ncclCommDestroy(comm);
   printf("rank %d: %d calls checked\n", rank, CALLS);
   return 0;
 }

@@ -1,7 +1,8 @@
 //! Observe mode (`STRAGGLAR_OBSERVE=1`): every `ncclAllReduce` forwarded to NCCL is timed by
 //! two events on the caller's stream around the real call, read later without waiting (each
-//! call harvests the events that completed since), and at destroy each rank writes what it
-//! measured into `STRAGGLAR_REPORT_DIR` for `stragglar report`.
+//! call harvests the events that completed since), and at destroy (or at the process's exit,
+//! for a communicator never destroyed) each rank writes what it measured into
+//! `STRAGGLAR_REPORT_DIR` for `stragglar report`.
 //!
 //! A rank that arrives last at a collective finds the others waiting, so its call is the
 //! shortest: the report compares durations of the same call across ranks, never clocks. Calls
@@ -132,6 +133,13 @@ fn make_observer(comm: ncclComm_t) -> Option<Observer> {
         return None;
     };
     let name = names::of(comm)?;
+    // Records are written at destroy, or at the process's exit for communicators never
+    // destroyed (a killed process writes none).
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a plain function with no arguments, run once at exit.
+    AT_EXIT.call_once(|| unsafe {
+        libc::atexit(write_at_exit);
+    });
     let device = gpus::device(device, |why| {
         log::warn!("observe mode: device {device}: {why}; its calls are not timed")
     })
@@ -227,6 +235,24 @@ fn start(
     }
 }
 
+/// At the process's exit: writes the record of every communicator still observed (never
+/// destroyed) with what it had read. The driver is not called at all (it, or the libraries
+/// beside it, may already be torn down): the events of the last calls still pending are
+/// counted unobserved, and the events themselves are left to the process's end.
+extern "C" fn write_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        for (comm, record) in registry::comms().all() {
+            let Some(slot) = record.observer.lock().take() else {
+                continue;
+            };
+            if let Ok(observer) = slot.downcast::<Observer>() {
+                write_record(comm, &observer);
+                std::mem::forget(observer);
+            }
+        }
+    });
+}
+
 /// Ends `comm`'s observations (its destroy, or with `abort` its abort): the last calls' events
 /// are read (for a destroy, waiting up to 2 s for them), and the record is written into
 /// `STRAGGLAR_REPORT_DIR` if it is set.
@@ -246,6 +272,11 @@ pub fn finish(comm: ncclComm_t, abort: bool) {
         std::thread::sleep(Duration::from_millis(1));
     }
     observer.harvest();
+    write_record(comm, &observer);
+}
+
+/// Writes `observer`'s record into `STRAGGLAR_REPORT_DIR`, if it is set.
+fn write_record(comm: ncclComm_t, observer: &Observer) {
     let Some(pattern) = crate::config::get().report_dir.as_deref() else {
         return;
     };
