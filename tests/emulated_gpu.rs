@@ -1105,8 +1105,9 @@ fn reported_lateness_ms(report: &str) -> Option<f64> {
 /// Observe mode, with the GPU engine off, on 4 rank processes through the loopback NCCL: a
 /// rank held back 20 ms before every call is named by `stragglar report`, with its lateness
 /// within 20%; with no rank held back nobody is; with the lateness moving from rank 2 to
-/// rank 1 halfway, the report names rank 1 from a call after the move; and ranks that exit
-/// without destroying their communicator still leave their records.
+/// rank 1 halfway, the report names rank 1 from a call after the move; ranks that exit
+/// without destroying their communicator still leave their records; and FSDP's collectives
+/// (AllReduce, ReduceScatter and AllGather in turn) name the held-back rank too.
 #[test]
 fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
     let _timing = timing();
@@ -1116,6 +1117,7 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
         ("none", None),
         ("moving", Some("2,1")),
         ("exit", Some("2")),
+        ("fsdp", Some("3")),
     ] {
         let dir = root.join(case);
         let dir_text = dir.to_str().unwrap().to_owned();
@@ -1132,15 +1134,24 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
             // The ranks exit with the communicator alive: the records are written at exit.
             env.push(("LOOPBACK_NO_DESTROY", "1"));
         }
+        if case == "fsdp" {
+            // AllReduce, ReduceScatter and AllGather in turn, 33 of each.
+            env.push(("LOOPBACK_COLLECTIVES", "1"));
+        }
         let (out, _) = run_ranks(&["4"], &env);
         assert!(out.status.success(), "{case}: {}", support::describe(&out));
         // At exit the driver is not called: the last call's events, still unread, are lost
         // (and the log may be gone already: the records are counted instead).
-        let calls = if case == "exit" { 99 } else { 100 };
+        let calls = if matches!(case, "exit" | "fsdp") {
+            99
+        } else {
+            100
+        };
         let log = String::from_utf8_lossy(&out.stderr);
         if case != "exit" {
             assert_eq!(
-                log.matches(" 100 observed calls written to").count(),
+                log.matches(&format!(" {calls} observed calls written to"))
+                    .count(),
                 4,
                 "{case}: {log}"
             );
@@ -1179,6 +1190,13 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
                 assert!(json.contains("\"rank\": 2,"), "{json}");
             }
             "none" => assert!(text.contains("no persistent straggler"), "{text}"),
+            "fsdp" => {
+                assert!(text.contains("persistent straggler: rank 3 "), "{text}");
+                assert!(
+                    text.contains("calls: 33 AllReduce, 33 ReduceScatter, 33 AllGather"),
+                    "{text}"
+                );
+            }
             _ => {
                 assert!(text.contains("persistent straggler: rank 1 "), "{text}");
                 let since: u64 = text

@@ -64,11 +64,17 @@ pub extern "C" fn ncclAllReduce(
             Route::Forward(cause) => {
                 count_fallback(comm, cause);
                 let width = crate::reduce::DataType::from_nccl(datatype.0).map_or(0, |d| d.size());
-                let code = engine::observed(comm, stream, count.saturating_mul(width), || {
-                    forward!(ncclAllReduce(
-                        sendbuff, recvbuff, count, datatype, op, comm, stream
-                    ))
-                });
+                let code = engine::observed(
+                    engine::Collective::AllReduce,
+                    comm,
+                    stream,
+                    count.saturating_mul(width),
+                    || {
+                        forward!(ncclAllReduce(
+                            sendbuff, recvbuff, count, datatype, op, comm, stream
+                        ))
+                    },
+                );
                 if cause == Fallback::NonblockingComm && crate::config::get().gpu_engine {
                     let state = crate::nccl::nonblocking::async_state(comm);
                     engine::nccl_state_seen(comm, state);

@@ -226,9 +226,16 @@ pub extern "C" fn ncclReduceScatter(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclReduceScatter(
-        sendbuff, recvbuff, recvcount, datatype, op, comm, stream
-    ); live comm)
+    // Timed in observe mode, by `recvcount` elements per rank.
+    let bytes = recvcount.saturating_mul(element_bytes(datatype));
+    let collective = crate::intercept::engine::Collective::ReduceScatter;
+    super::guard::guard("ncclReduceScatter", || {
+        crate::intercept::engine::observed(collective, comm, stream, bytes, || {
+            forward!(ncclReduceScatter(
+                sendbuff, recvbuff, recvcount, datatype, op, comm, stream
+            ); live comm)
+        })
+    })
 }
 
 /// Forwards to the real `ncclAllGather`.
@@ -241,9 +248,21 @@ pub extern "C" fn ncclAllGather(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ResultCode {
-    forward!(ncclAllGather(
-        sendbuff, recvbuff, sendcount, datatype, comm, stream
-    ); live comm)
+    // Timed in observe mode, by `sendcount` elements per rank.
+    let bytes = sendcount.saturating_mul(element_bytes(datatype));
+    let collective = crate::intercept::engine::Collective::AllGather;
+    super::guard::guard("ncclAllGather", || {
+        crate::intercept::engine::observed(collective, comm, stream, bytes, || {
+            forward!(ncclAllGather(
+                sendbuff, recvbuff, sendcount, datatype, comm, stream
+            ); live comm)
+        })
+    })
+}
+
+/// Bytes of one element of `datatype` (0 for a type we do not know: NCCL refuses it).
+fn element_bytes(datatype: DataTypeCode) -> usize {
+    crate::reduce::DataType::from_nccl(datatype.0).map_or(0, |d| d.size())
 }
 
 /// Forwards to the real `ncclAlltoAll`.

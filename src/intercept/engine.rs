@@ -7,6 +7,7 @@ use crate::nccl::types::{cudaStream_t, ncclComm_t, ResultCode};
 use crate::registry::fallback::Fallback;
 
 pub use crate::engine::cuda::library::{NoArrivals, Served};
+pub use crate::engine::cuda::observe::Collective;
 
 /// Runs `call` (routed to the engine) on the GPU engine, setting its communicator up at its
 /// first call; `Err` names why it stays on NCCL, untouched.
@@ -51,16 +52,21 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     library::forget(comm, abort)
 }
 
-/// Runs `call`, NCCL's AllReduce of `bytes` on `comm` and `stream`, timed in observe mode
-/// (`STRAGGLAR_OBSERVE=1`; see `engine::cuda::observe`).
+/// Runs `call`, NCCL's `collective` of `bytes` per rank on `comm` and `stream`, timed in
+/// observe mode (`STRAGGLAR_OBSERVE=1`; see `engine::cuda::observe`). NCCL's own calls of our
+/// exports pass straight through.
 pub fn observed(
+    collective: Collective,
     comm: ncclComm_t,
     stream: cudaStream_t,
     bytes: usize,
     call: impl FnOnce() -> ResultCode,
 ) -> ResultCode {
+    if crate::nccl::reentry::inside_real_nccl() || !crate::config::get().enabled {
+        return call();
+    }
     let in_group = crate::registry::groups::depth() > 0;
-    observe::observed(comm, stream, bytes, in_group, call)
+    observe::observed(collective, comm, stream, bytes, in_group, call)
 }
 
 /// Ends `comm`'s observations at its destroy (or abort, with `abort`), writing its record.

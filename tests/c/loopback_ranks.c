@@ -16,7 +16,8 @@
  *   and report "aborted"; with LOOPBACK_LATE_RANK=A[,B] and LOOPBACK_LATE_US, rank A sleeps
  *   before every call (before the first half, and rank B before the second, with B); with LOOPBACK_FIXED every call is the same (4099 floats, sum), one size class for
  *   the straggler's detection; LOOPBACK_ENV_<r>=NAME=VALUE sets NAME in rank r's environment
- *   only; with LOOPBACK_NO_DESTROY a rank exits without destroying its communicator. Each rank
+ *   only; with LOOPBACK_NO_DESTROY a rank exits without destroying its communicator; with
+ *   LOOPBACK_COLLECTIVES the calls cycle AllReduce, ReduceScatter and AllGather (float sums). Each rank
  *   that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL).
  * Built twice by tests/emulated_gpu.rs: linked against libstragglar, and linked against the
@@ -455,6 +456,56 @@ static int run_two_comms(int rank, int nranks, ncclComm_t first, CUcontext ctx, 
   return 0;
 }
 
+/* LOOPBACK_COLLECTIVES: 99 calls of float sums cycling AllReduce, ReduceScatter and AllGather
+ * (FSDP's collectives), 1000 elements per rank, every element checked; LOOPBACK_LATE_RANK and
+ * LOOPBACK_LATE_US hold a rank back before every call as in the main loop. */
+static int run_collectives(int rank, int nranks, ncclComm_t comm, CUstream stream,
+                           CUdeviceptr send, CUdeviceptr recv) {
+  enum { PER_RANK = 1000, ROUNDS = 99 };
+  static float host[MAX_COUNT * 2];
+  if ((size_t)PER_RANK * nranks > MAX_COUNT * 2) return 2;
+  const char* late = getenv("LOOPBACK_LATE_RANK");
+  const int late_rank = late ? atoi(late) : -1;
+  const long late_us = getenv("LOOPBACK_LATE_US") ? atol(getenv("LOOPBACK_LATE_US")) : 0;
+  for (int i = 0; i < ROUNDS; ++i) {
+    if (rank == late_rank) {
+      struct timespec t = {late_us / 1000000, (late_us % 1000000) * 1000};
+      nanosleep(&t, NULL);
+    }
+    const int kind = i % 3; /* 0 AllReduce, 1 ReduceScatter, 2 AllGather */
+    const size_t in = kind == 1 ? (size_t)PER_RANK * nranks : PER_RANK;
+    const size_t out = kind == 2 ? (size_t)PER_RANK * nranks : PER_RANK;
+    for (size_t j = 0; j < in; ++j) host[j] = (float)value(rank, i, (int)j, ncclSum, ncclFloat32);
+    CU(cuMemcpyHtoD(send, host, in * sizeof(float)));
+    ncclResult_t nr =
+        kind == 0 ? ncclAllReduce((const void*)send, (void*)recv, PER_RANK, ncclFloat32, ncclSum,
+                                  comm, stream)
+        : kind == 1 ? ncclReduceScatter((const void*)send, (void*)recv, PER_RANK, ncclFloat32,
+                                        ncclSum, comm, stream)
+                    : ncclAllGather((const void*)send, (void*)recv, PER_RANK, ncclFloat32, comm,
+                                    stream);
+    if (nr != ncclSuccess || cuStreamSynchronize(stream) != CUDA_SUCCESS) {
+      printf("rank %d: error at call %d: %s\n", rank, i, ncclGetErrorString(nr));
+      return 3;
+    }
+    CU(cuMemcpyDtoH(host, recv, out * sizeof(float)));
+    for (size_t j = 0; j < out; ++j) {
+      long long want =
+          kind == 0   ? expected(nranks, i, (int)j, ncclSum, ncclFloat32)
+          : kind == 1 ? expected(nranks, i, (int)((size_t)rank * PER_RANK + j), ncclSum, ncclFloat32)
+                      : value((int)(j / PER_RANK), i, (int)(j % PER_RANK), ncclSum, ncclFloat32);
+      if ((long long)host[j] != want) {
+        printf("rank %d: call %d (kind %d): element %zu is %lld, not %lld\n", rank, i, kind, j,
+               (long long)host[j], want);
+        return 4;
+      }
+    }
+  }
+  ncclCommDestroy(comm);
+  printf("rank %d: %d calls checked\n", rank, ROUNDS);
+  return 0;
+}
+
 static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int kill_at) {
   ncclUniqueId id;
   for (size_t i = 0; i < sizeof id; ++i) {
@@ -496,6 +547,7 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     fprintf(stderr, "rank %d: ncclCommInitRank: %s\n", rank, ncclGetErrorString(nr));
     return 1;
   }
+  if (getenv("LOOPBACK_COLLECTIVES")) return run_collectives(rank, nranks, comm, stream, send, recv);
   if (getenv("LOOPBACK_TWO_STREAMS")) return run_pairs(rank, nranks, comm);
   if (getenv("LOOPBACK_TWO_COMMS"))
     return run_two_comms(rank, nranks, comm, ctx, stream, send, recv,

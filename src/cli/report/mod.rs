@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use super::args::{Args, UsageError};
 use crate::detect::{ArrivalRecord, Detector, DetectorConfig};
 use crate::engine::cuda::comm::NVSWITCH_LINK;
+use crate::engine::cuda::observe::Collective;
 use crate::schedule::model::{stragglar_rounds, Times};
 use records::RankRecord;
 
@@ -38,6 +39,7 @@ const MIN_LATENESS_US: u64 = 100;
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Call {
     number: u64,
+    collective: Collective,
     class: u32,
     last: usize,
     /// The others' median duration minus the last rank's, nanoseconds.
@@ -69,10 +71,15 @@ struct Finding {
 fn calls_of(records: &[&RankRecord]) -> Vec<Call> {
     let first = records[0];
     let mut calls = Vec::new();
-    for (&number, &(class, _)) in &first.calls {
+    for (&number, &(collective, class, _)) in &first.calls {
+        // Every rank observed the same collective under this number (or the ranks' calls are
+        // not the same sequence, and this call says nothing).
         let durations: Option<Vec<u64>> = records
             .iter()
-            .map(|r| r.calls.get(&number).map(|&(_, d)| d))
+            .map(|r| match r.calls.get(&number) {
+                Some(&(c, _, d)) if c == collective => Some(d),
+                _ => None,
+            })
             .collect();
         let Some(durations) = durations else {
             continue;
@@ -92,6 +99,7 @@ fn calls_of(records: &[&RankRecord]) -> Vec<Call> {
         let lead_ns = others.first().map_or(0, |s| s - own);
         calls.push(Call {
             number,
+            collective,
             class,
             last,
             lateness_ns,
@@ -256,6 +264,14 @@ fn text(findings: &[Finding], files: usize) -> String {
             f.calls.len(),
             f.unobserved
         );
+        let kinds: Vec<String> = Collective::ALL
+            .iter()
+            .filter_map(|&c| {
+                let n = f.calls.iter().filter(|x| x.collective == c).count();
+                (n > 0).then(|| format!("{n} {}", c.name()))
+            })
+            .collect();
+        let _ = writeln!(s, "  calls: {}", kinds.join(", "));
         match f.straggler {
             Some((rank, since)) => {
                 let (share, median, p90) = figures(f, rank);
@@ -386,7 +402,9 @@ mod tests {
             gpu: "g".into(),
             unobserved: 0,
             dropped: 0,
-            calls: (0..100).map(|c| (c, (14, durations(c)))).collect(),
+            calls: (0..100)
+                .map(|c| (c, (Collective::AllReduce, 14, durations(c))))
+                .collect(),
         }
     }
 

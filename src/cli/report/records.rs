@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::engine::cuda::observe::RECORD_MAGIC;
+use crate::engine::cuda::observe::{Collective, RECORD_MAGIC};
 
 /// What one rank measured on one communicator.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,8 +18,9 @@ pub struct RankRecord {
     pub gpu: String,
     pub unobserved: u64,
     pub dropped: u64,
-    /// Per call number: its size class and its duration on this rank, in nanoseconds.
-    pub calls: BTreeMap<u64, (u32, u64)>,
+    /// Per call number: the collective, its size class and its duration on this rank, in
+    /// nanoseconds.
+    pub calls: BTreeMap<u64, (Collective, u32, u64)>,
 }
 
 /// Parses one record file's text; the error names the line that does not read.
@@ -69,12 +70,14 @@ pub fn parse(path: &Path, text: &str) -> Result<RankRecord, String> {
     let mut calls = BTreeMap::new();
     for (n, line) in lines {
         let f: Vec<&str> = line.split_whitespace().collect();
-        let [call, class, ns] = f[..] else {
-            return Err(bad(n, "expected 'CALL CLASS NANOSECONDS'"));
+        let [call, class, ns, collective] = f[..] else {
+            return Err(bad(n, "expected 'CALL CLASS NANOSECONDS COLLECTIVE'"));
         };
         let class = u32::try_from(number(n, class)?).map_err(|_| bad(n, "a bad class"))?;
+        let collective = Collective::parse(collective)
+            .ok_or_else(|| bad(n, &format!("'{collective}' is not a collective we observe")))?;
         if calls
-            .insert(number(n, call)?, (class, number(n, ns)?))
+            .insert(number(n, call)?, (collective, class, number(n, ns)?))
             .is_some()
         {
             return Err(bad(n, "a call listed twice"));
@@ -128,13 +131,13 @@ pub fn read_dirs(dirs: &[PathBuf]) -> Result<Vec<RankRecord>, String> {
 mod tests {
     use super::*;
 
-    const GOOD: &str = "stragglar-observe 1\ncomm 00000000000000ab\nrank 1 of 4\nhost h\npid 7\ngpu 0011\nunobserved 2\ndropped 0\ncalls 2\n0 13 1500\n1 13 1700\n";
+    const GOOD: &str = "stragglar-observe 1\ncomm 00000000000000ab\nrank 1 of 4\nhost h\npid 7\ngpu 0011\nunobserved 2\ndropped 0\ncalls 2\n0 13 1500 AllReduce\n1 13 1700 AllGather\n";
 
     #[test]
     fn a_record_reads_back_and_damage_is_named() {
         let r = parse(Path::new("x.rec"), GOOD).unwrap();
         assert_eq!((r.comm, r.rank, r.ranks, r.pid), (0xab, 1, 4, 7));
-        assert_eq!(r.calls[&1], (13, 1700));
+        assert_eq!(r.calls[&1], (Collective::AllGather, 13, 1700));
         assert_eq!(r.unobserved, 2);
         for (text, says) in [
             ("garbage", "not a record"),
@@ -142,9 +145,13 @@ mod tests {
                 &GOOD.replace("rank 1 of 4", "rank 4 of 4"),
                 "rank out of range",
             ),
-            (&GOOD.replace("1 13 1700\n", ""), "cut short"),
-            (&GOOD.replace("1 13 1700", "1 13"), "expected 'CALL"),
+            (&GOOD.replace("1 13 1700 AllGather\n", ""), "cut short"),
+            (
+                &GOOD.replace("1 13 1700 AllGather", "1 13"),
+                "expected 'CALL",
+            ),
             (&GOOD.replace("1 13 1700", "0 13 1700"), "twice"),
+            (&GOOD.replace("AllGather", "Broadcast"), "not a collective"),
         ] {
             let e = parse(Path::new("x.rec"), text).unwrap_err();
             assert!(e.contains(says), "{says}: {e}");

@@ -1,5 +1,6 @@
-//! Observe mode (`STRAGGLAR_OBSERVE=1`): every `ncclAllReduce` forwarded to NCCL is timed by
-//! two events on the caller's stream around the real call, read later without waiting (each
+//! Observe mode (`STRAGGLAR_OBSERVE=1`): every `ncclAllReduce` forwarded to NCCL, and every
+//! `ncclReduceScatter` and `ncclAllGather` (FSDP's collectives), is timed by two events on the
+//! caller's stream around the real call, read later without waiting (each
 //! call harvests the events that completed since), and at destroy (or at the process's exit,
 //! for a communicator never destroyed) each rank writes what it measured into
 //! `STRAGGLAR_REPORT_DIR` for `stragglar report`.
@@ -35,11 +36,43 @@ const FINISH_WAIT: Duration = Duration::from_secs(2);
 /// The first line of a record file, with the format's version.
 pub const RECORD_MAGIC: &str = "stragglar-observe 1";
 
-/// One observed call: its number on the communicator, its size class and how long it took on
-/// this rank's stream, in nanoseconds.
+/// The collectives observe mode times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+}
+
+impl Collective {
+    pub const ALL: [Collective; 3] = [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+    ];
+
+    /// Its NCCL name, as records spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "AllReduce",
+            Collective::ReduceScatter => "ReduceScatter",
+            Collective::AllGather => "AllGather",
+        }
+    }
+
+    /// The collective a record names.
+    pub fn parse(name: &str) -> Option<Collective> {
+        Collective::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
+/// One observed call: its number on the communicator (all observed collectives are numbered
+/// in one sequence), which collective, its size class and how long it took on this rank's
+/// stream, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
     pub call: u64,
+    pub collective: Collective,
     pub class: u32,
     pub duration_ns: u64,
 }
@@ -47,6 +80,7 @@ pub struct Sample {
 /// A call whose events are not yet read.
 struct Pending {
     call: u64,
+    collective: Collective,
     class: u32,
     start: Event,
     end: Event,
@@ -81,6 +115,7 @@ impl Observer {
         match done.start.elapsed_ms(&done.end) {
             Ok(ms) if self.samples.len() < MAX_SAMPLES => self.samples.push(Sample {
                 call: done.call,
+                collective: done.collective,
                 class: done.class,
                 duration_ns: (f64::from(ms) * 1e6).max(0.0) as u64,
             }),
@@ -119,7 +154,14 @@ impl Observer {
             self.samples.len()
         );
         for s in &self.samples {
-            let _ = writeln!(text, "{} {} {}", s.call, s.class, s.duration_ns);
+            let _ = writeln!(
+                text,
+                "{} {} {} {}",
+                s.call,
+                s.class,
+                s.duration_ns,
+                s.collective.name()
+            );
         }
         text
     }
@@ -158,16 +200,18 @@ fn make_observer(comm: ncclComm_t) -> Option<Observer> {
     })
 }
 
-/// Runs `call` (the real NCCL's AllReduce of `bytes` on `comm` and `stream`), timing it when
-/// observe mode is on. Never waits for the GPU, and holds no lock across NCCL's call.
+/// Runs `call` (the real NCCL's `collective` of `bytes` per rank on `comm` and `stream`),
+/// timing it when observe mode is on. Never waits for the GPU, and holds no lock across NCCL's
+/// call. A destroyed communicator is not observed (NCCL refuses the call).
 pub fn observed(
+    collective: Collective,
     comm: ncclComm_t,
     stream: cudaStream_t,
     bytes: usize,
     in_group: bool,
     call: impl FnOnce() -> ResultCode,
 ) -> ResultCode {
-    if !crate::config::get().observe {
+    if !crate::config::get().observe || registry::comms().is_destroyed(comm) {
         return call();
     }
     let Some(record) = registry::comms().record(comm) else {
@@ -197,6 +241,7 @@ pub fn observed(
     if ended {
         observer.pending.push_back(Pending {
             call: number,
+            collective,
             class: crate::detect::size_class(bytes),
             start,
             end,

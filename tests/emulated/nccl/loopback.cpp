@@ -297,7 +297,7 @@ void fold_any(ncclDataType_t t, void* acc, const void* other, size_t n, ncclRedO
   }
 }
 
-enum class Kind { AllReduce, AllGather, Broadcast };
+enum class Kind { AllReduce, ReduceScatter, AllGather, Broadcast };
 
 /* One collective, as queued: kept alive as long as its host function may run (for ever when
  * captured into a graph, whose replays run it again). */
@@ -331,6 +331,18 @@ void run_all_reduce(ncclComm* c, const Call& k) {
     });
     if (!ok) return;
   }
+}
+
+/* ReduceScatter: the AllReduce of every rank's whole send buffer (count x nranks), of which
+ * rank r keeps chunk r. */
+void run_reduce_scatter(ncclComm* c, const Call& k) {
+  size_t es = type_bytes(k.type);
+  std::vector<unsigned char> all(k.count * c->nranks * es);
+  Call whole = k;
+  whole.count = k.count * c->nranks;
+  whole.recv = all.data();
+  run_all_reduce(c, whole);
+  memcpy(k.recv, all.data() + (size_t)c->rank * k.count * es, k.count * es);
 }
 
 void run_all_gather(ncclComm* c, const Call& k) {
@@ -394,6 +406,7 @@ void run_call(void* arg) {
     if (c->state.load() == ncclSuccess) {
       switch (k->kind) {
         case Kind::AllReduce: run_all_reduce(c, *k); break;
+        case Kind::ReduceScatter: run_reduce_scatter(c, *k); break;
         case Kind::AllGather: run_all_gather(c, *k); break;
         case Kind::Broadcast: run_broadcast(c, *k); break;
       }
@@ -421,7 +434,8 @@ ncclResult_t enqueue(ncclComm* c, Call call, cudaStream_t stream) {
     set_error("unsupported data type");
     return ncclInvalidArgument;
   }
-  if (call.kind == Kind::AllReduce && (call.op < ncclSum || call.op > ncclAvg)) {
+  if ((call.kind == Kind::AllReduce || call.kind == Kind::ReduceScatter) &&
+      (call.op < ncclSum || call.op > ncclAvg)) {
     set_error("unsupported reduction op");
     return ncclInvalidArgument;
   }
@@ -583,6 +597,12 @@ ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return enqueue(comm, Call{nullptr, Kind::AllReduce, send, recv, count, type, op, 0, false, 0},
+                 stream);
+}
+
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  return enqueue(comm, Call{nullptr, Kind::ReduceScatter, send, recv, count, type, op, 0, false, 0},
                  stream);
 }
 
