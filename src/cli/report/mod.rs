@@ -231,11 +231,16 @@ fn figures(finding: &Finding, rank: usize) -> (f64, u64, u64) {
     (share, percentile(&mut late, 50), percentile(&mut late, 90))
 }
 
-/// What the model says of the most common size class at `lateness_ns`: Ring's and
-/// StragglAR's time per call on an 8-GPU NVSwitch server's links, seconds.
+/// What the model says of the AllReduce calls' most common size class at `lateness_ns` (the
+/// collective StragglAR speeds up): Ring's and StragglAR's time per call on an NVSwitch
+/// server's links, seconds; `None` without AllReduce calls.
 fn modelled(finding: &Finding, lateness_ns: u64) -> Option<(u64, f64, f64)> {
     let mut classes: BTreeMap<u32, usize> = BTreeMap::new();
-    for c in &finding.calls {
+    for c in finding
+        .calls
+        .iter()
+        .filter(|c| c.collective == Collective::AllReduce)
+    {
         *classes.entry(c.class).or_default() += 1;
     }
     let (&class, _) = classes.iter().max_by_key(|&(_, n)| *n)?;
@@ -286,7 +291,7 @@ fn text(findings: &[Finding], files: usize) -> String {
                 if let Some((bytes, ring, stragglar)) = modelled(f, median) {
                     let _ = writeln!(
                         s,
-                        "  model, NVSwitch links (not measured): at {bytes} B and that lateness, Ring takes {:.1} us per call, StragglAR {:.1} us: {:.1} us saved",
+                        "  model, NVSwitch links (not measured): an AllReduce of {bytes} B at that lateness takes {:.1} us on Ring, {:.1} us on StragglAR: {:.1} us saved per call",
                         ring * 1e6,
                         stragglar * 1e6,
                         (ring - stragglar) * 1e6
