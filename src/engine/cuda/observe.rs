@@ -167,6 +167,10 @@ impl Observer {
     }
 }
 
+/// The slot's marker for a communicator that cannot be observed (its GPU, rank or name is
+/// unknown).
+struct Unobservable;
+
 /// `comm`'s observer, made at its first observed call; `None` (and the call unobserved) where
 /// its GPU, rank or name is unknown.
 fn make_observer(comm: ncclComm_t) -> Option<Observer> {
@@ -221,7 +225,11 @@ pub fn observed(
     let started = {
         let mut slot = record.observer.lock();
         if slot.is_none() {
-            *slot = make_observer(comm).map(|o| Box::new(o) as Box<dyn std::any::Any + Send>);
+            // A communicator that cannot be observed keeps a marker: it is not tried again.
+            *slot = Some(match make_observer(comm) {
+                Some(observer) => Box::new(observer),
+                None => Box::new(Unobservable),
+            });
         }
         match slot.as_mut().and_then(|o| o.downcast_mut::<Observer>()) {
             None => None,
