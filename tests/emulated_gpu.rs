@@ -1210,6 +1210,23 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
                     text.contains("the straggler moved: rank 2 from call "),
                     "{text}"
                 );
+                // --svg: one row per rank, one cell per call, the title naming the straggler.
+                let svg = root.join("moving.svg");
+                let drawn = support::run(
+                    Command::new(stragglar())
+                        .args(["report", "--min-lateness-us", "2000", "--svg"])
+                        .arg(&svg)
+                        .arg(&dir),
+                );
+                assert!(drawn.status.success(), "{}", support::describe(&drawn));
+                let (texts, tags) = svg_contents(&svg);
+                assert!(
+                    texts
+                        .iter()
+                        .any(|t| t.contains("rank 1 the persistent straggler from call")),
+                    "{texts:?}"
+                );
+                assert!(tags["rect"] >= 4 * 99, "{tags:?}");
                 // Records of two directories (hosts) merge into one report.
                 let (a, b) = (root.join("moving-a"), root.join("moving-b"));
                 for half in [&a, &b] {

@@ -413,6 +413,98 @@ fn bytes_label(bytes: f64) -> String {
     }
 }
 
+/// One communicator of a straggler report, for [`arrivals`]: its title, its ranks, and per
+/// call observed on every rank the rank that arrived last and how late, nanoseconds.
+pub struct ArrivalPanel {
+    pub title: String,
+    pub ranks: usize,
+    pub calls: Vec<(usize, u64)>,
+}
+
+/// Columns of an arrivals panel at most: calls are bucketed beyond.
+const ARRIVAL_COLUMNS: usize = 400;
+
+/// Draws `stragglar report --svg`: per communicator, one row per rank and one column per call
+/// (or per run of calls, beyond 400), each cell coloured by the rank's lateness when it arrived
+/// last there (the mean over the column's calls; white: never last), darker for later.
+pub fn arrivals(panels: &[ArrivalPanel], path: &str) -> Result<(), String> {
+    const ROW: i32 = 18;
+    const GAP: i32 = 70;
+    let columns = |p: &ArrivalPanel| p.calls.len().clamp(1, ARRIVAL_COLUMNS);
+    let cell = |p: &ArrivalPanel| (800 / columns(p) as i32).clamp(2, 24);
+    let width = panels
+        .iter()
+        .map(|p| LEFT + cell(p) * columns(p) as i32 + 30)
+        .max()
+        .unwrap_or(400)
+        .max(760);
+    let height: i32 = 40
+        + panels
+            .iter()
+            .map(|p| GAP + ROW * p.ranks as i32)
+            .sum::<i32>();
+    let root = SVGBackend::new(path, (width as u32, height as u32)).into_drawing_area();
+    let err = failed(path);
+    root.fill(&WHITE).map_err(&err)?;
+    let text = |size: i32| ("sans-serif", size).into_font();
+    root.draw(&Text::new(
+        "last arrival per call: each cell the rank's lateness when it arrived last (darker: later)",
+        (10, 8),
+        text(13),
+    ))
+    .map_err(&err)?;
+    let mut top = 40;
+    for panel in panels {
+        let (columns, cell) = (columns(panel), cell(panel));
+        let per = panel.calls.len().div_ceil(columns).max(1);
+        // Mean lateness of each rank's last arrivals per column.
+        let mut late = vec![vec![0f64; columns]; panel.ranks];
+        for (i, &(last, ns)) in panel.calls.iter().enumerate() {
+            if let Some(row) = late.get_mut(last) {
+                row[(i / per).min(columns - 1)] += ns as f64 / per as f64;
+            }
+        }
+        let most = late.iter().flatten().copied().fold(0.0, f64::max).max(1.0);
+        root.draw(&Text::new(panel.title.clone(), (10, top + 10), text(13)))
+            .map_err(&err)?;
+        let grid = top + 32;
+        for (rank, row) in late.iter().enumerate() {
+            let y = grid + ROW * rank as i32;
+            let style = text(12)
+                .color(&BLACK)
+                .pos(Pos::new(HPos::Right, VPos::Center));
+            root.draw(&Text::new(
+                format!("rank {rank}"),
+                (LEFT - 8, y + ROW / 2),
+                style,
+            ))
+            .map_err(&err)?;
+            for (column, &value) in row.iter().enumerate() {
+                let x = LEFT + cell * column as i32;
+                let shade = (value / most).clamp(0.0, 1.0);
+                let fill = RGBColor(
+                    255 - (63.0 * shade) as u8,
+                    255 - (215.0 * shade) as u8,
+                    255 - (215.0 * shade) as u8,
+                );
+                let area = [(x, y + 1), (x + cell, y + ROW - 1)];
+                root.draw(&Rectangle::new(area, fill.filled()))
+                    .map_err(&err)?;
+            }
+        }
+        let axis = text(11).color(&BLACK).pos(Pos::new(HPos::Left, VPos::Top));
+        let bottom = grid + ROW * panel.ranks as i32;
+        root.draw(&Text::new(
+            format!("call → ({} calls, {per} per column)", panel.calls.len()),
+            (LEFT, bottom + 4),
+            axis,
+        ))
+        .map_err(&err)?;
+        top += GAP + ROW * panel.ranks as i32;
+    }
+    root.present().map_err(&err)
+}
+
 #[cfg(test)]
 mod tests {
     use super::bytes_label;

@@ -24,10 +24,11 @@ use records::RankRecord;
 
 /// Usage of `stragglar report`.
 pub const USAGE: &str = "
-stragglar report DIR... [--json] [--min-lateness-us US]
+stragglar report DIR... [--json] [--svg FILE] [--min-lateness-us US]
     which rank is the persistent straggler of each communicator, how late, in what share of
     calls, from which call on, and what the model says StragglAR would save, from the records
     observe mode wrote (STRAGGLAR_OBSERVE=1 STRAGGLAR_REPORT_DIR=DIR); --json prints JSON;
+    --svg draws each communicator's ranks against its calls, coloured by lateness;
     a rank late by less than --min-lateness-us (median, default 100) is not named: launch
     jitter and the events' placement blur smaller leads
 ";
@@ -358,9 +359,31 @@ fn json(findings: &[Finding]) -> String {
     )
 }
 
+/// The picture's panels: per communicator, each call's last rank and lateness.
+fn panels(findings: &[Finding]) -> Vec<super::charts::ArrivalPanel> {
+    findings
+        .iter()
+        .map(|f| super::charts::ArrivalPanel {
+            title: match f.straggler {
+                Some((rank, since)) => format!(
+                    "communicator {:016x}: {} ranks, rank {rank} the persistent straggler from call {since}",
+                    f.comm, f.ranks
+                ),
+                None => format!(
+                    "communicator {:016x}: {} ranks, no persistent straggler",
+                    f.comm, f.ranks
+                ),
+            },
+            ranks: f.ranks,
+            calls: f.calls.iter().map(|c| (c.last, c.lateness_ns)).collect(),
+        })
+        .collect()
+}
+
 /// Runs `stragglar report`; exit status 1 when an input is wrong (the rest is still reported).
 pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let as_json = args.flag(&["--json"]);
+    let svg = args.value(&["--svg"])?.map(PathBuf::from);
     let min_lateness_us = args
         .parsed::<u64>(&["--min-lateness-us"], "microseconds")?
         .unwrap_or(MIN_LATENESS_US);
@@ -388,6 +411,12 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     }
     for e in &errors {
         eprintln!("stragglar report: {e}");
+    }
+    if let Some(path) = svg {
+        if let Err(e) = super::charts::arrivals(&panels(&found), &path.display().to_string()) {
+            eprintln!("stragglar report: {e}");
+            return Ok(1);
+        }
     }
     Ok(i32::from(!errors.is_empty()))
 }
