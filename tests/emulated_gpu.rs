@@ -1106,8 +1106,9 @@ fn reported_lateness_ms(report: &str) -> Option<f64> {
 /// rank held back 20 ms before every call is named by `stragglar report`, with its lateness
 /// within 20%; with no rank held back nobody is; with the lateness moving from rank 2 to
 /// rank 1 halfway, the report names rank 1 from a call after the move; ranks that exit
-/// without destroying their communicator still leave their records; and FSDP's collectives
-/// (AllReduce, ReduceScatter and AllGather in turn) name the held-back rank too.
+/// without destroying their communicator still leave their records; FSDP's collectives
+/// (AllReduce, ReduceScatter and AllGather in turn) name the held-back rank too, and so do the
+/// records of communicators split from the first.
 #[test]
 fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
     let _timing = timing();
@@ -1118,6 +1119,7 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
         ("moving", Some("2,1")),
         ("exit", Some("2")),
         ("fsdp", Some("3")),
+        ("split", None),
     ] {
         let dir = root.join(case);
         let dir_text = dir.to_str().unwrap().to_owned();
@@ -1138,11 +1140,20 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
             // AllReduce, ReduceScatter and AllGather in turn, 33 of each.
             env.push(("LOOPBACK_COLLECTIVES", "1"));
         }
+        if case == "split" {
+            // Split into the even ranks and the odd ones; parent rank 3 (rank 1 of the odd
+            // communicator) is held back.
+            env.extend([
+                ("LOOPBACK_SPLIT", "1"),
+                ("LOOPBACK_ENV_3", "LOOPBACK_LATE_RANK=1"),
+                ("LOOPBACK_LATE_US", "20000"),
+            ]);
+        }
         let (out, _) = run_ranks(&["4"], &env);
         assert!(out.status.success(), "{case}: {}", support::describe(&out));
         // At exit the driver is not called: the last call's events, still unread, are lost
         // (and the log may be gone already: the records are counted instead).
-        let calls = if matches!(case, "exit" | "fsdp") {
+        let calls = if matches!(case, "exit" | "fsdp" | "split") {
             99
         } else {
             100
@@ -1172,8 +1183,11 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
             "{case}: {}",
             support::describe(&report)
         );
+        let ranks = if case == "split" { 2 } else { 4 };
         assert!(
-            text.contains(&format!("4 ranks, {calls} calls observed on every rank")),
+            text.contains(&format!(
+                "{ranks} ranks, {calls} calls observed on every rank"
+            )),
             "{case}: {text}"
         );
         match case {
@@ -1190,6 +1204,19 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
                 assert!(json.contains("\"rank\": 2,"), "{json}");
             }
             "none" => assert!(text.contains("no persistent straggler"), "{text}"),
+            "split" => {
+                // Each split communicator named alike on its two ranks: two reports.
+                assert!(
+                    text.contains("2 communicator(s) from 4 record file(s)"),
+                    "{text}"
+                );
+                assert_eq!(
+                    text.matches("persistent straggler: rank 1 ").count(),
+                    1,
+                    "{text}"
+                );
+                assert_eq!(text.matches("no persistent straggler").count(), 1, "{text}");
+            }
             "fsdp" => {
                 assert!(text.contains("persistent straggler: rank 3 "), "{text}");
                 assert!(

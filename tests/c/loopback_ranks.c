@@ -17,7 +17,8 @@
  *   before every call (before the first half, and rank B before the second, with B); with LOOPBACK_FIXED every call is the same (4099 floats, sum), one size class for
  *   the straggler's detection; LOOPBACK_ENV_<r>=NAME=VALUE sets NAME in rank r's environment
  *   only; with LOOPBACK_NO_DESTROY a rank exits without destroying its communicator; with
- *   LOOPBACK_COLLECTIVES the calls cycle AllReduce, ReduceScatter and AllGather (float sums). Each rank
+ *   LOOPBACK_COLLECTIVES the calls cycle AllReduce, ReduceScatter and AllGather (float sums),
+ *   with LOOPBACK_SPLIT on the two communicators split from it (even and odd ranks). Each rank
  *   that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL).
  * Built twice by tests/emulated_gpu.rs: linked against libstragglar, and linked against the
@@ -546,6 +547,17 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
   if (nr != ncclSuccess) {
     fprintf(stderr, "rank %d: ncclCommInitRank: %s\n", rank, ncclGetErrorString(nr));
     return 1;
+  }
+  if (getenv("LOOPBACK_SPLIT")) {
+    /* Two communicators split from this one: the even ranks and the odd ones, each running the
+     * collectives' cycle (LOOPBACK_LATE_RANK then names a rank of the split communicator). */
+    ncclComm_t sub = NULL;
+    nr = ncclCommSplit(comm, rank % 2, rank, &sub, NULL);
+    if (nr != ncclSuccess || !sub) {
+      fprintf(stderr, "rank %d: ncclCommSplit: %s\n", rank, ncclGetErrorString(nr));
+      return 1;
+    }
+    return run_collectives(rank / 2, (nranks + 1 - rank % 2) / 2, sub, stream, send, recv);
   }
   if (getenv("LOOPBACK_COLLECTIVES")) return run_collectives(rank, nranks, comm, stream, send, recv);
   if (getenv("LOOPBACK_TWO_STREAMS")) return run_pairs(rank, nranks, comm);

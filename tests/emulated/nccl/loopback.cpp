@@ -10,6 +10,7 @@
 
 #include "nccl.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cerrno>
@@ -98,6 +99,9 @@ struct ncclComm {
   std::atomic<int> state{ncclSuccess};
   std::atomic<bool> aborted{false};
   std::thread init_thread;
+  /* Splits of this communicator so far (a child's segment is named by its parent's, this
+   * number and its color). */
+  uint64_t splits = 0;
   /* Serialises this comm's collectives (they may be queued on several streams) and numbers
    * the exchange rounds, identically on every rank. */
   std::mutex exec;
@@ -623,6 +627,47 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
 
 ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
 ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
+
+/* Every rank's color and key, gathered through the parent on the calling thread (no collective
+ * of the parent may be queued meanwhile); members of a color ordered by key, then parent rank,
+ * meet in a segment named by the parent's name, the split's number and the color. */
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                           ncclConfig_t* config) {
+  (void)config;
+  if (!comm || !newcomm) return ncclInvalidArgument;
+  ncclResult_t state = wait_init(comm);
+  if (state != ncclSuccess) return state;
+  int mine[2] = {color, key};
+  std::vector<int> all(2 * (size_t)comm->nranks);
+  bool ok;
+  {
+    std::lock_guard<std::mutex> g(comm->exec);
+    ok = exchange(comm, mine, sizeof mine, [&] {
+      for (int r = 0; r < comm->nranks; ++r) memcpy(&all[2 * (size_t)r], comm->slot(r), sizeof mine);
+    });
+  }
+  if (!ok) return ncclRemoteError;
+  uint64_t split = comm->splits++;
+  if (color == NCCL_SPLIT_NOCOLOR) {
+    *newcomm = nullptr;
+    return ncclSuccess;
+  }
+  std::vector<std::pair<int, int>> members;
+  for (int r = 0; r < comm->nranks; ++r)
+    if (all[2 * (size_t)r] == color) members.push_back({all[2 * (size_t)r + 1], r});
+  std::sort(members.begin(), members.end());
+  int rank = 0;
+  while (members[(size_t)rank].second != comm->rank) ++rank;
+  Id made;
+  memset(&made, 0, sizeof made);
+  made.magic = kMagic;
+  snprintf(made.name, sizeof made.name, "%s-s%llu-c%d", comm->name.c_str(),
+           (unsigned long long)split, color);
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  memcpy(id.internal, &made, sizeof made);
+  return init(newcomm, (int)members.size(), id, rank, true);
+}
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (!comm) return ncclInvalidArgument;
