@@ -1107,8 +1107,9 @@ fn reported_lateness_ms(report: &str) -> Option<f64> {
 /// within 20%; with no rank held back nobody is; with the lateness moving from rank 2 to
 /// rank 1 halfway, the report names rank 1 from a call after the move; ranks that exit
 /// without destroying their communicator still leave their records; FSDP's collectives
-/// (AllReduce, ReduceScatter and AllGather in turn) name the held-back rank too, and so do the
-/// records of communicators split from the first.
+/// (AllReduce, ReduceScatter and AllGather in turn) name the held-back rank too, also each
+/// inside a group (timed as one call per group), and so do the records of communicators split
+/// from the first.
 #[test]
 fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
     let _timing = timing();
@@ -1120,6 +1121,7 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
         ("exit", Some("2")),
         ("fsdp", Some("3")),
         ("split", None),
+        ("groups", Some("1")),
     ] {
         let dir = root.join(case);
         let dir_text = dir.to_str().unwrap().to_owned();
@@ -1136,9 +1138,13 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
             // The ranks exit with the communicator alive: the records are written at exit.
             env.push(("LOOPBACK_NO_DESTROY", "1"));
         }
-        if case == "fsdp" {
-            // AllReduce, ReduceScatter and AllGather in turn, 33 of each.
+        if matches!(case, "fsdp" | "groups") {
+            // AllReduce, ReduceScatter and AllGather in turn, 33 of each (each in a group of
+            // its own).
             env.push(("LOOPBACK_COLLECTIVES", "1"));
+        }
+        if case == "groups" {
+            env.push(("LOOPBACK_GROUPS", "1"));
         }
         if case == "split" {
             // Split into the even ranks and the odd ones; parent rank 3 (rank 1 of the odd
@@ -1153,7 +1159,7 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
         assert!(out.status.success(), "{case}: {}", support::describe(&out));
         // At exit the driver is not called: the last call's events, still unread, are lost
         // (and the log may be gone already: the records are counted instead).
-        let calls = if matches!(case, "exit" | "fsdp" | "split") {
+        let calls = if matches!(case, "exit" | "fsdp" | "split" | "groups") {
             99
         } else {
             100
@@ -1216,6 +1222,10 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
                     "{text}"
                 );
                 assert_eq!(text.matches("no persistent straggler").count(), 1, "{text}");
+            }
+            "groups" => {
+                assert!(text.contains("persistent straggler: rank 1 "), "{text}");
+                assert!(text.contains("calls: 99 Group"), "{text}");
             }
             "fsdp" => {
                 assert!(text.contains("persistent straggler: rank 3 "), "{text}");

@@ -29,7 +29,10 @@ pub extern "C" fn ncclGroupEnd() -> ResultCode {
             return forward!(ncclGroupEnd());
         }
         let rc: ResultCode = calling_real(|| forward!(ncclGroupEnd()));
-        groups::leave();
+        if groups::leave() == 0 {
+            // Observe mode times each communicator's collectives of the group as one call.
+            crate::intercept::engine::group_ended(rc);
+        }
         rc
     })
 }

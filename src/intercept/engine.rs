@@ -73,3 +73,11 @@ pub fn observed(
 pub fn observation_ends(comm: ncclComm_t, abort: bool) {
     observe::finish(comm, abort)
 }
+
+/// The calling thread's outermost group ended with `code` (observe mode times each
+/// communicator's collectives of the group as one call).
+pub fn group_ended(code: ResultCode) {
+    if crate::config::get().observe {
+        observe::group_ended(code)
+    }
+}

@@ -18,7 +18,8 @@
  *   the straggler's detection; LOOPBACK_ENV_<r>=NAME=VALUE sets NAME in rank r's environment
  *   only; with LOOPBACK_NO_DESTROY a rank exits without destroying its communicator; with
  *   LOOPBACK_COLLECTIVES the calls cycle AllReduce, ReduceScatter and AllGather (float sums),
- *   with LOOPBACK_SPLIT on the two communicators split from it (even and odd ranks). Each rank
+ *   with LOOPBACK_SPLIT on the two communicators split from it (even and odd ranks), with
+ *   LOOPBACK_GROUPS each call inside its own group. Each rank
  *   that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL).
  * Built twice by tests/emulated_gpu.rs: linked against libstragglar, and linked against the
@@ -478,6 +479,9 @@ static int run_collectives(int rank, int nranks, ncclComm_t comm, CUstream strea
     const size_t out = kind == 2 ? (size_t)PER_RANK * nranks : PER_RANK;
     for (size_t j = 0; j < in; ++j) host[j] = (float)value(rank, i, (int)j, ncclSum, ncclFloat32);
     CU(cuMemcpyHtoD(send, host, in * sizeof(float)));
+    /* LOOPBACK_GROUPS: each call inside its own ncclGroupStart/End. */
+    const int grouped = getenv("LOOPBACK_GROUPS") != NULL;
+    if (grouped) ncclGroupStart();
     ncclResult_t nr =
         kind == 0 ? ncclAllReduce((const void*)send, (void*)recv, PER_RANK, ncclFloat32, ncclSum,
                                   comm, stream)
@@ -485,6 +489,10 @@ static int run_collectives(int rank, int nranks, ncclComm_t comm, CUstream strea
                                         ncclSum, comm, stream)
                     : ncclAllGather((const void*)send, (void*)recv, PER_RANK, ncclFloat32, comm,
                                     stream);
+    if (grouped) {
+      ncclResult_t end = ncclGroupEnd();
+      if (nr == ncclSuccess) nr = end;
+    }
     if (nr != ncclSuccess || cuStreamSynchronize(stream) != CUDA_SUCCESS) {
       printf("rank %d: error at call %d: %s\n", rank, i, ncclGetErrorString(nr));
       return 3;

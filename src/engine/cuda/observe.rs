@@ -42,13 +42,16 @@ pub enum Collective {
     AllReduce,
     ReduceScatter,
     AllGather,
+    /// The collectives of one communicator inside one `ncclGroupStart`/`End`, timed as one.
+    Group,
 }
 
 impl Collective {
-    pub const ALL: [Collective; 3] = [
+    pub const ALL: [Collective; 4] = [
         Collective::AllReduce,
         Collective::ReduceScatter,
         Collective::AllGather,
+        Collective::Group,
     ];
 
     /// Its NCCL name, as records spell it.
@@ -57,6 +60,7 @@ impl Collective {
             Collective::AllReduce => "AllReduce",
             Collective::ReduceScatter => "ReduceScatter",
             Collective::AllGather => "AllGather",
+            Collective::Group => "Group",
         }
     }
 
@@ -233,10 +237,23 @@ pub fn observed(
         }
         match slot.as_mut().and_then(|o| o.downcast_mut::<Observer>()) {
             None => None,
-            Some(observer) => start(observer, stream, in_group),
+            Some(observer) if in_group => {
+                // Timed as one with the rest of the group, from its first collective on this
+                // communicator to the group's end.
+                grouped(comm, observer, stream, bytes);
+                None
+            }
+            Some(observer) => start(observer, stream),
         }
     };
     let code = call();
+    if in_group && code != ResultCode::SUCCESS {
+        GROUP.with(|g| {
+            if let Some(open) = g.borrow_mut().iter_mut().find(|o| o.comm == comm) {
+                open.failed = true;
+            }
+        });
+    }
     let Some((number, start, end)) = started else {
         return code;
     };
@@ -262,20 +279,16 @@ pub fn observed(
 }
 
 /// Numbers the next call and records its start event on `stream`; `None` (the call counted
-/// unobserved) inside a group, while the stream captures, with too many calls pending, or when
-/// the driver refuses.
-fn start(
-    observer: &mut Observer,
-    stream: cudaStream_t,
-    in_group: bool,
-) -> Option<(u64, Event, Event)> {
+/// unobserved) while the stream captures, with too many calls pending, or when the driver
+/// refuses.
+fn start(observer: &mut Observer, stream: cudaStream_t) -> Option<(u64, Event, Event)> {
     observer.harvest();
     let number = observer.next_call;
     observer.next_call += 1;
     // SAFETY: the caller's live stream of this communicator's device.
     let capturing = unsafe { driver::is_capturing(&observer.device, stream.cast()) };
-    let events = match (in_group, capturing, observer.pending.len() < MAX_PENDING) {
-        (false, Ok(false), true) => observer.events(),
+    let events = match (capturing, observer.pending.len() < MAX_PENDING) {
+        (Ok(false), true) => observer.events(),
         _ => None,
     };
     // SAFETY: as above.
@@ -284,6 +297,80 @@ fn start(
         None => {
             observer.unobserved += 1;
             None
+        }
+    }
+}
+
+/// One communicator's collectives in the calling thread's open group: timed as one call, from
+/// its first collective's stream position to the group's end (on that stream).
+struct OpenGroup {
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    number: u64,
+    bytes: usize,
+    /// `None`: not timed (capturing, too many pending, the driver refused): counted unobserved
+    /// already.
+    events: Option<(Event, Event)>,
+    /// A collective of it that NCCL refused.
+    failed: bool,
+}
+
+thread_local! {
+    /// The calling thread's open group, by communicator.
+    static GROUP: std::cell::RefCell<Vec<OpenGroup>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Adds a collective of `bytes` on `comm` to the thread's open group: its first one numbers
+/// the group's call and records the start event on `stream`.
+fn grouped(comm: ncclComm_t, observer: &mut Observer, stream: cudaStream_t, bytes: usize) {
+    GROUP.with(|g| {
+        let mut open = g.borrow_mut();
+        if let Some(existing) = open.iter_mut().find(|o| o.comm == comm) {
+            existing.bytes = existing.bytes.saturating_add(bytes);
+            return;
+        }
+        let events = start(observer, stream);
+        open.push(OpenGroup {
+            comm,
+            stream,
+            // `start` numbered it either way.
+            number: observer.next_call - 1,
+            bytes,
+            events: events.map(|(_, start, end)| (start, end)),
+            failed: false,
+        });
+    });
+}
+
+/// The calling thread's outermost `ncclGroupEnd` returned `code`: each communicator's group
+/// call gets its end event (where NCCL accepted the group) and waits among the pending calls.
+pub fn group_ended(code: ResultCode) {
+    let open = GROUP.with(|g| std::mem::take(&mut *g.borrow_mut()));
+    for group in open {
+        let Some((start, end)) = group.events else {
+            continue;
+        };
+        let Some(record) = registry::comms().record(group.comm) else {
+            continue;
+        };
+        let mut slot = record.observer.lock();
+        let Some(observer) = slot.as_mut().and_then(|o| o.downcast_mut::<Observer>()) else {
+            continue;
+        };
+        let fine = code == ResultCode::SUCCESS && !group.failed;
+        // SAFETY: the stream the group's first collective was given, live until the caller's
+        // later calls (NCCL's contract); the group's work is queued before the end event.
+        if fine && unsafe { end.record_raw(group.stream.cast()) }.is_ok() {
+            observer.pending.push_back(Pending {
+                call: group.number,
+                collective: Collective::Group,
+                class: crate::detect::size_class(group.bytes),
+                start,
+                end,
+            });
+        } else {
+            observer.unobserved += 1;
+            observer.spare.push((start, end));
         }
     }
 }
