@@ -185,14 +185,14 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "STRAGGLAR_OBSERVE",
         default: "0",
-        meaning: "1 times every ncclAllReduce forwarded to NCCL (two events on the caller's stream, read later) and writes each rank's durations into STRAGGLAR_REPORT_DIR, for `stragglar report`",
+        meaning: "1 times every ncclAllReduce forwarded to NCCL, ncclReduceScatter and ncclAllGather (two events on the caller's stream, read later; a group timed as one call) and writes each rank's durations into STRAGGLAR_REPORT_DIR, for `stragglar report`",
         parse: |c, v| switch(&mut c.observe, v),
         show: |c| u8::from(c.observe).to_string(),
     },
     Setting {
         name: "STRAGGLAR_REPORT_DIR",
         default: "(unset: no records)",
-        meaning: "where observe mode writes each rank's records at destroy; %h becomes the host name, %p the process id",
+        meaning: "where observe mode writes each rank's records (at destroy, or at exit for a communicator never destroyed); %h becomes the host name, %p the process id",
         parse: |c, v| text(&mut c.report_dir, v),
         show: |c| shown(&c.report_dir, "(unset: no records)"),
     },

@@ -392,12 +392,14 @@ fn end_comm(
     if !tracking() {
         return real();
     }
-    if ending.state == CommState::Destroyed {
-        crate::intercept::engine::observation_ends(comm, ending.abort_engine);
-    }
     crate::intercept::engine::forget(comm, ending.abort_engine);
     let rc = calling_real(real);
     if ending.always || made(rc) {
+        // Observe mode's record, once NCCL let the communicator go (a failed destroy leaves it
+        // usable, and its calls keep their numbers).
+        if ending.state == CommState::Destroyed {
+            crate::intercept::engine::observation_ends(comm, ending.abort_engine);
+        }
         retire(comm, ending.state);
     }
     rc

@@ -82,6 +82,9 @@ pub struct CommRecord {
     pub splits: AtomicU64,
     /// Observe mode's state of it (opaque here: the timing events are the GPU engine's).
     pub observer: Mutex<Option<Box<dyn Any + Send>>>,
+    /// Calls observe mode has numbered on it (from its first, whatever it could time: every
+    /// rank numbers the same calls alike).
+    pub calls: AtomicU64,
 }
 
 impl CommRecord {

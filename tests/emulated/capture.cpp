@@ -141,6 +141,18 @@ CUresult cuStreamEndCapture(CUstream hs, CUgraph* out) {
   return r;
 }
 
+/* The thread's capture mode: kept and exchanged as the driver does (the emulation refuses no
+ * call by another thread's capture, so the mode changes nothing else here). */
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  EMU_FAULT("cuThreadExchangeStreamCaptureMode");
+  if (!mode) return CUDA_ERROR_INVALID_VALUE;
+  static thread_local CUstreamCaptureMode current = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  CUstreamCaptureMode previous = current;
+  current = *mode;
+  *mode = previous;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuStreamIsCapturing(CUstream hs, CUstreamCaptureStatus* status) {
   EMU_FAULT("cuStreamIsCapturing");
   if (!status) return CUDA_ERROR_INVALID_VALUE;

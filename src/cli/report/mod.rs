@@ -187,11 +187,13 @@ fn findings(records: &[RankRecord], min_lateness_ns: u64) -> (Vec<Finding>, Vec<
                 .iter()
                 .map(|r| (r.host.clone(), r.gpu.clone(), r.pid))
                 .collect(),
+            // Every rank numbered the same calls: those it listed, left untimed or dropped.
             unobserved: ranks
                 .iter()
-                .map(|r| r.unobserved + r.dropped)
+                .map(|r| r.calls.len() as u64 + r.unobserved + r.dropped)
                 .max()
-                .unwrap_or(0),
+                .unwrap_or(0)
+                .saturating_sub(calls.len() as u64),
             straggler: designated,
             too_early: None,
             changes,
@@ -393,18 +395,18 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
             "report: name the directories of the records".into(),
         ));
     }
-    let records = match records::read_dirs(&dirs) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("stragglar report: {e}");
-            return Ok(1);
-        }
-    };
+    let (records, unread) = records::read_dirs(&dirs);
     if records.is_empty() {
-        eprintln!("stragglar report: no record files (stragglar-*.rec) in the directories given");
+        for e in &unread {
+            eprintln!("stragglar report: {e}");
+        }
+        eprintln!(
+            "stragglar report: no record files (stragglar-*.rec) read in the directories given"
+        );
         return Ok(1);
     }
-    let (found, errors) = findings(&records, min_lateness_us * 1000);
+    let (found, mut errors) = findings(&records, min_lateness_us * 1000);
+    errors.splice(0..0, unread);
     match as_json {
         true => print!("{}", json(&found)),
         false => print!("{}", text(&found, records.len())),

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 
 use crate::engine::cuda::observe::{Collective, RECORD_MAGIC};
 
+/// The most ranks a record may name (a damaged size must not size the report's tables).
+const MAX_RANKS: usize = 1 << 20;
+
 /// What one rank measured on one communicator.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RankRecord {
@@ -54,7 +57,7 @@ pub fn parse(path: &Path, text: &str) -> Result<RankRecord, String> {
         .split_once(" of ")
         .ok_or_else(|| bad(n, "expected 'rank R of N'"))?;
     let (rank, ranks) = (number(n, rank)? as usize, number(n, ranks)? as usize);
-    if ranks == 0 || rank >= ranks {
+    if ranks == 0 || rank >= ranks || ranks > MAX_RANKS {
         return Err(bad(n, "rank out of range"));
     }
     let host = next("host")?.1;
@@ -103,11 +106,19 @@ pub fn parse(path: &Path, text: &str) -> Result<RankRecord, String> {
     })
 }
 
-/// Every record file (`stragglar-*.rec`) in `dirs`, parsed; unreadable ones are errors.
-pub fn read_dirs(dirs: &[PathBuf]) -> Result<Vec<RankRecord>, String> {
+/// Every record file (`stragglar-*.rec`) in `dirs`, parsed, and an error for each directory or
+/// file that does not read (the others are still read).
+pub fn read_dirs(dirs: &[PathBuf]) -> (Vec<RankRecord>, Vec<String>) {
     let mut records = Vec::new();
+    let mut errors = Vec::new();
     for dir in dirs {
-        let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) => {
+                errors.push(format!("{}: {e}", dir.display()));
+                continue;
+            }
+        };
         let mut paths: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
@@ -119,12 +130,16 @@ pub fn read_dirs(dirs: &[PathBuf]) -> Result<Vec<RankRecord>, String> {
             .collect();
         paths.sort();
         for path in paths {
-            let text =
-                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            records.push(parse(&path, &text)?);
+            let read = std::fs::read_to_string(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))
+                .and_then(|text| parse(&path, &text));
+            match read {
+                Ok(record) => records.push(record),
+                Err(e) => errors.push(e),
+            }
         }
     }
-    Ok(records)
+    (records, errors)
 }
 
 #[cfg(test)]
@@ -132,6 +147,21 @@ mod tests {
     use super::*;
 
     const GOOD: &str = "stragglar-observe 1\ncomm 00000000000000ab\nrank 1 of 4\nhost h\npid 7\ngpu 0011\nunobserved 2\ndropped 0\ncalls 2\n0 13 1500 AllReduce\n1 13 1700 AllGather\n";
+
+    #[test]
+    fn a_bad_file_is_an_error_and_the_others_still_read() {
+        let dir = std::env::temp_dir().join(format!("stragglar-records-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("stragglar-a-rank0-1.rec"), GOOD).unwrap();
+        std::fs::write(dir.join("stragglar-b-rank1-1.rec"), "garbage").unwrap();
+        std::fs::write(dir.join("other.txt"), "not ours").unwrap();
+        let (records, errors) = read_dirs(&[dir.clone(), dir.join("missing")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(records.len(), 1);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors.iter().any(|e| e.contains("stragglar-b-rank1-1.rec")));
+        assert!(errors.iter().any(|e| e.contains("missing")));
+    }
 
     #[test]
     fn a_record_reads_back_and_damage_is_named() {

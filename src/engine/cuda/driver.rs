@@ -768,6 +768,27 @@ pub unsafe fn is_capturing(device: &Device, stream: sys::CUstream) -> Result<boo
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// Runs `f` with this thread's stream-capture mode relaxed, restored after: an event query is
+/// then allowed while another thread captures in the global mode (PyTorch's default), where
+/// it would fail and invalidate that capture. A driver that refuses the exchange (or lacks it)
+/// runs `f` as it is.
+pub fn relaxed_capture_mode<R>(f: impl FnOnce() -> R) -> R {
+    let exchange = |mode: &mut sys::CUstreamCaptureMode| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // SAFETY: `mode` is a valid in/out value; the call only swaps the thread's mode.
+            unsafe { sys::cuThreadExchangeStreamCaptureMode(mode) }
+        }))
+        .is_ok_and(|r| r == sys::CUresult::CUDA_SUCCESS)
+    };
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    if !exchange(&mut mode) {
+        return f();
+    }
+    let result = f();
+    exchange(&mut mode);
+    result
+}
+
 /// `cuEventElapsedTime` and its `_v2` (CUDA 12.8 on): milliseconds between two events.
 type EventElapsed = unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> sys::CUresult;
 

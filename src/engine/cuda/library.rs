@@ -158,14 +158,21 @@ pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
                 return Ok(Served::Stragglar(forgotten_during_setup(call.comm)));
             }
             Ok(ready) => *state = State::Ready(Box::new(ready)),
-            Err(Decline::CapturingBeforeSetup) => {
-                // Not capturing later may let it set up: forget this attempt.
-                record.engine.lock().take();
-                return Err(Decline::CapturingBeforeSetup);
-            }
             Err(_) if entry.watch.forgotten() => {
                 *state = State::Refused;
                 return Ok(Served::Stragglar(forgotten_during_setup(call.comm)));
+            }
+            Err(Decline::CapturingBeforeSetup) => {
+                // Not capturing later may let it set up: forget this attempt (this entry
+                // only, if the slot still holds it).
+                let mut slot = record.engine.lock();
+                let ours = slot
+                    .as_ref()
+                    .is_some_and(|e| std::ptr::addr_eq(Arc::as_ptr(e), Arc::as_ptr(&entry)));
+                if ours {
+                    slot.take();
+                }
+                return Err(Decline::CapturingBeforeSetup);
             }
             Err(cause) => {
                 *state = State::Refused;

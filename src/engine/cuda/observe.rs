@@ -7,10 +7,12 @@
 //!
 //! A rank that arrives last at a collective finds the others waiting, so its call is the
 //! shortest: the report compares durations of the same call across ranks, never clocks. Calls
-//! are matched across ranks by their number on the communicator, the same on every rank
-//! (every rank routes every call alike). Not observed, and counted as such: calls inside a
-//! group (NCCL runs them at the group's end), calls while the stream captures a graph, calls
-//! NCCL refused, and calls on a communicator whose GPU or name is unknown.
+//! are matched across ranks by their number on the communicator, counted in its record from
+//! its first call whatever this rank could time (every rank makes the same calls, and routes
+//! them alike). A communicator's collectives inside one group are one call, timed to the
+//! group's end. Not timed, and counted as such: calls while the stream captures a graph (no
+//! event is queried then either), calls NCCL did not answer `ncclSuccess`, calls beyond the
+//! pending limit. A communicator whose GPU, rank or name is unknown is not observed.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -26,8 +28,8 @@ use crate::registry::{self, names};
 /// more calls until the GPU catches up (they are counted unobserved).
 const MAX_PENDING: usize = 256;
 
-/// Samples kept per communicator at most (16 MiB of records): later calls are counted as
-/// dropped, so a long job's records stay bounded.
+/// Samples kept per communicator at most (24 MiB in memory, about 40 MiB of record file): later
+/// calls are counted as dropped, so a long job's records stay bounded.
 pub const MAX_SAMPLES: usize = 1 << 20;
 
 /// How long a destroy waits for the last calls' events.
@@ -93,11 +95,11 @@ struct Pending {
 /// One communicator's observations on this rank.
 struct Observer {
     device: Arc<Device>,
+    /// The GPU's UUID in hex, read when the observer was made (never at exit).
+    gpu: String,
     name: u64,
     rank: i32,
     ranks: i32,
-    /// The number the next call gets.
-    next_call: u64,
     pending: VecDeque<Pending>,
     spare: Vec<(Event, Event)>,
     samples: Vec<Sample>,
@@ -141,18 +143,14 @@ impl Observer {
 
     /// The record file's text.
     fn record(&self) -> String {
-        let uuid = self
-            .device
-            .uuid()
-            .map(|u| u.iter().map(|b| format!("{b:02x}")).collect::<String>())
-            .unwrap_or_else(|_| "unknown".into());
         let mut text = format!(
-            "{RECORD_MAGIC}\ncomm {:016x}\nrank {} of {}\nhost {}\npid {}\ngpu {uuid}\nunobserved {}\ndropped {}\ncalls {}\n",
+            "{RECORD_MAGIC}\ncomm {:016x}\nrank {} of {}\nhost {}\npid {}\ngpu {}\nunobserved {}\ndropped {}\ncalls {}\n",
             self.name,
             self.rank,
             self.ranks,
             crate::logging::short_hostname(),
             std::process::id(),
+            self.gpu,
             self.unobserved + self.pending.len() as u64,
             self.dropped,
             self.samples.len()
@@ -171,41 +169,52 @@ impl Observer {
     }
 }
 
-/// The slot's marker for a communicator that cannot be observed (its GPU, rank or name is
-/// unknown).
+/// The slot's marker for a communicator that cannot be observed (its GPU cannot be opened, or
+/// it has no name).
 struct Unobservable;
 
-/// `comm`'s observer, made at its first observed call; `None` (and the call unobserved) where
-/// its GPU, rank or name is unknown.
-fn make_observer(comm: ncclComm_t) -> Option<Observer> {
-    let info = registry::comms().get(comm)?;
-    let (Some(device), Some(rank), Some(ranks)) = (info.cuda_device, info.rank, info.nranks) else {
-        return None;
+/// The process that registered the exit hook (a forked child inherits the hook, not the job).
+static HOOK_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// `comm`'s observer, made at its first observable call: `Ok(None)` while its rank, size or
+/// device is not known yet (a nonblocking init still in progress: asked again next call),
+/// `Err` when it can never be observed.
+fn make_observer(comm: ncclComm_t) -> Result<Option<Observer>, Unobservable> {
+    let Some(info) = registry::comms().get(comm) else {
+        return Err(Unobservable);
     };
-    let name = names::of(comm)?;
-    // Records are written at destroy, or at the process's exit for communicators never
-    // destroyed (a killed process writes none).
-    static AT_EXIT: std::sync::Once = std::sync::Once::new();
-    // SAFETY: registers a plain function with no arguments, run once at exit.
-    AT_EXIT.call_once(|| unsafe {
-        libc::atexit(write_at_exit);
-    });
+    let (Some(device), Some(rank), Some(ranks)) = (info.cuda_device, info.rank, info.nranks) else {
+        return Ok(None);
+    };
+    let name = names::of(comm).ok_or(Unobservable)?;
     let device = gpus::device(device, |why| {
         log::warn!("observe mode: device {device}: {why}; its calls are not timed")
     })
-    .ok()?;
-    Some(Observer {
+    .map_err(|_| Unobservable)?;
+    let gpu = device
+        .uuid()
+        .map(|u| u.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        .unwrap_or_else(|_| "unknown".into());
+    // Records are written at destroy, or at the process's exit for communicators never
+    // destroyed (a killed process writes none).
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        HOOK_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: registers a plain function with no arguments, run once at exit.
+        unsafe { libc::atexit(write_at_exit) };
+    });
+    Ok(Some(Observer {
         device,
+        gpu,
         name,
         rank,
         ranks,
-        next_call: 0,
         pending: VecDeque::new(),
         spare: Vec::new(),
         samples: Vec::new(),
         unobserved: 0,
         dropped: 0,
-    })
+    }))
 }
 
 /// Runs `call` (the real NCCL's `collective` of `bytes` per rank on `comm` and `stream`),
@@ -225,25 +234,59 @@ pub fn observed(
     let Some(record) = registry::comms().record(comm) else {
         return call();
     };
-    // Before the call: its number, and its start event on the stream.
+    // Its number, counted whatever this rank can time; a group's later collectives on this
+    // communicator share its first one's.
+    let joins_group = in_group && GROUP.with(|g| g.borrow().iter().any(|o| o.comm == comm));
+    let number = match joins_group {
+        true => None,
+        false => Some(
+            record
+                .calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        ),
+    };
+    // Before the call: its start event on the stream.
     let started = {
         let mut slot = record.observer.lock();
         if slot.is_none() {
-            // A communicator that cannot be observed keeps a marker: it is not tried again.
-            *slot = Some(match make_observer(comm) {
-                Some(observer) => Box::new(observer),
-                None => Box::new(Unobservable),
-            });
+            match make_observer(comm) {
+                Ok(Some(observer)) => *slot = Some(Box::new(observer)),
+                Ok(None) => {}
+                // Not tried again.
+                Err(marker) => *slot = Some(Box::new(marker)),
+            }
         }
-        match slot.as_mut().and_then(|o| o.downcast_mut::<Observer>()) {
-            None => None,
-            Some(observer) if in_group => {
+        match (
+            slot.as_mut().and_then(|o| o.downcast_mut::<Observer>()),
+            number,
+        ) {
+            (Some(observer), Some(number)) if in_group => {
                 // Timed as one with the rest of the group, from its first collective on this
                 // communicator to the group's end.
-                grouped(comm, observer, stream, bytes);
+                let events = start(observer, stream);
+                GROUP.with(|g| {
+                    g.borrow_mut().push(OpenGroup {
+                        comm,
+                        stream,
+                        number,
+                        bytes,
+                        events,
+                        failed: false,
+                    })
+                });
                 None
             }
-            Some(observer) => start(observer, stream),
+            (Some(observer), Some(number)) => start(observer, stream).map(|e| (number, e)),
+            _ => {
+                if joins_group {
+                    GROUP.with(|g| {
+                        if let Some(open) = g.borrow_mut().iter_mut().find(|o| o.comm == comm) {
+                            open.bytes = open.bytes.saturating_add(bytes);
+                        }
+                    });
+                }
+                None
+            }
         }
     };
     let code = call();
@@ -254,7 +297,7 @@ pub fn observed(
             }
         });
     }
-    let Some((number, start, end)) = started else {
+    let Some((number, (start, end))) = started else {
         return code;
     };
     let mut slot = record.observer.lock();
@@ -278,22 +321,24 @@ pub fn observed(
     code
 }
 
-/// Numbers the next call and records its start event on `stream`; `None` (the call counted
-/// unobserved) while the stream captures, with too many calls pending, or when the driver
-/// refuses.
-fn start(observer: &mut Observer, stream: cudaStream_t) -> Option<(u64, Event, Event)> {
-    observer.harvest();
-    let number = observer.next_call;
-    observer.next_call += 1;
+/// Records the start event of a call on `stream`; `None` (the call counted unobserved) while
+/// the stream captures (and then no event is even queried: a query may not run during a
+/// capture), with too many calls pending, or when the driver refuses.
+fn start(observer: &mut Observer, stream: cudaStream_t) -> Option<(Event, Event)> {
     // SAFETY: the caller's live stream of this communicator's device.
     let capturing = unsafe { driver::is_capturing(&observer.device, stream.cast()) };
-    let events = match (capturing, observer.pending.len() < MAX_PENDING) {
-        (Ok(false), true) => observer.events(),
-        _ => None,
-    };
+    if capturing != Ok(false) {
+        observer.unobserved += 1;
+        return None;
+    }
+    // Reading events is allowed beside another thread's capture only in relaxed mode.
+    driver::relaxed_capture_mode(|| observer.harvest());
+    let events = (observer.pending.len() < MAX_PENDING)
+        .then(|| observer.events())
+        .flatten();
     // SAFETY: as above.
     match events.filter(|(start, _)| unsafe { start.record_raw(stream.cast()) }.is_ok()) {
-        Some((start, end)) => Some((number, start, end)),
+        Some(events) => Some(events),
         None => {
             observer.unobserved += 1;
             None
@@ -308,8 +353,8 @@ struct OpenGroup {
     stream: cudaStream_t,
     number: u64,
     bytes: usize,
-    /// `None`: not timed (capturing, too many pending, the driver refused): counted unobserved
-    /// already.
+    /// `None`: not timed (capturing, too many pending, the driver refused, or no observer yet):
+    /// counted unobserved already, where an observer exists.
     events: Option<(Event, Event)>,
     /// A collective of it that NCCL refused.
     failed: bool,
@@ -318,28 +363,6 @@ struct OpenGroup {
 thread_local! {
     /// The calling thread's open group, by communicator.
     static GROUP: std::cell::RefCell<Vec<OpenGroup>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Adds a collective of `bytes` on `comm` to the thread's open group: its first one numbers
-/// the group's call and records the start event on `stream`.
-fn grouped(comm: ncclComm_t, observer: &mut Observer, stream: cudaStream_t, bytes: usize) {
-    GROUP.with(|g| {
-        let mut open = g.borrow_mut();
-        if let Some(existing) = open.iter_mut().find(|o| o.comm == comm) {
-            existing.bytes = existing.bytes.saturating_add(bytes);
-            return;
-        }
-        let events = start(observer, stream);
-        open.push(OpenGroup {
-            comm,
-            stream,
-            // `start` numbered it either way.
-            number: observer.next_call - 1,
-            bytes,
-            events: events.map(|(_, start, end)| (start, end)),
-            failed: false,
-        });
-    });
 }
 
 /// The calling thread's outermost `ncclGroupEnd` returned `code`: each communicator's group
@@ -380,9 +403,17 @@ pub fn group_ended(code: ResultCode) {
 /// beside it, may already be torn down): the events of the last calls still pending are
 /// counted unobserved, and the events themselves are left to the process's end.
 extern "C" fn write_at_exit() {
+    // A forked child inherits the hook and the observers: the records are its parent's.
+    if HOOK_PID.load(std::sync::atomic::Ordering::Relaxed) != std::process::id() {
+        return;
+    }
     let _ = std::panic::catch_unwind(|| {
         for (comm, record) in registry::comms().all() {
-            let Some(slot) = record.observer.lock().take() else {
+            // A lock held by a thread that exit() will never resume is given up on.
+            let Some(mut guard) = record.observer.try_lock_for(Duration::from_millis(100)) else {
+                continue;
+            };
+            let Some(slot) = guard.take() else {
                 continue;
             };
             if let Ok(observer) = slot.downcast::<Observer>() {

@@ -75,25 +75,33 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
         return Err(SetupError::Refused(first));
     }
     let me = mine.rank as usize;
-    let mut mappings: Vec<Option<P::Mapping>> = Vec::with_capacity(records.len());
-    let mut ok = true;
-    for (rank, record) in records.iter().enumerate() {
-        if rank == me || !ok {
-            mappings.push(None);
-            continue;
-        }
-        match peers.open(record) {
-            Ok(m) => {
-                ok = peers.probe(&m);
-                mappings.push(Some(m));
-            }
-            Err(_) => {
-                ok = false;
+    // Whatever happens here, a panic included, this rank makes the second all-gather too.
+    let local = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut mappings: Vec<Option<P::Mapping>> = Vec::with_capacity(records.len());
+        let mut ok = true;
+        for (rank, record) in records.iter().enumerate() {
+            if rank == me || !ok {
                 mappings.push(None);
+                continue;
+            }
+            match peers.open(record) {
+                Ok(m) => {
+                    ok = peers.probe(&m);
+                    mappings.push(Some(m));
+                }
+                Err(_) => {
+                    ok = false;
+                    mappings.push(None);
+                }
             }
         }
-    }
-    let ok = ok && finish(&mappings, &records);
+        let ok = ok && finish(&mappings, &records);
+        (mappings, ok)
+    }));
+    let (mappings, ok) = local.unwrap_or_else(|_| {
+        log::warn!("rank {me}: a panic while opening its peers' staging: it refuses the setup");
+        ((0..records.len()).map(|_| None).collect(), false)
+    });
     let flags = exchange
         .all_gather(&(ok as u32).to_le_bytes())
         .map_err(SetupError::Exchange)?;
