@@ -38,6 +38,10 @@ stale() {
   done
   return 1
 }
+# One build at a time (tests run this script from several threads at once); the lock is
+# released before the command runs.
+exec 9>"$OUT/.build.lock"
+flock 9
 if stale "$DRIVER"; then
   echo "emulated-gpu: building $DRIVER" >&2
   c++ -std=c++17 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Werror -Wno-unused-parameter \
@@ -82,6 +86,7 @@ if [ "${1:-}" = "--build-without" ]; then
   echo "$dir"
   exit 0
 fi
+exec 9>&-
 
 if [ "${STRAGGLAR_EMU_NO_NVRTC:-0}" = 1 ]; then
   export LD_LIBRARY_PATH="$OUT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

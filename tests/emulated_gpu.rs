@@ -875,6 +875,7 @@ fn calls_forwarded_to_nccl_interleave_with_stragglar_calls_on_two_streams() {
 fn a_panic_inside_the_gpu_engine_gives_the_rank_up_and_releases_its_peers() {
     // Rank 1's driver lacks cuLaunchKernel: cudarc panics at its first launch. Before, the
     // panic became ncclInternalError on rank 1 alone, and its peers waited for it for ever.
+    built();
     let out = support::run(&mut emulated(&["--build-without", "cuLaunchKernel"]));
     assert!(out.status.success(), "{}", support::describe(&out));
     let without = String::from_utf8(out.stdout).unwrap().trim().to_owned();
@@ -916,6 +917,9 @@ fn a_panic_inside_the_gpu_engine_gives_the_rank_up_and_releases_its_peers() {
 /// broken rank, and with one broken rank its peers waited in the setup's all-gather.
 #[test]
 fn a_failure_while_attaching_keeps_every_rank_on_nccl() {
+    // The driver first (once per test binary): the script builds it before the one without
+    // an export, and two tests must not build it at once.
+    built();
     let out = support::run(&mut emulated(&["--build-without", "cuModuleLoadData"]));
     assert!(out.status.success(), "{}", support::describe(&out));
     let without = String::from_utf8(out.stdout).unwrap().trim().to_owned();
