@@ -63,18 +63,12 @@ pub extern "C" fn ncclAllReduce(
         match route {
             Route::Forward(cause) => {
                 count_fallback(comm, cause);
-                let width = crate::reduce::DataType::from_nccl(datatype.0).map_or(0, |d| d.size());
-                let code = engine::observed(
-                    engine::Collective::AllReduce,
-                    comm,
-                    stream,
-                    count.saturating_mul(width),
-                    || {
-                        forward!(ncclAllReduce(
-                            sendbuff, recvbuff, count, datatype, op, comm, stream
-                        ))
-                    },
-                );
+                let collective = engine::Collective::AllReduce;
+                let code = engine::observed(collective, comm, stream, count, datatype, || {
+                    forward!(ncclAllReduce(
+                        sendbuff, recvbuff, count, datatype, op, comm, stream
+                    ))
+                });
                 if cause == Fallback::NonblockingComm && crate::config::get().gpu_engine {
                     let state = crate::nccl::nonblocking::async_state(comm);
                     engine::nccl_state_seen(comm, state);

@@ -2,9 +2,10 @@
 //!
 //! Pure means pure: these are also what NCCL's own internal calls reach when our library is
 //! preloaded (libnccl calls about twenty of its exported names through the PLT), so they keep
-//! no state and have no side effects beyond the NULL-output check. The one exception,
-//! `ncclCommGetAsyncError`, also tells the GPU engine what the application read (see
-//! `intercept::engine::nccl_state_seen`), and only for the application's own calls.
+//! no state and have no side effects beyond the NULL-output check. The exceptions, only for the
+//! application's own calls: `ncclCommGetAsyncError` also tells the GPU engine what the
+//! application read (see `intercept::engine::nccl_state_seen`), and in observe mode
+//! `ncclReduceScatter` and `ncclAllGather` are timed (`intercept::engine::observed`).
 
 #![allow(non_snake_case)]
 
@@ -227,10 +228,9 @@ pub extern "C" fn ncclReduceScatter(
     stream: cudaStream_t,
 ) -> ResultCode {
     // Timed in observe mode, by `recvcount` elements per rank.
-    let bytes = recvcount.saturating_mul(element_bytes(datatype));
     let collective = crate::intercept::engine::Collective::ReduceScatter;
     super::guard::guard("ncclReduceScatter", || {
-        crate::intercept::engine::observed(collective, comm, stream, bytes, || {
+        crate::intercept::engine::observed(collective, comm, stream, recvcount, datatype, || {
             forward!(ncclReduceScatter(
                 sendbuff, recvbuff, recvcount, datatype, op, comm, stream
             ); live comm)
@@ -249,20 +249,14 @@ pub extern "C" fn ncclAllGather(
     stream: cudaStream_t,
 ) -> ResultCode {
     // Timed in observe mode, by `sendcount` elements per rank.
-    let bytes = sendcount.saturating_mul(element_bytes(datatype));
     let collective = crate::intercept::engine::Collective::AllGather;
     super::guard::guard("ncclAllGather", || {
-        crate::intercept::engine::observed(collective, comm, stream, bytes, || {
+        crate::intercept::engine::observed(collective, comm, stream, sendcount, datatype, || {
             forward!(ncclAllGather(
                 sendbuff, recvbuff, sendcount, datatype, comm, stream
             ); live comm)
         })
     })
-}
-
-/// Bytes of one element of `datatype` (0 for a type we do not know: NCCL refuses it).
-fn element_bytes(datatype: DataTypeCode) -> usize {
-    crate::reduce::DataType::from_nccl(datatype.0).map_or(0, |d| d.size())
 }
 
 /// Forwards to the real `ncclAlltoAll`.

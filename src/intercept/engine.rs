@@ -3,7 +3,7 @@
 
 use super::{engine_call, AllReduceCall};
 use crate::engine::cuda::{library, observe};
-use crate::nccl::types::{cudaStream_t, ncclComm_t, ResultCode};
+use crate::nccl::types::{cudaStream_t, ncclComm_t, DataTypeCode, ResultCode};
 use crate::registry::fallback::Fallback;
 
 pub use crate::engine::cuda::library::{NoArrivals, Served};
@@ -52,19 +52,23 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     library::forget(comm, abort)
 }
 
-/// Runs `call`, NCCL's `collective` of `bytes` per rank on `comm` and `stream`, timed in
-/// observe mode (`STRAGGLAR_OBSERVE=1`; see `engine::cuda::observe`). NCCL's own calls of our
-/// exports pass straight through.
+/// Runs `call`, NCCL's `collective` of `count` elements of `datatype` per rank on `comm` and
+/// `stream`, timed in observe mode (`STRAGGLAR_OBSERVE=1`; see `engine::cuda::observe`).
+/// NCCL's own calls of our exports pass straight through.
 pub fn observed(
     collective: Collective,
     comm: ncclComm_t,
     stream: cudaStream_t,
-    bytes: usize,
+    count: usize,
+    datatype: DataTypeCode,
     call: impl FnOnce() -> ResultCode,
 ) -> ResultCode {
     if crate::nccl::reentry::inside_real_nccl() || !crate::config::get().enabled {
         return call();
     }
+    // A type we do not know counts no bytes (NCCL refuses the call).
+    let width = crate::reduce::DataType::from_nccl(datatype.0).map_or(0, |d| d.size());
+    let bytes = count.saturating_mul(width);
     let in_group = crate::registry::groups::depth() > 0;
     observe::observed(collective, comm, stream, bytes, in_group, call)
 }
