@@ -807,7 +807,7 @@ SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
   arrival.note = (uint64_t)g->notes;
   sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
                            a->timeout_ns);
-  if (sg_arrive(&arrival, a->rank, &w) != STATUS_OK) return;
+  if (sg_arrive_graph(&arrival, a->rank, &w) != STATUS_OK) return;
   sg_graph_feed(g, &a->rule, choice);
 }
 
@@ -833,16 +833,24 @@ SG_DEVICE uint32_t sg_plan_threads(const RawLaunch* a, uint32_t block, uint32_t 
   return block_dim - SG_ARRIVAL_LANES;
 }
 
-/* The arrival work of a launch (its arrival thread): the protocol on the eager board; or, in a
- * graph launch, the device's choice, the protocol on the graph board, the detector's feed and
- * the launch's count. Outlined: one thread runs it, beside the plan. */
-SG_OUTLINED void sg_arrival_work(const RawLaunch* a) {
+/* The arrival work of a launch (lane `lane` of its `lanes` arrival threads): on the eager board,
+ * the first lane publishes, takes the ticket and measures the lead while every lane collects
+ * its share of the records waiting; in a graph launch, the first lane alone makes the device's
+ * choice, runs the protocol on the graph board, feeds the detector and counts the launch.
+ * Outlined: it runs beside the plan. */
+SG_OUTLINED void sg_arrival_work(const RawLaunch* a, uint32_t lane, uint32_t lanes) {
   if (a->graph == 0) {
     sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
                              a->timeout_ns);
-    sg_arrive(&a->arrival, a->rank, &w);
+    if (lane == 0) {
+      sg_publish_previous(&a->arrival);
+      const uint64_t position = sg_take_ticket(&a->arrival, a->rank);
+      if (sg_measure_lead(&a->arrival, position, &w) != STATUS_OK) return;
+    }
+    sg_collect(&a->arrival, &w, lane, lanes);
     return;
   }
+  if (lane != 0) return;
   /* Only this thread of the warp reads the graph state: the grid's last block advances its
    * class's calls once every block, and this thread, has finished (RawClassState), so another
    * thread reading it here would race with that. */
@@ -860,7 +868,7 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   const uint32_t plan_threads = sg_plan_threads(a, SG_BLOCK, SG_BLOCK_DIM);
   sg_set_threads(plan_threads);
   if (SG_THREAD >= plan_threads) {
-    if (SG_THREAD == plan_threads) sg_arrival_work(a);
+    sg_arrival_work(a, SG_THREAD - plan_threads, SG_BLOCK_DIM - plan_threads);
     return;
   }
   if (SG_BLOCK == 0 && SG_THREAD == 0) {
@@ -916,19 +924,24 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   }
 }
 
-/* The ticket kernel's body (thread 0 of its one block). */
+/* The ticket kernel's body (thread 0 of its one block): publishes, takes the ticket and, if
+ * second-to-last, leaves the lead to the spans. Straight-line code: it never waits. */
 SG_DEVICE void sg_ticket(const RawTicket* t) {
   if (SG_THREAD != 0) return;
-  sg_watch w = sg_watch_of(t->abort, t->status, t->peers, t->rank, t->arrival.ranks,
-                           t->timeout_ns);
-  sg_arrive(&t->arrival, t->rank, &w);
+  sg_publish_previous(&t->arrival);
+  sg_lead_from_spans(&t->arrival, sg_take_ticket(&t->arrival, t->rank));
 }
 
-/* The end kernel's body (thread 0 of its one block), queued after NCCL's kernel of a ticketed
- * call: notes that the call finished on this rank. */
+/* The end kernel's body (one warp), queued after NCCL's kernel of a measured call: thread 0
+ * notes that the call finished on this rank (unless queued late), and every thread collects
+ * its share of the records waiting. */
 SG_DEVICE void sg_ticket_end(const RawTicket* t) {
-  if (SG_THREAD != 0) return;
-  sg_note_finished(t->arrival.note, t->arrival.call);
+  if (SG_THREAD == 0 && t->end != END_COLLECTS_ONLY) {
+    sg_note_finished(t->arrival.note, t->arrival.call);
+  }
+  sg_watch w = sg_watch_of(t->abort, t->status, t->peers, t->rank, t->arrival.ranks,
+                           t->timeout_ns);
+  sg_collect(&t->arrival, &w, SG_THREAD, SG_BLOCK_DIM);
 }
 
 /* The bandwidth probe's body: out = op-fold of the operands over `bytes`, block b taking its

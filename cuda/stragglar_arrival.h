@@ -1,26 +1,29 @@
 /* Arrival records: which rank arrived last at each ticketed call, and by how much, recorded by
  * the GPUs themselves and identical on every rank, so every rank's policy reads the same
- * history without exchanging anything (docs/ALGORITHM.md; src/detect for the rule).
+ * history without exchanging anything (docs/GPU-ENGINE.md; src/detect for the rule).
  *
- * Protocol for call c (one thread per rank: the first of the AllReduce kernel's arrival warp,
- * the last warp of its block 0, or the ticket kernel before a call that goes to NCCL), on the
- * board in rank 0's staging:
- *  1. if this rank arrived last at c-1, publish c-1's post-arrival time: from its ticket (or
- *     its kernel's start, if earlier) to its call's end, all on its own clock (its
- *     RawArrivalNote; the end is noted by the kernel's last plan block, or by the end kernel
- *     queued after NCCL's);
- *  2. copy the record of call c-1 from its board slot into this rank's host-mapped ring, once
- *     both of its words carry c-1's tag (they will: this rank finished c-1, so every rank
- *     arrived at it, and its second-to-last arrival is about to finish measuring);
- *  3. copy c-2's post-arrival time into the ring (it will come: every rank started c-1, and
- *     c-2's last arrival publishes it first thing in c-1);
- *  4. take a ticket: atomicAdd on the slot's counter gives this rank's arrival position;
- *  5. the last arrival writes its rank (and notes its ticket's time); the second-to-last waits
- *     for the last ticket and writes the time it waited on its own clock (the lead), so no two
- *     clocks are compared.
- * Slot reuse is safe with 4 slots (see BOARD_SLOTS). Every spin watches the abort word, every
- * rank's failure word (a rank that failed on its host never takes its ticket) and the timeout,
- * like the AllReduce kernel's waits. */
+ * Protocol for call c, on the board in rank 0's staging. Publishing (one thread: the first of
+ * the AllReduce kernel's arrival warp, or the ticket kernel before a call that goes to NCCL):
+ *  1. publish what this rank noted of c-1 (its RawArrivalNote): its time from its ticket (or
+ *     its kernel's start, if earlier) to its call's end, on its own clock, as c-1's `post` if
+ *     it arrived last, as its `span` if it arrived second-to-last;
+ *  2. take a ticket: atomicAdd on the slot's counter gives this rank's arrival position, which
+ *     it notes with its time;
+ *  3. the last arrival writes its rank; the second-to-last writes the lead: in an AllReduce
+ *     kernel it waits for the last ticket and writes the time it waited on its own clock;
+ *     before a call NCCL runs it waits for nobody and writes LEAD_FROM_SPANS (the lead is then
+ *     its span minus the last arrival's post: both leave NCCL's kernel together).
+ * Collecting (the arrival warp of an AllReduce kernel, or the end kernel a measured call NCCL
+ * ran queues after NCCL's kernel): copy the `collect` records of calls before c-1 into this
+ * rank's host-mapped ring, waiting for each word's tag. They come: this rank started c, so
+ * every rank finished every launch of c-2, and the last of those words is published by a
+ * rank's launch of c-1, whose ticket taken (or, for a call NCCL ran, whose end reached) shows
+ * it is running.
+ * Graph launches run steps 1-3 on their own board, first copying c-1's `last` and `lead` and
+ * c-2's `post` (sg_arrive_graph): the device's detector feeds them at once.
+ * Slot reuse is safe (see BOARD_SLOTS). Every wait watches the abort word, every rank's
+ * failure word (a rank that failed on its host never takes its ticket) and the timeout, like
+ * the AllReduce kernel's waits. */
 
 #ifndef STRAGGLAR_ARRIVAL_H_
 #define STRAGGLAR_ARRIVAL_H_
@@ -86,6 +89,11 @@ SG_DEVICE RawArrivalNote* sg_note_of(uint64_t notes, uint64_t call) {
   return &((RawArrivalNote*)notes)[call & 1];
 }
 
+/* Call `call`'s slot of `board`. */
+SG_DEVICE RawBoardSlot* sg_slot_of(uint64_t board, uint64_t call) {
+  return &((RawBoardSlot*)board)[call % BOARD_SLOTS];
+}
+
 /* Notes that this rank finished call `call` now (the kernel's last plan block, or the end
  * kernel after NCCL's): read by its next ticketed launch, which the engine orders after it. */
 SG_DEVICE void sg_note_finished(uint64_t notes, uint64_t call) {
@@ -102,32 +110,113 @@ SG_DEVICE void sg_note_started(uint64_t notes, uint64_t call) {
   note->started = sg_tag(call);
 }
 
-/* Step 1: publishes call `call`'s post-arrival time on the board if this rank arrived last at
- * it, from its note: from its ticket, or its kernel's start if that came first, to its end
- * (POST_UNMEASURED when its end was not noted). */
-SG_DEVICE void sg_publish_post(RawBoardSlot* board, uint64_t notes, uint64_t call) {
-  const RawArrivalNote* note = sg_note_of(notes, call);
-  const uint64_t tag = sg_tag(call);
-  if (note->last != tag) return;
+/* This rank's time of the call its note `note` holds (tag `tag`): from its ticket, or its
+ * kernel's start if that came first, to its end; POST_UNMEASURED when its end was not noted. */
+SG_DEVICE uint64_t sg_time_of(const RawArrivalNote* note, uint64_t tag) {
   uint64_t start = note->arrived_at;
   if (note->started == tag && note->started_at < start) start = note->started_at;
-  uint64_t post = POST_UNMEASURED;
-  if (note->finished == tag && note->finished_at >= start) {
-    uint64_t took = note->finished_at - start;
-    post = took < POST_UNMEASURED ? took : POST_UNMEASURED - 1;
-  }
-  /* Self-tagged, and the ticket's atomic after it orders it before this rank's later board
-   * accesses. */
-  sg_store_relaxed64(&board[call % BOARD_SLOTS].post, tag | post);
+  if (note->finished != tag || note->finished_at < start) return POST_UNMEASURED;
+  uint64_t took = note->finished_at - start;
+  return took < POST_UNMEASURED ? took : POST_UNMEASURED - 1;
 }
 
-/* Runs the arrival protocol of call `a->call` for `rank` (one thread). Returns a STATUS_*. */
-SG_DEVICE uint32_t sg_arrive(const RawArrival* a, uint32_t rank, const sg_watch* w) {
+/* Step 1: publishes what this rank noted of call `a->call - 1`: its time as the call's post
+ * if it arrived last, as its span if second-to-last. No wait. */
+SG_DEVICE void sg_publish_previous(const RawArrival* a) {
+  if (a->call == 0) return;
+  const uint64_t call = a->call - 1;
+  const RawArrivalNote* note = sg_note_of(a->note, call);
+  const uint64_t tag = sg_tag(call);
+  if ((note->arrived & 0xffffffff00000000ull) != tag) return;
+  const uint64_t position = note->arrived & 0xffffffffull;
+  const uint64_t took = sg_time_of(note, tag);
+  RawBoardSlot* slot = sg_slot_of(a->board, call);
+  /* Self-tagged words, and the ticket's atomic after them orders them before this rank's
+   * later board accesses. */
+  if (position + 1 == a->ranks) sg_store_relaxed64(&slot->post, tag | took);
+  if (position + 2 == a->ranks || a->ranks == 1) sg_store_relaxed64(&slot->span, tag | took);
+}
+
+/* Steps 2-3 but the lead's wait: takes this rank's ticket of call `a->call`, notes it, and
+ * writes the slot's `last` if it arrived last. Returns its arrival position. No wait. */
+SG_DEVICE uint64_t sg_take_ticket(const RawArrival* a, uint32_t rank) {
+  RawBoardSlot* slot = sg_slot_of(a->board, a->call);
+  const uint64_t first = (a->call / BOARD_SLOTS) * a->ranks;
+  const uint64_t tag = sg_tag(a->call);
+  const uint64_t arrived_at = sg_now_ns();
+  const uint64_t position = sg_atomic_add64_sys(&slot->arrived, 1) - first;
+  RawArrivalNote* note = sg_note_of(a->note, a->call);
+  note->arrived_at = arrived_at;
+  note->arrived = tag | (position & 0xffffffffull);
+  if (position + 1 == a->ranks) sg_store_release64(&slot->last, tag | rank);
+  if (a->ranks == 1) sg_store_release64(&slot->lead, tag);
+  return position;
+}
+
+/* Step 3's lead before a call NCCL runs: the second-to-last arrival says it is to be worked
+ * out from the spans. No wait. */
+SG_DEVICE void sg_lead_from_spans(const RawArrival* a, uint64_t position) {
+  if (position + 2 != a->ranks) return;
+  sg_store_release64(&sg_slot_of(a->board, a->call)->lead, sg_tag(a->call) | LEAD_FROM_SPANS);
+}
+
+/* Step 3's lead in an AllReduce kernel: the second-to-last arrival waits for the last ticket
+ * and writes how long it waited. Returns a STATUS_*. */
+SG_DEVICE uint32_t sg_measure_lead(const RawArrival* a, uint64_t position, const sg_watch* w) {
+  if (position + 2 != a->ranks) return STATUS_OK;
+  RawBoardSlot* slot = sg_slot_of(a->board, a->call);
+  const uint64_t first = (a->call / BOARD_SLOTS) * a->ranks;
+  const uint64_t arrived_at = sg_note_of(a->note, a->call)->arrived_at;
+  uint64_t start = 0;
+  uint32_t polls = 0;
+  while (sg_load_acquire64(&slot->arrived) - first < a->ranks) {
+    if ((++polls & 31u) == 0 && sg_watch_check(w, &start) != STATUS_OK) {
+      return sg_load_volatile(w->status);
+    }
+    sg_pause();
+  }
+  uint64_t lead = sg_now_ns() - arrived_at;
+  if (lead >= LEAD_FROM_SPANS) lead = LEAD_FROM_SPANS - 1;
+  sg_store_release64(&slot->lead, sg_tag(a->call) | lead);
+  return STATUS_OK;
+}
+
+/* Collecting: lane `lane` of `lanes` copies its share of the records of calls
+ * `a->call - 1 - a->collect ..= a->call - 2` into the ring, each word once it carries its
+ * call's tag. Returns a STATUS_*. */
+SG_DEVICE uint32_t sg_collect(const RawArrival* a, const sg_watch* w, uint32_t lane,
+                              uint32_t lanes) {
+  if (a->call < 2) return STATUS_OK;
+  const uint64_t count = a->collect < a->call - 1 ? a->collect : a->call - 1;
+  RawRingEntry* ring = (RawRingEntry*)a->ring;
+  for (uint64_t i = lane; i < count; i += lanes) {
+    const uint64_t call = a->call - 1 - count + i;
+    const RawBoardSlot* slot = sg_slot_of(a->board, call);
+    const uint64_t tag = sg_tag(call);
+    /* Each word is self-tagged and publishes nothing else: read and copied relaxed, the four
+     * reads in flight together, a word waited for only if it is not there yet. */
+    const uint64_t* at[4] = {&slot->last, &slot->lead, &slot->post, &slot->span};
+    uint64_t words[4];
+    for (int j = 0; j < 4; ++j) words[j] = sg_load_relaxed64(at[j]);
+    RawRingEntry* entry = &ring[call % RING_ENTRIES];
+    uint64_t* to[4] = {&entry->last, &entry->lead, &entry->post, &entry->span};
+    for (int j = 0; j < 4; ++j) {
+      if ((words[j] & 0xffffffff00000000ull) != tag) words[j] = sg_await_tag(w, at[j], tag, false);
+      if (!words[j]) return sg_load_volatile(w->status);
+      sg_store_relaxed64(to[j], words[j]);
+    }
+  }
+  return STATUS_OK;
+}
+
+/* A graph launch's protocol for call `a->call` (one thread): c-1's `last` and `lead` and c-2's
+ * `post` copied into the ring, then steps 1-3, the lead measured. Returns a STATUS_*. */
+SG_DEVICE uint32_t sg_arrive_graph(const RawArrival* a, uint32_t rank, const sg_watch* w) {
   RawBoardSlot* board = (RawBoardSlot*)a->board;
   RawRingEntry* ring = (RawRingEntry*)a->ring;
   const uint64_t call = a->call;
+  sg_publish_previous(a);
   if (call > 0) {
-    sg_publish_post(board, a->note, call - 1);
     const RawBoardSlot* previous = &board[(call - 1) % BOARD_SLOTS];
     uint64_t tag = sg_tag(call - 1);
     uint64_t last = sg_await_tag(w, &previous->last, tag);
@@ -143,31 +232,7 @@ SG_DEVICE uint32_t sg_arrive(const RawArrival* a, uint32_t rank, const sg_watch*
     if (!post) return sg_load_volatile(w->status);
     sg_store_relaxed64(&ring[(call - 2) % RING_ENTRIES].post, post); /* self-tagged */
   }
-  RawBoardSlot* slot = &board[call % BOARD_SLOTS];
-  const uint64_t first = (call / BOARD_SLOTS) * a->ranks;
-  const uint64_t tag = sg_tag(call);
-  uint64_t arrived_at = sg_now_ns();
-  uint64_t position = sg_atomic_add64_sys(&slot->arrived, 1) - first;
-  if (position + 1 == a->ranks) {
-    RawArrivalNote* note = sg_note_of(a->note, call);
-    note->arrived_at = arrived_at;
-    note->last = tag;
-    sg_store_release64(&slot->last, tag | rank);
-  }
-  if (position + 2 == a->ranks || a->ranks == 1) {
-    uint64_t start = 0;
-    uint32_t polls = 0;
-    while (sg_load_acquire64(&slot->arrived) - first < a->ranks) {
-      if ((++polls & 31u) == 0 && sg_watch_check(w, &start) != STATUS_OK) {
-        return sg_load_volatile(w->status);
-      }
-      sg_pause();
-    }
-    uint64_t lead = sg_now_ns() - arrived_at;
-    if (a->ranks == 1) lead = 0;
-    sg_store_release64(&slot->lead, tag | (lead < 0xffffffffull ? lead : 0xffffffffull));
-  }
-  return STATUS_OK;
+  return sg_measure_lead(a, sg_take_ticket(a, rank), w);
 }
 
 #endif /* STRAGGLAR_ARRIVAL_H_ */

@@ -82,12 +82,35 @@
 #define APPLY_MAX_OPERANDS 8
 
 /**
- * Slots of the arrival board: call `c` uses slot `c % BOARD_SLOTS`. Every rank's ticket of
- * call `c - 2` is taken before any rank starts call `c` (a rank starting `c` finished `c - 1`,
- * which needed every rank to have started it, so to have finished `c - 2`), so 4 slots never
- * mix two calls.
+ * Slots of the arrival board: call `c` uses slot `c % BOARD_SLOTS`. A rank taking its ticket
+ * of call `c` finished `c - 1`, which needed every rank to have started it, so to have
+ * finished every launch of call `c - 2` (tickets, end kernels, collections). A launch of call
+ * `c` collects records of calls `c - 1 - collect ..= c - 2` while no rank is past the ticket
+ * of `c + 1`, which reuses the slot of `c + 1 - BOARD_SLOTS`: with at most
+ * [`MAX_UNCOLLECTED`] records collected at once, the slots never mix two calls.
  */
-#define BOARD_SLOTS 4
+#define BOARD_SLOTS 32
+
+/**
+ * Records one launch may collect at most (`RawArrival::collect`): a rank that would have to
+ * collect more gives the engine up rather than read a reused slot. Eager StragglAR launches
+ * and measured calls NCCL runs collect; a call NCCL runs is measured whenever the records
+ * waiting would reach [`COLLECT_BY`], so this bound is reached only when end kernels could not
+ * be queued (`BOARD_SLOTS - 3` is the most the slots allow, see [`BOARD_SLOTS`]).
+ */
+#define MAX_UNCOLLECTED ((uint64_t)BOARD_SLOTS - 3)
+
+/**
+ * Records waiting to be collected at which the next call NCCL runs is measured (its end
+ * kernel collects them) even when the sample would skip it.
+ */
+#define COLLECT_BY 16
+
+/**
+ * One call NCCL runs in `MEASURE_ONE_IN` is measured (a deterministic sample, alike on every
+ * rank: [`measures`]); the others run the ticket kernel alone.
+ */
+#define MEASURE_ONE_IN 8
 
 /**
  * Entries of a rank's host-mapped record ring: the record of call `c` is at `c % RING_ENTRIES`
@@ -96,10 +119,22 @@
 #define RING_ENTRIES 64
 
 /**
+ * The low half of a `lead` word of a call NCCL ran: the lead is `span - post`, measured only
+ * where both are ([`measures`]).
+ */
+#define LEAD_FROM_SPANS 4294967295
+
+/**
  * The low half of a `post` word when the last arrival could not time its call's end (a call
  * NCCL ran whose end kernel was never queued, see `RawTicket`).
  */
 #define POST_UNMEASURED 4294967295
+
+/**
+ * `RawTicket::end` of an end kernel queued late (a nonblocking call's, once NCCL launched):
+ * it collects records but does not note the call's end, which is long past.
+ */
+#define END_COLLECTS_ONLY 1
 
 /**
  * `RawRule::algo`: StragglAR when the straggler's median lead pays for the call's size.
@@ -201,7 +236,12 @@ typedef struct RawArrival {
    * The communicator's size.
    */
   uint32_t ranks;
-  uint32_t reserved;
+  /**
+   * Records this launch copies into the ring: those of calls `call - 1 - collect ..=
+   * call - 2`, waiting for each word's tag (at most [`MAX_UNCOLLECTED`]; 0 for a ticket
+   * kernel, which waits for nobody). Graph launches copy their own way (`RawRingEntry`).
+   */
+  uint32_t collect;
   /**
    * `RawArrivalNote[2]`: this rank's, in its own device memory, call `c` at `c % 2` (eager
    * calls and graph launches keep a pair each).
@@ -420,12 +460,15 @@ typedef struct RawApply {
 } RawApply;
 
 /**
- * The ticket kernel (`ncclStragglarTicket`, one block): the arrival record of a call that
- * goes to NCCL, so the policy keeps seeing arrivals while it forwards. Only the second-to-last
- * arrival waits (for the last, as NCCL's kernel would); the others return at once. Its spins
- * watch the abort word and every rank's failure word like the AllReduce kernel's. The same
- * arguments, queued after NCCL's kernel, make the end kernel (`ncclStragglarTicketEnd`), which
- * notes when the call finished on this rank (`RawArrivalNote::finished`).
+ * The ticket kernel (`ncclStragglarTicket`, one thread): the arrival record of a call that
+ * goes to NCCL, so the policy keeps seeing arrivals while it forwards. It waits for nobody (no
+ * loop in its code: `tests/nvrtc.rs`): it publishes what this rank noted of its previous call,
+ * takes the ticket and, arriving last, writes its rank. The same arguments, queued after
+ * NCCL's kernel on the measured calls only ([`measures`]), make the end kernel
+ * (`ncclStragglarTicketEnd`, one warp), which notes when the call finished on this rank
+ * (`RawArrivalNote::finished`, unless `end` is [`END_COLLECTS_ONLY`]) and collects the
+ * records waiting (`RawArrival::collect`); its waits watch the abort word and every rank's
+ * failure word like the AllReduce kernel's.
  */
 typedef struct RawTicket {
   struct RawArrival arrival;
@@ -439,15 +482,19 @@ typedef struct RawTicket {
    */
   uint64_t peers;
   /**
-   * As in `RawLaunch`; the library passes 0 (a call NCCL runs waits as long as NCCL's).
+   * As in `RawLaunch`, for the end kernel's collection; the library passes 0 (records of
+   * calls NCCL finished are waited for as long as NCCL would).
    */
   uint64_t timeout_ns;
   uint32_t rank;
-  uint32_t reserved;
+  /**
+   * 0, or [`END_COLLECTS_ONLY`].
+   */
+  uint32_t end;
 } RawTicket;
 
 /**
- * One slot of the arrival board (in rank 0's staging; 32 bytes). The packed words hold a tag,
+ * One slot of the arrival board (in rank 0's staging; 40 bytes). The packed words hold a tag,
  * `(call % 0xffffffff) + 1`, in their high 32 bits, so a reader knows which call wrote them.
  */
 typedef struct RawBoardSlot {
@@ -461,8 +508,10 @@ typedef struct RawBoardSlot {
    */
   uint64_t last;
   /**
-   * Tag and the lead in nanoseconds, saturated to `u32::MAX` (written by the second-to-last
-   * arrival, which measured it on its own clock from its ticket to the last ticket).
+   * Tag and the lead in nanoseconds, saturated to `LEAD_FROM_SPANS - 1` (written by the
+   * second-to-last arrival of a StragglAR launch, which measured it on its own clock from
+   * its ticket to the last ticket), or [`LEAD_FROM_SPANS`] (written by the second-to-last
+   * arrival of a call NCCL runs, which waits for nobody).
    */
   uint64_t lead;
   /**
@@ -472,31 +521,42 @@ typedef struct RawBoardSlot {
    * [`RawArrivalNote`].
    */
   uint64_t post;
+  /**
+   * Tag and the second-to-last arrival's own time from its ticket (or its kernel's start)
+   * to its call's end, like `post` (written by that rank at its next ticketed call). Where
+   * the lead is [`LEAD_FROM_SPANS`] the lead is this minus `post`: both ranks leave NCCL's
+   * kernel together, so the difference of their two times is how much later the last one
+   * arrived, with no two clocks compared.
+   */
+  uint64_t span;
 } RawBoardSlot;
 
 /**
- * One call's record in a rank's host-mapped ring: the board slot's `last` and `lead` words,
- * copied by that rank's next ticketed launch once both carry the call's tag, and its `post`
- * word, copied by the launch after that (the last arrival publishes it at its next call).
+ * One call's record in a rank's host-mapped ring: the board slot's words, each copied once it
+ * carries the call's tag. Eager calls: by the first collecting launch of this rank at least
+ * two calls later (`RawArrival::collect`). Graph calls: `last` and `lead` by the next graph
+ * launch, `post` by the one after (`span` is not copied).
  */
 typedef struct RawRingEntry {
   uint64_t last;
   uint64_t lead;
   uint64_t post;
+  uint64_t span;
 } RawRingEntry;
 
 /**
  * What one rank remembers of a ticketed call, in its own device memory, so that its next
  * ticketed launch can publish the call's post-arrival time (`RawBoardSlot::post`) when it
- * arrived last. Only this rank's kernels touch it; a rank keeps two, by call parity, so that
+ * arrived last, or its span (`RawBoardSlot::span`) when it arrived second-to-last. Only this rank's kernels touch it; a rank keeps two, by call parity, so that
  * a call's blocks noting it never share a word with its arrival thread reading the previous
  * call's.
  */
 typedef struct RawArrivalNote {
   /**
-   * The tag of the latest call at which this rank took the last ticket.
+   * The tag of the latest call at which this rank took a ticket, and its arrival position
+   * in the low half (`ranks - 1` for the last).
    */
-  uint64_t last;
+  uint64_t arrived;
   /**
    * Its `%globaltimer` at that ticket (nanoseconds).
    */
@@ -692,7 +752,7 @@ typedef struct RawGraphState {
   /**
    * The graph calls' arrival board (rank 0's is the one every rank uses).
    */
-  struct RawBoardSlot board[4];
+  struct RawBoardSlot board[32];
   struct RawClassState classes[65];
 } RawGraphState;
 

@@ -18,9 +18,10 @@ pub struct CallEvent {
     pub algorithm: &'static str,
     /// The straggler the call's schedule assumed, if any.
     pub straggler: Option<usize>,
-    /// The rank that arrived last, and by how much it trailed the second-to-last (µs).
+    /// The rank that arrived last, and by how much it trailed the second-to-last (µs; `None`
+    /// where not measured).
     pub last_rank: Option<usize>,
-    pub lead_us: f64,
+    pub lead_us: Option<f64>,
     /// The rank designated for later calls after this one, if any.
     pub designated: Option<usize>,
     /// The call's post-arrival time (µs): from the last rank's arrival to that rank's finish,
@@ -71,7 +72,7 @@ impl TraceWriter {
         let separator = if self.events == 0 { "" } else { ",\n" };
         write!(
             self.out,
-            "{separator}{{\"name\":\"AllReduce {}\",\"cat\":\"stragglar\",\"ph\":\"X\",\"ts\":{:.3},\"dur\":{:.3},\"pid\":{},\"tid\":{},\"args\":{{\"algorithm\":\"{}\",\"bytes\":{},\"straggler\":{},\"last_rank\":{},\"lead_us\":{:.3},\"designated\":{},\"post_arrival_us\":{}}}}}",
+            "{separator}{{\"name\":\"AllReduce {}\",\"cat\":\"stragglar\",\"ph\":\"X\",\"ts\":{:.3},\"dur\":{:.3},\"pid\":{},\"tid\":{},\"args\":{{\"algorithm\":\"{}\",\"bytes\":{},\"straggler\":{},\"last_rank\":{},\"lead_us\":{},\"designated\":{},\"post_arrival_us\":{}}}}}",
             e.algorithm,
             e.start_us,
             e.duration_us,
@@ -81,7 +82,7 @@ impl TraceWriter {
             e.bytes,
             opt(e.straggler),
             opt(e.last_rank),
-            e.lead_us,
+            e.lead_us.map_or("null".to_string(), |us| format!("{us:.3}")),
             opt(e.designated),
             e.post_us.map_or("null".to_string(), |us| format!("{us:.3}")),
         )?;
@@ -115,7 +116,7 @@ mod tests {
                     algorithm: if i == 1 { "ring" } else { "stragglar" },
                     straggler: (i != 1).then_some(7),
                     last_rank: Some(7),
-                    lead_us: 120.0,
+                    lead_us: Some(120.0),
                     designated: None,
                     post_us: (i == 2).then_some(42.5),
                 })

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use stragglar::engine::cuda::args::{LaunchSite, Operands};
 use stragglar::engine::cuda::staging::StagingLayout;
 use stragglar::gpu::arrival::{
-    RawArrival, RawBoardSlot, RawRingEntry, RawTicket, BOARD_SLOTS, POST_UNMEASURED, RING_ENTRIES,
+    measures, RawArrival, RawBoardSlot, RawRingEntry, RawTicket, BOARD_SLOTS, COLLECT_BY,
+    LEAD_FROM_SPANS, POST_UNMEASURED, RING_ENTRIES,
 };
 use stragglar::gpu::choice::{RawDetector, RawGraphState, RawRule};
 use stragglar::gpu::kernels::op_code;
@@ -309,6 +310,8 @@ struct Comm {
     /// Whether launches record arrivals (block 0's last thread), and the next ticketed call.
     ticketing: bool,
     arrivals: std::cell::Cell<u64>,
+    /// Records `0..collected` are collected by launches already run (as `CudaRank` counts).
+    collected: std::cell::Cell<u64>,
     /// A rank that launches this long after the others, for the next call only.
     late: Option<(usize, Duration)>,
     /// How long the work of a call that goes to NCCL takes once every rank has taken its
@@ -317,6 +320,12 @@ struct Comm {
     /// The next ticketed call to NCCL runs no end kernel (as when NCCL's launch was never
     /// reported), for that call only.
     skip_end: bool,
+    /// Ticketed calls to NCCL run their end kernels even when some rank did not launch (a
+    /// rank that never arrives: what a collection waiting for its record does).
+    end_without_all: bool,
+    /// Ticketed calls to NCCL run their end kernels only where the library does: on the
+    /// sample it measures, and once `COLLECT_BY` records wait (otherwise on every call).
+    sampled: bool,
     /// `RawLaunch::ordered_reads` of every launch (on unless a test turns it off).
     ordered_reads: bool,
 }
@@ -358,9 +367,12 @@ impl Comm {
             calls: 0,
             ticketing: true,
             arrivals: std::cell::Cell::new(0),
+            collected: std::cell::Cell::new(0),
             late: None,
             nccl_time: Duration::ZERO,
             skip_end: false,
+            end_without_all: false,
+            sampled: false,
             ordered_reads: true,
         }
     }
@@ -399,9 +411,9 @@ impl Comm {
         self.blocks
     }
 
-    /// The arrival part of the next launch on `rank` (the call number is taken by `prepare` or
-    /// `tickets`, once per call for all ranks).
-    fn arrival(&mut self, rank: usize, call: u64) -> RawArrival {
+    /// The arrival part of the next launch on `rank`, collecting `collect` records (the call
+    /// number is taken by `prepare` or `tickets`, once per call for all ranks).
+    fn arrival(&mut self, rank: usize, call: u64, collect: u32) -> RawArrival {
         if !self.ticketing {
             return RawArrival::default();
         }
@@ -410,9 +422,18 @@ impl Comm {
             ring: self.memory[rank].ring.addr(),
             call,
             ranks: self.ranks as u32,
-            reserved: 0,
+            collect,
             note: self.memory[rank].staging.addr() + self.layout.arrival_note(),
         }
+    }
+
+    /// The records a collecting launch of call `call` copies (those of calls
+    /// `collected ..= call - 2`), now noted as collected.
+    fn collect(&self, call: u64) -> u32 {
+        let count = call.saturating_sub(1).saturating_sub(self.collected.get());
+        self.collected
+            .set(self.collected.get().max(call.saturating_sub(1)));
+        count as u32
     }
 
     /// Call `call`'s entry in `rank`'s ring.
@@ -425,12 +446,33 @@ impl Comm {
             last: word(0),
             lead: word(1),
             post: word(2),
+            span: word(3),
         }
     }
 
-    /// The record of call `call` in `rank`'s ring, if it holds it: (last rank, lead ns).
+    /// The record of call `call` in `rank`'s ring, if it holds it whole: (last rank, lead ns),
+    /// a lead worked out from the spans where the call was NCCL's (`LEAD_FROM_SPANS` where one
+    /// of them was not measured).
     fn record(&mut self, rank: usize, call: u64) -> Option<(u32, u32)> {
-        untag(self.entry(rank, call), call)
+        let entry = self.entry(rank, call);
+        let tag = ((call % 0xffff_ffff) + 1) << 32;
+        let words = [entry.last, entry.lead, entry.post, entry.span];
+        if words.iter().any(|w| w >> 32 << 32 != tag) {
+            return None;
+        }
+        let [last, lead, post, span] = words.map(|w| w as u32);
+        if lead != LEAD_FROM_SPANS {
+            return Some((last, lead));
+        }
+        let measured = post != POST_UNMEASURED && span != POST_UNMEASURED;
+        Some((
+            last,
+            if measured {
+                span.saturating_sub(post)
+            } else {
+                lead
+            },
+        ))
     }
 
     /// The post-arrival word (ns, or `POST_UNMEASURED`) of call `call` in `rank`'s ring, if it
@@ -452,28 +494,36 @@ impl Comm {
     }
 
     /// Runs the ticket kernel on the ranks in `launched` (a call that goes to NCCL), the late
-    /// rank (if any) after the others. When every rank is launched, each then waits for every
-    /// ticket and `nccl_time` (NCCL's kernel) and runs its end kernel, unless `skip_end`.
+    /// rank (if any) after the others. When every rank is launched (or `end_without_all`), each
+    /// then waits for the tickets and `nccl_time` (NCCL's kernel) and runs its end kernel,
+    /// which collects the records waiting, unless `skip_end`.
     fn tickets(&mut self, launched: &[usize]) {
         let call = self.arrivals.get();
         self.arrivals.set(call + 1);
         let tickets: Vec<RawTicket> = (0..self.ranks)
             .map(|r| {
-                let arrival = self.arrival(r, call);
+                let arrival = self.arrival(r, call, 0);
                 self.site(r).ticket(arrival, self.timeout_ns)
             })
             .collect();
+        let all = launched.len() == self.ranks || self.end_without_all;
+        let waiting = call.saturating_sub(1).saturating_sub(self.collected.get());
+        let measured = !self.sampled || measures(call) || waiting >= COLLECT_BY;
+        let ends = all && !std::mem::take(&mut self.skip_end) && measured;
+        let collect = if ends { self.collect(call) } else { 0 };
         let k = kernel();
         let late = self.late.take();
-        let ends = launched.len() == self.ranks && !std::mem::take(&mut self.skip_end);
         let (board, ranks, nccl_time) = (self.board(), self.ranks, self.nccl_time);
+        let arrived = launched.len();
         let run = move |t: &RawTicket| {
             // SAFETY: every address in the ticket is live memory of this Comm.
             unsafe { (k.ticket)(t) };
             if ends {
-                await_tickets(board, ranks, call, ranks, nccl_time);
+                await_tickets(board, ranks, call, arrived, nccl_time);
+                let mut end = *t;
+                end.arrival.collect = collect;
                 // SAFETY: as above.
-                unsafe { (k.ticket_end)(t) };
+                unsafe { (k.ticket_end)(&end) };
             }
         };
         scoped(|scope| {
@@ -613,7 +663,14 @@ impl Comm {
         assert!(plan.max_arena_bytes() <= ARENA_BYTES && plan.total_values() <= MAX_VALUES);
         let call = self.arrivals.get();
         self.arrivals.set(call + 1);
-        let arrivals: Vec<RawArrival> = (0..self.ranks).map(|r| self.arrival(r, call)).collect();
+        let collect = if self.ticketing {
+            self.collect(call)
+        } else {
+            0
+        };
+        let arrivals: Vec<RawArrival> = (0..self.ranks)
+            .map(|r| self.arrival(r, call, collect))
+            .collect();
         let blobs: Vec<Vec<u64>> = (0..self.ranks)
             .map(|r| {
                 let mut words = blob_words(lowered, r);
@@ -1723,9 +1780,10 @@ fn many_ticketed_calls_wrap_the_ring_and_reuse_the_board() {
         comm.late = Some(((call % 4) as usize, Duration::from_millis(2)));
         comm.tickets(&everyone);
     }
-    for call in 0..calls - 1 {
-        // Records 0..calls-1 were copied; entry k was last written by the newest of them.
-        let held = call + RING_ENTRIES as u64 + 1 >= calls;
+    for call in 0..calls - 2 {
+        // Records 0..calls-2 were collected (each end kernel collects the record of the call
+        // two before it); entry k was last written by the newest of them.
+        let held = call + RING_ENTRIES as u64 + 3 > calls;
         for r in 0..ranks {
             let record = comm.record(r, call);
             if held {
@@ -1775,11 +1833,77 @@ fn a_call_whose_end_was_never_noted_is_published_unmeasured_on_every_rank() {
     }
 }
 
-/// Runs a ticketed call of ranks 0..=2 of 4 (rank 3 never arrives) while another thread sets
-/// the u32 at `word` to `value` after 50 ms; returns the three statuses, after asserting that
-/// the call ended.
-fn tickets_released_by(comm: &mut Comm, word: u64, value: u32) -> Vec<u32> {
+#[test]
+fn calls_nccl_runs_name_their_last_rank_and_the_sample_measures_their_lead() {
+    // 60 calls NCCL runs, each with one rank 4 ms late (a different one each call), end kernels
+    // only on the library's sample: every call's record names its late rank alike on every
+    // rank; the measured calls' leads (span minus post) are about the delay and their posts
+    // NCCL's time; the others carry no lead and no post, and nobody waited for them.
+    let ranks = 4;
+    let calls = 60u64;
+    let delay = Duration::from_millis(4);
+    let mut comm = Comm::new(ranks, 1, 1);
+    comm.sampled = true;
+    comm.nccl_time = Duration::from_millis(3);
+    let everyone: Vec<usize> = (0..ranks).collect();
+    let late_of = |call: u64| (call * 7 % 4) as usize;
+    for call in 0..calls {
+        comm.late = Some((late_of(call), delay));
+        comm.tickets(&everyone);
+    }
+    let collected = comm.collected.get();
+    assert!(
+        collected + COLLECT_BY + 1 >= calls,
+        "{collected} of {calls}"
+    );
+    let mut measured = 0;
+    for call in 0..collected {
+        let (last, lead) = comm.record(0, call).expect("rank 0 holds the record");
+        let post = comm.post(0, call).expect("and its post-arrival time");
+        for r in 1..ranks {
+            assert_eq!(
+                comm.record(r, call),
+                Some((last, lead)),
+                "call {call} rank {r}"
+            );
+            assert_eq!(comm.post(r, call), Some(post), "call {call} rank {r}");
+        }
+        assert_eq!(last as usize, late_of(call), "call {call}");
+        if post == POST_UNMEASURED {
+            assert_eq!(lead, LEAD_FROM_SPANS, "call {call}: a lead without a post");
+            continue;
+        }
+        measured += 1;
+        let lead = Duration::from_nanos(lead.into());
+        assert!(
+            lead >= delay / 2 && lead < Duration::from_secs(20),
+            "call {call}: {lead:?}"
+        );
+        assert!(
+            Duration::from_nanos(post.into()) >= comm.nccl_time,
+            "call {call}: {post}"
+        );
+    }
+    assert!(
+        (3..collected as usize / 2).contains(&measured),
+        "{measured} of {collected} measured"
+    );
+    for r in 0..ranks {
+        assert_eq!(comm.status(r), STATUS_OK);
+    }
+}
+
+/// Runs ticketed calls 0..=2 of ranks 0..=2 of 4 (rank 3 never arrives), the last one's end
+/// kernels run anyway (their collection waits for call 0's record) while another thread sets the
+/// u32 at `word` to `value` after 50 ms; returns the three statuses, after asserting that the
+/// calls ended and that no ticket kernel waited.
+fn collections_released_by(comm: &mut Comm, word: u64, value: u32) -> Vec<u32> {
     let word = word as usize;
+    comm.tickets(&[0, 1, 2]);
+    comm.tickets(&[0, 1, 2]);
+    for r in 0..3 {
+        assert_eq!(comm.status(r), STATUS_OK, "a ticket kernel waited");
+    }
     let started = Instant::now();
     scoped(|scope| {
         scope.spawn(move || {
@@ -1787,42 +1911,34 @@ fn tickets_released_by(comm: &mut Comm, word: u64, value: u32) -> Vec<u32> {
             // SAFETY: an aligned u32 of the Comm (abort or failure word) the kernels only read.
             unsafe { AtomicU32::from_ptr(word as *mut u32) }.store(value, Ordering::Release);
         });
+        comm.end_without_all = true;
         comm.tickets(&[0, 1, 2]);
     });
     assert!(started.elapsed() < Duration::from_secs(30));
     (0..3).map(|r| comm.status(r)).collect()
 }
 
-/// Exactly one status is `status` (the rank that waited for the last ticket), the others OK.
-fn one_waiter_gave_up(statuses: &[u32], status: u32) {
-    let waiters = statuses.iter().filter(|&&s| s == status).count();
-    assert_eq!(waiters, 1, "{statuses:?}");
-    assert!(
-        statuses.iter().all(|&s| s == status || s == STATUS_OK),
-        "{statuses:?}"
-    );
-}
-
 #[test]
-fn a_ticket_waiting_for_an_absent_rank_is_released_by_the_abort_word() {
-    // Rank 3 never arrives: the second-to-last arrival waits for it (as NCCL's kernel would)
-    // until the abort word is raised; the others return at once.
+fn a_collection_waiting_for_an_absent_rank_is_released_by_the_abort_word() {
+    // Rank 3 never arrives: the ticket kernels return at once (they wait for nobody), and the
+    // end kernels' collection of call 0's record waits for its last arrival until the abort
+    // word is raised.
     let mut comm = Comm::new(4, 1, 1);
     let abort = comm.abort.addr();
-    let statuses = tickets_released_by(&mut comm, abort, 1);
-    one_waiter_gave_up(&statuses, STATUS_ABORTED);
+    let statuses = collections_released_by(&mut comm, abort, 1);
+    assert_eq!(statuses, [STATUS_ABORTED; 3]);
 }
 
 #[test]
-fn a_ticket_waiting_for_a_rank_that_failed_on_its_host_is_released_by_its_failure_word() {
+fn a_collection_waiting_for_a_rank_that_failed_on_its_host_is_released_by_its_failure_word() {
     // Rank 3 failed before its launch (as the library's `mark_failed` reports it) and never
-    // takes its ticket; no abort, no deadline: its failure word alone releases the rank that
-    // waits for the last ticket, which reports a peer failure.
+    // takes its ticket; no abort, no deadline: its failure word alone releases the collections
+    // waiting for its record, which report a peer failure.
     let mut comm = Comm::new(4, 1, 1);
     comm.timeout_ns = 0;
     let failed = comm.memory[3].staging.addr() + comm.layout.failed();
-    let statuses = tickets_released_by(&mut comm, failed, STATUS_ABORTED);
-    one_waiter_gave_up(&statuses, STATUS_PEER_FAILED);
+    let statuses = collections_released_by(&mut comm, failed, STATUS_ABORTED);
+    assert_eq!(statuses, [STATUS_PEER_FAILED; 3]);
 }
 
 #[test]
@@ -1838,7 +1954,9 @@ fn every_rank_decides_alike_from_its_own_ring() {
     let mut trackers: Vec<Tracker> = (0..ranks)
         .map(|_| {
             let policy = slow_link_policy(ranks, AlgoMode::Auto);
-            Tracker::new(policy, ranks, 2)
+            // A record is collected by the launch two calls after its own, which runs once
+            // the call after it is decided.
+            Tracker::new(policy, ranks, 3)
         })
         .collect();
     let mut comm = Comm::new(ranks, 1, 2);
@@ -1860,7 +1978,7 @@ fn every_rank_decides_alike_from_its_own_ring() {
                     let (last, lead) = comm.record(r, k).expect("a due record is in the ring");
                     t.feed(ArrivalRecord {
                         last_rank: last as usize,
-                        lead_ns: lead as u64,
+                        lead_ns: (lead != LEAD_FROM_SPANS).then_some(lead.into()),
                     });
                 }
                 t.decide(64 << 10)
@@ -2064,7 +2182,7 @@ fn the_device_rule_chooses_exactly_what_the_rust_policy_chooses() {
             outcomes[usize::from(expected != ranks as u32)] += 1;
             host.observe(ArrivalRecord {
                 last_rank: last[c] as usize,
-                lead_ns: lead[c] as u64,
+                lead_ns: Some(lead[c].into()),
             });
         }
         assert_eq!(
@@ -2202,7 +2320,7 @@ fn graph_record(comm: &Comm, call: u64) -> stragglar::detect::ArrivalRecord {
     }
     stragglar::detect::ArrivalRecord {
         last_rank: last as usize,
-        lead_ns: lead as u64,
+        lead_ns: Some(lead.into()),
     }
 }
 
@@ -2561,7 +2679,7 @@ fn the_device_graph_policy_matches_the_rust_estimator_over_thousands_of_calls() 
             let (last, lead, _) = records[call as usize - 1];
             detectors[class].observe(ArrivalRecord {
                 last_rank: last as usize,
-                lead_ns: lead,
+                lead_ns: Some(lead),
             });
         }
         if call > 1 {

@@ -174,6 +174,55 @@ fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
         sass.contains("F2FP"),
         "{arch}: no hardware fp16/bf16 conversion"
     );
+    the_ticket_kernel_never_loops(arch, &sass);
+}
+
+/// The ticket kernel, which runs before every call NCCL runs, never waits: its SASS calls no
+/// function and has no backward branch, but for the self-branch the compiler pads after the
+/// final `EXIT` (never reached).
+fn the_ticket_kernel_never_loops(arch: &str, sass: &str) {
+    let name = stragglar::gpu::kernels::TICKET_KERNEL;
+    let body: Vec<&str> = sass
+        .lines()
+        .skip_while(|l| *l != format!("{name}:"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("//---"))
+        .collect();
+    assert!(body.len() > 20, "{arch}: no {name} in the SASS");
+    // Each label's address: that of the instruction after it.
+    let address = |line: &str| -> Option<u32> {
+        let at = line.trim_start().strip_prefix("/*")?.split_once("*/")?.0;
+        u32::from_str_radix(at, 16).ok()
+    };
+    let mut labels = std::collections::HashMap::new();
+    for (i, line) in body.iter().enumerate() {
+        if let Some(label) = line.strip_suffix(':').filter(|l| l.starts_with(".L_")) {
+            if let Some(at) = body[i + 1..].iter().find_map(|l| address(l)) {
+                labels.insert(label.to_string(), at);
+            }
+        }
+    }
+    let mut branches = 0;
+    for (i, line) in body.iter().enumerate() {
+        assert!(!line.contains("CALL"), "{arch}: {name} calls: {line}");
+        let Some((_, target)) = line.split_once("BRA") else {
+            continue;
+        };
+        branches += 1;
+        let target = target.split('(').nth(1).and_then(|t| t.split(')').next());
+        let (Some(target), Some(at)) = (target, address(line)) else {
+            panic!("{arch}: a branch without a target: {line}");
+        };
+        let to = labels[target];
+        let after_exit = body[..i]
+            .iter()
+            .rev()
+            .find(|l| address(l).is_some())
+            .is_some_and(|l| l.contains("EXIT") && !l.contains('@'));
+        let padding = to == at && !line.contains('@') && after_exit;
+        assert!(to > at || padding, "{arch}: {name} branches back: {line}");
+    }
+    assert!(branches >= 2, "{arch}: {branches} branches in {name}");
 }
 
 #[test]

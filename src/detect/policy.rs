@@ -315,7 +315,7 @@ mod tests {
         for _ in 0..40 {
             d.observe(ArrivalRecord {
                 last_rank: last,
-                lead_ns,
+                lead_ns: Some(lead_ns),
             });
         }
         d

@@ -23,8 +23,9 @@ pub struct ArrivalRecord {
     /// The rank that arrived last (the highest rank on a tie).
     pub last_rank: usize,
     /// Its arrival minus the second-to-last arrival, in nanoseconds: the time that can hide the
-    /// ReduceScatter.
-    pub lead_ns: u64,
+    /// ReduceScatter. `None` where it was not measured (the GPU engine measures a sample of the
+    /// calls NCCL runs, see `crate::gpu::arrival::measures`); who arrived last is always known.
+    pub lead_ns: Option<u64>,
 }
 
 /// The longest window a detector keeps: the median of its leads is taken on the stack, with no
@@ -134,13 +135,18 @@ impl Detector {
         self.history.len()
     }
 
-    /// The median lead of `rank` over the remembered calls where it arrived last (the lower
-    /// median for an even count), in nanoseconds.
+    /// The median lead of `rank` over the remembered calls where it arrived last and its lead
+    /// was measured (the lower median for an even count), in nanoseconds.
     pub fn median_lead_ns(&self, rank: usize) -> Option<u64> {
         let mut leads = [0u64; MAX_WINDOW];
         let mut n = 0;
-        for r in self.history.iter().filter(|r| r.last_rank == rank) {
-            leads[n] = r.lead_ns;
+        for lead in self
+            .history
+            .iter()
+            .filter(|r| r.last_rank == rank)
+            .filter_map(|r| r.lead_ns)
+        {
+            leads[n] = lead;
             n += 1;
         }
         if n == 0 {
@@ -203,7 +209,7 @@ mod tests {
         for i in 0..100u64 {
             d.observe(ArrivalRecord {
                 last_rank: 2,
-                lead_ns: i,
+                lead_ns: Some(i),
             });
         }
         assert_eq!(d.remembered(), MAX_WINDOW);
@@ -217,7 +223,7 @@ mod tests {
     fn record(last_rank: usize) -> ArrivalRecord {
         ArrivalRecord {
             last_rank,
-            lead_ns: 1_000_000 + last_rank as u64,
+            lead_ns: Some(1_000_000 + last_rank as u64),
         }
     }
 

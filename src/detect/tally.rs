@@ -84,7 +84,9 @@ impl ArrivalTally {
             if leads.len() == LEADS_KEPT {
                 leads.remove(0);
             }
-            leads.push(record.lead_ns);
+            if let Some(lead) = record.lead_ns {
+                leads.push(lead);
+            }
         }
         let calls = self.calls;
         let d = self.classes.entry(class).or_default();
@@ -157,7 +159,10 @@ mod tests {
     use super::*;
 
     fn record(last_rank: usize, lead_ns: u64) -> ArrivalRecord {
-        ArrivalRecord { last_rank, lead_ns }
+        ArrivalRecord {
+            last_rank,
+            lead_ns: Some(lead_ns),
+        }
     }
 
     #[test]

@@ -312,12 +312,12 @@ mod tests {
         if x % 10 < 8 {
             ArrivalRecord {
                 last_rank: 5,
-                lead_ns: 300_000_000 + x % 1000,
+                lead_ns: Some(300_000_000 + x % 1000),
             }
         } else {
             ArrivalRecord {
                 last_rank: (x % 8) as usize,
-                lead_ns: x % 5000,
+                lead_ns: Some(x % 5000),
             }
         }
     }
@@ -435,7 +435,7 @@ mod tests {
         let mut t = tracker(1).measuring();
         let late = ArrivalRecord {
             last_rank: 5,
-            lead_ns: 300_000_000,
+            lead_ns: Some(300_000_000),
         };
         let mut choices = Vec::new();
         for _ in 0..256 {

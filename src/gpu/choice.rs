@@ -248,11 +248,11 @@ pub struct RawGraphState {
     /// Records of graph calls, as copied from the board (the eager ring's format).
     pub ring: [RawRingEntry; 64],
     /// The graph calls' arrival board (rank 0's is the one every rank uses).
-    pub board: [RawBoardSlot; 4],
+    pub board: [RawBoardSlot; 32],
     pub classes: [RawClassState; 65],
 }
 
-const _: () = assert!(RING_ENTRIES == 64 && BOARD_SLOTS == 4 && SIZE_CLASSES == 65);
+const _: () = assert!(RING_ENTRIES == 64 && BOARD_SLOTS == 32 && SIZE_CLASSES == 65);
 
 #[cfg(test)]
 mod tests {
@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<RawClassState>(), 536 + 48 + 8 + 232);
         assert_eq!(
             std::mem::size_of::<RawGraphState>(),
-            40 + 96 + 64 + 64 * 24 + 4 * 32 + 65 * 824
+            40 + 96 + 64 + 64 * 32 + 32 * 40 + 65 * 824
         );
     }
 

@@ -179,7 +179,7 @@ impl Chooser {
         self.previous_parts = record.parts;
         self.tracker.feed(ArrivalRecord {
             last_rank: record.last_rank,
-            lead_ns: record.lead_ns(),
+            lead_ns: Some(record.lead_ns()),
         })
     }
 }
@@ -404,7 +404,7 @@ impl RankRun<'_> {
                 algorithm: if stragglar { "stragglar" } else { "ring" },
                 straggler: stragglar.then_some(shape.straggler),
                 last_rank: record.as_ref().map(|r| r.last_rank),
-                lead_us: record.as_ref().map_or(0.0, |r| r.lead_ns() as f64 / 1e3),
+                lead_us: record.as_ref().map(|r| r.lead_ns() as f64 / 1e3),
                 designated,
                 // Known only once the next call completes (see `detect::estimate`).
                 post_us: None,

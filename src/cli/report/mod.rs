@@ -119,7 +119,7 @@ fn designations(ranks: usize, calls: &[Call]) -> Vec<(u64, Option<usize>)> {
         let before = detector.designated();
         detector.observe(ArrivalRecord {
             last_rank: call.last,
-            lead_ns: call.lead_ns,
+            lead_ns: Some(call.lead_ns),
         });
         if detector.designated() != before {
             changes.push((call.number, detector.designated()));

@@ -81,8 +81,8 @@ impl LaunchSite {
         }
     }
 
-    /// The ticket kernel's arguments: the arrival record `arrival` of a call, waiting at most
-    /// `timeout_ns` for the last arrival (0: as long as NCCL would).
+    /// The ticket kernel's arguments: the arrival record `arrival` of a call, its end kernel's
+    /// collection waiting at most `timeout_ns` for each record (0: as long as NCCL would).
     pub fn ticket(&self, arrival: RawArrival, timeout_ns: u64) -> RawTicket {
         RawTicket {
             arrival,
@@ -91,7 +91,7 @@ impl LaunchSite {
             peers: self.peer_table,
             timeout_ns,
             rank: self.rank,
-            reserved: 0,
+            end: 0,
         }
     }
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use super::args::Operands;
 use super::driver::{self, Capture, Device, Event, PeerMapping};
-use super::rank::{CallError, Control, CudaRank, GraphCounts, Ticket, TimedRecord};
+use super::rank::{CallError, Control, CudaRank, GraphCounts, Ticket, TimedRecord, OVERDUE_CALLS};
 use crate::detect::policy::Policy;
 use crate::detect::tally::RankArrivals;
 use crate::detect::Tracker;
@@ -30,16 +30,17 @@ use crate::schedule::model::Link;
 use crate::trace::{CallEvent, TraceWriter};
 
 /// Ticketed calls between a call and the first call its arrival record can decide. A record
-/// reaches a rank's ring when that rank's GPU starts the next ticketed call, and its
-/// post-arrival time at the one after, so a host more
-/// than this many calls ahead of its GPU waits for it (as NCCL's host waits when its queue is
-/// full); 32 is the detector's window, and keeps the wait rare.
+/// reaches a rank's ring when a collecting launch of that rank at least two calls later runs:
+/// the next StragglAR launch, or the end kernel of the next measured call NCCL runs (one in
+/// eight, and at the latest 17 calls on; a call that finds records waiting longer collects them
+/// first). A host more than this many calls ahead of its GPU waits for it (as NCCL's host waits
+/// when its queue is full); 32 is the detector's window, and keeps the wait rare.
 pub const RECORD_LAG: u64 = 32;
 
-// A record must be complete in the ring when it is due, and not yet overwritten: call k's is
-// complete from the start of call k + 2 (its post-arrival time comes last), and call
-// k + RING_ENTRIES starts overwriting it at the start of call k + RING_ENTRIES + 1.
-const _: () = assert!(RECORD_LAG >= 3 && RECORD_LAG <= RING_ENTRIES as u64);
+// A record must be collected when it is due, and not yet overwritten: call k's is collected by
+// a launch of call at most k + OVERDUE_CALLS (the overdue collection), and the launch that
+// collects call k + RING_ENTRIES's record overwrites it.
+const _: () = assert!(RECORD_LAG > OVERDUE_CALLS && RECORD_LAG <= RING_ENTRIES as u64);
 
 /// The model's links for the policy: an NVSwitch GPU (3 us per round, 450 GiB/s per
 /// direction), until the engine is calibrated on such hardware.
@@ -329,6 +330,23 @@ impl CudaComm {
             // protocol needs), not after NCCL's kernel.
             log::debug!("{}: a forwarded call's order was not taken", self.label);
         }
+        if self.rank.collection_overdue() {
+            // Measured calls' end kernels were not queued (nonblocking calls'): this call
+            // collects first, ordered after this rank's previous launch like any launch.
+            let collected = (|| -> Result<(), CallError> {
+                if stream != self.last_stream {
+                    // SAFETY: both are the caller's live streams of this device.
+                    unsafe { self.last.wait_on(stream.cast()) }?;
+                    self.last_stream = stream;
+                }
+                // SAFETY: the caller's stream, not capturing, ordered just above.
+                unsafe { self.rank.collect_late(stream.cast()) }
+            })();
+            if let Err(e) = collected {
+                self.rank.give_up();
+                return Err(e);
+            }
+        }
         let prepared = self
             .feed_due_records()
             .and_then(|()| self.prepare_choices(operands));
@@ -479,16 +497,19 @@ impl CudaComm {
         }
     }
 
-    /// Queues the end kernel of a call NCCL ran on `stream` (the call's end, for its
-    /// post-arrival time), and orders this communicator's next launch after it.
+    /// Queues the end kernel of a measured call NCCL ran on `stream` (the call's end, for its
+    /// post-arrival time and span; the collection of waiting records), and orders this
+    /// communicator's next launch after the call. A call outside the sample queues nothing.
     fn end_and_order_after(
         &mut self,
         ticket: Ticket,
         stream: cudaStream_t,
     ) -> Result<(), CallError> {
-        // SAFETY: the caller's live stream of this device, with NCCL's kernel of the call
-        // queued on it; not capturing (an eager call's, checked where it was taken).
-        unsafe { self.rank.ticket_end(ticket, stream.cast()) }?;
+        if ticket.measured() {
+            // SAFETY: the caller's live stream of this device, with NCCL's kernel of the call
+            // queued on it; not capturing (an eager call's, checked where it was taken).
+            unsafe { self.rank.ticket_end(ticket, stream.cast()) }?;
+        }
         self.order_after(stream)
     }
 
@@ -779,7 +800,7 @@ fn trace_call(
         },
         straggler,
         last_rank: Some(timed.record.last_rank),
-        lead_us: timed.record.lead_ns as f64 / 1e3,
+        lead_us: timed.record.lead_ns.map(|ns| ns as f64 / 1e3),
         designated,
         post_us: timed.post_ns.map(|ns| ns as f64 / 1e3),
     };

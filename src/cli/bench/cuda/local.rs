@@ -112,15 +112,15 @@ impl Outcome {
 }
 
 /// A digest of the arrival records and post-arrival times `comm`'s ring holds once its stream
-/// is idle: those of every ticketed call but the last two (whose records the next two calls
-/// copy), at most a ring's worth less one.
+/// is idle: those its launches collected, at most a ring's worth less one.
 fn records_digest(comm: &CudaRank) -> u64 {
-    let complete = comm.arrivals().saturating_sub(2);
+    let complete = comm.collected();
     let held = complete.min(RING_ENTRIES as u64 - 1);
     (complete - held..complete).fold(0xcbf2_9ce4_8422_2325, |h, c| match comm.record(c) {
         Some(r) => {
             let post = r.post_ns.unwrap_or(u64::MAX);
-            let record = (r.record.last_rank as u64) ^ (r.record.lead_ns.min(1) << 32);
+            let record =
+                (r.record.last_rank as u64) ^ (r.record.lead_ns.map_or(2, |ns| ns.min(1)) << 32);
             (h ^ record ^ post.rotate_left(40)).wrapping_mul(0x100_0000_01b3)
         }
         None => u64::MAX,

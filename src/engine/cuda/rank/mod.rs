@@ -12,7 +12,7 @@ mod records;
 pub use control::Control;
 pub use errors::{status_text, CallError};
 pub use graph::GraphCounts;
-pub use records::{Ticket, TimedRecord};
+pub use records::{Ticket, TimedRecord, OVERDUE_CALLS};
 
 use control::{ABORT_WORD, STATUS_WORD};
 use graph::ChoiceTables;
@@ -65,6 +65,8 @@ pub struct CudaRank {
     ring: HostWords,
     /// Ticketed calls launched so far (the next one's number).
     arrivals: u64,
+    /// Records `0..collected` are collected by launches already queued.
+    collected: u64,
     /// Uploaded plan blobs: their device addresses by `Lowered::id`, in `blobs` or in the
     /// choice tables' allocation (both live as long as this rank). A blob serves every count.
     plans: HashMap<u64, u64>,
@@ -105,6 +107,7 @@ impl CudaRank {
             board: 0,
             ring,
             arrivals: 0,
+            collected: 0,
             plans: HashMap::new(),
             blobs: Vec::new(),
             graph_board: 0,
@@ -269,6 +272,7 @@ impl CudaRank {
             if ticket {
                 // SAFETY: as the caller vouches.
                 let ticket = unsafe { self.ticket_within(stream, self.timeout_ns()) }?;
+                // Measured or not, its end kernel runs: a call of ours waits for no NCCL.
                 // SAFETY: as above; nothing else runs for this call.
                 unsafe { self.ticket_end(ticket, stream) }?;
             }
@@ -282,9 +286,16 @@ impl CudaRank {
             ));
         }
         self.prepare(plan)?;
-        let args = self
-            .site()?
-            .eager(self.plans[&plan.id()], self.arrival(ticket), &operands);
+        let collect = if ticket {
+            self.collect_count(self.arrivals)?
+        } else {
+            0
+        };
+        let args = self.site()?.eager(
+            self.plans[&plan.id()],
+            self.arrival(ticket, collect),
+            &operands,
+        );
         // The arrival protocol, if this call records its arrival, runs in block 0's last warp.
         let grid = self.config.blocks;
         // SAFETY: every address in `args` is live device memory of this rank (staging, plan,
@@ -296,6 +307,7 @@ impl CudaRank {
                 .launch(stream, grid, self.config.threads, &args)
         }?;
         if ticket {
+            self.collecting(self.arrivals);
             self.arrivals += 1;
         }
         Ok(())

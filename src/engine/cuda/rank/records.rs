@@ -7,7 +7,8 @@ use std::time::Duration;
 use super::{CallError, CudaRank};
 use crate::detect::{ArrivalRecord, Observed, Tracker};
 use crate::gpu::arrival::{
-    RawArrival, RawBoardSlot, RawRingEntry, RawTicket, BOARD_SLOTS, POST_UNMEASURED, RING_ENTRIES,
+    measures, RawArrival, RawBoardSlot, RawRingEntry, RawTicket, BOARD_SLOTS, COLLECT_BY,
+    END_COLLECTS_ONLY, LEAD_FROM_SPANS, MAX_UNCOLLECTED, POST_UNMEASURED, RING_ENTRIES,
 };
 use crate::gpu::choice::RawGraphState;
 use crate::gpu::launch::{STATUS_ABORTED, STATUS_OK};
@@ -31,9 +32,32 @@ pub struct TimedRecord {
     pub post_ns: Option<u64>,
 }
 
-/// The arguments of a queued ticket kernel, for its end kernel ([`CudaRank::ticket_end`]).
+/// Records waiting for a collection past which the next call collects them before anything
+/// else (`CudaRank::collect_late`): reached only when measured calls' end kernels were not
+/// queued (a nonblocking call's), since a call NCCL runs is measured at [`COLLECT_BY`].
+const OVERDUE: u64 = COLLECT_BY + 2;
+const _: () = assert!(OVERDUE + 1 < MAX_UNCOLLECTED && MAX_UNCOLLECTED + 3 <= BOARD_SLOTS as u64);
+
+/// The most calls after its own at which a record is collected: by the overdue collection,
+/// queued by the call at which `OVERDUE + 1` records wait, which collects up to two calls
+/// before it.
+pub const OVERDUE_CALLS: u64 = OVERDUE + 2;
+
+/// The arguments of a queued ticket kernel, for its end kernel ([`CudaRank::ticket_end`]), and
+/// whether the call is measured (its end kernel is queued after NCCL's).
 #[derive(Debug, Clone, Copy)]
-pub struct Ticket(RawTicket);
+pub struct Ticket {
+    args: RawTicket,
+    measured: bool,
+}
+
+impl Ticket {
+    /// Whether the call's end kernel is to be queued after NCCL's: a deterministic sample of
+    /// the calls (alike on every rank), and whenever records have waited long for collection.
+    pub fn measured(&self) -> bool {
+        self.measured
+    }
+}
 
 impl CudaRank {
     /// Ticketed calls launched so far: the next ticketed call's number.
@@ -41,25 +65,25 @@ impl CudaRank {
         self.arrivals
     }
 
+    /// Ticketed calls whose records a queued launch collects: records `0..collected()`.
+    pub fn collected(&self) -> u64 {
+        self.collected
+    }
+
     /// The arrival record of ticketed call `call` and its post-arrival time, once this rank's
-    /// ring holds both (from the start of this rank's call `call + 2` on, until call
-    /// `call + RING_ENTRIES` overwrites them). Identical on every rank: each copies the same
-    /// board words.
+    /// ring holds them (once the collecting launch its GPU runs at least two calls later has
+    /// run, until call `call + RING_ENTRIES`'s record overwrites them). Identical on every
+    /// rank: each copies the same board words.
     pub fn record(&self, call: u64) -> Option<TimedRecord> {
         const WORDS: usize = std::mem::size_of::<RawRingEntry>() / 8;
         let entry = (call % RING_ENTRIES as u64) as usize * WORDS;
         let tag = record_tag(call);
         let word = |i: usize| self.ring.word64(entry + i).load(Ordering::Acquire);
-        let [last, lead, post] = [word(0), word(1), word(2)];
-        let tagged = |w: u64| w & !0xffff_ffff == tag;
-        let post_ns = post & 0xffff_ffff;
-        (tagged(last) && tagged(lead) && tagged(post)).then_some(TimedRecord {
-            record: ArrivalRecord {
-                last_rank: (last & 0xffff_ffff) as usize,
-                lead_ns: lead & 0xffff_ffff,
-            },
-            post_ns: (post_ns != u64::from(POST_UNMEASURED)).then_some(post_ns),
-        })
+        let words = [word(0), word(1), word(2), word(3)];
+        if words.iter().any(|w| w & !0xffff_ffff != tag) {
+            return None;
+        }
+        Some(timed_record(words.map(|w| w & 0xffff_ffff)))
     }
 
     /// Whether every rank's arrival protocol is over: the record of the last ticketed call is
@@ -96,13 +120,13 @@ impl CudaRank {
         })
     }
 
-    /// Waits until the ring holds the record of ticketed call `call`, which launches this rank
-    /// already made copy there (the starts of calls `call + 1` and `call + 2`). Gives up on an abort or a
+    /// Waits until the ring holds the record of ticketed call `call`, which a launch this rank
+    /// already queued collects. Gives up on an abort or a
     /// kernel failure of this rank: the kernels apply `STRAGGLAR_TIMEOUT_MS` to their own
     /// waits, and the host does not time the GPU, which may rightly be many calls behind.
     pub fn await_record(&self, call: u64) -> Result<TimedRecord, CallError> {
         debug_assert!(
-            call + 2 < self.arrivals,
+            call < self.collected,
             "record {call} has no launch to copy it"
         );
         let control = self.control();
@@ -163,8 +187,9 @@ impl CudaRank {
         Ok(waited)
     }
 
-    /// Where the next launch records its arrival (a ticket), or a launch that takes none.
-    pub(super) fn arrival(&self, ticket: bool) -> RawArrival {
+    /// Where the next launch records its arrival (a ticket), collecting `collect` records, or
+    /// a launch that takes none.
+    pub(super) fn arrival(&self, ticket: bool, collect: u32) -> RawArrival {
         if !ticket {
             return RawArrival::default();
         }
@@ -173,9 +198,32 @@ impl CudaRank {
             ring: self.ring.device_address(0),
             call: self.arrivals,
             ranks: self.config.ranks as u32,
-            reserved: 0,
+            collect,
             note: self.staging.ptr + self.config.layout.arrival_note(),
         }
+    }
+
+    /// Records a collecting launch of call `call` would copy: those of calls
+    /// `collected ..= call - 2`.
+    fn waiting(&self, call: u64) -> u64 {
+        call.saturating_sub(1).saturating_sub(self.collected)
+    }
+
+    /// How many records a collecting launch of call `call` copies, within the bound the
+    /// board's slots allow.
+    pub(super) fn collect_count(&self, call: u64) -> Result<u32, CallError> {
+        let waiting = self.waiting(call);
+        if waiting > MAX_UNCOLLECTED {
+            return Err(CallError::Unfit(format!(
+                "{waiting} arrival records wait for a collection (at most {MAX_UNCOLLECTED})"
+            )));
+        }
+        Ok(waiting as u32)
+    }
+
+    /// Notes that a launch of call `call` collecting was queued.
+    pub(super) fn collecting(&mut self, call: u64) {
+        self.collected = self.collected.max(call.saturating_sub(1));
     }
 
     pub(super) fn timeout_ns(&self) -> u64 {
@@ -184,9 +232,10 @@ impl CudaRank {
             .map_or(0, |t| t.as_nanos().max(1) as u64)
     }
 
-    /// Queues the ticket kernel on `stream`: the arrival record of a call that goes to NCCL.
-    /// Returns the call's ticket, which [`CudaRank::ticket_end`] takes once NCCL's kernel is
-    /// queued. Fails fast once a kernel of this rank gave up.
+    /// Queues the ticket kernel on `stream`: the arrival record of a call that goes to NCCL,
+    /// which waits for nobody. Returns the call's ticket, whose end kernel
+    /// [`CudaRank::ticket_end`] queues after NCCL's kernel when the ticket is measured.
+    /// Fails fast once a kernel of this rank gave up.
     ///
     /// # Safety
     /// `stream` must be a live stream of this device, not capturing (a replayed ticket would
@@ -195,13 +244,12 @@ impl CudaRank {
         &mut self,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<Ticket, CallError> {
-        // The call is NCCL's: its ticket waits for the last arrival as long as NCCL would.
+        // The call is NCCL's: its end kernel's collection waits as long as NCCL would.
         // SAFETY: as the caller vouches.
         unsafe { self.ticket_within(stream, 0) }
     }
 
-    /// [`CudaRank::ticket`] whose wait for the last arrival gives up after `timeout_ns` (0:
-    /// never).
+    /// [`CudaRank::ticket`] whose end kernel's waits give up after `timeout_ns` (0: never).
     ///
     /// # Safety
     /// As [`CudaRank::ticket`].
@@ -211,27 +259,120 @@ impl CudaRank {
         timeout_ns: u64,
     ) -> Result<Ticket, CallError> {
         self.fail_fast()?;
-        let args = self.site()?.ticket(self.arrival(true), timeout_ns);
+        let call = self.arrivals;
+        let measured = measures(call) || self.waiting(call) >= COLLECT_BY;
+        let args = self.site()?.ticket(self.arrival(true, 0), timeout_ns);
         // SAFETY: every address in `args` is live memory of this rank (staging, rank 0's
         // mapped board, host words); the caller vouches for the stream.
-        unsafe { self.kernels.ticket.launch(stream, 1, 32, &args) }?;
+        unsafe { self.kernels.ticket.launch(stream, 1, 1, &args) }?;
         self.arrivals += 1;
-        Ok(Ticket(args))
+        Ok(Ticket { args, measured })
     }
 
     /// Queues the end kernel of `ticket`'s call on `stream`, after the call's own work (NCCL's
-    /// kernel): it notes when the call finished on this rank, for its post-arrival time. A
-    /// ticketed call whose end is never queued is published as unmeasured, which is safe.
+    /// kernel): it notes when the call finished on this rank, for its post-arrival time and
+    /// span, and collects the records waiting. A ticketed call whose end is not queued is
+    /// published as unmeasured, which is safe.
     ///
     /// # Safety
     /// As [`CudaRank::ticket`]; `stream` orders the end after the call's work.
     pub unsafe fn ticket_end(
-        &self,
+        &mut self,
         ticket: Ticket,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), CallError> {
-        // SAFETY: the note is this rank's staging; the caller vouches for the stream.
-        unsafe { self.kernels.ticket_end.launch(stream, 1, 32, &ticket.0) }?;
+        let mut args = ticket.args;
+        args.arrival.collect = self.collect_count(args.arrival.call)?;
+        // SAFETY: the note, rank 0's board and the ring are this rank's live memory; the
+        // caller vouches for the stream.
+        unsafe { self.kernels.ticket_end.launch(stream, 1, 32, &args) }?;
+        self.collecting(args.arrival.call);
         Ok(())
+    }
+
+    /// Whether records have waited so long for a collection that the next call must queue one
+    /// first ([`CudaRank::collect_late`]).
+    pub fn collection_overdue(&self) -> bool {
+        self.waiting(self.arrivals) > OVERDUE
+    }
+
+    /// Queues an end kernel that only collects, as the next ticketed call would: the records
+    /// of calls up to `arrivals() - 2`.
+    ///
+    /// # Safety
+    /// As [`CudaRank::ticket`]; `stream` is ordered after this rank's previous launch.
+    pub unsafe fn collect_late(
+        &mut self,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<(), CallError> {
+        self.fail_fast()?;
+        let call = self.arrivals;
+        let mut args = self
+            .site()?
+            .ticket(self.arrival(true, self.collect_count(call)?), 0);
+        args.end = END_COLLECTS_ONLY;
+        // SAFETY: as in `ticket_end`; the kernel writes no note.
+        unsafe { self.kernels.ticket_end.launch(stream, 1, 32, &args) }?;
+        self.collecting(call);
+        Ok(())
+    }
+}
+
+/// A ring entry's four values (the tags stripped): the lead of a call NCCL ran is its
+/// second-to-last arrival's span minus its last arrival's post, where both were measured.
+fn timed_record([last, lead, post, span]: [u64; 4]) -> TimedRecord {
+    let measured = |v: u64| (v != u64::from(POST_UNMEASURED)).then_some(v);
+    let post_ns = measured(post);
+    let lead_ns = if lead == u64::from(LEAD_FROM_SPANS) {
+        post_ns
+            .zip(measured(span))
+            .map(|(post, span)| span.saturating_sub(post))
+    } else {
+        Some(lead)
+    };
+    TimedRecord {
+        record: ArrivalRecord {
+            last_rank: last as usize,
+            lead_ns,
+        },
+        post_ns,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lead_of_a_call_nccl_ran_is_the_difference_of_two_spans() {
+        let from_spans = u64::from(LEAD_FROM_SPANS);
+        let unmeasured = u64::from(POST_UNMEASURED);
+        let record = timed_record([2, from_spans, 5_000, 12_000]);
+        assert_eq!(record.record.last_rank, 2);
+        assert_eq!(record.record.lead_ns, Some(7_000));
+        assert_eq!(record.post_ns, Some(5_000));
+        // Clocks of one rank only: a span shorter than the post is a lead of 0, not a wrap.
+        assert_eq!(
+            timed_record([2, from_spans, 5_000, 4_000]).record.lead_ns,
+            Some(0)
+        );
+        assert_eq!(
+            timed_record([2, from_spans, unmeasured, 4_000])
+                .record
+                .lead_ns,
+            None
+        );
+        assert_eq!(
+            timed_record([2, from_spans, 5_000, unmeasured])
+                .record
+                .lead_ns,
+            None
+        );
+        // A lead the kernel measured is taken as it is, the span ignored.
+        let measured = timed_record([1, 900, unmeasured, unmeasured]);
+        assert_eq!(
+            (measured.record.lead_ns, measured.post_ns),
+            (Some(900), None)
+        );
     }
 }
