@@ -20,7 +20,8 @@
 # Knobs (environment): STRAGGLAR_EMU_GPUS (8), STRAGGLAR_EMU_SMS (32), STRAGGLAR_EMU_MULTICAST (0),
 # STRAGGLAR_EMU_DRIVER_VERSION (13000), STRAGGLAR_EMU_FAIL (name[@device][=code],...: make a
 # driver call fail), STRAGGLAR_EMU_NO_NVRTC (1: NVRTC left off the loader path, so kernels come
-# from the cache or nowhere), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
+# from the cache or nowhere), STRAGGLAR_EMU_COUNT_LAUNCHES (1: each process prints its kernel
+# launches, by kernel, to stderr at exit), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"

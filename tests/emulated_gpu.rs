@@ -593,6 +593,57 @@ fn engine_with<'a>(algo: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str,
     env
 }
 
+/// Each process's launches of `kernel`, from the emulated driver's lines at exit
+/// (`STRAGGLAR_EMU_COUNT_LAUNCHES=1`), in the order the processes exited.
+fn launches_of(stderr: &str, kernel: &str) -> Vec<u64> {
+    let suffix = format!(" launches of {kernel}");
+    stderr
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("emulated CUDA driver: ")?
+                .strip_suffix(&suffix)
+        })
+        .map(|n| n.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_call_forwarded_to_nccl_queues_the_end_kernel_on_the_sample_only() {
+    // The engine on, nobody late: the policy sends every call to NCCL. Each takes a ticket (the
+    // kernel that waits for nobody); only about one in eight (the deterministic sample, alike
+    // on every rank) queues the end kernel after NCCL's. Before the sample, every call did.
+    let calls = 240u64;
+    let env = engine_with(
+        "auto",
+        &[
+            ("LOOPBACK_FIXED", "1"),
+            ("LOOPBACK_CALLS", "240"),
+            ("STRAGGLAR_EMU_COUNT_LAUNCHES", "1"),
+        ],
+    );
+    let (out, _) = run_ranks(&["4"], &env);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in designations(&text) {
+        assert_eq!(line, "-1, 0 on StragglAR, 240 on NCCL", "{text}");
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let tickets = launches_of(&stderr, "ncclStragglarTicket");
+    let ends = launches_of(&stderr, "ncclStragglarTicketEnd");
+    assert_eq!(tickets, [calls; 4], "{}", support::describe(&out));
+    let sampled = (0..calls)
+        .filter(|&c| stragglar::gpu::arrival::measures(c))
+        .count() as u64;
+    assert_eq!(ends.len(), 4, "{}", support::describe(&out));
+    for end in ends {
+        assert!(
+            (sampled..sampled + calls / 16).contains(&end),
+            "{end} end kernels for {calls} calls, {sampled} in the sample"
+        );
+    }
+    assert!(launches_of(&stderr, "ncclStragglarAllReduce").is_empty());
+}
+
 #[test]
 fn the_gpu_engine_serves_ncclallreduce_on_four_and_eight_rank_processes() {
     // With multicast on every GPU (an NVSwitch system of Hopper GPUs), the model prices NCCL

@@ -64,7 +64,15 @@ pub struct Tracker {
     /// Tracked calls whose post-arrival time is not fed yet, oldest first (only while
     /// measuring).
     untimed: VecDeque<Untimed>,
+    /// Per size class: the class call (its count of decided calls) at which a baseline call was
+    /// last measured ([`Tracker::baseline_measured`]).
+    baseline_measured: HashMap<u32, u64>,
 }
+
+/// Class calls after a measured baseline call past which the next baseline call whose time
+/// would be kept is measured even outside the engine's sample ([`Tracker::baseline_time_wanted`]):
+/// half of [`super::estimate::MAX_AGE`], so the baseline's estimate never ages out.
+pub const REMEASURE_AFTER: u64 = super::estimate::MAX_AGE / 2;
 
 /// A tracked call awaiting its post-arrival time.
 #[derive(Debug, Clone, Copy)]
@@ -96,6 +104,7 @@ impl Tracker {
             measuring: false,
             times: HashMap::new(),
             untimed: VecDeque::new(),
+            baseline_measured: HashMap::new(),
         }
     }
 
@@ -218,6 +227,32 @@ impl Tracker {
         true
     }
 
+    /// Whether the call just tracked, of `bytes`, ran the baseline, would keep its time, and
+    /// no baseline call of its class was measured in the last [`REMEASURE_AFTER`] class calls.
+    /// An engine that measures a sample of the calls the baseline runs (the GPU engine) measures
+    /// such a call too: an exploration's kept call, the first kept call after a switch to the
+    /// baseline. A choice of what to measure only, never of what runs: it may differ between
+    /// ranks without harm.
+    pub fn baseline_time_wanted(&self, bytes: usize) -> bool {
+        let class = size_class(bytes);
+        let Some(call) = self.untimed.back() else {
+            return false;
+        };
+        let decided = self.times.get(&class).map_or(0, |t| t.decided);
+        let recent = self
+            .baseline_measured
+            .get(&class)
+            .is_some_and(|&at| decided - at < REMEASURE_AFTER);
+        call.class == class && !call.stragglar && !call.after_switch && !recent
+    }
+
+    /// Notes that the call just tracked, of `bytes`, a baseline call, is measured.
+    pub fn baseline_measured(&mut self, bytes: usize) {
+        let class = size_class(bytes);
+        let decided = self.times.get(&class).map_or(0, |t| t.decided);
+        self.baseline_measured.insert(class, decided);
+    }
+
     /// A size class's measured times and calls (`None` before its first call).
     pub fn class_times(&self, class: u32) -> Option<&ClassTimes> {
         self.times.get(&class)
@@ -303,6 +338,42 @@ mod tests {
             8,
             lag,
         )
+    }
+
+    #[test]
+    fn a_baseline_time_is_wanted_after_a_switch_and_when_none_is_recent() {
+        let mut t = tracker(1000).measuring();
+        let bytes = 1 << 20;
+        let stragglar = Choice::Stragglar { straggler: 5 };
+        let mut wanted = Vec::new();
+        // 10 StragglAR calls, then the baseline for good; the engine measures what is wanted.
+        for call in 0..200u64 {
+            let choice = if call < 10 {
+                stragglar
+            } else {
+                Choice::Baseline
+            };
+            t.track(bytes, choice);
+            if t.baseline_time_wanted(bytes) {
+                t.baseline_measured(bytes);
+                wanted.push(call);
+            }
+        }
+        // Not the StragglAR calls, not the first baseline call (after a switch: its time is not
+        // kept), the second; then once every REMEASURE_AFTER class calls.
+        assert_eq!(wanted, [11, 11 + REMEASURE_AFTER, 11 + 2 * REMEASURE_AFTER]);
+        // A class measured meanwhile by the sample wants nothing more.
+        let mut t = tracker(1000).measuring();
+        let mut wanted = 0;
+        for call in 0..200u64 {
+            t.track(bytes, Choice::Baseline);
+            if call % 8 == 0 {
+                t.baseline_measured(bytes);
+            } else {
+                wanted += usize::from(t.baseline_time_wanted(bytes));
+            }
+        }
+        assert_eq!(wanted, 0);
     }
 
     /// A deterministic arrival pattern: rank 5 last with a long lead in most calls, random

@@ -19,7 +19,8 @@
  *   only; with LOOPBACK_NO_DESTROY a rank exits without destroying its communicator; with
  *   LOOPBACK_COLLECTIVES the calls cycle AllReduce, ReduceScatter and AllGather (float sums),
  *   with LOOPBACK_SPLIT on the two communicators split from it (even and odd ranks), with
- *   LOOPBACK_GROUPS each call inside its own group. Each rank
+ *   LOOPBACK_GROUPS each call inside its own group; with LOOPBACK_HOST_TIMES each rank prints
+ *   the median and 90th percentile host time of its eager calls. Each rank
  *   that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL).
  * Built twice by tests/emulated_gpu.rs: linked against libstragglar, and linked against the
@@ -515,6 +516,26 @@ static int run_collectives(int rank, int nranks, ncclComm_t comm, CUstream strea
   return 0;
 }
 
+/* Host time of each eager ncclAllReduce call (the call alone: the stream is drained after it,
+ * untimed), for LOOPBACK_HOST_TIMES. */
+enum { MAX_TIMED = 100000 };
+static long long host_ns[MAX_TIMED];
+
+static int by_value(const void* a, const void* b) {
+  long long x = *(const long long*)a, y = *(const long long*)b;
+  return (x > y) - (x < y);
+}
+
+/* LOOPBACK_HOST_TIMES: the median and 90th percentile of the host time per call, leaving out
+ * the first 8 calls (the engine's setup runs in the first). */
+static void print_host_times(int rank, long long* ns, int calls) {
+  int n = (calls < MAX_TIMED ? calls : MAX_TIMED) - 8;
+  if (n < 1) return;
+  qsort(ns + 8, (size_t)n, sizeof *ns, by_value);
+  printf("rank %d: host time per call over %d calls: median %lld ns, p90 %lld ns\n", rank, n,
+         ns[8 + n / 2], ns[8 + n * 9 / 10]);
+}
+
 static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int kill_at) {
   ncclUniqueId id;
   for (size_t i = 0; i < sizeof id; ++i) {
@@ -613,7 +634,12 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
       cuGraphExecDestroy(exec);
       cuGraphDestroy(graph);
     } else {
+      struct timespec before, after;
+      clock_gettime(CLOCK_MONOTONIC, &before);
       nr = ncclAllReduce((const void*)send, (void*)out, count, t, op, comm, stream);
+      clock_gettime(CLOCK_MONOTONIC, &after);
+      if (i < MAX_TIMED)
+        host_ns[i] = (after.tv_sec - before.tv_sec) * 1000000000LL + (after.tv_nsec - before.tv_nsec);
       /* The watchdog watches the call a killed peer never joins (and those after it), not a
        * first call that a loaded machine may make slow. */
       cr = drain(stream, comm, kill_rank >= 0 && i < kill_at ? 0 : abort_after_ms, rank, i);
@@ -641,6 +667,7 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     }
   }
   print_stats(rank, comm);
+  if (getenv("LOOPBACK_HOST_TIMES") && !graphs) print_host_times(rank, host_ns, CALLS);
   /* LOOPBACK_NO_DESTROY: the process exits with its communicator alive, as scripts that never
    * destroy their process group do. */
   if (!getenv("LOOPBACK_NO_DESTROY")) ncclCommDestroy(comm);

@@ -6,6 +6,9 @@
 #include "emu.h"
 #include "kernel_source.h"
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <elf.h>
 #include <map>
@@ -203,6 +206,40 @@ CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfuncti
   return CUDA_SUCCESS;
 }
 
+}  // extern "C"
+
+namespace {
+/* STRAGGLAR_EMU_COUNT_LAUNCHES=1: kernel launches accepted so far, by kernel (indices of
+ * kernel_specs), printed to stderr when the process exits, one line per kernel launched. */
+constexpr size_t kMaxSpecs = 16;
+std::atomic<uint64_t> g_launches[kMaxSpecs];
+
+void print_launches() {
+  size_t count = 0;
+  const emu::KernelSpec* specs = emu::kernel_specs(&count);
+  for (size_t i = 0; i < count && i < kMaxSpecs; ++i) {
+    uint64_t n = g_launches[i].load();
+    if (n) fprintf(stderr, "emulated CUDA driver: %llu launches of %s\n", (unsigned long long)n, specs[i].name);
+  }
+}
+
+void count_launch(const emu::KernelSpec* spec) {
+  static const bool counting = [] {
+    const char* v = getenv("STRAGGLAR_EMU_COUNT_LAUNCHES");
+    bool on = v && strcmp(v, "1") == 0;
+    if (on) atexit(print_launches);
+    return on;
+  }();
+  if (!counting) return;
+  size_t count = 0;
+  const emu::KernelSpec* specs = emu::kernel_specs(&count);
+  size_t i = (size_t)(spec - specs);
+  if (i < count && i < kMaxSpecs) g_launches[i].fetch_add(1);
+}
+}  // namespace
+
+extern "C" {
+
 CUresult cuLaunchKernel(CUfunction hf, unsigned int gx, unsigned int gy, unsigned int gz,
                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
                         CUstream hs, void** params, void** extra) {
@@ -230,7 +267,10 @@ CUresult cuLaunchKernel(CUfunction hf, unsigned int gx, unsigned int gy, unsigne
   CUresult r = resolve_stream(hs, &s);
   if (r != CUDA_SUCCESS) return r;
   int device = s->ctx->device;
-  return submit(s, [spec, device, gx, bx, bytes] { run_kernel(spec, device, gx, bx, bytes); });
+  CUresult submitted =
+      submit(s, [spec, device, gx, bx, bytes] { run_kernel(spec, device, gx, bx, bytes); });
+  if (submitted == CUDA_SUCCESS) count_launch(spec);
+  return submitted;
 }
 
 }  // extern "C"

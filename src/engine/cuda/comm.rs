@@ -318,10 +318,17 @@ impl CudaComm {
     /// As [`CudaComm::all_reduce`], with `stream` not capturing.
     unsafe fn eager(&mut self, operands: Operands, stream: cudaStream_t) -> Result<Ran, CallError> {
         if self.ticket_awaits_nccl.take().is_some() {
-            log::debug!(
-                "{}: NCCL's result for a ticketed call was not reported",
+            // The library reports every ticketed call's result while the engine is ready, and
+            // that report takes the order this launch needs (after the ticket): without it,
+            // this rank cannot go on.
+            log::warn!(
+                "{}: NCCL's result for a ticketed call was not reported; this rank gives the GPU engine up",
                 self.label
             );
+            self.rank.give_up();
+            return Err(CallError::Unfit(
+                "a ticketed call's result was not reported".into(),
+            ));
         }
         if self.order_pending.take().is_some() {
             // The application did not read NCCL's state through ncclCommGetAsyncError, which
@@ -390,6 +397,7 @@ impl CudaComm {
             self.untraced.push_back((now_us, bytes as u64, straggler));
         }
         let raw = stream.cast();
+        let time_wanted = self.tracker.baseline_time_wanted(bytes);
         let rank = &mut self.rank;
         let result = (|| -> Result<Ran, CallError> {
             // Calls on different streams are ordered by the event (not across a capture
@@ -409,19 +417,19 @@ impl CudaComm {
                 }
                 None => {
                     // SAFETY: the caller's stream, not capturing.
-                    self.ticket_awaits_nccl = Some(unsafe { rank.ticket(raw) }?);
+                    let ticket = unsafe { rank.ticket(raw, time_wanted) }?;
+                    if ticket.measured() {
+                        self.tracker.baseline_measured(bytes);
+                    }
+                    self.ticket_awaits_nccl = Some(ticket);
                     Ran::Ticketed
                 }
             };
-            // SAFETY: as above.
-            if let Err(e) = unsafe { self.last.record_raw(raw) } {
-                if ran != Ran::Ticketed {
-                    return Err(e.into());
-                }
-                // The ticket is queued and every peer hands this call to NCCL: so must this
-                // rank, or their NCCL waits for it. Its later calls fail instead.
-                log::warn!("{}: {e}; this rank gives the GPU engine up", self.label);
-                rank.give_up();
+            // A call handed to NCCL takes its order once NCCL has queued its kernel
+            // (`nccl_ran`): one event record per call, after NCCL's kernel.
+            if ran != Ran::Ticketed {
+                // SAFETY: as above.
+                unsafe { self.last.record_raw(raw) }?;
             }
             Ok(ran)
         })();
@@ -443,6 +451,13 @@ impl CudaComm {
             return;
         };
         if code == ResultCode::IN_PROGRESS {
+            // Ordered after the ticket now (the protocol needs no more), after NCCL's kernel
+            // once the application reads success.
+            if let Err(e) = self.order_after(stream) {
+                log::warn!("{}: {e}; this rank gives the GPU engine up", self.label);
+                self.rank.give_up();
+                return;
+            }
             self.order_pending = Some(stream);
             return;
         }

@@ -271,7 +271,7 @@ impl CudaRank {
             // Our own call (not NCCL's): its ticket keeps this rank's deadline.
             if ticket {
                 // SAFETY: as the caller vouches.
-                let ticket = unsafe { self.ticket_within(stream, self.timeout_ns()) }?;
+                let ticket = unsafe { self.ticket_within(stream, self.timeout_ns(), true) }?;
                 // Measured or not, its end kernel runs: a call of ours waits for no NCCL.
                 // SAFETY: as above; nothing else runs for this call.
                 unsafe { self.ticket_end(ticket, stream) }?;

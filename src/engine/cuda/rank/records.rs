@@ -234,7 +234,9 @@ impl CudaRank {
 
     /// Queues the ticket kernel on `stream`: the arrival record of a call that goes to NCCL,
     /// which waits for nobody. Returns the call's ticket, whose end kernel
-    /// [`CudaRank::ticket_end`] queues after NCCL's kernel when the ticket is measured.
+    /// [`CudaRank::ticket_end`] queues after NCCL's kernel when the ticket is measured: on the
+    /// sample ([`measures`]), when `time_wanted` (the policy asks for this call's time), or
+    /// when [`COLLECT_BY`] records wait for a collection.
     /// Fails fast once a kernel of this rank gave up.
     ///
     /// # Safety
@@ -243,10 +245,11 @@ impl CudaRank {
     pub unsafe fn ticket(
         &mut self,
         stream: cudarc::driver::sys::CUstream,
+        time_wanted: bool,
     ) -> Result<Ticket, CallError> {
         // The call is NCCL's: its end kernel's collection waits as long as NCCL would.
         // SAFETY: as the caller vouches.
-        unsafe { self.ticket_within(stream, 0) }
+        unsafe { self.ticket_within(stream, 0, time_wanted) }
     }
 
     /// [`CudaRank::ticket`] whose end kernel's waits give up after `timeout_ns` (0: never).
@@ -257,10 +260,11 @@ impl CudaRank {
         &mut self,
         stream: cudarc::driver::sys::CUstream,
         timeout_ns: u64,
+        time_wanted: bool,
     ) -> Result<Ticket, CallError> {
         self.fail_fast()?;
         let call = self.arrivals;
-        let measured = measures(call) || self.waiting(call) >= COLLECT_BY;
+        let measured = time_wanted || measures(call) || self.waiting(call) >= COLLECT_BY;
         let args = self.site()?.ticket(self.arrival(true, 0), timeout_ns);
         // SAFETY: every address in `args` is live memory of this rank (staging, rank 0's
         // mapped board, host words); the caller vouches for the stream.
