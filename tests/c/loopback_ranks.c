@@ -20,7 +20,8 @@
  *   LOOPBACK_COLLECTIVES the calls cycle AllReduce, ReduceScatter and AllGather (float sums),
  *   with LOOPBACK_SPLIT on the two communicators split from it (even and odd ranks), with
  *   LOOPBACK_GROUPS each call inside its own group; with LOOPBACK_HOST_TIMES each rank prints
- *   the median and 90th percentile host time of its eager calls. Each rank
+ *   the median and 90th percentile host time of its eager calls; LOOPBACK_MIXED=N: eager calls
+ *   and graph replays on two streams, not waited for in between (see run_mixed). Each rank
  *   that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL).
  * Built twice by tests/emulated_gpu.rs: linked against libstragglar, and linked against the
@@ -359,6 +360,82 @@ static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, C
   return 0;
 }
 
+/* Checks the 4099 float sums of `out` (every rank's input `rank + j % 5 + shift`): 0 if right. */
+static int check_sums(int rank, int nranks, CUdeviceptr out, int shift, int call, const char* what) {
+  static float host[4099];
+  CU(cuMemcpyDtoH(host, out, sizeof host));
+  for (int j = 0; j < 4099; ++j) {
+    float want = (float)(nranks * (nranks - 1) / 2 + nranks * (j % 5 + shift));
+    if (host[j] != want) {
+      printf("rank %d: call %d (%s): element %d is %g, not %g\n", rank, call, what, j, host[j], want);
+      return 4;
+    }
+  }
+  return 0;
+}
+
+/* LOOPBACK_MIXED=N: N rounds of an eager call on one stream, not waited for, then a replay of a
+ * captured call on another stream, both on buffers of their own, then both streams drained and
+ * both results checked; rank 1 comes LOOPBACK_LATE_US late to each eager call, so that the
+ * replay is queued while the eager call still waits for it. */
+static int run_mixed(int rank, int nranks, ncclComm_t comm, int rounds) {
+  static float host[4099];
+  const long late_us = getenv("LOOPBACK_LATE_US") ? atol(getenv("LOOPBACK_LATE_US")) : 2000;
+  CUstream eager, replay;
+  CUdeviceptr buf[4]; /* eager in, eager out, graph in, graph out */
+  CU(cuStreamCreate(&eager, CU_STREAM_NON_BLOCKING));
+  CU(cuStreamCreate(&replay, CU_STREAM_NON_BLOCKING));
+  for (int k = 0; k < 4; ++k) CU(cuMemAlloc(&buf[k], sizeof host));
+  for (int k = 0; k < 2; ++k) {
+    for (int j = 0; j < 4099; ++j) host[j] = (float)(rank + j % 5 + k);
+    CU(cuMemcpyHtoD(buf[2 * k], host, sizeof host));
+  }
+  /* Warm-up on the eager stream (the engine sets up on an eager call), then the capture. */
+  for (int i = 0; i < 3; ++i) {
+    if (ncclAllReduce((const void*)buf[0], (void*)buf[1], 4099, ncclFloat32, ncclSum, comm, eager) !=
+        ncclSuccess)
+      return 3;
+    CU(cuStreamSynchronize(eager));
+  }
+  CUgraph graph;
+  CUgraphExec exec;
+  CU(cuStreamBeginCapture(replay, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  ncclResult_t nr = ncclAllReduce((const void*)buf[2], (void*)buf[3], 4099, ncclFloat32, ncclSum,
+                                  comm, replay);
+  CU(cuStreamEndCapture(replay, &graph));
+  if (nr != ncclSuccess) return 3;
+  CU(cuGraphInstantiateWithFlags(&exec, graph, 0));
+  for (int i = 0; i < rounds; ++i) {
+    CU(cuMemsetD32(buf[1], 0, 4099));
+    CU(cuMemsetD32(buf[3], 0, 4099));
+    if (rank == 1) {
+      struct timespec t = {late_us / 1000000, (late_us % 1000000) * 1000};
+      nanosleep(&t, NULL);
+    }
+    if (ncclAllReduce((const void*)buf[0], (void*)buf[1], 4099, ncclFloat32, ncclSum, comm, eager) !=
+        ncclSuccess)
+      return 3;
+    CU(cuGraphLaunch(exec, replay));
+    CU(cuStreamSynchronize(eager));
+    CU(cuStreamSynchronize(replay));
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    if (async != ncclSuccess) {
+      printf("rank %d: error at round %d: %s\n", rank, i, ncclGetErrorString(async));
+      return 3;
+    }
+    int bad = check_sums(rank, nranks, buf[1], 0, i, "eager");
+    if (!bad) bad = check_sums(rank, nranks, buf[3], 1, i, "replay");
+    if (bad) return bad;
+  }
+  cuGraphExecDestroy(exec);
+  cuGraphDestroy(graph);
+  print_stats(rank, comm);
+  ncclCommDestroy(comm);
+  printf("rank %d: %d mixed rounds checked\n", rank, rounds);
+  return 0;
+}
+
 /* LOOPBACK_TWO_COMMS=1|2: a second communicator over the same ranks (its id broadcast over the
  * first), and CALLS calls on each: with 1, one thread alternates between them on one stream;
  * with 2, each has a thread and a stream of its own. */
@@ -593,6 +670,7 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
   if (getenv("LOOPBACK_TWO_COMMS"))
     return run_two_comms(rank, nranks, comm, ctx, stream, send, recv,
                          atoi(getenv("LOOPBACK_TWO_COMMS")));
+  if (getenv("LOOPBACK_MIXED")) return run_mixed(rank, nranks, comm, atoi(getenv("LOOPBACK_MIXED")));
   if (getenv("LOOPBACK_REPLAYS"))
     return run_replays(rank, nranks, comm, stream, send, recv, atoi(getenv("LOOPBACK_REPLAYS")));
   static unsigned char host[MAX_COUNT * 8];

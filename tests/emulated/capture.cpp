@@ -223,12 +223,29 @@ CUresult cuGraphLaunch(CUgraphExec he, CUstream hs) {
   if (r != CUDA_SUCCESS) return r;
   if (s->capture) return CUDA_ERROR_NOT_SUPPORTED; /* child graphs are not modelled */
   std::shared_ptr<GraphExec> exec = it->second;
+  if (!s->ctx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  /* External event waits: the events' latest eager records, as of this launch. */
+  std::vector<std::pair<Stream*, uint64_t>> deps;
+  for (const Node& n : exec->nodes) {
+    Event* e = n.wait_external;
+    if (e && is_event(e) && !e->capture && e->stream) deps.push_back({e->stream, e->seq});
+  }
   /* Creation order is a topological order: running the nodes one after another honours every
    * dependency. */
-  return submit(s, [exec] {
+  r = enqueue_locked(s, std::move(deps), [exec] {
     for (const Node& n : exec->nodes)
       if (n.run) n.run();
   });
+  if (r != CUDA_SUCCESS) return r;
+  for (const Node& n : exec->nodes) {
+    Event* e = n.record_external;
+    if (!e || !is_event(e)) continue;
+    e->capture = nullptr;
+    e->nodes.clear();
+    e->stream = s;
+    e->seq = s->enqueued;
+  }
+  return CUDA_SUCCESS;
 }
 
 CUresult cuGraphDestroy(CUgraph hg) {

@@ -103,6 +103,9 @@ bool is_stream(Stream* s);
 CUresult resolve_stream(CUstream h, Stream** out);
 /* Under the driver lock: queues `run` on `s`, or records it as a node when `s` captures. */
 CUresult submit(Stream* s, std::function<void()> run);
+/* Under the driver lock: queues `run` on `s` after the ops `deps` name (stream, op number). */
+CUresult enqueue_locked(Stream* s, std::vector<std::pair<Stream*, uint64_t>> deps,
+                        std::function<void()> run);
 /* Waits on the host until `s` has completed op `seq`. */
 void wait_for(Stream* s, uint64_t seq);
 /* Queues `run` on the context's legacy stream and waits for it (synchronous copies and sets). */
@@ -111,9 +114,16 @@ CUresult run_synchronously(std::function<void()> run);
 /* ------------------------------------------------------------------ capture -------------- */
 
 /* One recorded node: its dependencies (earlier nodes of the same graph) and its work. */
+struct Event;
 struct Node {
   std::vector<size_t> deps;
   std::function<void()> run;
+  /* An external event node (captured with CU_EVENT_WAIT_EXTERNAL or CU_EVENT_RECORD_EXTERNAL):
+   * each launch waits for the event's latest record at the time of the launch, or records the
+   * event (the emulation records it at the launch's end, after every node: a stronger order
+   * than the node's own place, never a weaker one). */
+  Event* wait_external = nullptr;
+  Event* record_external = nullptr;
 };
 struct Graph {
   std::vector<Node> nodes;

@@ -268,6 +268,55 @@ static int capture_refuses_what_crosses_it(void) {
   return 1;
 }
 
+/* External event nodes: a graph captured with an event wait node (CU_EVENT_WAIT_EXTERNAL)
+ * waits, at each launch, for the event's latest record as of that launch (eager work on
+ * another stream); a record node (CU_EVENT_RECORD_EXTERNAL) records the event at each launch,
+ * so an eager wait on it orders after the replay. Stream a sets 1 at 200 ms, the replay on b
+ * 100 ms after a's set sets 2, stream c waiting on the event sets 3: 3 is last only if both
+ * nodes work (without the wait node, a's 1 comes last; without the record node, the replay's 2). */
+static int external_event_nodes_order_replays_and_eager_work(void) {
+  CUstream a, b, c;
+  CUevent order;
+  CUgraph graph;
+  CUgraphExec exec;
+  int* word;
+  CUdeviceptr dword;
+  CHECK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&c, CU_STREAM_NON_BLOCKING));
+  CHECK(cuEventCreate(&order, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuMemHostAlloc((void**)&word, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+  CHECK(cuMemHostGetDevicePointer(&dword, word, 0));
+  CHECK(cuStreamBeginCapture(b, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(cuStreamWaitEvent(b, order, CU_EVENT_WAIT_EXTERNAL));
+  CHECK(delay(b, 100));
+  CHECK(cuMemsetD32Async(dword, 2, 1, b));
+  CHECK(cuEventRecordWithFlags(order, b, CU_EVENT_RECORD_EXTERNAL));
+  CHECK(cuStreamEndCapture(b, &graph));
+  CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+  for (int round = 0; round < 2; ++round) {
+    *word = 0;
+    CHECK(delay(a, 200));
+    CHECK(cuMemsetD32Async(dword, 1, 1, a));
+    CHECK(cuEventRecord(order, a));
+    CHECK(cuGraphLaunch(exec, b));
+    CHECK(cuStreamWaitEvent(c, order, 0));
+    CHECK(cuMemsetD32Async(dword, 3, 1, c));
+    CHECK(cuStreamSynchronize(a));
+    CHECK(cuStreamSynchronize(b));
+    CHECK(cuStreamSynchronize(c));
+    EXPECT(*word == 3);
+  }
+  CHECK(cuGraphExecDestroy(exec));
+  CHECK(cuGraphDestroy(graph));
+  CHECK(cuMemFreeHost(word));
+  CHECK(cuEventDestroy(order));
+  CHECK(cuStreamDestroy(a));
+  CHECK(cuStreamDestroy(b));
+  CHECK(cuStreamDestroy(c));
+  return 1;
+}
+
 static void to_hex(const unsigned char* bytes, size_t n, char* out) {
   for (size_t i = 0; i < n; ++i) sprintf(out + 2 * i, "%02x", bytes[i]);
 }
@@ -414,6 +463,8 @@ int main(int argc, char** argv) {
   run("capture forks, joins and replays", capture_forks_joins_and_replays);
   run("an unjoined fork fails the capture", an_unjoined_fork_fails_the_capture);
   run("capture refuses what crosses it", capture_refuses_what_crosses_it);
+  run("external event nodes order replays and eager work",
+      external_event_nodes_order_replays_and_eager_work);
   run("IPC maps memory across processes", ipc_check);
   if (g_emulated) run("stale handles and destroyed contexts are errors (emulation only)", stale_handles_are_errors);
   printf("%d passed, %d failed\n", g_passed, g_failed);

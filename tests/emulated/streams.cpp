@@ -52,6 +52,8 @@ Stream* legacy_of(Context* ctx) {
   return ctx->legacy;
 }
 
+}  // namespace
+
 /* Under the driver lock: queues an op on an eager (non-capturing) stream with the legacy
  * stream's implicit dependencies. */
 CUresult enqueue_locked(Stream* s, std::vector<std::pair<Stream*, uint64_t>> deps,
@@ -79,6 +81,8 @@ CUresult enqueue_locked(Stream* s, std::vector<std::pair<Stream*, uint64_t>> dep
   s->cv.notify_all();
   return CUDA_SUCCESS;
 }
+
+namespace {
 
 bool capture_active(Stream* s) { return s->capture != nullptr; }
 
@@ -319,7 +323,22 @@ CUresult cuEventRecord(CUevent h, CUstream hs) {
 
 CUresult cuEventRecordWithFlags(CUevent h, CUstream hs, unsigned int flags) {
   EMU_FAULT("cuEventRecordWithFlags");
-  if (flags != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags != 0 && flags != CU_EVENT_RECORD_EXTERNAL) return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags == CU_EVENT_RECORD_EXTERNAL) {
+    std::lock_guard<std::mutex> g(*g_driver);
+    Event* e = (Event*)h;
+    if (!e || !is_event(e)) return CUDA_ERROR_INVALID_HANDLE;
+    Stream* s = nullptr;
+    CUresult r = resolve_stream(hs, &s);
+    if (r != CUDA_SUCCESS) return r;
+    if (s->capture) {
+      /* An event record node: every launch of the graph records the event. */
+      if (s->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+      capture_node(s, {});
+      s->capture->graph->nodes.back().record_external = e;
+      return CUDA_SUCCESS;
+    }
+  }
   return cuEventRecord(h, hs);
 }
 
@@ -386,13 +405,21 @@ CUresult cuEventElapsedTime(float* ms, CUevent hstart, CUevent hend) {
 
 CUresult cuStreamWaitEvent(CUstream hs, CUevent he, unsigned int flags) {
   EMU_FAULT("cuStreamWaitEvent");
-  if (flags != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags != 0 && flags != CU_EVENT_WAIT_EXTERNAL) return CUDA_ERROR_NOT_SUPPORTED;
   std::lock_guard<std::mutex> g(*g_driver);
   Stream* s = nullptr;
   CUresult r = resolve_stream(hs, &s);
   if (r != CUDA_SUCCESS) return r;
   Event* e = (Event*)he;
   if (!e || !is_event(e)) return CUDA_ERROR_INVALID_HANDLE;
+  if (flags == CU_EVENT_WAIT_EXTERNAL && s->capture) {
+    /* An event wait node: every launch of the graph waits for the event's latest record as of
+     * that launch. */
+    if (s->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    capture_node(s, {});
+    s->capture->graph->nodes.back().wait_external = e;
+    return CUDA_SUCCESS;
+  }
   if (e->capture) {
     /* A fork or a join of a capture. */
     if (s->capture == e->capture) {

@@ -341,7 +341,7 @@ impl CudaComm {
             // Measured calls' end kernels were not queued (nonblocking calls'): this call
             // collects first, ordered after this rank's previous launch like any launch.
             let collected = (|| -> Result<(), CallError> {
-                if stream != self.last_stream {
+                if stream != self.last_stream || self.captured > 0 {
                     // SAFETY: both are the caller's live streams of this device.
                     unsafe { self.last.wait_on(stream.cast()) }?;
                     self.last_stream = stream;
@@ -400,9 +400,10 @@ impl CudaComm {
         let time_wanted = self.tracker.baseline_time_wanted(bytes);
         let rank = &mut self.rank;
         let result = (|| -> Result<Ran, CallError> {
-            // Calls on different streams are ordered by the event (not across a capture
-            // boundary: a captured graph is replayed on the stream it was captured from).
-            if stream != self.last_stream {
+            // Calls on different streams are ordered by the event; once graphs hold calls of
+            // this communicator, on the same stream too: a replay on any stream records the
+            // event (see `capture`).
+            if stream != self.last_stream || self.captured > 0 {
                 // SAFETY: both are the caller's live streams of this device.
                 unsafe { self.last.wait_on(raw) }?;
                 self.last_stream = stream;
@@ -589,8 +590,16 @@ impl CudaComm {
                     unsafe { self.captured_last.wait_on(raw) }?;
                 }
             }
+            // Every replay follows this communicator's latest launch as of the replay (an
+            // eager call, another replay) and is what the next eager launch follows: the
+            // graph's own event nodes, no kernel waiting on another stream's. Eager calls and
+            // replays share the epoch and its parity, so two of them must never overlap.
+            // SAFETY: the caller's capturing stream; `last` is this communicator's event.
+            unsafe { self.last.wait_external(raw) }?;
             // SAFETY: as the caller vouches.
             unsafe { self.rank.all_reduce_graph(operands, raw, rule, pieces) }?;
+            // SAFETY: as above.
+            unsafe { self.last.record_external(raw) }?;
             if let Some(id) = id {
                 // SAFETY: as above.
                 unsafe { self.captured_last.record_raw(raw) }?;

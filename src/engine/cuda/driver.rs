@@ -691,6 +691,38 @@ impl Event {
         })
     }
 
+    /// Inside a capture on `stream`: an event wait node, so that each launch of the graph
+    /// waits for the event's latest record as of that launch (work queued before it, on any
+    /// stream: eager launches, other replays). Outside a capture: an ordinary wait.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this event's context.
+    pub unsafe fn wait_external(&self, stream: sys::CUstream) -> Result<(), GpuError> {
+        let _current = self.device.current()?;
+        // SAFETY: live event; the caller vouches for the stream.
+        wrap("cuStreamWaitEvent", unsafe {
+            result::stream::wait_event(
+                stream,
+                self.raw,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL,
+            )
+        })
+    }
+
+    /// Inside a capture on `stream`: an event record node, so that each launch of the graph
+    /// records the event (later eager work waiting on it follows the replay). Outside a
+    /// capture: an ordinary record.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of this event's context.
+    pub unsafe fn record_external(&self, stream: sys::CUstream) -> Result<(), GpuError> {
+        let _current = self.device.current()?;
+        let flags = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32;
+        // SAFETY: live event; the caller vouches for the stream.
+        let r = unsafe { sys::cuEventRecordWithFlags(self.raw, stream, flags) };
+        wrap("cuEventRecordWithFlags", r.result())
+    }
+
     /// Whether the work before the event's last record has completed (true when it was never
     /// recorded; false when the driver cannot say). Never waits.
     pub fn is_complete(&self) -> bool {
