@@ -51,6 +51,13 @@ struct Context {
   int device = 0;
   int retains = 0;
   bool alive = true;
+  /* Hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS` when the context was made, 8 by default,
+   * 1-32): streams are spread over them in creation order, and work of every stream on one
+   * queue starts in the order it was queued (the false dependencies a shared queue makes). */
+  int connections = 8;
+  int next_queue = 0;
+  /* Per queue: the last op queued on it (stream, op number), whose start the next waits for. */
+  std::vector<std::pair<Stream*, uint64_t>> queue_tails;
   Stream* legacy = nullptr; /* the context's legacy default stream, made on first use */
   std::vector<Stream*> streams; /* every stream created in it (blocking or not) */
 };
@@ -76,6 +83,9 @@ CUresult injected(const char* name);
 struct Op {
   std::vector<std::pair<Stream*, uint64_t>> deps;
   std::function<void()> run;
+  /* The op queued before it on its hardware queue, which must have started first (null:
+   * none). */
+  std::pair<Stream*, uint64_t> after_start{nullptr, 0};
 };
 
 /* A stream: a worker thread that runs its ops in order. `enqueued` and `completed` count ops;
@@ -90,7 +100,9 @@ struct Stream {
   std::condition_variable cv;
   std::deque<Op> queue;
   uint64_t enqueued = 0;
+  uint64_t started = 0;
   uint64_t completed = 0;
+  int hw_queue = 0; /* its context's hardware queue */
   std::thread worker;
   /* Capture state, guarded by the global capture lock. */
   Capture* capture = nullptr;
@@ -108,6 +120,8 @@ CUresult enqueue_locked(Stream* s, std::vector<std::pair<Stream*, uint64_t>> dep
                         std::function<void()> run);
 /* Waits on the host until `s` has completed op `seq`. */
 void wait_for(Stream* s, uint64_t seq);
+/* Waits on the host until `s` has started op `seq`. */
+void wait_started(Stream* s, uint64_t seq);
 /* Queues `run` on the context's legacy stream and waits for it (synchronous copies and sets). */
 CUresult run_synchronously(std::function<void()> run);
 

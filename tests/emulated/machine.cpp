@@ -298,6 +298,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice d) {
   if (!c) {
     c = new Context();
     c->device = d;
+    c->connections = env_int("CUDA_DEVICE_MAX_CONNECTIONS", 8, 1, 32);
     g_primary[d] = c;
     g_contexts.insert(c);
   }

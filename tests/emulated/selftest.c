@@ -435,8 +435,66 @@ static void run(const char* name, int (*check)(void)) {
 static const char* g_self;
 static int ipc_check(void) { return ipc_maps_memory_across_processes(g_self); }
 
+/* In a process started with CUDA_DEVICE_MAX_CONNECTIONS=1 (every stream on one hardware
+ * queue): stream c runs a 300 ms kernel and records an event, stream a waits on it, and a set
+ * on stream b, queued after that wait, waits behind it too (a false dependency: b shares the
+ * queue). Returns 1 when the set came late, 0 otherwise. */
+static int one_queue_scenario(void) {
+  CUdevice dev;
+  CUcontext ctx;
+  CUmodule module;
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
+      cuCtxSetCurrent(ctx) || cuModuleLoadData(&module, kDelayPtx) ||
+      cuModuleGetFunction(&g_delay, module, "ncclStragglarDelay"))
+    return 0;
+  CUstream a, b, c;
+  CUevent done;
+  int* word;
+  CUdeviceptr dword;
+  CHECK(cuStreamCreate(&c, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  CHECK(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuMemHostAlloc((void**)&word, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+  CHECK(cuMemHostGetDevicePointer(&dword, word, 0));
+  *word = 0;
+  double t0 = now_ms();
+  CHECK(delay(c, 300));
+  CHECK(cuEventRecord(done, c));
+  CHECK(cuStreamWaitEvent(a, done, 0));
+  CHECK(cuMemsetD32Async(dword, 5, 1, b));
+  while (__atomic_load_n(word, __ATOMIC_SEQ_CST) == 0 && now_ms() - t0 < 1000) usleep(1000);
+  double at = now_ms() - t0;
+  CHECK(cuCtxSynchronize());
+  EXPECT(at >= 250);
+  EXPECT(*word == 5);
+  return 1;
+}
+
+static int spawn_with_env(const char* self, const char* flag, const char* setting) {
+  char* argv[] = {(char*)self, (char*)flag, NULL};
+  size_t n = 0;
+  while (environ[n]) ++n;
+  char** env = calloc(n + 2, sizeof(char*));
+  for (size_t i = 0; i < n; ++i) env[i] = environ[i];
+  env[n] = (char*)setting;
+  pid_t pid;
+  int rc = posix_spawn(&pid, self, NULL, NULL, argv, env);
+  free(env);
+  if (rc != 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+static int one_hardware_queue_makes_streams_wait_for_each_other(void) {
+  EXPECT(spawn_with_env(g_self, "--one-queue", "CUDA_DEVICE_MAX_CONNECTIONS=1") == 0);
+  return 1;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "--child") == 0) return child(argv[2]);
+  if (argc == 2 && strcmp(argv[1], "--one-queue") == 0) return one_queue_scenario() ? 0 : 2;
   g_self = argv[0];
   CUdevice dev;
   CUcontext ctx;
@@ -466,6 +524,8 @@ int main(int argc, char** argv) {
   run("external event nodes order replays and eager work",
       external_event_nodes_order_replays_and_eager_work);
   run("IPC maps memory across processes", ipc_check);
+  run("one hardware queue makes streams wait for each other",
+      one_hardware_queue_makes_streams_wait_for_each_other);
   if (g_emulated) run("stale handles and destroyed contexts are errors (emulation only)", stale_handles_are_errors);
   printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;

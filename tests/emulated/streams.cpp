@@ -24,7 +24,15 @@ void worker_main(Stream* s) {
       op = std::move(s->queue.front());
       s->queue.pop_front();
     }
+    /* Its hardware queue dispatches in order: the op queued before it there starts first,
+     * and this one starts once its own dependencies are met (a wait blocks the queue). */
+    if (op.after_start.first) wait_started(op.after_start.first, op.after_start.second);
     for (auto& d : op.deps) wait_for(d.first, d.second);
+    {
+      std::lock_guard<std::mutex> l(s->m);
+      s->started++;
+    }
+    s->cv.notify_all();
     if (op.run) op.run();
     {
       std::lock_guard<std::mutex> l(s->m);
@@ -37,6 +45,8 @@ void worker_main(Stream* s) {
 Stream* new_stream(Context* ctx, unsigned flags, bool legacy) {
   Stream* s = new Stream();
   s->ctx = ctx;
+  if (ctx->queue_tails.empty()) ctx->queue_tails.assign((size_t)ctx->connections, {nullptr, 0});
+  s->hw_queue = ctx->next_queue++ % ctx->connections;
   s->flags = flags;
   s->legacy = legacy;
   s->worker = std::thread(worker_main, s);
@@ -70,13 +80,16 @@ CUresult enqueue_locked(Stream* s, std::vector<std::pair<Stream*, uint64_t>> dep
   } else if (!(s->flags & CU_STREAM_NON_BLOCKING) && s->ctx->legacy) {
     deps.emplace_back(s->ctx->legacy, s->ctx->legacy->enqueued);
   }
+  auto& tail = s->ctx->queue_tails[(size_t)s->hw_queue];
   {
     std::lock_guard<std::mutex> l(s->m);
     Op op;
     op.deps = std::move(deps);
     op.run = std::move(run);
+    if (tail.first != s) op.after_start = tail; /* the same stream orders it anyway */
     s->queue.push_back(std::move(op));
     s->enqueued++;
+    tail = {s, s->enqueued};
   }
   s->cv.notify_all();
   return CUDA_SUCCESS;
@@ -126,6 +139,11 @@ CUresult submit(Stream* s, std::function<void()> run) {
     return CUDA_SUCCESS;
   }
   return enqueue_locked(s, {}, std::move(run));
+}
+
+void wait_started(Stream* s, uint64_t seq) {
+  std::unique_lock<std::mutex> l(s->m);
+  s->cv.wait(l, [&] { return s->started >= seq; });
 }
 
 void wait_for(Stream* s, uint64_t seq) {
