@@ -120,6 +120,9 @@ CUresult enqueue_locked(Stream* s, std::vector<std::pair<Stream*, uint64_t>> dep
                         std::function<void()> run);
 /* Waits on the host until `s` has completed op `seq`. */
 void wait_for(Stream* s, uint64_t seq);
+/* Waits on the host until every op queued so far on every stream of `c` has completed (what
+ * cuCtxSynchronize and cuMemFree wait for). Takes the driver lock itself. */
+void drain_context(Context* c);
 /* Waits on the host until `s` has started op `seq`. */
 void wait_started(Stream* s, uint64_t seq);
 /* Queues `run` on the context's legacy stream and waits for it (synchronous copies and sets). */

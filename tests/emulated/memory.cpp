@@ -133,6 +133,14 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
   CUresult r = context_for_memory(&c);
   if (r != CUDA_SUCCESS) return r;
   if (dptr == 0) return CUDA_SUCCESS;
+  {
+    std::lock_guard<std::mutex> g(*g_mem);
+    auto it = g_regions->find(dptr);
+    if (it == g_regions->end() || it->second.kind != Kind::Device) return CUDA_ERROR_INVALID_VALUE;
+  }
+  /* As the real driver: the free waits for the context's queued work first (a kernel still
+   * using the memory finishes; one that never does holds the free). */
+  drain_context(c);
   std::lock_guard<std::mutex> g(*g_mem);
   auto it = g_regions->find(dptr);
   if (it == g_regions->end() || it->second.kind != Kind::Device) return CUDA_ERROR_INVALID_VALUE;

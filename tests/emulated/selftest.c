@@ -317,6 +317,23 @@ static int external_event_nodes_order_replays_and_eager_work(void) {
   return 1;
 }
 
+/* cuMemFree waits for the context's queued work, on any stream, before it returns (observed
+ * of the real driver, not documented: the engine does not rely on it, and the emulation does
+ * it so that a free under running work waits here as on a GPU). */
+static int memory_free_waits_for_the_contexts_work(void) {
+  CUstream s;
+  CUdeviceptr spare;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuMemAlloc(&spare, 4096));
+  double t0 = now_ms();
+  CHECK(delay(s, 300));
+  CHECK(cuMemFree(spare));
+  EXPECT(now_ms() - t0 >= 250);
+  EXPECT(cuStreamQuery(s) == CUDA_SUCCESS);
+  CHECK(cuStreamDestroy(s));
+  return 1;
+}
+
 static void to_hex(const unsigned char* bytes, size_t n, char* out) {
   for (size_t i = 0; i < n; ++i) sprintf(out + 2 * i, "%02x", bytes[i]);
 }
@@ -523,6 +540,7 @@ int main(int argc, char** argv) {
   run("capture refuses what crosses it", capture_refuses_what_crosses_it);
   run("external event nodes order replays and eager work",
       external_event_nodes_order_replays_and_eager_work);
+  run("cuMemFree waits for the context's work", memory_free_waits_for_the_contexts_work);
   run("IPC maps memory across processes", ipc_check);
   run("one hardware queue makes streams wait for each other",
       one_hardware_queue_makes_streams_wait_for_each_other);

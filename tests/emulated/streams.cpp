@@ -167,6 +167,16 @@ CUresult run_synchronously(std::function<void()> run) {
   return CUDA_SUCCESS;
 }
 
+void drain_context(Context* c) {
+  std::vector<std::pair<Stream*, uint64_t>> all;
+  {
+    std::lock_guard<std::mutex> g(*g_driver);
+    for (Stream* s : c->streams) all.emplace_back(s, s->enqueued);
+    if (c->legacy) all.emplace_back(c->legacy, c->legacy->enqueued);
+  }
+  for (auto& p : all) wait_for(p.first, p.second);
+}
+
 }  // namespace emu
 
 using namespace emu;
@@ -266,17 +276,14 @@ CUresult cuStreamSynchronize(CUstream h) {
 
 CUresult cuCtxSynchronize(void) {
   EMU_FAULT("cuCtxSynchronize");
-  std::vector<std::pair<Stream*, uint64_t>> all;
+  Context* c = nullptr;
   {
     std::lock_guard<std::mutex> g(*g_driver);
-    Context* c = nullptr;
     CUresult r = require_context(&c);
     if (r != CUDA_SUCCESS) return r;
     if (unsafe_call_forbidden()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    for (Stream* s : c->streams) all.emplace_back(s, s->enqueued);
-    if (c->legacy) all.emplace_back(c->legacy, c->legacy->enqueued);
   }
-  for (auto& p : all) wait_for(p.first, p.second);
+  drain_context(c);
   return CUDA_SUCCESS;
 }
 

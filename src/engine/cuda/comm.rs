@@ -749,9 +749,10 @@ impl CudaComm {
     /// Waits (at most until `deadline`) until every peer has finished reading this rank's
     /// staging: every eager call of this rank has run, every peer has run as many calls as this
     /// rank did, and rank 0's arrival board has settled (a waiting ticket reads every rank's
-    /// failure word). Then logs the report and what graph replays chose, and releases the
-    /// peers' staging. The caller frees the staging by dropping `self` (which waits for this
-    /// rank's own kernels, as NCCL's teardown waits for its own).
+    /// failure word). Then logs the report and what graph replays chose, waits for this
+    /// rank's own kernels of this communicator (as NCCL's teardown waits for its own: the free
+    /// that follows must not rely on `cuMemFree` waiting, which the driver does not promise),
+    /// and releases the peers' staging. The caller frees the staging by dropping `self`.
     pub fn drain(&mut self, deadline: Instant) {
         self.log_report();
         let layout = self.rank.layout();
@@ -792,6 +793,11 @@ impl CudaComm {
                     counts.baseline
                 );
             }
+        }
+        // The last launch, eager or replayed, recorded `last`: once it completed, nothing of
+        // this rank touches its own or its peers' staging.
+        if let Err(e) = self.last.synchronize() {
+            log::warn!("{}: {e} while waiting for its kernels", self.label);
         }
         // Peers that aborted wait for this rank's release before they free their staging.
         self.release_peers();

@@ -203,6 +203,11 @@ pub struct DeviceMemory {
 }
 
 impl DeviceMemory {
+    /// Whether this memory is `device`'s.
+    pub fn is_on(&self, device: &Arc<Device>) -> bool {
+        Arc::ptr_eq(&self.device, device)
+    }
+
     /// Allocates `bytes` (at least 1) and zeroes them, synchronously: the memory is ready for
     /// peers (and for IPC export) when this returns.
     pub fn zeroed(device: &Arc<Device>, bytes: usize) -> Result<DeviceMemory, GpuError> {
@@ -721,6 +726,15 @@ impl Event {
         // SAFETY: live event; the caller vouches for the stream.
         let r = unsafe { sys::cuEventRecordWithFlags(self.raw, stream, flags) };
         wrap("cuEventRecordWithFlags", r.result())
+    }
+
+    /// Waits on the host until the work before the event's last record has completed.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        let _current = self.device.current()?;
+        // SAFETY: a live event.
+        wrap("cuEventSynchronize", unsafe {
+            result::event::synchronize(self.raw)
+        })
     }
 
     /// Whether the work before the event's last record has completed (true when it was never

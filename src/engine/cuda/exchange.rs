@@ -20,20 +20,41 @@ pub struct NcclExchange<'a> {
     pub ranks: usize,
 }
 
+/// Device buffers of finished all-gathers, reused by later ones and never freed: freeing
+/// device memory waits for every stream of the context (`cuMemFree`), and in a setup that could
+/// wait for another thread's call whose peers are in setups of their own, each waiting for the
+/// other. At most one buffer per setup running at once on a device.
+static SCRATCH: Mutex<Vec<DeviceMemory>> = Mutex::new(Vec::new());
+
+/// A scratch buffer of at least `bytes` on `device`, from [`SCRATCH`] or new.
+fn take_scratch(device: &Arc<Device>, bytes: usize) -> Result<DeviceMemory, String> {
+    let mut kept = SCRATCH.lock();
+    match kept
+        .iter()
+        .position(|m| m.is_on(device) && m.bytes >= bytes)
+    {
+        Some(i) => Ok(kept.swap_remove(i)),
+        None => DeviceMemory::for_upload(device, bytes).map_err(|e| e.to_string()),
+    }
+}
+
 impl Exchange for NcclExchange<'_> {
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<u8>, String> {
         let len = mine.len();
-        let buffer =
-            DeviceMemory::zeroed(self.device, len * self.ranks).map_err(|e| e.to_string())?;
-        let own = DeviceMemory::zeroed(self.device, len).map_err(|e| e.to_string())?;
-        own.upload(mine).map_err(|e| e.to_string())?;
-        // SAFETY: `own` holds `len` bytes and `buffer` `len * ranks` on the communicator's
-        // device; the communicator is live (its teardown sets `forgotten` first and waits for
-        // `polling`) and the stream is the caller's.
+        // This rank's bytes first, then the gathered ones.
+        let scratch = take_scratch(self.device, len * (self.ranks + 1))?;
+        let (own, gathered) = (scratch.ptr, scratch.ptr + len as u64);
+        if let Err(e) = scratch.upload(mine) {
+            SCRATCH.lock().push(scratch);
+            return Err(e.to_string());
+        }
+        // SAFETY: `scratch` holds `len` bytes at `own` and `len * ranks` at `gathered` on the
+        // communicator's device; the communicator is live (its teardown sets `forgotten` first
+        // and waits for `polling`) and the stream is the caller's.
         let rc = unsafe {
             crate::nccl::real::all_gather(
-                own.ptr as *const std::ffi::c_void,
-                buffer.ptr as *mut std::ffi::c_void,
+                own as *const std::ffi::c_void,
+                gathered as *mut std::ffi::c_void,
                 len,
                 DataTypeCode(1), // ncclUint8
                 self.comm,
@@ -53,10 +74,9 @@ impl Exchange for NcclExchange<'_> {
                 match crate::nccl::nonblocking::settle(poll) {
                     Some(state) => state,
                     None => {
-                        // NCCL may still launch the all-gather into these buffers: they are
-                        // abandoned, never freed under it.
-                        std::mem::forget(buffer);
-                        std::mem::forget(own);
+                        // NCCL may still launch the all-gather into this buffer: it is
+                        // abandoned, never reused or freed under it.
+                        std::mem::forget(scratch);
                         return Err("the communicator was aborted or destroyed during setup".into());
                     }
                 }
@@ -64,14 +84,21 @@ impl Exchange for NcclExchange<'_> {
             rc => rc,
         };
         if rc != ResultCode::SUCCESS {
+            // NCCL refused the call: nothing was queued into the buffer.
+            SCRATCH.lock().push(scratch);
             return Err(format!("ncclAllGather returned {}", rc.0));
         }
         // SAFETY: the caller's live stream of this device's context.
-        unsafe { driver::synchronize_raw(self.device, self.stream.cast()) }
-            .map_err(|e| e.to_string())?;
-        let mut all = vec![0u8; len * self.ranks];
-        buffer.download(&mut all).map_err(|e| e.to_string())?;
-        Ok(all)
+        if let Err(e) = unsafe { driver::synchronize_raw(self.device, self.stream.cast()) } {
+            // The gather may still be queued: the buffer is abandoned.
+            std::mem::forget(scratch);
+            return Err(e.to_string());
+        }
+        let mut all = vec![0u8; len * (self.ranks + 1)];
+        let downloaded = scratch.download(&mut all).map_err(|e| e.to_string());
+        SCRATCH.lock().push(scratch);
+        downloaded?;
+        Ok(all.split_off(len))
     }
 }
 

@@ -370,8 +370,8 @@ const DRAIN: Duration = Duration::from_secs(10);
 /// With `abort`, every kernel of it is released first, without waiting for anything, and its
 /// memory is set aside until no rank can touch it (see [`sweep_abandoned`]). Otherwise the
 /// staging is freed once every peer has finished as many calls as this rank launched (10 s at
-/// most; see `CudaComm::drain`). The free waits for this rank's own kernels, as NCCL's
-/// teardown waits for its own: a kernel waiting for a peer that never comes ends only by
+/// most; see `CudaComm::drain`) and this rank's own kernels have ended, as NCCL's teardown
+/// waits for its own: a kernel waiting for a peer that never comes ends only by
 /// `STRAGGLAR_TIMEOUT_MS`, a peer's failure, or ncclCommAbort.
 pub fn forget(comm: ncclComm_t, abort: bool) {
     let Some(record) = crate::registry::comms().record(comm) else {
@@ -406,7 +406,7 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
         return;
     };
     ready.comm.drain(Instant::now() + DRAIN);
-    // Freed here (cuMemFree waits for this rank's own kernels).
+    // Freed here: `drain` waited for this rank's own kernels.
     drop(ready);
     sweep_abandoned();
 }
