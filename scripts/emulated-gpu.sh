@@ -21,7 +21,9 @@
 # STRAGGLAR_EMU_DRIVER_VERSION (13000), STRAGGLAR_EMU_FAIL (name[@device][=code],...: make a
 # driver call fail), STRAGGLAR_EMU_NO_NVRTC (1: NVRTC left off the loader path, so kernels come
 # from the cache or nowhere), STRAGGLAR_EMU_COUNT_LAUNCHES (1: each process prints its kernel
-# launches, by kernel, to stderr at exit), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
+# launches, by kernel, to stderr at exit), STRAGGLAR_EMU_KERNEL_FAULT (NAME@N: the Nth launch of
+# that kernel faults, and its context is lost), CUDA_DEVICE_MAX_CONNECTIONS (hardware queues per
+# context, 8), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"

@@ -100,7 +100,7 @@ fn the_driver_self_test_passes() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", support::describe(&out));
     assert!(text.contains("GPU 0: Stragglar emulated GPU"), "{text}");
-    assert!(text.lines().any(|l| l == "12 passed, 0 failed"), "{text}");
+    assert!(text.lines().any(|l| l == "13 passed, 0 failed"), "{text}");
 }
 
 /// Kernels are found without NVRTC: a job runs on the cache `stragglar kernels --cache`
@@ -780,6 +780,46 @@ fn a_rank_killed_under_the_gpu_engine_fails_its_peers_by_the_deadline() {
         );
     }
     assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
+}
+
+#[test]
+fn a_rank_whose_context_faults_fails_and_its_peers_end_by_the_deadline_or_the_watchdog() {
+    let _timing = timing();
+    // Rank 2's 20th AllReduce kernel (call 19) faults: its context is lost, as on a GPU
+    // (every later driver call fails with CUDA_ERROR_ILLEGAL_ADDRESS), so it cannot write its
+    // failure word. Its peers wait for its part of call 19 until their kernels' deadline, or
+    // until their watchdog calls ncclCommAbort; nobody hangs and everybody reports call 19.
+    let fault = (
+        "LOOPBACK_ENV_2",
+        "STRAGGLAR_EMU_KERNEL_FAULT=ncclStragglarAllReduce@20",
+    );
+    for (case, ending) in [
+        ("deadline", ("STRAGGLAR_TIMEOUT_MS", "3000")),
+        ("watchdog", ("LOOPBACK_ABORT_AFTER_MS", "3000")),
+    ] {
+        let env = engine_with("stragglar", &[fault, ending]);
+        let started = std::time::Instant::now();
+        let (out, _) = run_ranks(&["4"], &env);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            log.contains("ncclStragglarAllReduce faulted"),
+            "{case}: {}",
+            support::describe(&out)
+        );
+        for rank in 0..4 {
+            assert!(
+                text.contains(&format!("rank {rank}: error at call 19")),
+                "{case}: {}",
+                support::describe(&out)
+            );
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "{case}: {:?}",
+            started.elapsed()
+        );
+    }
 }
 
 #[test]

@@ -55,6 +55,9 @@ struct Context {
    * 1-32): streams are spread over them in creation order, and work of every stream on one
    * queue starts in the order it was queued (the false dependencies a shared queue makes). */
   int connections = 8;
+  /* Once a kernel of it faulted (an injected illegal address): the sticky error every later
+   * call on the context returns, as the real driver's; its queued work is discarded. */
+  std::atomic<int> fault{0};
   int next_queue = 0;
   /* Per queue: the last op queued on it (stream, op number), whose start the next waits for. */
   std::vector<std::pair<Stream*, uint64_t>> queue_tails;

@@ -47,6 +47,10 @@ void body(void* arg, uint32_t thread) {
     case emu::KernelId::ApplyProbe:
       sg_apply_probe((const RawApply*)run->params, run->scratch);
       break;
+    case emu::KernelId::Fault:
+      /* The self-test's kernel that writes to address 0 on a GPU: here it faults only when
+       * STRAGGLAR_EMU_KERNEL_FAULT says so (kernels.cpp). */
+      break;
   }
 }
 
@@ -59,6 +63,7 @@ const emu::KernelSpec kSpecs[] = {
     {"ncclStragglarTicketEnd", emu::KernelId::TicketEnd, sizeof(RawTicket), 1024},
     {"ncclStragglarDelay", emu::KernelId::Delay, sizeof(uint64_t), 1024},
     {"ncclStragglarApplyProbe", emu::KernelId::ApplyProbe, sizeof(RawApply), MAX_THREADS},
+    {"ncclStragglarFault", emu::KernelId::Fault, sizeof(uint64_t), 1024},
 };
 
 }  // namespace

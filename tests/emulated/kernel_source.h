@@ -7,9 +7,9 @@
 
 namespace emu {
 
-enum class KernelId { AllReduce, Ticket, TicketEnd, Delay, ApplyProbe };
+enum class KernelId { AllReduce, Ticket, TicketEnd, Delay, ApplyProbe, Fault };
 
-/* A kernel of cuda/ the emulated GPU can run: its entry name, its one parameter's size in
+/* A kernel of cuda/ (or the driver self-test's) the emulated GPU can run: its entry name, its one parameter's size in
  * bytes, and the most threads a block may have (its __launch_bounds__, else 1024). */
 struct KernelSpec {
   const char* name;

@@ -223,6 +223,25 @@ void print_launches() {
   }
 }
 
+/* STRAGGLAR_EMU_KERNEL_FAULT=NAME@N: the Nth launch (from 1) of kernel NAME in this process
+ * faults when it runs (an illegal address): it does nothing, and its context is lost, every
+ * later call on it failing with CUDA_ERROR_ILLEGAL_ADDRESS, as on a GPU. Whether launch
+ * `spec` is that one. */
+bool injected_fault(const emu::KernelSpec* spec) {
+  static std::string name;
+  static uint64_t at = 0;
+  static std::atomic<uint64_t> launches{0};
+  static const bool armed = [] {
+    const char* v = getenv("STRAGGLAR_EMU_KERNEL_FAULT");
+    const char* sep = v ? strchr(v, '@') : nullptr;
+    if (!sep) return false;
+    name.assign(v, (size_t)(sep - v));
+    at = strtoull(sep + 1, nullptr, 10);
+    return at > 0;
+  }();
+  return armed && name == spec->name && launches.fetch_add(1) + 1 == at;
+}
+
 void count_launch(const emu::KernelSpec* spec) {
   static const bool counting = [] {
     const char* v = getenv("STRAGGLAR_EMU_COUNT_LAUNCHES");
@@ -267,8 +286,17 @@ CUresult cuLaunchKernel(CUfunction hf, unsigned int gx, unsigned int gy, unsigne
   CUresult r = resolve_stream(hs, &s);
   if (r != CUDA_SUCCESS) return r;
   int device = s->ctx->device;
-  CUresult submitted =
-      submit(s, [spec, device, gx, bx, bytes] { run_kernel(spec, device, gx, bx, bytes); });
+  Context* ctx = s->ctx;
+  const bool faults = !s->capture && injected_fault(spec);
+  CUresult submitted = submit(s, [spec, device, gx, bx, bytes, ctx, faults] {
+    if (faults) {
+      fprintf(stderr, "emulated CUDA driver: %s faulted (an injected illegal address): the context is lost\n",
+              spec->name);
+      ctx->fault.store(CUDA_ERROR_ILLEGAL_ADDRESS);
+      return;
+    }
+    run_kernel(spec, device, gx, bx, bytes);
+  });
   if (submitted == CUDA_SUCCESS) count_launch(spec);
   return submitted;
 }

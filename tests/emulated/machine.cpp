@@ -97,6 +97,7 @@ CUresult require_context(Context** out) {
   Context* c = current_context();
   if (!c) return CUDA_ERROR_INVALID_CONTEXT;
   if (!c->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  if (int fault = c->fault.load()) return (CUresult)fault;
   *out = c;
   return CUDA_SUCCESS;
 }
@@ -435,6 +436,8 @@ static const ErrorText kErrors[] = {
      "operation not permitted on an event last recorded in a capturing stream"},
     {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
      "attempt to terminate a thread-local capture sequence from another thread"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
+     "an illegal memory access was encountered"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 

@@ -43,6 +43,20 @@ static const char kDelayPtx[] =
     "  ret;\n"
     "}\n";
 
+/* Writes to the address it is given: 0 makes an illegal address. (The emulated GPU faults it
+ * only when STRAGGLAR_EMU_KERNEL_FAULT=ncclStragglarFault@1 says so.) */
+static const char kFaultPtx[] =
+    ".version 7.0\n"
+    ".target sm_70\n"
+    ".address_size 64\n"
+    ".visible .entry ncclStragglarFault(.param .u64 at)\n"
+    "{\n"
+    "  .reg .u64 p;\n"
+    "  ld.param.u64 p, [at];\n"
+    "  st.global.u32 [p], 1;\n"
+    "  ret;\n"
+    "}\n";
+
 static int g_passed, g_failed;
 static CUfunction g_delay;
 static int g_emulated;
@@ -488,6 +502,29 @@ static int one_queue_scenario(void) {
   return 1;
 }
 
+/* In a child process: a kernel writing to address 0 faults; the error comes at the next
+ * synchronisation, and is sticky: a later allocation fails with it too. Returns 1 if so. */
+static int fault_scenario(void) {
+  CUdevice dev;
+  CUcontext ctx;
+  CUmodule module;
+  CUfunction fault;
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
+      cuCtxSetCurrent(ctx) || cuModuleLoadData(&module, kFaultPtx) ||
+      cuModuleGetFunction(&fault, module, "ncclStragglarFault"))
+    return 0;
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  uint64_t at = 0;
+  void* args[] = {&at};
+  CHECK(cuLaunchKernel(fault, 1, 1, 1, 1, 1, 1, 0, s, args, NULL));
+  EXPECT(cuStreamSynchronize(s) == CUDA_ERROR_ILLEGAL_ADDRESS);
+  CUdeviceptr p;
+  EXPECT(cuMemAlloc(&p, 4096) == CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT(cuStreamQuery(s) == CUDA_ERROR_ILLEGAL_ADDRESS);
+  return 1;
+}
+
 static int spawn_with_env(const char* self, const char* flag, const char* setting) {
   char* argv[] = {(char*)self, (char*)flag, NULL};
   size_t n = 0;
@@ -504,6 +541,11 @@ static int spawn_with_env(const char* self, const char* flag, const char* settin
   return WEXITSTATUS(status);
 }
 
+static int a_kernel_fault_is_sticky(void) {
+  EXPECT(spawn_with_env(g_self, "--fault", "STRAGGLAR_EMU_KERNEL_FAULT=ncclStragglarFault@1") == 0);
+  return 1;
+}
+
 static int one_hardware_queue_makes_streams_wait_for_each_other(void) {
   EXPECT(spawn_with_env(g_self, "--one-queue", "CUDA_DEVICE_MAX_CONNECTIONS=1") == 0);
   return 1;
@@ -512,6 +554,7 @@ static int one_hardware_queue_makes_streams_wait_for_each_other(void) {
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "--child") == 0) return child(argv[2]);
   if (argc == 2 && strcmp(argv[1], "--one-queue") == 0) return one_queue_scenario() ? 0 : 2;
+  if (argc == 2 && strcmp(argv[1], "--fault") == 0) return fault_scenario() ? 0 : 2;
   g_self = argv[0];
   CUdevice dev;
   CUcontext ctx;
@@ -544,6 +587,7 @@ int main(int argc, char** argv) {
   run("IPC maps memory across processes", ipc_check);
   run("one hardware queue makes streams wait for each other",
       one_hardware_queue_makes_streams_wait_for_each_other);
+  run("a kernel fault is sticky", a_kernel_fault_is_sticky);
   if (g_emulated) run("stale handles and destroyed contexts are errors (emulation only)", stale_handles_are_errors);
   printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;

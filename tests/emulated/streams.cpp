@@ -33,7 +33,8 @@ void worker_main(Stream* s) {
       s->started++;
     }
     s->cv.notify_all();
-    if (op.run) op.run();
+    /* A context whose kernel faulted runs nothing more: its queued work is discarded. */
+    if (op.run && !s->ctx->fault.load()) op.run();
     {
       std::lock_guard<std::mutex> l(s->m);
       s->completed++;
@@ -126,6 +127,7 @@ CUresult resolve_stream(CUstream h, Stream** out) {
   Stream* s = (Stream*)h;
   if (!is_stream(s) || s->destroyed) return CUDA_ERROR_INVALID_HANDLE;
   if (!s->ctx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  if (int fault = s->ctx->fault.load()) return (CUresult)fault;
   *out = s;
   return CUDA_SUCCESS;
 }
@@ -271,7 +273,7 @@ CUresult cuStreamSynchronize(CUstream h) {
     seq = s->enqueued;
   }
   wait_for(s, seq);
-  return CUDA_SUCCESS;
+  return (CUresult)s->ctx->fault.load(); /* a fault while it waited is reported now */
 }
 
 CUresult cuCtxSynchronize(void) {
@@ -284,7 +286,7 @@ CUresult cuCtxSynchronize(void) {
     if (unsafe_call_forbidden()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
   drain_context(c);
-  return CUDA_SUCCESS;
+  return (CUresult)c->fault.load();
 }
 
 CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void* data) {
@@ -371,6 +373,8 @@ CUresult cuEventRecordWithFlags(CUevent h, CUstream hs, unsigned int flags) {
 static CUresult event_target(Event* e, Stream** s, uint64_t* seq) {
   if (!e || !is_event(e)) return CUDA_ERROR_INVALID_HANDLE;
   if (e->capture) return CUDA_ERROR_CAPTURED_EVENT;
+  if (e->stream)
+    if (int fault = e->stream->ctx->fault.load()) return (CUresult)fault;
   *s = e->stream;
   *seq = e->seq;
   return CUDA_SUCCESS;
@@ -399,7 +403,7 @@ CUresult cuEventSynchronize(CUevent h) {
     if (r != CUDA_SUCCESS || !s) return r;
   }
   wait_for(s, seq);
-  return CUDA_SUCCESS;
+  return (CUresult)s->ctx->fault.load();
 }
 
 CUresult cuEventElapsedTime_v2(float* ms, CUevent hstart, CUevent hend) {
