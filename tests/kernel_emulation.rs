@@ -292,6 +292,9 @@ fn turns_read(plan: &Plan, ranks: usize) -> Vec<Vec<Vec<u64>>> {
 struct RankMemory {
     staging: Aligned,
     status: Aligned,
+    /// The rank's failure word (in host memory, as the library keeps it), which every peer
+    /// reads.
+    failed: Aligned,
     /// `RawRingEntry[RING_ENTRIES]`: the records this rank copied.
     ring: Aligned,
 }
@@ -347,12 +350,13 @@ impl Comm {
             .map(|_| RankMemory {
                 staging: Aligned::new(layout.allocation_bytes() as usize),
                 status: Aligned::new(4),
+                failed: Aligned::new(4),
                 ring: Aligned::new(RING_ENTRIES as usize * std::mem::size_of::<RawRingEntry>()),
             })
             .collect();
         let peers = memory
             .iter()
-            .map(|m| layout.peer(m.staging.addr()))
+            .map(|m| layout.peer(m.staging.addr(), m.failed.addr()))
             .collect();
         Comm {
             ranks,
@@ -1498,9 +1502,7 @@ fn a_failed_rank_releases_every_peer_without_the_timeout() {
     for absent in 0..5 {
         let mut comm = Comm::new(5, 2, 2);
         comm.timeout_ns = 20_000_000_000;
-        let failed = comm.layout.failed();
-        comm.region(absent, failed, 4)
-            .copy_from_slice(&STATUS_ABORTED.to_le_bytes());
+        comm.memory[absent].failed.bytes()[..4].copy_from_slice(&STATUS_ABORTED.to_le_bytes());
         let (statuses, took) = call_with_absent_rank(&mut comm, absent, None);
         assert!(
             statuses.iter().all(|&s| s == STATUS_PEER_FAILED),
@@ -1936,7 +1938,7 @@ fn a_collection_waiting_for_a_rank_that_failed_on_its_host_is_released_by_its_fa
     // waiting for its record, which report a peer failure.
     let mut comm = Comm::new(4, 1, 1);
     comm.timeout_ns = 0;
-    let failed = comm.memory[3].staging.addr() + comm.layout.failed();
+    let failed = comm.memory[3].failed.addr();
     let statuses = collections_released_by(&mut comm, failed, STATUS_ABORTED);
     assert_eq!(statuses, [STATUS_PEER_FAILED; 3]);
 }

@@ -15,7 +15,7 @@
 namespace emu {
 
 namespace {
-enum class Kind { Device, Host, Ipc };
+enum class Kind { Device, Host, Registered, Ipc };
 struct Region {
   size_t bytes = 0;
   Kind kind = Kind::Device;
@@ -66,7 +66,8 @@ CUresult forbid_in_capture() {
 bool pinned(const void* p) {
   std::lock_guard<std::mutex> g(*g_mem);
   auto it = containing((uint64_t)p);
-  return it != g_regions->end() && it->second.kind == Kind::Host;
+  return it != g_regions->end() &&
+         (it->second.kind == Kind::Host || it->second.kind == Kind::Registered);
 }
 
 bool addressable(uint64_t p, size_t bytes) {
@@ -207,13 +208,51 @@ CUresult cuMemFreeHost(void* p) {
   return CUDA_SUCCESS;
 }
 
+/* Page-locks host memory the caller mapped (shared memory of several processes, say) and
+ * makes it addressable by the GPUs at its own address, as with CU_MEMHOSTREGISTER_DEVICEMAP.
+ * Page-aligned ranges only here (the real driver rounds). */
+CUresult cuMemHostRegister_v2(void* p, size_t bytes, unsigned int flags) {
+  EMU_FAULT("cuMemHostRegister_v2");
+  (void)flags;
+  Context* c = nullptr;
+  CUresult r = context_for_memory(&c);
+  if (r != CUDA_SUCCESS) return r;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (!p || bytes == 0 || (uint64_t)p % page != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(*g_mem);
+  auto next = g_regions->lower_bound((uint64_t)p);
+  if (containing((uint64_t)p) != g_regions->end() ||
+      (next != g_regions->end() && next->first < (uint64_t)p + bytes))
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  Region reg;
+  reg.bytes = round_to_page(bytes);
+  reg.kind = Kind::Registered;
+  reg.device = c->device;
+  (*g_regions)[(uint64_t)p] = reg;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostUnregister(void* p) {
+  EMU_FAULT("cuMemHostUnregister");
+  Context* c = nullptr;
+  CUresult r = context_for_memory(&c);
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> g(*g_mem);
+  auto it = g_regions->find((uint64_t)p);
+  if (it == g_regions->end() || it->second.kind != Kind::Registered)
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  g_regions->erase(it);
+  return CUDA_SUCCESS;
+}
+
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* dptr, void* p, unsigned int flags) {
   EMU_FAULT("cuMemHostGetDevicePointer_v2");
   EMU_REQUIRE_INIT();
   if (!dptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> g(*g_mem);
   auto it = containing((uint64_t)p);
-  if (it == g_regions->end() || it->second.kind != Kind::Host) return CUDA_ERROR_INVALID_VALUE;
+  if (it == g_regions->end() || (it->second.kind != Kind::Host && it->second.kind != Kind::Registered))
+    return CUDA_ERROR_INVALID_VALUE;
   *dptr = (CUdeviceptr)p;
   return CUDA_SUCCESS;
 }

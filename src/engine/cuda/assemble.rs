@@ -96,12 +96,18 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
         let Ok(r) = &mut rank else {
             return false;
         };
-        ordering = (tickets_are_atomic(device, records) && connect(r, mappings))
+        ordering = (tickets_are_atomic(device, records) && connect(r, mappings, records))
             .then(|| OrderingEvents::new(device).ok())
             .flatten();
         ordering.is_some()
     };
-    let joined = run_setup(exchange, access, &record, assembly.devices, finish)?;
+    let joined = run_setup(exchange, access, &record, assembly.devices, finish);
+    // Every peer that could open this rank's failure word has (both all-gathers are over):
+    // its name goes, so nothing is left behind whatever happens to the job.
+    if let Ok(r) = &rank {
+        r.failure_word().unlink();
+    }
+    let joined = joined?;
     // The final verdict was Eligible on every rank, so this rank's steps all succeeded.
     let (Ok(rank), Some(ordering)) = (rank, ordering) else {
         return Err(SetupError::Exchange(
@@ -146,7 +152,8 @@ fn local_part(
                     settings_of(crate::config::get()),
                     handle,
                     assembly.layout,
-                );
+                )
+                .with_failure_word(r.failure_word().name());
                 match assembly.baseline {
                     Baseline::Nccl => record.with_nvls(nccl_would_run_nvls(assembly.device)),
                     Baseline::Ring => record,

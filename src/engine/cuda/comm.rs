@@ -710,9 +710,15 @@ impl CudaComm {
     }
 
     /// Raises the abort word (every kernel of this rank gives up, nothing waits for them) and
-    /// closes the trace (made valid JSON).
+    /// closes the trace (made valid JSON). While a kernel of this rank may still be running,
+    /// or where the driver cannot say (its context lost), this rank is also marked failed
+    /// from the host, so that peers waiting for its part stop (a kernel that sees the abort
+    /// marks it too, but a lost context runs none).
     pub fn abort(&mut self) {
         self.rank.abort();
+        if !self.kernels_finished() {
+            self.rank.mark_failed();
+        }
         self.trace = None;
     }
 

@@ -478,6 +478,61 @@ impl Drop for HostWords {
     }
 }
 
+/// Host memory the caller mapped (shared memory, say), page-locked and mapped into the
+/// device's address space (`cuMemHostRegister`, DEVICEMAP and PORTABLE); unregistered on drop.
+pub struct HostRegistration {
+    device: Arc<Device>,
+    host: *mut c_void,
+    /// Where the device addresses the memory.
+    pub device_ptr: sys::CUdeviceptr,
+}
+
+// SAFETY: the registration is a handle to memory the owner keeps mapped; the driver calls it
+// makes are thread-safe.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as above.
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// Registers the `bytes` (a whole number of pages) at `host`.
+    ///
+    /// # Safety
+    /// `host` must be page-aligned memory of `bytes` bytes that stays mapped until this
+    /// registration is dropped.
+    pub unsafe fn new(
+        device: &Arc<Device>,
+        host: *mut c_void,
+        bytes: usize,
+    ) -> Result<HostRegistration, GpuError> {
+        let _current = device.current()?;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: the caller vouches for the range.
+        check("cuMemHostRegister", unsafe {
+            sys::cuMemHostRegister_v2(host, bytes, flags)
+        })?;
+        let mut device_ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `host` is registered with DEVICEMAP in this context.
+        let mapped = check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, host, 0)
+        });
+        let registration = HostRegistration {
+            device: device.clone(),
+            host,
+            device_ptr,
+        };
+        mapped.map(|()| registration)
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        if let Ok(_current) = self.device.current() {
+            // SAFETY: registered in `new`, unregistered once here.
+            let _ = unsafe { sys::cuMemHostUnregister(self.host) };
+        }
+    }
+}
+
 /// The kernels one rank launches, loaded from one CUBIN.
 pub struct Kernels {
     /// `ncclStragglarAllReduce`.

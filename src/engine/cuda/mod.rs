@@ -10,6 +10,7 @@ pub mod call;
 pub mod comm;
 pub mod driver;
 pub mod exchange;
+pub mod failure;
 pub mod gpus;
 pub mod grid;
 pub mod library;

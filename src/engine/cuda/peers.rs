@@ -8,6 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::driver::{Device, DeviceMemory, PeerMapping};
+use super::failure::FailureWord;
 use super::rank::CudaRank;
 use super::setup::{PeerAccess, SetupRecord};
 use super::staging::{StagingLayout, PROBE_WORDS};
@@ -16,16 +17,14 @@ use super::staging::{StagingLayout, PROBE_WORDS};
 const PROBE_TOKEN: u32 = 0x5347_0000;
 
 /// A round trip through `mapping` by `rank`: its token, written into its own probe word of the
-/// peer's staging, reads back; and the peer's failure word reads 0 (fresh).
+/// peer's staging, reads back.
 fn probe(mapping: &PeerMapping, layout: &StagingLayout, rank: usize) -> bool {
     if rank as u64 >= PROBE_WORDS {
         return false;
     }
     let at = layout.probe_word(rank);
     let token = PROBE_TOKEN | rank as u32;
-    mapping.write_u32(at, token).is_ok()
-        && mapping.read_u32(at) == Ok(token)
-        && mapping.read_u32(layout.failed()) == Ok(0)
+    mapping.write_u32(at, token).is_ok() && mapping.read_u32(at) == Ok(token)
 }
 
 /// Peers' staging through CUDA IPC (each peer another process).
@@ -108,12 +107,44 @@ pub fn tickets_are_atomic(device: &Device, records: &[SetupRecord]) -> bool {
     }
 }
 
-/// Connects `rank` to the peers whose staging `mappings` opened (its own where `None`).
-pub fn connect(rank: &mut CudaRank, mappings: &[Option<PeerMapping>]) -> bool {
+/// Connects `rank` to the peers whose staging `mappings` opened (its own where `None`) and
+/// whose failure words the gathered `records` name; each peer's failure word must read 0
+/// (fresh). Says why not at WARN.
+pub fn connect(
+    rank: &mut CudaRank,
+    mappings: &[Option<PeerMapping>],
+    records: &[SetupRecord],
+) -> bool {
     let layout = rank.layout();
+    let me = rank.index();
+    let mut failures = Vec::with_capacity(records.len());
+    for (peer, record) in records.iter().enumerate() {
+        if peer == me {
+            failures.push(None);
+            continue;
+        }
+        match FailureWord::open(rank.device(), &record.failure_word_name()) {
+            Ok(word) if word.get() == 0 => failures.push(Some(word)),
+            Ok(word) => {
+                log::warn!(
+                    "rank {peer} has already failed ({}): StragglAR stays off",
+                    word.get()
+                );
+                return false;
+            }
+            Err(e) => {
+                log::warn!("rank {peer}'s failure word: {e}: StragglAR stays off");
+                return false;
+            }
+        }
+    }
     let peers: Vec<_> = mappings
         .iter()
-        .map(|m| m.as_ref().map_or(rank.own_peer(), |m| layout.peer(m.ptr)))
+        .zip(&failures)
+        .map(|(m, failure)| match (m, failure) {
+            (Some(m), Some(failure)) => layout.peer(m.ptr, failure.device_address()),
+            _ => rank.own_peer(),
+        })
         .collect();
-    rank.connect(&peers).is_ok()
+    rank.connect(&peers, failures).is_ok()
 }

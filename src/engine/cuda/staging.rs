@@ -1,9 +1,10 @@
 //! Where one rank's staging allocation keeps what: both arena parities, both flag parities, both
-//! parities of turn words, the failure word, the setup's probe words, the epoch, the finished-blocks counter, the notes of its ticketed calls (two, by call parity), the arrival board (used on rank 0
+//! parities of turn words, the setup's probe words, the epoch, the finished-blocks counter, the notes of its ticketed calls (two, by call parity), the arrival board (used on rank 0
 //! only) and the graph state (`RawGraphState`: graph launches' call numbers, records and
 //! device detectors). One plain allocation per rank,
 //! rounded up to 2 MiB (the granularity CUDA IPC maps), identical in layout on every rank, so
-//! a peer's `RawPeer` follows from its base address alone.
+//! a peer's `RawPeer` follows from its base address, and its failure word (in host memory:
+//! `super::failure`).
 
 use crate::gpu::arrival::{RawBoardSlot, BOARD_SLOTS};
 use crate::gpu::choice::RawGraphState;
@@ -61,21 +62,16 @@ impl StagingLayout {
         2 * self.arena_stride() + 2 * self.flags_stride() + parity as u64 * self.served_stride()
     }
 
-    /// Offset of the failure word (`uint32_t`), which peers read.
-    pub fn failed(&self) -> u64 {
-        self.served(0) + 2 * self.served_stride()
-    }
-
     /// Offset of rank `writer`'s probe word (`uint32_t`, `writer < PROBE_WORDS`): the setup's
     /// round trip writes it through the mapping and reads it back; nothing else touches it.
     pub fn probe_word(&self, writer: usize) -> u64 {
         assert!((writer as u64) < PROBE_WORDS, "a rank with a probe word");
-        self.failed() + REGION_ALIGN + 4 * writer as u64
+        self.served(0) + 2 * self.served_stride() + 4 * writer as u64
     }
 
     /// Offset of the epoch (`uint64_t`), which only the owner's kernels touch.
     pub fn epoch(&self) -> u64 {
-        self.failed() + REGION_ALIGN + align(4 * PROBE_WORDS, REGION_ALIGN)
+        self.served(0) + 2 * self.served_stride() + align(4 * PROBE_WORDS, REGION_ALIGN)
     }
 
     /// Offset of the finished-blocks counter (`uint32_t`).
@@ -126,12 +122,14 @@ impl StagingLayout {
         peer.arena[0] - self.arena(0)
     }
 
-    /// The `RawPeer` of the rank whose allocation is mapped at `base` in this process.
-    pub fn peer(&self, base: u64) -> RawPeer {
+    /// The `RawPeer` of the rank whose allocation is mapped at `base` in this process and
+    /// whose failure word (in host memory, `super::failure`) this process's GPU addresses at
+    /// `failed`.
+    pub fn peer(&self, base: u64, failed: u64) -> RawPeer {
         RawPeer {
             arena: [base + self.arena(0), base + self.arena(1)],
             flags: [base + self.flags(0), base + self.flags(1)],
-            failed: base + self.failed(),
+            failed,
             served: [base + self.served(0), base + self.served(1)],
         }
     }
@@ -162,7 +160,6 @@ mod tests {
                 (l.flags(1), values * blocks * 4),
                 (l.served(0), ranks * blocks * 8),
                 (l.served(1), ranks * blocks * 8),
-                (l.failed(), 4),
                 (l.probe_word(0), 4 * PROBE_WORDS),
                 (l.epoch(), 8),
                 (l.finished_blocks(), 4),
@@ -179,7 +176,7 @@ mod tests {
             }
             assert_eq!(l.allocation_bytes() % ALLOCATION_GRANULE, 0);
             assert!(l.graph() < l.graph_board() && l.graph_board() < l.allocation_bytes());
-            let p = l.peer(1 << 40);
+            let p = l.peer(1 << 40, 1 << 41);
             assert_eq!(p.flags[1], (1 << 40) + l.flags(1));
             assert_eq!(l.base_of(&p), 1 << 40);
         }

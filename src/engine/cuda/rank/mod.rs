@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use super::args::{LaunchSite, Operands};
 use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
+use super::failure::FailureWord;
 use super::staging::StagingLayout;
 use crate::gpu::arrival::{RawRingEntry, RING_ENTRIES};
 use crate::gpu::launch::{RawPeer, MAX_THREADS, STATUS_ABORTED, STATUS_OK, WARP_THREADS};
@@ -57,6 +58,11 @@ pub struct CudaRank {
     config: RankConfig,
     staging: DeviceMemory,
     words: Arc<HostWords>,
+    /// This rank's failure word, which every peer maps.
+    failure: FailureWord,
+    /// The peers' failure words as this process maps them (by rank; `None` for this rank),
+    /// once connected.
+    peer_failures: Vec<Option<FailureWord>>,
     /// `RawPeer[ranks]` in device memory, once connected.
     peer_table: Option<DeviceMemory>,
     /// Rank 0's arrival board as this rank addresses it, once connected.
@@ -95,6 +101,10 @@ impl CudaRank {
         );
         let staging = DeviceMemory::zeroed(device, config.layout.allocation_bytes() as usize)?;
         let words = Arc::new(HostWords::new(device, 2)?);
+        let failure = FailureWord::create(device).map_err(|detail| GpuError {
+            call: "shm_open",
+            detail,
+        })?;
         let ring_words = RING_ENTRIES as usize * std::mem::size_of::<RawRingEntry>() / 4;
         let ring = HostWords::new(device, ring_words)?;
         Ok(CudaRank {
@@ -103,6 +113,8 @@ impl CudaRank {
             config,
             staging,
             words,
+            failure,
+            peer_failures: Vec::new(),
             peer_table: None,
             board: 0,
             ring,
@@ -117,7 +129,14 @@ impl CudaRank {
 
     /// This rank's memory as a peer in the same process addresses it.
     pub fn own_peer(&self) -> RawPeer {
-        self.config.layout.peer(self.staging.ptr)
+        self.config
+            .layout
+            .peer(self.staging.ptr, self.failure.device_address())
+    }
+
+    /// This rank's failure word, whose name its setup record carries.
+    pub fn failure_word(&self) -> &FailureWord {
+        &self.failure
     }
 
     /// The staging allocation, for IPC export.
@@ -147,8 +166,17 @@ impl CudaRank {
 
     /// Uploads every rank's memory as this rank addresses it (`peers[rank]` is its own). The
     /// peers' memory must stay mapped while this rank is connected: until it is dropped.
-    pub fn connect(&mut self, peers: &[RawPeer]) -> Result<(), CallError> {
-        if peers.len() != self.config.ranks || peers[self.config.rank] != self.own_peer() {
+    /// `failures` are the peers' failure words, whose addresses `peers` hold (this rank's
+    /// `None`); kept as long as this rank.
+    pub fn connect(
+        &mut self,
+        peers: &[RawPeer],
+        failures: Vec<Option<FailureWord>>,
+    ) -> Result<(), CallError> {
+        if peers.len() != self.config.ranks
+            || failures.len() != self.config.ranks
+            || peers[self.config.rank] != self.own_peer()
+        {
             return Err(CallError::Unfit(
                 "the peer table does not match the communicator".into(),
             ));
@@ -156,6 +184,7 @@ impl CudaRank {
         let table = DeviceMemory::for_upload(&self.device, std::mem::size_of_val(peers))?;
         table.upload(peers)?;
         self.peer_table = Some(table);
+        self.peer_failures = failures;
         let layout = self.config.layout;
         self.board = layout.base_of(&peers[0]) + layout.board();
         self.graph_board = layout.base_of(&peers[0]) + layout.graph_board();
@@ -238,13 +267,11 @@ impl CudaRank {
         self.mark_failed();
     }
 
-    /// Marks this rank failed in its staging, where every peer's waits on it look, for a
-    /// failure on the host side (no kernel of this rank ran to report it). Best effort; queued
-    /// on the device's side stream, so it is allowed while the caller's stream captures.
-    fn mark_failed(&self) {
-        let _ = self
-            .staging
-            .post_u32(self.config.layout.failed(), STATUS_ABORTED);
+    /// Marks this rank failed in its failure word, where every peer's waits on it look, for a
+    /// failure on the host side (no kernel of this rank ran to report it, or its GPU context is
+    /// lost): a store into host memory, which needs no driver call.
+    pub fn mark_failed(&self) {
+        self.failure.set(STATUS_ABORTED);
     }
 
     /// Queues one AllReduce of `plan` on `stream`: the operands' `input` and `output` hold

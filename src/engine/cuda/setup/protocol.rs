@@ -244,11 +244,14 @@ mod protocol_tests {
             blocks: 3,
             ranks: 2,
         };
-        let r = SetupRecord::ready(1, 2, &identity, [1, 2, 3, 4, 5, 6, 7, 8], [8; 64], layout);
+        let r = SetupRecord::ready(1, 2, &identity, [1, 2, 3, 4, 5, 6, 7, 8], [8; 64], layout)
+            .with_failure_word("/stragglar-fail-77-3");
         let bytes = record_bytes(&r);
         assert_eq!(bytes.len(), SETUP_RECORD_BYTES);
         assert!(std::mem::size_of::<SetupRecord>() <= SETUP_RECORD_BYTES);
-        assert_eq!(record_from(&bytes), r);
+        let back = record_from(&bytes);
+        assert_eq!(back, r);
+        assert_eq!(back.failure_word_name(), "/stragglar-fail-77-3");
     }
 }
 

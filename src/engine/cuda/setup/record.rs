@@ -8,7 +8,7 @@ use crate::engine::cuda::staging::StagingLayout;
 /// `SetupRecord::magic`: "SGSU".
 pub const SETUP_MAGIC: u32 = 0x5347_5355;
 /// `SetupRecord::version` of this layout.
-pub const SETUP_VERSION: u32 = 2;
+pub const SETUP_VERSION: u32 = 3;
 
 /// Bytes each rank contributes to the first all-gather: its record, zero-padded. Fixed across
 /// versions (magic and version first), so ranks of builds whose records differ still gather
@@ -91,6 +91,9 @@ pub struct SetupRecord {
     pub layout: [u64; 3],
     /// The writer's [`build_id`].
     pub build: u64,
+    /// The name of the shared memory holding the writer's failure word (NUL-padded; empty in
+    /// a failed record), which its peers map (`crate::engine::cuda::failure`).
+    pub failure_word: [u8; 32],
 }
 
 /// Why the communicator stays on NCCL, the same on every rank.
@@ -241,6 +244,7 @@ impl SetupRecord {
             staging_handle,
             layout: [layout.arena_bytes, layout.values, layout.blocks],
             build: build_id(),
+            failure_word: [0; 32],
         }
     }
 
@@ -261,7 +265,20 @@ impl SetupRecord {
             staging_handle: [0; 64],
             layout: [0; 3],
             build: build_id(),
+            failure_word: [0; 32],
         }
+    }
+
+    /// The same record, naming the shared memory of this rank's failure word.
+    pub fn with_failure_word(mut self, name: &str) -> SetupRecord {
+        self.failure_word = field(name);
+        self
+    }
+
+    /// The name of the shared memory of the writer's failure word ("" if none).
+    pub fn failure_word_name(&self) -> String {
+        let end = self.failure_word.iter().position(|&b| b == 0).unwrap_or(32);
+        String::from_utf8_lossy(&self.failure_word[..end]).into_owned()
     }
 
     /// The same record, stating whether NCCL would run NVLS on this rank.
@@ -370,6 +387,7 @@ pub(super) fn record_bytes(record: &SetupRecord) -> Vec<u8> {
         out.extend_from_slice(&w.to_le_bytes());
     }
     out.extend_from_slice(&record.build.to_le_bytes());
+    out.extend_from_slice(&record.failure_word);
     out.resize(SETUP_RECORD_BYTES, 0);
     out
 }
@@ -399,6 +417,7 @@ pub(super) fn record_from(bytes: &[u8]) -> SetupRecord {
         *w = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
     }
     let build = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
+    let failure_word = take(32).try_into().expect("32 bytes");
     SetupRecord {
         magic: u32s[0],
         version: u32s[1],
@@ -413,6 +432,7 @@ pub(super) fn record_from(bytes: &[u8]) -> SetupRecord {
         staging_handle,
         layout,
         build,
+        failure_word,
     }
 }
 
@@ -576,6 +596,7 @@ mod tests {
         assert_eq!(field::<4>("abcdef"), *b"abcd");
         assert_eq!(field::<4>("ab"), [b'a', b'b', 0, 0]);
         assert_ne!(setting_hash("256M"), setting_hash("128M"));
-        assert_eq!(std::mem::size_of::<SetupRecord>(), 304);
+        assert_eq!(std::mem::size_of::<SetupRecord>(), 336);
+        assert!(std::mem::size_of::<SetupRecord>() <= SETUP_RECORD_BYTES);
     }
 }

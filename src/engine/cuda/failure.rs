@@ -1,0 +1,157 @@
+//! Each rank's failure word, in host memory that every rank of the communicator maps (POSIX
+//! shared memory, registered with the driver so the GPUs address it): nonzero once that rank
+//! failed (a `STATUS_*`). Its kernels write it when they give up; its host writes it when it
+//! gives up, with a plain store, so that a rank whose GPU context is lost (where any device
+//! write would fail too) still releases the peers whose kernels wait for it. Every kernel's
+//! waits poll every rank's word (`RawPeer::failed`).
+//!
+//! The owner creates the memory under a name of its own (its pid and a counter), its setup
+//! record carries the name, each peer opens it by that name, and the owner unlinks the name as
+//! soon as the setup is over, so that nothing is left in `/dev/shm` even if the job dies.
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::driver::{Device, HostRegistration};
+
+/// Bytes mapped: one page (the word is its first 4 bytes).
+const PAGE: usize = 4096;
+
+/// Failure words this process has created: the next name's counter.
+static CREATED: AtomicU64 = AtomicU64::new(0);
+
+/// One rank's failure word as this process maps it.
+pub struct FailureWord {
+    name: String,
+    host: *mut u32,
+    /// Dropped before the memory is unmapped (see `Drop`).
+    registration: Option<HostRegistration>,
+    /// Whether this process created it (and so unlinks the name).
+    owner: bool,
+}
+
+// SAFETY: the word is accessed only atomically (host) or with volatile and atomic operations
+// (kernels); the mapping lives as long as `self`.
+unsafe impl Send for FailureWord {}
+// SAFETY: as above.
+unsafe impl Sync for FailureWord {}
+
+impl FailureWord {
+    /// A new failure word of this rank, reading 0, mapped for `device`.
+    pub fn create(device: &Arc<Device>) -> Result<FailureWord, String> {
+        for _ in 0..16 {
+            let n = CREATED.fetch_add(1, Ordering::Relaxed);
+            let name = format!("/stragglar-fail-{}-{n}", std::process::id());
+            match Self::map(device, &name, true) {
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+                mapped => return mapped.map_err(|e| format!("{name}: {e}")),
+            }
+        }
+        Err("no free name for a failure word".into())
+    }
+
+    /// A peer's failure word, by the name its setup record carries.
+    pub fn open(device: &Arc<Device>, name: &str) -> Result<FailureWord, String> {
+        Self::map(device, name, false).map_err(|e| format!("{name}: {e}"))
+    }
+
+    fn map(device: &Arc<Device>, name: &str, create: bool) -> std::io::Result<FailureWord> {
+        let c_name = CString::new(name).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        let flags = match create {
+            true => libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+            false => libc::O_RDWR,
+        };
+        // SAFETY: a NUL-terminated name; the descriptor is closed below.
+        let fd = unsafe { libc::shm_open(c_name.as_ptr(), flags, 0o600) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is ours; a new segment is sized to one page (an existing one already is).
+        let sized = !create || unsafe { libc::ftruncate(fd, PAGE as libc::off_t) } == 0;
+        let host = match sized {
+            // SAFETY: maps one page of the segment shared; checked below.
+            true => unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    PAGE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            },
+            false => libc::MAP_FAILED,
+        };
+        let error = std::io::Error::last_os_error();
+        // SAFETY: `fd` is ours, closed once; the mapping (if any) keeps the segment.
+        unsafe { libc::close(fd) };
+        if host == libc::MAP_FAILED {
+            if create {
+                // SAFETY: the name this call just created.
+                unsafe { libc::shm_unlink(c_name.as_ptr()) };
+            }
+            return Err(error);
+        }
+        let mut word = FailureWord {
+            name: name.to_string(),
+            host: host.cast(),
+            registration: None,
+            owner: create,
+        };
+        // SAFETY: `host` is a page-aligned mapping of PAGE bytes that lives as long as `word`,
+        // whose Drop unregisters before unmapping.
+        let registration = unsafe { HostRegistration::new(device, host, PAGE) }
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        word.registration = Some(registration);
+        Ok(word)
+    }
+
+    /// The shared memory's name, for the setup record.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where this process's GPU addresses the word.
+    pub fn device_address(&self) -> u64 {
+        self.registration.as_ref().map_or(0, |r| r.device_ptr)
+    }
+
+    fn word(&self) -> &AtomicU32 {
+        // SAFETY: the first word of a live page-aligned mapping, accessed only atomically.
+        unsafe { AtomicU32::from_ptr(self.host) }
+    }
+
+    /// Marks the rank failed with `status` (nonzero), keeping an earlier status.
+    pub fn set(&self, status: u32) {
+        let _ = self
+            .word()
+            .compare_exchange(0, status, Ordering::Release, Ordering::Relaxed);
+    }
+
+    /// The word: 0 while the rank has not failed.
+    pub fn get(&self) -> u32 {
+        self.word().load(Ordering::Acquire)
+    }
+
+    /// Removes the name (the owner's, once every peer opened it): the memory lives on while
+    /// anyone maps it. Idempotent.
+    pub fn unlink(&self) {
+        if !self.owner {
+            return;
+        }
+        if let Ok(name) = CString::new(self.name.as_str()) {
+            // SAFETY: a NUL-terminated name; a name already removed is ENOENT, ignored.
+            unsafe { libc::shm_unlink(name.as_ptr()) };
+        }
+    }
+}
+
+impl Drop for FailureWord {
+    fn drop(&mut self) {
+        self.registration = None;
+        self.unlink();
+        // SAFETY: the mapping made in `map`, unmapped once, after its registration ended.
+        unsafe { libc::munmap(self.host.cast(), PAGE) };
+    }
+}
