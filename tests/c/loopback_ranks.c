@@ -299,6 +299,20 @@ static int run_pairs(int rank, int nranks, ncclComm_t comm) {
   return 0;
 }
 
+/* Checks the 4099 float sums of `out` (every rank's input `rank + j % 5 + shift`): 0 if right. */
+static int check_sums(int rank, int nranks, CUdeviceptr out, int shift, int call, const char* what) {
+  static float host[4099];
+  CU(cuMemcpyDtoH(host, out, sizeof host));
+  for (int j = 0; j < 4099; ++j) {
+    float want = (float)(nranks * (nranks - 1) / 2 + nranks * (j % 5 + shift));
+    if (host[j] != want) {
+      printf("rank %d: call %d (%s): element %d is %g, not %g\n", rank, call, what, j, host[j], want);
+      return 4;
+    }
+  }
+  return 0;
+}
+
 /* LOOPBACK_REPLAYS=N: three eager calls, then one call (4099 floats, sum) captured into a graph
  * and replayed N times, every replay's result checked. With LOOPBACK_LATE_RANK=A,B rank A
  * sleeps LOOPBACK_LATE_US before the first half of the replays and rank B before the second. */
@@ -343,34 +357,14 @@ static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, C
       printf("rank %d: error at call %d: %s\n", rank, i, ncclGetErrorString(async));
       return 3;
     }
-    CU(cuMemcpyDtoH(host, recv, sizeof host));
-    for (int j = 0; j < 4099; ++j) {
-      float want = (float)(nranks * (nranks - 1) / 2 + nranks * (j % 5));
-      if (host[j] != want) {
-        printf("rank %d: call %d: element %d is %g, not %g\n", rank, i, j, host[j], want);
-        return 4;
-      }
-    }
+    int bad = check_sums(rank, nranks, recv, 0, i, i < 3 ? "eager" : "replay");
+    if (bad) return bad;
   }
   cuGraphExecDestroy(exec);
   cuGraphDestroy(graph);
   print_stats(rank, comm);
   ncclCommDestroy(comm);
   printf("rank %d: %d replays checked\n", rank, replays);
-  return 0;
-}
-
-/* Checks the 4099 float sums of `out` (every rank's input `rank + j % 5 + shift`): 0 if right. */
-static int check_sums(int rank, int nranks, CUdeviceptr out, int shift, int call, const char* what) {
-  static float host[4099];
-  CU(cuMemcpyDtoH(host, out, sizeof host));
-  for (int j = 0; j < 4099; ++j) {
-    float want = (float)(nranks * (nranks - 1) / 2 + nranks * (j % 5 + shift));
-    if (host[j] != want) {
-      printf("rank %d: call %d (%s): element %d is %g, not %g\n", rank, call, what, j, host[j], want);
-      return 4;
-    }
-  }
   return 0;
 }
 

@@ -352,17 +352,16 @@ static void to_hex(const unsigned char* bytes, size_t n, char* out) {
   for (size_t i = 0; i < n; ++i) sprintf(out + 2 * i, "%02x", bytes[i]);
 }
 
-static int run_child(const char* self, const char* hex, const char* fail) {
-  char* argv[] = {(char*)self, (char*)"--child", (char*)hex, NULL};
+/* Runs this program again with `args` (NULL-terminated, after the program's name) and one more
+ * environment entry (none if NULL); returns its exit status, or -1. */
+static int spawn_self(const char* self, const char* const* args, const char* setting) {
+  char* argv[4] = {(char*)self, NULL, NULL, NULL};
+  for (int i = 0; args[i] && i < 2; ++i) argv[i + 1] = (char*)args[i];
   size_t n = 0;
   while (environ[n]) ++n;
   char** env = calloc(n + 2, sizeof(char*));
   for (size_t i = 0; i < n; ++i) env[i] = environ[i];
-  char fail_env[128];
-  if (fail) {
-    snprintf(fail_env, sizeof fail_env, "STRAGGLAR_EMU_FAIL=%s", fail);
-    env[n] = fail_env;
-  }
+  env[n] = (char*)setting;
   pid_t pid;
   int rc = posix_spawn(&pid, self, NULL, NULL, argv, env);
   free(env);
@@ -370,6 +369,13 @@ static int run_child(const char* self, const char* hex, const char* fail) {
   int status = 0;
   if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
   return WEXITSTATUS(status);
+}
+
+static int run_child(const char* self, const char* hex, const char* fail) {
+  const char* args[] = {"--child", hex, NULL};
+  char fail_env[128];
+  if (fail) snprintf(fail_env, sizeof fail_env, "STRAGGLAR_EMU_FAIL=%s", fail);
+  return spawn_self(self, args, fail ? fail_env : NULL);
 }
 
 /* An IPC handle opens in another process (at an address of that process) and maps the same
@@ -526,19 +532,8 @@ static int fault_scenario(void) {
 }
 
 static int spawn_with_env(const char* self, const char* flag, const char* setting) {
-  char* argv[] = {(char*)self, (char*)flag, NULL};
-  size_t n = 0;
-  while (environ[n]) ++n;
-  char** env = calloc(n + 2, sizeof(char*));
-  for (size_t i = 0; i < n; ++i) env[i] = environ[i];
-  env[n] = (char*)setting;
-  pid_t pid;
-  int rc = posix_spawn(&pid, self, NULL, NULL, argv, env);
-  free(env);
-  if (rc != 0) return -1;
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status);
+  const char* args[] = {flag, NULL};
+  return spawn_self(self, args, setting);
 }
 
 static int a_kernel_fault_is_sticky(void) {

@@ -325,8 +325,9 @@ CUresult cuEventDestroy_v2(CUevent h) {
   return CUDA_SUCCESS;
 }
 
-CUresult cuEventRecord(CUevent h, CUstream hs) {
-  EMU_FAULT("cuEventRecord");
+/* An event record: eager, or in a capture a record of the captured work (an external one,
+ * CU_EVENT_RECORD_EXTERNAL, a node every launch of the graph records the event at). */
+static CUresult record_event(CUevent h, CUstream hs, bool external) {
   std::lock_guard<std::mutex> g(*g_driver);
   Event* e = (Event*)h;
   if (!e || !is_event(e)) return CUDA_ERROR_INVALID_HANDLE;
@@ -335,6 +336,11 @@ CUresult cuEventRecord(CUevent h, CUstream hs) {
   if (r != CUDA_SUCCESS) return r;
   if (s->capture) {
     if (s->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (external) {
+      capture_node(s, {});
+      s->capture->graph->nodes.back().record_external = e;
+      return CUDA_SUCCESS;
+    }
     e->capture = s->capture;
     e->nodes = s->tail;
     return CUDA_SUCCESS;
@@ -348,25 +354,15 @@ CUresult cuEventRecord(CUevent h, CUstream hs) {
   return CUDA_SUCCESS;
 }
 
+CUresult cuEventRecord(CUevent h, CUstream hs) {
+  EMU_FAULT("cuEventRecord");
+  return record_event(h, hs, false);
+}
+
 CUresult cuEventRecordWithFlags(CUevent h, CUstream hs, unsigned int flags) {
   EMU_FAULT("cuEventRecordWithFlags");
   if (flags != 0 && flags != CU_EVENT_RECORD_EXTERNAL) return CUDA_ERROR_NOT_SUPPORTED;
-  if (flags == CU_EVENT_RECORD_EXTERNAL) {
-    std::lock_guard<std::mutex> g(*g_driver);
-    Event* e = (Event*)h;
-    if (!e || !is_event(e)) return CUDA_ERROR_INVALID_HANDLE;
-    Stream* s = nullptr;
-    CUresult r = resolve_stream(hs, &s);
-    if (r != CUDA_SUCCESS) return r;
-    if (s->capture) {
-      /* An event record node: every launch of the graph records the event. */
-      if (s->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-      capture_node(s, {});
-      s->capture->graph->nodes.back().record_external = e;
-      return CUDA_SUCCESS;
-    }
-  }
-  return cuEventRecord(h, hs);
+  return record_event(h, hs, flags == CU_EVENT_RECORD_EXTERNAL);
 }
 
 /* Under the driver lock: the eager record an event waits for (stream null: none). */

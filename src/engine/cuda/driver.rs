@@ -740,15 +740,8 @@ impl Event {
     /// # Safety
     /// `stream` must be a live stream of this event's context.
     pub unsafe fn wait_on(&self, stream: sys::CUstream) -> Result<(), GpuError> {
-        let _current = self.device.current()?;
-        // SAFETY: live event; the caller vouches for the stream.
-        wrap("cuStreamWaitEvent", unsafe {
-            result::stream::wait_event(
-                stream,
-                self.raw,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        })
+        // SAFETY: as the caller vouches.
+        unsafe { self.wait_with(stream, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
     }
 
     /// Inside a capture on `stream`: an event wait node, so that each launch of the graph
@@ -758,14 +751,21 @@ impl Event {
     /// # Safety
     /// `stream` must be a live stream of this event's context.
     pub unsafe fn wait_external(&self, stream: sys::CUstream) -> Result<(), GpuError> {
+        // SAFETY: as the caller vouches.
+        unsafe { self.wait_with(stream, sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL) }
+    }
+
+    /// # Safety
+    /// As [`Event::wait_on`].
+    unsafe fn wait_with(
+        &self,
+        stream: sys::CUstream,
+        flags: sys::CUevent_wait_flags,
+    ) -> Result<(), GpuError> {
         let _current = self.device.current()?;
         // SAFETY: live event; the caller vouches for the stream.
         wrap("cuStreamWaitEvent", unsafe {
-            result::stream::wait_event(
-                stream,
-                self.raw,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL,
-            )
+            result::stream::wait_event(stream, self.raw, flags)
         })
     }
 
