@@ -114,7 +114,9 @@
 
 /**
  * Entries of a rank's host-mapped record ring: the record of call `c` is at `c % RING_ENTRIES`
- * from the start of this rank's call `c + 1` until that of call `c + 1 + RING_ENTRIES`.
+ * from the end of the first collecting launch of this rank at least two calls later (eager
+ * calls; graph calls: from the next graph launch) until call `c + RING_ENTRIES`'s record is
+ * copied over it.
  */
 #define RING_ENTRIES 64
 

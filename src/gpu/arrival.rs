@@ -37,7 +37,9 @@ pub fn measures(call: u64) -> bool {
 }
 
 /// Entries of a rank's host-mapped record ring: the record of call `c` is at `c % RING_ENTRIES`
-/// from the start of this rank's call `c + 1` until that of call `c + 1 + RING_ENTRIES`.
+/// from the end of the first collecting launch of this rank at least two calls later (eager
+/// calls; graph calls: from the next graph launch) until call `c + RING_ENTRIES`'s record is
+/// copied over it.
 pub const RING_ENTRIES: u32 = 64;
 
 /// One slot of the arrival board (in rank 0's staging; 40 bytes). The packed words hold a tag,

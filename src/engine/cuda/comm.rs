@@ -333,8 +333,8 @@ impl CudaComm {
         if self.order_pending.take().is_some() {
             // The application did not read NCCL's state through ncclCommGetAsyncError, which
             // takes this order (see `nccl_state`), and its stream may be capturing or gone by
-            // now: this launch stays ordered after the forwarded call's ticket only (as the
-            // protocol needs), not after NCCL's kernel.
+            // now: this launch stays ordered after the forwarded call's ticket only, not after
+            // NCCL's kernel (NCCL's contract orders the application's next call after it).
             log::debug!("{}: a forwarded call's order was not taken", self.label);
         }
         if self.rank.collection_overdue() {
@@ -452,8 +452,8 @@ impl CudaComm {
             return;
         };
         if code == ResultCode::IN_PROGRESS {
-            // Ordered after the ticket now (the protocol needs no more), after NCCL's kernel
-            // once the application reads success.
+            // Ordered after the ticket now, and after NCCL's kernel once the application reads
+            // success (`nccl_state`).
             if let Err(e) = self.order_after(stream) {
                 log::warn!("{}: {e}; this rank gives the GPU engine up", self.label);
                 self.rank.give_up();
@@ -464,7 +464,9 @@ impl CudaComm {
         }
         if code != ResultCode::SUCCESS {
             // NCCL failed the call: this rank's later calls fail too, and its failure word
-            // releases peers whose kernels would wait for it.
+            // releases peers whose kernels would wait for it. The ticket stays covered by the
+            // ordering event, which teardown waits on.
+            let _ = self.order_after(stream);
             log::warn!(
                 "{}: NCCL returned {} for a call it ran; this rank gives the GPU engine up",
                 self.label,
@@ -521,12 +523,15 @@ impl CudaComm {
         ticket: Ticket,
         stream: cudaStream_t,
     ) -> Result<(), CallError> {
-        if ticket.measured() {
+        let ended = match ticket.measured() {
             // SAFETY: the caller's live stream of this device, with NCCL's kernel of the call
             // queued on it; not capturing (an eager call's, checked where it was taken).
-            unsafe { self.rank.ticket_end(ticket, stream.cast()) }?;
-        }
-        self.order_after(stream)
+            true => unsafe { self.rank.ticket_end(ticket, stream.cast()) },
+            false => Ok(()),
+        };
+        // Ordered after the call whatever happened to its end kernel.
+        self.order_after(stream)?;
+        ended
     }
 
     /// Orders this communicator's next launch after everything queued on `stream` so far.

@@ -63,6 +63,7 @@ impl Exchange for NcclExchange<'_> {
         };
         // A nonblocking communicator may still be launching it: nothing may follow on the
         // stream until NCCL's state settles.
+        let launching = rc == ResultCode::IN_PROGRESS;
         let rc = match rc {
             ResultCode::IN_PROGRESS => {
                 let watch = self.watch;
@@ -84,8 +85,13 @@ impl Exchange for NcclExchange<'_> {
             rc => rc,
         };
         if rc != ResultCode::SUCCESS {
-            // NCCL refused the call: nothing was queued into the buffer.
-            SCRATCH.lock().push(scratch);
+            if launching {
+                // NCCL may have queued the gather before it failed: the buffer is abandoned.
+                std::mem::forget(scratch);
+            } else {
+                // NCCL refused the call: nothing was queued into the buffer.
+                SCRATCH.lock().push(scratch);
+            }
             return Err(format!("ncclAllGather returned {}", rc.0));
         }
         // SAFETY: the caller's live stream of this device's context.

@@ -5,12 +5,13 @@
 //! write would fail too) still releases the peers whose kernels wait for it. Every kernel's
 //! waits poll every rank's word (`RawPeer::failed`).
 //!
-//! The owner creates the memory under a name of its own (its pid and a counter), its setup
-//! record carries the name, each peer opens it by that name, and the owner unlinks the name as
-//! soon as the setup is over, so that nothing is left in `/dev/shm` even if the job dies.
+//! The owner creates the memory under a name of its own (its pid, the clock and a counter, so
+//! that processes of containers sharing `/dev/shm` do not meet), its setup record carries the
+//! name, each peer opens it by that name, and the owner unlinks the name as soon as the setup
+//! is over: nothing is left in `/dev/shm` unless a process dies during its setup.
 
 use std::ffi::CString;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::driver::{Device, HostRegistration};
@@ -27,8 +28,9 @@ pub struct FailureWord {
     host: *mut u32,
     /// Dropped before the memory is unmapped (see `Drop`).
     registration: Option<HostRegistration>,
-    /// Whether this process created it (and so unlinks the name).
+    /// Whether this process created it (and so unlinks the name), and whether it did.
     owner: bool,
+    unlinked: AtomicBool,
 }
 
 // SAFETY: the word is accessed only atomically (host) or with volatile and atomic operations
@@ -42,7 +44,11 @@ impl FailureWord {
     pub fn create(device: &Arc<Device>) -> Result<FailureWord, String> {
         for _ in 0..16 {
             let n = CREATED.fetch_add(1, Ordering::Relaxed);
-            let name = format!("/stragglar-fail-{}-{n}", std::process::id());
+            let clock = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            // Well within the setup record's 48 bytes.
+            let name = format!("/stragglar-{}-{clock:08x}-{n}", std::process::id());
             match Self::map(device, &name, true) {
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
                 mapped => return mapped.map_err(|e| format!("{name}: {e}")),
@@ -98,6 +104,7 @@ impl FailureWord {
             host: host.cast(),
             registration: None,
             owner: create,
+            unlinked: AtomicBool::new(false),
         };
         // SAFETY: `host` is a page-aligned mapping of PAGE bytes that lives as long as `word`,
         // whose Drop unregisters before unmapping.
@@ -137,11 +144,11 @@ impl FailureWord {
     /// Removes the name (the owner's, once every peer opened it): the memory lives on while
     /// anyone maps it. Idempotent.
     pub fn unlink(&self) {
-        if !self.owner {
+        if !self.owner || self.unlinked.swap(true, Ordering::AcqRel) {
             return;
         }
         if let Ok(name) = CString::new(self.name.as_str()) {
-            // SAFETY: a NUL-terminated name; a name already removed is ENOENT, ignored.
+            // SAFETY: a NUL-terminated name of ours, removed once.
             unsafe { libc::shm_unlink(name.as_ptr()) };
         }
     }

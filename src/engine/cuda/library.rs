@@ -278,6 +278,7 @@ pub fn nccl_state_seen(comm: ncclComm_t, state: ResultCode) {
                 );
             }
             control.abort();
+            control.fail();
         }
     }
     let Some(mut engine) = entry.state.try_lock() else {
@@ -393,10 +394,19 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
         if let Some(control) = entry.watch.control.lock().as_ref() {
             control.abort();
         }
-        // A call or a setup in progress holds the state; it finds `forgotten` set.
-        if let Some(mut state) = entry.state.try_lock() {
-            if let State::Ready(ready) = std::mem::replace(&mut *state, State::Refused) {
-                abandon(*ready);
+        // A call or a setup in progress holds the state; it finds `forgotten` set. Its
+        // kernels may be running: peers waiting for them are released from here (a lost
+        // context runs no kernel that would tell them).
+        match entry.state.try_lock() {
+            Some(mut state) => {
+                if let State::Ready(ready) = std::mem::replace(&mut *state, State::Refused) {
+                    abandon(*ready);
+                }
+            }
+            None => {
+                if let Some(control) = entry.watch.control.lock().as_ref() {
+                    control.fail();
+                }
             }
         }
         return;

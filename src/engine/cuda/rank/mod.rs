@@ -26,7 +26,7 @@ use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::failure::FailureWord;
 use super::staging::StagingLayout;
 use crate::gpu::arrival::{RawRingEntry, RING_ENTRIES};
-use crate::gpu::launch::{RawPeer, MAX_THREADS, STATUS_ABORTED, STATUS_OK, WARP_THREADS};
+use crate::gpu::launch::{RawPeer, MAX_THREADS, STATUS_OK, WARP_THREADS};
 use crate::plan::{ArenaNeed, Lowered};
 use crate::reduce::DataType;
 
@@ -59,7 +59,7 @@ pub struct CudaRank {
     staging: DeviceMemory,
     words: Arc<HostWords>,
     /// This rank's failure word, which every peer maps.
-    failure: FailureWord,
+    failure: Arc<FailureWord>,
     /// The peers' failure words as this process maps them (by rank; `None` for this rank),
     /// once connected.
     peer_failures: Vec<Option<FailureWord>>,
@@ -99,12 +99,14 @@ impl CudaRank {
             "the kernel is built for whole warps, 2..={} of them per block (one for arrivals)",
             MAX_THREADS / WARP_THREADS
         );
-        let staging = DeviceMemory::zeroed(device, config.layout.allocation_bytes() as usize)?;
-        let words = Arc::new(HostWords::new(device, 2)?);
-        let failure = FailureWord::create(device).map_err(|detail| GpuError {
+        // The failure word first: a failure after the staging exists would free it, and a
+        // free waits for the whole context (another communicator's call included).
+        let failure = Arc::new(FailureWord::create(device).map_err(|detail| GpuError {
             call: "shm_open",
             detail,
-        })?;
+        })?);
+        let words = Arc::new(HostWords::new(device, 2)?);
+        let staging = DeviceMemory::zeroed(device, config.layout.allocation_bytes() as usize)?;
         let ring_words = RING_ENTRIES as usize * std::mem::size_of::<RawRingEntry>() / 4;
         let ring = HostWords::new(device, ring_words)?;
         Ok(CudaRank {
@@ -257,7 +259,7 @@ impl CudaRank {
     /// The abort and status words, usable without holding this rank (a watchdog aborting a
     /// communicator must not wait for the lock a stuck call holds).
     pub fn control(&self) -> Control {
-        Control(self.words.clone())
+        Control(self.words.clone(), self.failure.clone())
     }
 
     /// Gives this rank up: its abort word ends its own kernels, and its failure word releases
@@ -271,7 +273,7 @@ impl CudaRank {
     /// failure on the host side (no kernel of this rank ran to report it, or its GPU context is
     /// lost): a store into host memory, which needs no driver call.
     pub fn mark_failed(&self) {
-        self.failure.set(STATUS_ABORTED);
+        self.control().fail();
     }
 
     /// Queues one AllReduce of `plan` on `stream`: the operands' `input` and `output` hold
@@ -299,7 +301,8 @@ impl CudaRank {
             if ticket {
                 // SAFETY: as the caller vouches.
                 let ticket = unsafe { self.ticket_within(stream, self.timeout_ns(), true) }?;
-                // Measured or not, its end kernel runs: a call of ours waits for no NCCL.
+                // Its end kernel runs (it collects the records waiting), noting no end.
+                let ticket = ticket.untimed();
                 // SAFETY: as above; nothing else runs for this call.
                 unsafe { self.ticket_end(ticket, stream) }?;
             }

@@ -93,7 +93,7 @@ pub struct SetupRecord {
     pub build: u64,
     /// The name of the shared memory holding the writer's failure word (NUL-padded; empty in
     /// a failed record), which its peers map (`crate::engine::cuda::failure`).
-    pub failure_word: [u8; 32],
+    pub failure_word: [u8; 48],
 }
 
 /// Why the communicator stays on NCCL, the same on every rank.
@@ -244,7 +244,7 @@ impl SetupRecord {
             staging_handle,
             layout: [layout.arena_bytes, layout.values, layout.blocks],
             build: build_id(),
-            failure_word: [0; 32],
+            failure_word: [0; 48],
         }
     }
 
@@ -265,7 +265,7 @@ impl SetupRecord {
             staging_handle: [0; 64],
             layout: [0; 3],
             build: build_id(),
-            failure_word: [0; 32],
+            failure_word: [0; 48],
         }
     }
 
@@ -277,7 +277,7 @@ impl SetupRecord {
 
     /// The name of the shared memory of the writer's failure word ("" if none).
     pub fn failure_word_name(&self) -> String {
-        let end = self.failure_word.iter().position(|&b| b == 0).unwrap_or(32);
+        let end = self.failure_word.iter().position(|&b| b == 0).unwrap_or(48);
         String::from_utf8_lossy(&self.failure_word[..end]).into_owned()
     }
 
@@ -417,7 +417,7 @@ pub(super) fn record_from(bytes: &[u8]) -> SetupRecord {
         *w = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
     }
     let build = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
-    let failure_word = take(32).try_into().expect("32 bytes");
+    let failure_word = take(48).try_into().expect("48 bytes");
     SetupRecord {
         magic: u32s[0],
         version: u32s[1],
@@ -596,7 +596,7 @@ mod tests {
         assert_eq!(field::<4>("abcdef"), *b"abcd");
         assert_eq!(field::<4>("ab"), [b'a', b'b', 0, 0]);
         assert_ne!(setting_hash("256M"), setting_hash("128M"));
-        assert_eq!(std::mem::size_of::<SetupRecord>(), 336);
+        assert_eq!(std::mem::size_of::<SetupRecord>(), 352);
         assert!(std::mem::size_of::<SetupRecord>() <= SETUP_RECORD_BYTES);
     }
 }
