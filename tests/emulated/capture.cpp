@@ -224,8 +224,10 @@ CUresult cuGraphLaunch(CUgraphExec he, CUstream hs) {
   if (s->capture) return CUDA_ERROR_NOT_SUPPORTED; /* child graphs are not modelled */
   std::shared_ptr<GraphExec> exec = it->second;
   if (!s->ctx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
-  /* External event waits: the events' latest eager records, as of this launch. */
+  /* The previous launch of this graph, then external event waits: the events' latest eager
+   * records, as of this launch. */
   std::vector<std::pair<Stream*, uint64_t>> deps;
+  if (exec->last_launch.first) deps.push_back(exec->last_launch);
   for (const Node& n : exec->nodes) {
     Event* e = n.wait_external;
     if (e && is_event(e) && !e->capture && e->stream) deps.push_back({e->stream, e->seq});
@@ -237,6 +239,7 @@ CUresult cuGraphLaunch(CUgraphExec he, CUstream hs) {
       if (n.run) n.run();
   });
   if (r != CUDA_SUCCESS) return r;
+  exec->last_launch = {s, s->enqueued};
   for (const Node& n : exec->nodes) {
     Event* e = n.record_external;
     if (!e || !is_event(e)) continue;

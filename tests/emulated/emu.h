@@ -150,6 +150,9 @@ struct Graph {
 };
 struct GraphExec {
   std::vector<Node> nodes; /* in creation order, which is a topological order */
+  /* Its latest launch (stream, op number): the next launch waits for it to end, on any stream,
+   * as a graph exec never runs concurrently with itself. */
+  std::pair<Stream*, uint64_t> last_launch{nullptr, 0};
 };
 struct Capture {
   uint64_t id = 0;

@@ -331,6 +331,33 @@ static int external_event_nodes_order_replays_and_eager_work(void) {
   return 1;
 }
 
+/* Two launches of one graph on two streams run one after the other: a graph never runs
+ * concurrently with itself. */
+static int a_graph_launched_on_two_streams_runs_once_at_a_time(void) {
+  CUstream origin, a, b;
+  CUgraph graph;
+  CUgraphExec exec;
+  CHECK(cuStreamCreate(&origin, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamBeginCapture(origin, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(delay(origin, 200));
+  CHECK(cuStreamEndCapture(origin, &graph));
+  CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+  double t0 = now_ms();
+  CHECK(cuGraphLaunch(exec, a));
+  CHECK(cuGraphLaunch(exec, b));
+  CHECK(cuStreamSynchronize(a));
+  CHECK(cuStreamSynchronize(b));
+  EXPECT(now_ms() - t0 >= 390);
+  CHECK(cuGraphExecDestroy(exec));
+  CHECK(cuGraphDestroy(graph));
+  CHECK(cuStreamDestroy(origin));
+  CHECK(cuStreamDestroy(a));
+  CHECK(cuStreamDestroy(b));
+  return 1;
+}
+
 /* cuMemFree waits for the context's queued work, on any stream, before it returns (observed
  * of the real driver, not documented: the engine does not rely on it, and the emulation does
  * it so that a free under running work waits here as on a GPU). */
@@ -578,6 +605,8 @@ int main(int argc, char** argv) {
   run("capture refuses what crosses it", capture_refuses_what_crosses_it);
   run("external event nodes order replays and eager work",
       external_event_nodes_order_replays_and_eager_work);
+  run("a graph launched on two streams runs once at a time",
+      a_graph_launched_on_two_streams_runs_once_at_a_time);
   run("cuMemFree waits for the context's work", memory_free_waits_for_the_contexts_work);
   run("IPC maps memory across processes", ipc_check);
   run("one hardware queue makes streams wait for each other",
