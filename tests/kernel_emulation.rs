@@ -479,6 +479,24 @@ impl Comm {
         ))
     }
 
+    /// The record of call `call` (last rank, lead ns, post-arrival word), asserting that every
+    /// rank's ring holds it, and the same one.
+    fn agreed_record(&mut self, call: u64) -> (u32, u32, u32) {
+        let (last, lead) = self.record(0, call).expect("rank 0 holds the record");
+        let post = self
+            .post(0, call)
+            .expect("rank 0 holds the post-arrival time");
+        for r in 1..self.ranks {
+            assert_eq!(
+                self.record(r, call),
+                Some((last, lead)),
+                "call {call} rank {r}"
+            );
+            assert_eq!(self.post(r, call), Some(post), "call {call} rank {r}");
+        }
+        (last, lead, post)
+    }
+
     /// The post-arrival word (ns, or `POST_UNMEASURED`) of call `call` in `rank`'s ring, if it
     /// holds it.
     fn post(&mut self, rank: usize, call: u64) -> Option<u32> {
@@ -1737,18 +1755,7 @@ fn arrival_records_name_the_late_rank_identically_on_every_rank() {
     comm.tickets(&everyone);
     comm.tickets(&everyone);
     for call in 0..calls {
-        let (last, lead) = comm.record(0, call).expect("rank 0 holds the record");
-        let post = comm
-            .post(0, call)
-            .expect("rank 0 holds the post-arrival time");
-        for r in 1..ranks {
-            assert_eq!(
-                comm.record(r, call),
-                Some((last, lead)),
-                "call {call} rank {r}"
-            );
-            assert_eq!(comm.post(r, call), Some(post), "call {call} rank {r}");
-        }
+        let (last, lead, post) = comm.agreed_record(call);
         assert_eq!(last as usize, late_of(call), "call {call}");
         let lead = Duration::from_nanos(lead as u64);
         assert!(
@@ -1860,16 +1867,7 @@ fn calls_nccl_runs_name_their_last_rank_and_the_sample_measures_their_lead() {
     );
     let mut measured = 0;
     for call in 0..collected {
-        let (last, lead) = comm.record(0, call).expect("rank 0 holds the record");
-        let post = comm.post(0, call).expect("and its post-arrival time");
-        for r in 1..ranks {
-            assert_eq!(
-                comm.record(r, call),
-                Some((last, lead)),
-                "call {call} rank {r}"
-            );
-            assert_eq!(comm.post(r, call), Some(post), "call {call} rank {r}");
-        }
+        let (last, lead, post) = comm.agreed_record(call);
         assert_eq!(last as usize, late_of(call), "call {call}");
         if post == POST_UNMEASURED {
             assert_eq!(lead, LEAD_FROM_SPANS, "call {call}: a lead without a post");
