@@ -262,6 +262,7 @@ static uint64_t sg_served_out_of_order = 0;
  * turn or a later one in this call (its reader's earlier turns of the source came before). */
 SG_DEVICE void sg_serve(uint64_t* word, uint32_t flag, uint32_t turn) {
 #ifdef STRAGGLAR_HOST_EMULATION
+  sg_strong(word, 8, SG_RELEASE_SCOPE, "st.release.sys.u64", __FILE__, __LINE__);
   uint64_t before = __atomic_exchange_n(word, sg_served(flag, turn + 1), __ATOMIC_ACQ_REL);
   if (before >> 32 == flag && (uint32_t)before > turn) {
     __atomic_fetch_add(&sg_served_out_of_order, 1, __ATOMIC_RELAXED);
@@ -609,7 +610,11 @@ SG_OUTLINED void sg_copy_in(const sg_call* call, sg_scratch* s) {
     sg_call_slice(call, bytes, &begin, &end);
     sg_block_sync();
     if (SG_THREAD == 0) s->operands[0] = (const unsigned char*)a->input + start;
+#ifndef STRAGGLAR_MUTANT_UNSYNCED_OPERAND
+    /* (A planted bug, built only by the mutation runs of docs/EMULATED-GPU.md, drops this
+     * barrier: the block's threads may read the pointer before thread 0 wrote it.) */
     sg_block_sync();
+#endif
     unsigned char* slot = sg_value_at(call, a->rank, c);
     sg_apply_any(&call->math, s, 1, begin, end, slot, 0, a->has_scale != 0, false);
     sg_publish(call, c);

@@ -47,8 +47,40 @@ struct sg_host_thread {
   pthread_barrier_t* barrier; /* OS-thread harness: one per emulated block */
   void (*fiber_sync)(void);   /* fiber harness: the block barrier (null otherwise) */
   void (*fiber_pause)(void);  /* fiber harness: lets the block's other fibers run */
+  /* Fiber harness: the device the block runs on, and the emulated driver's check of each
+   * strong (synchronising) access's scope against the agents that touch the word (null
+   * otherwise). `op` names the PTX operation, `file`/`line` the call. */
+  int device;
+  void (*strong_access)(const void* p, uint32_t bytes, int scope, const char* op,
+                        const char* file, int line);
 };
 extern thread_local sg_host_thread sg_self;
+
+/* The scope of a strong access, as PTX names it: .cta, .gpu or .sys. A word that two GPUs, or
+ * a GPU and the host, both touch must only be accessed at system scope. */
+enum sg_scope { SG_SCOPE_CTA = 0, SG_SCOPE_GPU = 1, SG_SCOPE_SYS = 2 };
+
+/* Where a primitive was called from, as default arguments (GCC and Clang give the caller's). */
+#define SG_CALL_SITE const char *file = __builtin_FILE(), int line = __builtin_LINE()
+
+/* Tells the emulated driver of a strong access (no-op outside the fiber harness). */
+SG_DEVICE void sg_strong(const void* p, uint32_t bytes, sg_scope scope, const char* op,
+                         const char* file, int line) {
+  if (sg_self.strong_access) sg_self.strong_access(p, bytes, (int)scope, op, file, line);
+}
+
+/* The scope the release stores and the system-scope atomic report: .sys, unless a planted
+ * bug (built only by the mutation runs of docs/EMULATED-GPU.md) narrows one to .gpu. */
+#ifdef STRAGGLAR_MUTANT_GPU_SCOPE_RELEASE
+#define SG_RELEASE_SCOPE SG_SCOPE_GPU
+#else
+#define SG_RELEASE_SCOPE SG_SCOPE_SYS
+#endif
+#ifdef STRAGGLAR_MUTANT_GPU_SCOPE_TICKET
+#define SG_TICKET_SCOPE SG_SCOPE_GPU
+#else
+#define SG_TICKET_SCOPE SG_SCOPE_SYS
+#endif
 
 SG_DEVICE void sg_block_sync(void) {
   if (sg_self.fiber_sync)
@@ -56,16 +88,20 @@ SG_DEVICE void sg_block_sync(void) {
   else
     pthread_barrier_wait(sg_self.barrier);
 }
-SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p) {
+SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p, SG_CALL_SITE) {
+  sg_strong(p, 4, SG_SCOPE_SYS, "ld.acquire.sys.u32", file, line);
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
-SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p) {
+SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p, SG_CALL_SITE) {
+  sg_strong(p, 8, SG_SCOPE_SYS, "ld.acquire.sys.u64", file, line);
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
-SG_DEVICE uint64_t sg_load_relaxed64(const uint64_t* p) {
+SG_DEVICE uint64_t sg_load_relaxed64(const uint64_t* p, SG_CALL_SITE) {
+  sg_strong(p, 8, SG_SCOPE_SYS, "ld.relaxed.sys.u64", file, line);
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
-SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v) {
+SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v, SG_CALL_SITE) {
+  sg_strong(p, 4, SG_RELEASE_SCOPE, "st.release.sys.u32", file, line);
 #ifdef STRAGGLAR_MUTANT_RELAXED_RELEASE
   /* A planted bug, built only by scripts/tsan-emulation.sh, which requires ThreadSanitizer to
    * report it (the bit-for-bit checks cannot: x86 orders the store anyway). */
@@ -74,22 +110,28 @@ SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v) {
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 #endif
 }
-SG_DEVICE void sg_store_release64(uint64_t* p, uint64_t v) {
+SG_DEVICE void sg_store_release64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
+  sg_strong(p, 8, SG_RELEASE_SCOPE, "st.release.sys.u64", file, line);
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
-SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p) {
+SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p, SG_CALL_SITE) {
+  sg_strong(p, 4, SG_SCOPE_SYS, "ld.volatile.u32", file, line);
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
-SG_DEVICE void sg_store_volatile(uint32_t* p, uint32_t v) {
+SG_DEVICE void sg_store_volatile(uint32_t* p, uint32_t v, SG_CALL_SITE) {
+  sg_strong(p, 4, SG_SCOPE_SYS, "st.volatile.u32", file, line);
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
-SG_DEVICE void sg_store_relaxed64(uint64_t* p, uint64_t v) {
+SG_DEVICE void sg_store_relaxed64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
+  sg_strong(p, 8, SG_SCOPE_SYS, "st.relaxed.sys.u64", file, line);
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 }
-SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v) {
+SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v, SG_CALL_SITE) {
+  sg_strong(p, 4, SG_SCOPE_GPU, "atom.acq_rel.gpu.add.u32", file, line);
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 }
-SG_DEVICE uint64_t sg_atomic_add64_sys(uint64_t* p, uint64_t v) {
+SG_DEVICE uint64_t sg_atomic_add64_sys(uint64_t* p, uint64_t v, SG_CALL_SITE) {
+  sg_strong(p, 8, SG_TICKET_SCOPE, "atom.acq_rel.sys.add.u64", file, line);
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 }
 SG_DEVICE uint64_t sg_now_ns(void) {

@@ -11,19 +11,27 @@
 #        scripts/emulated-gpu.sh --build-without cuNAME   (a driver lacking that export; prints
 #                                                          its directory, to put first on
 #                                                          LD_LIBRARY_PATH)
+#        scripts/emulated-gpu.sh --build-mutant NAME      (a driver whose kernels carry the
+#                                                          planted bug STRAGGLAR_MUTANT_NAME of
+#                                                          docs/EMULATED-GPU.md; prints its
+#                                                          directory, likewise)
 #
 # What it proves and what it does not: the host code, the driver calls and the kernel source run
 # as a whole (streams, events, capture, IPC between processes, the kernels' protocol), with real
-# concurrency. It says nothing about timing, the GPU's memory model or its speed, and the CUDA
-# runtime (PyTorch) cannot run on it: it needs more of the driver than the engine does.
+# concurrency and memory scopes checked. It says nothing about timing, the GPU's weak memory or
+# its speed, and the CUDA runtime (PyTorch) cannot run on it: it needs more of the driver than
+# the engine does.
 #
 # Knobs (environment): STRAGGLAR_EMU_GPUS (8), STRAGGLAR_EMU_SMS (32), STRAGGLAR_EMU_MULTICAST (0),
 # STRAGGLAR_EMU_DRIVER_VERSION (13000), STRAGGLAR_EMU_FAIL (name[@device][=code],...: make a
 # driver call fail), STRAGGLAR_EMU_NO_NVRTC (1: NVRTC left off the loader path, so kernels come
 # from the cache or nowhere), STRAGGLAR_EMU_COUNT_LAUNCHES (1: each process prints its kernel
 # launches, by kernel, to stderr at exit), STRAGGLAR_EMU_KERNEL_FAULT (NAME@N: the Nth launch of
-# that kernel faults, and its context is lost), CUDA_DEVICE_MAX_CONNECTIONS (hardware queues per
-# context, 8), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
+# that kernel faults, and its context is lost), STRAGGLAR_EMU_SEED (N > 0: seeded random
+# scheduling, printed at cuInit; 0 or unset: the deterministic order), CUDA_DEVICE_MAX_CONNECTIONS
+# (hardware queues per context, 8), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
+# Strong accesses narrower than .sys to a word another GPU or the host touches end the process
+# (see docs/EMULATED-GPU.md, "The strict machine").
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -68,20 +76,43 @@ if stale "$OUT/selftest" || [ tests/emulated/selftest.c -nt "$OUT/selftest" ]; t
     tests/emulated/selftest.c -o "$OUT/selftest" -L "$OUT" -lcuda
 fi
 
+# A variant of the driver in directory $1, built with the version script $2 and any further
+# compiler flags.
+build_variant() {
+  local dir="$1" map="$2"
+  shift 2
+  if stale "$dir/libcuda.so.1"; then
+    c++ -std=c++17 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Werror -Wno-unused-parameter \
+      -ffp-contract=off -DSTRAGGLAR_HOST_EMULATION -I "$NV/cuda_runtime/include" -I cuda "$@" \
+      -Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,--version-script="$map" \
+      tests/emulated/*.cpp -o "$dir/libcuda.so.1.tmp"
+    mv "$dir/libcuda.so.1.tmp" "$dir/libcuda.so.1"
+    ln -sf libcuda.so.1 "$dir/libcuda.so"
+  fi
+}
+
+# A driver whose kernels carry a planted bug: for the tests that the strict machine reports
+# it. Prints its directory.
+if [ "${1:-}" = "--build-mutant" ]; then
+  [ "$#" -eq 2 ] && [[ $2 =~ ^[A-Z0-9_]+$ ]] || { echo "usage: $0 --build-mutant NAME" >&2; exit 2; }
+  grep -q "STRAGGLAR_MUTANT_$2\b" cuda/* || { echo "emulated-gpu: no mutant $2 in cuda/" >&2; exit 2; }
+  dir="$OUT/mutant-$2"
+  mkdir -p "$dir"
+  build_variant "$dir" tests/emulated/exports.map "-DSTRAGGLAR_MUTANT_$2"
+  echo "$dir"
+  exit 0
+fi
+
 # A driver that lacks one export (cudarc panics when it looks a missing name up): for tests of
 # what a panic inside the engine does. Prints its directory.
 if [ "${1:-}" = "--build-without" ]; then
   [ "$#" -eq 2 ] && [[ $2 =~ ^cu[A-Za-z0-9_]+$ ]] || { echo "usage: $0 --build-without cuNAME" >&2; exit 2; }
   dir="$OUT/without-$2"
   mkdir -p "$dir"
-  if stale "$dir/libcuda.so.1"; then
-    printf '{\n  global: cu*;\n  local: %s; *;\n};\n' "$2" > "$dir/exports.map"
-    c++ -std=c++17 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Werror -Wno-unused-parameter \
-      -ffp-contract=off -DSTRAGGLAR_HOST_EMULATION -I "$NV/cuda_runtime/include" -I cuda \
-      -Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,--version-script="$dir/exports.map" \
-      tests/emulated/*.cpp -o "$dir/libcuda.so.1"
-    ln -sf libcuda.so.1 "$dir/libcuda.so"
-  fi
+  printf '{\n  global: cu*;\n  local: %s; *;\n};\n' "$2" > "$dir/exports.map.new"
+  cmp -s "$dir/exports.map.new" "$dir/exports.map" || mv "$dir/exports.map.new" "$dir/exports.map"
+  rm -f "$dir/exports.map.new"
+  build_variant "$dir" "$dir/exports.map"
   if nm -D --defined-only "$dir/libcuda.so.1" | grep -qw "$2"; then
     echo "emulated-gpu: $dir/libcuda.so.1 still exports $2" >&2
     exit 1

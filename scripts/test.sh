@@ -58,13 +58,7 @@ wheels_torch
 wheels_cu12
 "$VENV/bin/python" -c "import torch; print('torch', torch.__version__, 'with NCCL', torch.cuda.nccl.version())"
 
-export STRAGGLAR_TEST_REAL_NCCL="$NV/nccl/lib/libnccl.so.2"
-export STRAGGLAR_TEST_NVIDIA_INCLUDES="$NV/nccl/include:$NV/cuda_runtime/include:$NV/cuda_nvcc/include:$NV/cuda_cccl/include"
-export STRAGGLAR_TEST_PYTHON="$PWD/$VENV/bin/python"
-# NVRTC for tests/nvrtc.rs (cudarc looks for libnvrtc.so* on the loader's search path); those
-# tests fail rather than skip when it cannot be loaded.
-export LD_LIBRARY_PATH="$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export STRAGGLAR_TEST_REQUIRE_NVRTC=1
+wheels_test_env
 test -f "$STRAGGLAR_TEST_REAL_NCCL"
 
 step "cargo fmt --check"

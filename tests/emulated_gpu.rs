@@ -12,11 +12,16 @@ use support::svg::svg_contents;
 
 /// `scripts/emulated-gpu.sh ARGS...` with no inherited STRAGGLAR_* or loader variables, killed
 /// after 5 minutes (a hang fails the test instead of the whole run).
+/// A command on the emulated machine, under the seeded schedule `STRAGGLAR_EMU_SEED` names
+/// when the tests run with one (`scripts/emulated-seeds.sh`), else the deterministic one.
 fn emulated(args: &[&str]) -> Command {
     let mut cmd = support::clean_command(Path::new("timeout"));
     cmd.args(["--kill-after=10", "300"])
         .arg(support::root().join("scripts/emulated-gpu.sh"))
         .args(args);
+    if let Ok(seed) = std::env::var("STRAGGLAR_EMU_SEED") {
+        cmd.env("STRAGGLAR_EMU_SEED", seed);
+    }
     cmd
 }
 
@@ -966,19 +971,116 @@ fn calls_forwarded_to_nccl_interleave_with_stragglar_calls_on_two_streams() {
     );
 }
 
+/// The loader path of a variant of the driver (`scripts/emulated-gpu.sh --build-without cuX`
+/// or `--build-mutant NAME`): its directory, then the driver's and NVRTC's.
+fn variant_path(build: &[&str]) -> String {
+    // The driver first (once per test binary): the script builds it before any variant, and
+    // two tests must not build it at once.
+    built();
+    let out = support::run(&mut emulated(build));
+    assert!(out.status.success(), "{}", support::describe(&out));
+    let variant = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let nvrtc = support::root().join(".venv/cu12/nvidia/cuda_nvrtc/lib");
+    format!("{variant}:{}:{}", built().display(), nvrtc.display())
+}
+
+#[test]
+fn a_narrower_scope_than_sys_on_a_shared_word_ends_the_run_naming_it() {
+    // Two planted bugs the emulation passed before it knew scopes (every scope became the same
+    // C++ atomic): the release that publishes a rank's data to its readers, and the ticket's
+    // atomic on rank 0's board, each narrowed to .gpu. Peers' words are the same pages here as
+    // on NVLink, so only the driver's record of which devices touch each word tells them apart.
+    for (mutant, site) in [
+        (
+            "GPU_SCOPE_RELEASE",
+            "st.release.sys.u32 at cuda/stragglar_allreduce.cu:",
+        ),
+        (
+            "GPU_SCOPE_TICKET",
+            "atom.acq_rel.sys.add.u64 at cuda/stragglar_arrival.h:",
+        ),
+    ] {
+        let path = format!(
+            "LD_LIBRARY_PATH={}",
+            variant_path(&["--build-mutant", mutant])
+        );
+        let mut env = engine_with("stragglar", &[("STRAGGLAR_TIMEOUT_MS", "5000")]);
+        let every: Vec<String> = (0..4).map(|r| format!("LOOPBACK_ENV_{r}")).collect();
+        env.extend(every.iter().map(|key| (key.as_str(), path.as_str())));
+        let (out, _) = run_ranks(&["4"], &env);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{mutant}: {}",
+            support::describe(&out)
+        );
+        let report = log
+            .lines()
+            .find(|l| l.starts_with("emulated GPU: scope violation: "))
+            .unwrap_or_else(|| panic!("{mutant}: {}", support::describe(&out)));
+        assert!(report.contains(site), "{mutant}: {report}");
+        assert!(report.contains("a .gpu-scope access by device"), "{report}");
+        assert!(report.contains("needs .sys scope"), "{report}");
+    }
+}
+
+#[test]
+fn seeded_schedules_keep_every_rank_right_and_expose_an_unsynchronised_read() {
+    // Random thread order with switches at strong accesses, random block order and start
+    // delays, stream jitter and concurrent graph branches: eager calls and graph replays stay
+    // right under a few seeds (scripts/emulated-seeds.sh runs the whole suite under many).
+    for seed in ["1", "2", "3"] {
+        for mode in [None, Some(("LOOPBACK_GRAPHS", "1"))] {
+            let mut env = engine_with("stragglar", &[("STRAGGLAR_EMU_SEED", seed)]);
+            env.extend(mode);
+            let (out, _) = run_ranks(&["4"], &env);
+            let log = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                log.contains(&format!("emulated GPU: scheduling seed {seed} ")),
+                "{}",
+                support::describe(&out)
+            );
+            assert_every_call_on_the_engine(&out, 4);
+        }
+    }
+    // A planted bug the fixed schedule hides: the barrier between thread 0's write of a copy's
+    // source pointer and the block's reads of it removed. Resumed in index order after the
+    // barrier before, thread 0 always writes first; in a random order, a thread reads the
+    // pointer of the chunk before (or of nothing).
+    let path = format!(
+        "LD_LIBRARY_PATH={}",
+        variant_path(&["--build-mutant", "UNSYNCED_OPERAND"])
+    );
+    let every: Vec<String> = (0..4).map(|r| format!("LOOPBACK_ENV_{r}")).collect();
+    for (seed, passes) in [("0", true), ("1", false)] {
+        let mut env = engine_with(
+            "stragglar",
+            &[
+                ("STRAGGLAR_EMU_SEED", seed),
+                ("STRAGGLAR_TIMEOUT_MS", "10000"),
+            ],
+        );
+        env.extend(every.iter().map(|key| (key.as_str(), path.as_str())));
+        let (out, _) = run_ranks(&["4"], &env);
+        if passes {
+            assert_every_call_on_the_engine(&out, 4);
+        } else {
+            assert!(
+                !out.status.success(),
+                "seed {seed}: {}",
+                support::describe(&out)
+            );
+        }
+    }
+}
+
 #[test]
 fn a_panic_inside_the_gpu_engine_gives_the_rank_up_and_releases_its_peers() {
     // Rank 1's driver lacks cuLaunchKernel: cudarc panics at its first launch. Before, the
     // panic became ncclInternalError on rank 1 alone, and its peers waited for it for ever.
-    built();
-    let out = support::run(&mut emulated(&["--build-without", "cuLaunchKernel"]));
-    assert!(out.status.success(), "{}", support::describe(&out));
-    let without = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-    let nvrtc = support::root().join(".venv/cu12/nvidia/cuda_nvrtc/lib");
     let rank1 = format!(
-        "LD_LIBRARY_PATH={without}:{}:{}",
-        built().display(),
-        nvrtc.display()
+        "LD_LIBRARY_PATH={}",
+        variant_path(&["--build-without", "cuLaunchKernel"])
     );
     let mut env = ENGINE.to_vec();
     env.push(("LOOPBACK_ENV_1", &rank1));
@@ -1012,17 +1114,9 @@ fn a_panic_inside_the_gpu_engine_gives_the_rank_up_and_releases_its_peers() {
 /// broken rank, and with one broken rank its peers waited in the setup's all-gather.
 #[test]
 fn a_failure_while_attaching_keeps_every_rank_on_nccl() {
-    // The driver first (once per test binary): the script builds it before the one without
-    // an export, and two tests must not build it at once.
-    built();
-    let out = support::run(&mut emulated(&["--build-without", "cuModuleLoadData"]));
-    assert!(out.status.success(), "{}", support::describe(&out));
-    let without = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-    let nvrtc = support::root().join(".venv/cu12/nvidia/cuda_nvrtc/lib");
     let broken = format!(
-        "LD_LIBRARY_PATH={without}:{}:{}",
-        built().display(),
-        nvrtc.display()
+        "LD_LIBRARY_PATH={}",
+        variant_path(&["--build-without", "cuModuleLoadData"])
     );
     let empty = support::scratch("attach-without-kernels");
     let no_kernels = format!("STRAGGLAR_CACHE_DIR={}", empty.display());

@@ -275,3 +275,65 @@ fn stragglar_kernels_refuses_an_unknown_architecture() {
     assert_eq!(run.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&run.stderr).contains("sm_60"));
 }
+
+/// Every synchronising access of the kernels is at system scope, checked from below in the PTX
+/// (inline PTX reaches it verbatim): each load or store with a memory order, each atomic,
+/// reduction and fence names `.sys` (or is `.volatile`, which PTX treats as relaxed at system
+/// scope), but the one gpu-scope atomic, the counter of a launch's finished blocks in its own
+/// GPU's memory (no other agent touches it: the emulated driver checks that at run time).
+/// A flag, turn, board or failure word narrowed to `.gpu` passes a single GPU and fails here.
+#[test]
+fn every_synchronising_access_in_the_ptx_is_at_system_scope() {
+    if !nvrtc_available() {
+        return;
+    }
+    let options = CompileOptions {
+        arch: Some("compute_90"),
+        options: vec!["--fmad=false".into(), "--std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = compile_ptx_with_opts(stragglar::gpu::kernels::translation_unit(), options)
+        .unwrap_or_else(|e| panic!("{e:?}"))
+        .to_src();
+    const GPU_SCOPE_COUNTER: &str = "atom.acq_rel.gpu.global.add.u32";
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    for line in ptx.lines() {
+        let mut words = line.split_whitespace();
+        let mut opcode = words.next().unwrap_or("");
+        if opcode.starts_with('@') {
+            opcode = words.next().unwrap_or("");
+        }
+        let parts: Vec<&str> = opcode.trim_end_matches(';').split('.').collect();
+        let ordered = parts
+            .iter()
+            .any(|p| ["acquire", "release", "relaxed", "acq_rel", "sc", "volatile"].contains(p));
+        let strong = match parts[0] {
+            "ld" | "st" => ordered,
+            "atom" | "red" | "fence" | "membar" => true,
+            _ => false,
+        };
+        if !strong || parts.contains(&"shared") || parts.contains(&"local") {
+            continue;
+        }
+        let system = parts.contains(&"sys") || parts.contains(&"volatile");
+        assert!(
+            system || opcode == GPU_SCOPE_COUNTER,
+            "a synchronising access narrower than .sys: {}",
+            line.trim()
+        );
+        *seen.entry(opcode.to_string()).or_default() += 1;
+    }
+    eprintln!("{seen:#?}");
+    for needed in [
+        "ld.acquire.sys.global.u32",
+        "st.release.sys.global.u32",
+        "st.release.sys.global.u64",
+        "atom.acq_rel.sys.global.add.u64",
+        GPU_SCOPE_COUNTER,
+    ] {
+        assert!(
+            seen.contains_key(needed),
+            "no {needed} in the PTX: {seen:?}"
+        );
+    }
+}

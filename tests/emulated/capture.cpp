@@ -4,6 +4,9 @@
  * not joined back to the origin stream; an instantiated graph replays the recorded work, with
  * the recorded arguments, on every cuGraphLaunch. All of it under the driver lock. */
 #include "emu.h"
+#include "schedule.h"
+
+#include <time.h>
 
 #include <map>
 
@@ -46,6 +49,51 @@ bool joined(const Graph& g, const std::vector<size_t>& roots, const std::vector<
   for (size_t n : tail)
     if (!seen[n]) return false;
   return true;
+}
+/* Runs a graph launch's nodes. Creation order is a topological order: unseeded, they run one
+ * after another in it. Seeded, each node runs on a thread of its own once its dependencies
+ * have finished, the ready ones started in a random order after random delays (below 100 us),
+ * so independent branches run at the same time, as on a GPU. */
+void run_nodes(const std::vector<Node>& nodes, uint64_t launch) {
+  if (!schedule_seed()) {
+    for (const Node& n : nodes)
+      if (n.run) n.run();
+    return;
+  }
+  Rng choices = rng_for(kChoiceGraph, launch, 0);
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<bool> started(nodes.size(), false), finished(nodes.size(), false);
+  std::vector<std::thread> running;
+  size_t done = 0;
+  std::unique_lock<std::mutex> l(m);
+  while (done < nodes.size()) {
+    std::vector<size_t> ready;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (started[i]) continue;
+      bool met = true;
+      for (size_t d : nodes[i].deps) met = met && finished[d];
+      if (met) ready.push_back(i);
+    }
+    for (size_t k = ready.size(); k > 1; --k) std::swap(ready[k - 1], ready[choices.below((uint32_t)k)]);
+    for (size_t i : ready) {
+      started[i] = true;
+      const uint32_t delay_us = choices.below(100);
+      running.emplace_back([&, i, delay_us] {
+        struct timespec t = {0, (long)delay_us * 1000};
+        nanosleep(&t, nullptr);
+        if (nodes[i].run) nodes[i].run();
+        std::lock_guard<std::mutex> g(m);
+        finished[i] = true;
+        done++;
+        cv.notify_all();
+      });
+    }
+    const size_t before = done;
+    cv.wait(l, [&] { return done > before; });
+  }
+  l.unlock();
+  for (std::thread& t : running) t.join();
 }
 }  // namespace
 
@@ -232,12 +280,9 @@ CUresult cuGraphLaunch(CUgraphExec he, CUstream hs) {
     Event* e = n.wait_external;
     if (e && is_event(e) && !e->capture && e->stream) deps.push_back({e->stream, e->seq});
   }
-  /* Creation order is a topological order: running the nodes one after another honours every
-   * dependency. */
-  r = enqueue_locked(s, std::move(deps), [exec] {
-    for (const Node& n : exec->nodes)
-      if (n.run) n.run();
-  });
+  static uint64_t graph_launches = 0; /* under the driver lock */
+  const uint64_t launch = ++graph_launches;
+  r = enqueue_locked(s, std::move(deps), [exec, launch] { run_nodes(exec->nodes, launch); });
   if (r != CUDA_SUCCESS) return r;
   exec->last_launch = {s, s->enqueued};
   for (const Node& n : exec->nodes) {

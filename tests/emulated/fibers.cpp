@@ -1,6 +1,7 @@
 /* The fiber scheduler of fibers.h: a hand-written context switch (x86-64 System V: the six
  * callee-saved registers and the stack pointer), stacks from a pool (64 KiB each, a guard page
- * below each), and round-robin scheduling with a block barrier. */
+ * below each), and round-robin (or, seeded, randomly ordered) scheduling with a block
+ * barrier. */
 #include "fibers.h"
 
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #if !defined(__x86_64__)
@@ -170,7 +172,7 @@ void fiber_sync() {
 void fiber_pause() { to_scheduler(t_block); }
 
 void run_fibers(uint32_t threads, uint32_t syncing, void (*body)(void*, uint32_t),
-                void (*on_switch)(void*, uint32_t), void* arg) {
+                void (*on_switch)(void*, uint32_t), void* arg, Rng* order) {
   Block b;
   b.threads = threads;
   b.syncing_below = syncing < threads ? syncing : threads;
@@ -200,9 +202,13 @@ void run_fibers(uint32_t threads, uint32_t syncing, void (*body)(void*, uint32_t
   Block* outer = t_block;
   t_block = &b;
   uint32_t idle_rounds = 0;
+  std::vector<uint32_t> visit(threads);
+  for (uint32_t i = 0; i < threads; ++i) visit[i] = i;
   while (b.live > 0) {
     b.progressed = false;
-    for (uint32_t i = 0; i < threads; ++i) {
+    if (order)
+      for (uint32_t k = threads; k > 1; --k) std::swap(visit[k - 1], visit[order->below(k)]);
+    for (uint32_t i : visit) {
       if (b.state[i] != Runnable) continue;
       b.current = i;
       on_switch(arg, i);

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "schedule.h"
+
 namespace emu {
 
 /* Runs `threads` fibers on the calling thread, fiber i calling body(arg, i) after
@@ -14,9 +16,11 @@ namespace emu {
  * never take part: a warp doing other work; one of them returning while others wait there
  * aborts, as the GPU's counted barrier would hang) and
  * fiber_pause() lets the others run; when every fiber only pauses, the OS thread yields and
- * then sleeps briefly, so a block that spins on another rank does not starve it. */
+ * then sleeps briefly, so a block that spins on another rank does not starve it. Each round
+ * resumes the runnable fibers in index order, or, given `order` (seeded scheduling), in an
+ * order drawn from it. */
 void run_fibers(uint32_t threads, uint32_t syncing, void (*body)(void* arg, uint32_t thread),
-                void (*on_switch)(void* arg, uint32_t thread), void* arg);
+                void (*on_switch)(void* arg, uint32_t thread), void* arg, Rng* order);
 void fiber_sync();
 void fiber_pause();
 

@@ -56,6 +56,15 @@ void body(void* arg, uint32_t thread) {
 
 void emu_sync(void) { emu::fiber_sync(); }
 void emu_pause(void) { emu::fiber_pause(); }
+/* Seeded scheduling: the running block's choices (null: the deterministic schedule). */
+thread_local emu::Rng* t_choices = nullptr;
+
+/* Checks a strong access's scope; seeded, it may first let the block's other threads run. */
+void emu_strong_access(const void* p, uint32_t bytes, int scope, const char* op,
+                       const char* file, int line) {
+  emu::check_strong_access(p, bytes, scope, op, file, line, sg_self.device);
+  if (t_choices && t_choices->one_in(4)) emu::fiber_pause();
+}
 
 const emu::KernelSpec kSpecs[] = {
     {"ncclStragglarAllReduce", emu::KernelId::AllReduce, sizeof(RawLaunch), MAX_THREADS},
@@ -76,7 +85,7 @@ const KernelSpec* kernel_specs(size_t* count) {
 }
 
 void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t blocks,
-               uint32_t threads) {
+               uint32_t threads, int device, uint64_t launch) {
   /* The block's shared memory. */
   void* shared = aligned_alloc(16, (sizeof(sg_scratch) + 15) / 16 * 16);
   if (!shared) abort();
@@ -88,13 +97,20 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
   sg_self.barrier = nullptr;
   sg_self.fiber_sync = emu_sync;
   sg_self.fiber_pause = emu_pause;
+  sg_self.device = device;
+  sg_self.strong_access = emu_strong_access;
   /* The AllReduce kernel's arrival warp (block 0's last threads) never meets the others. */
   const uint32_t syncing = k->id == emu::KernelId::AllReduce
                                ? sg_plan_threads((const RawLaunch*)params, block, threads)
                                : threads;
-  run_fibers(threads, syncing, body, on_switch, &run);
+  Rng choices = rng_for(kChoiceFibers, launch, block);
+  Rng* seeded = schedule_seed() ? &choices : nullptr;
+  t_choices = seeded;
+  run_fibers(threads, syncing, body, on_switch, &run, seeded);
+  t_choices = nullptr;
   sg_self.fiber_sync = nullptr;
   sg_self.fiber_pause = nullptr;
+  sg_self.strong_access = nullptr;
   free(shared);
 }
 

@@ -21,9 +21,17 @@ struct KernelSpec {
 const KernelSpec* kernel_specs(size_t* count);
 
 /* Runs block `block` of a `blocks`-block launch of `k` with `threads` threads on the calling
- * thread (as fibers); returns when every thread of the block has returned. */
+ * thread (as fibers), on device `device`; returns when every thread of the block has
+ * returned. `launch` numbers the launch in this process (the key of its seeded choices). */
 void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t blocks,
-               uint32_t threads);
+               uint32_t threads, int device, uint64_t launch);
+
+/* The scope check of every strong access a kernel makes (memory.cpp): `scope` is an
+ * sg_scope, `device` the GPU making the access. A narrower scope than .sys on a word that
+ * another GPU or the host touches too, or on another GPU's or host memory, ends the process,
+ * naming the word and the call. */
+void check_strong_access(const void* p, uint32_t bytes, int scope, const char* op,
+                         const char* file, int line, int device);
 
 }  // namespace emu
 

@@ -5,6 +5,7 @@
  * real GPU waits here as it would there. */
 #include "emu.h"
 #include "kernel_source.h"
+#include "schedule.h"
 
 #include <atomic>
 #include <cstdio>
@@ -96,8 +97,12 @@ void ptx_kernels(const char* text, std::vector<const KernelSpec*>* out) {
 }
 
 void block_thread(const KernelSpec* spec, std::shared_ptr<std::vector<char>> params, uint32_t b,
-                  uint32_t grid, uint32_t threads, Sms* sms) {
-  run_block(spec, params->data(), b, grid, threads);
+                  uint32_t grid, uint32_t threads, Sms* sms, int device, uint64_t launch) {
+  if (schedule_seed()) {
+    Rng start = rng_for(kChoiceBlocks, launch, b + 1);
+    random_sleep(start, 200);
+  }
+  run_block(spec, params->data(), b, grid, threads, device, launch);
   {
     std::lock_guard<std::mutex> l(sms->m);
     sms->free++;
@@ -106,18 +111,25 @@ void block_thread(const KernelSpec* spec, std::shared_ptr<std::vector<char>> par
 }
 }  // namespace
 
+/* Runs launch number `launch` (of this process) of `spec`: its blocks in index order, or,
+ * seeded, in a random order, each starting after a random delay below 200 us. */
 void run_kernel(const KernelSpec* spec, int device, uint32_t grid, uint32_t threads,
-                std::shared_ptr<std::vector<char>> params) {
+                std::shared_ptr<std::vector<char>> params, uint64_t launch) {
   Sms* sms = sms_of(device);
+  std::vector<uint32_t> order(grid);
+  for (uint32_t b = 0; b < grid; ++b) order[b] = b;
+  Rng choices = rng_for(kChoiceBlocks, launch, 0);
+  if (schedule_seed())
+    for (uint32_t k = grid; k > 1; --k) std::swap(order[k - 1], order[choices.below(k)]);
   std::vector<std::thread> blocks;
   blocks.reserve(grid);
-  for (uint32_t b = 0; b < grid; ++b) {
+  for (uint32_t b : order) {
     {
       std::unique_lock<std::mutex> l(sms->m);
       sms->cv.wait(l, [&] { return sms->free > 0; });
       sms->free--;
     }
-    blocks.emplace_back(block_thread, spec, params, b, grid, threads, sms);
+    blocks.emplace_back(block_thread, spec, params, b, grid, threads, sms, device, launch);
   }
   for (std::thread& t : blocks) t.join();
 }
@@ -288,14 +300,16 @@ CUresult cuLaunchKernel(CUfunction hf, unsigned int gx, unsigned int gy, unsigne
   int device = s->ctx->device;
   Context* ctx = s->ctx;
   const bool faults = !s->capture && injected_fault(spec);
-  CUresult submitted = submit(s, [spec, device, gx, bx, bytes, ctx, faults] {
+  static std::atomic<uint64_t> launches{0};
+  const uint64_t launch = launches.fetch_add(1) + 1;
+  CUresult submitted = submit(s, [spec, device, gx, bx, bytes, ctx, faults, launch] {
     if (faults) {
       fprintf(stderr, "emulated CUDA driver: %s faulted (an injected illegal address): the context is lost\n",
               spec->name);
       ctx->fault.store(CUDA_ERROR_ILLEGAL_ADDRESS);
       return;
     }
-    run_kernel(spec, device, gx, bx, bytes);
+    run_kernel(spec, device, gx, bx, bytes, launch);
   });
   if (submitted == CUDA_SUCCESS) count_launch(spec);
   return submitted;

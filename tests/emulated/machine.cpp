@@ -1,5 +1,6 @@
 /* The emulated machine's devices, primary contexts, versions, error names and fault injection. */
 #include "emu.h"
+#include "schedule.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -130,6 +131,9 @@ CUresult cuInit(unsigned int flags) {
     g_machine.driver_version = env_int("STRAGGLAR_EMU_DRIVER_VERSION", 13000, 1000, 99999);
     g_primary.assign(g_machine.devices, nullptr);
     parse_faults();
+    if (schedule_seed())
+      fprintf(stderr, "emulated GPU: scheduling seed %llu (STRAGGLAR_EMU_SEED)\n",
+              (unsigned long long)schedule_seed());
     g_initialized.store(true, std::memory_order_release);
   }
   return CUDA_SUCCESS;

@@ -2,9 +2,19 @@
  * memfd mapped shared, so another process opens its IPC handle through /proc/<pid>/fd/<fd> and
  * maps the same pages at an address of its own, as a GPU maps a peer's memory. Device pointers
  * are host addresses; every device-side range a call names must lie inside memory the
- * emulated GPUs can address, or the call fails with CUDA_ERROR_INVALID_VALUE. */
+ * emulated GPUs can address, or the call fails with CUDA_ERROR_INVALID_VALUE.
+ *
+ * Scopes: behind each device allocation's bytes, in the same memfd (so every process mapping
+ * it shares them), lies its shadow: a 32-bit word per 4 bytes saying which devices made a
+ * strong access to them (bit d, for device d modulo 16) and which of those did at a scope
+ * narrower than .sys (bit 16 + d). A kernel's narrow access to a word another device touches
+ * too, to another device's memory or to host memory ends the process naming the word
+ * (check_strong_access). */
 #include "emu.h"
+#include "kernel_source.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <map>
@@ -24,9 +34,26 @@ struct Region {
   uint64_t ino = 0;  /* Device: its inode, so a reused fd number is told apart */
   int opened = 0;    /* Ipc: open count in this process */
   int64_t pid = 0;   /* Ipc: the exporter */
+  /* Device and Ipc: the shadow (after `bytes` in the mapping, which is twice as long). */
+  uint32_t* shadow = nullptr;
 };
 std::mutex* g_mem = new std::mutex();
 std::map<uint64_t, Region>* g_regions = new std::map<uint64_t, Region>();
+/* Bumped under g_mem whenever a region comes or goes: what a thread's cached lookup checks. */
+std::atomic<uint64_t> g_layout{1};
+
+/* Under g_mem: records `reg` at `p`, or forgets the region `it`. */
+void add_region(uint64_t p, const Region& reg) {
+  (*g_regions)[p] = reg;
+  g_layout.fetch_add(1, std::memory_order_release);
+}
+void remove_region(std::map<uint64_t, Region>::iterator it) {
+  g_regions->erase(it);
+  g_layout.fetch_add(1, std::memory_order_release);
+}
+
+/* The length of a device allocation's mapping: its bytes, then its shadow. */
+size_t mapped_bytes(size_t bytes) { return 2 * bytes; }
 
 /* The bytes filled into fresh device allocations up to this size (cuMemAlloc does not zero). */
 constexpr size_t kPoisonLimit = size_t(64) << 20;
@@ -76,6 +103,71 @@ bool addressable(uint64_t p, size_t bytes) {
   return it != g_regions->end() && p + bytes <= it->first + it->second.bytes;
 }
 
+namespace {
+/* A kernel thread's last lookup of check_strong_access, valid while g_layout is unchanged. */
+struct Seen {
+  uint64_t layout = 0, base = 0, end = 0;
+  Region region;
+};
+thread_local Seen t_seen;
+
+const char* scope_name(int scope) {
+  return scope == 0 ? ".cta" : scope == 1 ? ".gpu" : ".sys";
+}
+
+[[noreturn]] void scope_violation(const char* op, int scope, const char* file, int line,
+                                  int device, uint64_t at, const Seen& seen, uint32_t shadow) {
+  const char* kind = seen.region.kind == Kind::Host ? "host memory (cuMemHostAlloc) mapped by"
+                     : seen.region.kind == Kind::Registered
+                         ? "host memory (cuMemHostRegister) mapped by"
+                     : seen.region.kind == Kind::Ipc ? "device memory, opened through IPC, of"
+                                                     : "device memory of";
+  fprintf(stderr,
+          "emulated GPU: scope violation: %s at %s:%d, a %s-scope access by device %d, to "
+          "the word at offset 0x%llx of %zu bytes of %s device %d",
+          op, file, line, scope_name(scope), device, (unsigned long long)(at - seen.base),
+          seen.region.bytes, kind, seen.region.device);
+  if (shadow)
+    fprintf(stderr, ", which devices 0x%x access (0x%x narrower than .sys)", shadow & 0xffff,
+            shadow >> 16);
+  fprintf(stderr, ": a word two GPUs, or a GPU and the host, share needs .sys scope\n");
+  abort();
+}
+}  // namespace
+
+void check_strong_access(const void* p, uint32_t bytes, int scope, const char* op,
+                         const char* file, int line, int device) {
+  const uint64_t at = (uint64_t)p;
+  Seen& seen = t_seen;
+  if (seen.layout != g_layout.load(std::memory_order_acquire) || at < seen.base ||
+      at + bytes > seen.end) {
+    std::lock_guard<std::mutex> g(*g_mem);
+    seen.layout = g_layout.load(std::memory_order_relaxed);
+    auto it = containing(at);
+    if (it == g_regions->end()) {
+      /* Block-local memory (shared memory, a thread's stack): only its block reaches it. */
+      seen.base = seen.end = 0;
+      return;
+    }
+    seen.base = it->first;
+    seen.end = it->first + it->second.bytes;
+    seen.region = it->second;
+  }
+  const bool narrow = scope != 2;
+  /* Host memory, and another GPU's memory, are never this GPU's alone. */
+  const bool foreign = !seen.region.shadow || seen.region.device != device;
+  if (narrow && foreign) scope_violation(op, scope, file, line, device, at, seen, 0);
+  if (!seen.region.shadow) return;
+  const uint32_t mine = 1u << (device % 16);
+  const uint32_t marks = mine | (narrow ? mine << 16 : 0);
+  const uint64_t last = (at + bytes - 1 - seen.base) / 4;
+  for (uint64_t w = (at - seen.base) / 4; w <= last; ++w) {
+    const uint32_t now = __atomic_fetch_or(&seen.region.shadow[w], marks, __ATOMIC_RELAXED) | marks;
+    if ((now >> 16) != 0 && __builtin_popcount(now & 0xffff) > 1)
+      scope_violation(op, scope, file, line, device, seen.base + 4 * w, seen, now);
+  }
+}
+
 }  // namespace emu
 
 using namespace emu;
@@ -104,11 +196,11 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
   int fd = memfd_create("stragglar-emulated-gpu", MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   struct stat st;
-  if (ftruncate(fd, (off_t)size) != 0 || fstat(fd, &st) != 0) {
+  if (ftruncate(fd, (off_t)mapped_bytes(size)) != 0 || fstat(fd, &st) != 0) {
     close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, mapped_bytes(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -120,9 +212,10 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
   reg.device = c->device;
   reg.fd = fd;
   reg.ino = (uint64_t)st.st_ino;
+  reg.shadow = (uint32_t*)((char*)p + size);
   {
     std::lock_guard<std::mutex> g(*g_mem);
-    (*g_regions)[(uint64_t)p] = reg;
+    add_region((uint64_t)p, reg);
   }
   *dptr = (CUdeviceptr)p;
   return CUDA_SUCCESS;
@@ -145,9 +238,9 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
   std::lock_guard<std::mutex> g(*g_mem);
   auto it = g_regions->find(dptr);
   if (it == g_regions->end() || it->second.kind != Kind::Device) return CUDA_ERROR_INVALID_VALUE;
-  munmap((void*)dptr, it->second.bytes);
+  munmap((void*)dptr, mapped_bytes(it->second.bytes));
   close(it->second.fd);
-  g_regions->erase(it);
+  remove_region(it);
   return CUDA_SUCCESS;
 }
 
@@ -184,7 +277,7 @@ CUresult cuMemHostAlloc(void** pp, size_t bytes, unsigned int flags) {
   reg.device = c->device;
   {
     std::lock_guard<std::mutex> g(*g_mem);
-    (*g_regions)[(uint64_t)p] = reg;
+    add_region((uint64_t)p, reg);
   }
   *pp = p;
   return CUDA_SUCCESS;
@@ -204,7 +297,7 @@ CUresult cuMemFreeHost(void* p) {
   auto it = g_regions->find((uint64_t)p);
   if (it == g_regions->end() || it->second.kind != Kind::Host) return CUDA_ERROR_INVALID_VALUE;
   munmap(p, it->second.bytes);
-  g_regions->erase(it);
+  remove_region(it);
   return CUDA_SUCCESS;
 }
 
@@ -228,7 +321,7 @@ CUresult cuMemHostRegister_v2(void* p, size_t bytes, unsigned int flags) {
   reg.bytes = round_to_page(bytes);
   reg.kind = Kind::Registered;
   reg.device = c->device;
-  (*g_regions)[(uint64_t)p] = reg;
+  add_region((uint64_t)p, reg);
   return CUDA_SUCCESS;
 }
 
@@ -241,7 +334,7 @@ CUresult cuMemHostUnregister(void* p) {
   auto it = g_regions->find((uint64_t)p);
   if (it == g_regions->end() || it->second.kind != Kind::Registered)
     return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-  g_regions->erase(it);
+  remove_region(it);
   return CUDA_SUCCESS;
 }
 
@@ -305,11 +398,12 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle, unsigne
   int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_INVALID_HANDLE; /* the exporter is gone, or freed it */
   struct stat st;
-  if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != h.ino || (uint64_t)st.st_size != h.bytes) {
+  if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != h.ino ||
+      (uint64_t)st.st_size != mapped_bytes(h.bytes)) {
     close(fd);
     return CUDA_ERROR_INVALID_HANDLE;
   }
-  void* p = mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, mapped_bytes(h.bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   Region reg;
@@ -319,7 +413,8 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle, unsigne
   reg.ino = h.ino;
   reg.pid = h.pid;
   reg.opened = 1;
-  (*g_regions)[(uint64_t)p] = reg;
+  reg.shadow = (uint32_t*)((char*)p + h.bytes);
+  add_region((uint64_t)p, reg);
   *dptr = (CUdeviceptr)p;
   return CUDA_SUCCESS;
 }
@@ -333,8 +428,8 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   auto it = g_regions->find(dptr);
   if (it == g_regions->end() || it->second.kind != Kind::Ipc) return CUDA_ERROR_INVALID_VALUE;
   if (--it->second.opened == 0) {
-    munmap((void*)dptr, it->second.bytes);
-    g_regions->erase(it);
+    munmap((void*)dptr, mapped_bytes(it->second.bytes));
+    remove_region(it);
   }
   return CUDA_SUCCESS;
 }

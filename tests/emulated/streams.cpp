@@ -3,6 +3,7 @@
  * is waited for by, the blocking streams of its context; non-blocking streams do not
  * synchronise with it. */
 #include "emu.h"
+#include "schedule.h"
 
 namespace emu {
 
@@ -14,7 +15,11 @@ std::mutex* g_driver = new std::mutex();
 std::set<Stream*>* g_streams = new std::set<Stream*>();
 std::set<Event*>* g_events = new std::set<Event*>();
 
-void worker_main(Stream* s) {
+/* Seeded scheduling: a stream's worker waits a random while (below 100 us) before one op in
+ * four. Streams are numbered in creation order within the process. */
+void worker_main(Stream* s, uint64_t number) {
+  Rng choices = rng_for(kChoiceStream, number, 0);
+  const bool seeded = schedule_seed() != 0;
   for (;;) {
     Op op;
     {
@@ -26,6 +31,7 @@ void worker_main(Stream* s) {
     }
     /* Its hardware queue dispatches in order: the op queued before it there starts first,
      * and this one starts once its own dependencies are met (a wait blocks the queue). */
+    if (seeded && choices.one_in(4)) random_sleep(choices, 100);
     if (op.after_start.first) wait_started(op.after_start.first, op.after_start.second);
     for (auto& d : op.deps) wait_for(d.first, d.second);
     {
@@ -50,7 +56,8 @@ Stream* new_stream(Context* ctx, unsigned flags, bool legacy) {
   s->hw_queue = ctx->next_queue++ % ctx->connections;
   s->flags = flags;
   s->legacy = legacy;
-  s->worker = std::thread(worker_main, s);
+  static uint64_t streams_made = 0; /* under the driver lock */
+  s->worker = std::thread(worker_main, s, ++streams_made);
   s->worker.detach();
   g_streams->insert(s);
   if (!legacy) ctx->streams.push_back(s);
