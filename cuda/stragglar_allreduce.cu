@@ -202,8 +202,15 @@ SG_DEVICE bool sg_any_failed(const sg_call* call) {
   return false;
 }
 
-/* A flag (32 bits) or a turn word (64 bits) read with acquire at system scope. */
-SG_DEVICE uint32_t sg_load_word(const uint32_t* p) { return sg_load_acquire(p); }
+/* A flag (32 bits) or a turn word (64 bits) read with acquire at system scope. (A planted bug,
+ * built only by the mutation runs of docs/EMULATED-GPU.md, reads the flag relaxed instead.) */
+SG_DEVICE uint32_t sg_load_word(const uint32_t* p) {
+#ifdef STRAGGLAR_MUTANT_RELAXED_FLAG
+  return sg_load_volatile(p);
+#else
+  return sg_load_acquire(p);
+#endif
+}
 SG_DEVICE uint64_t sg_load_word(const uint64_t* p) { return sg_load_acquire64(p); }
 
 /* The calling thread waits until `flag` (written by rank `peer`, or by any rank: SG_ANY_PEER)
@@ -259,17 +266,17 @@ static uint64_t sg_served_out_of_order = 0;
 
 /* Hands send `turn + 1` of a source to its reader, through `word` (that reader's turn word):
  * send `turn` is read. The emulation also checks that the word was not already handed this
- * turn or a later one in this call (its reader's earlier turns of the source came before). */
+ * turn or a later one in this call (its reader's earlier turns of the source came before),
+ * with a relaxed load first, which orders nothing: the store is the GPU's release alone, so no
+ * acquire the emulation made could stand in for one the GPU lacks. */
 SG_DEVICE void sg_serve(uint64_t* word, uint32_t flag, uint32_t turn) {
 #ifdef STRAGGLAR_HOST_EMULATION
-  sg_strong(word, 8, SG_RELEASE_SCOPE, "st.release.sys.u64", __FILE__, __LINE__);
-  uint64_t before = __atomic_exchange_n(word, sg_served(flag, turn + 1), __ATOMIC_ACQ_REL);
+  const uint64_t before = __atomic_load_n(word, __ATOMIC_RELAXED);
   if (before >> 32 == flag && (uint32_t)before > turn) {
     __atomic_fetch_add(&sg_served_out_of_order, 1, __ATOMIC_RELAXED);
   }
-#else
-  sg_store_release64(word, sg_served(flag, turn + 1));
 #endif
+  sg_store_release64(word, sg_served(flag, turn + 1));
 }
 
 /* Whether `step` reads remotely in its source's send order (see RawLaunch::ordered_reads). */
@@ -659,8 +666,10 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* 
     s->waits[i] = status;
   }
   /* The acquires above and this barrier order every thread's reads of the sources after the
-   * flags were seen. */
+   * flags were seen. (A planted bug, built only by the mutation runs, drops it.) */
+#ifndef STRAGGLAR_MUTANT_NO_BARRIER_AFTER_WAITS
   sg_block_sync();
+#endif
   for (uint32_t i = 0; i < waits; ++i) {
     if (s->waits[i] != STATUS_OK) return s->waits[i];
   }

@@ -1043,35 +1043,33 @@ fn seeded_schedules_keep_every_rank_right_and_expose_an_unsynchronised_read() {
             assert_every_call_on_the_engine(&out, 4);
         }
     }
-    // A planted bug the fixed schedule hides: the barrier between thread 0's write of a copy's
-    // source pointer and the block's reads of it removed. Resumed in index order after the
-    // barrier before, thread 0 always writes first; in a random order, a thread reads the
-    // pointer of the chunk before (or of nothing).
+    // A planted bug the fixed schedule mostly hides: the barrier between thread 0's write of a
+    // copy's source pointer and the block's reads of it removed. Resumed in index order after
+    // the barrier before, thread 0 writes first unless a wait made it the last to arrive there
+    // (docs/EMULATED-GPU.md: 12 runs of 12 passed without a seed); in a random order, a thread
+    // reads the pointer of the chunk before, or of nothing.
     let path = format!(
         "LD_LIBRARY_PATH={}",
         variant_path(&["--build-mutant", "UNSYNCED_OPERAND"])
     );
+    let mut env = engine_with(
+        "stragglar",
+        &[
+            ("STRAGGLAR_EMU_SEED", "1"),
+            ("STRAGGLAR_TIMEOUT_MS", "10000"),
+        ],
+    );
     let every: Vec<String> = (0..4).map(|r| format!("LOOPBACK_ENV_{r}")).collect();
-    for (seed, passes) in [("0", true), ("1", false)] {
-        let mut env = engine_with(
-            "stragglar",
-            &[
-                ("STRAGGLAR_EMU_SEED", seed),
-                ("STRAGGLAR_TIMEOUT_MS", "10000"),
-            ],
-        );
-        env.extend(every.iter().map(|key| (key.as_str(), path.as_str())));
-        let (out, _) = run_ranks(&["4"], &env);
-        if passes {
-            assert_every_call_on_the_engine(&out, 4);
-        } else {
-            assert!(
-                !out.status.success(),
-                "seed {seed}: {}",
-                support::describe(&out)
-            );
-        }
-    }
+    env.extend(every.iter().map(|key| (key.as_str(), path.as_str())));
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{}", support::describe(&out));
+    // Wrong elements, or a crash on a pointer read before it was written.
+    assert!(
+        text.contains(" elements): element ") || text.contains(": ended with status"),
+        "{}",
+        support::describe(&out)
+    );
 }
 
 #[test]
