@@ -192,9 +192,22 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "STRAGGLAR_REPORT_DIR",
         default: "(unset: no records)",
-        meaning: "where observe mode writes each rank's records (at destroy, or at exit for a communicator never destroyed); %h becomes the host name, %p the process id",
+        meaning: "where observe mode writes each rank's records (every STRAGGLAR_RECORD_EVERY seconds, and at destroy, or at exit for a communicator never destroyed); %h becomes the host name, %p the process id",
         parse: |c, v| text(&mut c.report_dir, v),
         show: |c| shown(&c.report_dir, "(unset: no records)"),
+    },
+    Setting {
+        name: "STRAGGLAR_RECORD_EVERY",
+        default: "60",
+        meaning: "seconds between observe mode's writes of each rank's calls so far into STRAGGLAR_REPORT_DIR, by a thread of its own (0: only at destroy or exit); a killed process keeps what was written",
+        parse: |c, v| match v.parse::<u64>() {
+            Ok(s) => {
+                c.record_every_s = s;
+                true
+            }
+            Err(_) => false,
+        },
+        show: |c| c.record_every_s.to_string(),
     },
     Setting {
         name: "STRAGGLAR_REPORT_INTERVAL",
@@ -297,6 +310,8 @@ pub struct Config {
     pub observe: bool,
     /// `STRAGGLAR_REPORT_DIR`, with `%h` and `%p` still unexpanded.
     pub report_dir: Option<String>,
+    /// `STRAGGLAR_RECORD_EVERY` in seconds; 0 writes records only at destroy or exit.
+    pub record_every_s: u64,
     /// `STRAGGLAR_REPORT_INTERVAL` in seconds; 0 reports only at destroy.
     pub report_interval_s: u64,
     /// `STRAGGLAR_TRACE_DIR`, if given.
@@ -325,6 +340,7 @@ impl Default for Config {
             pipeline: Pipeline::Pieces(1),
             observe: false,
             report_dir: None,
+            record_every_s: 60,
             report_interval_s: 600,
             trace_dir: None,
             cache_dir: None,
@@ -514,6 +530,7 @@ mod tests {
             ("STRAGGLAR_PIPELINE", "auto"),
             ("STRAGGLAR_OBSERVE", "1"),
             ("STRAGGLAR_REPORT_DIR", "/r/%h"),
+            ("STRAGGLAR_RECORD_EVERY", "5"),
             ("STRAGGLAR_REPORT_INTERVAL", "0"),
             ("STRAGGLAR_TRACE_DIR", "/t"),
             ("STRAGGLAR_CACHE_DIR", "/c"),

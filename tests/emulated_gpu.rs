@@ -1391,6 +1391,44 @@ fn reported_lateness_ms(report: &str) -> Option<f64> {
 /// inside a group (timed as one call per group), and so do the records of communicators split
 /// from the first.
 #[test]
+fn observe_mode_keeps_what_a_killed_rank_wrote() {
+    let _timing = timing();
+    let dir = support::scratch("observe-killed");
+    let dir_text = dir.to_str().unwrap().to_owned();
+    // Rank 2 held back 20 ms a call; rank 3 kills itself before call 150 (3 s in or later),
+    // after its writing thread appended its calls every second: they stay, unclosed, and its
+    // peers close theirs at their abort.
+    let env = [
+        ("STRAGGLAR_OBSERVE", "1"),
+        ("STRAGGLAR_REPORT_DIR", dir_text.as_str()),
+        ("STRAGGLAR_RECORD_EVERY", "1"),
+        ("LOOPBACK_FIXED", "1"),
+        ("LOOPBACK_CALLS", "200"),
+        ("LOOPBACK_LATE_RANK", "2"),
+        ("LOOPBACK_LATE_US", "20000"),
+    ];
+    let (out, _) = run_ranks(&["4", "3", "150"], &env);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    let report = support::run(
+        Command::new(stragglar())
+            .args(["report", "--min-lateness-us", "2000"])
+            .arg(&dir),
+    );
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(report.status.success(), "{}", support::describe(&report));
+    assert!(text.contains("persistent straggler: rank 2 "), "{text}");
+    let stops: u64 = text
+        .split("rank 3's record stops after call ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!((40..150).contains(&stops), "{stops}: {text}");
+    assert!(text.contains("was never closed"), "{text}");
+    assert_eq!(text.matches("was never closed").count(), 1, "{text}");
+}
+
+#[test]
 fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
     let _timing = timing();
     let root = support::scratch("observe-records");
@@ -1447,8 +1485,7 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
         let log = String::from_utf8_lossy(&out.stderr);
         if case != "exit" {
             assert_eq!(
-                log.matches(&format!(" {calls} observed calls written to"))
-                    .count(),
+                log.matches(&format!(" {calls} observed calls in ")).count(),
                 4,
                 "{case}: {log}"
             );

@@ -65,6 +65,9 @@ struct Finding {
     too_early: Option<(usize, u64)>,
     /// Every change of the designation: from which call on, which rank (or none).
     changes: Vec<(u64, Option<usize>)>,
+    /// The ranks whose records were never closed, each with the last call it lists (`None`:
+    /// none): their processes were killed, or still run.
+    unclosed: Vec<(usize, Option<u64>)>,
 }
 
 /// The calls of one communicator's records (one per rank, in rank order) that every rank
@@ -198,6 +201,11 @@ fn findings(records: &[RankRecord], min_lateness_ns: u64) -> (Vec<Finding>, Vec<
             too_early: None,
             changes,
             calls,
+            unclosed: ranks
+                .iter()
+                .filter(|r| !r.closed)
+                .map(|r| (r.rank, r.calls.keys().next_back().copied()))
+                .collect(),
         };
         if let Some((rank, _)) = designated {
             let (_, median, _) = figures(&finding, rank);
@@ -280,6 +288,16 @@ fn text(findings: &[Finding], files: usize) -> String {
             })
             .collect();
         let _ = writeln!(s, "  calls: {}", kinds.join(", "));
+        for &(rank, last) in &f.unclosed {
+            let stops = match last {
+                Some(call) => format!("stops after call {call}"),
+                None => "lists no call".to_string(),
+            };
+            let _ = writeln!(
+                s,
+                "  rank {rank}'s record {stops} and was never closed: its process did not end the communicator (killed, or still running)"
+            );
+        }
         match f.straggler {
             Some((rank, since)) => {
                 let (share, median, p90) = figures(f, rank);
@@ -346,12 +364,14 @@ fn json(findings: &[Finding]) -> String {
                 }
                 None => "null".to_string(),
             };
+            let unclosed: Vec<String> = f.unclosed.iter().map(|(r, _)| r.to_string()).collect();
             format!(
-                "    {{\"comm\": \"{:016x}\", \"ranks\": {}, \"calls\": {}, \"unobserved\": {}, \"straggler\": {straggler}}}",
+                "    {{\"comm\": \"{:016x}\", \"ranks\": {}, \"calls\": {}, \"unobserved\": {}, \"unclosed_ranks\": [{}], \"straggler\": {straggler}}}",
                 f.comm,
                 f.ranks,
                 f.calls.len(),
-                f.unobserved
+                f.unobserved,
+                unclosed.join(", ")
             )
         })
         .collect();
@@ -438,6 +458,7 @@ mod tests {
             gpu: "g".into(),
             unobserved: 0,
             dropped: 0,
+            closed: true,
             calls: (0..100)
                 .map(|c| (c, (Collective::AllReduce, 14, durations(c))))
                 .collect(),

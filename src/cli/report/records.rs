@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::engine::cuda::observe::{Collective, RECORD_MAGIC};
+use crate::engine::cuda::observe::{Collective, RECORD_END, RECORD_MAGIC};
 
 /// The most ranks a record may name (a damaged size must not size the report's tables).
 const MAX_RANKS: usize = 1 << 20;
@@ -19,11 +19,16 @@ pub struct RankRecord {
     pub host: String,
     pub pid: u32,
     pub gpu: String,
+    /// Calls numbered but not timed, and timed but not kept (0 in an unclosed record: not
+    /// known).
     pub unobserved: u64,
     pub dropped: u64,
     /// Per call number: the collective, its size class and its duration on this rank, in
     /// nanoseconds.
     pub calls: BTreeMap<u64, (Collective, u32, u64)>,
+    /// Whether the record has its closing line (its rank ended the communicator). An unclosed
+    /// one stops where its writer last wrote: its process was killed, or still runs.
+    pub closed: bool,
 }
 
 /// Parses one record file's text; the error names the line that does not read.
@@ -64,34 +69,67 @@ pub fn parse(path: &Path, text: &str) -> Result<RankRecord, String> {
     let (n, pid) = next("pid")?;
     let pid = number(n, &pid)? as u32;
     let gpu = next("gpu")?.1;
-    let (n, unobserved) = next("unobserved")?;
-    let unobserved = number(n, &unobserved)?;
-    let (n, dropped) = next("dropped")?;
-    let dropped = number(n, &dropped)?;
-    let (n, count) = next("calls")?;
-    let count = number(n, &count)?;
     let mut calls = BTreeMap::new();
-    for (n, line) in lines {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let [call, class, ns, collective] = f[..] else {
-            return Err(bad(n, "expected 'CALL CLASS NANOSECONDS COLLECTIVE'"));
-        };
-        let class = u32::try_from(number(n, class)?).map_err(|_| bad(n, "a bad class"))?;
-        let collective = Collective::parse(collective)
-            .ok_or_else(|| bad(n, &format!("'{collective}' is not a collective we observe")))?;
-        if calls
-            .insert(number(n, call)?, (collective, class, number(n, ns)?))
-            .is_some()
+    let mut closing = None;
+    // A last line without its newline is an append its writer never finished (a killed
+    // process): dropped, in an unclosed record.
+    let torn = !text.ends_with('\n');
+    let body: Vec<(usize, &str)> = lines.collect();
+    for (i, &(n, line)) in body.iter().enumerate() {
+        let last = i + 1 == body.len();
+        if closing.is_some() {
+            return Err(bad(n, "a line after the closing line"));
+        }
+        if let Some(end) = line
+            .strip_prefix(RECORD_END)
+            .and_then(|l| l.strip_prefix(' '))
         {
+            let f: Vec<&str> = end.split_whitespace().collect();
+            let ["unobserved", unobserved, "dropped", dropped, "calls", count] = f[..] else {
+                return Err(bad(
+                    n,
+                    &format!("expected '{RECORD_END} unobserved U dropped D calls C'"),
+                ));
+            };
+            closing = Some((
+                n,
+                number(n, unobserved)?,
+                number(n, dropped)?,
+                number(n, count)?,
+            ));
+            continue;
+        }
+        let sample = || -> Result<(u64, u32, u64, Collective), String> {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [call, class, ns, collective] = f[..] else {
+                return Err(bad(n, "expected 'CALL CLASS NANOSECONDS COLLECTIVE'"));
+            };
+            let class = u32::try_from(number(n, class)?).map_err(|_| bad(n, "a bad class"))?;
+            let collective = Collective::parse(collective)
+                .ok_or_else(|| bad(n, &format!("'{collective}' is not a collective we observe")))?;
+            Ok((number(n, call)?, class, number(n, ns)?, collective))
+        };
+        let (call, class, ns, collective) = match sample() {
+            Ok(sample) => sample,
+            Err(_) if last && torn => break,
+            Err(e) => return Err(e),
+        };
+        if calls.insert(call, (collective, class, ns)).is_some() {
             return Err(bad(n, "a call listed twice"));
         }
     }
-    if calls.len() as u64 != count {
-        return Err(bad(
-            0,
-            &format!("says {count} calls but lists {} (cut short?)", calls.len()),
-        ));
-    }
+    let (unobserved, dropped) = match closing {
+        Some((n, unobserved, dropped, count)) => {
+            if calls.len() as u64 != count {
+                return Err(bad(
+                    n,
+                    &format!("says {count} calls but lists {} (cut short?)", calls.len()),
+                ));
+            }
+            (unobserved, dropped)
+        }
+        None => (0, 0),
+    };
     Ok(RankRecord {
         path: path.to_path_buf(),
         comm,
@@ -103,6 +141,7 @@ pub fn parse(path: &Path, text: &str) -> Result<RankRecord, String> {
         unobserved,
         dropped,
         calls,
+        closed: closing.is_some(),
     })
 }
 
@@ -146,7 +185,7 @@ pub fn read_dirs(dirs: &[PathBuf]) -> (Vec<RankRecord>, Vec<String>) {
 mod tests {
     use super::*;
 
-    const GOOD: &str = "stragglar-observe 1\ncomm 00000000000000ab\nrank 1 of 4\nhost h\npid 7\ngpu 0011\nunobserved 2\ndropped 0\ncalls 2\n0 13 1500 AllReduce\n1 13 1700 AllGather\n";
+    const GOOD: &str = "stragglar-observe 2\ncomm 00000000000000ab\nrank 1 of 4\nhost h\npid 7\ngpu 0011\n0 13 1500 AllReduce\n1 13 1700 AllGather\nend unobserved 2 dropped 0 calls 2\n";
 
     #[test]
     fn a_bad_file_is_an_error_and_the_others_still_read() {
@@ -177,6 +216,15 @@ mod tests {
             ),
             (&GOOD.replace("1 13 1700 AllGather\n", ""), "cut short"),
             (
+                &format!("{GOOD}2 13 1 AllReduce\n"),
+                "after the closing line",
+            ),
+            (&GOOD.replace("dropped 0 calls", "calls"), "expected 'end"),
+            (
+                &GOOD.replace("AllGather\nend", "AllGather\n7 x\nend"),
+                "expected 'CALL",
+            ),
+            (
                 &GOOD.replace("1 13 1700 AllGather", "1 13"),
                 "expected 'CALL",
             ),
@@ -186,5 +234,24 @@ mod tests {
             let e = parse(Path::new("x.rec"), text).unwrap_err();
             assert!(e.contains(says), "{says}: {e}");
         }
+        assert!(r.closed);
+    }
+
+    #[test]
+    fn an_unclosed_record_reads_up_to_its_last_whole_line() {
+        // A process killed between two appends: the calls written so far, not closed.
+        let unclosed = GOOD.replace("end unobserved 2 dropped 0 calls 2\n", "");
+        let r = parse(Path::new("x.rec"), &unclosed).unwrap();
+        assert!(!r.closed);
+        assert_eq!(r.calls.len(), 2);
+        assert_eq!((r.unobserved, r.dropped), (0, 0));
+        // Killed inside an append: its torn last line is left out.
+        for torn in ["2 13 17", "2 13", "2", "2 13 1700 AllRed"] {
+            let r = parse(Path::new("x.rec"), &format!("{unclosed}{torn}")).unwrap();
+            assert_eq!(r.calls.len(), 2, "{torn}");
+        }
+        // A whole line that does not read is still an error.
+        let e = parse(Path::new("x.rec"), &format!("{unclosed}2 13\n")).unwrap_err();
+        assert!(e.contains("expected 'CALL"), "{e}");
     }
 }

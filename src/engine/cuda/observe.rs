@@ -1,9 +1,11 @@
 //! Observe mode (`STRAGGLAR_OBSERVE=1`): every `ncclAllReduce` forwarded to NCCL, and every
 //! `ncclReduceScatter` and `ncclAllGather` (FSDP's collectives), is timed by two events on the
 //! caller's stream around the real call, read later without waiting (each
-//! call harvests the events that completed since), and at destroy (or at the process's exit,
-//! for a communicator never destroyed) each rank writes what it measured into
-//! `STRAGGLAR_REPORT_DIR` for `stragglar report`.
+//! call harvests the events that completed since), and each rank appends what it measured to
+//! its record in `STRAGGLAR_REPORT_DIR` for `stragglar report`: every `STRAGGLAR_RECORD_EVERY`
+//! seconds from a thread of its own (never on a caller's thread, so no call is held up by a
+//! write), and at destroy (or at the process's exit, for a communicator never destroyed), with
+//! the record's closing line. A killed process leaves the calls written so far, unclosed.
 //!
 //! A rank that arrives last at a collective finds the others waiting, so its call is the
 //! shortest: the report compares durations of the same call across ranks, never clocks. Calls
@@ -16,8 +18,12 @@
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use super::driver::{self, Device, Event};
 use super::gpus;
@@ -28,15 +34,21 @@ use crate::registry::{self, names};
 /// more calls until the GPU catches up (they are counted unobserved).
 const MAX_PENDING: usize = 256;
 
-/// Samples kept per communicator at most (24 MiB in memory, about 40 MiB of record file): later
-/// calls are counted as dropped, so a long job's records stay bounded.
-pub const MAX_SAMPLES: usize = 1 << 20;
+/// Samples written per communicator at most (about 40 MiB of record file): later calls are
+/// counted as dropped, so a long job's records stay bounded. In memory, only the samples not
+/// yet written are kept.
+pub const MAX_SAMPLES: u64 = 1 << 20;
 
 /// How long a destroy waits for the last calls' events.
 const FINISH_WAIT: Duration = Duration::from_secs(2);
 
 /// The first line of a record file, with the format's version.
-pub const RECORD_MAGIC: &str = "stragglar-observe 1";
+pub const RECORD_MAGIC: &str = "stragglar-observe 2";
+
+/// The keyword of a record's closing line (`end unobserved U dropped D calls C`), written once
+/// its rank ended the communicator (destroy, abort or exit); a record without one was cut off
+/// (its process killed, or still running).
+pub const RECORD_END: &str = "end";
 
 /// The collectives observe mode times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +104,53 @@ struct Pending {
     end: Event,
 }
 
+/// Where one communicator's record goes on this rank, and how far it is written. Its lock
+/// orders the appends of the writing thread, of a destroy and of the process's exit.
+struct RecordFile {
+    /// Under `STRAGGLAR_REPORT_DIR`; `None` when it is not set (nothing is written).
+    path: Option<PathBuf>,
+    /// Whether the header is written (the first write starts the file afresh).
+    begun: bool,
+    /// Whether a write failed (said once at WARN; later writes are skipped).
+    failed: bool,
+}
+
+impl RecordFile {
+    /// Appends `text` to the file, after `header` if nothing is written yet.
+    fn append(&mut self, header: &str, text: &str) {
+        let Some(path) = self.path.as_ref().filter(|_| !self.failed) else {
+            return;
+        };
+        let written = (|| -> std::io::Result<()> {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .append(self.begun)
+                .truncate(!self.begun)
+                .open(path)?;
+            let mut all = String::with_capacity(header.len() + text.len());
+            if !self.begun {
+                all.push_str(header);
+            }
+            all.push_str(text);
+            file.write_all(all.as_bytes())
+        })();
+        match written {
+            Ok(()) => self.begun = true,
+            Err(e) => {
+                self.failed = true;
+                log::warn!(
+                    "STRAGGLAR_REPORT_DIR: {}: {e}; this communicator's observations are lost",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
 /// One communicator's observations on this rank.
 struct Observer {
     device: Arc<Device>,
@@ -102,9 +161,13 @@ struct Observer {
     ranks: i32,
     pending: VecDeque<Pending>,
     spare: Vec<(Event, Event)>,
+    /// The samples not yet handed to the record file.
     samples: Vec<Sample>,
+    /// Samples kept since the first call (written or not), at most `MAX_SAMPLES`.
+    kept: u64,
     unobserved: u64,
     dropped: u64,
+    file: Arc<Mutex<RecordFile>>,
 }
 
 impl Observer {
@@ -119,12 +182,15 @@ impl Observer {
 
     fn keep(&mut self, done: &Pending) {
         match done.start.elapsed_ms(&done.end) {
-            Ok(ms) if self.samples.len() < MAX_SAMPLES => self.samples.push(Sample {
-                call: done.call,
-                collective: done.collective,
-                class: done.class,
-                duration_ns: (f64::from(ms) * 1e6).max(0.0) as u64,
-            }),
+            Ok(ms) if self.kept < MAX_SAMPLES => {
+                self.kept += 1;
+                self.samples.push(Sample {
+                    call: done.call,
+                    collective: done.collective,
+                    class: done.class,
+                    duration_ns: (f64::from(ms) * 1e6).max(0.0) as u64,
+                });
+            }
             Ok(_) => self.dropped += 1,
             Err(_) => self.unobserved += 1,
         }
@@ -141,32 +207,119 @@ impl Observer {
         ))
     }
 
-    /// The record file's text.
-    fn record(&self) -> String {
-        let mut text = format!(
-            "{RECORD_MAGIC}\ncomm {:016x}\nrank {} of {}\nhost {}\npid {}\ngpu {}\nunobserved {}\ndropped {}\ncalls {}\n",
+    /// The record file's first lines.
+    fn header(&self) -> String {
+        format!(
+            "{RECORD_MAGIC}\ncomm {:016x}\nrank {} of {}\nhost {}\npid {}\ngpu {}\n",
             self.name,
             self.rank,
             self.ranks,
             crate::logging::short_hostname(),
             std::process::id(),
             self.gpu,
+        )
+    }
+
+    /// What the writing thread appends: the header (used if the file is not begun), the
+    /// samples not yet handed over, and the file; the samples leave memory.
+    fn hand_over(&mut self) -> (String, Vec<Sample>, Arc<Mutex<RecordFile>>) {
+        (
+            self.header(),
+            std::mem::take(&mut self.samples),
+            self.file.clone(),
+        )
+    }
+
+    /// The closing line, counting the calls still pending as unobserved.
+    fn closing(&self) -> String {
+        format!(
+            "{RECORD_END} unobserved {} dropped {} calls {}\n",
             self.unobserved + self.pending.len() as u64,
             self.dropped,
-            self.samples.len()
-        );
-        for s in &self.samples {
-            let _ = writeln!(
-                text,
-                "{} {} {} {}",
-                s.call,
-                s.class,
-                s.duration_ns,
-                s.collective.name()
-            );
-        }
-        text
+            self.kept
+        )
     }
+}
+
+/// The record lines of `samples`: `CALL CLASS NANOSECONDS COLLECTIVE` each.
+fn sample_lines(samples: &[Sample]) -> String {
+    let mut text = String::with_capacity(samples.len() * 32);
+    for s in samples {
+        let _ = writeln!(
+            text,
+            "{} {} {} {}",
+            s.call,
+            s.class,
+            s.duration_ns,
+            s.collective.name()
+        );
+    }
+    text
+}
+
+/// Appends what `observer` holds to its record: its samples not yet written and, with
+/// `close`, its closing line.
+fn write_out(observer: &mut Observer, close: bool) {
+    let (header, samples, file) = observer.hand_over();
+    let mut text = sample_lines(&samples);
+    if close {
+        text.push_str(&observer.closing());
+    }
+    file.lock().append(&header, &text);
+}
+
+/// The writing thread's round: every observed communicator's samples since the last round are
+/// taken under its lock (a copy, no I/O) and appended outside it.
+fn write_round() {
+    for (_, record) in registry::comms().all() {
+        let handed = {
+            let mut slot = record.observer.lock();
+            match slot.as_mut().and_then(|o| o.downcast_mut::<Observer>()) {
+                Some(observer) if !observer.samples.is_empty() => Some(observer.hand_over()),
+                _ => None,
+            }
+        };
+        if let Some((header, samples, file)) = handed {
+            file.lock().append(&header, &sample_lines(&samples));
+        }
+    }
+}
+
+/// Starts the thread that writes records every `STRAGGLAR_RECORD_EVERY` seconds (once per
+/// process; not at all when no directory is set or the interval is 0).
+fn start_writing() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    let config = crate::config::get();
+    if config.report_dir.is_none() || config.record_every_s == 0 {
+        return;
+    }
+    let every = Duration::from_secs(config.record_every_s);
+    STARTED.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("stragglar-records".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                write_round();
+            });
+        if let Err(e) = spawned {
+            log::warn!("observe mode: no thread to write records every {every:?} ({e}): records are written at destroy and exit only");
+        }
+    });
+}
+
+/// This rank's record file of communicator `name` and rank `rank`, under
+/// `STRAGGLAR_REPORT_DIR` (`None` when it is not set).
+fn record_path(name: u64, rank: i32) -> Option<PathBuf> {
+    let pattern = crate::config::get().report_dir.as_deref()?;
+    let dir = crate::logging::expand_file_pattern(
+        pattern,
+        &crate::logging::short_hostname(),
+        std::process::id(),
+    );
+    Some(std::path::Path::new(&dir).join(format!(
+        "stragglar-{name:016x}-rank{rank}-{}.rec",
+        std::process::id()
+    )))
 }
 
 /// The slot's marker for a communicator that cannot be observed (its GPU cannot be opened, or
@@ -195,8 +348,9 @@ fn make_observer(comm: ncclComm_t) -> Result<Option<Observer>, Unobservable> {
         .uuid()
         .map(|u| u.iter().map(|b| format!("{b:02x}")).collect::<String>())
         .unwrap_or_else(|_| "unknown".into());
-    // Records are written at destroy, or at the process's exit for communicators never
-    // destroyed (a killed process writes none).
+    // Records are written every STRAGGLAR_RECORD_EVERY seconds, and closed at destroy, or at
+    // the process's exit for communicators never destroyed.
+    start_writing();
     static AT_EXIT: std::sync::Once = std::sync::Once::new();
     AT_EXIT.call_once(|| {
         HOOK_PID.store(std::process::id(), std::sync::atomic::Ordering::Relaxed);
@@ -212,8 +366,14 @@ fn make_observer(comm: ncclComm_t) -> Result<Option<Observer>, Unobservable> {
         pending: VecDeque::new(),
         spare: Vec::new(),
         samples: Vec::new(),
+        kept: 0,
         unobserved: 0,
         dropped: 0,
+        file: Arc::new(Mutex::new(RecordFile {
+            path: record_path(name, rank),
+            begun: false,
+            failed: false,
+        })),
     }))
 }
 
@@ -416,8 +576,15 @@ extern "C" fn write_at_exit() {
             let Some(slot) = guard.take() else {
                 continue;
             };
-            if let Ok(observer) = slot.downcast::<Observer>() {
-                write_record(comm, &observer);
+            if let Ok(mut observer) = slot.downcast::<Observer>() {
+                // The writing thread may be inside an append that exit() never lets finish.
+                let (header, samples, file) = observer.hand_over();
+                if let Some(mut file) = file.try_lock_for(Duration::from_millis(100)) {
+                    let mut text = sample_lines(&samples);
+                    text.push_str(&observer.closing());
+                    file.append(&header, &text);
+                }
+                log::info!("communicator {comm:p}: its record closed at exit");
                 std::mem::forget(observer);
             }
         }
@@ -425,8 +592,8 @@ extern "C" fn write_at_exit() {
 }
 
 /// Ends `comm`'s observations (its destroy, or with `abort` its abort): the last calls' events
-/// are read (for a destroy, waiting up to 2 s for them), and the record is written into
-/// `STRAGGLAR_REPORT_DIR` if it is set.
+/// are read (for a destroy, waiting up to 2 s for them), and the record's rest and closing line
+/// are appended in `STRAGGLAR_REPORT_DIR` if it is set.
 pub fn finish(comm: ncclComm_t, abort: bool) {
     let Some(record) = registry::comms().record(comm) else {
         return;
@@ -443,38 +610,13 @@ pub fn finish(comm: ncclComm_t, abort: bool) {
         std::thread::sleep(Duration::from_millis(1));
     }
     observer.harvest();
-    write_record(comm, &observer);
-}
-
-/// Writes `observer`'s record into `STRAGGLAR_REPORT_DIR`, if it is set.
-fn write_record(comm: ncclComm_t, observer: &Observer) {
-    let Some(pattern) = crate::config::get().report_dir.as_deref() else {
-        return;
-    };
-    let dir = crate::logging::expand_file_pattern(
-        pattern,
-        &crate::logging::short_hostname(),
-        std::process::id(),
-    );
-    let path = std::path::Path::new(&dir).join(format!(
-        "stragglar-{:016x}-rank{}-{}.rec",
-        observer.name,
-        observer.rank,
-        std::process::id()
-    ));
-    let written = std::fs::create_dir_all(&dir).and_then(|()| {
-        let temporary = path.with_extension("part");
-        std::fs::write(&temporary, observer.record())?;
-        std::fs::rename(&temporary, &path)
-    });
-    match written {
-        Ok(()) => log::info!(
-            "communicator {comm:p}: {} observed calls written to {}",
-            observer.samples.len(),
+    write_out(&mut observer, true);
+    let path = observer.file.lock().path.clone();
+    if let Some(path) = path {
+        log::info!(
+            "communicator {comm:p}: {} observed calls in {}",
+            observer.kept,
             path.display()
-        ),
-        Err(e) => log::warn!(
-            "communicator {comm:p}: STRAGGLAR_REPORT_DIR {dir}: {e}; its observations are lost"
-        ),
+        );
     }
 }
