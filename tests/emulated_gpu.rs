@@ -1391,6 +1391,66 @@ fn reported_lateness_ms(report: &str) -> Option<f64> {
 /// inside a group (timed as one call per group), and so do the records of communicators split
 /// from the first.
 #[test]
+fn observe_mode_merges_the_records_of_two_hosts() {
+    // Ranks 0 and 1 under host name "hosta", 2 and 3 under "hostb" (UTS namespaces of their
+    // own), each writing into STRAGGLAR_REPORT_DIR=ROOT/%h: two hosts' directories.
+    let permitted = Command::new("unshare").args(["-u", "true"]).status();
+    if !permitted.is_ok_and(|s| s.success()) {
+        eprintln!("no UTS namespace may be made here (unshare -u): skipped");
+        return;
+    }
+    let _timing = timing();
+    let root = support::scratch("observe-two-hosts");
+    let pattern = format!("{}/%h", root.display());
+    let env = [
+        ("STRAGGLAR_OBSERVE", "1"),
+        ("STRAGGLAR_REPORT_DIR", pattern.as_str()),
+        ("LOOPBACK_FIXED", "1"),
+        ("LOOPBACK_LATE_RANK", "3"),
+        ("LOOPBACK_LATE_US", "20000"),
+        ("LOOPBACK_ENV_0", "LOOPBACK_HOSTNAME=hosta"),
+        ("LOOPBACK_ENV_1", "LOOPBACK_HOSTNAME=hosta"),
+        ("LOOPBACK_ENV_2", "LOOPBACK_HOSTNAME=hostb"),
+        ("LOOPBACK_ENV_3", "LOOPBACK_HOSTNAME=hostb"),
+    ];
+    let (out, _) = run_ranks(&["4"], &env);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    let (a, b) = (root.join("hosta"), root.join("hostb"));
+    for dir in [&a, &b] {
+        assert_eq!(
+            std::fs::read_dir(dir).map_or(0, |d| d.count()),
+            2,
+            "{dir:?}"
+        );
+    }
+    let report = support::run(
+        Command::new(stragglar())
+            .args(["report", "--min-lateness-us", "2000"])
+            .args([&a, &b]),
+    );
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(report.status.success(), "{}", support::describe(&report));
+    assert!(text.contains("from 4 record file(s)"), "{text}");
+    assert!(
+        text.contains("persistent straggler: rank 3 (host hostb, GPU "),
+        "{text}"
+    );
+    // One host's directory alone: the other host's ranks are missing.
+    let alone = support::run(Command::new(stragglar()).arg("report").arg(&a));
+    assert_eq!(
+        alone.status.code(),
+        Some(1),
+        "{}",
+        support::describe(&alone)
+    );
+    assert!(
+        String::from_utf8_lossy(&alone.stderr).contains("no record of rank(s) 2, 3 of 4"),
+        "{}",
+        support::describe(&alone)
+    );
+}
+
+#[test]
 fn observe_mode_keeps_what_a_killed_rank_wrote() {
     let _timing = timing();
     let dir = support::scratch("observe-killed");

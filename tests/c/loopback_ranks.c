@@ -20,7 +20,8 @@
  *   LOOPBACK_COLLECTIVES the calls cycle AllReduce, ReduceScatter and AllGather (float sums),
  *   with LOOPBACK_SPLIT on the two communicators split from it (even and odd ranks), with
  *   LOOPBACK_GROUPS each call inside its own group; with LOOPBACK_HOST_TIMES each rank prints
- *   the median and 90th percentile host time of its eager calls; LOOPBACK_MIXED=N: eager calls
+ *   the median and 90th percentile host time of its eager calls; LOOPBACK_HOSTNAME=NAME (through
+ *   LOOPBACK_ENV_<r>) runs a rank under another host name; LOOPBACK_MIXED=N: eager calls
  *   and graph replays on two streams, not waited for in between (see run_mixed). Each rank
  *   that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL).
@@ -32,6 +33,7 @@
 #include <stragglar.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdint.h>
@@ -766,8 +768,22 @@ static char** rank_environment(int r) {
   return env;
 }
 
+/* LOOPBACK_HOSTNAME (set for one rank through LOOPBACK_ENV_<r>): the rank runs in a UTS
+ * namespace of its own under that host name, as a rank of another host would (needs the
+ * privilege to make one: the test checks with `unshare -u` first). */
+static int take_hostname(void) {
+  const char* name = getenv("LOOPBACK_HOSTNAME");
+  if (!name) return 0;
+  if (unshare(CLONE_NEWUTS) != 0 || sethostname(name, strlen(name)) != 0) {
+    perror("LOOPBACK_HOSTNAME");
+    return -1;
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (getenv("LOOPBACK_CALLS")) CALLS = atoi(getenv("LOOPBACK_CALLS"));
+  if (argc == 7 && strcmp(argv[1], "--rank") == 0 && take_hostname() != 0) return 5;
   if (argc == 7 && strcmp(argv[1], "--rank") == 0)
     return run_rank(atoi(argv[2]), atoi(argv[3]), argv[4], atoi(argv[5]), atoi(argv[6]));
   if (argc != 2 && argc != 4) {

@@ -36,6 +36,15 @@ stragglar report DIR... [--json] [--svg FILE] [--min-lateness-us US]
 /// Default of `--min-lateness-us`: a choice, not a measurement (see USAGE).
 const MIN_LATENESS_US: u64 = 100;
 
+/// Where a rank ran: its host, its GPU's UUID and PCI bus id, its process.
+#[derive(Debug, Clone, PartialEq)]
+struct Member {
+    host: String,
+    gpu: String,
+    pci: String,
+    pid: u32,
+}
+
 /// One call every rank observed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Call {
@@ -54,8 +63,8 @@ struct Call {
 struct Finding {
     comm: u64,
     ranks: usize,
-    /// Per rank: its host, GPU and process.
-    members: Vec<(String, String, u32)>,
+    /// Per rank: its host, GPU (UUID and PCI bus id) and process.
+    members: Vec<Member>,
     calls: Vec<Call>,
     unobserved: u64,
     /// The persistent straggler at the last call, and from which call on (late enough).
@@ -188,7 +197,12 @@ fn findings(records: &[RankRecord], min_lateness_ns: u64) -> (Vec<Finding>, Vec<
             ranks: n,
             members: ranks
                 .iter()
-                .map(|r| (r.host.clone(), r.gpu.clone(), r.pid))
+                .map(|r| Member {
+                    host: r.host.clone(),
+                    gpu: r.gpu.clone(),
+                    pci: r.pci.clone(),
+                    pid: r.pid,
+                })
                 .collect(),
             // Every rank numbered the same calls: those it listed, left untimed or dropped.
             unobserved: ranks
@@ -301,10 +315,15 @@ fn text(findings: &[Finding], files: usize) -> String {
         match f.straggler {
             Some((rank, since)) => {
                 let (share, median, p90) = figures(f, rank);
-                let (host, gpu, pid) = &f.members[rank];
+                let Member {
+                    host,
+                    gpu,
+                    pci,
+                    pid,
+                } = &f.members[rank];
                 let _ = writeln!(
                     s,
-                    "  persistent straggler: rank {rank} (host {host}, GPU {gpu}, pid {pid}), last in {:.0}% of calls, late by {} (median), {} (p90), designated from call {since}",
+                    "  persistent straggler: rank {rank} (host {host}, GPU {gpu} at PCI {pci}, pid {pid}), last in {:.0}% of calls, late by {} (median), {} (p90), designated from call {since}",
                     100.0 * share,
                     ms(median),
                     ms(p90)
@@ -357,9 +376,14 @@ fn json(findings: &[Finding]) -> String {
             let straggler = match f.straggler {
                 Some((rank, since)) => {
                     let (share, median, p90) = figures(f, rank);
-                    let (host, gpu, pid) = &f.members[rank];
+                    let Member {
+                        host,
+                        gpu,
+                        pci,
+                        pid,
+                    } = &f.members[rank];
                     format!(
-                        "{{\"rank\": {rank}, \"host\": \"{host}\", \"gpu\": \"{gpu}\", \"pid\": {pid}, \"last_share\": {share:.4}, \"lateness_median_ns\": {median}, \"lateness_p90_ns\": {p90}, \"since_call\": {since}}}"
+                        "{{\"rank\": {rank}, \"host\": \"{host}\", \"gpu\": \"{gpu}\", \"pci\": \"{pci}\", \"pid\": {pid}, \"last_share\": {share:.4}, \"lateness_median_ns\": {median}, \"lateness_p90_ns\": {p90}, \"since_call\": {since}}}"
                     )
                 }
                 None => "null".to_string(),
@@ -456,6 +480,7 @@ mod tests {
             host: "h".into(),
             pid: rank as u32,
             gpu: "g".into(),
+            pci: "0000:10:00.0".into(),
             unobserved: 0,
             dropped: 0,
             closed: true,

@@ -19,6 +19,8 @@ pub struct RankRecord {
     pub host: String,
     pub pid: u32,
     pub gpu: String,
+    /// The GPU's PCI bus id.
+    pub pci: String,
     /// Calls numbered but not timed, and timed but not kept (0 in an unclosed record: not
     /// known).
     pub unobserved: u64,
@@ -69,6 +71,7 @@ pub fn parse(path: &Path, text: &str) -> Result<RankRecord, String> {
     let (n, pid) = next("pid")?;
     let pid = number(n, &pid)? as u32;
     let gpu = next("gpu")?.1;
+    let pci = next("pci")?.1;
     let mut calls = BTreeMap::new();
     let mut closing = None;
     // A last line without its newline is an append its writer never finished (a killed
@@ -138,6 +141,7 @@ pub fn parse(path: &Path, text: &str) -> Result<RankRecord, String> {
         host,
         pid,
         gpu,
+        pci,
         unobserved,
         dropped,
         calls,
@@ -185,7 +189,7 @@ pub fn read_dirs(dirs: &[PathBuf]) -> (Vec<RankRecord>, Vec<String>) {
 mod tests {
     use super::*;
 
-    const GOOD: &str = "stragglar-observe 2\ncomm 00000000000000ab\nrank 1 of 4\nhost h\npid 7\ngpu 0011\n0 13 1500 AllReduce\n1 13 1700 AllGather\nend unobserved 2 dropped 0 calls 2\n";
+    const GOOD: &str = "stragglar-observe 2\ncomm 00000000000000ab\nrank 1 of 4\nhost h\npid 7\ngpu 0011\npci 0000:10:00.0\n0 13 1500 AllReduce\n1 13 1700 AllGather\nend unobserved 2 dropped 0 calls 2\n";
 
     #[test]
     fn a_bad_file_is_an_error_and_the_others_still_read() {
@@ -207,6 +211,7 @@ mod tests {
         let r = parse(Path::new("x.rec"), GOOD).unwrap();
         assert_eq!((r.comm, r.rank, r.ranks, r.pid), (0xab, 1, 4, 7));
         assert_eq!(r.calls[&1], (Collective::AllGather, 13, 1700));
+        assert_eq!(r.pci, "0000:10:00.0");
         assert_eq!(r.unobserved, 2);
         for (text, says) in [
             ("garbage", "not a record"),

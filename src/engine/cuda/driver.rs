@@ -142,6 +142,22 @@ impl Device {
         Ok(uuid.bytes.map(|b| b as u8))
     }
 
+    /// The device's PCI bus id (`domain:bus:device.function`, as `nvidia-smi` prints it).
+    pub fn pci_bus_id(&self) -> Result<String, GpuError> {
+        let mut id = [0 as std::ffi::c_char; 32];
+        // SAFETY: `id` is writable for the length given; the driver writes a NUL-terminated
+        // string into it.
+        check("cuDeviceGetPCIBusId", unsafe {
+            sys::cuDeviceGetPCIBusId(id.as_mut_ptr(), id.len() as i32, self.device)
+        })?;
+        let bytes: Vec<u8> = id
+            .iter()
+            .map(|&c| c as u8)
+            .take_while(|&b| b != 0)
+            .collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     /// Whether this GPU's atomics on the memory of the GPU with `peer_uuid` are native (the
     /// arrival tickets are system-scope atomics on rank 0's staging): `Some(true)` for this
     /// GPU itself, `None` when that GPU is not visible to this process.

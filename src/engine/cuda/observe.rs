@@ -154,8 +154,10 @@ impl RecordFile {
 /// One communicator's observations on this rank.
 struct Observer {
     device: Arc<Device>,
-    /// The GPU's UUID in hex, read when the observer was made (never at exit).
+    /// The GPU's UUID in hex and its PCI bus id, read when the observer was made (never at
+    /// exit).
     gpu: String,
+    pci: String,
     name: u64,
     rank: i32,
     ranks: i32,
@@ -210,13 +212,14 @@ impl Observer {
     /// The record file's first lines.
     fn header(&self) -> String {
         format!(
-            "{RECORD_MAGIC}\ncomm {:016x}\nrank {} of {}\nhost {}\npid {}\ngpu {}\n",
+            "{RECORD_MAGIC}\ncomm {:016x}\nrank {} of {}\nhost {}\npid {}\ngpu {}\npci {}\n",
             self.name,
             self.rank,
             self.ranks,
             crate::logging::short_hostname(),
             std::process::id(),
             self.gpu,
+            self.pci,
         )
     }
 
@@ -348,6 +351,7 @@ fn make_observer(comm: ncclComm_t) -> Result<Option<Observer>, Unobservable> {
         .uuid()
         .map(|u| u.iter().map(|b| format!("{b:02x}")).collect::<String>())
         .unwrap_or_else(|_| "unknown".into());
+    let pci = device.pci_bus_id().unwrap_or_else(|_| "unknown".into());
     // Records are written every STRAGGLAR_RECORD_EVERY seconds, and closed at destroy, or at
     // the process's exit for communicators never destroyed.
     start_writing();
@@ -360,6 +364,7 @@ fn make_observer(comm: ncclComm_t) -> Result<Option<Observer>, Unobservable> {
     Ok(Some(Observer {
         device,
         gpu,
+        pci,
         name,
         rank,
         ranks,
