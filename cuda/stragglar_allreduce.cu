@@ -34,11 +34,20 @@
 #define SG_MAX_OPERANDS 256
 
 /* Per-block scratch: shared memory on the GPU, one per emulated block on the host. */
-struct sg_scratch {
+struct sg_step_scratch {
   const unsigned char* operands[SG_MAX_OPERANDS];
-  /* The outcome of each wait in the current step (a STATUS_*), written by the thread that
-   * waited: operand i's flag at i, its turn (ordered reads) at operands + i. */
+  /* The outcome of each wait in the step (a STATUS_*), written by the thread that waited:
+   * operand i's flag at i, its turn (ordered reads) at operands + i. */
   uint32_t waits[2 * SG_MAX_OPERANDS];
+};
+
+/* A block's shared memory: the scratch of two consecutive steps, step i taking step[i % 2].
+ * A step's waits fill its half while the block's slower threads may still read the step
+ * before's operands from the other half, so no barrier is needed before them: the half a step
+ * rewrites was last read two steps earlier, and every thread passed the barrier after the
+ * waits of the step between (which no step skips) only once it was done reading it. */
+struct sg_scratch {
+  sg_step_scratch step[2];
 };
 
 /* What the element-wise code needs: the op, the world size (for integer avg), the element
@@ -593,7 +602,7 @@ SG_DEVICE void sg_apply_typed(const sg_math* m, const unsigned char* const* oper
   }
 }
 
-SG_DEVICE void sg_apply_any(const sg_math* m, sg_scratch* s, uint32_t operands, uint64_t begin,
+SG_DEVICE void sg_apply_any(const sg_math* m, const sg_step_scratch* s, uint32_t operands, uint64_t begin,
                             uint64_t end, unsigned char* out_a, unsigned char* out_b, bool scale,
                             bool finish) {
   /* A plain copy moves bytes, whatever the type (as the host engine's copies do), so a NaN keeps
@@ -606,16 +615,17 @@ SG_DEVICE void sg_apply_any(const sg_math* m, sg_scratch* s, uint32_t operands, 
                sg_apply_typed<L>(m, s->operands, operands, begin, end, out_a, out_b, scale, finish));
 }
 
-/* Copies this rank's input into IN, chunk by chunk, scaling it, publishing each slice.
- * Outlined, as sg_step. */
-SG_OUTLINED void sg_copy_in(const sg_call* call, sg_scratch* s) {
+/* Copies this rank's input into IN, chunk by chunk, scaling it, publishing each slice: two
+ * barriers a chunk (thread 0's pointer before it is read, and the publish's), as the barrier of
+ * each publish, after the copy, also orders the chunk's reads of the pointer before the next
+ * chunk's write of it. Outlined, as sg_step. */
+SG_OUTLINED void sg_copy_in(const sg_call* call, sg_step_scratch* s) {
   const RawLaunch* a = call->args;
   for (uint32_t c = 0; c < call->plan->chunk_count; ++c) {
     uint64_t start, bytes;
     sg_chunk(&call->layout, c, &start, &bytes);
     uint64_t begin, end;
     sg_call_slice(call, bytes, &begin, &end);
-    sg_block_sync();
     if (SG_THREAD == 0) s->operands[0] = (const unsigned char*)a->input + start;
 #ifndef STRAGGLAR_MUTANT_UNSYNCED_OPERAND
     /* (A planted bug, built only by the mutation runs of docs/EMULATED-GPU.md, drops this
@@ -632,7 +642,7 @@ SG_OUTLINED void sg_copy_in(const sg_call* call, sg_scratch* s) {
  * stays live across its call into the data loop is the step's own state, not the kernel's as
  * well (ptxas: the kernel's spills around the data loops fell from 228 to 108 bytes per
  * thread, per step; docs/KERNELS.md). */
-SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* step) {
+SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawStep* step) {
   const RawPlanHeader* plan = call->plan;
   const RawLaunch* a = call->args;
   const RawSource* sources = sg_at<RawSource>(plan, plan->sources_at) + step->first_source;
@@ -640,9 +650,8 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_scratch* s, const RawStep* 
   sg_chunk(&call->layout, step->chunk, &start, &bytes);
   uint64_t begin, end;
   sg_call_slice(call, bytes, &begin, &end);
-  /* The previous step's readers of the scratch are done before it is rewritten. */
-  sg_block_sync();
-  /* Thread i waits on source i's flag and, with ordered reads, thread count + i on its turn (its
+  /* Two barriers a step: after the waits, and once the step's reads and writes are done.
+   * Thread i waits on source i's flag and, with ordered reads, thread count + i on its turn (its
    * turn word for the source), both in this rank's own memory, so the waits run side by side
    * and none is a round trip over the link. A wait that gives up marks this rank failed, which
    * releases the block's other waits (sg_wait watches this rank's own failure word). */
@@ -914,10 +923,11 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   }
   for (uint32_t i = 0; status == STATUS_OK && i < call.plan->step_count; ++i) {
     const RawStep* steps = sg_at<RawStep>(call.plan, call.plan->steps_at);
+    sg_step_scratch* half = &s->step[i & 1];
     if (steps[i].kind == STEP_COPY_IN) {
-      sg_copy_in(&call, s);
+      sg_copy_in(&call, half);
     } else {
-      status = sg_step(&call, s, &steps[i]);
+      status = sg_step(&call, half, &steps[i]);
     }
   }
   /* The last block to finish notes the call's end (for its post-arrival time, see
@@ -969,12 +979,14 @@ SG_DEVICE void sg_apply_probe(const RawApply* a, sg_scratch* s) {
   math.scale = 0;
   uint32_t operands = a->operand_count < APPLY_MAX_OPERANDS ? a->operand_count : APPLY_MAX_OPERANDS;
   if (SG_THREAD == 0) {
-    for (uint32_t i = 0; i < operands; ++i) s->operands[i] = (const unsigned char*)a->operands[i];
+    for (uint32_t i = 0; i < operands; ++i)
+      s->step[0].operands[i] = (const unsigned char*)a->operands[i];
   }
   sg_block_sync();
   uint64_t begin, end;
   sg_slice(a->bytes, SG_BLOCK, SG_BLOCKS, SG_BLOCK_DIM, 0, &begin, &end);
-  sg_apply_any(&math, s, operands, begin, end, (unsigned char*)a->output, 0, false, false);
+  sg_apply_any(&math, &s->step[0], operands, begin, end, (unsigned char*)a->output, 0, false,
+               false);
 }
 
 #ifdef STRAGGLAR_HOST_EMULATION

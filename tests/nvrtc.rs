@@ -175,6 +175,27 @@ fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
         "{arch}: no hardware fp16/bf16 conversion"
     );
     the_ticket_kernel_never_loops(arch, &sass);
+    the_steps_pay_two_barriers(arch, &sass);
+}
+
+/// A step (`sg_step`) and a chunk of the straggler's copy-in (`sg_copy_in`'s loop) each meet
+/// at most two block barriers: their functions' SASS holds two `BAR.SYNC` each (the scratch is
+/// double-buffered, so no barrier guards it before a step's waits).
+fn the_steps_pay_two_barriers(arch: &str, sass: &str) {
+    for function in ["7sg_stepEPK7sg_call", "10sg_copy_inEPK7sg_call"] {
+        let body: Vec<&str> = sass
+            .lines()
+            .skip_while(|l| !(l.starts_with('$') && l.ends_with(':') && l.contains(function)))
+            .skip(1)
+            .take_while(|l| !(l.starts_with('$') && l.ends_with(':')))
+            .collect();
+        assert!(body.len() > 20, "{arch}: no {function} in the SASS");
+        let barriers = body.iter().filter(|l| l.contains("BAR.SYNC")).count();
+        assert!(
+            (1..=2).contains(&barriers),
+            "{arch}: {barriers} block barriers in {function}"
+        );
+    }
 }
 
 /// The ticket kernel, which runs before every call NCCL runs, never waits: its SASS calls no
