@@ -211,6 +211,14 @@ SG_DEVICE bool sg_any_failed(const sg_call* call) {
   return false;
 }
 
+/* A flag (32 bits) or a turn word (64 bits) polled: relaxed, at system scope. */
+SG_DEVICE uint32_t sg_poll_word(const uint32_t* p) { return sg_load_relaxed(p); }
+SG_DEVICE uint64_t sg_poll_word(const uint64_t* p) { return sg_load_relaxed64(p); }
+
+/* How often a wait looks at the abort word and the failure words, in nanoseconds of the GPU's
+ * clock (a bounded delay to notice a failure, whatever one poll costs). */
+#define SG_WATCH_NS 4096ull
+
 /* A flag (32 bits) or a turn word (64 bits) read with acquire at system scope. (A planted bug,
  * built only by the mutation runs of docs/EMULATED-GPU.md, reads the flag relaxed instead.) */
 SG_DEVICE uint32_t sg_load_word(const uint32_t* p) {
@@ -223,17 +231,24 @@ SG_DEVICE uint32_t sg_load_word(const uint32_t* p) {
 SG_DEVICE uint64_t sg_load_word(const uint64_t* p) { return sg_load_acquire64(p); }
 
 /* The calling thread waits until `flag` (written by rank `peer`, or by any rank: SG_ANY_PEER)
- * holds `want`. Returns nonzero (a STATUS_*) if the call must be given up, after recording why. */
+ * holds `want`: it polls relaxed and, once the word holds it, reads it again with acquire (the
+ * word never changes again within the call, so that read sees it too, and what its writer
+ * released before it is visible after). The abort and failure words are looked at every
+ * SG_WATCH_NS of the clock, from the first poll that missed. Returns nonzero (a STATUS_*) if
+ * the call must be given up, after recording why. */
 template <class W>
 SG_DEVICE uint32_t sg_wait(const sg_call* call, const W* flag, W want, uint32_t peer) {
   const RawLaunch* a = call->args;
   const uint32_t* own_failed = (const uint32_t*)call->peers[a->rank].failed;
   uint32_t status = STATUS_OK;
   uint64_t start = 0;
-  uint32_t polls = 0;
-  while (sg_load_word(flag) != want) {
-    if ((++polls & 31u) == 0) {
-      if (start == 0) start = sg_now_ns();
+  uint64_t looked = 0;
+  while (sg_poll_word(flag) != want || sg_load_word(flag) != want) {
+    const uint64_t now = sg_now_ns();
+    if (start == 0) {
+      start = looked = now;
+    } else if (now - looked >= SG_WATCH_NS) {
+      looked = now;
       /* This rank's own failure first: a sibling thread's wait that gave up (a timeout, say)
        * keeps its status, rather than a later wait writing PEER_FAILED over it. */
       if (sg_load_volatile((const uint32_t*)a->abort) != 0) {
@@ -243,7 +258,7 @@ SG_DEVICE uint32_t sg_wait(const sg_call* call, const W* flag, W want, uint32_t 
       } else if (peer == SG_ANY_PEER ? sg_any_failed(call)
                                      : sg_load_volatile((const uint32_t*)call->peers[peer].failed) != 0) {
         status = STATUS_PEER_FAILED;
-      } else if (a->timeout_ns != 0 && sg_now_ns() - start > a->timeout_ns) {
+      } else if (a->timeout_ns != 0 && now - start > a->timeout_ns) {
         status = STATUS_TIMEOUT;
       }
       if (status != STATUS_OK) break;

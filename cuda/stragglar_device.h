@@ -100,6 +100,10 @@ SG_DEVICE uint64_t sg_load_relaxed64(const uint64_t* p, SG_CALL_SITE) {
   sg_strong(p, 8, SG_SCOPE_SYS, "ld.relaxed.sys.u64", file, line);
   return __atomic_load_n(p, __ATOMIC_RELAXED);
 }
+SG_DEVICE uint32_t sg_load_relaxed(const uint32_t* p, SG_CALL_SITE) {
+  sg_strong(p, 4, SG_SCOPE_SYS, "ld.relaxed.sys.u32", file, line);
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
 SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   sg_strong(p, 4, SG_RELEASE_SCOPE, "st.release.sys.u32", file, line);
 #ifdef STRAGGLAR_MUTANT_RELAXED_RELEASE
@@ -200,6 +204,13 @@ SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p) {
 SG_DEVICE uint64_t sg_load_relaxed64(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+/* A 32-bit word polled until it holds a value, ordering nothing (unlike an acquire, it leaves
+ * the L1 alone): the wait then reads it once with sg_load_acquire. */
+SG_DEVICE uint32_t sg_load_relaxed(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 /* One system-scope ordering per publish: st.release.sys alone, no fence before it. A caller

@@ -1390,6 +1390,15 @@ fn reported_lateness_ms(report: &str) -> Option<f64> {
 /// (AllReduce, ReduceScatter and AllGather in turn) name the held-back rank too, also each
 /// inside a group (timed as one call per group), and so do the records of communicators split
 /// from the first.
+/// The number `text` says right after the first `prefix` (panics, showing `text`, without one).
+fn number_after(text: &str, prefix: &str) -> u64 {
+    text.split(prefix)
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no number after '{prefix}': {text}"))
+}
+
 #[test]
 fn observe_mode_merges_the_records_of_two_hosts() {
     // Ranks 0 and 1 under host name "hosta", 2 and 3 under "hostb" (UTS namespaces of their
@@ -1477,12 +1486,7 @@ fn observe_mode_keeps_what_a_killed_rank_wrote() {
     let text = String::from_utf8_lossy(&report.stdout);
     assert!(report.status.success(), "{}", support::describe(&report));
     assert!(text.contains("persistent straggler: rank 2 "), "{text}");
-    let stops: u64 = text
-        .split("rank 3's record stops after call ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("{text}"));
+    let stops = number_after(&text, "rank 3's record stops after call ");
     assert!((40..150).contains(&stops), "{stops}: {text}");
     assert!(text.contains("was never closed"), "{text}");
     assert_eq!(text.matches("was never closed").count(), 1, "{text}");
@@ -1613,12 +1617,7 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
             }
             _ => {
                 assert!(text.contains("persistent straggler: rank 1 "), "{text}");
-                let since: u64 = text
-                    .split("designated from call ")
-                    .nth(1)
-                    .and_then(|s| s.split_whitespace().next())
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or_else(|| panic!("{text}"));
+                let since = number_after(&text, "designated from call ");
                 assert!(since >= 50, "designated from call {since}: {text}");
                 assert!(
                     text.contains("the straggler moved: rank 2 from call "),

@@ -104,12 +104,16 @@ bool addressable(uint64_t p, size_t bytes) {
 }
 
 namespace {
-/* A kernel thread's last lookup of check_strong_access, valid while g_layout is unchanged. */
+/* One of a kernel thread's last lookups of check_strong_access, valid while g_layout is
+ * unchanged. A wait touches a few regions in turn (its flag in the staging, the abort and
+ * failure words in host memory), so a thread keeps several, replaced in turn. */
 struct Seen {
   uint64_t layout = 0, base = 0, end = 0;
   Region region;
 };
-thread_local Seen t_seen;
+constexpr int kSeen = 4;
+thread_local Seen t_seen[kSeen];
+thread_local int t_next_seen = 0;
 
 const char* scope_name(int scope) {
   return scope == 0 ? ".cta" : scope == 1 ? ".gpu" : ".sys";
@@ -122,15 +126,20 @@ const char* scope_name(int scope) {
                          ? "host memory (cuMemHostRegister) mapped by"
                      : seen.region.kind == Kind::Ipc ? "device memory, opened through IPC, of"
                                                      : "device memory of";
-  fprintf(stderr,
-          "emulated GPU: scope violation: %s at %s:%d, a %s-scope access by device %d, to "
-          "the word at offset 0x%llx of %zu bytes of %s device %d",
-          op, file, line, scope_name(scope), device, (unsigned long long)(at - seen.base),
-          seen.region.bytes, kind, seen.region.device);
+  char touched[96] = "";
   if (shadow)
-    fprintf(stderr, ", which devices 0x%x access (0x%x narrower than .sys)", shadow & 0xffff,
-            shadow >> 16);
-  fprintf(stderr, ": a word two GPUs, or a GPU and the host, share needs .sys scope\n");
+    snprintf(touched, sizeof touched, ", which devices 0x%x access (0x%x narrower than .sys)",
+             shadow & 0xffff, shadow >> 16);
+  /* One write, so that the other processes' logs on the same stderr never split the line. */
+  char text[768];
+  const int n = snprintf(text, sizeof text,
+                         "emulated GPU: scope violation: %s at %s:%d, a %s-scope access by "
+                         "device %d, to the word at offset 0x%llx of %zu bytes of %s device "
+                         "%d%s: a word two GPUs, or a GPU and the host, share needs .sys scope\n",
+                         op, file, line, scope_name(scope), device,
+                         (unsigned long long)(at - seen.base), seen.region.bytes, kind,
+                         seen.region.device, touched);
+  if (n > 0) (void)!write(2, text, (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
   abort();
 }
 }  // namespace
@@ -138,9 +147,16 @@ const char* scope_name(int scope) {
 void check_strong_access(const void* p, uint32_t bytes, int scope, const char* op,
                          const char* file, int line, int device) {
   const uint64_t at = (uint64_t)p;
-  Seen& seen = t_seen;
-  if (seen.layout != g_layout.load(std::memory_order_acquire) || at < seen.base ||
-      at + bytes > seen.end) {
+  const uint64_t layout = g_layout.load(std::memory_order_acquire);
+  Seen* found = nullptr;
+  for (Seen& s : t_seen)
+    if (s.layout == layout && at >= s.base && at + bytes <= s.end) found = &s;
+  if (!found) {
+    found = &t_seen[t_next_seen];
+    t_next_seen = (t_next_seen + 1) % kSeen;
+  }
+  Seen& seen = *found;
+  if (seen.layout != layout || at < seen.base || at + bytes > seen.end) {
     std::lock_guard<std::mutex> g(*g_mem);
     seen.layout = g_layout.load(std::memory_order_relaxed);
     auto it = containing(at);

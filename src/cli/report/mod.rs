@@ -315,15 +315,14 @@ fn text(findings: &[Finding], files: usize) -> String {
         match f.straggler {
             Some((rank, since)) => {
                 let (share, median, p90) = figures(f, rank);
-                let Member {
-                    host,
-                    gpu,
-                    pci,
-                    pid,
-                } = &f.members[rank];
+                let m = &f.members[rank];
                 let _ = writeln!(
                     s,
-                    "  persistent straggler: rank {rank} (host {host}, GPU {gpu} at PCI {pci}, pid {pid}), last in {:.0}% of calls, late by {} (median), {} (p90), designated from call {since}",
+                    "  persistent straggler: rank {rank} (host {}, GPU {} at PCI {}, pid {}), last in {:.0}% of calls, late by {} (median), {} (p90), designated from call {since}",
+                    m.host,
+                    m.gpu,
+                    m.pci,
+                    m.pid,
                     100.0 * share,
                     ms(median),
                     ms(p90)
@@ -376,14 +375,10 @@ fn json(findings: &[Finding]) -> String {
             let straggler = match f.straggler {
                 Some((rank, since)) => {
                     let (share, median, p90) = figures(f, rank);
-                    let Member {
-                        host,
-                        gpu,
-                        pci,
-                        pid,
-                    } = &f.members[rank];
+                    let m = &f.members[rank];
                     format!(
-                        "{{\"rank\": {rank}, \"host\": \"{host}\", \"gpu\": \"{gpu}\", \"pci\": \"{pci}\", \"pid\": {pid}, \"last_share\": {share:.4}, \"lateness_median_ns\": {median}, \"lateness_p90_ns\": {p90}, \"since_call\": {since}}}"
+                        "{{\"rank\": {rank}, \"host\": \"{}\", \"gpu\": \"{}\", \"pci\": \"{}\", \"pid\": {}, \"last_share\": {share:.4}, \"lateness_median_ns\": {median}, \"lateness_p90_ns\": {p90}, \"since_call\": {since}}}",
+                        m.host, m.gpu, m.pci, m.pid
                     )
                 }
                 None => "null".to_string(),
