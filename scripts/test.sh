@@ -83,7 +83,7 @@ test -x "$STRAGGLAR_TEST_WHEEL_BIN"
 step "CLI soak: seeded random stragglar bench runs, 100 s (scripts/soak-cli.sh)"
 BIN=target/release/stragglar JOBS=2 OUT=target/soak-cli/ci scripts/soak-cli.sh 100 4242
 
-step "the kernels' emulation under ThreadSanitizer, and a planted race it must report (scripts/tsan-emulation.sh)"
+step "the kernels' emulation under ThreadSanitizer, and three planted races it must report (scripts/tsan-emulation.sh)"
 scripts/tsan-emulation.sh
 
 step "cargo test"
