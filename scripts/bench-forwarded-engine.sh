@@ -4,6 +4,8 @@
 # making CALLS calls of 4099 floats with no straggler (so the policy sends every call to NCCL),
 # each call timed alone on the host (its stream drained after it, untimed). Engine on, a call
 # queues the ticket kernel before NCCL's and, on one call in eight, the end kernel after it.
+# A third row: engine off, observe mode on (STRAGGLAR_OBSERVE=1, its records into a scratch
+# directory): two event records, a capture query and the reading of finished events a call.
 #
 # usage: scripts/bench-forwarded-engine.sh [CALLS]   (default 2000)
 #
@@ -28,17 +30,20 @@ median_of() { # the median over ranks of each rank's median host time, from loop
     | sort -n | awk '{m[NR] = $1; p[NR] = $2} END {if (NR == 0) exit 1; print m[int((NR + 1) / 2)], p[int((NR + 1) / 2)]}'
 }
 log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
+records="$(mktemp -d)"
+trap 'rm -f "$log"; rm -rf "$records"' EXIT
 printf '%-8s %12s %12s %20s\n' "engine" "median ns" "p90 ns" "calls on NCCL"
-for engine in 0 1; do
+for mode in off on observe; do
+  engine=$([ "$mode" = on ] && echo 1 || echo 0)
+  observe=$([ "$mode" = observe ] && echo 1 || echo 0)
   # STRAGGLAR_MIN_BYTES=0: the calls (16 KiB) are eligible, so the engine serves them.
-  out="$(STRAGGLAR_GPU_ENGINE=$engine STRAGGLAR_MIN_BYTES=0 STRAGGLAR_DEBUG=WARN LOOPBACK_FIXED=1 \
-    LOOPBACK_HOST_TIMES=1 LOOPBACK_CALLS="$CALLS" scripts/emulated-gpu.sh "$PROGRAM" 4 2>"$log")" ||
+  out="$(STRAGGLAR_GPU_ENGINE=$engine STRAGGLAR_OBSERVE=$observe STRAGGLAR_REPORT_DIR="$records" \
+    STRAGGLAR_MIN_BYTES=0 STRAGGLAR_DEBUG=WARN LOOPBACK_FIXED=1 LOOPBACK_HOST_TIMES=1 \
+    LOOPBACK_CALLS="$CALLS" scripts/emulated-gpu.sh "$PROGRAM" 4 2>"$log")" ||
     { echo "$out" >&2; cat "$log" >&2; exit 1; }
   # Calls on NCCL over every rank (a rank the emulated machine's scheduling keeps late may be
   # designated now and then, and some calls then run StragglAR: counted, not hidden).
   forwarded="$(sed -n 's/.*, \([0-9]*\) on NCCL$/\1/p' <<<"$out" | awk '{s += $1} END {print s + 0}')"
   read -r median p90 < <(echo "$out" | median_of)
-  label=$([ "$engine" = 1 ] && echo "on" || echo "off")
-  printf '%-8s %12s %12s %20s\n' "$label" "$median" "$p90" "$forwarded of $((4 * CALLS))"
+  printf '%-8s %12s %12s %20s\n' "$mode" "$median" "$p90" "$forwarded of $((4 * CALLS))"
 done
