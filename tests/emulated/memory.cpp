@@ -9,7 +9,8 @@
  * strong access to them (bit d, for device d modulo 16) and which of those did at a scope
  * narrower than .sys (bit 16 + d). A kernel's narrow access to a word another device touches
  * too, to another device's memory or to host memory ends the process naming the word
- * (check_strong_access). */
+ * (check_strong_access). Behind the shadow, a page lists the processes that map the allocation
+ * through IPC: its exporter's cuMemFree while one of them still runs ends the process too. */
 #include "emu.h"
 #include "kernel_source.h"
 
@@ -52,8 +53,29 @@ void remove_region(std::map<uint64_t, Region>::iterator it) {
   g_layout.fetch_add(1, std::memory_order_release);
 }
 
-/* The length of a device allocation's mapping: its bytes, then its shadow. */
-size_t mapped_bytes(size_t bytes) { return 2 * bytes; }
+/* The length of a device allocation's mapping: its bytes, its shadow, then one page of
+ * importers (Importers). */
+size_t mapped_bytes(size_t bytes) { return 2 * bytes + (size_t)sysconf(_SC_PAGESIZE); }
+
+/* The processes that map a device allocation through IPC (a slot each, 0 when free), in the
+ * page behind its shadow, so that the exporter sees them: freeing exported memory before its
+ * importers closed it is undefined behaviour on a GPU (cuIpcOpenMemHandle's documentation),
+ * silently harmless here but for this record. */
+constexpr int kImporterSlots = 64;
+int64_t* importers_of(void* base, size_t bytes) { return (int64_t*)((char*)base + 2 * bytes); }
+
+/* Whether process `pid` is running (a zombie's mappings are gone). */
+bool running(int64_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+  FILE* f = fopen(path, "r");
+  if (!f) return false;
+  char line[512] = "";
+  const bool read = fgets(line, sizeof line, f) != nullptr;
+  fclose(f);
+  const char* end = read ? strrchr(line, ')') : nullptr;
+  return end && end[1] == ' ' && end[2] != 'Z' && end[2] != 'X';
+}
 
 /* The bytes filled into fresh device allocations up to this size (cuMemAlloc does not zero). */
 constexpr size_t kPoisonLimit = size_t(64) << 20;
@@ -254,6 +276,19 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
   std::lock_guard<std::mutex> g(*g_mem);
   auto it = g_regions->find(dptr);
   if (it == g_regions->end() || it->second.kind != Kind::Device) return CUDA_ERROR_INVALID_VALUE;
+  const int64_t* importers = importers_of((void*)dptr, it->second.bytes);
+  for (int i = 0; i < kImporterSlots; ++i) {
+    const int64_t pid = __atomic_load_n(&importers[i], __ATOMIC_ACQUIRE);
+    if (pid == 0 || !running(pid)) continue;
+    char text[256];
+    const int n = snprintf(text, sizeof text,
+                           "emulated GPU: cuMemFree of %zu bytes of device %d that process %lld "
+                           "still maps through IPC (it never called cuIpcCloseMemHandle): "
+                           "undefined behaviour on a GPU\n",
+                           it->second.bytes, it->second.device, (long long)pid);
+    if (n > 0) (void)!write(2, text, (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+    abort();
+  }
   munmap((void*)dptr, mapped_bytes(it->second.bytes));
   close(it->second.fd);
   remove_region(it);
@@ -430,6 +465,13 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle, unsigne
   reg.pid = h.pid;
   reg.opened = 1;
   reg.shadow = (uint32_t*)((char*)p + h.bytes);
+  int64_t* importers = importers_of(p, h.bytes);
+  for (int i = 0; i < kImporterSlots; ++i) {
+    int64_t free_slot = 0;
+    if (__atomic_compare_exchange_n(&importers[i], &free_slot, (int64_t)getpid(), false,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+      break;
+  }
   add_region((uint64_t)p, reg);
   *dptr = (CUdeviceptr)p;
   return CUDA_SUCCESS;
@@ -444,6 +486,13 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   auto it = g_regions->find(dptr);
   if (it == g_regions->end() || it->second.kind != Kind::Ipc) return CUDA_ERROR_INVALID_VALUE;
   if (--it->second.opened == 0) {
+    int64_t* importers = importers_of((void*)dptr, it->second.bytes);
+    for (int i = 0; i < kImporterSlots; ++i) {
+      int64_t mine = (int64_t)getpid();
+      if (__atomic_compare_exchange_n(&importers[i], &mine, 0, false, __ATOMIC_ACQ_REL,
+                                      __ATOMIC_RELAXED))
+        break;
+    }
     munmap((void*)dptr, mapped_bytes(it->second.bytes));
     remove_region(it);
   }

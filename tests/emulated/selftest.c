@@ -453,6 +453,65 @@ static int child(const char* hex) {
   return 0;
 }
 
+/* The exporter of `--export-free`: allocates, prints its IPC handle, waits for a line on stdin
+ * (its importer opened the handle), then frees the memory the importer still maps. */
+static int export_then_free(void) {
+  CUdevice dev;
+  CUcontext ctx;
+  CUdeviceptr d;
+  CUipcMemHandle handle;
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
+      cuCtxSetCurrent(ctx) || cuMemAlloc(&d, 1 << 20) || cuIpcGetMemHandle(&handle, d))
+    return 3;
+  char hex[2 * sizeof handle + 1];
+  to_hex((const unsigned char*)&handle, sizeof handle, hex);
+  printf("%s\n", hex);
+  fflush(stdout);
+  char line[8];
+  if (!fgets(line, sizeof line, stdin)) return 4;
+  cuMemFree(d);
+  return 0;
+}
+
+/* Freeing exported memory while another process still maps it (undefined behaviour on a GPU,
+ * by cuIpcOpenMemHandle's documentation): the emulated exporter ends itself saying so. */
+static int a_free_under_an_importer_is_reported(const char* self) {
+  int out[2], in[2];
+  EXPECT(pipe(out) == 0 && pipe(in) == 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+  posix_spawn_file_actions_addclose(&actions, out[0]);
+  posix_spawn_file_actions_addclose(&actions, in[1]);
+  char* argv[] = {(char*)self, "--export-free", NULL};
+  pid_t pid;
+  const int spawned = posix_spawn(&pid, self, &actions, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  close(in[0]);
+  EXPECT(spawned == 0);
+  FILE* from = fdopen(out[0], "r");
+  char hex[2 * sizeof(CUipcMemHandle) + 2] = "";
+  EXPECT(from && fgets(hex, sizeof hex, from));
+  CUipcMemHandle handle;
+  for (size_t i = 0; i < sizeof handle; ++i) {
+    unsigned v = 0;
+    EXPECT(sscanf(hex + 2 * i, "%2x", &v) == 1);
+    ((unsigned char*)&handle)[i] = (unsigned char)v;
+  }
+  CUdeviceptr d;
+  CHECK(cuIpcOpenMemHandle(&d, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+  EXPECT(write(in[1], "go\n", 3) == 3);
+  int status = 0;
+  EXPECT(waitpid(pid, &status, 0) == pid);
+  EXPECT(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+  CHECK(cuIpcCloseMemHandle(d));
+  close(in[1]);
+  if (from) fclose(from);
+  return 1;
+}
+
 /* The emulation's own promises: stale handles and destroyed contexts answer errors, never a
  * crash. */
 static int stale_handles_are_errors(void) {
@@ -498,6 +557,7 @@ static void run(const char* name, int (*check)(void)) {
 
 static const char* g_self;
 static int ipc_check(void) { return ipc_maps_memory_across_processes(g_self); }
+static int free_under_importer_check(void) { return a_free_under_an_importer_is_reported(g_self); }
 
 /* In a process started with CUDA_DEVICE_MAX_CONNECTIONS=1 (every stream on one hardware
  * queue): stream c runs a 300 ms kernel and records an event, stream a waits on it, and a set
@@ -577,6 +637,7 @@ int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "--child") == 0) return child(argv[2]);
   if (argc == 2 && strcmp(argv[1], "--one-queue") == 0) return one_queue_scenario() ? 0 : 2;
   if (argc == 2 && strcmp(argv[1], "--fault") == 0) return fault_scenario() ? 0 : 2;
+  if (argc == 2 && strcmp(argv[1], "--export-free") == 0) return export_then_free();
   g_self = argv[0];
   CUdevice dev;
   CUcontext ctx;
@@ -613,6 +674,9 @@ int main(int argc, char** argv) {
       one_hardware_queue_makes_streams_wait_for_each_other);
   run("a kernel fault is sticky", a_kernel_fault_is_sticky);
   if (g_emulated) run("stale handles and destroyed contexts are errors (emulation only)", stale_handles_are_errors);
+  if (g_emulated)
+    run("freeing memory another process maps through IPC is reported (emulation only)",
+        free_under_importer_check);
   printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

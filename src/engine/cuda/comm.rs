@@ -49,12 +49,6 @@ pub const NVSWITCH_LINK: Link = Link {
     bandwidth: 450.0 * 1024.0 * 1024.0 * 1024.0,
 };
 
-/// The probe word's token once a rank is done with a peer's staging for good (its kernels of
-/// that communicator have finished and it closes its mapping): the high half says "released",
-/// the low half is the writer's rank. A rank frees its aborted staging once every peer's token
-/// is there.
-const RELEASE_TOKEN: u32 = 0x5245_0000;
-
 /// What runs a call when the policy picks no straggler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Baseline {
@@ -733,28 +727,20 @@ impl CudaComm {
         self.last.is_complete()
     }
 
-    /// Writes this rank's release token into every peer's staging and closes the mappings:
-    /// this rank will never touch them again (its kernels must have finished).
+    /// Closes this rank's mappings of every peer's staging, then says so in host memory (the
+    /// word beside its failure word): this rank will never touch them again (its kernels must
+    /// have finished), and each peer may free its own once every rank said it.
     pub fn release_peers(&mut self) {
-        let layout = self.rank.layout();
-        let index = self.rank.index();
-        for mapping in self.mappings.iter().flatten() {
-            let _ = mapping.write_u32(layout.probe_word(index), RELEASE_TOKEN | index as u32);
-        }
         self.mappings.clear();
+        self.rank.failure_word().mark_released();
     }
 
-    /// Whether every peer's release token is in this rank's staging: no peer will touch it
-    /// again.
+    /// Whether every peer has closed its mapping of this rank's staging: it may be freed.
     pub fn released_by_every_peer(&self) -> bool {
-        let layout = self.rank.layout();
         let index = self.rank.index();
         (0..self.members.len())
             .filter(|&peer| peer != index)
-            .all(|peer| {
-                self.rank.staging().read_u32(layout.probe_word(peer))
-                    == Ok(RELEASE_TOKEN | peer as u32)
-            })
+            .all(|peer| self.rank.peer_released(peer))
     }
 
     /// Waits (at most until `deadline`) until every peer has finished reading this rank's

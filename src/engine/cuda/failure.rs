@@ -129,6 +129,25 @@ impl FailureWord {
         unsafe { AtomicU32::from_ptr(self.host) }
     }
 
+    fn released_word(&self) -> &AtomicU32 {
+        // SAFETY: the second word of the same live mapping (one page), accessed only
+        // atomically, by hosts alone.
+        unsafe { AtomicU32::from_ptr(self.host.add(1)) }
+    }
+
+    /// Says, in the word beside the failure word, that the rank has closed its mappings of
+    /// every peer's staging of this communicator: a peer may free its own then (freeing
+    /// exported memory that a peer still maps is undefined behaviour). Written after the
+    /// closes, by the host, which may do it whatever its GPU's state.
+    pub fn mark_released(&self) {
+        self.released_word().store(1, Ordering::Release);
+    }
+
+    /// Whether the rank has said [`mark_released`](Self::mark_released).
+    pub fn released(&self) -> bool {
+        self.released_word().load(Ordering::Acquire) == 1
+    }
+
     /// Marks the rank failed with `status` (nonzero), keeping an earlier status.
     pub fn set(&self, status: u32) {
         let _ = self

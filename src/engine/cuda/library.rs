@@ -72,7 +72,7 @@ fn entry_of(comm: ncclComm_t) -> Option<Arc<Entry>> {
 struct Abandoned {
     ready: Attached,
     /// This rank's kernels have finished, and it has released every peer's staging (its
-    /// release token written there, its mapping closed).
+    /// mappings closed, then said so beside its failure word).
     released: bool,
 }
 
@@ -415,9 +415,25 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     let State::Ready(mut ready) = std::mem::replace(&mut *state, State::Refused) else {
         return;
     };
-    ready.comm.drain(Instant::now() + DRAIN);
-    // Freed here: `drain` waited for this rank's own kernels.
-    drop(ready);
+    let deadline = Instant::now() + DRAIN;
+    ready.comm.drain(deadline);
+    // `drain` waited for this rank's own kernels and released the peers' staging. Its own is
+    // freed once every peer has closed its mapping of it (freeing exported memory a peer still
+    // maps is undefined behaviour, by cuIpcOpenMemHandle's documentation): the peers release it
+    // at their own destroy, so it is waited for here, within the same deadline; a peer that
+    // has not let go by then leaves it to a later sweep.
+    while !ready.comm.released_by_every_peer() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if ready.comm.released_by_every_peer() {
+        drop(ready);
+    } else {
+        log::info!("a peer still maps this rank's staging: it is freed once the peer lets go");
+        ABANDONED.lock().push(Abandoned {
+            ready: *ready,
+            released: true,
+        });
+    }
     sweep_abandoned();
 }
 

@@ -172,6 +172,14 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
             std::thread::sleep(Duration::from_millis(2));
         }
     }
+    // Then each closes its mappings of the peers' staging and says so; its own is freed once
+    // every peer has closed theirs (freeing exported memory a peer still maps is undefined
+    // behaviour).
+    let comm = &mut locals[0].comm;
+    comm.release_peers();
+    while !comm.released_by_every_peer() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
     drop(locals);
     Ok(())
 }

@@ -141,6 +141,15 @@ impl CudaRank {
         &self.failure
     }
 
+    /// Whether `peer` has closed its mappings of this communicator's staging (its word beside
+    /// its failure word says so; `false` for a rank without one, this one included).
+    pub fn peer_released(&self, peer: usize) -> bool {
+        self.peer_failures
+            .get(peer)
+            .and_then(|w| w.as_ref())
+            .is_some_and(FailureWord::released)
+    }
+
     /// The staging allocation, for IPC export.
     pub fn staging(&self) -> &DeviceMemory {
         &self.staging
