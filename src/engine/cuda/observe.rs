@@ -272,19 +272,22 @@ fn write_out(observer: &mut Observer, close: bool) {
 }
 
 /// The writing thread's round: every observed communicator's samples since the last round are
-/// taken under its lock (a copy, no I/O) and appended outside it.
+/// taken under its lock (no I/O) and appended outside it. The file's lock is taken before the
+/// communicator's is let go, so a destroy that takes the observer next appends its rest and
+/// closing line after this round's samples, never before them.
 fn write_round() {
     for (_, record) in registry::comms().all() {
-        let handed = {
-            let mut slot = record.observer.lock();
-            match slot.as_mut().and_then(|o| o.downcast_mut::<Observer>()) {
-                Some(observer) if !observer.samples.is_empty() => Some(observer.hand_over()),
-                _ => None,
-            }
+        let mut slot = record.observer.lock();
+        let Some(observer) = slot.as_mut().and_then(|o| o.downcast_mut::<Observer>()) else {
+            continue;
         };
-        if let Some((header, samples, file)) = handed {
-            file.lock().append(&header, &sample_lines(&samples));
+        if observer.samples.is_empty() {
+            continue;
         }
+        let (header, samples, file) = observer.hand_over();
+        let mut written = file.lock();
+        drop(slot);
+        written.append(&header, &sample_lines(&samples));
     }
 }
 
