@@ -743,6 +743,18 @@ impl CudaComm {
             .all(|peer| self.rank.peer_released(peer))
     }
 
+    /// Waits (at most until `deadline`, polling every millisecond) until every peer has closed
+    /// its mapping of this rank's staging; whether they all have.
+    pub fn wait_released_by_every_peer(&self, deadline: Instant) -> bool {
+        while !self.released_by_every_peer() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
     /// Waits (at most until `deadline`) until every peer has finished reading this rank's
     /// staging: every eager call of this rank has run, every peer has run as many calls as this
     /// rank did, and rank 0's arrival board has settled (a waiting ticket reads every rank's

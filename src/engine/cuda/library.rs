@@ -422,10 +422,7 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     // maps is undefined behaviour, by cuIpcOpenMemHandle's documentation): the peers release it
     // at their own destroy, so it is waited for here, within the same deadline; a peer that
     // has not let go by then leaves it to a later sweep.
-    while !ready.comm.released_by_every_peer() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    if ready.comm.released_by_every_peer() {
+    if ready.comm.wait_released_by_every_peer(deadline) {
         drop(ready);
     } else {
         log::info!("a peer still maps this rank's staging: it is freed once the peer lets go");

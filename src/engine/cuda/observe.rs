@@ -131,12 +131,10 @@ impl RecordFile {
                 .append(self.begun)
                 .truncate(!self.begun)
                 .open(path)?;
-            let mut all = String::with_capacity(header.len() + text.len());
             if !self.begun {
-                all.push_str(header);
+                file.write_all(header.as_bytes())?;
             }
-            all.push_str(text);
-            file.write_all(all.as_bytes())
+            file.write_all(text.as_bytes())
         })();
         match written {
             Ok(()) => self.begun = true,

@@ -175,11 +175,8 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
     // Then each closes its mappings of the peers' staging and says so; its own is freed once
     // every peer has closed theirs (freeing exported memory a peer still maps is undefined
     // behaviour).
-    let comm = &mut locals[0].comm;
-    comm.release_peers();
-    while !comm.released_by_every_peer() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    locals[0].comm.release_peers();
+    locals[0].comm.wait_released_by_every_peer(deadline);
     drop(locals);
     Ok(())
 }
