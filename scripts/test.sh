@@ -53,6 +53,19 @@ summary() {
 }
 trap summary EXIT
 
+# A full run writes about 3 GiB of build output under target/ and, the first time, about 6.5 GiB
+# of wheels into the virtual environment. A disk that fills mid-run fails far from the cause (the
+# linker dies of SIGBUS), so a disk too full is said here, before anything is built.
+step "free disk"
+free_gib=$(($(df --output=avail -k . | tail -n 1) / 1048576))
+needed_gib=3
+if [ ! -d "$VENV" ]; then needed_gib=$((needed_gib + 7)); fi
+printf '%d GiB free on the disk of %s (a run needs about %d GiB)\n' "$free_gib" "$PWD" "$needed_gib"
+if [ "$free_gib" -lt "$needed_gib" ]; then
+  echo "test.sh: not enough free disk for the build; free some and run again" >&2
+  exit 1
+fi
+
 step "Python wheels ($VENV)"
 wheels_torch
 wheels_cu12
