@@ -53,6 +53,14 @@ struct sg_host_thread {
   int device;
   void (*strong_access)(const void* p, uint32_t bytes, int scope, const char* op,
                         const char* file, int line);
+  /* Fiber harness, weak memory (null otherwise: every store lands at once): `weak_store` holds
+   * a plain store (at most 16 bytes) back in the storing thread's buffer, the block barrier
+   * passes a thread's held stores on to its block, `publish` (every release and acq_rel
+   * atomic, before its own access) lets the block's and the calling thread's held stores land,
+   * and `weak_load` lets them land first where a load would read one of them. */
+  void (*weak_store)(void* p, const void* src, uint32_t n);
+  void (*weak_load)(const void* p, uint32_t n);
+  void (*publish)(void);
 };
 extern thread_local sg_host_thread sg_self;
 
@@ -82,6 +90,11 @@ SG_DEVICE void sg_strong(const void* p, uint32_t bytes, sg_scope scope, const ch
 #define SG_TICKET_SCOPE SG_SCOPE_SYS
 #endif
 
+/* A release or acq_rel atomic is about to be made: the stores it publishes land first. */
+SG_DEVICE void sg_publish(void) {
+  if (sg_self.publish) sg_self.publish();
+}
+
 SG_DEVICE void sg_block_sync(void) {
   if (sg_self.fiber_sync)
     sg_self.fiber_sync();
@@ -107,15 +120,18 @@ SG_DEVICE uint32_t sg_load_relaxed(const uint32_t* p, SG_CALL_SITE) {
 SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   sg_strong(p, 4, SG_RELEASE_SCOPE, "st.release.sys.u32", file, line);
 #ifdef STRAGGLAR_MUTANT_RELAXED_RELEASE
-  /* A planted bug, built only by scripts/tsan-emulation.sh, which requires ThreadSanitizer to
-   * report it (the bit-for-bit checks cannot: x86 orders the store anyway). */
+  /* A planted bug, built by scripts/tsan-emulation.sh (ThreadSanitizer must report it) and by
+   * the emulated GPU's weak-memory test (the data it should publish stays held back): x86
+   * would order the store anyway. */
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 #else
+  sg_publish();
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 #endif
 }
 SG_DEVICE void sg_store_release64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
   sg_strong(p, 8, SG_RELEASE_SCOPE, "st.release.sys.u64", file, line);
+  sg_publish();
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p, SG_CALL_SITE) {
@@ -132,10 +148,12 @@ SG_DEVICE void sg_store_relaxed64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
 }
 SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_GPU, "atom.acq_rel.gpu.add.u32", file, line);
+  sg_publish();
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 }
 SG_DEVICE uint64_t sg_atomic_add64_sys(uint64_t* p, uint64_t v, SG_CALL_SITE) {
   sg_strong(p, 8, SG_TICKET_SCOPE, "atom.acq_rel.sys.add.u64", file, line);
+  sg_publish();
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 }
 SG_DEVICE uint64_t sg_now_ns(void) {
@@ -150,13 +168,22 @@ SG_DEVICE void sg_pause(void) {
     sched_yield();
 }
 SG_DEVICE sg_vec16 sg_load16_fresh(const void* p) {
+  if (sg_self.weak_load) sg_self.weak_load(p, 16);
   sg_vec16 v;
   memcpy(&v, p, 16);
   return v;
 }
-SG_DEVICE void sg_store16(void* p, sg_vec16 v) { memcpy(p, &v, 16); }
-SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) { memcpy(dst, src, n); }
-SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) { memcpy(dst, src, n); }
+SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) {
+  if (sg_self.weak_store)
+    sg_self.weak_store(dst, src, n);
+  else
+    memcpy(dst, src, n);
+}
+SG_DEVICE void sg_store16(void* p, sg_vec16 v) { sg_store_bytes(p, &v, 16); }
+SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) {
+  if (sg_self.weak_load) sg_self.weak_load(src, n);
+  memcpy(dst, src, n);
+}
 #define SG_THREAD (sg_self.thread)
 #define SG_THREADS (sg_self.threads)
 #define SG_BLOCK_DIM (sg_self.block_dim)

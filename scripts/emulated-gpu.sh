@@ -18,8 +18,9 @@
 #
 # What it proves and what it does not: the host code, the driver calls and the kernel source run
 # as a whole (streams, events, capture, IPC between processes, the kernels' protocol), with real
-# concurrency and memory scopes checked. It says nothing about timing, the GPU's weak memory or
-# its speed, and the CUDA runtime (PyTorch) cannot run on it: it needs more of the driver than
+# concurrency, memory scopes checked and the kernels' plain stores held back until a release
+# publishes them (weak memory, writers' side). It says nothing about timing, stale loads or
+# speed, and the CUDA runtime (PyTorch) cannot run on it: it needs more of the driver than
 # the engine does.
 #
 # Knobs (environment): STRAGGLAR_EMU_GPUS (8), STRAGGLAR_EMU_SMS (32), STRAGGLAR_EMU_MULTICAST (0),
@@ -28,7 +29,8 @@
 # from the cache or nowhere), STRAGGLAR_EMU_COUNT_LAUNCHES (1: each process prints its kernel
 # launches, by kernel, to stderr at exit), STRAGGLAR_EMU_KERNEL_FAULT (NAME@N: the Nth launch of
 # that kernel faults, and its context is lost), STRAGGLAR_EMU_SEED (N > 0: seeded random
-# scheduling, printed at cuInit; 0 or unset: the deterministic order), CUDA_DEVICE_MAX_CONNECTIONS
+# scheduling, printed at cuInit; 0 or unset: the deterministic order), STRAGGLAR_EMU_WEAK_MEMORY
+# (0: the kernels' plain stores land at once instead of at a release), CUDA_DEVICE_MAX_CONNECTIONS
 # (hardware queues per context, 8), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
 # Strong accesses narrower than .sys to a word another GPU or the host touches end the process
 # (see docs/EMULATED-GPU.md, "The strict machine").

@@ -1078,6 +1078,44 @@ fn seeded_schedules_keep_every_rank_right_and_expose_an_unsynchronised_read() {
 }
 
 #[test]
+fn weak_memory_holds_back_the_data_a_flag_without_a_release_announces() {
+    // The planted bug's ranks fail and spin to their deadline: not beside a test that times
+    // calls.
+    let _timing = timing();
+    // A planted bug x86 hides (the bit-for-bit checks passed it; only ThreadSanitizer over the
+    // kernel emulation saw it): the release store that publishes a block's data to its reader
+    // made relaxed. With the kernels' plain stores held back until a release, the reader finds
+    // the flag before the data and combines what the staging held before.
+    let path = format!(
+        "LD_LIBRARY_PATH={}",
+        variant_path(&["--build-mutant", "RELAXED_RELEASE"])
+    );
+    for (weak_memory, passes) in [("0", true), ("1", false)] {
+        let mut env = engine_with(
+            "stragglar",
+            &[
+                ("STRAGGLAR_TIMEOUT_MS", "2000"),
+                ("STRAGGLAR_EMU_WEAK_MEMORY", weak_memory),
+            ],
+        );
+        let every: Vec<String> = (0..4).map(|r| format!("LOOPBACK_ENV_{r}")).collect();
+        env.extend(every.iter().map(|key| (key.as_str(), path.as_str())));
+        let (out, _) = run_ranks(&["4"], &env);
+        if passes {
+            assert_every_call_on_the_engine(&out, 4);
+        } else {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(!out.status.success(), "{}", support::describe(&out));
+            assert!(
+                text.contains(" elements): element "),
+                "{}",
+                support::describe(&out)
+            );
+        }
+    }
+}
+
+#[test]
 fn a_panic_inside_the_gpu_engine_gives_the_rank_up_and_releases_its_peers() {
     // Rank 1's driver lacks cuLaunchKernel: cudarc panics at its first launch. Before, the
     // panic became ncclInternalError on rank 1 alone, and its peers waited for it for ever.

@@ -5,6 +5,7 @@
 
 #include "fibers.h"
 #include "stragglar_allreduce.cu"
+#include "weak_memory.h"
 
 #include <cstdlib>
 #include <new>
@@ -54,17 +55,34 @@ void body(void* arg, uint32_t thread) {
   }
 }
 
-void emu_sync(void) { emu::fiber_sync(); }
+/* The running block's held-back stores (null: weak memory is off). */
+thread_local emu::WeakMemory* t_weak = nullptr;
+
+void emu_sync(void) {
+  if (t_weak) t_weak->at_barrier(sg_self.thread);
+  emu::fiber_sync();
+}
 void emu_pause(void) { emu::fiber_pause(); }
 /* Seeded scheduling: the running block's choices (null: the deterministic schedule). */
 thread_local emu::Rng* t_choices = nullptr;
 
-/* Checks a strong access's scope; seeded, it may first let the block's other threads run. */
+/* Checks a strong access's scope; seeded, it may first let some of the block's held stores
+ * land, or the block's other threads run. A strong access reads its own word too. */
 void emu_strong_access(const void* p, uint32_t bytes, int scope, const char* op,
                        const char* file, int line) {
   emu::check_strong_access(p, bytes, scope, op, file, line, sg_self.device);
+  if (t_weak) {
+    t_weak->before_load(p, bytes);
+    if (t_choices && t_choices->one_in(8)) t_weak->land_early(*t_choices);
+  }
   if (t_choices && t_choices->one_in(4)) emu::fiber_pause();
 }
+
+void emu_weak_store(void* p, const void* src, uint32_t n) {
+  t_weak->store(sg_self.thread, p, src, n);
+}
+void emu_weak_load(const void* p, uint32_t n) { t_weak->before_load(p, n); }
+void emu_publish(void) { t_weak->publish(sg_self.thread); }
 
 const emu::KernelSpec kSpecs[] = {
     {"ncclStragglarAllReduce", emu::KernelId::AllReduce, sizeof(RawLaunch), MAX_THREADS},
@@ -106,7 +124,21 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
   Rng choices = rng_for(kChoiceFibers, launch, block);
   Rng* seeded = schedule_seed() ? &choices : nullptr;
   t_choices = seeded;
-  run_fibers(threads, syncing, body, on_switch, &run, seeded);
+  {
+    /* Whatever the block still holds lands when it ends (with `weak`). */
+    WeakMemory weak(threads);
+    if (weak_memory_enabled()) {
+      t_weak = &weak;
+      sg_self.weak_store = emu_weak_store;
+      sg_self.weak_load = emu_weak_load;
+      sg_self.publish = emu_publish;
+    }
+    run_fibers(threads, syncing, body, on_switch, &run, seeded);
+    t_weak = nullptr;
+    sg_self.weak_store = nullptr;
+    sg_self.weak_load = nullptr;
+    sg_self.publish = nullptr;
+  }
   t_choices = nullptr;
   sg_self.fiber_sync = nullptr;
   sg_self.fiber_pause = nullptr;
