@@ -1230,13 +1230,47 @@ fn an_eager_call_and_a_replay_on_another_stream_never_overlap() {
 }
 
 #[test]
+fn a_call_captured_with_no_straggler_designated_stays_on_nccl_on_every_rank() {
+    // Under auto, nobody late: the policy prefers NCCL for the call when it is captured, so
+    // the graph holds NCCL's work (NVLS where NCCL runs it), not our kernel choosing between
+    // StragglAR and our Ring on every replay.
+    let env = engine_with("auto", &[("LOOPBACK_REPLAYS", "40")]);
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 40 replays checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    assert!(
+        !log.contains("calls captured into graphs"),
+        "{}",
+        support::describe(&out)
+    );
+    // The three eager calls took tickets; the captured one went to NCCL as the policy's.
+    let stats = designations(&text);
+    assert_eq!(stats.len(), 4, "{}", support::describe(&out));
+    assert!(
+        stats.iter().all(|s| *s == "-1, 0 on StragglAR, 4 on NCCL"),
+        "{}",
+        support::describe(&out)
+    );
+}
+
+#[test]
 fn graph_replays_follow_the_late_rank_as_it_moves_alike_on_every_rank() {
     let _timing = timing();
-    // One captured call replayed 160 times under auto; rank 2 is late for the first 80
-    // replays, rank 1 for the rest. The choice is made on the GPU from the shared records.
+    // One captured call replayed 160 times under auto; rank 2 is late for the 80 eager calls
+    // before the capture, which designate it (so the call is captured as a graph launch, not
+    // on NCCL), and the first 80 replays, rank 1 for the rest. The choice is made on the GPU
+    // from the shared records.
     let env = engine_with(
         "auto",
         &[
+            ("LOOPBACK_WARMUP", "80"),
             ("LOOPBACK_REPLAYS", "160"),
             ("LOOPBACK_LATE_RANK", "2,1"),
             ("LOOPBACK_LATE_US", "60000"),

@@ -237,19 +237,6 @@ impl Policy {
         }
     }
 
-    /// Whether some call could run StragglAR under this policy (otherwise it is the baseline's
-    /// for good, whatever the records say).
-    pub fn may_choose_stragglar(&self, bytes: usize) -> bool {
-        self.ranks >= 2
-            && match self.algo {
-                AlgoMode::Baseline => false,
-                AlgoMode::Stragglar => true,
-                AlgoMode::Auto => {
-                    self.straggler != StragglerMode::Off && self.break_even_ns(bytes).is_some()
-                }
-            }
-    }
-
     /// The straggler this call would designate.
     pub fn straggler(&self, detector: &Detector) -> Option<usize> {
         self.considered(detector.designated())
@@ -265,6 +252,33 @@ impl Policy {
         detector: &Detector,
         measured: Option<&ClassTimes>,
         bytes: usize,
+    ) -> Choice {
+        self.choose_exploring(detector, measured, bytes, true)
+    }
+
+    /// Whether StragglAR is what the policy prefers for a call of `bytes` on what was
+    /// observed before it: [`Policy::choose`] with the class's explorations left aside. A
+    /// graph capture goes by it: its replays all run what it captured, and none of them is an
+    /// exploration.
+    pub fn prefers_stragglar(
+        &self,
+        detector: &Detector,
+        measured: Option<&ClassTimes>,
+        bytes: usize,
+    ) -> bool {
+        matches!(
+            self.choose_exploring(detector, measured, bytes, false),
+            Choice::Stragglar { .. }
+        )
+    }
+
+    /// [`Policy::choose`], running the class's exploration calls only where `explore`.
+    fn choose_exploring(
+        &self,
+        detector: &Detector,
+        measured: Option<&ClassTimes>,
+        bytes: usize,
+        explore: bool,
     ) -> Choice {
         if self.ranks < 2 {
             return Choice::Baseline;
@@ -287,7 +301,7 @@ impl Policy {
                 let (prefers, explores) = match measured {
                     Some(times) => (
                         times.stragglar_wins().unwrap_or(modelled),
-                        times.explores_next(),
+                        explore && times.explores_next(),
                     ),
                     None => (modelled, false),
                 };

@@ -185,19 +185,39 @@ impl Tracker {
     }
 
     /// The choice [`Tracker::decide`] would make for a call of `bytes`, without tracking a
-    /// call (for calls that record no arrival, such as those captured into a CUDA graph).
+    /// call (for calls that record no arrival).
     pub fn peek(&self, bytes: usize) -> Choice {
+        self.with_class(bytes, |detector, measured| {
+            self.policy.choose(detector, measured, bytes)
+        })
+    }
+
+    /// Whether the policy prefers StragglAR for a call of `bytes` on the records and times fed
+    /// so far, explorations aside ([`Policy::prefers_stragglar`]), without tracking a call:
+    /// what a call captured into a CUDA graph goes by. The same on every rank at the same call.
+    pub fn prefers_stragglar(&self, bytes: usize) -> bool {
+        self.with_class(bytes, |detector, measured| {
+            self.policy.prefers_stragglar(detector, measured, bytes)
+        })
+    }
+
+    /// Runs `f` on the detector and measured times of the size class of `bytes` (a fresh
+    /// detector where the class has none yet).
+    fn with_class<T>(
+        &self,
+        bytes: usize,
+        f: impl FnOnce(&Detector, Option<&ClassTimes>) -> T,
+    ) -> T {
         let class = size_class(bytes);
         let measured = match self.measuring {
             true => self.times.get(&class),
             false => None,
         };
         match self.detectors.get(&class) {
-            Some(detector) => self.policy.choose(detector, measured, bytes),
-            None => self.policy.choose(
+            Some(detector) => f(detector, measured),
+            None => f(
                 &Detector::new(self.ranks, DetectorConfig::default()),
                 measured,
-                bytes,
             ),
         }
     }
@@ -448,6 +468,36 @@ mod tests {
         assert!(choices[first..]
             .iter()
             .all(|c| *c == Choice::Stragglar { straggler: 5 }));
+    }
+
+    #[test]
+    fn a_capture_prefers_stragglar_only_once_the_straggler_is_designated() {
+        let mut t = tracker(32);
+        let bytes = 4 << 20;
+        let mut first_preferred = None;
+        for call in 0..200u64 {
+            while let Some(k) = t.due() {
+                t.feed(record(k));
+            }
+            let prefers = t.prefers_stragglar(bytes);
+            let calls = t.calls();
+            let choice = t.decide(bytes);
+            assert_eq!(t.calls(), calls + 1, "asking tracks no call");
+            // Unmeasured, nothing explores: the preference is the choice an eager call makes.
+            assert_eq!(
+                prefers,
+                choice == Choice::Stragglar { straggler: 5 },
+                "call {call}"
+            );
+            if prefers && first_preferred.is_none() {
+                first_preferred = Some(call);
+            }
+        }
+        assert!(
+            first_preferred.is_some_and(|c| c >= 32),
+            "{first_preferred:?}"
+        );
+        assert!(!tracker(1).prefers_stragglar(bytes), "nothing designated");
     }
 
     #[test]

@@ -46,7 +46,8 @@ pub enum Fallback {
     /// plans could not be built, which is logged once.)
     CapturingBeforeSetup,
     /// The straggler policy chose NCCL for this call: no straggler is designated for its size,
-    /// or the designated one's lead does not pay for it (a ticket still records its arrivals).
+    /// or the designated one's lead does not pay for it (a ticket still records an eager
+    /// call's arrivals; a captured call is NCCL's work in the graph).
     PolicyNccl,
 }
 

@@ -315,9 +315,10 @@ static int check_sums(int rank, int nranks, CUdeviceptr out, int shift, int call
   return 0;
 }
 
-/* LOOPBACK_REPLAYS=N: three eager calls, then one call (4099 floats, sum) captured into a graph
- * and replayed N times, every replay's result checked. With LOOPBACK_LATE_RANK=A,B rank A
- * sleeps LOOPBACK_LATE_US before the first half of the replays and rank B before the second. */
+/* LOOPBACK_REPLAYS=N: LOOPBACK_WARMUP (default 3) eager calls, then one call (4099 floats, sum)
+ * captured into a graph and replayed N times, every result checked. With LOOPBACK_LATE_RANK=A,B
+ * rank A sleeps LOOPBACK_LATE_US before each warm-up call and the first half of the replays,
+ * rank B before the second half. */
 static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, CUdeviceptr send,
                        CUdeviceptr recv, int replays) {
   static float host[4099];
@@ -325,12 +326,13 @@ static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, C
   int late_first = late ? atoi(late) : -1;
   int late_second = late && strchr(late, ',') ? atoi(strchr(late, ',') + 1) : late_first;
   const long late_us = getenv("LOOPBACK_LATE_US") ? atol(getenv("LOOPBACK_LATE_US")) : 0;
+  const int warmup = getenv("LOOPBACK_WARMUP") ? atoi(getenv("LOOPBACK_WARMUP")) : 3;
   for (int j = 0; j < 4099; ++j) host[j] = (float)(rank + j % 5);
   CU(cuMemcpyHtoD(send, host, sizeof host));
   CUgraph graph;
   CUgraphExec exec;
-  for (int i = 0; i <= replays + 3; ++i) {
-    if (i == 3) {
+  for (int i = 0; i <= replays + warmup; ++i) {
+    if (i == warmup) {
       CU(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
       ncclResult_t nr = ncclAllReduce((const void*)send, (void*)recv, 4099, ncclFloat32, ncclSum,
                                       comm, stream);
@@ -339,13 +341,13 @@ static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, C
       if (nr != ncclSuccess) return 3;
       continue;
     }
-    int late_now = i - 4 < replays / 2 ? late_first : late_second;
-    if (i > 3 && rank == late_now) {
+    int late_now = i - warmup - 1 < replays / 2 ? late_first : late_second;
+    if (rank == late_now) {
       struct timespec t = {late_us / 1000000, (late_us % 1000000) * 1000};
       nanosleep(&t, NULL);
     }
     CU(cuMemsetD32(recv, 0, 4099));
-    if (i < 3) {
+    if (i < warmup) {
       if (ncclAllReduce((const void*)send, (void*)recv, 4099, ncclFloat32, ncclSum, comm,
                         stream) != ncclSuccess)
         return 3;
@@ -359,7 +361,7 @@ static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, C
       printf("rank %d: error at call %d: %s\n", rank, i, ncclGetErrorString(async));
       return 3;
     }
-    int bad = check_sums(rank, nranks, recv, 0, i, i < 3 ? "eager" : "replay");
+    int bad = check_sums(rank, nranks, recv, 0, i, i < warmup ? "eager" : "replay");
     if (bad) return bad;
   }
   cuGraphExecDestroy(exec);

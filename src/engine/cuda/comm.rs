@@ -538,10 +538,12 @@ impl CudaComm {
 
     /// Captures one call into the caller's graph as a graph launch, whose every replay chooses
     /// its plan on the GPU from the records of earlier replays (`crate::gpu::choice`). It stays
-    /// on NCCL (captured as usual) when NCCL is the baseline and the policy never picks
-    /// StragglAR at this size, or when the plans are not uploaded (no allocation while
-    /// capturing; they are, from the first call outside capture on). Both follow from the
-    /// settings and the calls so far: the same on every rank.
+    /// on NCCL (captured as usual, so its replays run NCCL's work: NVLS where NCCL runs it)
+    /// when NCCL is the baseline and the policy does not prefer StragglAR for this call now
+    /// (no straggler designated for its size, or a lead that does not pay; under a fixed
+    /// `STRAGGLAR_ALGO=stragglar` it always does), or when the plans are not uploaded (no
+    /// allocation while capturing; they are, from the first call outside capture on). Both
+    /// follow from the settings and the eager calls so far: the same on every rank.
     ///
     /// # Safety
     /// As [`CudaComm::all_reduce`].
@@ -552,10 +554,10 @@ impl CudaComm {
         capture: Capture,
     ) -> Result<Result<Ran, CallError>, Decline> {
         let bytes = operands.count * operands.dtype.size();
-        let policy = self.tracker.policy();
-        if self.baseline == Baseline::Nccl && !policy.may_choose_stragglar(bytes) {
+        if self.baseline == Baseline::Nccl && !self.tracker.prefers_stragglar(bytes) {
             return Err(Decline::PolicyNccl);
         }
+        let policy = self.tracker.policy();
         if !self.rank.has_choices() {
             return Err(Decline::CapturingBeforeSetup);
         }
