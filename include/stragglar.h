@@ -9,7 +9,7 @@
 /**
  * Entries of `stragglarStats_t::fallbacks`: one per cause that keeps an AllReduce on NCCL.
  */
-#define STRAGGLAR_FALLBACK_COUNT 18
+#define STRAGGLAR_FALLBACK_COUNT 19
 
 /**
  * Which real NCCL this process forwards to. Strings live as long as the process.

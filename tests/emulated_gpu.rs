@@ -1077,6 +1077,127 @@ fn seeded_schedules_keep_every_rank_right_and_expose_an_unsynchronised_read() {
     );
 }
 
+/// Each rank's "the arenas grew to hold calls up to N MiB" sizes, in order, by rank (the log
+/// lines' `[r]` prefix).
+fn growth_steps(log: &str, ranks: usize) -> Vec<Vec<u64>> {
+    let mut steps = vec![Vec::new(); ranks];
+    for line in log.lines() {
+        let Some((_, rest)) = line.split_once("the arenas grew to hold calls up to ") else {
+            continue;
+        };
+        let rank = (0..ranks)
+            .find(|r| line.contains(&format!(" [{r}] ")))
+            .expect("a rank's line");
+        let mib = rest.split_whitespace().next().and_then(|n| n.parse().ok());
+        steps[rank].push(mib.expect("a size in MiB"));
+    }
+    steps
+}
+
+#[test]
+fn the_arenas_grow_at_the_calls_that_need_them_alike_on_every_rank() {
+    // Float sums of 4 KiB, 1.5, 1, 3, 7 and 5 MiB under a buffer of 8 MiB: the staging starts
+    // with arenas of no size, and every rank grows them at the same calls (to 1, 2, 4 and 8
+    // MiB: at least double, a power of two), every result checked.
+    let env = engine_with(
+        "stragglar",
+        &[("STRAGGLAR_BUFFER_BYTES", "8M"), ("LOOPBACK_GROW", "6")],
+    );
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 6 growing calls checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    for steps in growth_steps(&log, 4) {
+        assert_eq!(steps, [1, 2, 4, 8], "{}", support::describe(&out));
+    }
+    let stats = designations(&text);
+    assert!(
+        stats.len() == 4
+            && stats
+                .iter()
+                .all(|s| s.ends_with("6 on StragglAR, 0 on NCCL")),
+        "{}",
+        support::describe(&out)
+    );
+    // Rank 1 may not hold the last growth (its cap): no rank grows past 4 MiB, and the calls
+    // larger than that go to NCCL on every rank alike, still right.
+    let mut env = env.clone();
+    env.push(("LOOPBACK_ENV_1", "STRAGGLAR_STAGING_CAP=40M"));
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 6 growing calls checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    for steps in growth_steps(&log, 4) {
+        assert_eq!(steps, [1, 2, 4], "{}", support::describe(&out));
+    }
+    assert_eq!(
+        log.matches("the arenas stay at calls up to 4 MiB (rank 1")
+            .count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    assert!(
+        log.contains("(rank 1: 28 MiB of staging on device 1 would exceed STRAGGLAR_STAGING_CAP"),
+        "{}",
+        support::describe(&out)
+    );
+    let stats = designations(&text);
+    assert!(
+        stats.len() == 4
+            && stats
+                .iter()
+                .all(|s| s.ends_with("4 on StragglAR, 2 on NCCL")),
+        "{}",
+        support::describe(&out)
+    );
+    // A capture allocates nothing: the last three calls captured, after eager ones that grew
+    // the arenas to 2 MiB, are larger and stay on NCCL; replayed, they are still right.
+    let env = engine_with(
+        "stragglar",
+        &[("STRAGGLAR_BUFFER_BYTES", "8M"), ("LOOPBACK_GROW", "3")],
+    );
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 6 growing calls checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    for steps in growth_steps(&log, 4) {
+        assert_eq!(steps, [1, 2], "{}", support::describe(&out));
+    }
+    assert!(
+        log.contains("a captured ncclAllReduce of 3145728 B stays on NCCL"),
+        "{}",
+        support::describe(&out)
+    );
+    let stats = designations(&text);
+    assert!(
+        stats.len() == 4
+            && stats
+                .iter()
+                .all(|s| s.ends_with("3 on StragglAR, 3 on NCCL")),
+        "{}",
+        support::describe(&out)
+    );
+}
+
 #[test]
 fn weak_memory_holds_back_the_data_a_flag_without_a_release_announces() {
     // The planted bug's ranks fail and spin to their deadline: not beside a test that times

@@ -113,7 +113,7 @@ pub extern "C" fn stragglarGetNcclBinding(out: *mut stragglarNcclBinding_t) -> R
 }
 
 /// Entries of `stragglarStats_t::fallbacks`: one per cause that keeps an AllReduce on NCCL.
-pub const STRAGGLAR_FALLBACK_COUNT: usize = 18;
+pub const STRAGGLAR_FALLBACK_COUNT: usize = 19;
 
 const _: () = assert!(STRAGGLAR_FALLBACK_COUNT == Fallback::ALL.len());
 

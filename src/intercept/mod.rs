@@ -168,7 +168,7 @@ impl From<Decline> for Fallback {
             Decline::GpuUnavailable => Fallback::GpuUnavailable,
             Decline::SetupRefused => Fallback::SetupRefused,
             Decline::CapturingBeforeSetup => Fallback::CapturingBeforeSetup,
-            Decline::AboveBufferBytes => Fallback::AboveBufferBytes,
+            Decline::AboveStaging => Fallback::AboveStaging,
             Decline::PolicyNccl => Fallback::PolicyNccl,
         }
     }

@@ -49,11 +49,15 @@ pub enum Fallback {
     /// or the designated one's lead does not pay for it (a ticket still records an eager
     /// call's arrivals; a captured call is NCCL's work in the graph).
     PolicyNccl,
+    /// More than the communicator's arenas hold so far: a call captured into a graph (the
+    /// arenas grow at eager calls only), or an eager call StragglAR would run after the arenas
+    /// could not grow (`STRAGGLAR_STAGING_CAP`, or a rank could not allocate or reach them).
+    AboveStaging,
 }
 
 impl Fallback {
     /// Every cause, in test order.
-    pub const ALL: [Fallback; 18] = [
+    pub const ALL: [Fallback; 19] = [
         Fallback::P2pDisabled,
         Fallback::ForcedNccl,
         Fallback::StragglerOff,
@@ -72,6 +76,7 @@ impl Fallback {
         Fallback::SetupRefused,
         Fallback::CapturingBeforeSetup,
         Fallback::PolicyNccl,
+        Fallback::AboveStaging,
     ];
 
     /// The index in [`Fallback::ALL`] and in `stragglarStats_t::fallbacks`.
@@ -103,6 +108,7 @@ impl Fallback {
             Fallback::SetupRefused => "setup-refused",
             Fallback::CapturingBeforeSetup => "capturing-before-setup",
             Fallback::PolicyNccl => "policy-nccl",
+            Fallback::AboveStaging => "above-staging",
         }
     }
 
@@ -136,6 +142,9 @@ impl Fallback {
             }
             Fallback::PolicyNccl => {
                 "the straggler policy chose NCCL (no straggler designated for this size, or its lead does not pay)"
+            }
+            Fallback::AboveStaging => {
+                "larger than the GPU engine's arenas hold so far (captured, or they could not grow)"
             }
         }
     }

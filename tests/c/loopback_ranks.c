@@ -22,7 +22,8 @@
  *   LOOPBACK_GROUPS each call inside its own group; with LOOPBACK_HOST_TIMES each rank prints
  *   the median and 90th percentile host time of its eager calls; LOOPBACK_HOSTNAME=NAME (through
  *   LOOPBACK_ENV_<r>) runs a rank under another host name; LOOPBACK_MIXED=N: eager calls
- *   and graph replays on two streams, not waited for in between (see run_mixed). Each rank
+ *   and graph replays on two streams, not waited for in between (see run_mixed); LOOPBACK_GROW=N:
+ *   float sums of growing sizes up to 7 MiB, the first N eager (see run_growing). Each rank
  *   that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL).
  * Built twice by tests/emulated_gpu.rs: linked against libstragglar, and linked against the
@@ -372,6 +373,54 @@ static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, C
   return 0;
 }
 
+/* LOOPBACK_GROW=N: float sums of 4 KiB, 1.5 MiB, 1 MiB, 3 MiB, 7 MiB and 5 MiB, in that order
+ * (the arenas of a job's communicator grow at the calls that need them), the first N eager and
+ * each later one captured into a graph of its own and launched once; every element checked:
+ * rank r's element j is (r + j % 9 - 4), exact in float. */
+static int run_growing(int rank, int nranks, ncclComm_t comm, CUstream stream, int eager) {
+  static const size_t kBytes[] = {4 << 10, 3 << 19, 1 << 20, 3 << 20, 7 << 20, 5 << 20};
+  enum { MOST = 7 << 20 };
+  float* host = malloc(MOST);
+  CUdeviceptr send, recv;
+  if (!host || cuMemAlloc(&send, MOST) || cuMemAlloc(&recv, MOST)) return 2;
+  const int calls = (int)(sizeof kBytes / sizeof kBytes[0]);
+  for (int i = 0; i < calls; ++i) {
+    size_t count = kBytes[i] / sizeof(float);
+    for (size_t j = 0; j < count; ++j) host[j] = (float)(rank + (int)(j % 9) - 4);
+    CU(cuMemcpyHtoD(send, host, count * sizeof(float)));
+    CU(cuMemsetD32(recv, 0, count));
+    CUgraph graph;
+    CUgraphExec exec;
+    if (i >= eager) CU(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    ncclResult_t nr = ncclAllReduce((const void*)send, (void*)recv, count, ncclFloat32, ncclSum,
+                                    comm, stream);
+    if (i >= eager) {
+      CU(cuStreamEndCapture(stream, &graph));
+      CU(cuGraphInstantiateWithFlags(&exec, graph, 0));
+      CU(cuGraphLaunch(exec, stream));
+    }
+    if (nr != ncclSuccess) return 3;
+    CU(cuStreamSynchronize(stream));
+    if (i >= eager) {
+      CU(cuGraphExecDestroy(exec));
+      CU(cuGraphDestroy(graph));
+    }
+    CU(cuMemcpyDtoH(host, recv, count * sizeof(float)));
+    for (size_t j = 0; j < count; ++j) {
+      float want = (float)(nranks * (nranks - 1) / 2 + nranks * ((int)(j % 9) - 4));
+      if (host[j] != want) {
+        printf("rank %d: call %d (%zu floats): element %zu is %g, not %g\n", rank, i, count, j,
+               host[j], want);
+        return 4;
+      }
+    }
+  }
+  print_stats(rank, comm);
+  ncclCommDestroy(comm);
+  printf("rank %d: %d growing calls checked\n", rank, calls);
+  return 0;
+}
+
 /* LOOPBACK_MIXED=N: N rounds of an eager call on one stream, not waited for, then a replay of a
  * captured call on another stream, both on buffers of their own, then both streams drained and
  * both results checked; rank 1 comes LOOPBACK_LATE_US late to each eager call, so that the
@@ -668,6 +717,8 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
   if (getenv("LOOPBACK_TWO_COMMS"))
     return run_two_comms(rank, nranks, comm, ctx, stream, send, recv,
                          atoi(getenv("LOOPBACK_TWO_COMMS")));
+  if (getenv("LOOPBACK_GROW"))
+    return run_growing(rank, nranks, comm, stream, atoi(getenv("LOOPBACK_GROW")));
   if (getenv("LOOPBACK_MIXED")) return run_mixed(rank, nranks, comm, atoi(getenv("LOOPBACK_MIXED")));
   if (getenv("LOOPBACK_REPLAYS"))
     return run_replays(rank, nranks, comm, stream, send, recv, atoi(getenv("LOOPBACK_REPLAYS")));

@@ -38,6 +38,8 @@ pub struct Assembly<'a> {
     pub policy: Policy,
     /// The largest message the staging takes, in bytes.
     pub max_bytes: usize,
+    /// The largest message its arenas hold from the start (`CommParts::staged_bytes`).
+    pub staged_bytes: usize,
     /// Per-wait deadline of the kernels; `None` waits until aborted, as NCCL does.
     pub timeout: Option<Duration>,
     /// Remote reads keep their source's send order.
@@ -125,6 +127,7 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
         plans: assembly.plans,
         policy,
         max_bytes: assembly.max_bytes,
+        staged_bytes: assembly.staged_bytes,
         baseline: assembly.baseline,
         designated: assembly.designated,
         label: assembly.label,

@@ -14,6 +14,7 @@ use super::grid::{blocks_for, MIN_BLOCKS};
 use super::peers::IpcAccess;
 use super::setup::{Devices, LocalFailure, SetupError};
 use super::sizing::{layout, policy, Sizing};
+use super::staging::StagingLayout;
 use super::watch::SetupWatch;
 use crate::plan::PlanCache;
 
@@ -74,8 +75,15 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
     let policy = policy(call.ranks);
     let blocks = blocks_for(sms as u32, config.buffer_bytes, call.ranks);
     let mut plans = PlanCache::default();
-    let layout = layout(&mut plans, &policy, blocks, Sizing::of_the_library())
+    // Flags for every plan up to STRAGGLAR_BUFFER_BYTES, but arenas of no size: they grow at
+    // the first calls StragglAR runs (`super::growth`), so a job whose calls stay on NCCL holds
+    // only the control part.
+    let full = layout(&mut plans, &policy, blocks, Sizing::of_the_library())
         .map_err(|_| Decline::GpuUnavailable)?;
+    let layout = StagingLayout {
+        arena_bytes: 0,
+        ..full
+    };
     let reservation = Reservation::take(ordinal, layout.allocation_bytes());
     let kernels = stream_state
         .and(loaded.as_ref().map_err(|_| LocalFailure::NoKernels))
@@ -93,6 +101,7 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
         plans,
         policy,
         max_bytes: config.buffer_bytes,
+        staged_bytes: 0,
         timeout: config.timeout_ms.map(std::time::Duration::from_millis),
         ordered_reads: true,
         devices: Devices::OnePerRank,
@@ -138,7 +147,7 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
         false => "Ring",
     };
     log::info!(
-        "{}: the GPU engine serves its AllReduce ({} ranks, {} MiB of staging on device {}: {} of STRAGGLAR_STAGING_CAP {} MiB in use); until measured, NCCL is priced as {prior}",
+        "{}: the GPU engine serves its AllReduce ({} ranks, {} MiB of staging on device {}, its arenas grown at the first calls StragglAR runs: {} of STRAGGLAR_STAGING_CAP {} MiB in use); until measured, NCCL is priced as {prior}",
         call.label(),
         call.ranks,
         layout.allocation_bytes() >> 20,

@@ -89,14 +89,22 @@ pub struct Reservation {
 impl Reservation {
     /// Reserves `bytes` on `device`, or says why not (at WARN, for each communicator refused).
     pub fn take(device: i32, bytes: u64) -> Option<Reservation> {
-        let cap = crate::config::get().staging_cap;
-        match BUDGET.lock().reserve(device, bytes, cap) {
-            Ok(_) => Some(Reservation { device, bytes }),
+        match Self::try_take(device, bytes) {
+            Ok(reservation) => Some(reservation),
             Err(over) => {
                 log::warn!("{over}: this communicator stays on NCCL");
                 None
             }
         }
+    }
+
+    /// Reserves `bytes` on `device`, or returns why not (the caller says it).
+    pub fn try_take(device: i32, bytes: u64) -> Result<Reservation, OverCap> {
+        let cap = crate::config::get().staging_cap;
+        BUDGET
+            .lock()
+            .reserve(device, bytes, cap)
+            .map(|_| Reservation { device, bytes })
     }
 }
 

@@ -18,8 +18,12 @@ use std::time::{Duration, Instant};
 
 use super::args::Operands;
 use super::driver::{self, Capture, Device, Event, PeerMapping};
+use super::growth::{grow, growth_target, Growth};
 use super::rank::{CallError, Control, CudaRank, GraphCounts, Ticket, TimedRecord, OVERDUE_CALLS};
-use crate::detect::policy::Policy;
+use super::setup::Exchange;
+use super::sizing::arena_for;
+use super::staging::ArenaLayout;
+use crate::detect::policy::{Choice, Policy};
 use crate::detect::tally::RankArrivals;
 use crate::detect::Tracker;
 use crate::gpu::arrival::RING_ENTRIES;
@@ -69,8 +73,9 @@ pub enum Decline {
     SetupRefused,
     /// Captured before any call outside capture uploaded the plans (or they cannot be built).
     CapturingBeforeSetup,
-    /// A captured call larger than the staging.
-    AboveBufferBytes,
+    /// Larger than the arenas hold: captured (they grow at eager calls only), or eager after
+    /// they could not grow.
+    AboveStaging,
     /// A captured call of a size the policy never runs on StragglAR.
     PolicyNccl,
 }
@@ -103,6 +108,9 @@ pub struct CommParts {
     /// The largest message the engine takes (bytes): graph launches of every pipeline depth
     /// a call up to it may run are prepared.
     pub max_bytes: usize,
+    /// The largest message the arenas hold from the start: `max_bytes` (the bench), or 0 (a
+    /// job's communicator, whose arenas grow at the calls that need them: `super::growth`).
+    pub staged_bytes: usize,
     pub baseline: Baseline,
     /// Where the designation is published for readers that must not wait for a call (the
     /// rank, or -1).
@@ -164,6 +172,12 @@ pub struct CudaComm {
     unbuildable: bool,
     /// See [`CommParts::max_bytes`].
     max_bytes: usize,
+    /// The largest message the arenas hold now (see [`CommParts::staged_bytes`]).
+    staged_bytes: usize,
+    /// A growth was refused (alike on every rank): the arenas stay as they are.
+    growth_refused: bool,
+    /// Peers' grown arenas, open until the peers are released.
+    grown_mappings: Vec<PeerMapping>,
     /// (size class, pieces per chunk) pairs whose first pipelined StragglAR call was
     /// announced.
     pipelined: std::collections::HashSet<(u32, usize)>,
@@ -206,6 +220,9 @@ impl CudaComm {
             captured: 0,
             unbuildable: false,
             max_bytes: parts.max_bytes,
+            staged_bytes: parts.staged_bytes,
+            growth_refused: false,
+            grown_mappings: Vec::new(),
             pipelined: Default::default(),
             last_stream: std::ptr::null_mut(),
             captured_stream: None,
@@ -267,6 +284,8 @@ impl CudaComm {
 
     /// Runs one call of `operands` on `stream`. `Err(Decline)` leaves it untouched for NCCL;
     /// `Ok(Err(_))` is a failure of this rank, whose peers are told (its failure word).
+    /// `growth` is the communicator's AllGather on `stream`, through which an eager call the
+    /// arenas are too small for grows them (`None`: they never grow).
     ///
     /// # Safety
     /// NCCL's contract for `ncclAllReduce`: the buffers hold `count` elements on this device
@@ -275,6 +294,7 @@ impl CudaComm {
         &mut self,
         operands: Operands,
         stream: cudaStream_t,
+        growth: Option<&mut dyn Exchange>,
     ) -> Result<Result<Ran, CallError>, Decline> {
         // SAFETY: the caller's stream of this device.
         let capture = match unsafe { driver::capture_of(self.rank.device(), stream.cast()) } {
@@ -291,7 +311,7 @@ impl CudaComm {
             return unsafe { self.capture(operands, stream, capture) };
         }
         // SAFETY: as the caller vouches.
-        Ok(unsafe { self.eager(operands, stream) })
+        unsafe { self.eager(operands, stream, growth) }
     }
 
     /// Says at INFO the first time a size class runs StragglAR pipelined `pieces` deep (the
@@ -306,11 +326,17 @@ impl CudaComm {
         }
     }
 
-    /// An eager call: due records fed, the policy's choice, the launch (or the ticket).
+    /// An eager call: due records fed, the arenas grown if the call the policy will send to
+    /// StragglAR needs it, the policy's choice, the launch (or the ticket).
     ///
     /// # Safety
     /// As [`CudaComm::all_reduce`], with `stream` not capturing.
-    unsafe fn eager(&mut self, operands: Operands, stream: cudaStream_t) -> Result<Ran, CallError> {
+    unsafe fn eager(
+        &mut self,
+        operands: Operands,
+        stream: cudaStream_t,
+        growth: Option<&mut dyn Exchange>,
+    ) -> Result<Result<Ran, CallError>, Decline> {
         if self.ticket_awaits_nccl.take().is_some() {
             // The library reports every ticketed call's result while the engine is ready, and
             // that report takes the order this launch needs (after the ticket): without it,
@@ -320,9 +346,9 @@ impl CudaComm {
                 self.label
             );
             self.rank.give_up();
-            return Err(CallError::Unfit(
+            return Ok(Err(CallError::Unfit(
                 "a ticketed call's result was not reported".into(),
-            ));
+            )));
         }
         if self.order_pending.take().is_some() {
             // The application did not read NCCL's state through ncclCommGetAsyncError, which
@@ -345,7 +371,7 @@ impl CudaComm {
             })();
             if let Err(e) = collected {
                 self.rank.give_up();
-                return Err(e);
+                return Ok(Err(e));
             }
         }
         let prepared = self
@@ -354,10 +380,23 @@ impl CudaComm {
         if let Err(e) = prepared {
             // This rank cannot take part in the call: its peers must not wait for it.
             self.rank.give_up();
-            return Err(e);
+            return Ok(Err(e));
         }
         self.maybe_log_report();
         let bytes = operands.count * operands.dtype.size();
+        // The choice below is this one (nothing is fed in between); a call StragglAR would
+        // run needs arenas that hold it.
+        if bytes > self.staged_bytes && matches!(self.tracker.peek(bytes), Choice::Stragglar { .. })
+        {
+            match self.make_room(bytes, growth) {
+                Ok(true) => {}
+                Ok(false) => return Err(Decline::AboveStaging),
+                Err(e) => {
+                    self.rank.give_up();
+                    return Ok(Err(e));
+                }
+            }
+        }
         let decision = self.tracker.decide_call(bytes);
         let ranks = self.tracker.policy().ranks();
         let run = match (decision.choice.straggler(), self.baseline) {
@@ -380,7 +419,9 @@ impl CudaComm {
         let plan = run.and_then(|(shape, ran)| Some((self.plans.lowered(shape).ok()?, ran)));
         if plan.is_none() && self.baseline == Baseline::Ring {
             self.rank.give_up();
-            return Err(CallError::Unfit("the Ring plan cannot be built".into()));
+            return Ok(Err(CallError::Unfit(
+                "the Ring plan cannot be built".into(),
+            )));
         }
         if self.trace.is_some() {
             let now_us = crate::clock::now_ns() as f64 / 1e3;
@@ -432,7 +473,62 @@ impl CudaComm {
             // Peers already launched this call: tell them this rank will not.
             rank.give_up();
         }
-        result
+        Ok(result)
+    }
+
+    /// Grows the arenas, with every peer, to hold a call of `bytes` (more than they hold
+    /// now), through `growth` (on the call's stream): `Ok(true)` when they hold it then,
+    /// `Ok(false)` when they cannot grow (no exchange, a refusal now or before: alike on every
+    /// rank).
+    /// `Err`: this rank failed after its peers agreed to grow (it must give up).
+    fn make_room(
+        &mut self,
+        bytes: usize,
+        growth: Option<&mut dyn Exchange>,
+    ) -> Result<bool, CallError> {
+        let Some(exchange) = growth else {
+            return Ok(false);
+        };
+        if self.growth_refused {
+            return Ok(false);
+        }
+        let target = growth_target(bytes, self.staged_bytes, self.max_bytes);
+        let policy = self.tracker.policy();
+        let blocks = self.rank.layout().blocks as u32;
+        let arenas = match arena_for(&mut self.plans, policy, blocks, target) {
+            Ok(arena_bytes) => ArenaLayout { arena_bytes },
+            Err(why) => {
+                // Lowering is deterministic: every rank fails alike, before any collective.
+                log::info!("{}: the arenas cannot grow: {why}", self.label);
+                self.growth_refused = true;
+                return Ok(false);
+            }
+        };
+        let ranks = self.members.len();
+        match grow(&mut self.rank, ranks, arenas, exchange)? {
+            Growth::Grown { mappings } => {
+                self.grown_mappings.extend(mappings);
+                self.staged_bytes = target;
+                log::info!(
+                    "{}: the arenas grew to hold calls up to {} MiB ({} MiB more on device {}, at a call of {bytes} B)",
+                    self.label,
+                    target >> 20,
+                    arenas.allocation_bytes() >> 20,
+                    self.rank.device().ordinal
+                );
+                Ok(bytes <= target)
+            }
+            Growth::Refused { mappings, why } => {
+                self.grown_mappings.extend(mappings);
+                self.growth_refused = true;
+                log::warn!(
+                    "{}: the arenas stay at calls up to {} MiB ({why}): larger calls stay on NCCL",
+                    self.label,
+                    self.staged_bytes >> 20
+                );
+                Ok(false)
+            }
+        }
     }
 
     /// Reports NCCL's result for the call [`Ran::Ticketed`] handed it, run on `stream`: the
@@ -566,16 +662,15 @@ impl CudaComm {
             .rank
             .choices_fit(operands.count, operands.dtype, pieces)
         {
-            // Eligibility keeps calls within the staging; should that ever not hold, the call
-            // stays on NCCL (alike on every rank: the staging layout is agreed) rather than fail.
-            static WARNED: std::sync::atomic::AtomicBool =
-                std::sync::atomic::AtomicBool::new(false);
-            if !WARNED.swap(true, Ordering::Relaxed) {
-                log::warn!(
-                    "a captured ncclAllReduce of {bytes} B stays on NCCL: {e} (logged once)"
+            // The arenas grow at eager calls only (a capture allocates nothing): the call stays
+            // on NCCL, alike on every rank (the arenas are agreed).
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                log::info!(
+                    "a captured ncclAllReduce of {bytes} B stays on NCCL: {e} (the arenas grow at eager calls only; logged once)"
                 );
             }
-            return Err(Decline::AboveBufferBytes);
+            return Err(Decline::AboveStaging);
         }
         let rule = RawRule::new(policy, bytes).measuring();
         let raw = stream.cast();
@@ -734,6 +829,7 @@ impl CudaComm {
     /// have finished), and each peer may free its own once every rank said it.
     pub fn release_peers(&mut self) {
         self.mappings.clear();
+        self.grown_mappings.clear();
         self.rank.failure_word().mark_released();
     }
 

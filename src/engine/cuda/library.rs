@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 
 use super::attach::{attach, Attached};
 use super::comm::{Decline, Ran};
+use super::exchange::NcclExchange;
 use super::rank::{status_text, CallError, Control};
 use super::watch::SetupWatch;
 use crate::gpu::launch::{STATUS_ABORTED, STATUS_OK};
@@ -184,10 +185,19 @@ pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
         return Err(Decline::SetupRefused);
     };
     let comm = &mut ready.comm;
+    // A call the arenas are too small for grows them through the communicator's AllGather.
+    let device = comm.rank().device().clone();
+    let mut growth = NcclExchange {
+        device: &device,
+        watch: &entry.watch,
+        comm: call.comm,
+        stream: call.stream,
+        ranks: call.ranks,
+    };
     // SAFETY: NCCL's contract for the caller's ncclAllReduce: its buffers hold `count`
     // elements on the communicator's device, and the stream is a live stream of it.
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-        comm.all_reduce(call.operands(), call.stream)
+        comm.all_reduce(call.operands(), call.stream, Some(&mut growth))
     }));
     let served = match ran {
         Err(_) => {

@@ -13,6 +13,7 @@ pub mod exchange;
 pub mod failure;
 pub mod gpus;
 pub mod grid;
+pub mod growth;
 pub mod library;
 pub mod nvls;
 pub mod observe;

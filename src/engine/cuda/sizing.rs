@@ -82,6 +82,22 @@ pub fn layout(
     Ok(layout)
 }
 
+/// Bytes of one arena parity that hold every call up to `max_bytes` of any type, with every
+/// straggler and pipeline depth `policy` may run (the arenas `layout` sizes for
+/// [`Sizing::of_the_library`] at that size): what a job's communicator grows its arenas to.
+pub fn arena_for(
+    plans: &mut PlanCache,
+    policy: &Policy,
+    blocks: u32,
+    max_bytes: usize,
+) -> Result<u64, String> {
+    let sizing = Sizing {
+        max_bytes,
+        ..Sizing::of_the_library()
+    };
+    layout(plans, policy, blocks, sizing).map(|l| l.arena_bytes)
+}
+
 /// Staging bytes one rank of an `n`-rank job communicator allocates at most (the largest grid;
 /// for `stragglar doctor`).
 pub fn staging_bytes(ranks: usize) -> Result<u64, String> {

@@ -4,7 +4,9 @@
 //! device detectors). One plain allocation per rank,
 //! rounded up to 2 MiB (the granularity CUDA IPC maps), identical in layout on every rank, so
 //! a peer's `RawPeer` follows from its base address, and its failure word (in host memory:
-//! `super::failure`).
+//! `super::failure`). A job's communicator starts with arenas of no size and grows them at the
+//! calls that need more (`super::growth`): each grown pair of arenas is an allocation of its
+//! own ([`ArenaLayout`]), and the rest of the staging never moves.
 
 use crate::gpu::arrival::{RawBoardSlot, BOARD_SLOTS};
 use crate::gpu::choice::RawGraphState;
@@ -36,7 +38,14 @@ pub struct StagingLayout {
 
 impl StagingLayout {
     fn arena_stride(&self) -> u64 {
-        align(self.arena_bytes.max(1), REGION_ALIGN)
+        self.arenas().stride()
+    }
+
+    /// The arenas this staging holds itself (both parities of `arena_bytes`).
+    pub fn arenas(&self) -> ArenaLayout {
+        ArenaLayout {
+            arena_bytes: self.arena_bytes,
+        }
     }
 
     fn flags_stride(&self) -> u64 {
@@ -117,9 +126,9 @@ impl StagingLayout {
         )
     }
 
-    /// The base address of the allocation `peer` describes (its parity-0 arena is first).
+    /// The base address of the allocation `peer` describes (from its flags, which never move).
     pub fn base_of(&self, peer: &RawPeer) -> u64 {
-        peer.arena[0] - self.arena(0)
+        peer.flags[0] - self.flags(0)
     }
 
     /// The `RawPeer` of the rank whose allocation is mapped at `base` in this process and
@@ -131,6 +140,38 @@ impl StagingLayout {
             flags: [base + self.flags(0), base + self.flags(1)],
             failed,
             served: [base + self.served(0), base + self.served(1)],
+        }
+    }
+}
+
+/// Both parities of arenas of `arena_bytes` each, at the start of an allocation: a staging's
+/// own, or one grown apart from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArenaLayout {
+    /// Bytes of one arena parity.
+    pub arena_bytes: u64,
+}
+
+impl ArenaLayout {
+    fn stride(&self) -> u64 {
+        align(self.arena_bytes.max(1), REGION_ALIGN)
+    }
+
+    /// Offset of the arena of `parity`.
+    pub fn arena(&self, parity: usize) -> u64 {
+        parity as u64 * self.stride()
+    }
+
+    /// Bytes of an allocation holding both arenas alone, rounded up to the IPC granule.
+    pub fn allocation_bytes(&self) -> u64 {
+        align(2 * self.stride(), ALLOCATION_GRANULE)
+    }
+
+    /// `peer` with its arenas in the allocation at `base` (mapped in this process).
+    pub fn moved(&self, peer: RawPeer, base: u64) -> RawPeer {
+        RawPeer {
+            arena: [base + self.arena(0), base + self.arena(1)],
+            ..peer
         }
     }
 }
@@ -179,6 +220,19 @@ mod tests {
             let p = l.peer(1 << 40, 1 << 41);
             assert_eq!(p.flags[1], (1 << 40) + l.flags(1));
             assert_eq!(l.base_of(&p), 1 << 40);
+            // Arenas grown apart leave everything else where it was.
+            let grown = ArenaLayout {
+                arena_bytes: 3 << 20,
+            };
+            let moved = grown.moved(p, 1 << 42);
+            assert_eq!(moved.arena, [1 << 42, (1 << 42) + (3 << 20)]);
+            assert_eq!(
+                (moved.flags, moved.served, moved.failed),
+                (p.flags, p.served, p.failed)
+            );
+            assert_eq!(l.base_of(&moved), 1 << 40);
+            assert!(grown.arena(1) + grown.arena_bytes <= grown.allocation_bytes());
+            assert_eq!(grown.allocation_bytes() % ALLOCATION_GRANULE, 0);
         }
     }
 }

@@ -151,6 +151,8 @@ impl Setup {
             plans: self.plans.clone(),
             policy: self.policy.clone(),
             max_bytes: self.sizes.iter().copied().max().unwrap_or(0) as usize,
+            // The bench sizes its staging for its largest message up front.
+            staged_bytes: self.sizes.iter().copied().max().unwrap_or(0) as usize,
             timeout: options.timeout_ms.map(std::time::Duration::from_millis),
             ordered_reads: !options.unordered_reads,
             devices: Devices::MayShare,

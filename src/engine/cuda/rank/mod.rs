@@ -24,7 +24,8 @@ use std::time::Duration;
 use super::args::{LaunchSite, Operands};
 use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::failure::FailureWord;
-use super::staging::StagingLayout;
+use super::growth::GrownArena;
+use super::staging::{ArenaLayout, StagingLayout};
 use crate::gpu::arrival::{RawRingEntry, RING_ENTRIES};
 use crate::gpu::launch::{RawPeer, MAX_THREADS, STATUS_OK, WARP_THREADS};
 use crate::plan::{ArenaNeed, Lowered};
@@ -63,8 +64,17 @@ pub struct CudaRank {
     /// The peers' failure words as this process maps them (by rank; `None` for this rank),
     /// once connected.
     peer_failures: Vec<Option<FailureWord>>,
-    /// `RawPeer[ranks]` in device memory, once connected.
+    /// `RawPeer[ranks]` in device memory, once connected, and the same table on the host.
     peer_table: Option<DeviceMemory>,
+    peers: Vec<RawPeer>,
+    /// Bytes of one arena parity every rank's `peers` entry points at now: the staging's own
+    /// (`config.layout.arena_bytes`), then each growth's.
+    arena_bytes: u64,
+    /// Arenas grown apart from the staging, and the peer tables that pointed at the arenas
+    /// before each growth: kept until this rank goes, since a captured graph's launches
+    /// point at the table (and so at the arenas) of their capture.
+    grown: Vec<GrownArena>,
+    old_tables: Vec<DeviceMemory>,
     /// Rank 0's arrival board as this rank addresses it, once connected.
     board: u64,
     /// `RawRingEntry[RING_ENTRIES]`, host-mapped: the records this rank's launches copy.
@@ -118,6 +128,10 @@ impl CudaRank {
             failure,
             peer_failures: Vec::new(),
             peer_table: None,
+            peers: Vec::new(),
+            arena_bytes: config.layout.arena_bytes,
+            grown: Vec::new(),
+            old_tables: Vec::new(),
             board: 0,
             ring,
             arrivals: 0,
@@ -195,6 +209,7 @@ impl CudaRank {
         let table = DeviceMemory::for_upload(&self.device, std::mem::size_of_val(peers))?;
         table.upload(peers)?;
         self.peer_table = Some(table);
+        self.peers = peers.to_vec();
         self.peer_failures = failures;
         let layout = self.config.layout;
         self.board = layout.base_of(&peers[0]) + layout.board();
@@ -226,8 +241,8 @@ impl CudaRank {
         Ok(())
     }
 
-    /// `Ok` when a plan needing `need` fits this rank's staging for `count` elements of
-    /// `dtype`.
+    /// `Ok` when a plan needing `need` fits this rank's staging (its arenas as they are now)
+    /// for `count` elements of `dtype`.
     pub fn fits(&self, need: ArenaNeed, count: usize, dtype: DataType) -> Result<(), CallError> {
         let layout = self.config.layout;
         if need.sends >= MAX_SENDS {
@@ -236,14 +251,61 @@ impl CudaRank {
                 need.sends
             )));
         }
+        if count == 0 {
+            // A call without elements uses no arena (and arenas start with no size).
+            return Ok(());
+        }
         let arena = need.arena_bytes(count, dtype);
-        if arena as u64 > layout.arena_bytes || need.values as u64 > layout.values {
+        if arena as u64 > self.arena_bytes || need.values as u64 > layout.values {
             return Err(CallError::Unfit(format!(
                 "the plan needs {arena} B of arena and {} flags; staging has {} B and {}",
-                need.values, layout.arena_bytes, layout.values
+                need.values, self.arena_bytes, layout.values
             )));
         }
         Ok(())
+    }
+
+    /// Bytes of one arena parity the launches use now.
+    pub fn arena_bytes(&self) -> u64 {
+        self.arena_bytes
+    }
+
+    /// Points this rank's later launches at arenas grown to `arenas`: every rank's pair in the
+    /// allocation at `bases[rank]` as this process maps it (its own `arena`, which it keeps).
+    /// The table before stays allocated for the graphs captured with it. Fails only on the
+    /// table's upload; the launches then still use the arenas before.
+    pub fn grow_into(
+        &mut self,
+        arenas: ArenaLayout,
+        bases: &[u64],
+        arena: GrownArena,
+    ) -> Result<(), CallError> {
+        self.grown.push(arena);
+        if bases.len() != self.peers.len() {
+            return Err(CallError::Unfit(
+                "the grown arenas do not match the communicator".into(),
+            ));
+        }
+        let peers: Vec<RawPeer> = self
+            .peers
+            .iter()
+            .zip(bases)
+            .map(|(&peer, &base)| arenas.moved(peer, base))
+            .collect();
+        let table = DeviceMemory::for_upload(&self.device, std::mem::size_of_val(&peers[..]))?;
+        table.upload(&peers)?;
+        if let Some(before) = self.peer_table.replace(table) {
+            self.old_tables.push(before);
+        }
+        self.peers = peers;
+        self.arena_bytes = arenas.arena_bytes;
+        Ok(())
+    }
+
+    /// Keeps an arena that a growth allocated and did not use until this rank goes (freeing
+    /// device memory mid-job would wait for every stream of the context).
+    pub fn keep_arena(&mut self, arena: GrownArena) {
+        self.grown.push(arena);
     }
 
     /// The status a kernel of this rank left (0 while all is well).
