@@ -104,17 +104,27 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
         engine_verdict(gpus, config.gpu_engine, nvrtc_usable || cached)
     );
     let cap = config.staging_cap;
-    match crate::engine::cuda::sizing::staging_bytes(8) {
-        Ok(bytes) => println!(
-            "  staging:   {} MiB per rank of an 8-rank communicator (STRAGGLAR_BUFFER_BYTES {} MiB); cap {} MiB per device (STRAGGLAR_STAGING_CAP), room for {}",
-            bytes >> 20,
-            config.buffer_bytes >> 20,
-            cap >> 20,
-            match cap / bytes.max(1) {
-                1 => "1 such communicator".to_string(),
-                k => format!("{k} such communicators"),
-            }
-        ),
+    match crate::engine::cuda::sizing::footprint(8) {
+        Ok(f) => {
+            let largest = f.control + f.arenas_buffer;
+            println!(
+                "  staging:   {} MiB per rank of an 8-rank communicator, and arenas grown at the first calls StragglAR runs: {} MiB for calls of {} MiB, {} MiB for calls of {} MiB (STRAGGLAR_BUFFER_BYTES), {} MiB at most if grown one step at a time",
+                f.control >> 20,
+                f.arenas_16m >> 20,
+                config.buffer_bytes.min(16 << 20) >> 20,
+                f.arenas_buffer >> 20,
+                config.buffer_bytes >> 20,
+                f.arenas_stepwise >> 20,
+            );
+            println!(
+                "             cap {} MiB per device (STRAGGLAR_STAGING_CAP), room for {} with arenas for the largest calls",
+                cap >> 20,
+                match cap / largest.max(1) {
+                    1 => "1 such communicator".to_string(),
+                    k => format!("{k} such communicators"),
+                }
+            );
+        }
         Err(why) => println!("  staging:   cannot be planned: {why}"),
     }
     println!();

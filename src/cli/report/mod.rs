@@ -17,8 +17,8 @@ use std::path::PathBuf;
 
 use super::args::{Args, UsageError};
 use crate::detect::{ArrivalRecord, Detector, DetectorConfig};
-use crate::engine::cuda::comm::NVSWITCH_LINK;
 use crate::engine::cuda::observe::Collective;
+use crate::engine::cuda::sizing::NVSWITCH_LINK;
 use crate::schedule::model::{stragglar_rounds, Times};
 use records::RankRecord;
 

@@ -30,7 +30,6 @@ use crate::gpu::arrival::RING_ENTRIES;
 use crate::gpu::choice::RawRule;
 use crate::nccl::types::{cudaStream_t, ResultCode};
 use crate::plan::{Lowered, PlanCache, Shape};
-use crate::schedule::model::Link;
 use crate::trace::{CallEvent, TraceWriter};
 
 /// Ticketed calls between a call and the first call its arrival record can decide. A record
@@ -45,13 +44,6 @@ pub const RECORD_LAG: u64 = 32;
 // a launch of call at most k + OVERDUE_CALLS (the overdue collection), and the launch that
 // collects call k + RING_ENTRIES's record overwrites it.
 const _: () = assert!(RECORD_LAG > OVERDUE_CALLS && RECORD_LAG <= RING_ENTRIES as u64);
-
-/// The model's links for the policy: an NVSwitch GPU (3 us per round, 450 GiB/s per
-/// direction), until the engine is calibrated on such hardware.
-pub const NVSWITCH_LINK: Link = Link {
-    alpha: 3e-6,
-    bandwidth: 450.0 * 1024.0 * 1024.0 * 1024.0,
-};
 
 /// What runs a call when the policy picks no straggler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! A communicator's staging starts with arenas of no size: a job whose calls all stay on NCCL
 //! (no straggler, or NVLS faster) holds only the staging's small control part. The first call
 //! the policy sends to StragglAR grows them to hold calls up to the next power of two of its
-//! size (at least [`MIN_GROWTH_BYTES`], and at least twice what they held), up to
+//! size (at least [`MIN_GROWTH_BYTES`], and at least four times what they held), up to
 //! `STRAGGLAR_BUFFER_BYTES`. Every rank takes the same step at the same call: it follows from
 //! what every rank shares (the call's size, the policy's choice, the arenas so far).
 //!
@@ -17,13 +17,13 @@
 //!
 //! Nothing is freed before the communicator goes: a captured graph's launches point at the
 //! arenas of their capture, and freeing device memory mid-job waits for every stream of the
-//! context (which can hang ranks that wait on each other). Doubling keeps what is held below
-//! twice the last arenas.
+//! context (which can hang ranks that wait on each other). Growing fourfold keeps what is held
+//! below four thirds of the last arenas.
 
 use std::sync::Arc;
 
-use super::budget::Reservation;
-use super::driver::{self, Device, DeviceMemory, PeerMapping};
+use super::arena::GrownArena;
+use super::driver::{self, Device, PeerMapping};
 use super::rank::{CallError, CudaRank};
 use super::setup::Exchange;
 use super::staging::ArenaLayout;
@@ -40,37 +40,9 @@ pub fn growth_target(bytes: usize, staged: usize, max: usize) -> usize {
     bytes
         .checked_next_power_of_two()
         .unwrap_or(usize::MAX)
-        .max(staged.saturating_mul(2))
+        .max(staged.saturating_mul(4))
         .max(MIN_GROWTH_BYTES)
         .min(max)
-}
-
-/// A pair of arenas grown apart from the staging, counted against the device's cap while it
-/// lives.
-pub struct GrownArena {
-    memory: DeviceMemory,
-    _reservation: Reservation,
-}
-
-impl GrownArena {
-    /// Reserves and allocates (zeroed) an allocation of `arenas`, with its IPC handle.
-    fn allocate(
-        device: &Arc<Device>,
-        arenas: ArenaLayout,
-    ) -> Result<(GrownArena, [u8; 64]), String> {
-        let bytes = arenas.allocation_bytes();
-        let reservation =
-            Reservation::try_take(device.ordinal, bytes).map_err(|o| o.to_string())?;
-        let memory = DeviceMemory::zeroed(device, bytes as usize).map_err(|e| e.to_string())?;
-        let handle = memory.ipc_handle().map_err(|e| e.to_string())?;
-        Ok((
-            GrownArena {
-                memory,
-                _reservation: reservation,
-            },
-            handle,
-        ))
-    }
 }
 
 /// How a growth ended, the same on every rank.
@@ -134,7 +106,7 @@ pub fn grow(
     }
     let handles: Vec<[u8; 64]> = handles.into_iter().flatten().collect();
     let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        open_peers(&device, &handles, me, arena.memory.ptr, arenas)
+        open_peers(&device, &handles, me, arena.ptr(), arenas)
     }));
     // A panic opened nothing this rank knows of: it says it failed.
     let (mappings, bases) = opened.unwrap_or_default();
@@ -218,10 +190,12 @@ mod tests {
         assert_eq!(growth_target(1, 0, max), MIN_GROWTH_BYTES);
         assert_eq!(growth_target(25 << 20, 0, max), 32 << 20);
         assert_eq!(growth_target(32 << 20, 0, max), 32 << 20);
-        // At least twice what they held: few steps, and what is kept stays below twice the last.
-        assert_eq!(growth_target(33 << 20, 32 << 20, max), 64 << 20);
-        assert_eq!(growth_target((16 << 20) + 1, 16 << 20, max), 32 << 20);
-        assert_eq!(growth_target(5 << 20, 4 << 20, max), 8 << 20);
+        // At least four times what they held: few steps, and what is kept stays below four
+        // thirds of the last.
+        assert_eq!(growth_target(33 << 20, 32 << 20, max), 128 << 20);
+        assert_eq!(growth_target((16 << 20) + 1, 16 << 20, max), 64 << 20);
+        assert_eq!(growth_target(5 << 20, 4 << 20, max), 16 << 20);
+        assert_eq!(growth_target(100 << 20, 16 << 20, max), 128 << 20);
         assert_eq!(growth_target(200 << 20, 64 << 20, max), max);
         assert_eq!(growth_target(usize::MAX, 0, max), max);
         assert_eq!(
@@ -236,6 +210,6 @@ mod tests {
                 steps += 1;
             }
         }
-        assert_eq!((staged, steps), (max, 9), "1, 2, 4, ... 256 MiB");
+        assert_eq!((staged, steps), (max, 5), "1, 4, 16, 64 and 256 MiB");
     }
 }

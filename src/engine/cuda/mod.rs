@@ -2,6 +2,7 @@
 //! allocations the ranks share (CUDA IPC between processes, plain device pointers between
 //! threads of one process).
 
+pub mod arena;
 pub mod args;
 pub mod assemble;
 pub mod attach;

@@ -2,14 +2,21 @@
 //! largest plan of any type, any straggler and any pipeline depth the policy may run, so every
 //! call the policy sends to StragglAR fits.
 
-use super::comm::NVSWITCH_LINK;
 use super::grid::MAX_BLOCKS;
+use super::growth::growth_target;
 use super::setup::SetupRecord;
-use super::staging::StagingLayout;
+use super::staging::{ArenaLayout, StagingLayout};
 use crate::detect::policy::Policy;
 use crate::plan::{PlanCache, Shape};
 use crate::reduce::DataType;
-use crate::schedule::model::Nvls;
+use crate::schedule::model::{Link, Nvls};
+
+/// The model's links for the policy: an NVSwitch GPU (3 us per round, 450 GiB/s per
+/// direction), until the engine is calibrated on such hardware.
+pub const NVSWITCH_LINK: Link = Link {
+    alpha: 3e-6,
+    bandwidth: 450.0 * 1024.0 * 1024.0 * 1024.0,
+};
 
 /// The element widths a job's staging is sized for: the arena a plan needs depends on the
 /// element count and size, not on the type otherwise.
@@ -98,16 +105,47 @@ pub fn arena_for(
     layout(plans, policy, blocks, sizing).map(|l| l.arena_bytes)
 }
 
-/// Staging bytes one rank of an `n`-rank job communicator allocates at most (the largest grid;
-/// for `stragglar doctor`).
-pub fn staging_bytes(ranks: usize) -> Result<u64, String> {
-    layout(
-        &mut PlanCache::default(),
-        &policy(ranks),
-        MAX_BLOCKS,
-        Sizing::of_the_library(),
-    )
-    .map(|l| l.allocation_bytes())
+/// What one rank of an `n`-rank job communicator holds on its GPU (the largest grid; for
+/// `stragglar doctor` and the docs), in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    /// The staging without arenas, from the communicator's first call on.
+    pub control: u64,
+    /// Arenas grown once, for calls of 16 MiB (or the buffer, if smaller).
+    pub arenas_16m: u64,
+    /// Arenas grown once, for calls of `STRAGGLAR_BUFFER_BYTES`.
+    pub arenas_buffer: u64,
+    /// Every arena kept when calls grow one step at a time from the smallest growth to the
+    /// buffer: the most a communicator ever holds beside `control`.
+    pub arenas_stepwise: u64,
+}
+
+/// The [`Footprint`] of one rank of an `n`-rank job communicator under the configuration.
+pub fn footprint(ranks: usize) -> Result<Footprint, String> {
+    let mut plans = PlanCache::default();
+    let policy = policy(ranks);
+    let buffer = crate::config::get().buffer_bytes;
+    let full = layout(&mut plans, &policy, MAX_BLOCKS, Sizing::of_the_library())?;
+    let control = StagingLayout {
+        arena_bytes: 0,
+        ..full
+    }
+    .allocation_bytes();
+    let mut arenas = |bytes: usize| -> Result<u64, String> {
+        let arena_bytes = arena_for(&mut plans, &policy, MAX_BLOCKS, bytes)?;
+        Ok(ArenaLayout { arena_bytes }.allocation_bytes())
+    };
+    let (mut staged, mut stepwise) = (0, 0);
+    while staged < buffer {
+        staged = growth_target(staged + 1, staged, buffer);
+        stepwise += arenas(staged)?;
+    }
+    Ok(Footprint {
+        control,
+        arenas_16m: arenas(buffer.min(16 << 20))?,
+        arenas_buffer: arenas(buffer)?,
+        arenas_stepwise: stepwise,
+    })
 }
 
 /// The policy of a job's `n`-rank communicator, from the configuration (its model prices NCCL

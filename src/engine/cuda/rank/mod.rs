@@ -21,10 +21,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::arena::GrownArena;
 use super::args::{LaunchSite, Operands};
 use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::failure::FailureWord;
-use super::growth::GrownArena;
 use super::staging::{ArenaLayout, StagingLayout};
 use crate::gpu::arrival::{RawRingEntry, RING_ENTRIES};
 use crate::gpu::launch::{RawPeer, MAX_THREADS, STATUS_OK, WARP_THREADS};
