@@ -90,8 +90,9 @@ SG_DEVICE void sg_strong(const void* p, uint32_t bytes, sg_scope scope, const ch
 #define SG_TICKET_SCOPE SG_SCOPE_SYS
 #endif
 
-/* A release or acq_rel atomic is about to be made: the stores it publishes land first. */
-SG_DEVICE void sg_publish(void) {
+/* A release or acq_rel atomic is about to be made: the stores it publishes land first
+ * (emulation only; not the kernel's sg_publish of a value to its readers). */
+SG_DEVICE void sg_emu_publish(void) {
   if (sg_self.publish) sg_self.publish();
 }
 
@@ -125,13 +126,13 @@ SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v, SG_CALL_SITE) {
    * would order the store anyway. */
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 #else
-  sg_publish();
+  sg_emu_publish();
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 #endif
 }
 SG_DEVICE void sg_store_release64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
   sg_strong(p, 8, SG_RELEASE_SCOPE, "st.release.sys.u64", file, line);
-  sg_publish();
+  sg_emu_publish();
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p, SG_CALL_SITE) {
@@ -148,12 +149,12 @@ SG_DEVICE void sg_store_relaxed64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
 }
 SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_GPU, "atom.acq_rel.gpu.add.u32", file, line);
-  sg_publish();
+  sg_emu_publish();
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 }
 SG_DEVICE uint64_t sg_atomic_add64_sys(uint64_t* p, uint64_t v, SG_CALL_SITE) {
   sg_strong(p, 8, SG_TICKET_SCOPE, "atom.acq_rel.sys.add.u64", file, line);
-  sg_publish();
+  sg_emu_publish();
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 }
 SG_DEVICE uint64_t sg_now_ns(void) {
@@ -181,7 +182,12 @@ SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) {
 }
 SG_DEVICE void sg_store16(void* p, sg_vec16 v) { sg_store_bytes(p, &v, 16); }
 SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) {
-  if (sg_self.weak_load) sg_self.weak_load(src, n);
+  if (sg_self.weak_load) {
+    /* `dst` is a register's worth in the kernels; were it memory a held store may cover, that
+     * store must land first, not after this copy. */
+    sg_self.weak_load(src, n);
+    sg_self.weak_load(dst, n);
+  }
   memcpy(dst, src, n);
 }
 #define SG_THREAD (sg_self.thread)

@@ -1096,6 +1096,9 @@ fn growth_steps(log: &str, ranks: usize) -> Vec<Vec<u64>> {
 
 #[test]
 fn the_arenas_grow_at_the_calls_that_need_them_alike_on_every_rank() {
+    // A rank killed below leaves its peers to their deadline: not beside a test that times
+    // calls.
+    let _timing = timing();
     // Float sums of 4 KiB, 1.5, 1, 3, 7 and 5 MiB under a buffer of 8 MiB: the staging starts
     // with arenas of no size, and every rank grows them at the same calls (to 1, 4 and 8 MiB:
     // a power of two, at least four times what they held, at most the buffer), every result
@@ -1164,6 +1167,28 @@ fn the_arenas_grow_at_the_calls_that_need_them_alike_on_every_rank() {
         "{}",
         support::describe(&out)
     );
+    // A rank that dies before a call that grows the arenas leaves its peers waiting for its
+    // part of the growth in host memory, not in a collective: the deadline fails the call on
+    // every other rank.
+    let dying = engine_with(
+        "stragglar",
+        &[
+            ("STRAGGLAR_BUFFER_BYTES", "8M"),
+            ("LOOPBACK_GROW", "6"),
+            ("STRAGGLAR_TIMEOUT_MS", "2000"),
+        ],
+    );
+    let (out, pid) = run_ranks(&["4", "2", "1"], &dying);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    for rank in [0, 1, 3] {
+        assert!(
+            text.contains(&format!("rank {rank}: error at call 1")),
+            "{}",
+            support::describe(&out)
+        );
+    }
+    assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
     // A capture allocates nothing: of the last three calls, captured after eager ones that grew
     // the arenas to 4 MiB, the larger ones (7 and 5 MiB) stay on NCCL and the 3 MiB one is a
     // graph launch; replayed, they are all right.

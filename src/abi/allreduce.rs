@@ -53,8 +53,15 @@ pub extern "C" fn ncclAllReduce(
                     }
                     return code;
                 }
-                Ok(Served::Nccl(code)) => {
-                    count_fallback(comm, Fallback::PolicyNccl);
+                Ok(Served::Nccl {
+                    code,
+                    above_staging,
+                }) => {
+                    let cause = match above_staging {
+                        true => Fallback::AboveStaging,
+                        false => Fallback::PolicyNccl,
+                    };
+                    count_fallback(comm, cause);
                     return code;
                 }
                 Err(cause) => route = Route::Forward(cause),

@@ -116,13 +116,15 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
                 config.buffer_bytes >> 20,
                 f.arenas_stepwise >> 20,
             );
+            let stepwise = f.control + f.arenas_stepwise;
             println!(
-                "             cap {} MiB per device (STRAGGLAR_STAGING_CAP), room for {} with arenas for the largest calls",
+                "             cap {} MiB per device (STRAGGLAR_STAGING_CAP), room for {} with arenas for the largest calls ({} if grown one step at a time)",
                 cap >> 20,
                 match cap / largest.max(1) {
                     1 => "1 such communicator".to_string(),
                     k => format!("{k} such communicators"),
-                }
+                },
+                cap / stepwise.max(1)
             );
         }
         Err(why) => println!("  staging:   cannot be planned: {why}"),

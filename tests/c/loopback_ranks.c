@@ -376,8 +376,10 @@ static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, C
 /* LOOPBACK_GROW=N: float sums of 4 KiB, 1.5 MiB, 1 MiB, 3 MiB, 7 MiB and 5 MiB, in that order
  * (the arenas of a job's communicator grow at the calls that need them), the first N eager and
  * each later one captured into a graph of its own and launched once; every element checked:
- * rank r's element j is (r + j % 9 - 4), exact in float. */
-static int run_growing(int rank, int nranks, ncclComm_t comm, CUstream stream, int eager) {
+ * rank r's element j is (r + j % 9 - 4), exact in float. Rank `kill_rank` dies before call
+ * `kill_at`; the others report the call that failed. */
+static int run_growing(int rank, int nranks, ncclComm_t comm, CUstream stream, int eager,
+                       int kill_rank, int kill_at) {
   static const size_t kBytes[] = {4 << 10, 3 << 19, 1 << 20, 3 << 20, 7 << 20, 5 << 20};
   enum { MOST = 7 << 20 };
   float* host = malloc(MOST);
@@ -385,6 +387,7 @@ static int run_growing(int rank, int nranks, ncclComm_t comm, CUstream stream, i
   if (!host || cuMemAlloc(&send, MOST) || cuMemAlloc(&recv, MOST)) return 2;
   const int calls = (int)(sizeof kBytes / sizeof kBytes[0]);
   for (int i = 0; i < calls; ++i) {
+    if (rank == kill_rank && i == kill_at) raise(SIGKILL);
     size_t count = kBytes[i] / sizeof(float);
     for (size_t j = 0; j < count; ++j) host[j] = (float)(rank + (int)(j % 9) - 4);
     CU(cuMemcpyHtoD(send, host, count * sizeof(float)));
@@ -399,8 +402,13 @@ static int run_growing(int rank, int nranks, ncclComm_t comm, CUstream stream, i
       CU(cuGraphInstantiateWithFlags(&exec, graph, 0));
       CU(cuGraphLaunch(exec, stream));
     }
-    if (nr != ncclSuccess) return 3;
-    CU(cuStreamSynchronize(stream));
+    CUresult cr = nr == ncclSuccess ? cuStreamSynchronize(stream) : CUDA_SUCCESS;
+    if (nr != ncclSuccess || cr != CUDA_SUCCESS) {
+      printf("rank %d: error at call %d: %s\n", rank, i,
+             nr != ncclSuccess ? ncclGetErrorString(nr) : "the stream failed");
+      ncclCommAbort(comm);
+      return 3;
+    }
     if (i >= eager) {
       CU(cuGraphExecDestroy(exec));
       CU(cuGraphDestroy(graph));
@@ -718,7 +726,8 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     return run_two_comms(rank, nranks, comm, ctx, stream, send, recv,
                          atoi(getenv("LOOPBACK_TWO_COMMS")));
   if (getenv("LOOPBACK_GROW"))
-    return run_growing(rank, nranks, comm, stream, atoi(getenv("LOOPBACK_GROW")));
+    return run_growing(rank, nranks, comm, stream, atoi(getenv("LOOPBACK_GROW")), kill_rank,
+                       kill_at);
   if (getenv("LOOPBACK_MIXED")) return run_mixed(rank, nranks, comm, atoi(getenv("LOOPBACK_MIXED")));
   if (getenv("LOOPBACK_REPLAYS"))
     return run_replays(rank, nranks, comm, stream, send, recv, atoi(getenv("LOOPBACK_REPLAYS")));

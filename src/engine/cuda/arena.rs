@@ -16,23 +16,21 @@ pub struct GrownArena {
 }
 
 impl GrownArena {
-    /// Reserves and allocates (zeroed) an allocation of `arenas`, with its IPC handle.
-    pub fn allocate(
-        device: &Arc<Device>,
-        arenas: ArenaLayout,
-    ) -> Result<(GrownArena, [u8; 64]), String> {
+    /// Reserves and allocates (zeroed) an allocation of `arenas`.
+    pub fn allocate(device: &Arc<Device>, arenas: ArenaLayout) -> Result<GrownArena, String> {
         let bytes = arenas.allocation_bytes();
         let reservation =
             Reservation::try_take(device.ordinal, bytes).map_err(|o| o.to_string())?;
         let memory = DeviceMemory::zeroed(device, bytes as usize).map_err(|e| e.to_string())?;
-        let handle = memory.ipc_handle().map_err(|e| e.to_string())?;
-        Ok((
-            GrownArena {
-                memory,
-                _reservation: reservation,
-            },
-            handle,
-        ))
+        Ok(GrownArena {
+            memory,
+            _reservation: reservation,
+        })
+    }
+
+    /// The IPC handle a peer opens it with.
+    pub fn ipc_handle(&self) -> Result<[u8; 64], String> {
+        self.memory.ipc_handle().map_err(|e| e.to_string())
     }
 
     /// The allocation's device address in this process.

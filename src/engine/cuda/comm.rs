@@ -20,14 +20,15 @@ use super::args::Operands;
 use super::driver::{self, Capture, Device, Event, PeerMapping};
 use super::growth::{grow, growth_target, Growth};
 use super::rank::{CallError, Control, CudaRank, GraphCounts, Ticket, TimedRecord, OVERDUE_CALLS};
-use super::setup::Exchange;
 use super::sizing::arena_for;
 use super::staging::ArenaLayout;
 use crate::detect::policy::{Choice, Policy};
 use crate::detect::tally::RankArrivals;
+use crate::detect::tracker::Decision;
 use crate::detect::Tracker;
 use crate::gpu::arrival::RING_ENTRIES;
 use crate::gpu::choice::RawRule;
+use crate::gpu::launch::STATUS_ABORTED;
 use crate::nccl::types::{cudaStream_t, ResultCode};
 use crate::plan::{Lowered, PlanCache, Shape};
 use crate::trace::{CallEvent, TraceWriter};
@@ -80,8 +81,9 @@ pub enum Ran {
     /// Our kernel, Ring (a communicator whose baseline is [`Baseline::Ring`]).
     Ring,
     /// Its ticket is queued: NCCL must run the call now, and the caller reports NCCL's result
-    /// through [`CudaComm::nccl_ran`] before the communicator's next call.
-    Ticketed,
+    /// through [`CudaComm::nccl_ran`] before the communicator's next call. `above_staging`:
+    /// the policy would have run StragglAR, but the arenas could not grow to hold the call.
+    Ticketed { above_staging: bool },
     /// Captured into a graph as a graph launch, which chooses its plan at every replay.
     Captured,
 }
@@ -276,8 +278,6 @@ impl CudaComm {
 
     /// Runs one call of `operands` on `stream`. `Err(Decline)` leaves it untouched for NCCL;
     /// `Ok(Err(_))` is a failure of this rank, whose peers are told (its failure word).
-    /// `growth` is the communicator's AllGather on `stream`, through which an eager call the
-    /// arenas are too small for grows them (`None`: they never grow).
     ///
     /// # Safety
     /// NCCL's contract for `ncclAllReduce`: the buffers hold `count` elements on this device
@@ -286,7 +286,6 @@ impl CudaComm {
         &mut self,
         operands: Operands,
         stream: cudaStream_t,
-        growth: Option<&mut dyn Exchange>,
     ) -> Result<Result<Ran, CallError>, Decline> {
         // SAFETY: the caller's stream of this device.
         let capture = match unsafe { driver::capture_of(self.rank.device(), stream.cast()) } {
@@ -303,7 +302,7 @@ impl CudaComm {
             return unsafe { self.capture(operands, stream, capture) };
         }
         // SAFETY: as the caller vouches.
-        unsafe { self.eager(operands, stream, growth) }
+        unsafe { self.eager(operands, stream) }
     }
 
     /// Says at INFO the first time a size class runs StragglAR pipelined `pieces` deep (the
@@ -327,7 +326,6 @@ impl CudaComm {
         &mut self,
         operands: Operands,
         stream: cudaStream_t,
-        growth: Option<&mut dyn Exchange>,
     ) -> Result<Result<Ran, CallError>, Decline> {
         if self.ticket_awaits_nccl.take().is_some() {
             // The library reports every ticketed call's result while the engine is ready, and
@@ -377,19 +375,26 @@ impl CudaComm {
         self.maybe_log_report();
         let bytes = operands.count * operands.dtype.size();
         // The choice below is this one (nothing is fed in between); a call StragglAR would
-        // run needs arenas that hold it.
+        // run needs arenas that hold it. One they cannot grow to hold goes to NCCL with its
+        // ticket, tracked as NCCL's (alike on every rank).
+        let mut above_staging = false;
         if bytes > self.staged_bytes && matches!(self.tracker.peek(bytes), Choice::Stragglar { .. })
         {
-            match self.make_room(bytes, growth) {
-                Ok(true) => {}
-                Ok(false) => return Err(Decline::AboveStaging),
+            match self.make_room(bytes) {
+                Ok(fits) => above_staging = !fits,
                 Err(e) => {
                     self.rank.give_up();
                     return Ok(Err(e));
                 }
             }
         }
-        let decision = self.tracker.decide_call(bytes);
+        let decision = match above_staging {
+            false => self.tracker.decide_call(bytes),
+            true => Decision {
+                pieces: self.tracker.track_call(bytes, Choice::Baseline),
+                choice: Choice::Baseline,
+            },
+        };
         let ranks = self.tracker.policy().ranks();
         let run = match (decision.choice.straggler(), self.baseline) {
             (Some(straggler), _) => {
@@ -450,12 +455,12 @@ impl CudaComm {
                         self.tracker.baseline_measured(bytes);
                     }
                     self.ticket_awaits_nccl = Some(ticket);
-                    Ran::Ticketed
+                    Ran::Ticketed { above_staging }
                 }
             };
             // A call handed to NCCL takes its order once NCCL has queued its kernel
             // (`nccl_ran`): one event record per call, after NCCL's kernel.
-            if ran != Ran::Ticketed {
+            if !matches!(ran, Ran::Ticketed { .. }) {
                 // SAFETY: as above.
                 unsafe { self.last.record_raw(raw) }?;
             }
@@ -469,19 +474,12 @@ impl CudaComm {
     }
 
     /// Grows the arenas, with every peer, to hold a call of `bytes` (more than they hold
-    /// now), through `growth` (on the call's stream): `Ok(true)` when they hold it then,
-    /// `Ok(false)` when they cannot grow (no exchange, a refusal now or before: alike on every
-    /// rank).
-    /// `Err`: this rank failed after its peers agreed to grow (it must give up).
-    fn make_room(
-        &mut self,
-        bytes: usize,
-        growth: Option<&mut dyn Exchange>,
-    ) -> Result<bool, CallError> {
-        let Some(exchange) = growth else {
-            return Ok(false);
-        };
-        if self.growth_refused {
+    /// now; `super::growth`): `Ok(true)` when they hold it then, `Ok(false)` when they cannot
+    /// grow (they hold the most a call may be, or a growth was refused, now or before: alike on
+    /// every rank). `Err`: this rank or a peer failed, or this rank was given up or aborted;
+    /// the caller gives this rank up, and its arenas never grow again.
+    fn make_room(&mut self, bytes: usize) -> Result<bool, CallError> {
+        if self.growth_refused || self.staged_bytes >= self.max_bytes {
             return Ok(false);
         }
         let target = growth_target(bytes, self.staged_bytes, self.max_bytes);
@@ -496,10 +494,12 @@ impl CudaComm {
                 return Ok(false);
             }
         };
-        let ranks = self.members.len();
-        match grow(&mut self.rank, ranks, arenas, exchange)? {
-            Growth::Grown { mappings } => {
-                self.grown_mappings.extend(mappings);
+        let grown = grow(&mut self.rank, arenas, &mut self.grown_mappings);
+        if grown.is_err() {
+            self.growth_refused = true;
+        }
+        match grown? {
+            Growth::Grown => {
                 self.staged_bytes = target;
                 log::info!(
                     "{}: the arenas grew to hold calls up to {} MiB ({} MiB more on device {}, at a call of {bytes} B)",
@@ -510,8 +510,7 @@ impl CudaComm {
                 );
                 Ok(bytes <= target)
             }
-            Growth::Refused { mappings, why } => {
-                self.grown_mappings.extend(mappings);
+            Growth::Refused { why } => {
                 self.growth_refused = true;
                 log::warn!(
                     "{}: the arenas stay at calls up to {} MiB ({why}): larger calls stay on NCCL",
@@ -641,6 +640,12 @@ impl CudaComm {
         stream: cudaStream_t,
         capture: Capture,
     ) -> Result<Result<Ran, CallError>, Decline> {
+        if self.rank.control().aborted() {
+            // A rank given up captures nothing: NCCL captured here while its peers captured our
+            // kernel (their arenas may have grown where this rank's did not) would leave their
+            // replays waiting in NCCL.
+            return Ok(Err(CallError::Failed(STATUS_ABORTED)));
+        }
         let bytes = operands.count * operands.dtype.size();
         if self.baseline == Baseline::Nccl && !self.tracker.prefers_stragglar(bytes) {
             return Err(Decline::PolicyNccl);

@@ -9,6 +9,10 @@
 //! that processes of containers sharing `/dev/shm` do not meet), its setup record carries the
 //! name, each peer opens it by that name, and the owner unlinks the name as soon as the setup
 //! is over: nothing is left in `/dev/shm` unless a process dies during its setup.
+//!
+//! The same page holds, for the hosts alone, the word saying the rank released its peers'
+//! staging, and its part of the arenas' growth (`super::growth`): two round words and an IPC
+//! handle, written by the owner, read by every peer.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -18,6 +22,13 @@ use super::driver::{Device, HostRegistration};
 
 /// Bytes mapped: one page (the word is its first 4 bytes).
 const PAGE: usize = 4096;
+
+/// Word indices in the page: the failure word, the release word, then the growth's two round
+/// words and its handle (16 words, at a 64-byte boundary).
+const RELEASED: usize = 1;
+const OFFERED: usize = 16;
+const REACHED: usize = 17;
+const HANDLE: usize = 32;
 
 /// Failure words this process has created: the next name's counter.
 static CREATED: AtomicU64 = AtomicU64::new(0);
@@ -129,10 +140,59 @@ impl FailureWord {
         unsafe { AtomicU32::from_ptr(self.host) }
     }
 
+    /// Word `index` of the page (below [`HANDLE`] + 16), beside the failure word: accessed
+    /// only atomically, by hosts alone.
+    fn host_word(&self, index: usize) -> &AtomicU32 {
+        debug_assert!(index > 0 && index < HANDLE + 16);
+        // SAFETY: a word inside the same live page-aligned mapping of PAGE bytes, accessed only
+        // atomically.
+        unsafe { AtomicU32::from_ptr(self.host.add(index)) }
+    }
+
     fn released_word(&self) -> &AtomicU32 {
-        // SAFETY: the second word of the same live mapping (one page), accessed only
-        // atomically, by hosts alone.
-        unsafe { AtomicU32::from_ptr(self.host.add(1)) }
+        self.host_word(RELEASED)
+    }
+
+    /// Offers this rank's part of growth `growth` (numbered from 1, alike on every rank): the
+    /// IPC handle of its new arenas, or `None` when it could not make them.
+    pub fn offer_growth(&self, growth: u32, handle: Option<&[u8; 64]>) {
+        if let Some(handle) = handle {
+            for (i, bytes) in handle.chunks(4).enumerate() {
+                let word = u32::from_le_bytes(bytes.try_into().expect("4 bytes"));
+                self.host_word(HANDLE + i).store(word, Ordering::Relaxed);
+            }
+        }
+        let offered = growth << 1 | u32::from(handle.is_some());
+        self.host_word(OFFERED).store(offered, Ordering::Release);
+    }
+
+    /// The rank's offer for growth `growth` once made: its handle, or `None` if it could not.
+    pub fn growth_offer(&self, growth: u32) -> Option<Option<[u8; 64]>> {
+        let offered = self.host_word(OFFERED).load(Ordering::Acquire);
+        if offered >> 1 != growth {
+            return None;
+        }
+        if offered & 1 == 0 {
+            return Some(None);
+        }
+        let mut handle = [0u8; 64];
+        for (i, bytes) in handle.chunks_mut(4).enumerate() {
+            let word = self.host_word(HANDLE + i).load(Ordering::Relaxed);
+            bytes.copy_from_slice(&word.to_le_bytes());
+        }
+        Some(Some(handle))
+    }
+
+    /// Says whether this rank reached every peer's new arenas of growth `growth`.
+    pub fn reach_growth(&self, growth: u32, reached: bool) {
+        let word = growth << 1 | u32::from(reached);
+        self.host_word(REACHED).store(word, Ordering::Release);
+    }
+
+    /// Whether the rank reached every peer's new arenas of growth `growth`, once it said.
+    pub fn growth_reached(&self, growth: u32) -> Option<bool> {
+        let word = self.host_word(REACHED).load(Ordering::Acquire);
+        (word >> 1 == growth).then_some(word & 1 == 1)
     }
 
     /// Says, in the word beside the failure word, that the rank has closed its mappings of

@@ -7,13 +7,17 @@
 //! `STRAGGLAR_BUFFER_BYTES`. Every rank takes the same step at the same call: it follows from
 //! what every rank shares (the call's size, the policy's choice, the arenas so far).
 //!
-//! The step is the setup's protocol in small, run through the communicator's own AllGather:
-//! each rank allocates and exports its new pair of arenas (under `STRAGGLAR_STAGING_CAP`), the
-//! handles are gathered with whether each rank could, each rank opens and probes every peer's,
-//! and a second gather says whether that worked. Only when every rank succeeded do all of them
-//! point their later launches at the new arenas; otherwise every rank keeps its arenas as they
-//! were, alike, and larger calls stay on NCCL. Each rank makes both gathers whatever happens
-//! locally (a panic included), so no peer waits for one that gave up.
+//! The step is the setup's protocol in small, through host memory every rank maps (the page of
+//! each rank's failure word, `super::failure`), not through NCCL: no collective a rank that
+//! failed alone would leave its peers waiting in, no stream to synchronise, no allocation for
+//! it. Each rank allocates and exports its new pair of arenas (under `STRAGGLAR_STAGING_CAP`)
+//! and offers the handle, or says it could not; once every rank has offered, each opens and
+//! probes every peer's and says whether that worked; once every rank has said, all of them
+//! point their later launches at the new arenas if every rank succeeded, and otherwise keep
+//! their arenas as they were, alike, larger calls staying on NCCL. While it waits for its peers
+//! a rank watches their failure words, its own abort word and `STRAGGLAR_TIMEOUT_MS`, as its
+//! kernels do: a peer that failed, or gave up before the step, fails the step (and the call)
+//! on every rank that waits for it, never a hang.
 //!
 //! Nothing is freed before the communicator goes: a captured graph's launches point at the
 //! arenas of their capture, and freeing device memory mid-job waits for every stream of the
@@ -21,18 +25,17 @@
 //! below four thirds of the last arenas.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::arena::GrownArena;
 use super::driver::{self, Device, PeerMapping};
+use super::failure::FailureWord;
 use super::rank::{CallError, CudaRank};
-use super::setup::Exchange;
 use super::staging::ArenaLayout;
+use crate::gpu::launch::{STATUS_ABORTED, STATUS_PEER_FAILED, STATUS_TIMEOUT};
 
 /// The smallest size of call the arenas grow to hold (bytes).
 pub const MIN_GROWTH_BYTES: usize = 1 << 20;
-
-/// Bytes one rank's entry of the handle gather takes: whether it allocated, its IPC handle.
-const HANDLE_RECORD: usize = 4 + 64;
 
 /// The size of call arenas that hold calls up to `staged` bytes grow to for a call of `bytes`
 /// (more than `staged`), with `max` (`STRAGGLAR_BUFFER_BYTES`) the most they ever hold.
@@ -47,79 +50,95 @@ pub fn growth_target(bytes: usize, staged: usize, max: usize) -> usize {
 
 /// How a growth ended, the same on every rank.
 pub enum Growth {
-    /// Every rank's later launches use the new arenas; the peers' mappings must stay open
-    /// until the communicator releases its peers.
-    Grown { mappings: Vec<PeerMapping> },
+    /// Every rank's later launches use the new arenas.
+    Grown,
     /// Every rank keeps its arenas as they were; `why` names a rank that could not take part.
-    /// Mappings opened before the refusal stay open until the peers are released.
-    Refused {
-        mappings: Vec<PeerMapping>,
-        why: String,
-    },
+    Refused { why: String },
 }
 
-/// Runs one growth of `rank`'s arenas to `arenas` through `exchange` (the communicator's
-/// AllGather, synchronous). `Err` is a failed gather (NCCL's error; every rank's gathers fail
-/// alike) or a failure to upload the new peer table after every rank agreed: this rank must
-/// then give up, so that peers running on the new arenas stop waiting for it.
+/// Runs one growth of `rank`'s arenas to `arenas` with every peer. The peers' new arenas this
+/// rank maps go to `kept` as they are opened (they stay open until the peers are released),
+/// and this rank's own new arenas stay with `rank` whatever happens. `Err`: a peer failed, this
+/// rank was aborted or failed, the deadline passed while waiting for a peer, or the new peer
+/// table could not be uploaded after every rank agreed; the caller gives this rank up.
 pub fn grow(
     rank: &mut CudaRank,
-    ranks: usize,
     arenas: ArenaLayout,
-    exchange: &mut dyn Exchange,
+    kept: &mut Vec<PeerMapping>,
 ) -> Result<Growth, CallError> {
+    // An allocation or an IPC call while another thread captures in the global mode would
+    // end that capture.
+    driver::relaxed_capture_mode(|| grow_relaxed(rank, arenas, kept))
+}
+
+fn grow_relaxed(
+    rank: &mut CudaRank,
+    arenas: ArenaLayout,
+    kept: &mut Vec<PeerMapping>,
+) -> Result<Growth, CallError> {
+    let growth = rank.next_growth();
     let me = rank.index();
     let device = rank.device().clone();
-    let local = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        // An allocation while another thread captures in the global mode would end its
-        // capture.
-        driver::relaxed_capture_mode(|| GrownArena::allocate(&device, arenas))
+    let deadline = rank.timeout().map(|t| Instant::now() + t);
+    // Round 1: this rank's new arenas, offered to the peers.
+    let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        GrownArena::allocate(&device, arenas)
     }))
     .unwrap_or_else(|_| Err("a panic while allocating".into()));
-    let mut mine = vec![0u8; HANDLE_RECORD];
-    if let Ok((_, handle)) = &local {
-        mine[..4].copy_from_slice(&1u32.to_le_bytes());
-        mine[4..].copy_from_slice(handle);
-    }
-    let gathered = gather(exchange, &mine, ranks)?;
-    let handles: Vec<Option<[u8; 64]>> = gathered
-        .iter()
-        .map(|r| (r[0] == 1).then(|| r[4..].try_into().expect("64 bytes")))
-        .collect();
-    let (arena, missing) = match (local, handles.iter().position(Option::is_none)) {
-        (Ok((arena, _)), None) => (arena, None),
-        (Ok((arena, _)), Some(peer)) => (arena, Some(format!("rank {peer} could not allocate"))),
-        (Err(why), _) => {
-            // Every peer saw this rank's empty record, so none waits for what follows.
-            return Ok(Growth::Refused {
-                mappings: Vec::new(),
-                why: format!("rank {me}: {why}"),
-            });
+    let (arena, handle) = match made {
+        Ok(arena) => match arena.ipc_handle() {
+            Ok(handle) => (Some(arena), Ok(handle)),
+            Err(why) => (Some(arena), Err(why)),
+        },
+        Err(why) => (None, Err(why)),
+    };
+    rank.failure_word()
+        .offer_growth(growth, handle.as_ref().ok());
+    let offers = wait_for_every_rank(rank, deadline, |word| word.growth_offer(growth));
+    let Some(arena) = arena else {
+        let why = handle.err().unwrap_or_default();
+        return offers.map(|_| Growth::Refused {
+            why: format!("rank {me}: {why}"),
+        });
+    };
+    let offers = match offers {
+        Ok(offers) => offers,
+        Err(e) => {
+            rank.keep_arena(arena);
+            return Err(e);
         }
     };
-    if let Some(why) = missing {
+    let handles: Option<Vec<[u8; 64]>> = offers.iter().copied().collect();
+    let Some(handles) = handles else {
         rank.keep_arena(arena);
-        return Ok(Growth::Refused {
-            mappings: Vec::new(),
-            why,
-        });
-    }
-    let handles: Vec<[u8; 64]> = handles.into_iter().flatten().collect();
-    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        open_peers(&device, &handles, me, arena.ptr(), arenas)
-    }));
-    // A panic opened nothing this rank knows of: it says it failed.
-    let (mappings, bases) = opened.unwrap_or_default();
-    let flags = gather(exchange, &u32::from(bases.is_some()).to_le_bytes(), ranks)?;
-    match (flags.iter().position(|f| f[0] != 1), bases) {
+        let peer = offers.iter().position(Option::is_none).unwrap_or(me);
+        let why = match (peer == me, handle) {
+            (true, Err(why)) => format!("rank {me}: {why}"),
+            _ => format!("rank {peer} could not allocate them"),
+        };
+        return Ok(Growth::Refused { why });
+    };
+    // Round 2: every peer's new arenas opened and probed.
+    let bases = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        open_peers(&device, &handles, me, arena.ptr(), arenas, kept)
+    }))
+    .unwrap_or(None);
+    rank.failure_word().reach_growth(growth, bases.is_some());
+    let reached = match wait_for_every_rank(rank, deadline, |word| word.growth_reached(growth)) {
+        Ok(reached) => reached,
+        Err(e) => {
+            rank.keep_arena(arena);
+            return Err(e);
+        }
+    };
+    match (reached.iter().position(|&r| !r), bases) {
         (None, Some(bases)) => {
             rank.grow_into(arenas, &bases, arena)?;
-            Ok(Growth::Grown { mappings })
+            Ok(Growth::Grown)
         }
         (failed, _) => {
             rank.keep_arena(arena);
             Ok(Growth::Refused {
-                mappings,
                 why: format!(
                     "rank {} could not reach its peers' new arenas",
                     failed.unwrap_or(me)
@@ -129,17 +148,63 @@ pub fn grow(
     }
 }
 
-/// Opens every peer's new arenas from `handles` (this rank's, at `own`, is not opened) and
-/// writes a word into each and reads it back. The mappings opened, and every rank's base as
-/// this process addresses it when all worked.
+/// What `read` finds in every rank's page (this rank's own included), once each has written
+/// it: polls until then, and fails when a rank's failure word is set, this rank's abort word
+/// is raised, or `deadline` passes.
+fn wait_for_every_rank<T>(
+    rank: &CudaRank,
+    deadline: Option<Instant>,
+    read: impl Fn(&FailureWord) -> Option<T>,
+) -> Result<Vec<T>, CallError> {
+    let me = rank.index();
+    let word = |r: usize| match r == me {
+        true => Some(rank.failure_word()),
+        false => rank.peer_failure(r),
+    };
+    let mut pause = Duration::from_micros(20);
+    loop {
+        if rank.control().aborted() {
+            return Err(CallError::Failed(STATUS_ABORTED));
+        }
+        let mut found = Vec::with_capacity(rank.ranks());
+        for r in 0..rank.ranks() {
+            let Some(word) = word(r) else {
+                return Err(CallError::Unfit(format!(
+                    "rank {r}'s failure word is not mapped"
+                )));
+            };
+            match word.get() {
+                0 => {}
+                status if r == me => return Err(CallError::Failed(status)),
+                _ => return Err(CallError::Failed(STATUS_PEER_FAILED)),
+            }
+            match read(word) {
+                Some(value) => found.push(value),
+                None => break,
+            }
+        }
+        if found.len() == rank.ranks() {
+            return Ok(found);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(CallError::Failed(STATUS_TIMEOUT));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// Opens every peer's new arenas from `handles` (this rank's own, at `own`, is not opened) into
+/// `kept`, and writes a word into each and reads it back. Every rank's base as this process
+/// addresses it, when all of that worked.
 fn open_peers(
     device: &Arc<Device>,
     handles: &[[u8; 64]],
     me: usize,
     own: u64,
     arenas: ArenaLayout,
-) -> (Vec<PeerMapping>, Option<Vec<u64>>) {
-    let mut mappings = Vec::with_capacity(handles.len());
+    kept: &mut Vec<PeerMapping>,
+) -> Option<Vec<u64>> {
     let mut bases = Vec::with_capacity(handles.len());
     // Each rank probes its own word of the peer's parity-0 arena: no two ranks write one.
     let token = 0x5347_4100 | me as u32;
@@ -149,35 +214,15 @@ fn open_peers(
             bases.push(own);
             continue;
         }
-        let Ok(mapping) = PeerMapping::open(device, handle) else {
-            return (mappings, None);
-        };
+        let mapping = PeerMapping::open(device, handle).ok()?;
         let reached = mapping.write_u32(at, token).is_ok() && mapping.read_u32(at) == Ok(token);
         bases.push(mapping.ptr);
-        mappings.push(mapping);
+        kept.push(mapping);
         if !reached {
-            return (mappings, None);
+            return None;
         }
     }
-    (mappings, Some(bases))
-}
-
-/// One all-gather of `mine` (the same length on every rank), split per rank.
-fn gather(
-    exchange: &mut dyn Exchange,
-    mine: &[u8],
-    ranks: usize,
-) -> Result<Vec<Vec<u8>>, CallError> {
-    let all = exchange
-        .all_gather(mine)
-        .map_err(|e| CallError::Unfit(format!("growing the arenas: {e}")))?;
-    if all.len() != mine.len() * ranks {
-        return Err(CallError::Unfit(format!(
-            "growing the arenas: the all-gather returned {} bytes",
-            all.len()
-        )));
-    }
-    Ok(all.chunks(mine.len()).map(<[u8]>::to_vec).collect())
+    Some(bases)
 }
 
 #[cfg(test)]

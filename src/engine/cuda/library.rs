@@ -19,7 +19,6 @@ use parking_lot::Mutex;
 
 use super::attach::{attach, Attached};
 use super::comm::{Decline, Ran};
-use super::exchange::NcclExchange;
 use super::rank::{status_text, CallError, Control};
 use super::watch::SetupWatch;
 use crate::gpu::launch::{STATUS_ABORTED, STATUS_OK};
@@ -124,8 +123,12 @@ fn forgotten_during_setup(comm: ncclComm_t) -> ResultCode {
 pub enum Served {
     /// Our kernels (a failure there is this code; its peers are told).
     Stragglar(ResultCode),
-    /// NCCL, after the call's ticket: its policy chose NCCL.
-    Nccl(ResultCode),
+    /// NCCL, after the call's ticket: its policy chose NCCL, or (`above_staging`) would have
+    /// run StragglAR had the arenas been able to grow to hold the call.
+    Nccl {
+        code: ResultCode,
+        above_staging: bool,
+    },
 }
 
 /// Runs one eligible call on the GPU engine, setting the communicator up on its first call.
@@ -185,19 +188,10 @@ pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
         return Err(Decline::SetupRefused);
     };
     let comm = &mut ready.comm;
-    // A call the arenas are too small for grows them through the communicator's AllGather.
-    let device = comm.rank().device().clone();
-    let mut growth = NcclExchange {
-        device: &device,
-        watch: &entry.watch,
-        comm: call.comm,
-        stream: call.stream,
-        ranks: call.ranks,
-    };
     // SAFETY: NCCL's contract for the caller's ncclAllReduce: its buffers hold `count`
     // elements on the communicator's device, and the stream is a live stream of it.
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-        comm.all_reduce(call.operands(), call.stream, Some(&mut growth))
+        comm.all_reduce(call.operands(), call.stream)
     }));
     let served = match ran {
         Err(_) => {
@@ -215,7 +209,7 @@ pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
             log::warn!("ncclAllReduce on {}: {e}", call.label());
             Ok(Served::Stragglar(e.nccl_code()))
         }
-        Ok(Ok(Ok(Ran::Ticketed))) => {
+        Ok(Ok(Ok(Ran::Ticketed { above_staging }))) => {
             // NCCL runs the call without the engine's lock held, so that a watchdog thread's
             // ncclCommGetAsyncError or ncclCommAbort can give this rank up meanwhile (a
             // blocking NCCL call may wait long for a peer).
@@ -226,7 +220,10 @@ pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
                 // The communicator's next launch follows NCCL's kernel.
                 ready.comm.nccl_ran(call.stream, code);
             }
-            Ok(Served::Nccl(code))
+            Ok(Served::Nccl {
+                code,
+                above_staging,
+            })
         }
         Ok(Ok(Ok(_))) => Ok(Served::Stragglar(ResultCode::SUCCESS)),
     };

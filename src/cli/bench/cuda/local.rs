@@ -142,11 +142,11 @@ pub fn scale_of(dtype: DataType, op: ReduceOp, ranks: usize, rank: usize) -> Sca
 /// the graphs replayed).
 unsafe fn run_call(l: &mut Local, operands: Operands) -> Result<(), Box<dyn Error>> {
     // SAFETY: as the caller vouches; the stream is the rank's own.
-    match unsafe { l.comm.all_reduce(operands, l.stream.raw.cast(), None) } {
+    match unsafe { l.comm.all_reduce(operands, l.stream.raw.cast()) } {
         Ok(Ok(Ran::Stragglar { straggler })) => l.choices.eager(Some(straggler)),
         Ok(Ok(Ran::Ring)) => l.choices.eager(None),
         Ok(Ok(Ran::Captured)) => {}
-        Ok(Ok(Ran::Ticketed)) => {
+        Ok(Ok(Ran::Ticketed { .. })) => {
             return Err("the engine handed a call to NCCL, which the bench has not".into())
         }
         Ok(Err(e)) => return Err(Box::new(e)),

@@ -75,6 +75,8 @@ pub struct CudaRank {
     /// point at the table (and so at the arenas) of their capture.
     grown: Vec<GrownArena>,
     old_tables: Vec<DeviceMemory>,
+    /// Growths tried so far (alike on every rank): the next one's number is one more.
+    growths: u32,
     /// Rank 0's arrival board as this rank addresses it, once connected.
     board: u64,
     /// `RawRingEntry[RING_ENTRIES]`, host-mapped: the records this rank's launches copy.
@@ -132,6 +134,7 @@ impl CudaRank {
             arena_bytes: config.layout.arena_bytes,
             grown: Vec::new(),
             old_tables: Vec::new(),
+            growths: 0,
             board: 0,
             ring,
             arrivals: 0,
@@ -182,6 +185,28 @@ impl CudaRank {
     /// This rank's index in the communicator.
     pub fn index(&self) -> usize {
         self.config.rank
+    }
+
+    /// The communicator's size.
+    pub fn ranks(&self) -> usize {
+        self.config.ranks
+    }
+
+    /// `peer`'s failure word as this process maps it (`None` for this rank, or before it is
+    /// connected).
+    pub fn peer_failure(&self, peer: usize) -> Option<&FailureWord> {
+        self.peer_failures.get(peer).and_then(Option::as_ref)
+    }
+
+    /// The per-wait deadline (`STRAGGLAR_TIMEOUT_MS`), `None` to wait until aborted.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.config.timeout
+    }
+
+    /// Numbers the next growth of the arenas (from 1; every rank counts the same tries).
+    pub fn next_growth(&mut self) -> u32 {
+        self.growths += 1;
+        self.growths
     }
 
     /// Whether `plan`'s blob is uploaded already (a call of it, of any size, allocates nothing).
@@ -293,7 +318,11 @@ impl CudaRank {
             .map(|(&peer, &base)| arenas.moved(peer, base))
             .collect();
         let table = DeviceMemory::for_upload(&self.device, std::mem::size_of_val(&peers[..]))?;
-        table.upload(&peers)?;
+        if let Err(e) = table.upload(&peers) {
+            // Kept, not freed mid-job (see `keep_arena`).
+            self.old_tables.push(table);
+            return Err(e.into());
+        }
         if let Some(before) = self.peer_table.replace(table) {
             self.old_tables.push(before);
         }
