@@ -1094,6 +1094,32 @@ fn growth_steps(log: &str, ranks: usize) -> Vec<Vec<u64>> {
     steps
 }
 
+/// Runs `tests/c/loopback_ranks.c`'s growing calls (`LOOPBACK_GROW`) on 4 ranks under `env`,
+/// each result checked: every rank's growth steps must be `steps` (MiB) and its stats end
+/// with `ran` ("N on StragglAR, M on NCCL"). Returns the log.
+fn growing_calls(env: &[(&str, &str)], steps: &[u64], ran: &str) -> String {
+    let (out, _) = run_ranks(&["4"], env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 6 growing calls checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    for rank_steps in growth_steps(&log, 4) {
+        assert_eq!(rank_steps, steps, "{}", support::describe(&out));
+    }
+    let stats = designations(&text);
+    assert!(
+        stats.len() == 4 && stats.iter().all(|s| s.ends_with(ran)),
+        "{}",
+        support::describe(&out)
+    );
+    log
+}
+
 #[test]
 fn the_arenas_grow_at_the_calls_that_need_them_alike_on_every_rank() {
     // A rank killed below leaves its peers to their deadline: not beside a test that times
@@ -1101,83 +1127,42 @@ fn the_arenas_grow_at_the_calls_that_need_them_alike_on_every_rank() {
     let _timing = timing();
     // Float sums of 4 KiB, 1.5, 1, 3, 7 and 5 MiB under a buffer of 8 MiB: the staging starts
     // with arenas of no size, and every rank grows them at the same calls (to 1, 4 and 8 MiB:
-    // a power of two, at least four times what they held, at most the buffer), every result
-    // checked.
-    let env = engine_with(
-        "stragglar",
-        &[("STRAGGLAR_BUFFER_BYTES", "8M"), ("LOOPBACK_GROW", "6")],
-    );
-    let (out, _) = run_ranks(&["4"], &env);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}", support::describe(&out));
-    assert_eq!(
-        text.matches(": 6 growing calls checked").count(),
-        4,
-        "{}",
-        support::describe(&out)
-    );
-    for steps in growth_steps(&log, 4) {
-        assert_eq!(steps, [1, 4, 8], "{}", support::describe(&out));
-    }
-    let stats = designations(&text);
-    assert!(
-        stats.len() == 4
-            && stats
-                .iter()
-                .all(|s| s.ends_with("6 on StragglAR, 0 on NCCL")),
-        "{}",
-        support::describe(&out)
-    );
+    // a power of two, at least four times what they held, at most the buffer).
+    let growing = |eager: &'static str, more: &[(&'static str, &'static str)]| {
+        let mut env = engine_with(
+            "stragglar",
+            &[("STRAGGLAR_BUFFER_BYTES", "8M"), ("LOOPBACK_GROW", eager)],
+        );
+        env.extend_from_slice(more);
+        env
+    };
+    growing_calls(&growing("6", &[]), &[1, 4, 8], "6 on StragglAR, 0 on NCCL");
     // Rank 1 may not hold the last growth (its cap): no rank grows past 4 MiB, and the calls
     // larger than that go to NCCL on every rank alike, still right.
-    let mut env = env.clone();
-    env.push(("LOOPBACK_ENV_1", "STRAGGLAR_STAGING_CAP=40M"));
-    let (out, _) = run_ranks(&["4"], &env);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}", support::describe(&out));
-    assert_eq!(
-        text.matches(": 6 growing calls checked").count(),
-        4,
-        "{}",
-        support::describe(&out)
-    );
-    for steps in growth_steps(&log, 4) {
-        assert_eq!(steps, [1, 4], "{}", support::describe(&out));
-    }
+    let capped = growing("6", &[("LOOPBACK_ENV_1", "STRAGGLAR_STAGING_CAP=40M")]);
+    let log = growing_calls(&capped, &[1, 4], "4 on StragglAR, 2 on NCCL");
     assert_eq!(
         log.matches("the arenas stay at calls up to 4 MiB (rank 1")
             .count(),
         4,
-        "{}",
-        support::describe(&out)
+        "{log}"
     );
     assert!(
         log.contains("(rank 1: 28 MiB of staging on device 1 would exceed STRAGGLAR_STAGING_CAP"),
-        "{}",
-        support::describe(&out)
+        "{log}"
     );
-    let stats = designations(&text);
+    // A capture allocates nothing: of the last three calls, captured after eager ones that grew
+    // the arenas to 4 MiB, the larger ones (7 and 5 MiB) stay on NCCL and the 3 MiB one is a
+    // graph launch; replayed, they are all right.
+    let log = growing_calls(&growing("3", &[]), &[1, 4], "4 on StragglAR, 2 on NCCL");
     assert!(
-        stats.len() == 4
-            && stats
-                .iter()
-                .all(|s| s.ends_with("4 on StragglAR, 2 on NCCL")),
-        "{}",
-        support::describe(&out)
+        log.contains("a captured ncclAllReduce of 7340032 B stays on NCCL"),
+        "{log}"
     );
     // A rank that dies before a call that grows the arenas leaves its peers waiting for its
     // part of the growth in host memory, not in a collective: the deadline fails the call on
     // every other rank.
-    let dying = engine_with(
-        "stragglar",
-        &[
-            ("STRAGGLAR_BUFFER_BYTES", "8M"),
-            ("LOOPBACK_GROW", "6"),
-            ("STRAGGLAR_TIMEOUT_MS", "2000"),
-        ],
-    );
+    let dying = growing("6", &[("STRAGGLAR_TIMEOUT_MS", "2000")]);
     let (out, pid) = run_ranks(&["4", "2", "1"], &dying);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", support::describe(&out));
@@ -1189,40 +1174,6 @@ fn the_arenas_grow_at_the_calls_that_need_them_alike_on_every_rank() {
         );
     }
     assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
-    // A capture allocates nothing: of the last three calls, captured after eager ones that grew
-    // the arenas to 4 MiB, the larger ones (7 and 5 MiB) stay on NCCL and the 3 MiB one is a
-    // graph launch; replayed, they are all right.
-    let env = engine_with(
-        "stragglar",
-        &[("STRAGGLAR_BUFFER_BYTES", "8M"), ("LOOPBACK_GROW", "3")],
-    );
-    let (out, _) = run_ranks(&["4"], &env);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}", support::describe(&out));
-    assert_eq!(
-        text.matches(": 6 growing calls checked").count(),
-        4,
-        "{}",
-        support::describe(&out)
-    );
-    for steps in growth_steps(&log, 4) {
-        assert_eq!(steps, [1, 4], "{}", support::describe(&out));
-    }
-    assert!(
-        log.contains("a captured ncclAllReduce of 7340032 B stays on NCCL"),
-        "{}",
-        support::describe(&out)
-    );
-    let stats = designations(&text);
-    assert!(
-        stats.len() == 4
-            && stats
-                .iter()
-                .all(|s| s.ends_with("4 on StragglAR, 2 on NCCL")),
-        "{}",
-        support::describe(&out)
-    );
 }
 
 #[test]
