@@ -1004,6 +1004,27 @@ SG_DEVICE void sg_apply_probe(const RawApply* a, sg_scratch* s) {
                false);
 }
 
+/* The peer probe (RawPeerProbe): by the first thread alone, over every peer in turn, the GPU's
+ * own acquire load, system-scope atomic add and load of this rank's probe word in the peer's
+ * staging, which the copy engine left holding the token; the verdict is released last. */
+SG_DEVICE void sg_peer_probe(const RawPeerProbe* p) {
+  if (SG_THREAD != 0 || SG_BLOCK != 0) return;
+  const RawPeer* peers = (const RawPeer*)p->peers;
+  uint32_t verdict = PEER_PROBE_PASSED;
+  for (uint32_t r = 0; r < p->ranks; ++r) {
+    if (r == p->rank) continue;
+    uint32_t* word = (uint32_t*)(peers[r].flags[0] + p->probe_from_flags);
+    const uint32_t seen = sg_load_acquire(word);
+    const uint32_t before = sg_atomic_add_sys(word, 1);
+    const uint32_t after = sg_load_acquire(word);
+    if (seen != p->token || before != p->token || after != p->token + 1) {
+      verdict = PEER_PROBE_FAILED + r;
+      break;
+    }
+  }
+  sg_store_release((uint32_t*)p->result, verdict);
+}
+
 #ifdef STRAGGLAR_HOST_EMULATION
 thread_local sg_host_thread sg_self;
 
@@ -1127,6 +1148,8 @@ SG_GLOBAL void __launch_bounds__(MAX_THREADS, 1) ncclStragglarAllReduce(RawLaunc
 SG_GLOBAL void ncclStragglarTicket(RawTicket args) { sg_ticket(&args); }
 
 SG_GLOBAL void ncclStragglarTicketEnd(RawTicket args) { sg_ticket_end(&args); }
+
+SG_GLOBAL void ncclStragglarPeerProbe(RawPeerProbe args) { sg_peer_probe(&args); }
 
 /* `stragglar bench` only: holds its stream for `ns` nanoseconds of %globaltimer, so that a rank
  * sharing a GPU with its peers arrives late on the device, not just on the host. */

@@ -53,6 +53,9 @@ struct sg_host_thread {
   int device;
   void (*strong_access)(const void* p, uint32_t bytes, int scope, const char* op,
                         const char* file, int line);
+  /* Fiber harness: what a 32-bit acquire load returns, given what memory holds (the emulated
+   * driver may make another GPU's memory misread, for the setup's peer probe). */
+  uint32_t (*strong_loaded)(const void* p, uint32_t value);
   /* Fiber harness, weak memory (null otherwise: every store lands at once): `weak_store` holds
    * a plain store (at most 16 bytes) back in the storing thread's buffer, the block barrier
    * passes a thread's held stores on to its block, `publish` (every release and acq_rel
@@ -104,7 +107,8 @@ SG_DEVICE void sg_block_sync(void) {
 }
 SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_SYS, "ld.acquire.sys.u32", file, line);
-  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  const uint32_t v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  return sg_self.strong_loaded ? sg_self.strong_loaded(p, v) : v;
 }
 SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p, SG_CALL_SITE) {
   sg_strong(p, 8, SG_SCOPE_SYS, "ld.acquire.sys.u64", file, line);
@@ -149,6 +153,11 @@ SG_DEVICE void sg_store_relaxed64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
 }
 SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_GPU, "atom.acq_rel.gpu.add.u32", file, line);
+  sg_emu_publish();
+  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+}
+SG_DEVICE uint32_t sg_atomic_add_sys(uint32_t* p, uint32_t v, SG_CALL_SITE) {
+  sg_strong(p, 4, SG_SCOPE_SYS, "atom.acq_rel.sys.add.u32", file, line);
   sg_emu_publish();
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
 }
@@ -283,6 +292,14 @@ SG_DEVICE void sg_store_relaxed64(uint64_t* p, uint64_t v) {
 SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v) {
   uint32_t old;
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v)
+               : "memory");
+  return old;
+}
+/* A 32-bit acquire-release add any GPU of the system sees in one total order (the setup's peer
+ * probe). */
+SG_DEVICE uint32_t sg_atomic_add_sys(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.sys.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v)
                : "memory");
   return old;
 }

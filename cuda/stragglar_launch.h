@@ -82,6 +82,16 @@
 #define APPLY_MAX_OPERANDS 8
 
 /**
+ * `RawPeerProbe::result` once every peer passed.
+ */
+#define PEER_PROBE_PASSED 1397161985
+
+/**
+ * `RawPeerProbe::result` of a peer that failed: this plus its rank.
+ */
+#define PEER_PROBE_FAILED 1397227520
+
+/**
  * Slots of the arrival board: call `c` uses slot `c % BOARD_SLOTS`. A rank taking its ticket
  * of call `c` finished `c - 1`, which needed every rank to have started it, so to have
  * finished every launch of call `c - 2` (tickets, end kernels, collections). A launch of call
@@ -460,6 +470,38 @@ typedef struct RawApply {
   int32_t datatype;
   uint32_t reserved;
 } RawApply;
+
+/**
+ * The peer probe (`ncclStragglarPeerProbe`, one thread), launched once by every rank during
+ * the setup, after its copy-engine round trip left its token in its own probe word of every
+ * peer's staging: this GPU's own acquire load of each such word must read the token, a
+ * system-scope atomic add on it must return the token, and a load after it must read the
+ * token plus one. The copy engine can reach memory that the multiprocessors cannot, or not
+ * correctly (some virtual machines and PCIe systems); the kernels use the multiprocessors.
+ */
+typedef struct RawPeerProbe {
+  /**
+   * `const RawPeer[ranks]`: every rank's memory as this rank addresses it.
+   */
+  uint64_t peers;
+  /**
+   * Bytes from a peer's `flags[0]` to this rank's probe word in its staging, modulo 2^64
+   * (the word lies before the flags or after them).
+   */
+  uint64_t probe_from_flags;
+  /**
+   * `uint32_t`, host-mapped: [`PEER_PROBE_PASSED`], or [`PEER_PROBE_FAILED`] plus the first
+   * peer that failed (0 until the kernel is done).
+   */
+  uint64_t result;
+  /**
+   * What the copy engine wrote into each probe word.
+   */
+  uint32_t token;
+  uint32_t rank;
+  uint32_t ranks;
+  uint32_t reserved;
+} RawPeerProbe;
 
 /**
  * The ticket kernel (`ncclStragglarTicket`, one thread): the arrival record of a call that

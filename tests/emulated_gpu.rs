@@ -1094,6 +1094,49 @@ fn growth_steps(log: &str, ranks: usize) -> Vec<Vec<u64>> {
     steps
 }
 
+#[test]
+fn the_setup_declines_on_every_rank_where_a_gpu_misreads_its_peers_memory() {
+    // Rank 2's copy engine reaches its peers' staging (the setup's round trip passes), but its
+    // multiprocessors read other GPUs' memory wrong (`STRAGGLAR_EMU_PEER_LOADS=wrong`, as a
+    // broken peer-to-peer path of some virtual machines does): the GPU's own probe of its peers
+    // fails, and every rank keeps every call on NCCL, each result right.
+    let env = engine_with(
+        "stragglar",
+        &[("LOOPBACK_ENV_2", "STRAGGLAR_EMU_PEER_LOADS=wrong")],
+    );
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 100 calls checked").count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    assert!(
+        log.contains("this GPU's own loads and atomics on rank 0's memory do not see what its copy engine wrote there"),
+        "{}",
+        support::describe(&out)
+    );
+    assert_eq!(
+        log.matches("StragglAR stays off: rank 2 could not reach every peer's staging")
+            .count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    let stats = designations(&text);
+    assert!(
+        stats.len() == 4
+            && stats
+                .iter()
+                .all(|s| *s == "-1, 0 on StragglAR, 100 on NCCL"),
+        "{}",
+        support::describe(&out)
+    );
+}
+
 /// Runs `tests/c/loopback_ranks.c`'s growing calls (`LOOPBACK_GROW`) on 4 ranks under `env`,
 /// each result checked: every rank's growth steps must be `steps` (MiB) and its stats end
 /// with `ran` ("N on StragglAR, M on NCCL"). Returns the log.

@@ -12,7 +12,7 @@ use stragglar::gpu::arrival::{RawArrivalNote, RawBoardSlot, RawRingEntry, RawTic
 use stragglar::gpu::choice::{
     RawClassState, RawClassTimes, RawDetector, RawGraphState, RawRule, RawSamples,
 };
-use stragglar::gpu::launch::{RawLaunch, RawPeer};
+use stragglar::gpu::launch::{RawLaunch, RawPeer, RawPeerProbe};
 use stragglar::nccl::types::{ncclConfig_t, ncclUniqueId};
 use stragglar::plan::{RawPlanHeader, RawSource, RawStep, RawValue};
 
@@ -229,6 +229,7 @@ fn generate_launch_h() -> String {
         "RawLaunch",
         "RawPeer",
         "RawApply",
+        "RawPeerProbe",
         "RawTicket",
         "RawBoardSlot",
         "RawRingEntry",
@@ -263,6 +264,7 @@ fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
     );
     for (name, size) in [
         ("RawPeer", std::mem::size_of::<RawPeer>()),
+        ("RawPeerProbe", std::mem::size_of::<RawPeerProbe>()),
         ("RawTicket", std::mem::size_of::<RawTicket>()),
         ("RawBoardSlot", std::mem::size_of::<RawBoardSlot>()),
         ("RawRingEntry", std::mem::size_of::<RawRingEntry>()),

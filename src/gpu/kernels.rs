@@ -16,6 +16,8 @@ pub const TICKET_END_KERNEL: &str = "ncclStragglarTicketEnd";
 pub const DELAY_KERNEL: &str = "ncclStragglarDelay";
 /// The bandwidth probe's entry point (the AllReduce kernel's element-wise code alone).
 pub const APPLY_PROBE_KERNEL: &str = "ncclStragglarApplyProbe";
+/// The peer probe's entry point (`RawPeerProbe`).
+pub const PEER_PROBE_KERNEL: &str = "ncclStragglarPeerProbe";
 
 /// The sources, in include order: `(file name, text)`.
 pub const SOURCES: [(&str, &str); 7] = [
@@ -126,6 +128,7 @@ mod tests {
         assert!(unit.contains(TICKET_KERNEL));
         assert!(unit.contains(TICKET_END_KERNEL));
         assert!(unit.contains(DELAY_KERNEL));
+        assert!(unit.contains(PEER_PROBE_KERNEL));
         for (name, _) in SOURCES {
             assert!(unit.contains(&format!("#line 1 \"{name}\"")), "{name}");
         }

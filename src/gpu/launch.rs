@@ -153,6 +153,35 @@ pub struct RawApply {
     pub reserved: u32,
 }
 
+/// `RawPeerProbe::result` once every peer passed.
+pub const PEER_PROBE_PASSED: u32 = 0x5347_0001;
+/// `RawPeerProbe::result` of a peer that failed: this plus its rank.
+pub const PEER_PROBE_FAILED: u32 = 0x5348_0000;
+
+/// The peer probe (`ncclStragglarPeerProbe`, one thread), launched once by every rank during
+/// the setup, after its copy-engine round trip left its token in its own probe word of every
+/// peer's staging: this GPU's own acquire load of each such word must read the token, a
+/// system-scope atomic add on it must return the token, and a load after it must read the
+/// token plus one. The copy engine can reach memory that the multiprocessors cannot, or not
+/// correctly (some virtual machines and PCIe systems); the kernels use the multiprocessors.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawPeerProbe {
+    /// `const RawPeer[ranks]`: every rank's memory as this rank addresses it.
+    pub peers: u64,
+    /// Bytes from a peer's `flags[0]` to this rank's probe word in its staging, modulo 2^64
+    /// (the word lies before the flags or after them).
+    pub probe_from_flags: u64,
+    /// `uint32_t`, host-mapped: [`PEER_PROBE_PASSED`], or [`PEER_PROBE_FAILED`] plus the first
+    /// peer that failed (0 until the kernel is done).
+    pub result: u64,
+    /// What the copy engine wrote into each probe word.
+    pub token: u32,
+    pub rank: u32,
+    pub ranks: u32,
+    pub reserved: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +191,6 @@ mod tests {
         assert_eq!(std::mem::size_of::<RawPeer>(), 56);
         assert_eq!(std::mem::size_of::<RawLaunch>(), 224);
         assert_eq!(std::mem::size_of::<RawApply>(), 96);
+        assert_eq!(std::mem::size_of::<RawPeerProbe>(), 40);
     }
 }

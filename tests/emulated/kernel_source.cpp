@@ -48,6 +48,9 @@ void body(void* arg, uint32_t thread) {
     case emu::KernelId::ApplyProbe:
       sg_apply_probe((const RawApply*)run->params, run->scratch);
       break;
+    case emu::KernelId::PeerProbe:
+      sg_peer_probe((const RawPeerProbe*)run->params);
+      break;
     case emu::KernelId::Fault:
       /* The self-test's kernel that writes to address 0 on a GPU: here it faults only when
        * STRAGGLAR_EMU_KERNEL_FAULT says so (kernels.cpp). */
@@ -78,6 +81,10 @@ void emu_strong_access(const void* p, uint32_t bytes, int scope, const char* op,
   if (t_choices && t_choices->one_in(4)) emu::fiber_pause();
 }
 
+uint32_t emu_strong_loaded(const void* p, uint32_t value) {
+  return emu::loaded_by(p, value, sg_self.device);
+}
+
 void emu_weak_store(void* p, const void* src, uint32_t n) {
   t_weak->store(sg_self.thread, p, src, n);
 }
@@ -90,6 +97,7 @@ const emu::KernelSpec kSpecs[] = {
     {"ncclStragglarTicketEnd", emu::KernelId::TicketEnd, sizeof(RawTicket), 1024},
     {"ncclStragglarDelay", emu::KernelId::Delay, sizeof(uint64_t), 1024},
     {"ncclStragglarApplyProbe", emu::KernelId::ApplyProbe, sizeof(RawApply), MAX_THREADS},
+    {"ncclStragglarPeerProbe", emu::KernelId::PeerProbe, sizeof(RawPeerProbe), 1024},
     {"ncclStragglarFault", emu::KernelId::Fault, sizeof(uint64_t), 1024},
 };
 
@@ -117,6 +125,7 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
   sg_self.fiber_pause = emu_pause;
   sg_self.device = device;
   sg_self.strong_access = emu_strong_access;
+  sg_self.strong_loaded = emu_strong_loaded;
   /* The AllReduce kernel's arrival warp (block 0's last threads) never meets the others. */
   const uint32_t syncing = k->id == emu::KernelId::AllReduce
                                ? sg_plan_threads((const RawLaunch*)params, block, threads)
@@ -143,6 +152,7 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
   sg_self.fiber_sync = nullptr;
   sg_self.fiber_pause = nullptr;
   sg_self.strong_access = nullptr;
+  sg_self.strong_loaded = nullptr;
   free(shared);
 }
 

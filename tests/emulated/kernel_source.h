@@ -7,7 +7,7 @@
 
 namespace emu {
 
-enum class KernelId { AllReduce, Ticket, TicketEnd, Delay, ApplyProbe, Fault };
+enum class KernelId { AllReduce, Ticket, TicketEnd, Delay, ApplyProbe, PeerProbe, Fault };
 
 /* A kernel of cuda/ (or the driver self-test's) the emulated GPU can run: its entry name, its one parameter's size in
  * bytes, and the most threads a block may have (its __launch_bounds__, else 1024). */
@@ -32,6 +32,12 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
  * naming the word and the call. */
 void check_strong_access(const void* p, uint32_t bytes, int scope, const char* op,
                          const char* file, int line, int device);
+
+/* What a 32-bit acquire load by device `device` of the word at `p` returns, `value` being what
+ * memory holds: `value`, or, with STRAGGLAR_EMU_PEER_LOADS=wrong, its complement where the word
+ * is another GPU's memory (a machine whose multiprocessors misread peer memory that its copy
+ * engines reach; memory.cpp). */
+uint32_t loaded_by(const void* p, uint32_t value, int device);
 
 }  // namespace emu
 

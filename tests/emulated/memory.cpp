@@ -166,9 +166,10 @@ const char* scope_name(int scope) {
 }
 }  // namespace
 
-void check_strong_access(const void* p, uint32_t bytes, int scope, const char* op,
-                         const char* file, int line, int device) {
-  const uint64_t at = (uint64_t)p;
+namespace {
+/* The region holding `bytes` at `at`, through the thread's last lookups; null for block-local
+ * memory (shared memory, a thread's stack), which only its block reaches. */
+const Seen* lookup(uint64_t at, uint32_t bytes) {
   const uint64_t layout = g_layout.load(std::memory_order_acquire);
   Seen* found = nullptr;
   for (Seen& s : t_seen)
@@ -183,14 +184,34 @@ void check_strong_access(const void* p, uint32_t bytes, int scope, const char* o
     seen.layout = g_layout.load(std::memory_order_relaxed);
     auto it = containing(at);
     if (it == g_regions->end()) {
-      /* Block-local memory (shared memory, a thread's stack): only its block reaches it. */
       seen.base = seen.end = 0;
-      return;
+      return nullptr;
     }
     seen.base = it->first;
     seen.end = it->first + it->second.bytes;
     seen.region = it->second;
   }
+  return &seen;
+}
+}  // namespace
+
+uint32_t loaded_by(const void* p, uint32_t value, int device) {
+  static const bool wrong = [] {
+    const char* v = getenv("STRAGGLAR_EMU_PEER_LOADS");
+    return v && strcmp(v, "wrong") == 0;
+  }();
+  if (!wrong) return value;
+  const Seen* seen = lookup((uint64_t)p, 4);
+  const bool peer = seen && seen->region.shadow && seen->region.device != device;
+  return peer ? ~value : value;
+}
+
+void check_strong_access(const void* p, uint32_t bytes, int scope, const char* op,
+                         const char* file, int line, int device) {
+  const uint64_t at = (uint64_t)p;
+  const Seen* lookedup = lookup(at, bytes);
+  if (!lookedup) return;
+  const Seen& seen = *lookedup;
   const bool narrow = scope != 2;
   /* Host memory, and another GPU's memory, are never this GPU's alone. */
   const bool foreign = !seen.region.shadow || seen.region.device != device;

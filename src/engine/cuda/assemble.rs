@@ -16,7 +16,7 @@ use super::peers::{connect, tickets_are_atomic};
 use super::rank::{Control, CudaRank, RankConfig};
 use super::setup::{
     run_setup, settings_of, Devices, Exchange, Identity, LocalFailure, PeerAccess, SetupError,
-    SetupRecord,
+    SetupRecord, Verdict,
 };
 use super::sizing::with_setup_facts;
 use super::staging::StagingLayout;
@@ -109,7 +109,22 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
     if let Ok(r) = &rank {
         r.failure_word().unlink();
     }
-    let joined = joined?;
+    let joined = match joined {
+        Ok(joined) => joined,
+        Err(refused) => {
+            // Refused after the peers opened this rank's staging (the second all-gather's
+            // verdict): it may be freed only once each has closed its mapping.
+            if matches!(
+                refused,
+                SetupError::Refused(Verdict::PeerAccessFailed { .. }) | SetupError::Exchange(_)
+            ) {
+                if let Ok(r) = rank {
+                    free_once_released(r, &assembly.label);
+                }
+            }
+            return Err(refused);
+        }
+    };
     // The final verdict was Eligible on every rank, so this rank's steps all succeeded.
     let (Ok(rank), Some(ordering)) = (rank, ordering) else {
         return Err(SetupError::Exchange(
@@ -133,6 +148,29 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
         label: assembly.label,
         ordering,
     }))
+}
+
+/// How long a refused setup waits for its peers to close their mappings of this rank's
+/// staging (they do as they return from the same verdict).
+const REFUSED_RELEASE_WAIT: Duration = Duration::from_secs(2);
+
+/// Frees `rank`'s staging after a refused setup, once every peer has closed its mapping of it
+/// (this rank's own mappings closed with the setup's end, which it says beside its failure
+/// word first): freeing exported memory a peer still maps is undefined behaviour. A peer that
+/// does not say so in time, or whose failure word this rank never opened, leaves the staging
+/// allocated for the rest of the process (said at DEBUG).
+fn free_once_released(rank: CudaRank, label: &str) {
+    rank.failure_word().mark_released();
+    let deadline = std::time::Instant::now() + REFUSED_RELEASE_WAIT;
+    let released = |r: &CudaRank| (0..r.ranks()).all(|p| p == r.index() || r.peer_released(p));
+    while !released(&rank) {
+        if std::time::Instant::now() >= deadline {
+            log::debug!("{label}: a peer kept this rank's staging mapped after the refused setup: it stays allocated");
+            std::mem::forget(rank);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// This rank's staging (if it can make it) and its record: ready, or failed with the cause.

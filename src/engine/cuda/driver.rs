@@ -91,6 +91,12 @@ impl Device {
             .copied()
     }
 
+    /// The side stream, for a launch of our own that must not follow the caller's work (the
+    /// setup's peer probe).
+    pub fn side_stream(&self) -> Result<sys::CUstream, GpuError> {
+        self.side()
+    }
+
     /// Waits for what the host queued on the side stream (nothing of the caller's).
     fn synchronize_side(&self) -> Result<(), GpuError> {
         let side = self.side()?;
@@ -557,16 +563,21 @@ pub struct Kernels {
     pub ticket: Kernel,
     /// `ncclStragglarTicketEnd`.
     pub ticket_end: Kernel,
+    /// `ncclStragglarPeerProbe`.
+    pub peer_probe: Kernel,
 }
 
 impl Kernels {
     /// Loads the kernels of `cubin` on `device`.
     pub fn load(device: &Arc<Device>, cubin: &[u8]) -> Result<Kernels, GpuError> {
-        use crate::gpu::kernels::{ALL_REDUCE_KERNEL, TICKET_END_KERNEL, TICKET_KERNEL};
+        use crate::gpu::kernels::{
+            ALL_REDUCE_KERNEL, PEER_PROBE_KERNEL, TICKET_END_KERNEL, TICKET_KERNEL,
+        };
         Ok(Kernels {
             all_reduce: Kernel::load(device, cubin, ALL_REDUCE_KERNEL)?,
             ticket: Kernel::load(device, cubin, TICKET_KERNEL)?,
             ticket_end: Kernel::load(device, cubin, TICKET_END_KERNEL)?,
+            peer_probe: Kernel::load(device, cubin, PEER_PROBE_KERNEL)?,
         })
     }
 }

@@ -16,6 +16,10 @@ use super::staging::{StagingLayout, PROBE_WORDS};
 /// The probe's token: a recognisable high half, the writer's rank in the low half.
 const PROBE_TOKEN: u32 = 0x5347_0000;
 
+/// How long the GPU's own peer probe may take (it queues behind nothing of the caller's, but
+/// behind other work filling the GPU).
+const GPU_PROBE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A round trip through `mapping` by `rank`: its token, written into its own probe word of the
 /// peer's staging, reads back.
 fn probe(mapping: &PeerMapping, layout: &StagingLayout, rank: usize) -> bool {
@@ -146,5 +150,24 @@ pub fn connect(
             _ => rank.own_peer(),
         })
         .collect();
-    rank.connect(&peers, failures).is_ok()
+    if rank.connect(&peers, failures).is_err() {
+        return false;
+    }
+    // The copy engine's round trip reached every peer; the kernels use the multiprocessors.
+    let deadline = std::time::Instant::now() + GPU_PROBE_DEADLINE;
+    match rank.probe_peers_on_the_gpu(PROBE_TOKEN | me as u32, deadline) {
+        Ok(None) => true,
+        Ok(Some(peer)) if peer == me => {
+            log::warn!("this GPU's probe of its peers' memory gave no verdict within {GPU_PROBE_DEADLINE:?}: StragglAR stays off");
+            false
+        }
+        Ok(Some(peer)) => {
+            log::warn!("this GPU's own loads and atomics on rank {peer}'s memory do not see what its copy engine wrote there: StragglAR stays off");
+            false
+        }
+        Err(e) => {
+            log::warn!("the GPU's probe of its peers' memory: {e}: StragglAR stays off");
+            false
+        }
+    }
 }

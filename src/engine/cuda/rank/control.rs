@@ -12,6 +12,10 @@ use crate::gpu::launch::STATUS_ABORTED;
 pub(super) const ABORT_WORD: usize = 0;
 /// Index of the status word.
 pub(super) const STATUS_WORD: usize = 1;
+/// Index of the word the setup's peer probe writes its verdict into.
+pub(super) const PEER_PROBE_WORD: usize = 2;
+/// Host words a rank keeps.
+pub(super) const WORDS: usize = 3;
 
 /// A rank's abort and status words (host-mapped) and its failure word, shareable across
 /// threads.

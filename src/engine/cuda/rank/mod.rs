@@ -14,7 +14,7 @@ pub use errors::{status_text, CallError};
 pub use graph::GraphCounts;
 pub use records::{Ticket, TimedRecord, OVERDUE_CALLS};
 
-use control::{ABORT_WORD, STATUS_WORD};
+use control::{ABORT_WORD, PEER_PROBE_WORD, STATUS_WORD, WORDS};
 use graph::ChoiceTables;
 
 use std::collections::HashMap;
@@ -27,7 +27,10 @@ use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::failure::FailureWord;
 use super::staging::{ArenaLayout, StagingLayout};
 use crate::gpu::arrival::{RawRingEntry, RING_ENTRIES};
-use crate::gpu::launch::{RawPeer, MAX_THREADS, STATUS_OK, WARP_THREADS};
+use crate::gpu::launch::{
+    RawPeer, RawPeerProbe, MAX_THREADS, PEER_PROBE_FAILED, PEER_PROBE_PASSED, STATUS_OK,
+    WARP_THREADS,
+};
 use crate::plan::{ArenaNeed, Lowered};
 use crate::reduce::DataType;
 
@@ -117,7 +120,7 @@ impl CudaRank {
             call: "shm_open",
             detail,
         })?);
-        let words = Arc::new(HostWords::new(device, 2)?);
+        let words = Arc::new(HostWords::new(device, WORDS)?);
         let staging = DeviceMemory::zeroed(device, config.layout.allocation_bytes() as usize)?;
         let ring_words = RING_ENTRIES as usize * std::mem::size_of::<RawRingEntry>() / 4;
         let ring = HostWords::new(device, ring_words)?;
@@ -288,6 +291,49 @@ impl CudaRank {
             )));
         }
         Ok(())
+    }
+
+    /// Runs the peer probe (`RawPeerProbe`) on this GPU, on the device's side stream, once
+    /// connected and after the copy engine's round trip left `token` in this rank's probe word
+    /// of every peer's staging; waits for its verdict until `deadline`. `Ok(None)` when every
+    /// peer passed, `Ok(Some(peer))` for the first that did not (or, with no verdict by the
+    /// deadline, this rank).
+    pub fn probe_peers_on_the_gpu(
+        &self,
+        token: u32,
+        deadline: std::time::Instant,
+    ) -> Result<Option<usize>, CallError> {
+        let table = self
+            .peer_table
+            .as_ref()
+            .ok_or_else(|| CallError::Unfit("not connected to the peers".into()))?;
+        let layout = self.config.layout;
+        let args = RawPeerProbe {
+            peers: table.ptr,
+            probe_from_flags: layout
+                .probe_word(self.config.rank)
+                .wrapping_sub(layout.flags(0)),
+            result: self.words.device_address(PEER_PROBE_WORD),
+            token,
+            rank: self.config.rank as u32,
+            ranks: self.config.ranks as u32,
+            reserved: 0,
+        };
+        let side = self.device.side_stream()?;
+        // SAFETY: the peer table and the host word are live memory of this rank, the probe
+        // words lie in the peers' staging this rank maps; the side stream is the device's own.
+        unsafe { self.kernels.peer_probe.launch(side, 1, WARP_THREADS, &args) }?;
+        let verdict = self.words.word(PEER_PROBE_WORD);
+        loop {
+            match verdict.load(std::sync::atomic::Ordering::Acquire) {
+                PEER_PROBE_PASSED => return Ok(None),
+                0 if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_micros(100))
+                }
+                0 => return Ok(Some(self.config.rank)),
+                failed => return Ok(Some(failed.wrapping_sub(PEER_PROBE_FAILED) as usize)),
+            }
+        }
     }
 
     /// Bytes of one arena parity the launches use now.

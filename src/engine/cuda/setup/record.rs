@@ -144,7 +144,7 @@ impl Verdict {
                 format!("rank {rank} sized its staging differently")
             }
             Verdict::PeerAccessFailed { rank } => {
-                format!("rank {rank} could not reach every peer's staging through CUDA IPC")
+                format!("rank {rank} could not reach every peer's staging through CUDA IPC, or its GPU's own loads and atomics did not")
             }
         }
     }
