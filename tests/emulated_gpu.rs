@@ -1259,11 +1259,14 @@ fn weak_memory_holds_back_the_data_a_flag_without_a_release_announces() {
 
 #[test]
 fn a_panic_inside_the_gpu_engine_gives_the_rank_up_and_releases_its_peers() {
-    // Rank 1's driver lacks cuLaunchKernel: cudarc panics at its first launch. Before, the
+    // Rank 1's driver lacks cuStreamWaitEvent, which the engine first uses at its first call
+    // (ordering it after the communicator's last launch): cudarc panics there. Before, the
     // panic became ncclInternalError on rank 1 alone, and its peers waited for it for ever.
+    // (A driver lacking cuLaunchKernel now fails the setup's peer probe, a refusal on every
+    // rank.)
     let rank1 = format!(
         "LD_LIBRARY_PATH={}",
-        variant_path(&["--build-without", "cuLaunchKernel"])
+        variant_path(&["--build-without", "cuStreamWaitEvent"])
     );
     let mut env = ENGINE.to_vec();
     env.push(("LOOPBACK_ENV_1", &rank1));
