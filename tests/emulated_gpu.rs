@@ -538,6 +538,22 @@ fn run_ranks_linked(linked: Linked, args: &[&str], env: &[(&str, &str)]) -> (Out
     (child.wait_with_output().unwrap(), pid)
 }
 
+/// Runs `loopback_ranks` on 4 ranks with `args` under `env`: it must succeed, every rank
+/// printing `checked` (": 100 calls checked", say). Its stdout and stderr.
+fn run_checked(args: &[&str], env: &[(&str, &str)], checked: &str) -> (String, String) {
+    let (out, _) = run_ranks(args, env);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(checked).count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    (text, log)
+}
+
 #[test]
 fn four_rank_processes_allreduce_through_the_loopback_nccl_eager_nonblocking_and_in_graphs() {
     for env in [
@@ -769,22 +785,28 @@ fn the_gpu_engine_replays_captured_calls_choosing_on_the_gpu() {
     );
 }
 
-#[test]
-fn a_rank_killed_under_the_gpu_engine_fails_its_peers_by_the_deadline() {
-    let _timing = timing();
-    let mut env = ENGINE.to_vec();
-    env.push(("STRAGGLAR_TIMEOUT_MS", "10000"));
-    let (out, pid) = run_ranks(&["4", "2", "50"], &env);
+/// Kills rank 2 of 4 before its call `call` under `env`: every other rank must report that
+/// call failed (by the deadline `env` sets), and nothing is left in `/dev/shm`.
+fn rank_2_killed_fails_its_peers_at(env: &[(&str, &str)], call: &str) {
+    let (out, pid) = run_ranks(&["4", "2", call], env);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", support::describe(&out));
     for rank in [0, 1, 3] {
         assert!(
-            text.contains(&format!("rank {rank}: error at call 50")),
+            text.contains(&format!("rank {rank}: error at call {call}")),
             "{}",
             support::describe(&out)
         );
     }
     assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
+}
+
+#[test]
+fn a_rank_killed_under_the_gpu_engine_fails_its_peers_by_the_deadline() {
+    let _timing = timing();
+    let mut env = ENGINE.to_vec();
+    env.push(("STRAGGLAR_TIMEOUT_MS", "10000"));
+    rank_2_killed_fails_its_peers_at(&env, "50");
 }
 
 #[test]
@@ -1104,27 +1126,16 @@ fn the_setup_declines_on_every_rank_where_a_gpu_misreads_its_peers_memory() {
         "stragglar",
         &[("LOOPBACK_ENV_2", "STRAGGLAR_EMU_PEER_LOADS=wrong")],
     );
-    let (out, _) = run_ranks(&["4"], &env);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}", support::describe(&out));
-    assert_eq!(
-        text.matches(": 100 calls checked").count(),
-        4,
-        "{}",
-        support::describe(&out)
-    );
+    let (text, log) = run_checked(&["4"], &env, ": 100 calls checked");
     assert!(
         log.contains("this GPU's own loads and atomics on rank 0's memory do not see what its copy engine wrote there"),
-        "{}",
-        support::describe(&out)
+        "{log}"
     );
     assert_eq!(
         log.matches("StragglAR stays off: rank 2 could not reach every peer's staging")
             .count(),
         4,
-        "{}",
-        support::describe(&out)
+        "{log}"
     );
     let stats = designations(&text);
     assert!(
@@ -1132,8 +1143,7 @@ fn the_setup_declines_on_every_rank_where_a_gpu_misreads_its_peers_memory() {
             && stats
                 .iter()
                 .all(|s| *s == "-1, 0 on StragglAR, 100 on NCCL"),
-        "{}",
-        support::describe(&out)
+        "{text}"
     );
 }
 
@@ -1141,24 +1151,14 @@ fn the_setup_declines_on_every_rank_where_a_gpu_misreads_its_peers_memory() {
 /// each result checked: every rank's growth steps must be `steps` (MiB) and its stats end
 /// with `ran` ("N on StragglAR, M on NCCL"). Returns the log.
 fn growing_calls(env: &[(&str, &str)], steps: &[u64], ran: &str) -> String {
-    let (out, _) = run_ranks(&["4"], env);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let log = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{}", support::describe(&out));
-    assert_eq!(
-        text.matches(": 6 growing calls checked").count(),
-        4,
-        "{}",
-        support::describe(&out)
-    );
+    let (text, log) = run_checked(&["4"], env, ": 6 growing calls checked");
     for rank_steps in growth_steps(&log, 4) {
-        assert_eq!(rank_steps, steps, "{}", support::describe(&out));
+        assert_eq!(rank_steps, steps, "{log}");
     }
     let stats = designations(&text);
     assert!(
         stats.len() == 4 && stats.iter().all(|s| s.ends_with(ran)),
-        "{}",
-        support::describe(&out)
+        "{text}"
     );
     log
 }
@@ -1205,18 +1205,7 @@ fn the_arenas_grow_at_the_calls_that_need_them_alike_on_every_rank() {
     // A rank that dies before a call that grows the arenas leaves its peers waiting for its
     // part of the growth in host memory, not in a collective: the deadline fails the call on
     // every other rank.
-    let dying = growing("6", &[("STRAGGLAR_TIMEOUT_MS", "2000")]);
-    let (out, pid) = run_ranks(&["4", "2", "1"], &dying);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", support::describe(&out));
-    for rank in [0, 1, 3] {
-        assert!(
-            text.contains(&format!("rank {rank}: error at call 1")),
-            "{}",
-            support::describe(&out)
-        );
-    }
-    assert_eq!(left_in_dev_shm(pid), Vec::<String>::new());
+    rank_2_killed_fails_its_peers_at(&growing("6", &[("STRAGGLAR_TIMEOUT_MS", "2000")]), "1");
 }
 
 #[test]
@@ -1380,28 +1369,13 @@ fn a_call_captured_with_no_straggler_designated_stays_on_nccl_on_every_rank() {
     // the graph holds NCCL's work (NVLS where NCCL runs it), not our kernel choosing between
     // StragglAR and our Ring on every replay.
     let env = engine_with("auto", &[("LOOPBACK_REPLAYS", "40")]);
-    let (out, _) = run_ranks(&["4"], &env);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}", support::describe(&out));
-    assert_eq!(
-        text.matches(": 40 replays checked").count(),
-        4,
-        "{}",
-        support::describe(&out)
-    );
-    assert!(
-        !log.contains("calls captured into graphs"),
-        "{}",
-        support::describe(&out)
-    );
+    let (text, log) = run_checked(&["4"], &env, ": 40 replays checked");
+    assert!(!log.contains("calls captured into graphs"), "{log}");
     // The three eager calls took tickets; the captured one went to NCCL as the policy's.
     let stats = designations(&text);
-    assert_eq!(stats.len(), 4, "{}", support::describe(&out));
     assert!(
-        stats.iter().all(|s| *s == "-1, 0 on StragglAR, 4 on NCCL"),
-        "{}",
-        support::describe(&out)
+        stats.len() == 4 && stats.iter().all(|s| *s == "-1, 0 on StragglAR, 4 on NCCL"),
+        "{text}"
     );
 }
 
