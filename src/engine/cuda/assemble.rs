@@ -161,6 +161,13 @@ const REFUSED_RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// allocated for the rest of the process (said at DEBUG).
 fn free_once_released(rank: CudaRank, label: &str) {
     rank.failure_word().mark_released();
+    let known = (0..rank.ranks()).all(|p| p == rank.index() || rank.peer_failure(p).is_some());
+    if !known {
+        // Refused before it opened every peer's failure word: it cannot learn that they let go.
+        log::debug!("{label}: this rank's staging stays allocated after the refused setup (its peers' release cannot be seen)");
+        std::mem::forget(rank);
+        return;
+    }
     let deadline = std::time::Instant::now() + REFUSED_RELEASE_WAIT;
     let released = |r: &CudaRank| (0..r.ranks()).all(|p| p == r.index() || r.peer_released(p));
     while !released(&rank) {

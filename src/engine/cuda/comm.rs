@@ -378,6 +378,9 @@ impl CudaComm {
         // run needs arenas that hold it. One they cannot grow to hold goes to NCCL with its
         // ticket, tracked as NCCL's (alike on every rank).
         let mut above_staging = false;
+        // Only a job's communicator (NCCL the baseline) starts with arenas too small; the
+        // bench's hold its largest call from the start.
+        debug_assert!(self.baseline == Baseline::Nccl || self.staged_bytes >= self.max_bytes);
         if bytes > self.staged_bytes && matches!(self.tracker.peek(bytes), Choice::Stragglar { .. })
         {
             match self.make_room(bytes) {

@@ -79,8 +79,12 @@ fn grow_relaxed(
     let growth = rank.next_growth();
     let me = rank.index();
     let device = rank.device().clone();
-    let deadline = rank.timeout().map(|t| Instant::now() + t);
-    // Round 1: this rank's new arenas, offered to the peers.
+    // One deadline for both rounds, from this rank's arrival (a huge timeout: none).
+    let deadline = rank.timeout().and_then(|t| Instant::now().checked_add(t));
+    // A rank already given up, or whose peer failed, allocates nothing: its caller gives it
+    // up, and its peers waiting for its offer see its failure word.
+    nobody_failed(rank)?;
+    // Round 1: this rank's new arenas, offered to the peers (or why not).
     let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         GrownArena::allocate(&device, arenas)
     }))
@@ -95,95 +99,85 @@ fn grow_relaxed(
     rank.failure_word()
         .offer_growth(growth, handle.as_ref().ok());
     let offers = wait_for_every_rank(rank, deadline, |word| word.growth_offer(growth));
-    let Some(arena) = arena else {
-        let why = handle.err().unwrap_or_default();
-        return offers.map(|_| Growth::Refused {
-            why: format!("rank {me}: {why}"),
-        });
-    };
-    let offers = match offers {
-        Ok(offers) => offers,
-        Err(e) => {
-            rank.keep_arena(arena);
-            return Err(e);
-        }
-    };
-    let handles: Option<Vec<[u8; 64]>> = offers.iter().copied().collect();
-    let Some(handles) = handles else {
+    // From here on, this rank's new arenas stay with it whatever happens (never freed mid-job).
+    let own = arena.as_ref().map(GrownArena::ptr);
+    if let Some(arena) = arena {
         rank.keep_arena(arena);
-        let peer = offers.iter().position(Option::is_none).unwrap_or(me);
-        let why = match (peer == me, handle) {
-            (true, Err(why)) => format!("rank {me}: {why}"),
-            _ => format!("rank {peer} could not allocate them"),
-        };
-        return Ok(Growth::Refused { why });
+    }
+    let offers = offers?;
+    let handles: Option<Vec<[u8; 64]>> = offers.iter().copied().collect();
+    // Round 2, which every rank makes whatever round 1 gave, so that a refusal is agreed as
+    // much as a growth (no rank goes on to NCCL while a peer that timed out has given up):
+    // every peer's new arenas opened and probed, where every rank offered some.
+    let bases = match (&handles, own) {
+        (Some(handles), Some(own)) => {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                open_peers(&device, handles, me, own, arenas, kept)
+            }))
+            .unwrap_or(None)
+        }
+        _ => None,
     };
-    // Round 2: every peer's new arenas opened and probed.
-    let bases = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        open_peers(&device, &handles, me, arena.ptr(), arenas, kept)
-    }))
-    .unwrap_or(None);
     rank.failure_word().reach_growth(growth, bases.is_some());
-    let reached = match wait_for_every_rank(rank, deadline, |word| word.growth_reached(growth)) {
-        Ok(reached) => reached,
-        Err(e) => {
-            rank.keep_arena(arena);
-            return Err(e);
-        }
+    let reached = wait_for_every_rank(rank, deadline, |word| word.growth_reached(growth))?;
+    if let (Some(bases), None) = (&bases, reached.iter().position(|&r| !r)) {
+        rank.grow_into(arenas, bases)?;
+        return Ok(Growth::Grown);
+    }
+    let why = match (offers.iter().position(Option::is_none), handle) {
+        (Some(peer), Err(why)) if peer == me => format!("rank {me}: {why}"),
+        (Some(peer), _) => format!("rank {peer} could not allocate them"),
+        (None, _) => format!(
+            "rank {} could not reach its peers' new arenas",
+            reached.iter().position(|&r| !r).unwrap_or(me)
+        ),
     };
-    match (reached.iter().position(|&r| !r), bases) {
-        (None, Some(bases)) => {
-            rank.grow_into(arenas, &bases, arena)?;
-            Ok(Growth::Grown)
-        }
-        (failed, _) => {
-            rank.keep_arena(arena);
-            Ok(Growth::Refused {
-                why: format!(
-                    "rank {} could not reach its peers' new arenas",
-                    failed.unwrap_or(me)
-                ),
-            })
+    Ok(Growth::Refused { why })
+}
+
+/// `Err` when this rank was aborted or failed, or a peer failed (its failure word).
+fn nobody_failed(rank: &CudaRank) -> Result<(), CallError> {
+    if rank.control().aborted() {
+        return Err(CallError::Failed(STATUS_ABORTED));
+    }
+    for r in 0..rank.ranks() {
+        let word = match r == rank.index() {
+            true => Some(rank.failure_word()),
+            false => rank.peer_failure(r),
+        };
+        match word.map(FailureWord::get) {
+            None => {
+                return Err(CallError::Unfit(format!(
+                    "rank {r}'s failure word is not mapped"
+                )))
+            }
+            Some(0) => {}
+            Some(status) if r == rank.index() => return Err(CallError::Failed(status)),
+            Some(_) => return Err(CallError::Failed(STATUS_PEER_FAILED)),
         }
     }
+    Ok(())
 }
 
 /// What `read` finds in every rank's page (this rank's own included), once each has written
-/// it: polls until then, and fails when a rank's failure word is set, this rank's abort word
-/// is raised, or `deadline` passes.
+/// it: polls until then, and fails when a rank's failure word is set (every rank's is looked
+/// at on every pass), this rank's abort word is raised, or `deadline` passes.
 fn wait_for_every_rank<T>(
     rank: &CudaRank,
     deadline: Option<Instant>,
     read: impl Fn(&FailureWord) -> Option<T>,
 ) -> Result<Vec<T>, CallError> {
     let me = rank.index();
-    let word = |r: usize| match r == me {
-        true => Some(rank.failure_word()),
-        false => rank.peer_failure(r),
-    };
     let mut pause = Duration::from_micros(20);
     loop {
-        if rank.control().aborted() {
-            return Err(CallError::Failed(STATUS_ABORTED));
-        }
-        let mut found = Vec::with_capacity(rank.ranks());
-        for r in 0..rank.ranks() {
-            let Some(word) = word(r) else {
-                return Err(CallError::Unfit(format!(
-                    "rank {r}'s failure word is not mapped"
-                )));
-            };
-            match word.get() {
-                0 => {}
-                status if r == me => return Err(CallError::Failed(status)),
-                _ => return Err(CallError::Failed(STATUS_PEER_FAILED)),
-            }
-            match read(word) {
-                Some(value) => found.push(value),
-                None => break,
-            }
-        }
-        if found.len() == rank.ranks() {
+        nobody_failed(rank)?;
+        let found: Option<Vec<T>> = (0..rank.ranks())
+            .map(|r| match r == me {
+                true => read(rank.failure_word()),
+                false => rank.peer_failure(r).and_then(&read),
+            })
+            .collect();
+        if let Some(found) = found {
             return Ok(found);
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {

@@ -327,6 +327,7 @@ impl CudaRank {
         loop {
             match verdict.load(std::sync::atomic::Ordering::Acquire) {
                 PEER_PROBE_PASSED => return Ok(None),
+                0 if self.control().aborted() => return Ok(Some(self.config.rank)),
                 0 if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_micros(100))
                 }
@@ -342,16 +343,10 @@ impl CudaRank {
     }
 
     /// Points this rank's later launches at arenas grown to `arenas`: every rank's pair in the
-    /// allocation at `bases[rank]` as this process maps it (its own `arena`, which it keeps).
+    /// allocation at `bases[rank]` as this process maps it (its own kept by `keep_arena`).
     /// The table before stays allocated for the graphs captured with it. Fails only on the
     /// table's upload; the launches then still use the arenas before.
-    pub fn grow_into(
-        &mut self,
-        arenas: ArenaLayout,
-        bases: &[u64],
-        arena: GrownArena,
-    ) -> Result<(), CallError> {
-        self.grown.push(arena);
+    pub fn grow_into(&mut self, arenas: ArenaLayout, bases: &[u64]) -> Result<(), CallError> {
         if bases.len() != self.peers.len() {
             return Err(CallError::Unfit(
                 "the grown arenas do not match the communicator".into(),
@@ -377,8 +372,8 @@ impl CudaRank {
         Ok(())
     }
 
-    /// Keeps an arena that a growth allocated and did not use until this rank goes (freeing
-    /// device memory mid-job would wait for every stream of the context).
+    /// Keeps an arena a growth allocated until this rank goes, used or not (freeing device
+    /// memory mid-job would wait for every stream of the context).
     pub fn keep_arena(&mut self, arena: GrownArena) {
         self.grown.push(arena);
     }
