@@ -14,6 +14,11 @@
 #     float add uses one, with no store between (a store ends a loop body) and within one
 #     function, over the whole SASS: how many loads a reduce keeps in flight;
 #   - hw cvt: F2FP instructions (hardware f32 -> fp16/bf16 conversions; 0 means software).
+# A second table counts, per architecture, the SASS instructions of the step function
+# (sg_step, outlined: one call per step of a plan) over all its branches, not along one path:
+# all of them, block barriers (BAR.SYNC), global loads (LDG) and stores (STG), local-memory
+# loads (LDL: the call state passed by address), calls (CALL: the outlined data loops, one per
+# type and op), branches (BRA) and system-scope fences (MEMBAR .SYS).
 # With --before REV, the sources of git revision REV are compiled too (`--source`), for a
 # before/after table.
 #
@@ -43,6 +48,8 @@ if [ -z "$NVDISASM" ] || [ ! -x "$NVDISASM" ]; then
 fi
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+# "LABEL|ARCH|DIR" of every build compiled, for the step table.
+BUILT=()
 
 # figures LABEL [SOURCE_DIR]: one table row per architecture.
 figures() {
@@ -57,6 +64,7 @@ figures() {
       exit 1
     }
     "$NVDISASM" "$out/stragglar_$arch.cubin" > "$out/sass.txt" 2>/dev/null
+    BUILT+=("$label|$arch|$out")
     awk -v label="$label" -v arch="$arch" -v sass="$out/sass.txt" '
       / in [0-9.]+ s with NVRTC/ { for (i = 1; i < NF; i++) if ($(i + 1) == "s" && $(i - 1) == "in") secs = $i }
       /Function properties for/ { fn = $NF }
@@ -100,3 +108,30 @@ if [ -n "$BEFORE" ]; then
   figures "before ($(git rev-parse --short "$BEFORE"))" "$WORK/before-src/cuda"
 fi
 figures "now ($(git rev-parse --short HEAD)$(git diff --quiet HEAD -- cuda || echo '+'))"
+
+echo
+echo "| build | arch | sg_step instructions | BAR.SYNC | LDG | STG | LDL | CALL | BRA | MEMBAR .SYS |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+for built in "${BUILT[@]}"; do
+  IFS='|' read -r label arch out <<< "$built"
+  awk -v label="$label" -v arch="$arch" '
+    # The step function begins at its label; the next function label ends it.
+    /^\$?[A-Za-z_$][^ ]*sg_stepE[^ ]*:$/ { on = 1; next }
+    on && /^[$_A-Za-z.][^ ]*:$/ && !/^\.L/ { on = 0 }
+    on && /\/\*[0-9a-f]+\*\// {
+      op = $2
+      if (op ~ /^@/) op = $3
+      n++
+      if (op ~ /^BAR\.SYNC/) bar++
+      if (op ~ /^LDG/) ldg++
+      if (op ~ /^STG/) stg++
+      if (op ~ /^LDL/) ldl++
+      if (op ~ /^CALL/) call++
+      if (op ~ /^BRA/) bra++
+      if (op ~ /^MEMBAR.*\.SYS/) fence++
+    }
+    END {
+      printf "| %s | %s | %d | %d | %d | %d | %d | %d | %d | %d |\n", label, arch, n, bar, ldg,
+        stg, ldl, call, bra, fence
+    }' "$out/sass.txt"
+done
