@@ -93,7 +93,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "STRAGGLAR_STAGING_CAP",
         default: "4G",
-        meaning: "most GPU-engine staging per device, over all communicators (K/M/G); beyond it setup refuses",
+        meaning: "most GPU-engine staging per device, over all communicators (K/M/G); beyond it a setup refuses and arenas stop growing",
         parse: |c, v| match parse_bytes(v) {
             Some(bytes) => {
                 c.staging_cap = bytes;
