@@ -83,6 +83,13 @@ impl Json {
         }
     }
 
+    fn num_f64(&self) -> f64 {
+        match self {
+            Json::Number(x) => *x,
+            _ => panic!("not a number: {self:?}"),
+        }
+    }
+
     fn text(&self) -> &str {
         match self {
             Json::Text(s) => s,
@@ -403,6 +410,27 @@ fn model_json_and_lists() {
     assert_eq!(rows[8].get("ranks").num(), 12);
     assert_eq!(rows[8].get("nvls_s"), &Json::Null);
     assert_eq!(rows[8].get("speedup_call_nvls"), &Json::Null);
+    // Multicast StragglAR: priced at every size; over NVLS only where NVLS is.
+    let post = n8_1g.get("multicast_post_s").num_f64();
+    let floor = n8_1g.get("floor_s").num_f64();
+    assert!(
+        post > floor && post < floor * 1.01,
+        "{post} against {floor}"
+    );
+    assert!(matches!(n8_1g.get("speedup_post_multicast_nvls"), Json::Number(x) if *x > 1.0));
+    assert!(matches!(n8_1g.get("multicast_break_even_nvls_s"), Json::Number(x) if *x > 0.0));
+    assert!(matches!(rows[8].get("multicast_s"), Json::Number(x) if *x > 0.0));
+    assert_eq!(rows[8].get("multicast_break_even_nvls_s"), &Json::Null);
+}
+
+#[test]
+fn model_leaves_multicast_out_at_ratio_zero() {
+    let text = ok(&["model", "--ranks", "8", "--multicast-ratio", "0", "--json"]);
+    let json = Json::parse(&text);
+    let row = &json.list()[0];
+    assert_eq!(row.get("multicast_post_s"), &Json::Null);
+    assert_eq!(row.get("speedup_call_multicast_nvls"), &Json::Null);
+    assert!(matches!(row.get("nvls_s"), Json::Number(_)));
 }
 
 #[test]
@@ -414,6 +442,8 @@ fn bad_model_requests_exit_with_status_2() {
     usage_error(&["model", "--delay-us", "x"], "--delay-us");
     usage_error(&["model", "--max-pipeline", "0"], "--max-pipeline");
     usage_error(&["model", "--nvls-ratio", "-0.5"], "--nvls-ratio");
+    usage_error(&["model", "--multicast-ratio", "x"], "--multicast-ratio");
+    usage_error(&["model", "--multicast-ratio", "-1"], "--multicast-ratio");
 }
 
 #[test]

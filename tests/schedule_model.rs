@@ -1,6 +1,6 @@
 //! The alpha-beta model reproduces the paper's numbers and prices our own schedules.
 
-use stragglar::schedule::model::{best_pipelining, stragglar_rounds, Link, Nvls, Times};
+use stragglar::schedule::model::{best_pipelining, stragglar_rounds, Link, Multicast, Nvls, Times};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -126,4 +126,50 @@ fn nvls_is_nearly_plain_stragglar_and_pipelining_beats_it_at_eight_ranks() {
     );
     assert_eq!(nvls.time(9, GIB, link), None, "one server at most");
     assert!(nvls.time(2, GIB, link).is_some());
+}
+
+/// Multicast StragglAR on the same 8-GPU server: after arrival one broadcast of `M` (the floor
+/// plus a round), against plain and pipelined point-to-point StragglAR and NVLS; before
+/// arrival the early ranks' ReduceScatter and one gather of `P`, so it needs a longer delay to
+/// pay than point-to-point StragglAR does against Ring.
+#[test]
+fn multicast_reaches_the_floor_after_arrival_and_pays_its_gather_before() {
+    let link = Link {
+        alpha: 3e-6,
+        bandwidth: 370e9,
+    };
+    let mc = Multicast {
+        ratio: Multicast::ASSUMED_RATIO,
+    }
+    .times(8, GIB, link);
+    let floor = GIB / 370e9;
+    assert!((mc.post - (3e-6 + floor)).abs() < 1e-12, "{}", mc.post);
+    assert_eq!(
+        mc.gather, mc.post,
+        "the gather into the straggler moves M too"
+    );
+    let p2p = Times::new(8, stragglar_rounds(8, 1), GIB, link);
+    assert_eq!(mc.reduce_scatter, p2p.reduce_scatter);
+    assert!((mc.pre() - (p2p.reduce_scatter + mc.gather)).abs() < 1e-15);
+    let pipelined = best_pipelining(8, GIB, link, 64, |k| stragglar_rounds(8, k));
+    assert!(mc.post < pipelined.time && pipelined.time < p2p.stragglar_post);
+    let t_nvls = Nvls {
+        ratio: Nvls::PUBLISHED_RATIO,
+    }
+    .time(8, GIB, link)
+    .unwrap();
+    // max(D, T_pre) + T_post = D + T_nvls exactly at the break-even delay, not below it.
+    let even = mc.break_even(t_nvls).unwrap();
+    assert!((mc.completion(even) - (even + t_nvls)).abs() < 1e-12);
+    assert!(mc.completion(0.9 * even) > 0.9 * even + t_nvls);
+    assert!(
+        even > p2p.with_delay(0.0).break_even.unwrap(),
+        "a longer delay to pay"
+    );
+    // A slow multicast never pays: after arrival it is no shorter than NVLS.
+    let slow = Multicast { ratio: 0.7 }.times(8, GIB, link);
+    assert_eq!(slow.break_even(t_nvls), None);
+    // Two ranks: no ReduceScatter, the one early rank's input is P.
+    let two = Multicast { ratio: 1.0 }.times(2, GIB, link);
+    assert_eq!(two.reduce_scatter, 0.0);
 }

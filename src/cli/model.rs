@@ -4,20 +4,24 @@ use std::fmt::Write;
 
 use super::args::{parse_bytes, parse_list, Args, UsageError};
 use crate::schedule::model::{
-    best_pipelining, stragglar_rounds, Completion, Link, Nvls, Pipelining, Times,
+    best_pipelining, stragglar_rounds, Completion, Link, Multicast, MulticastTimes, Nvls,
+    Pipelining, Times,
 };
 use crate::schedule::{max_pieces_per_chunk, round_bound, Algorithm, PlanRequest};
 
 /// Options of `stragglar model`, as shown by `stragglar help`.
 pub const USAGE: &str = "
 stragglar model [--ranks N,...] [--bytes SIZE,...] [--alpha-us A] [--bandwidth-gbs B]
-                [--delay-us D,...] [--max-pipeline K] [--nvls-ratio R] [--json] [--svg FILE]
+                [--delay-us D,...] [--max-pipeline K] [--nvls-ratio R]
+                [--multicast-ratio C] [--json] [--svg FILE]
     alpha-beta times of every algorithm for each combination (defaults: ranks 4..256 in
     powers of two, 1G, 3 us, 483.1838208 GB/s = 450 GiB/s, delay 0, pipelines up to 64);
     SIZE takes K/M/G (powers of 1024); GB/s are 10^9 bytes/s per link direction, what
     point-to-point transfers reach;
     NCCL's NVLS is priced for N <= 8 as 2 rounds of latency and M / (R x bandwidth), R by
     default 0.741 (NCCL's published NVLS over Ring bandwidth on 8x H100; 0 leaves NVLS out);
+    multicast StragglAR is priced with its stores at C x bandwidth, by default 1 (an
+    assumption, not a measurement; 0 leaves it out);
     --svg also draws, one line per N, the speedup after arrival against size (64K to 4G) and
     the whole call's speedup against the delay, for the first SIZE, over Ring and (dashed)
     over NVLS
@@ -34,6 +38,8 @@ struct Row {
     pipelined: Pipelining,
     /// NCCL's NVLS time for this size, where it is priced.
     nvls: Option<f64>,
+    /// Multicast StragglAR's phases, where it is priced.
+    multicast: Option<MulticastTimes>,
 }
 
 /// Runs `stragglar model`; returns the exit status.
@@ -64,6 +70,9 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let nvls_ratio: f64 = args
         .parsed(&["--nvls-ratio"], "a ratio")?
         .unwrap_or(Nvls::PUBLISHED_RATIO);
+    let multicast_ratio: f64 = args
+        .parsed(&["--multicast-ratio"], "a ratio")?
+        .unwrap_or(Multicast::ASSUMED_RATIO);
     let json = args.flag(&["--json"]);
     let svg = args.value(&["--svg"])?;
     args.finish()?;
@@ -76,7 +85,13 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     if !(nvls_ratio.is_finite() && nvls_ratio >= 0.0) {
         return Err(UsageError("--nvls-ratio must be a number >= 0".into()));
     }
+    if !(multicast_ratio.is_finite() && multicast_ratio >= 0.0) {
+        return Err(UsageError("--multicast-ratio must be a number >= 0".into()));
+    }
     let nvls = (nvls_ratio > 0.0).then_some(Nvls { ratio: nvls_ratio });
+    let multicast = (multicast_ratio > 0.0).then_some(Multicast {
+        ratio: multicast_ratio,
+    });
     if ranks.is_empty() || sizes.is_empty() || delays.is_empty() {
         return Err(UsageError(
             "--ranks, --bytes and --delay-us need at least one value".into(),
@@ -112,6 +127,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
                     completion: times.with_delay(delay),
                     pipelined,
                     nvls: nvls.and_then(|nvls| nvls.time(n, bytes as f64, link)),
+                    multicast: multicast.map(|mc| mc.times(n, bytes as f64, link)),
                 });
             }
         }
@@ -150,7 +166,7 @@ fn opt_ratio(ratio: Option<f64>) -> String {
     ratio.map_or("-".to_string(), |r| format!("{r:.3}"))
 }
 
-const COLUMNS: [&str; 22] = [
+const COLUMNS: [&str; 28] = [
     "n",
     "bytes",
     "delay_us",
@@ -173,7 +189,40 @@ const COLUMNS: [&str; 22] = [
     "speedup_post_nvls",
     "speedup_k_nvls",
     "speedup_call_nvls",
+    "mc_pre_us",
+    "mc_post_us",
+    "mc_call_us",
+    "speedup_post_mc_nvls",
+    "speedup_call_mc_nvls",
+    "mc_break_even_nvls_us",
 ];
+
+/// The multicast columns of a row: its phases, the whole call, and its speedups over NVLS
+/// after arrival and for the whole call, and its break-even delay against NVLS.
+struct MulticastCells {
+    pre: Option<f64>,
+    post: Option<f64>,
+    call: Option<f64>,
+    post_over_nvls: Option<f64>,
+    call_over_nvls: Option<f64>,
+    break_even_nvls: Option<f64>,
+}
+
+impl MulticastCells {
+    fn of(row: &Row) -> Self {
+        let delay = row.completion.delay;
+        let mc = row.multicast;
+        let both = mc.zip(row.nvls);
+        MulticastCells {
+            pre: mc.map(|m| m.pre()),
+            post: mc.map(|m| m.post),
+            call: mc.map(|m| m.completion(delay)),
+            post_over_nvls: both.map(|(m, nvls)| nvls / m.post),
+            call_over_nvls: both.map(|(m, nvls)| (delay + nvls) / m.completion(delay)),
+            break_even_nvls: both.and_then(|(m, nvls)| m.break_even(nvls)),
+        }
+    }
+}
 
 /// The NVLS columns of a row: NVLS's time, and StragglAR's speedups over it after arrival
 /// (plain, pipelined) and for the whole call.
@@ -202,6 +251,7 @@ fn to_text(rows: &[Row]) -> String {
     for row in rows {
         let (t, c, p) = (&row.times, &row.completion, &row.pipelined);
         let nvls = OverNvls::of(row);
+        let mc = MulticastCells::of(row);
         let cells = [
             t.ranks.to_string(),
             (t.bytes as u64).to_string(),
@@ -225,6 +275,12 @@ fn to_text(rows: &[Row]) -> String {
             opt_ratio(nvls.post),
             opt_ratio(nvls.pipelined),
             opt_ratio(nvls.call),
+            opt_us(mc.pre),
+            opt_us(mc.post),
+            opt_us(mc.call),
+            opt_ratio(mc.post_over_nvls),
+            opt_ratio(mc.call_over_nvls),
+            opt_us(mc.break_even_nvls),
         ];
         let _ = writeln!(out, "{}", cells.join("  "));
     }
@@ -241,6 +297,7 @@ fn to_json(rows: &[Row]) -> String {
     for (i, row) in rows.iter().enumerate() {
         let (t, c, p) = (&row.times, &row.completion, &row.pipelined);
         let nvls = OverNvls::of(row);
+        let mc = MulticastCells::of(row);
         let sep = if i == 0 { "" } else { "," };
         let _ = write!(
             out,
@@ -250,7 +307,10 @@ fn to_json(rows: &[Row]) -> String {
              \"ring_call_s\": {}, \"speedup_post\": {}, \"speedup_call\": {}, \
              \"break_even_s\": {}, \"best_pieces\": {}, \"post_pipelined_s\": {}, \
              \"floor_s\": {}, \"nvls_s\": {}, \"speedup_post_nvls\": {}, \
-             \"speedup_pipelined_nvls\": {}, \"speedup_call_nvls\": {}}}",
+             \"speedup_pipelined_nvls\": {}, \"speedup_call_nvls\": {}, \
+             \"multicast_pre_s\": {}, \"multicast_post_s\": {}, \"multicast_s\": {}, \
+             \"speedup_post_multicast_nvls\": {}, \"speedup_call_multicast_nvls\": {}, \
+             \"multicast_break_even_nvls_s\": {}}}",
             t.ranks,
             t.bytes as u64,
             json_number(Some(c.delay)),
@@ -273,6 +333,12 @@ fn to_json(rows: &[Row]) -> String {
             json_number(nvls.post),
             json_number(nvls.pipelined),
             json_number(nvls.call),
+            json_number(mc.pre),
+            json_number(mc.post),
+            json_number(mc.call),
+            json_number(mc.post_over_nvls),
+            json_number(mc.call_over_nvls),
+            json_number(mc.break_even_nvls),
         );
     }
     out.push_str("\n]\n");

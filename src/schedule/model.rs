@@ -126,6 +126,75 @@ impl Nvls {
     }
 }
 
+/// StragglAR over NVLink multicast: before the straggler arrives, the `n-1` early ranks
+/// reduce-scatter among themselves and every owner multicasts its reduced shard into every
+/// rank's staging (the straggler's too), so every GPU holds `P`, the early ranks' partial sum;
+/// when the straggler arrives it multicasts its input `X` once and every rank combines `P` and
+/// `X` locally, piece by piece as the pieces land.
+///
+/// Pricing, each assumption named (docs/SCHEDULES.md, "Multicast StragglAR in the model"):
+/// - a multicast store stream runs at `ratio` times the point-to-point bandwidth `B`, limited
+///   by the receiving port: every receiver takes its bytes once, whatever the fan-out;
+/// - the gather of `P` costs one round and `M / (ratio B)`: the straggler's receive port takes
+///   all of `P` (`M` bytes), from every owner at once;
+/// - the broadcast of `X` costs one round and `M / (ratio B)`; the local combine overlaps it
+///   and only its last piece is exposed, which is left out;
+/// - the call completes at `max(D, T_pre) + T_post`: the broadcast is not started before the
+///   gather into the straggler is done.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Multicast {
+    /// The multicast store rate over the point-to-point bandwidth of the link (> 0).
+    pub ratio: f64,
+}
+
+impl Multicast {
+    /// The assumed default: multicast stores from one GPU move at the rate point-to-point
+    /// copies reach (NCCL's Ring: about 370 GB/s of a 450 GB/s line on 8x H100). Not
+    /// measured; NVLS itself uses about 69% of the line (its reduction traffic included).
+    pub const ASSUMED_RATIO: f64 = 1.0;
+
+    /// The phases of one call of `bytes` among `ranks >= 2` ranks on `link`.
+    pub fn times(&self, ranks: usize, bytes: f64, link: Link) -> MulticastTimes {
+        let early = ranks - 1;
+        let broadcast = link.alpha + bytes / (self.ratio * link.bandwidth);
+        MulticastTimes {
+            reduce_scatter: link.rounds(early - 1, bytes / early as f64),
+            gather: broadcast,
+            post: broadcast,
+        }
+    }
+}
+
+/// Modelled phases of multicast StragglAR ([`Multicast`]), seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MulticastTimes {
+    /// ReduceScatter among the early ranks, as for point-to-point StragglAR.
+    pub reduce_scatter: f64,
+    /// The owners' multicast of `P` into every rank: `alpha + M / (ratio B)`.
+    pub gather: f64,
+    /// After the straggler arrives: its one broadcast, `alpha + M / (ratio B)`.
+    pub post: f64,
+}
+
+impl MulticastTimes {
+    /// Everything before the straggler's arrival can be used: `T_RS + T_gather`.
+    pub fn pre(&self) -> f64 {
+        self.reduce_scatter + self.gather
+    }
+
+    /// The call for a straggler `delay` seconds after the `(n-1)`-th arrival:
+    /// `max(D, T_pre) + T_post`.
+    pub fn completion(&self, delay: f64) -> f64 {
+        delay.max(self.pre()) + self.post
+    }
+
+    /// The smallest delay from which it is at least as fast as an algorithm that takes
+    /// `other` seconds once every rank has arrived (`D + other`); `None` when it never is.
+    pub fn break_even(&self, other: f64) -> Option<f64> {
+        (self.post < other).then(|| (self.pre() + self.post - other).max(0.0))
+    }
+}
+
 /// Completion times measured from the `(n-1)`-th arrival, in seconds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Completion {
