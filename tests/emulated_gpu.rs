@@ -105,7 +105,17 @@ fn the_driver_self_test_passes() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", support::describe(&out));
     assert!(text.contains("GPU 0: Stragglar emulated GPU"), "{text}");
-    assert!(text.lines().any(|l| l == "15 passed, 0 failed"), "{text}");
+    assert!(text.lines().any(|l| l == "17 passed, 0 failed"), "{text}");
+    assert!(
+        text.contains("multicast binds and maps wait for every device               skipped"),
+        "{text}"
+    );
+    // With multicast, its check runs too: a bind waits for the last device to be added.
+    let out =
+        support::run(emulated(&[selftest.to_str().unwrap()]).env("STRAGGLAR_EMU_MULTICAST", "1"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert!(text.lines().any(|l| l == "18 passed, 0 failed"), "{text}");
 }
 
 /// Kernels are found without NVRTC: a job runs on the cache `stragglar kernels --cache`

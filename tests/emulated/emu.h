@@ -195,6 +195,13 @@ bool is_event(Event* e);
  * device allocation, an open IPC mapping or host-mapped memory). */
 bool addressable(uint64_t p, size_t bytes);
 
+/* Memory of the virtual memory API (vmm.cpp) mapped at [p, p + bytes) on `device` and made
+ * accessible, its shadow (see memory.cpp) at `shadow`: copies, sets and kernels reach it as
+ * device memory, scope checks included; cuMemFree and cuIpcGetMemHandle refuse it. */
+void add_mapped_memory(uint64_t p, size_t bytes, int device, uint32_t* shadow);
+/* Forgets the mapping recorded at `p` (nothing if none). */
+void remove_mapped_memory(uint64_t p);
+
 /* ------------------------------------------------------------------ kernels -------------- */
 
 /* ------------------------------------------------------------------ time ----------------- */

@@ -26,7 +26,7 @@
 namespace emu {
 
 namespace {
-enum class Kind { Device, Host, Registered, Ipc };
+enum class Kind { Device, Host, Registered, Ipc, Mapped };
 struct Region {
   size_t bytes = 0;
   Kind kind = Kind::Device;
@@ -35,7 +35,8 @@ struct Region {
   uint64_t ino = 0;  /* Device: its inode, so a reused fd number is told apart */
   int opened = 0;    /* Ipc: open count in this process */
   int64_t pid = 0;   /* Ipc: the exporter */
-  /* Device and Ipc: the shadow (after `bytes` in the mapping, which is twice as long). */
+  /* Device and Ipc: the shadow (after `bytes` in the mapping, which is twice as long);
+   * Mapped: the shadow's own mapping. */
   uint32_t* shadow = nullptr;
 };
 std::mutex* g_mem = new std::mutex();
@@ -119,6 +120,22 @@ bool pinned(const void* p) {
          (it->second.kind == Kind::Host || it->second.kind == Kind::Registered);
 }
 
+void add_mapped_memory(uint64_t p, size_t bytes, int device, uint32_t* shadow) {
+  Region reg;
+  reg.bytes = bytes;
+  reg.kind = Kind::Mapped;
+  reg.device = device;
+  reg.shadow = shadow;
+  std::lock_guard<std::mutex> g(*g_mem);
+  add_region(p, reg);
+}
+
+void remove_mapped_memory(uint64_t p) {
+  std::lock_guard<std::mutex> g(*g_mem);
+  auto it = g_regions->find(p);
+  if (it != g_regions->end() && it->second.kind == Kind::Mapped) remove_region(it);
+}
+
 bool addressable(uint64_t p, size_t bytes) {
   std::lock_guard<std::mutex> g(*g_mem);
   auto it = containing(p);
@@ -147,7 +164,9 @@ const char* scope_name(int scope) {
                      : seen.region.kind == Kind::Registered
                          ? "host memory (cuMemHostRegister) mapped by"
                      : seen.region.kind == Kind::Ipc ? "device memory, opened through IPC, of"
-                                                     : "device memory of";
+                     : seen.region.kind == Kind::Mapped
+                         ? "device memory (cuMemCreate), mapped at cuMemMap, of"
+                         : "device memory of";
   char touched[96] = "";
   if (shadow)
     snprintf(touched, sizeof touched, ", which devices 0x%x access (0x%x narrower than .sys)",
