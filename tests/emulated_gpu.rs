@@ -167,6 +167,69 @@ fn doctor_says_the_gpus_are_emulated() {
     assert!(text.contains("GPU 2:     Stragglar emulated GPU"), "{text}");
 }
 
+/// `stragglar doctor --multicast[-processes]` forms a multicast team of every GPU through the
+/// engine's protocol, one thread or one process per GPU (the object's fd passed between the
+/// processes); where the GPUs have no multicast, or one rank fails a step, every rank declines
+/// alike, naming the step and the rank, and nothing hangs (a bind made before every device was
+/// added would block forever).
+#[test]
+fn a_multicast_team_forms_on_every_gpu_or_every_rank_declines_alike() {
+    built();
+    let multicast_line = |flag: &str, env: &[(&str, &str)]| {
+        let out = support::run(emulated(&[stragglar(), "doctor", flag]).envs(env.iter().copied()));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{}", support::describe(&out));
+        text.lines()
+            .find(|l| l.trim_start().starts_with("multicast:"))
+            .unwrap_or_else(|| panic!("no multicast line: {text}"))
+            .to_string()
+    };
+    let on = ("STRAGGLAR_EMU_MULTICAST", "1");
+    let line = multicast_line("--multicast", &[on]);
+    assert!(
+        line.contains("a team of 8 GPU(s), one thread each, formed"),
+        "{line}"
+    );
+    assert!(line.contains("2 MiB per GPU bound and mapped"), "{line}");
+    let line = multicast_line("--multicast-processes", &[on, ("STRAGGLAR_EMU_GPUS", "4")]);
+    assert!(
+        line.contains("a team of 4 GPU(s), one process each, formed"),
+        "{line}"
+    );
+    for (flag, env, cause) in [
+        ("--multicast", vec![], "rank 0 could not offer multicast"),
+        (
+            "--multicast-processes",
+            vec![on, ("STRAGGLAR_EMU_FAIL", "cuMulticastCreate")],
+            "rank 0 could not create the multicast object",
+        ),
+        (
+            "--multicast-processes",
+            vec![on, ("STRAGGLAR_EMU_FAIL", "cuMulticastAddDevice@2")],
+            "rank 2 could not join the multicast object",
+        ),
+        (
+            "--multicast",
+            vec![on, ("STRAGGLAR_EMU_FAIL", "cuMulticastBindMem@3")],
+            "rank 3 could not bind its memory",
+        ),
+    ] {
+        let mut env = env;
+        env.push(("STRAGGLAR_EMU_GPUS", "4"));
+        let line = multicast_line(flag, &env);
+        assert!(
+            line.contains("no team of the 4 GPU(s)"),
+            "{flag} {env:?}: {line}"
+        );
+        assert!(line.contains(cause), "{flag} {env:?}: {line}");
+    }
+    let line = multicast_line("--multicast-processes", &[]);
+    assert!(line.contains("rank 0 could not offer multicast"), "{line}");
+    let out = support::run(&mut emulated(&[stragglar(), "doctor"]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("multicast: GPU 0 has none"), "{text}");
+}
+
 #[test]
 fn bench_ranks_as_threads_run_eager_and_in_graphs() {
     assert_clean_bench(&bench(&[], &[]));

@@ -1,12 +1,31 @@
 //! `stragglar doctor`: what the library would do on this machine.
 
 use super::args::{Args, UsageError};
+use super::team_check::{multicast_line, Trial};
 use crate::config::{self, SETTINGS};
 use crate::gpu::probe::{device_names, probe, Driver};
 use crate::nccl::{binding, loader::version_string};
 
+/// Options of `stragglar doctor`, as shown by `stragglar doctor --help`.
+pub const USAGE: &str = "
+stragglar doctor [--multicast | --multicast-processes]
+    what the library would do on this machine: the real NCCL it binds, the CUDA driver, GPUs,
+    NVRTC and kernels, staging, and every STRAGGLAR_* setting;
+    --multicast also forms an NVLink multicast team of every GPU, one thread each, through
+    the protocol a communicator's ranks run, and gives it up again; --multicast-processes
+    does so with one process per GPU, passing the object's fd between them
+";
+
 /// Prints the report; exit status 0 whatever it finds (it is a report, not a check).
-pub fn run(args: Args) -> Result<i32, UsageError> {
+pub fn run(mut args: Args) -> Result<i32, UsageError> {
+    let trial = match (
+        args.flag(&["--multicast"]),
+        args.flag(&["--multicast-processes"]),
+    ) {
+        (_, true) => Trial::Processes,
+        (true, false) => Trial::Threads,
+        (false, false) => Trial::No,
+    };
     args.finish()?;
     let config = config::get();
     println!("stragglar {}", env!("CARGO_PKG_VERSION"));
@@ -77,6 +96,11 @@ pub fn run(args: Args) -> Result<i32, UsageError> {
     let arch = gpus
         .then(|| crate::engine::cuda::driver::Device::open(0).and_then(|d| d.arch()))
         .and_then(Result::ok);
+    if let Driver::Devices(n) = gpu.driver {
+        if n > 0 {
+            println!("  multicast: {}", multicast_line(n as usize, trial));
+        }
+    }
     let mut cached = false;
     match crate::gpu::nvrtc::default_cache_dir(config.cache_dir.as_deref()) {
         Some(dir) => {

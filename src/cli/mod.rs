@@ -11,6 +11,7 @@ pub mod plan;
 mod report;
 mod run;
 mod soak;
+mod team_check;
 
 use args::{Args, UsageError};
 
@@ -42,6 +43,7 @@ fn usage_of(command: &str) -> Option<&'static str> {
         "model" => Some(model::USAGE),
         "kernels" => Some(kernels::USAGE),
         "report" => Some(report::USAGE),
+        "doctor" => Some(doctor::USAGE),
         _ => None,
     }
 }
@@ -56,6 +58,9 @@ pub fn run(argv: Vec<String>) -> i32 {
     }
     if command == bench::CUDA_WORKER_COMMAND {
         return bench::cuda_worker_main(rest);
+    }
+    if command == team_check::WORKER_COMMAND {
+        return team_check::worker_main(rest);
     }
     if command == "run" {
         // Everything after the options belongs to the command: not parsed as our arguments.

@@ -29,7 +29,7 @@ impl fmt::Display for GpuError {
 
 impl std::error::Error for GpuError {}
 
-fn check(call: &'static str, code: sys::CUresult) -> Result<(), GpuError> {
+pub(super) fn check(call: &'static str, code: sys::CUresult) -> Result<(), GpuError> {
     wrap(call, code.result())
 }
 
@@ -114,6 +114,11 @@ impl Device {
             sys::cuCtxPushCurrent_v2(self.context)
         })?;
         Ok(Current { _device: self })
+    }
+
+    /// The driver's handle of this device (its ordinal among the visible devices).
+    pub fn device_handle(&self) -> sys::CUdevice {
+        self.device
     }
 
     /// A device attribute.

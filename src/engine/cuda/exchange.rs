@@ -1,8 +1,10 @@
 //! The all-gathers the setup runs through: the real communicator's (a job's ranks), and a
-//! barrier between threads of one process (the bench's thread ranks). The bench's worker
-//! processes gather through files (`cli::bench::cuda::ipc`).
+//! barrier between threads of one process (the bench's thread ranks), and files in a directory
+//! between processes (the bench's worker processes, the doctor's multicast check).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -187,6 +189,61 @@ impl Drop for ThreadExchange {
     }
 }
 
+/// How long a rank of a [`DirExchange`] waits for its peers' files in one round.
+pub const DIR_RENDEZVOUS: Duration = Duration::from_secs(120);
+
+/// An all-gather through files in a directory shared by the ranks' processes (the bench's
+/// workers, `stragglar doctor --multicast processes`).
+pub struct DirExchange<'a> {
+    dir: &'a Path,
+    rank: usize,
+    ranks: usize,
+    round: usize,
+}
+
+impl<'a> DirExchange<'a> {
+    /// Rank `rank` of `ranks`, from the first round.
+    pub fn new(dir: &'a Path, rank: usize, ranks: usize) -> Self {
+        DirExchange {
+            dir,
+            rank,
+            ranks,
+            round: 0,
+        }
+    }
+
+    fn path(&self, rank: usize) -> PathBuf {
+        self.dir.join(format!("round-{}-rank-{rank}", self.round))
+    }
+}
+
+impl Exchange for DirExchange<'_> {
+    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<u8>, String> {
+        let temporary = self
+            .dir
+            .join(format!(".round-{}-rank-{}", self.round, self.rank));
+        std::fs::write(&temporary, mine)
+            .and_then(|()| std::fs::rename(&temporary, self.path(self.rank)))
+            .map_err(|e| format!("{}: {e}", self.dir.display()))?;
+        let deadline = Instant::now() + DIR_RENDEZVOUS;
+        let mut all = Vec::with_capacity(mine.len() * self.ranks);
+        for rank in 0..self.ranks {
+            loop {
+                if let Ok(bytes) = std::fs::read(self.path(rank)) {
+                    all.extend_from_slice(&bytes);
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!("rank {rank} never joined round {}", self.round));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        self.round += 1;
+        Ok(all)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +269,30 @@ mod tests {
         assert_eq!(gathered[1], Ok(vec![0, 0, 1, 1, 2, 2]));
         for rank in [0, 2] {
             assert_eq!(gathered[rank], Err("rank 1 left the exchange".to_string()));
+        }
+    }
+
+    #[test]
+    fn the_directory_exchange_gathers_in_rank_order() {
+        let dir = std::env::temp_dir().join(format!("stragglar-dirx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..3)
+                .map(|rank| {
+                    let dir = &dir;
+                    scope.spawn(move || {
+                        let mut x = DirExchange::new(dir, rank, 3);
+                        let first = x.all_gather(&[rank as u8; 2]).unwrap();
+                        let second = x.all_gather(&[10 + rank as u8]).unwrap();
+                        [first, second].concat()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+        for r in results {
+            assert_eq!(r, vec![0, 0, 1, 1, 2, 2, 10, 11, 12]);
         }
     }
 }

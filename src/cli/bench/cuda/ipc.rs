@@ -7,7 +7,7 @@
 //! `report::RankSize::worker_line`).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,55 +17,11 @@ use crate::cli::args::Args;
 use crate::cli::bench::options::BenchOptions;
 use crate::engine::cuda::assemble::assemble;
 use crate::engine::cuda::driver::Stream;
+use crate::engine::cuda::exchange::{DirExchange, DIR_RENDEZVOUS};
 use crate::engine::cuda::peers::IpcAccess;
-use crate::engine::cuda::setup::Exchange;
 
 /// The hidden subcommand a worker runs: `__bench-cuda-worker DIR RANK OPTIONS...`.
 pub const WORKER_COMMAND: &str = "__bench-cuda-worker";
-
-/// How long a worker waits for its peers' handles.
-const RENDEZVOUS: Duration = Duration::from_secs(120);
-
-/// An all-gather through files in a directory shared by the ranks' processes.
-struct DirExchange<'a> {
-    dir: &'a Path,
-    rank: usize,
-    ranks: usize,
-    round: usize,
-}
-
-impl DirExchange<'_> {
-    fn path(&self, rank: usize) -> PathBuf {
-        self.dir.join(format!("round-{}-rank-{rank}", self.round))
-    }
-}
-
-impl Exchange for DirExchange<'_> {
-    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<u8>, String> {
-        let temporary = self
-            .dir
-            .join(format!(".round-{}-rank-{}", self.round, self.rank));
-        std::fs::write(&temporary, mine)
-            .and_then(|()| std::fs::rename(&temporary, self.path(self.rank)))
-            .map_err(|e| format!("{}: {e}", self.dir.display()))?;
-        let deadline = Instant::now() + RENDEZVOUS;
-        let mut all = Vec::with_capacity(mine.len() * self.ranks);
-        for rank in 0..self.ranks {
-            loop {
-                if let Ok(bytes) = std::fs::read(self.path(rank)) {
-                    all.extend_from_slice(&bytes);
-                    break;
-                }
-                if Instant::now() > deadline {
-                    return Err(format!("rank {rank} never joined round {}", self.round));
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
-        self.round += 1;
-        Ok(all)
-    }
-}
 
 /// Starts one worker per rank; their stdout is piped.
 pub fn spawn(options: &BenchOptions, dir: &Path) -> std::io::Result<Vec<Child>> {
@@ -112,12 +68,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
     let gpu = open_gpu()?;
     let sms = gpu.device.sm_count()? as u32;
     let setup = Setup::new(options, sms)?;
-    let mut exchange = DirExchange {
-        dir,
-        rank,
-        ranks: options.ranks,
-        round: 0,
-    };
+    let mut exchange = DirExchange::new(dir, rank, options.ranks);
     let mut access = IpcAccess {
         device: &gpu.device,
         layout: setup.layout,
@@ -166,7 +117,7 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
     // kernels of all ranks have finished once every rank has synchronised its stream, which
     // each does before printing; wait for the peers' "done" files.
     std::fs::write(dir.join(format!("rank-{rank}.done")), b"")?;
-    let deadline = Instant::now() + RENDEZVOUS;
+    let deadline = Instant::now() + DIR_RENDEZVOUS;
     for peer in 0..options.ranks {
         while !dir.join(format!("rank-{peer}.done")).exists() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(2));
@@ -179,38 +130,4 @@ fn work(options: &BenchOptions, dir: &Path, rank: usize) -> Result<(), Box<dyn s
     locals[0].comm.wait_released_by_every_peer(deadline);
     drop(locals);
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_directory_exchange_gathers_in_rank_order() {
-        let dir = std::env::temp_dir().join(format!("stragglar-dirx-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let results: Vec<Vec<u8>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..3)
-                .map(|rank| {
-                    let dir = &dir;
-                    scope.spawn(move || {
-                        let mut x = DirExchange {
-                            dir,
-                            rank,
-                            ranks: 3,
-                            round: 0,
-                        };
-                        let first = x.all_gather(&[rank as u8; 2]).unwrap();
-                        let second = x.all_gather(&[10 + rank as u8]).unwrap();
-                        [first, second].concat()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let _ = std::fs::remove_dir_all(&dir);
-        for r in results {
-            assert_eq!(r, vec![0, 0, 1, 1, 2, 2, 10, 11, 12]);
-        }
-    }
 }

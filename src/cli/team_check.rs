@@ -1,0 +1,132 @@
+//! `stragglar doctor`'s multicast line, and its check that a multicast team of every GPU forms
+//! through the engine's protocol: one thread per GPU (`--multicast`) or one process per GPU
+//! (`--multicast-processes`, the fd passed between processes as between a job's ranks).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED;
+
+use crate::engine::cuda::driver::Device;
+use crate::engine::cuda::multicast::local::{rank_of_process_team, team_of_local_gpus};
+
+/// The hidden subcommand one rank of a process team runs: `__multicast-rank DIR RANK RANKS
+/// SOCKET`; it prints `formed BYTES` or `declined CAUSE`.
+pub const WORKER_COMMAND: &str = "__multicast-rank";
+
+/// Bytes each GPU binds in a check (rounded up to the granularity).
+const CHECK_BYTES: usize = 1;
+
+/// How a team is tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trial {
+    /// Only say whether GPU 0 has multicast.
+    No,
+    Threads,
+    Processes,
+}
+
+/// The doctor's multicast line for a machine with `gpus` GPUs.
+pub fn multicast_line(gpus: usize, trial: Trial) -> String {
+    let has = Device::open(0)
+        .and_then(|d| d.attribute(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED))
+        .is_ok_and(|v| v == 1);
+    let outcome = match trial {
+        Trial::No => {
+            return match has {
+                false => "GPU 0 has none (it needs an NVSwitch system, Hopper or later)".into(),
+                true => format!(
+                    "GPU 0 has it; `stragglar doctor --multicast` forms a team of the {gpus} GPU(s) (the engine does not use multicast yet)"
+                ),
+            }
+        }
+        Trial::Threads => team_of_local_gpus(gpus, CHECK_BYTES).map(|f| {
+            format!(
+                "a team of {} GPU(s), one thread each, formed in {} ms: {} MiB per GPU",
+                f.gpus,
+                f.millis,
+                f.bytes >> 20
+            )
+        }),
+        Trial::Processes => team_of_processes(gpus),
+    };
+    match outcome {
+        Ok(formed) => {
+            format!(
+                "{formed} bound and mapped, then given up (the engine does not use multicast yet)"
+            )
+        }
+        Err(why) => format!("no team of the {gpus} GPU(s): {why}"),
+    }
+}
+
+/// Starts one process per GPU and gathers their outcomes, which must agree.
+fn team_of_processes(gpus: usize) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let id = format!("{}-{}", std::process::id(), crate::clock::now_ns());
+    let dir = std::env::temp_dir().join(format!("stragglar-multicast-{id}"));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let socket = format!("stragglar-doctor-{id}");
+    let start = std::time::Instant::now();
+    let spawned: Result<Vec<_>, _> = (0..gpus)
+        .map(|rank| {
+            Command::new(&exe)
+                .arg(WORKER_COMMAND)
+                .arg(&dir)
+                .args([rank.to_string(), gpus.to_string(), socket.clone()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .spawn()
+        })
+        .collect();
+    let outcomes: Result<Vec<String>, String> = match spawned {
+        Ok(children) => Ok(children
+            .into_iter()
+            .map(|mut child| {
+                let line = child
+                    .stdout
+                    .take()
+                    .and_then(|out| BufReader::new(out).lines().next().and_then(Result::ok));
+                let _ = child.wait();
+                line.unwrap_or_else(|| "declined: the process printed nothing".into())
+            })
+            .collect()),
+        Err(e) => Err(format!("cannot start the ranks' processes: {e}")),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    let outcomes = outcomes?;
+    let millis = start.elapsed().as_millis();
+    if outcomes.iter().any(|o| o != &outcomes[0]) {
+        return Err(format!("the ranks disagree: {outcomes:?}"));
+    }
+    match outcomes[0].strip_prefix("formed ") {
+        Some(bytes) => {
+            let bytes: usize = bytes.parse().map_err(|_| outcomes[0].clone())?;
+            Ok(format!(
+                "a team of {gpus} GPU(s), one process each, formed in {millis} ms: {} MiB per GPU",
+                bytes >> 20
+            ))
+        }
+        None => Err(outcomes[0]
+            .strip_prefix("declined: ")
+            .unwrap_or(&outcomes[0])
+            .to_string()),
+    }
+}
+
+/// The main of [`WORKER_COMMAND`]; exit status 0 once it printed its outcome.
+pub fn worker_main(argv: Vec<String>) -> i32 {
+    let [dir, rank, ranks, socket] = argv.as_slice() else {
+        eprintln!("{WORKER_COMMAND}: expected DIR RANK RANKS SOCKET");
+        return 2;
+    };
+    let (Ok(rank), Ok(ranks)) = (rank.parse::<usize>(), ranks.parse::<usize>()) else {
+        eprintln!("{WORKER_COMMAND}: RANK and RANKS are numbers");
+        return 2;
+    };
+    match rank_of_process_team(std::path::Path::new(dir), rank, ranks, CHECK_BYTES, socket) {
+        Ok(bytes) => println!("formed {bytes}"),
+        Err(why) => println!("declined: {why}"),
+    }
+    0
+}

@@ -1,0 +1,103 @@
+//! A multicast team of the GPUs this machine has, formed through the same protocol a
+//! communicator's ranks run, one GPU per thread of this process or per process
+//! (`stragglar doctor --multicast`, `--multicast-processes`): whether this machine can give the
+//! engine multicast at all, and what declines it.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::team::{form, Declined, TeamRequest};
+use crate::engine::cuda::driver::Device;
+use crate::engine::cuda::exchange::{DirExchange, ThreadExchange};
+
+/// How long a check's ranks wait for each other's connections.
+const CHECK_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A team that was formed, and undone again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Formed {
+    /// GPUs in the team.
+    pub gpus: usize,
+    /// Bytes bound and mapped per GPU.
+    pub bytes: usize,
+    /// From the first probe to the last map, milliseconds.
+    pub millis: u128,
+}
+
+/// Forms a team of the `gpus` first GPUs with `bytes` each (rounded up to the granularity),
+/// gives it up, and says how it went: `Err` with the cause every rank agreed on, or with why a
+/// GPU could not even be opened.
+pub fn team_of_local_gpus(gpus: usize, bytes: usize) -> Result<Formed, String> {
+    let devices = (0..gpus)
+        .map(|ordinal| Device::open(ordinal as i32).map_err(|e| format!("GPU {ordinal}: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let socket = format!(
+        "stragglar-doctor-{}-{}",
+        std::process::id(),
+        crate::clock::now_ns()
+    );
+    let start = Instant::now();
+    let deadline = start + CHECK_DEADLINE;
+    let outcomes: Vec<Result<usize, Declined>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = ThreadExchange::group(gpus)
+            .into_iter()
+            .zip(&devices)
+            .enumerate()
+            .map(|(rank, (mut exchange, device))| {
+                let socket = socket.as_str();
+                scope.spawn(move || {
+                    let request = TeamRequest {
+                        rank,
+                        ranks: gpus,
+                        bytes,
+                        socket,
+                        deadline,
+                    };
+                    form(&mut exchange, device, &request).map(|team| team.bytes)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(Declined::Exchange("a rank's thread panicked".into())))
+            })
+            .collect()
+    });
+    let millis = start.elapsed().as_millis();
+    match outcomes.first() {
+        Some(Ok(bytes)) if outcomes.iter().all(|o| o.as_ref() == Ok(bytes)) => Ok(Formed {
+            gpus,
+            bytes: *bytes,
+            millis,
+        }),
+        Some(Err(declined)) if outcomes.iter().all(|o| o.as_ref().err() == Some(declined)) => {
+            Err(declined.to_string())
+        }
+        _ => Err(format!("the ranks disagree: {outcomes:?}")),
+    }
+}
+
+/// Rank `rank` of a team of `ranks` processes on GPU `rank`, gathering through files in `dir`:
+/// the bytes bound per GPU, or the cause every rank agreed on.
+pub fn rank_of_process_team(
+    dir: &Path,
+    rank: usize,
+    ranks: usize,
+    bytes: usize,
+    socket: &str,
+) -> Result<usize, String> {
+    let device = Device::open(rank as i32).map_err(|e| format!("GPU {rank}: {e}"))?;
+    let mut exchange = DirExchange::new(dir, rank, ranks);
+    let request = TeamRequest {
+        rank,
+        ranks,
+        bytes,
+        socket,
+        deadline: Instant::now() + CHECK_DEADLINE,
+    };
+    form(&mut exchange, &device, &request)
+        .map(|team| team.bytes)
+        .map_err(|declined| declined.to_string())
+}

@@ -1,0 +1,300 @@
+//! Forming a multicast team: every rank of a communicator ends with one multicast object mapped
+//! (stores through it reach every rank's memory) and its own memory bound to it, or every rank
+//! declines with the same cause.
+//!
+//! The driver makes the order strict: `cuMulticastBindMem` and `cuMemMap` of the object block
+//! until every device the object was created for has been added, so a rank that gave up after
+//! the create would hang its peers inside the driver. Hence four steps, each ended by an
+//! all-gather of one status per rank that every rank makes whatever happened locally, and no
+//! step begins unless every rank finished the one before:
+//!
+//! 1. **probe**: multicast and POSIX-fd handles supported, and both granularities (the size is
+//!    rounded up to a multiple of every rank's);
+//! 2. **create**: rank 0 listens on the team's socket, creates the object and exports its fd;
+//! 3. **join**: rank 0 passes the fd to every peer (`fds`), each peer imports it, and every rank
+//!    adds its own device;
+//! 4. **bind**: every rank allocates its memory, binds it and maps both the object and its
+//!    memory; no bind can block, since step 3 confirmed every add.
+//!
+//! A local failure (an error, a panic, a missing driver symbol) is logged by the rank that met
+//! it and reported through the next all-gather; the team is then declined on every rank alike,
+//! naming the step and the first rank that failed it, and what was made is undone on drop.
+
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::sys::CUdevice_attribute;
+
+use super::fds::{receive, FdServer};
+use crate::engine::cuda::driver::Device;
+use crate::engine::cuda::setup::Exchange;
+use crate::engine::cuda::vmm::{
+    allocation_granularity, multicast_granularity, MulticastObject, Physical, VirtualMapping,
+};
+
+/// The steps of forming a team, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Probe,
+    Create,
+    Join,
+    Bind,
+}
+
+impl Step {
+    /// What a rank failing this step could not do.
+    fn failure(self) -> &'static str {
+        match self {
+            Step::Probe => "offer multicast (a GPU without it, or without POSIX-fd memory handles)",
+            Step::Create => "create the multicast object",
+            Step::Join => "join the multicast object (receive its fd, import it, add its GPU)",
+            Step::Bind => "bind its memory to the multicast object and map it",
+        }
+    }
+}
+
+/// Why no team was formed: the same on every rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Declined {
+    /// `rank` (the first of those that failed) could not do `step`.
+    Failed { step: Step, rank: usize },
+    /// An all-gather failed (the communicator's own error).
+    Exchange(String),
+}
+
+impl fmt::Display for Declined {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Declined::Failed { step, rank } => {
+                write!(f, "rank {rank} could not {}", step.failure())
+            }
+            Declined::Exchange(why) => write!(f, "an all-gather failed: {why}"),
+        }
+    }
+}
+
+/// A formed team, seen from one rank. Dropped: the mappings go, this device's binding is undone
+/// and the handles are released (in field order).
+pub struct Team {
+    /// The multicast object's addresses on this device: only multimem operations may use them.
+    pub multicast: VirtualMapping,
+    /// This rank's own memory bound to the object, at addresses of its own (plain accesses).
+    pub unicast: VirtualMapping,
+    _object: MulticastObject,
+    _memory: Physical,
+    /// Bytes per rank (the request rounded up to every rank's granularity).
+    pub bytes: usize,
+}
+
+/// What a team is asked for.
+pub struct TeamRequest<'a> {
+    pub rank: usize,
+    pub ranks: usize,
+    /// Bytes of memory per rank, before rounding up to the granularity.
+    pub bytes: usize,
+    /// The abstract socket name rank 0 serves the fd on: the same on every rank, unique on the
+    /// host per team (for instance from the communicator's unique id).
+    pub socket: &'a str,
+    /// When waits for peers' connections give up.
+    pub deadline: Instant,
+}
+
+/// Runs `local` under a panic guard; `None` (logged) when it failed or panicked.
+fn attempt<T>(rank: usize, step: Step, local: impl FnOnce() -> Result<T, String>) -> Option<T> {
+    match catch_unwind(AssertUnwindSafe(local)) {
+        Ok(Ok(value)) => Some(value),
+        Ok(Err(why)) => {
+            log::warn!(
+                "rank {rank}: multicast: could not {}: {why}",
+                step.failure()
+            );
+            None
+        }
+        Err(_) => {
+            log::warn!(
+                "rank {rank}: multicast: a panic while trying to {}",
+                step.failure()
+            );
+            None
+        }
+    }
+}
+
+/// All-gathers `payload` behind one ok word from every rank; the first rank whose word says it
+/// failed `step` declines the team, else every rank's payload.
+fn gather<E: Exchange>(
+    exchange: &mut E,
+    step: Step,
+    ok: bool,
+    payload: [u64; 2],
+) -> Result<Vec<[u64; 2]>, Declined> {
+    let mut mine = Vec::with_capacity(24);
+    mine.extend_from_slice(&u64::from(ok).to_le_bytes());
+    for word in payload {
+        mine.extend_from_slice(&word.to_le_bytes());
+    }
+    let all = exchange.all_gather(&mine).map_err(Declined::Exchange)?;
+    if all.len() % 24 != 0 || all.is_empty() {
+        return Err(Declined::Exchange(format!(
+            "the all-gather returned {} bytes",
+            all.len()
+        )));
+    }
+    let word = |c: &[u8], i: usize| u64::from_le_bytes(c[8 * i..8 * i + 8].try_into().unwrap());
+    let mut out = Vec::new();
+    for (rank, chunk) in all.chunks(24).enumerate() {
+        if word(chunk, 0) != 1 {
+            return Err(Declined::Failed { step, rank });
+        }
+        out.push([word(chunk, 1), word(chunk, 2)]);
+    }
+    Ok(out)
+}
+
+/// Whether `device` offers multicast and POSIX-fd handles, and its two granularities.
+fn probe(device: &Device, ranks: usize) -> Result<[u64; 2], String> {
+    let attribute = |a| device.attribute(a).map_err(|e| e.to_string());
+    if attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED)? != 1 {
+        return Err(format!("GPU {} has no multicast", device.ordinal));
+    }
+    if attribute(
+        CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+    )? != 1
+    {
+        return Err(format!(
+            "GPU {} has no POSIX-fd memory handles",
+            device.ordinal
+        ));
+    }
+    let multicast = multicast_granularity(device, ranks as u32).map_err(|e| e.to_string())?;
+    let memory = allocation_granularity(device).map_err(|e| e.to_string())?;
+    if multicast == 0 || memory == 0 {
+        return Err("a granularity of 0".into());
+    }
+    Ok([multicast as u64, memory as u64])
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// `bytes` rounded up to a multiple of every granularity gathered; `None` on overflow.
+fn team_bytes(bytes: usize, granularities: &[[u64; 2]]) -> Option<usize> {
+    let mut unit: u64 = 1;
+    for &g in granularities.iter().flatten() {
+        unit = unit.checked_mul(g / gcd(unit, g))?;
+    }
+    let unit = usize::try_from(unit).ok()?;
+    bytes.max(1).checked_next_multiple_of(unit)
+}
+
+/// Forms the team for this rank (see the module's documentation): the same outcome on every
+/// rank of the exchange.
+pub fn form<E: Exchange>(
+    exchange: &mut E,
+    device: &Arc<Device>,
+    request: &TeamRequest<'_>,
+) -> Result<Team, Declined> {
+    let (rank, ranks) = (request.rank, request.ranks);
+    // 1. Probe.
+    let probed = attempt(rank, Step::Probe, || probe(device, ranks));
+    let granularities = gather(
+        exchange,
+        Step::Probe,
+        probed.is_some(),
+        probed.unwrap_or([0; 2]),
+    )?;
+    let size = team_bytes(request.bytes, &granularities);
+    // 2. Create (rank 0), the socket listening before any peer looks for it.
+    let created = match rank {
+        0 => attempt(rank, Step::Create, || {
+            let bytes = size.ok_or("the size overflows")?;
+            let server = FdServer::bind(request.socket).map_err(|e| e.to_string())?;
+            let object =
+                MulticastObject::create(device, ranks as u32, bytes).map_err(|e| e.to_string())?;
+            let fd = object.export().map_err(|e| e.to_string())?;
+            Ok(Some((server, object, fd)))
+        }),
+        _ => Some(None),
+    };
+    gather(exchange, Step::Create, created.is_some(), [0; 2])?;
+    let created = created.flatten();
+    // 3. Join: the fd to every peer, every device added.
+    let object = attempt(rank, Step::Join, || {
+        let bytes = size.ok_or("the size overflows")?;
+        let object = match created {
+            Some((server, object, fd)) => {
+                server
+                    .serve(std::os::fd::AsFd::as_fd(&fd), ranks - 1, request.deadline)
+                    .map_err(|e| format!("passing the fd to the peers: {e}"))?;
+                object
+            }
+            None => {
+                let fd = receive(request.socket, request.deadline)
+                    .map_err(|e| format!("receiving the fd from rank 0: {e}"))?;
+                MulticastObject::import(device, std::os::fd::AsFd::as_fd(&fd), bytes)
+                    .map_err(|e| e.to_string())?
+            }
+        };
+        object.add_device().map_err(|e| e.to_string())?;
+        Ok(object)
+    });
+    gather(exchange, Step::Join, object.is_some(), [0; 2])?;
+    // 4. Bind and map: every device was added, so nothing here blocks.
+    let team = object.and_then(|mut object| {
+        attempt(rank, Step::Bind, || {
+            let bytes = object.bytes;
+            let memory = Physical::create(device, bytes).map_err(|e| e.to_string())?;
+            object.bind(&memory).map_err(|e| e.to_string())?;
+            let multicast = object.map().map_err(|e| e.to_string())?;
+            let unicast = memory.map().map_err(|e| e.to_string())?;
+            Ok(Team {
+                multicast,
+                unicast,
+                _object: object,
+                _memory: memory,
+                bytes,
+            })
+        })
+    });
+    gather(exchange, Step::Bind, team.is_some(), [0; 2])?;
+    team.ok_or(Declined::Failed {
+        step: Step::Bind,
+        rank,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_size_is_a_multiple_of_every_granularity() {
+        let mib = 1 << 20;
+        assert_eq!(team_bytes(1, &[[2 * mib, 2 * mib]]), Some(2 * mib as usize));
+        assert_eq!(
+            team_bytes(5 << 20, &[[2 * mib, 2 * mib], [2 * mib, 3 * mib]]),
+            Some(6 << 20)
+        );
+        assert_eq!(team_bytes(usize::MAX, &[[2 * mib, 2 * mib]]), None);
+    }
+
+    #[test]
+    fn a_failure_names_the_step_and_the_first_rank() {
+        let text = Declined::Failed {
+            step: Step::Join,
+            rank: 3,
+        }
+        .to_string();
+        assert_eq!(
+            text,
+            "rank 3 could not join the multicast object (receive its fd, import it, add its GPU)"
+        );
+    }
+}
