@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use support::svg::svg_contents;
 
-use stragglar::schedule::{verify, Op, Phase, PhaseKind, Schedule, Transfer};
+use stragglar::schedule::{verify, Op, Phase, PhaseKind, Schedule, Transfer, VerifyError};
 
 fn stragglar(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_stragglar"))
@@ -37,6 +37,7 @@ fn usage_error(args: &[&str], needle: &str) {
 #[derive(Debug, Clone, PartialEq)]
 enum Json {
     Null,
+    Bool(bool),
     Number(f64),
     Text(String),
     List(Vec<Json>),
@@ -169,6 +170,13 @@ impl Parser<'_> {
                 self.i += 4;
                 Json::Null
             }
+            b't' | b'f' => {
+                let value = self.s[self.i] == b't';
+                let word: &[u8] = if value { b"true" } else { b"false" };
+                assert_eq!(&self.s[self.i..self.i + word.len()], word);
+                self.i += word.len();
+                Json::Bool(value)
+            }
             _ => {
                 let start = self.i;
                 while self.i < self.s.len() && b"+-.eE0123456789".contains(&self.s[self.i]) {
@@ -183,7 +191,17 @@ impl Parser<'_> {
 
 /// Rebuilds a schedule from `plan --json` output, knowing nothing but the format.
 fn schedule_from_json(json: &Json) -> Schedule {
-    assert_eq!(json.keys(), ["ranks", "straggler", "chunks", "phases"]);
+    let multicast = json.keys().contains(&"multicast");
+    match multicast {
+        true => {
+            assert_eq!(
+                json.keys(),
+                ["ranks", "straggler", "chunks", "multicast", "phases"]
+            );
+            assert_eq!(json.get("multicast"), &Json::Bool(true));
+        }
+        false => assert_eq!(json.keys(), ["ranks", "straggler", "chunks", "phases"]),
+    }
     let ranks = json.get("ranks").num();
     let chunks = json.get("chunks").num();
     let straggler = match json.get("straggler") {
@@ -198,6 +216,7 @@ fn schedule_from_json(json: &Json) -> Schedule {
             assert_eq!(phase.keys(), ["name", "rounds"]);
             let kind = match phase.get("name").text() {
                 "reduce_scatter" => PhaseKind::ReduceScatter,
+                "gather" => PhaseKind::Gather,
                 "stragglar" => PhaseKind::Stragglar,
                 "allreduce" => PhaseKind::AllReduce,
                 other => panic!("phase {other}"),
@@ -235,6 +254,7 @@ fn schedule_from_json(json: &Json) -> Schedule {
         chunks,
         pieces_per_chunk: (chunks / ranks.saturating_sub(1).max(1)).max(1),
         phases,
+        multicast,
     }
 }
 
@@ -252,6 +272,10 @@ fn plan_json_is_the_documented_format_in_physical_ranks() {
         (
             vec!["--ranks", "9", "--algo", "direct", "--straggler", "4"],
             Some(4),
+        ),
+        (
+            vec!["--ranks", "8", "--algo", "multicast", "--straggler", "2"],
+            Some(2),
         ),
     ] {
         let mut argv = vec!["plan", "--json"];
@@ -274,6 +298,56 @@ fn plan_json_is_the_documented_format_in_physical_ranks() {
     }
     let piped = Json::parse(&ok(&["plan", "--json", "--ranks", "5", "--pipeline", "3"]));
     assert_eq!(piped.get("chunks").num(), 12);
+}
+
+/// Multicast StragglAR: the gather into the straggler before it arrives (it only receives),
+/// then one round per chunk in which the straggler sends that chunk to every early rank; the
+/// verifier takes one chunk to many only in a multicast schedule.
+#[test]
+fn the_multicast_schedule_sends_each_chunk_once_to_every_early_rank() {
+    let json = Json::parse(&ok(&[
+        "plan",
+        "--json",
+        "--ranks",
+        "6",
+        "--algo",
+        "multicast",
+        "--straggler",
+        "1",
+    ]));
+    let mut schedule = schedule_from_json(&json);
+    assert!(schedule.multicast);
+    let names: Vec<PhaseKind> = schedule.phases.iter().map(|p| p.kind).collect();
+    assert_eq!(
+        names,
+        [
+            PhaseKind::ReduceScatter,
+            PhaseKind::Gather,
+            PhaseKind::Stragglar
+        ]
+    );
+    let gather = &schedule.phases[1];
+    assert!(gather
+        .rounds
+        .iter()
+        .flatten()
+        .all(|t| t.dst == 1 && t.op == Op::Reduce));
+    let after = &schedule.phases[2];
+    assert_eq!(after.rounds.len(), 5, "one round per chunk");
+    for (chunk, round) in after.rounds.iter().enumerate() {
+        let mut dsts: Vec<usize> = round.iter().map(|t| t.dst).collect();
+        dsts.sort();
+        assert_eq!(dsts, [0, 2, 3, 4, 5]);
+        assert!(round
+            .iter()
+            .all(|t| t.src == 1 && t.chunk == chunk && t.op == Op::Copy));
+    }
+    assert_eq!(verify(&schedule), Ok(()));
+    schedule.multicast = false;
+    assert!(matches!(
+        verify(&schedule),
+        Err(VerifyError::Shape(_)) | Err(VerifyError::SendsTwice { .. })
+    ));
 }
 
 #[test]

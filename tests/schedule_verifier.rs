@@ -30,6 +30,7 @@ fn two_ranks(rounds: Vec<Vec<Transfer>>) -> Schedule {
             kind: PhaseKind::AllReduce,
             rounds,
         }],
+        multicast: false,
     }
 }
 
@@ -189,4 +190,76 @@ fn errors_explain_themselves() {
         rank: 5,
     };
     assert_eq!(e.to_string(), "stragglar round 2: rank 5 sends twice");
+}
+
+fn multicast(n: usize, s: usize) -> Schedule {
+    Algorithm::Multicast
+        .schedule(&PlanRequest::new(n, s))
+        .unwrap()
+}
+
+/// In a multicast schedule a rank may send one chunk to several ranks in a round, never two
+/// chunks; a point-to-point schedule may not do even the first.
+#[test]
+fn one_chunk_to_many_only_in_a_multicast_schedule() {
+    for n in 2..=12 {
+        for s in 0..n {
+            assert_eq!(verify(&multicast(n, s)), Ok(()), "n={n} s={s}");
+        }
+    }
+    // A hand-written exchange whose rank 0 sends chunk 0 to ranks 1 and 2 in one round.
+    let mut fan_out = Schedule {
+        ranks: 3,
+        straggler: None,
+        chunks: 1,
+        pieces_per_chunk: 1,
+        phases: vec![Phase {
+            kind: PhaseKind::AllReduce,
+            rounds: vec![
+                vec![Transfer::reduce(1, 0, 0)],
+                vec![Transfer::reduce(2, 0, 0)],
+                vec![Transfer::copy(0, 1, 0), Transfer::copy(0, 2, 0)],
+            ],
+        }],
+        multicast: true,
+    };
+    assert_eq!(verify(&fan_out), Ok(()));
+    fan_out.multicast = false;
+    assert_eq!(
+        verify(&fan_out),
+        Err(VerifyError::SendsTwice {
+            phase: "allreduce",
+            round: 2,
+            rank: 0
+        })
+    );
+    let mut mc = multicast(5, 4);
+    post(&mut mc)[0].push(Transfer::copy(4, 0, 1));
+    assert!(matches!(
+        verify(&mc),
+        Err(VerifyError::SendsTwice { rank: 4, .. }) | Err(VerifyError::ReceivesTwice { .. })
+    ));
+}
+
+/// The straggler receives in the gather but may not send before it arrives.
+#[test]
+fn rejects_the_straggler_sending_in_the_gather() {
+    let mut mc = multicast(4, 3);
+    let gather = mc
+        .phases
+        .iter_mut()
+        .find(|p| p.kind == PhaseKind::Gather)
+        .unwrap();
+    gather.rounds.push(vec![Transfer::copy(3, 0, 0)]);
+    let err = verify(&mc).unwrap_err();
+    assert_eq!(
+        err,
+        VerifyError::StragglerSendsBeforeArrival {
+            round: 3,
+            transfer: Transfer::copy(3, 0, 0)
+        }
+    );
+    assert!(err
+        .to_string()
+        .contains("gather round 3: the straggler sends before it arrives"));
 }

@@ -158,6 +158,7 @@ pub fn describe(schedule: &Schedule, algorithm: Algorithm) -> String {
     for phase in &schedule.phases {
         let when = match phase.kind {
             PhaseKind::ReduceScatter => "before the straggler arrives",
+            PhaseKind::Gather => "before the straggler arrives, into its memory",
             PhaseKind::Stragglar => "after the straggler arrives",
             PhaseKind::AllReduce => "no straggler",
         };

@@ -7,14 +7,16 @@
 //! reduce combines the destination's value with the source's. The two operands of a reduce
 //! are put in a canonical order (the one whose contributions include the lowest rank first),
 //! so when two ranks compute the same final chunk (the exchange with the straggler) they
-//! compute it bit for bit alike, even for max/min of signed zeros.
+//! compute it bit for bit alike, even for max/min of signed zeros. In a multicast schedule the
+//! reads after the ReduceScatter are unordered (no turns): the readers of a value share one
+//! multicast send of it, whose order on the source's port the engines do not serialise.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use super::encode::{encode_programs, PlanBlob};
 use super::layout::{align_up, chunk_ranges, slot_bytes};
-use super::{Plan, RankProgram, Step, Turn, Value, ValueRef};
+use super::{Delivery, Plan, RankProgram, Step, Turn, Value, ValueRef};
 use crate::reduce::DataType;
 use crate::schedule::{Contributions, PhaseKind, Schedule};
 
@@ -87,10 +89,15 @@ struct Lowering {
     sends: Vec<usize>,
     /// `output_written[rank][chunk]`: the rank obtained this chunk's complete value.
     output_written: Vec<Vec<bool>>,
+    /// Whether the schedule's sends are multicast (their reads take no turns).
+    multicast: bool,
+    /// `pushed_to[rank][value]`: the gather's destination of a value (see
+    /// [`Delivery::pushed_to`]).
+    pushed_to: Vec<Vec<Option<usize>>>,
 }
 
 impl Lowering {
-    fn new(ranks: usize, chunks: usize) -> Self {
+    fn new(ranks: usize, chunks: usize, multicast: bool) -> Self {
         let programs = (0..ranks)
             .map(|_| RankProgram {
                 steps: vec![Step::CopyIn],
@@ -124,6 +131,8 @@ impl Lowering {
             reads: vec![vec![true; chunks]; ranks],
             sends: vec![0; ranks],
             output_written: vec![vec![false; chunks]; ranks],
+            multicast,
+            pushed_to: vec![vec![None; chunks]; ranks],
         }
     }
 
@@ -133,6 +142,7 @@ impl Lowering {
             offset: None,
         });
         self.reads[rank].push(false);
+        self.pushed_to[rank].push(None);
         self.programs[rank].values.len() - 1
     }
 
@@ -240,15 +250,27 @@ impl Lowering {
         Ok(())
     }
 
-    /// One round of a transfer-by-transfer phase; reads see values as of the round's start.
-    fn round(&mut self, round: &[crate::schedule::Transfer]) -> Result<(), LowerError> {
+    /// One round of a transfer-by-transfer phase; reads see values as of the round's start. A
+    /// gather round's sources are pushed into their destinations.
+    fn round(
+        &mut self,
+        round: &[crate::schedule::Transfer],
+        gather: bool,
+    ) -> Result<(), LowerError> {
         let reads: Vec<Held> = round
             .iter()
             .map(|t| self.holding(t.src, t.chunk))
             .collect::<Result<_, _>>()?;
+        if gather {
+            for (t, src) in round.iter().zip(&reads) {
+                self.pushed_to[src.value.rank][src.value.id] = Some(t.dst);
+            }
+        }
         for (t, src) in round.iter().zip(reads) {
-            let turn = Some(self.sends[t.src]);
-            self.sends[t.src] += 1;
+            let turn = (!self.multicast).then(|| {
+                self.sends[t.src] += 1;
+                self.sends[t.src] - 1
+            });
             match t.op {
                 crate::schedule::Op::Copy => {
                     let what = Produced {
@@ -303,13 +325,32 @@ impl Lowering {
         }
         // DefaultHasher::new() uses fixed keys: the same value in every process.
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        (&self.programs, &self.reads).hash(&mut hasher);
+        (&self.programs, &self.reads, self.multicast).hash(&mut hasher);
+        let delivery = self.multicast.then(|| {
+            let mut readers: Vec<Vec<u32>> = self
+                .programs
+                .iter()
+                .map(|p| vec![0; p.values.len()])
+                .collect();
+            for program in &self.programs {
+                for step in &program.steps {
+                    for source in step.reads().0 {
+                        readers[source.rank][source.id] += 1;
+                    }
+                }
+            }
+            Delivery {
+                readers,
+                pushed_to: self.pushed_to,
+            }
+        });
         let mut lowered = Lowered {
             ranks: self.ranks,
             straggler: schedule.straggler,
             chunks: self.chunks,
             programs: self.programs,
             reads: self.reads,
+            delivery,
             structure: hasher.finish(),
             id: 0,
             need: ArenaNeed::default(),
@@ -339,6 +380,8 @@ pub struct Lowered {
     programs: Vec<RankProgram>,
     /// `reads[rank][value]`: some later step reads this value (it gets an arena slot).
     reads: Vec<Vec<bool>>,
+    /// For a multicast schedule, see [`Plan::delivery`].
+    delivery: Option<Delivery>,
     /// A hash of the programs and reads, for the plans' fingerprints.
     structure: u64,
     /// See [`Lowered::id`] and [`Lowered::need`].
@@ -464,6 +507,7 @@ impl Lowered {
             dtype,
             chunks,
             programs,
+            delivery: self.delivery.clone(),
             fingerprint: hasher.finish(),
         }
     }
@@ -479,13 +523,13 @@ impl Lowered {
 
 /// Lowers a verified `schedule` to programs for any count (see [`Lowered::plan`]).
 pub fn lower_structure(schedule: &Schedule) -> Result<Lowered, LowerError> {
-    let mut lowering = Lowering::new(schedule.ranks, schedule.chunks);
+    let mut lowering = Lowering::new(schedule.ranks, schedule.chunks, schedule.multicast);
     for phase in &schedule.phases {
         if phase.kind == PhaseKind::ReduceScatter {
             lowering.reduce_scatter(schedule, &phase.rounds)?;
         } else {
             for round in &phase.rounds {
-                lowering.round(round)?;
+                lowering.round(round, phase.kind == PhaseKind::Gather)?;
             }
         }
     }

@@ -102,6 +102,18 @@ pub struct RankProgram {
     pub arena_bytes: usize,
 }
 
+/// How the values of a multicast plan travel, for the engines' link emulation (the data moves
+/// as in any plan: readers wait for the value's flag and read it). Indexed `[rank][value]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// How many steps of all ranks read the value: they share one multicast send of it, so
+    /// the source's send port moves its bytes once.
+    pub readers: Vec<Vec<u32>>,
+    /// The rank the value is written into as soon as it is made (the gather into the
+    /// straggler, before it arrives), instead of being fetched by that reader later.
+    pub pushed_to: Vec<Vec<Option<usize>>>,
+}
+
 /// A lowered schedule for `count` elements of `dtype` on `ranks` ranks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
@@ -114,6 +126,9 @@ pub struct Plan {
     pub chunks: Vec<ElementRange>,
     /// One program per physical rank.
     pub programs: Vec<RankProgram>,
+    /// How a multicast schedule's values travel; `None` for point-to-point plans, in which
+    /// every read is a transfer of its own, made by the reader.
+    pub delivery: Option<Delivery>,
     /// A hash of everything above, the same in every process running this binary: ranks
     /// compare it to make sure they all run the same plan in a call.
     pub fingerprint: u64,

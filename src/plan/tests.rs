@@ -75,7 +75,7 @@ fn check_exact(plan: &Plan, op: ReduceOp, seed: u64) {
 }
 
 fn algorithms(ranks: usize) -> Vec<Algorithm> {
-    let mut a = vec![Algorithm::Stragglar, Algorithm::Ring];
+    let mut a = vec![Algorithm::Stragglar, Algorithm::Ring, Algorithm::Multicast];
     if ranks.is_power_of_two() {
         a.push(Algorithm::HalvingDoubling);
     }
@@ -107,7 +107,58 @@ fn every_data_type_and_op() {
         }
         let plan = plan_for(Algorithm::Ring, 6, 0, 50, dtype);
         check_exact(&plan, ReduceOp::Sum, 9);
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+            let plan = plan_for(Algorithm::Multicast, 7, 2, 61, dtype);
+            check_exact(&plan, op, 11);
+        }
     }
+}
+
+/// A multicast plan: the straggler combines every chunk once and every early rank copies it,
+/// its reads unordered (no turns), each complete chunk read by the `n-1` early ranks, which
+/// share one send of it.
+#[test]
+fn a_multicast_plan_combines_each_chunk_once_and_shares_its_send() {
+    let (ranks, straggler) = (6, 4);
+    let plan = plan_for(Algorithm::Multicast, ranks, straggler, 100, DataType::F32);
+    let delivery = plan.delivery.as_ref().expect("a multicast plan");
+    let readers = &delivery.readers;
+    for (rank, program) in plan.programs.iter().enumerate() {
+        for step in &program.steps {
+            let (sources, turn) = step.reads();
+            assert_eq!(turn, None, "rank {rank}: {step:?}");
+            match step {
+                Step::Combine { complete: true, .. } => assert_eq!(rank, straggler),
+                Step::Copy { source, .. } => {
+                    assert_eq!(source.rank, straggler);
+                    assert_eq!(readers[source.rank][source.id], (ranks - 1) as u32);
+                }
+                _ => {}
+            }
+            for source in sources {
+                assert!(readers[source.rank][source.id] >= 1);
+            }
+        }
+    }
+    let copies = plan.programs[straggler]
+        .steps
+        .iter()
+        .filter(|s| matches!(s, Step::Combine { complete: true, .. }))
+        .count();
+    assert_eq!(copies, ranks - 1, "one combine per chunk, on the straggler");
+    let p2p = plan_for(Algorithm::Stragglar, ranks, straggler, 100, DataType::F32);
+    assert_eq!(p2p.delivery, None);
+    // Each owner's reduced chunk is pushed into the straggler: one value per early rank.
+    let pushed: Vec<(usize, usize)> = delivery
+        .pushed_to
+        .iter()
+        .enumerate()
+        .flat_map(|(rank, values)| values.iter().filter_map(move |d| d.map(|d| (rank, d))))
+        .collect();
+    assert_eq!(pushed.len(), ranks - 1);
+    assert!(pushed
+        .iter()
+        .all(|&(rank, to)| rank != straggler && to == straggler));
 }
 
 #[test]

@@ -4,7 +4,7 @@ use std::fmt;
 
 use super::relabel::Relabel;
 use super::types::{Phase, PhaseKind, Schedule};
-use super::{baseline, post_arrival, reduce_scatter};
+use super::{baseline, multicast, post_arrival, reduce_scatter};
 
 /// The largest world size a plan is built for (the schedule grows as `n^2` transfers).
 pub const MAX_RANKS: usize = 2048;
@@ -29,24 +29,29 @@ pub enum Algorithm {
     HalvingDoubling,
     /// Reduction of the early ranks, one exchange with the straggler, binomial broadcast.
     Direct,
+    /// StragglAR on multicast: the early ranks' ReduceScatter, their chunks gathered into the
+    /// straggler before it arrives, then one multicast of each complete chunk.
+    Multicast,
 }
 
 impl Algorithm {
     /// Every algorithm, in the order tables list them.
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::Stragglar,
         Algorithm::Ring,
         Algorithm::HalvingDoubling,
         Algorithm::Direct,
+        Algorithm::Multicast,
     ];
 
-    /// The command-line name: `stragglar`, `ring`, `rhd` or `direct`.
+    /// The command-line name: `stragglar`, `ring`, `rhd`, `direct` or `multicast`.
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Stragglar => "stragglar",
             Algorithm::Ring => "ring",
             Algorithm::HalvingDoubling => "rhd",
             Algorithm::Direct => "direct",
+            Algorithm::Multicast => "multicast",
         }
     }
 
@@ -57,7 +62,10 @@ impl Algorithm {
 
     /// Whether the algorithm uses the wait for a straggler.
     pub fn has_straggler(self) -> bool {
-        matches!(self, Algorithm::Stragglar | Algorithm::Direct)
+        matches!(
+            self,
+            Algorithm::Stragglar | Algorithm::Direct | Algorithm::Multicast
+        )
     }
 
     /// Builds and assembles the schedule in physical ranks.
@@ -87,6 +95,14 @@ impl Algorithm {
                     ],
                 )
             }
+            Algorithm::Multicast => (
+                n - 1,
+                vec![
+                    (PhaseKind::ReduceScatter, reduce_scatter::ring(n - 1, 1)),
+                    (PhaseKind::Gather, multicast::gather(n)),
+                    (PhaseKind::Stragglar, multicast::broadcast(n)),
+                ],
+            ),
             Algorithm::Ring => (n, vec![(PhaseKind::AllReduce, baseline::ring(n))]),
             Algorithm::HalvingDoubling => (
                 n,
@@ -109,6 +125,7 @@ impl Algorithm {
             chunks,
             pieces_per_chunk: k,
             phases,
+            multicast: self == Algorithm::Multicast,
         })
     }
 }

@@ -24,7 +24,8 @@ use std::fmt::Write;
 use super::types::{Round, Schedule};
 
 /// The schedule as one JSON object with keys `ranks`, `straggler` (physical rank or `null`),
-/// `chunks` and `phases` (`[{"name": ..., "rounds": [[transfer, ...], ...]}, ...]`); each
+/// `chunks`, `"multicast": true` for a multicast schedule only (a rank's sends in one round may
+/// then carry one chunk to several destinations), and `phases` (`[{"name": ..., "rounds": [[transfer, ...], ...]}, ...]`); each
 /// transfer is `{"src": i, "dst": j, "chunk": c, "op": "reduce" | "copy"}`. Ends with a newline.
 pub fn to_json(schedule: &Schedule) -> String {
     let mut out = String::new();
@@ -33,8 +34,15 @@ pub fn to_json(schedule: &Schedule) -> String {
         .map_or_else(|| "null".to_string(), |s| s.to_string());
     let _ = write!(
         out,
-        "{{\n  \"ranks\": {},\n  \"straggler\": {},\n  \"chunks\": {},\n  \"phases\": [",
-        schedule.ranks, straggler, schedule.chunks
+        "{{\n  \"ranks\": {},\n  \"straggler\": {},\n  \"chunks\": {},{}\n  \"phases\": [",
+        schedule.ranks,
+        straggler,
+        schedule.chunks,
+        if schedule.multicast {
+            "\n  \"multicast\": true,"
+        } else {
+            ""
+        }
     );
     for (p, phase) in schedule.phases.iter().enumerate() {
         let sep = if p == 0 { "" } else { "," };

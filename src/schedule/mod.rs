@@ -16,6 +16,7 @@ mod baseline;
 mod contributions;
 mod json;
 pub mod model;
+mod multicast;
 pub mod post_arrival;
 mod reduce_scatter;
 mod relabel;

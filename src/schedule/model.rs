@@ -126,19 +126,20 @@ impl Nvls {
     }
 }
 
-/// StragglAR over NVLink multicast: before the straggler arrives, the `n-1` early ranks
-/// reduce-scatter among themselves and every owner multicasts its reduced shard into every
-/// rank's staging (the straggler's too), so every GPU holds `P`, the early ranks' partial sum;
-/// when the straggler arrives it multicasts its input `X` once and every rank combines `P` and
-/// `X` locally, piece by piece as the pieces land.
+/// StragglAR over NVLink multicast (`Algorithm::Multicast`): before the straggler arrives, the
+/// `n-1` early ranks reduce-scatter among themselves and every owner writes its reduced chunk
+/// into the straggler's staging, so the straggler holds `P`, the early ranks' partial sum; when
+/// it arrives it combines `P` with its input chunk by chunk and multicasts each complete chunk
+/// once into every rank's staging.
 ///
 /// Pricing, each assumption named (docs/SCHEDULES.md, "Multicast StragglAR in the model"):
 /// - a multicast store stream runs at `ratio` times the point-to-point bandwidth `B`, limited
 ///   by the receiving port: every receiver takes its bytes once, whatever the fan-out;
 /// - the gather of `P` costs one round and `M / (ratio B)`: the straggler's receive port takes
-///   all of `P` (`M` bytes), from every owner at once;
-/// - the broadcast of `X` costs one round and `M / (ratio B)`; the local combine overlaps it
-///   and only its last piece is exposed, which is left out;
+///   all of `P` (`M` bytes), from every owner at once (point-to-point, at the multicast rate
+///   for simplicity: the two are assumed equal by default);
+/// - the broadcast costs one round and `M / (ratio B)`; the straggler's combine of each chunk
+///   overlaps the broadcast of the one before, and the first chunk's combine is left out;
 /// - the call completes at `max(D, T_pre) + T_post`: the broadcast is not started before the
 ///   gather into the straggler is done.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -3,9 +3,10 @@
 //! Semantics (docs/ALGORITHM.md section 6): every rank starts holding `{r}` for every chunk; a
 //! transfer reads its source's value as of the start of the round; `reduce` merges it into the
 //! destination (the sets must be disjoint), `copy` replaces the destination's value; per round
-//! each rank is the source of at most one transfer and the destination of at most one; the
-//! `reduce_scatter` phase never touches the straggler; at the end every rank holds every chunk
-//! with all `n` contributions.
+//! each rank is the source of at most one transfer (in a multicast schedule: of one chunk, to
+//! any number of destinations) and the destination of at most one; the `reduce_scatter` phase
+//! never touches the straggler and in the `gather` phase it only receives; at the end every
+//! rank holds every chunk with all `n` contributions.
 
 use std::fmt;
 
@@ -26,7 +27,8 @@ pub enum VerifyError {
         /// The offending transfer.
         transfer: Transfer,
     },
-    /// A rank is the source of two transfers in one round.
+    /// A rank is the source of two transfers in one round (of two chunks, in a multicast
+    /// schedule).
     SendsTwice {
         /// Phase name.
         phase: &'static str,
@@ -47,6 +49,13 @@ pub enum VerifyError {
     /// The straggler takes part in the phase before its arrival.
     StragglerBeforeArrival {
         /// Round within `reduce_scatter`.
+        round: usize,
+        /// The offending transfer.
+        transfer: Transfer,
+    },
+    /// The straggler sends in the `gather` phase, before it arrives.
+    StragglerSendsBeforeArrival {
+        /// Round within `gather`.
         round: usize,
         /// The offending transfer.
         transfer: Transfer,
@@ -93,6 +102,11 @@ impl fmt::Display for VerifyError {
                 "reduce_scatter round {round}: the straggler takes part before it arrives: {}",
                 t(transfer)
             ),
+            VerifyError::StragglerSendsBeforeArrival { round, transfer } => write!(
+                f,
+                "gather round {round}: the straggler sends before it arrives: {}",
+                t(transfer)
+            ),
             VerifyError::DoubleCount {
                 phase,
                 round,
@@ -118,6 +132,8 @@ pub struct Replay {
     ranks: usize,
     chunks: usize,
     straggler: Option<usize>,
+    /// Whether a rank may send one chunk to several destinations in a round.
+    multicast: bool,
     /// `values[rank * chunks + chunk]`.
     values: Vec<Contributions>,
 }
@@ -138,6 +154,11 @@ impl Replay {
                     "straggler {s} out of range for {n} ranks"
                 )))
             }
+            Some(_) if schedule.multicast => &[
+                PhaseKind::ReduceScatter,
+                PhaseKind::Gather,
+                PhaseKind::Stragglar,
+            ],
             Some(_) => &[PhaseKind::ReduceScatter, PhaseKind::Stragglar],
             None => &[PhaseKind::AllReduce],
         };
@@ -155,6 +176,7 @@ impl Replay {
             ranks: n,
             chunks: schedule.chunks,
             straggler: schedule.straggler,
+            multicast: schedule.multicast,
             values,
         })
     }
@@ -167,7 +189,8 @@ impl Replay {
         round: &Round,
     ) -> Result<(), VerifyError> {
         let phase = kind.name();
-        let mut sends = vec![false; self.ranks];
+        // The chunk each rank sends this round, if any.
+        let mut sends: Vec<Option<usize>> = vec![None; self.ranks];
         let mut receives = vec![false; self.ranks];
         for &transfer in round {
             let Transfer {
@@ -180,7 +203,8 @@ impl Replay {
                     transfer,
                 });
             }
-            if std::mem::replace(&mut sends[src], true) {
+            let sent = sends[src].replace(chunk);
+            if sent.is_some_and(|c| !self.multicast || c != chunk) {
                 return Err(VerifyError::SendsTwice {
                     phase,
                     round: index,
@@ -198,6 +222,12 @@ impl Replay {
                 && (Some(src) == self.straggler || Some(dst) == self.straggler)
             {
                 return Err(VerifyError::StragglerBeforeArrival {
+                    round: index,
+                    transfer,
+                });
+            }
+            if kind == PhaseKind::Gather && Some(src) == self.straggler {
+                return Err(VerifyError::StragglerSendsBeforeArrival {
                     round: index,
                     transfer,
                 });

@@ -59,8 +59,10 @@ impl Transfer {
 }
 
 /// The transfers of one round. Round model: every rank is the source of at most one and the
-/// destination of at most one transfer per round (full duplex, any peer); the order of the
-/// transfers inside a round carries no meaning.
+/// destination of at most one transfer per round (full duplex, any peer); in a multicast
+/// schedule ([`Schedule::multicast`]) a rank's sends in one round may instead carry one chunk
+/// to any number of destinations, as one multicast store reaches every receiver. The order of
+/// the transfers inside a round carries no meaning.
 pub type Round = Vec<Transfer>;
 
 /// Which part of a call a phase is.
@@ -69,6 +71,9 @@ pub enum PhaseKind {
     /// Before the straggler arrives: a ReduceScatter among the `n-1` others. The straggler
     /// takes no part.
     ReduceScatter,
+    /// Before the straggler arrives, after the ReduceScatter: the early ranks' reduced chunks
+    /// written into the straggler's memory (multicast StragglAR). The straggler only receives.
+    Gather,
     /// After the straggler arrives: exchanges with the straggler and copies of final chunks.
     Stragglar,
     /// The whole call of an algorithm without a straggler (Ring, halving-doubling).
@@ -76,13 +81,19 @@ pub enum PhaseKind {
 }
 
 impl PhaseKind {
-    /// The phase name used in plans: `reduce_scatter`, `stragglar` or `allreduce`.
+    /// The phase name used in plans: `reduce_scatter`, `gather`, `stragglar` or `allreduce`.
     pub fn name(self) -> &'static str {
         match self {
             PhaseKind::ReduceScatter => "reduce_scatter",
+            PhaseKind::Gather => "gather",
             PhaseKind::Stragglar => "stragglar",
             PhaseKind::AllReduce => "allreduce",
         }
+    }
+
+    /// Whether the phase runs while the straggler is late (its rounds are hidden by the wait).
+    pub fn before_arrival(self) -> bool {
+        matches!(self, PhaseKind::ReduceScatter | PhaseKind::Gather)
     }
 }
 
@@ -111,9 +122,12 @@ pub struct Schedule {
     /// Pieces per chunk `k >= 1` (1 without pipelining); piece `p` of chunk `c` is
     /// chunk index `c * k + p`.
     pub pieces_per_chunk: usize,
-    /// The phases in order: `[reduce_scatter, stragglar]` with a straggler, `[allreduce]`
-    /// without.
+    /// The phases in order: `[reduce_scatter, stragglar]` with a straggler (`[reduce_scatter,
+    /// gather, stragglar]` for multicast StragglAR), `[allreduce]` without.
     pub phases: Vec<Phase>,
+    /// Whether sends are multicast: a rank's transfers in one round may carry one chunk to
+    /// several destinations (see [`Round`]).
+    pub multicast: bool,
 }
 
 impl Schedule {
@@ -126,7 +140,7 @@ impl Schedule {
     pub fn exposed_rounds(&self) -> usize {
         self.phases
             .iter()
-            .filter(|p| p.kind != PhaseKind::ReduceScatter)
+            .filter(|p| !p.kind.before_arrival())
             .map(|p| p.rounds.len())
             .sum()
     }

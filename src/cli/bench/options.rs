@@ -33,6 +33,9 @@ pub enum BenchAlgo {
     Ring,
     /// The per-call policy: StragglAR with the detected straggler when it wins, else Ring.
     Auto,
+    /// Multicast StragglAR with `--straggler` (the host engine only: its link model serves a
+    /// multicast send's readers for the price of one send).
+    Multicast,
 }
 
 impl BenchAlgo {
@@ -42,6 +45,7 @@ impl BenchAlgo {
             BenchAlgo::Stragglar => "stragglar",
             BenchAlgo::Ring => "ring",
             BenchAlgo::Auto => "auto",
+            BenchAlgo::Multicast => "multicast",
         }
     }
 }
@@ -160,7 +164,7 @@ pub const USAGE: &str = "
 stragglar bench [-b SIZE] [-e SIZE] [-i SIZE | -f F] [-n ITERS] [-w WARMUP] [-c CHECK]
                 [-d TYPE,...|all] [-o OP,...|all] [-a 0|1|2|3] [-J FILE] [--svg FILE]
                 [--backend host|cuda] [--ranks N] [--ranks-as processes|threads]
-                [--algo stragglar|ring|auto] [--pipeline K|auto] [--straggler R] [--late-rank R,...]
+                [--algo stragglar|ring|auto|multicast] [--pipeline K|auto] [--straggler R] [--late-rank R,...]
                 [--late-every K] [--delay-us D] [--jitter-us J] [--link-gbs G]
                 [--link-latency-us A] [--baseline-link-gbs G] [--buffer-bytes B] [--timeout-ms T]
                 [--fault ACTION@PHASE[:CALL]] [--fault-rank R]
@@ -171,6 +175,8 @@ stragglar bench [-b SIZE] [-e SIZE] [-i SIZE | -f F] [-n ITERS] [-w WARMUP] [-c 
     (--baseline-link-gbs: Ring's own, hidden from the policy's model);
     --svg draws the measured times per size (and the model's, with --link-gbs);
     --pipeline cuts StragglAR's chunks into K pieces (auto: the model's best per size);
+    --algo multicast runs multicast StragglAR (host engine: a multicast send's readers share
+    the sender's emulated port);
     -a: each row's time is rank 0's (0), the average over ranks (1, default), the fastest
     rank's (2) or the slowest's (3); -J writes the rows as JSON; --bandwidth, --graph and --unordered-reads need cuda
 ";
@@ -262,9 +268,10 @@ impl BenchOptions {
                 ))
             }
             Some("auto") => BenchAlgo::Auto,
+            Some("multicast") => BenchAlgo::Multicast,
             Some(other) => {
                 return Err(UsageError(format!(
-                    "--algo: expected stragglar, ring or auto, got '{other}'"
+                    "--algo: expected stragglar, ring, auto or multicast, got '{other}'"
                 )))
             }
         };
@@ -368,6 +375,9 @@ impl BenchOptions {
             {
                 return fail("--backend cuda takes no --jitter-us, --fault, --link-gbs or --baseline-link-gbs (host-engine emulations; --delay-us delays the late rank on the GPU)".into());
             }
+            if self.algo == BenchAlgo::Multicast {
+                return fail("--algo multicast runs on the host engine only: the GPU kernels have no multicast stores yet".into());
+            }
         } else if self.bandwidth || self.graph || self.unordered_reads {
             return fail(
                 "--bandwidth, --graph and --unordered-reads are about GPU kernels: use them with --backend cuda"
@@ -375,6 +385,9 @@ impl BenchOptions {
             );
         } else if self.ops.len() > 1 || self.dtypes.len() > 1 {
             return fail("several types or ops (-d all, -o all, lists) need --backend cuda; the host engine runs one of each".into());
+        }
+        if self.algo == BenchAlgo::Multicast && self.pipeline != Pipeline::Pieces(1) {
+            return fail("--pipeline applies to stragglar and auto, not multicast".into());
         }
         if let Pipeline::Pieces(k) = self.pipeline {
             let most = Pipeline::most_pieces(self.ranks.max(2));

@@ -411,7 +411,7 @@ pub fn json(options: &BenchOptions, rows: &[Row]) -> String {
 /// backend measures it, and the model's where the links are emulated (`--link-gbs`) and one
 /// algorithm ran.
 pub fn draw(options: &BenchOptions, rows: &[Row], path: &std::path::Path) -> Result<(), String> {
-    use crate::schedule::model::{stragglar_rounds, Link, Times};
+    use crate::schedule::model::{stragglar_rounds, Link, Multicast, Times};
     let mut groups: Vec<(DataType, ReduceOp)> = Vec::new();
     for r in rows {
         if !groups.contains(&(r.dtype, r.op)) {
@@ -455,9 +455,11 @@ pub fn draw(options: &BenchOptions, rows: &[Row], path: &std::path::Path) -> Res
     });
     let rounds = stragglar_rounds(n, 1);
     let post = |bytes: f64| {
-        let t = Times::new(n, rounds, bytes, link.expect("checked below"));
+        let link = link.expect("checked below");
+        let t = Times::new(n, rounds, bytes, link);
         match options.algo {
             BenchAlgo::Ring => t.ring,
+            BenchAlgo::Multicast => Multicast { ratio: 1.0 }.times(n, bytes, link).post,
             _ => t.stragglar_post,
         }
     };
@@ -465,10 +467,13 @@ pub fn draw(options: &BenchOptions, rows: &[Row], path: &std::path::Path) -> Res
         BenchAlgo::Stragglar => "StragglAR",
         BenchAlgo::Ring => "Ring",
         BenchAlgo::Auto => "auto",
+        BenchAlgo::Multicast => "multicast StragglAR",
     };
     let model_label = format!("after the last arrival, model ({algo})");
     let model: Option<(&str, &dyn Fn(f64) -> f64)> = match (link, options.algo) {
-        (Some(_), BenchAlgo::Stragglar | BenchAlgo::Ring) => Some((&model_label, &post)),
+        (Some(_), BenchAlgo::Stragglar | BenchAlgo::Ring | BenchAlgo::Multicast) => {
+            Some((&model_label, &post))
+        }
         _ => None,
     };
     let late = format!(

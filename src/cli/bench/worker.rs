@@ -81,6 +81,14 @@ fn stragglar_shape(options: &BenchOptions, straggler: usize, pieces: usize) -> S
     }
 }
 
+/// Multicast StragglAR with `straggler`.
+fn multicast_shape(options: &BenchOptions, straggler: usize) -> Shape {
+    Shape {
+        algorithm: Algorithm::Multicast,
+        ..stragglar_shape(options, straggler, 1)
+    }
+}
+
 fn ring_shape(options: &BenchOptions) -> Shape {
     Shape {
         algorithm: Algorithm::Ring,
@@ -100,6 +108,9 @@ pub fn layout(options: &BenchOptions) -> Result<SegmentLayout, String> {
         .map(|pieces| stragglar_shape(options, options.ranks - 1, pieces))
         .collect();
     shapes.push(ring_shape(options));
+    if options.algo == BenchAlgo::Multicast {
+        shapes.push(multicast_shape(options, options.straggler));
+    }
     layout_for(
         &mut PlanCache::default(),
         &shapes,
@@ -126,8 +137,11 @@ fn bench_policy(options: &BenchOptions) -> Policy {
 /// records of earlier calls, through the library's own `Tracker` (a detector per size class;
 /// lag 1: the host engine's record is read when the call returns).
 struct Chooser {
-    /// `--algo stragglar` or `ring`: every call's choice.
+    /// `--algo stragglar`, `ring` or `multicast`: every call's choice.
     fixed: Option<Choice>,
+    /// `--algo multicast`: the fixed StragglAR choice runs the multicast schedule (tracked as
+    /// StragglAR with that straggler).
+    multicast: bool,
     tracker: Tracker,
     /// The engine calls the last recorded call ran as.
     previous_parts: usize,
@@ -136,7 +150,7 @@ struct Chooser {
 impl Chooser {
     fn new(options: &BenchOptions) -> Self {
         let fixed = match options.algo {
-            BenchAlgo::Stragglar => Some(Choice::Stragglar {
+            BenchAlgo::Stragglar | BenchAlgo::Multicast => Some(Choice::Stragglar {
                 straggler: options.straggler,
             }),
             BenchAlgo::Ring => Some(Choice::Baseline),
@@ -144,6 +158,7 @@ impl Chooser {
         };
         Chooser {
             fixed,
+            multicast: options.algo == BenchAlgo::Multicast,
             tracker: Tracker::new(bench_policy(options), options.ranks, 1).measuring(),
             previous_parts: 1,
         }
@@ -164,6 +179,9 @@ impl Chooser {
             ),
         };
         match choice {
+            Choice::Stragglar { straggler } if self.multicast => {
+                multicast_shape(options, straggler)
+            }
             Choice::Stragglar { straggler } => stragglar_shape(options, straggler, pieces),
             Choice::Baseline => ring_shape(options),
         }
@@ -347,7 +365,7 @@ impl RankRun<'_> {
         let shape = self
             .chooser
             .shape(options, bytes, bytes / options.dtype.size() > 0);
-        let stragglar = shape.algorithm == Algorithm::Stragglar;
+        let stragglar = shape.algorithm != Algorithm::Ring;
         self.comm.set_link(options.emulated_link(!stragglar));
         half.choices = data::digest_more(
             half.choices,

@@ -172,6 +172,25 @@ struct Read {
     parity: usize,
     epoch: u32,
     turn: Turn,
+    /// The reads sharing the source's send of this value: 1 for a point-to-point transfer.
+    readers: usize,
+    /// The rank the value was pushed into by its producer, if any.
+    pushed_to: Option<usize>,
+}
+
+/// How many reads share the send of `value` (see `Plan::delivery`): 1 unless the plan is
+/// multicast.
+fn readers_of(plan: &Plan, value: ValueRef) -> usize {
+    plan.delivery
+        .as_ref()
+        .map_or(1, |d| d.readers[value.rank][value.id].max(1) as usize)
+}
+
+/// The rank `value` is pushed into when it is made (see `Plan::delivery`), if any.
+fn pushed_to(plan: &Plan, value: ValueRef) -> Option<usize> {
+    plan.delivery
+        .as_ref()
+        .and_then(|d| d.pushed_to[value.rank][value.id])
 }
 
 /// One rank of a host-engine communicator.
@@ -452,12 +471,37 @@ impl HostComm {
                 .map_err(EngineError::Wait)?;
         }
         let link = self.config.link;
-        if link.is_active() {
+        // A pushed value was paid for by its producer, before it raised the flag.
+        if link.is_active() && read.pushed_to != Some(self.config.rank) {
             let own = self.segments[self.config.rank].header();
-            let done = link.book(&peer.header().send_free_at, &own.recv_free_at, bytes);
+            let done = link.book_share(
+                &peer.header().send_free_at,
+                &own.recv_free_at,
+                bytes,
+                read.readers,
+            );
             sleep_until(done);
         }
         Ok(())
+    }
+
+    /// Pays the emulated transfer of a value this rank made into the rank it is pushed into
+    /// (see `Plan::delivery`), before its flag is raised: the data then lies in the reader's
+    /// memory when the reader sees the flag, as a push before the reader's arrival would.
+    fn push(&self, plan: &Plan, value: usize, bytes: usize) {
+        let rank = self.config.rank;
+        let link = self.config.link;
+        let Some(dst) = pushed_to(plan, ValueRef { rank, id: value }) else {
+            return;
+        };
+        if link.is_active() {
+            let done = link.book(
+                &self.segments[rank].header().send_free_at,
+                &self.segments[dst].header().recv_free_at,
+                bytes,
+            );
+            sleep_until(done);
+        }
     }
 
     /// Hands the source's send port to its next turn once an ordered read is done.
@@ -518,6 +562,8 @@ impl HostComm {
                         parity,
                         epoch,
                         turn: *turn,
+                        readers: readers_of(plan, source),
+                        pushed_to: pushed_to(plan, source),
                     };
                     for &source in sources {
                         self.fetch(&watch, read(source), range.len())?;
@@ -536,8 +582,9 @@ impl HostComm {
                             combine(plan.dtype, op, operands, slot);
                             if *complete {
                                 finish(plan.dtype, op, plan.ranks, slot);
-                                buffers.output()[range].copy_from_slice(slot);
+                                buffers.output()[range.clone()].copy_from_slice(slot);
                             }
+                            self.push(plan, *out, range.len());
                             publish(own.flag(parity, *out), epoch);
                         }
                         None if !complete => {}
@@ -564,6 +611,8 @@ impl HostComm {
                         parity,
                         epoch,
                         turn: *turn,
+                        readers: readers_of(plan, *source),
+                        pushed_to: pushed_to(plan, *source),
                     };
                     self.fetch(&watch, read, range.len())?;
                     // SAFETY: the source was published for this call.
