@@ -1025,6 +1025,20 @@ SG_DEVICE void sg_peer_probe(const RawPeerProbe* p) {
   sg_store_release((uint32_t*)p->result, verdict);
 }
 
+/* The multicast probe (RawMulticastProbe): the first thread stores this rank's pattern, 16
+ * bytes of the token and the rank (two lanes of it NaN patterns as f32), through the multicast
+ * address into slot `rank` of every member's memory; the host reads each member's slots once
+ * every rank's probe finished. */
+SG_DEVICE void sg_multicast_probe(const RawMulticastProbe* p) {
+  if (SG_THREAD != 0 || SG_BLOCK != 0) return;
+  sg_vec16 v;
+  v.w[0] = p->token;
+  v.w[1] = p->rank;
+  v.w[2] = ~p->token;
+  v.w[3] = ~p->rank;
+  sg_multimem_store16((unsigned char*)p->multicast + 16 * (uint64_t)p->rank, v);
+}
+
 #ifdef STRAGGLAR_HOST_EMULATION
 thread_local sg_host_thread sg_self;
 
@@ -1150,6 +1164,8 @@ SG_GLOBAL void ncclStragglarTicket(RawTicket args) { sg_ticket(&args); }
 SG_GLOBAL void ncclStragglarTicketEnd(RawTicket args) { sg_ticket_end(&args); }
 
 SG_GLOBAL void ncclStragglarPeerProbe(RawPeerProbe args) { sg_peer_probe(&args); }
+
+SG_GLOBAL void ncclStragglarMulticastProbe(RawMulticastProbe args) { sg_multicast_probe(&args); }
 
 /* `stragglar bench` only: holds its stream for `ns` nanoseconds of %globaltimer, so that a rank
  * sharing a GPU with its peers arrives late on the device, not just on the host. */

@@ -27,6 +27,8 @@ typedef struct __attribute__((aligned(16))) sg_vec16 {
 /* ---------------------------------------------------------------- host emulation ---------- */
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -64,6 +66,10 @@ struct sg_host_thread {
   void (*weak_store)(void* p, const void* src, uint32_t n);
   void (*weak_load)(const void* p, uint32_t n);
   void (*publish)(void);
+  /* Fiber harness: a multimem store of `n` bytes to the multicast address `p`, written into
+   * every member's memory bound there; false when `p` is no multicast address of this
+   * process (null otherwise: no multicast). */
+  bool (*multimem_store)(void* p, const void* src, uint32_t n);
 };
 extern thread_local sg_host_thread sg_self;
 
@@ -190,6 +196,16 @@ SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) {
     memcpy(dst, src, n);
 }
 SG_DEVICE void sg_store16(void* p, sg_vec16 v) { sg_store_bytes(p, &v, 16); }
+/* multimem.st.relaxed.sys of 16 bytes to a multicast address: written into the memory of every
+ * GPU bound there. Only the emulated driver has multicast; anywhere else, or at an address that
+ * is not multicast, the emulated thread stops the process (a GPU's behaviour is undefined). */
+SG_DEVICE void sg_multimem_store16(void* p, sg_vec16 v, SG_CALL_SITE) {
+  if (!sg_self.multimem_store || !sg_self.multimem_store(p, &v, 16)) {
+    fprintf(stderr, "emulated GPU: multimem.st at %s:%d to %p, which is no multicast address\n",
+            file, line, p);
+    abort();
+  }
+}
 SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) {
   if (sg_self.weak_load) {
     /* `dst` is a register's worth in the kernels; were it memory a held store may cover, that
@@ -327,6 +343,21 @@ SG_DEVICE void sg_store16(void* p, sg_vec16 v) {
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]),
                "r"(v.w[2]), "r"(v.w[3])
                : "memory");
+}
+/* 16 bytes stored through the multicast address `p` into the memory of every GPU bound there
+ * (multimem.st, relaxed, system scope; sm_90 and later: an older GPU traps). PTX takes vectors
+ * of floating-point lanes only, so the 16 bytes go as four f32 lanes: a store, not arithmetic. */
+SG_DEVICE void sg_multimem_store16(void* p, sg_vec16 v) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("multimem.st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p),
+               "f"(__uint_as_float(v.w[0])), "f"(__uint_as_float(v.w[1])),
+               "f"(__uint_as_float(v.w[2])), "f"(__uint_as_float(v.w[3]))
+               : "memory");
+#else
+  (void)p;
+  (void)v;
+  __trap();
+#endif
 }
 /* Copies n bytes (one element) of memory other ranks may write into dst: one load when src is
  * aligned to n (2, 4 or 8), byte by byte otherwise. Values move through memcpy (no type

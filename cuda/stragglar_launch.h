@@ -504,6 +504,22 @@ typedef struct RawPeerProbe {
 } RawPeerProbe;
 
 /**
+ * The multicast probe (`ncclStragglarMulticastProbe`, one thread), launched once by every rank
+ * of a multicast team: it stores `{token, rank, !token, !rank}` (16 bytes) through the
+ * multicast address into slot `rank` of every member's memory. Once every rank's probe
+ * finished, each rank finds every rank's pattern in its own memory, or multicast does not work
+ * here (or not bit for bit: two of the lanes are NaN patterns as f32).
+ */
+typedef struct RawMulticastProbe {
+  /**
+   * The multicast object's address on this GPU (16-byte aligned; `ranks` slots of 16 bytes).
+   */
+  uint64_t multicast;
+  uint32_t token;
+  uint32_t rank;
+} RawMulticastProbe;
+
+/**
  * The ticket kernel (`ncclStragglarTicket`, one thread): the arrival record of a call that
  * goes to NCCL, so the policy keeps seeing arrivals while it forwards. It waits for nobody (no
  * loop in its code: `tests/nvrtc.rs`): it publishes what this rank noted of its previous call,

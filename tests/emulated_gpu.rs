@@ -169,9 +169,10 @@ fn doctor_says_the_gpus_are_emulated() {
 
 /// `stragglar doctor --multicast[-processes]` forms a multicast team of every GPU through the
 /// engine's protocol, one thread or one process per GPU (the object's fd passed between the
-/// processes); where the GPUs have no multicast, or one rank fails a step, every rank declines
-/// alike, naming the step and the rank, and nothing hangs (a bind made before every device was
-/// added would block forever).
+/// processes), and every rank's probe kernel stores through it into every rank's memory; where
+/// the GPUs have no multicast, one rank fails a step, or the stores miss a GPU, every rank
+/// declines alike, naming the step and the rank, and nothing hangs (a bind made before every
+/// device was added would block forever).
 #[test]
 fn a_multicast_team_forms_on_every_gpu_or_every_rank_declines_alike() {
     built();
@@ -212,6 +213,17 @@ fn a_multicast_team_forms_on_every_gpu_or_every_rank_declines_alike() {
             "--multicast",
             vec![on, ("STRAGGLAR_EMU_FAIL", "cuMulticastBindMem@3")],
             "rank 3 could not bind its memory",
+        ),
+        (
+            "--multicast",
+            vec![on, ("STRAGGLAR_EMU_FAIL", "cuLaunchKernel@1")],
+            "rank 1 could not store through the multicast object",
+        ),
+        // A switch that does not replicate into GPU 2: the probe's check finds it out.
+        (
+            "--multicast-processes",
+            vec![on, ("STRAGGLAR_EMU_MULTICAST_DROP", "2")],
+            "rank 2 could not see every rank's multicast store",
         ),
     ] {
         let mut env = env;

@@ -12,7 +12,7 @@ use stragglar::gpu::arrival::{RawArrivalNote, RawBoardSlot, RawRingEntry, RawTic
 use stragglar::gpu::choice::{
     RawClassState, RawClassTimes, RawDetector, RawGraphState, RawRule, RawSamples,
 };
-use stragglar::gpu::launch::{RawLaunch, RawPeer, RawPeerProbe};
+use stragglar::gpu::launch::{RawLaunch, RawMulticastProbe, RawPeer, RawPeerProbe};
 use stragglar::nccl::types::{ncclConfig_t, ncclUniqueId};
 use stragglar::plan::{RawPlanHeader, RawSource, RawStep, RawValue};
 
@@ -230,6 +230,7 @@ fn generate_launch_h() -> String {
         "RawPeer",
         "RawApply",
         "RawPeerProbe",
+        "RawMulticastProbe",
         "RawTicket",
         "RawBoardSlot",
         "RawRingEntry",
@@ -265,6 +266,10 @@ fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
     for (name, size) in [
         ("RawPeer", std::mem::size_of::<RawPeer>()),
         ("RawPeerProbe", std::mem::size_of::<RawPeerProbe>()),
+        (
+            "RawMulticastProbe",
+            std::mem::size_of::<RawMulticastProbe>(),
+        ),
         ("RawTicket", std::mem::size_of::<RawTicket>()),
         ("RawBoardSlot", std::mem::size_of::<RawBoardSlot>()),
         ("RawRingEntry", std::mem::size_of::<RawRingEntry>()),

@@ -18,6 +18,8 @@ pub const DELAY_KERNEL: &str = "ncclStragglarDelay";
 pub const APPLY_PROBE_KERNEL: &str = "ncclStragglarApplyProbe";
 /// The peer probe's entry point (`RawPeerProbe`).
 pub const PEER_PROBE_KERNEL: &str = "ncclStragglarPeerProbe";
+/// The multicast probe's entry point (`RawMulticastProbe`).
+pub const MULTICAST_PROBE_KERNEL: &str = "ncclStragglarMulticastProbe";
 
 /// The sources, in include order: `(file name, text)`.
 pub const SOURCES: [(&str, &str); 7] = [

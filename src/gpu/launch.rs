@@ -182,6 +182,20 @@ pub struct RawPeerProbe {
     pub reserved: u32,
 }
 
+/// The multicast probe (`ncclStragglarMulticastProbe`, one thread), launched once by every rank
+/// of a multicast team: it stores `{token, rank, !token, !rank}` (16 bytes) through the
+/// multicast address into slot `rank` of every member's memory. Once every rank's probe
+/// finished, each rank finds every rank's pattern in its own memory, or multicast does not work
+/// here (or not bit for bit: two of the lanes are NaN patterns as f32).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawMulticastProbe {
+    /// The multicast object's address on this GPU (16-byte aligned; `ranks` slots of 16 bytes).
+    pub multicast: u64,
+    pub token: u32,
+    pub rank: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,5 +206,6 @@ mod tests {
         assert_eq!(std::mem::size_of::<RawLaunch>(), 224);
         assert_eq!(std::mem::size_of::<RawApply>(), 96);
         assert_eq!(std::mem::size_of::<RawPeerProbe>(), 40);
+        assert_eq!(std::mem::size_of::<RawMulticastProbe>(), 16);
     }
 }

@@ -51,6 +51,9 @@ void body(void* arg, uint32_t thread) {
     case emu::KernelId::PeerProbe:
       sg_peer_probe((const RawPeerProbe*)run->params);
       break;
+    case emu::KernelId::MulticastProbe:
+      sg_multicast_probe((const RawMulticastProbe*)run->params);
+      break;
     case emu::KernelId::Fault:
       /* The self-test's kernel that writes to address 0 on a GPU: here it faults only when
        * STRAGGLAR_EMU_KERNEL_FAULT says so (kernels.cpp). */
@@ -85,6 +88,10 @@ uint32_t emu_strong_loaded(const void* p, uint32_t value) {
   return emu::loaded_by(p, value, sg_self.device);
 }
 
+bool emu_multimem_store(void* p, const void* src, uint32_t n) {
+  return emu::multicast_store(p, src, n);
+}
+
 void emu_weak_store(void* p, const void* src, uint32_t n) {
   t_weak->store(sg_self.thread, p, src, n);
 }
@@ -98,6 +105,8 @@ const emu::KernelSpec kSpecs[] = {
     {"ncclStragglarDelay", emu::KernelId::Delay, sizeof(uint64_t), 1024},
     {"ncclStragglarApplyProbe", emu::KernelId::ApplyProbe, sizeof(RawApply), MAX_THREADS},
     {"ncclStragglarPeerProbe", emu::KernelId::PeerProbe, sizeof(RawPeerProbe), 1024},
+    {"ncclStragglarMulticastProbe", emu::KernelId::MulticastProbe, sizeof(RawMulticastProbe),
+     1024},
     {"ncclStragglarFault", emu::KernelId::Fault, sizeof(uint64_t), 1024},
 };
 
@@ -126,6 +135,7 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
   sg_self.device = device;
   sg_self.strong_access = emu_strong_access;
   sg_self.strong_loaded = emu_strong_loaded;
+  sg_self.multimem_store = emu_multimem_store;
   /* The AllReduce kernel's arrival warp (block 0's last threads) never meets the others. */
   const uint32_t syncing = k->id == emu::KernelId::AllReduce
                                ? sg_plan_threads((const RawLaunch*)params, block, threads)
@@ -153,6 +163,7 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
   sg_self.fiber_pause = nullptr;
   sg_self.strong_access = nullptr;
   sg_self.strong_loaded = nullptr;
+  sg_self.multimem_store = nullptr;
   free(shared);
 }
 

@@ -7,7 +7,16 @@
 
 namespace emu {
 
-enum class KernelId { AllReduce, Ticket, TicketEnd, Delay, ApplyProbe, PeerProbe, Fault };
+enum class KernelId {
+  AllReduce,
+  Ticket,
+  TicketEnd,
+  Delay,
+  ApplyProbe,
+  PeerProbe,
+  MulticastProbe,
+  Fault
+};
 
 /* A kernel of cuda/ (or the driver self-test's) the emulated GPU can run: its entry name, its one parameter's size in
  * bytes, and the most threads a block may have (its __launch_bounds__, else 1024). */
@@ -38,6 +47,11 @@ void check_strong_access(const void* p, uint32_t bytes, int scope, const char* o
  * is another GPU's memory (a machine whose multiprocessors misread peer memory that its copy
  * engines reach; memory.cpp). */
 uint32_t loaded_by(const void* p, uint32_t value, int device);
+
+/* A multimem store of `n` bytes at `p` (vmm.cpp): written into the memory every member bound
+ * at that offset of the multicast object mapped there, in whichever process it lives; false
+ * when `p` is not inside an accessible multicast mapping of this process. */
+bool multicast_store(void* p, const void* src, uint32_t n);
 
 }  // namespace emu
 

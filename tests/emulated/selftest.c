@@ -61,6 +61,37 @@ static const char kFaultPtx[] =
     "  ret;\n"
     "}\n";
 
+/* The multicast probe of the engine (sg_multicast_probe): thread 0 stores {token, rank, ~token,
+ * ~rank} through the multicast address, 16 bytes as four f32 lanes, into slot `rank`. */
+static const char kMulticastProbePtx[] =
+    ".version 8.1\n"
+    ".target sm_90\n"
+    ".address_size 64\n"
+    ".visible .entry ncclStragglarMulticastProbe(.param .align 8 .b8 args[16])\n"
+    "{\n"
+    "  .reg .pred p;\n"
+    "  .reg .u32 tid, token, rank, nt, nr;\n"
+    "  .reg .u64 mc, off;\n"
+    "  .reg .f32 a, b, c, d;\n"
+    "  mov.u32 tid, %tid.x;\n"
+    "  setp.ne.u32 p, tid, 0;\n"
+    "  @p bra DONE;\n"
+    "  ld.param.u64 mc, [args];\n"
+    "  ld.param.u32 token, [args+8];\n"
+    "  ld.param.u32 rank, [args+12];\n"
+    "  not.b32 nt, token;\n"
+    "  not.b32 nr, rank;\n"
+    "  mul.wide.u32 off, rank, 16;\n"
+    "  add.u64 mc, mc, off;\n"
+    "  mov.b32 a, token;\n"
+    "  mov.b32 b, rank;\n"
+    "  mov.b32 c, nt;\n"
+    "  mov.b32 d, nr;\n"
+    "  multimem.st.relaxed.sys.global.v4.f32 [mc], {a, b, c, d};\n"
+    "DONE:\n"
+    "  ret;\n"
+    "}\n";
+
 static int g_passed, g_failed;
 static CUfunction g_delay;
 static int g_emulated;
@@ -679,8 +710,9 @@ static void* bind_memory(void* p) {
 
 /* A multicast object for devices 0 and 1: a bind waits until both were added (the driver's
  * documented blocking, which a rank that declines after the create turns into a hang of its
- * peers); then both bind, and the object maps for both. Where the GPU has no multicast or
- * there is one GPU, it is skipped. */
+ * peers); then both bind, the object maps for both, and the engine's probe kernel, storing 16
+ * bytes through it from device 0 (two of its f32 lanes NaN patterns), reaches both devices'
+ * memory bit for bit. Where the GPU has no multicast or there is one GPU, it is skipped. */
 static int multicast_binds_and_maps_wait_for_every_device(void) {
   int multicast = 0, count = 0;
   CHECK(cuDeviceGetAttribute(&multicast, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0));
@@ -716,6 +748,27 @@ static int multicast_binds_and_maps_wait_for_every_device(void) {
   CHECK(cuMulticastBindMem(group, 0, memory[1], 0, bytes, 0));
   CUdeviceptr va;
   CHECK(map_for(group, bytes, 2, &va));
+  CUmodule module;
+  CUfunction probe;
+  CHECK(cuModuleLoadData(&module, kMulticastProbePtx));
+  CHECK(cuModuleGetFunction(&probe, module, "ncclStragglarMulticastProbe"));
+  struct {
+    uint64_t multicast;
+    uint32_t token, rank;
+  } probe_args = {va, 0x5347d00du, 1};
+  void* params[] = {&probe_args};
+  CHECK(cuLaunchKernel(probe, 1, 1, 1, 32, 1, 1, 0, 0, params, NULL));
+  CHECK(cuCtxSynchronize());
+  const uint32_t want[4] = {0x5347d00du, 1, ~0x5347d00du, ~1u};
+  for (int d = 0; d < 2; ++d) {
+    CUdeviceptr mine;
+    uint32_t got[4];
+    CHECK(map_for(memory[d], bytes, 2, &mine));
+    CHECK(cuMemcpyDtoH(got, mine + 16, sizeof got));
+    CHECK(unmap_and_free(mine, bytes));
+    EXPECT(memcmp(got, want, sizeof got) == 0);
+  }
+  CHECK(cuModuleUnload(module));
   CHECK(unmap_and_free(va, bytes));
   for (int d = 0; d < 2; ++d) CHECK(cuMulticastUnbind(group, d, 0, bytes));
   for (int d = 0; d < 2; ++d) CHECK(cuMemRelease(memory[d]));

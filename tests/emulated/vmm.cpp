@@ -16,12 +16,18 @@
  *   or store to them ends the process with a line naming the address (undefined in PTX);
  * - multicast needs STRAGGLAR_EMU_MULTICAST=1 (else CUDA_ERROR_NOT_SUPPORTED); fabric handles
  *   are not supported (no IMEX channel here).
- * Multicast stores (multimem) are not emulated yet. */
+ * - a multimem store (the kernels' sg_multimem_store16) writes every member's memory bound at
+ *   its offset, in whichever process it lives (opened through /proc/<pid>/fd, as IPC is, and
+ *   kept mapped); it lands at once, never held back as the weak memory holds plain stores;
+ *   STRAGGLAR_EMU_MULTICAST_DROP=D makes them never reach device D's memory (a switch that does
+ *   not replicate to one GPU, for the multicast team's probe). */
 #include "emu.h"
+#include "kernel_source.h"
 
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <map>
@@ -88,6 +94,7 @@ struct Handle {
  * as device memory once accessible) or of a multicast object (pages left inaccessible). */
 struct Mapping {
   size_t bytes = 0;
+  size_t offset = 0; /* into the handle's memory (cuMemMap's offset) */
   uint64_t handle = 0;
   bool multicast = false;
   int device = 0;
@@ -270,7 +277,65 @@ std::vector<std::map<uint64_t, Mapping>::iterator> tiling(uint64_t p, size_t byt
   return out;
 }
 
+/* Under g_vmm: the bytes of the allocation a binding names, mapped in this process (opened
+ * through /proc/<pid>/fd/<fd> of the binding process once, and kept); null if it is gone. */
+unsigned char* binding_memory(const Binding& b) {
+  static std::map<std::pair<int64_t, uint64_t>, unsigned char*>* mapped =
+      new std::map<std::pair<int64_t, uint64_t>, unsigned char*>();
+  const auto key = std::make_pair(b.pid, b.ino);
+  auto it = mapped->find(key);
+  if (it != mapped->end()) return it->second;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%lld/fd/%d", (long long)b.pid, b.fd);
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st;
+  Meta meta;
+  void* p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && (uint64_t)st.st_ino == b.ino &&
+      pread(fd, &meta, sizeof meta, 0) == (ssize_t)sizeof meta && meta.magic == kMetaMagic)
+    p = mmap(nullptr, kMetaBytes + meta.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  unsigned char* data = (unsigned char*)p + kMetaBytes;
+  (*mapped)[key] = data;
+  return data;
+}
+
 }  // namespace
+
+bool multicast_store(void* p, const void* src, uint32_t n) {
+  static const int dropped = [] {
+    const char* v = getenv("STRAGGLAR_EMU_MULTICAST_DROP");
+    return v && *v ? atoi(v) : -1;
+  }();
+  const uint64_t at = (uint64_t)p;
+  std::lock_guard<std::mutex> g(*g_vmm);
+  auto it = mapping_at(at);
+  if (it == g_mappings->end() || !it->second.multicast || !it->second.accessible ||
+      at + n > it->first + it->second.bytes)
+    return false;
+  auto h = g_handles->find(it->second.handle);
+  if (h == g_handles->end()) return false;
+  Meta* meta = h->second.meta;
+  const uint64_t offset = it->second.offset + (at - it->first);
+  MetaLock lock(meta);
+  for (uint32_t i = 0; i < meta->bindings; ++i) {
+    const Binding& b = meta->bound[i];
+    if (offset < b.mc_offset || offset + n > b.mc_offset + b.size || b.device == dropped)
+      continue;
+    unsigned char* memory = binding_memory(b);
+    if (!memory) return false;
+    unsigned char* dst = memory + b.mem_offset + (offset - b.mc_offset);
+    for (uint32_t k = 0; k < n; k += 4) {
+      uint32_t word;
+      memcpy(&word, (const unsigned char*)src + k, 4);
+      __atomic_store_n((uint32_t*)(dst + k), word, __ATOMIC_RELAXED);
+    }
+  }
+  return true;
+}
+
 }  // namespace emu
 
 using namespace emu;
@@ -421,6 +486,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     return CUDA_ERROR_INVALID_VALUE;
   Mapping m;
   m.bytes = size;
+  m.offset = offset;
   m.handle = handle;
   m.multicast = h->meta->kind == kMulticast;
   m.device = h->meta->device;

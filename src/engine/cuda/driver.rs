@@ -98,7 +98,7 @@ impl Device {
     }
 
     /// Waits for what the host queued on the side stream (nothing of the caller's).
-    fn synchronize_side(&self) -> Result<(), GpuError> {
+    pub fn synchronize_side(&self) -> Result<(), GpuError> {
         let side = self.side()?;
         let _current = self.current()?;
         // SAFETY: the side stream lives as long as `self`.
@@ -570,19 +570,23 @@ pub struct Kernels {
     pub ticket_end: Kernel,
     /// `ncclStragglarPeerProbe`.
     pub peer_probe: Kernel,
+    /// `ncclStragglarMulticastProbe`.
+    pub multicast_probe: Kernel,
 }
 
 impl Kernels {
     /// Loads the kernels of `cubin` on `device`.
     pub fn load(device: &Arc<Device>, cubin: &[u8]) -> Result<Kernels, GpuError> {
         use crate::gpu::kernels::{
-            ALL_REDUCE_KERNEL, PEER_PROBE_KERNEL, TICKET_END_KERNEL, TICKET_KERNEL,
+            ALL_REDUCE_KERNEL, MULTICAST_PROBE_KERNEL, PEER_PROBE_KERNEL, TICKET_END_KERNEL,
+            TICKET_KERNEL,
         };
         Ok(Kernels {
             all_reduce: Kernel::load(device, cubin, ALL_REDUCE_KERNEL)?,
             ticket: Kernel::load(device, cubin, TICKET_KERNEL)?,
             ticket_end: Kernel::load(device, cubin, TICKET_END_KERNEL)?,
             peer_probe: Kernel::load(device, cubin, PEER_PROBE_KERNEL)?,
+            multicast_probe: Kernel::load(device, cubin, MULTICAST_PROBE_KERNEL)?,
         })
     }
 }

@@ -301,6 +301,25 @@ impl VirtualMapping {
     }
 }
 
+impl VirtualMapping {
+    /// Copies the first `out.len()` bytes of the mapping to the host (synchronously, with the
+    /// device's work queued before it done); never for a multicast mapping, whose addresses
+    /// take multimem operations only.
+    pub fn read(&self, out: &mut [u8]) -> Result<(), GpuError> {
+        if out.len() > self.bytes {
+            return Err(GpuError {
+                call: "cuMemcpyDtoH",
+                detail: format!("{} bytes from a mapping of {}", out.len(), self.bytes),
+            });
+        }
+        let _current = self.device.current()?;
+        // SAFETY: `out` is writable for its length, which lies within the mapped range.
+        check("cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr, out.len())
+        })
+    }
+}
+
 impl Drop for VirtualMapping {
     fn drop(&mut self) {
         if let Ok(_current) = self.device.current() {

@@ -6,9 +6,20 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::team::{form, Declined, TeamRequest};
+use super::team::{decline, form, Declined, TeamRequest};
 use crate::engine::cuda::driver::Device;
 use crate::engine::cuda::exchange::{DirExchange, ThreadExchange};
+use crate::engine::cuda::gpus::{self, Loaded};
+use std::sync::Arc;
+
+/// GPU `ordinal` and our kernels on it (opened and loaded once per process).
+fn gpu(ordinal: usize) -> Result<(Arc<Device>, Arc<Loaded>), String> {
+    let ordinal = ordinal as i32;
+    let device = gpus::device(ordinal, |_| {}).map_err(|e| format!("GPU {ordinal}: {e}"))?;
+    let loaded = gpus::kernels(ordinal, &device, |_| {})
+        .map_err(|e| format!("GPU {ordinal}: our kernels: {e}"))?;
+    Ok((device, loaded))
+}
 
 /// How long a check's ranks wait for each other's connections.
 const CHECK_DEADLINE: Duration = Duration::from_secs(30);
@@ -28,9 +39,7 @@ pub struct Formed {
 /// gives it up, and says how it went: `Err` with the cause every rank agreed on, or with why a
 /// GPU could not even be opened.
 pub fn team_of_local_gpus(gpus: usize, bytes: usize) -> Result<Formed, String> {
-    let devices = (0..gpus)
-        .map(|ordinal| Device::open(ordinal as i32).map_err(|e| format!("GPU {ordinal}: {e}")))
-        .collect::<Result<Vec<_>, _>>()?;
+    let devices = (0..gpus).map(gpu).collect::<Result<Vec<_>, _>>()?;
     let socket = format!(
         "stragglar-doctor-{}-{}",
         std::process::id(),
@@ -43,7 +52,7 @@ pub fn team_of_local_gpus(gpus: usize, bytes: usize) -> Result<Formed, String> {
             .into_iter()
             .zip(&devices)
             .enumerate()
-            .map(|(rank, (mut exchange, device))| {
+            .map(|(rank, (mut exchange, (device, loaded)))| {
                 let socket = socket.as_str();
                 scope.spawn(move || {
                     let request = TeamRequest {
@@ -52,6 +61,7 @@ pub fn team_of_local_gpus(gpus: usize, bytes: usize) -> Result<Formed, String> {
                         bytes,
                         socket,
                         deadline,
+                        probe: &loaded.kernels.multicast_probe,
                     };
                     form(&mut exchange, device, &request).map(|team| team.bytes)
                 })
@@ -88,14 +98,21 @@ pub fn rank_of_process_team(
     bytes: usize,
     socket: &str,
 ) -> Result<usize, String> {
-    let device = Device::open(rank as i32).map_err(|e| format!("GPU {rank}: {e}"))?;
     let mut exchange = DirExchange::new(dir, rank, ranks);
+    let (device, loaded) = match gpu(rank) {
+        Ok(found) => found,
+        Err(why) => {
+            log::warn!("rank {rank}: multicast: {why}");
+            return Err(decline(&mut exchange).to_string());
+        }
+    };
     let request = TeamRequest {
         rank,
         ranks,
         bytes,
         socket,
         deadline: Instant::now() + CHECK_DEADLINE,
+        probe: &loaded.kernels.multicast_probe,
     };
     form(&mut exchange, &device, &request)
         .map(|team| team.bytes)

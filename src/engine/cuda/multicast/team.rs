@@ -1,6 +1,6 @@
 //! Forming a multicast team: every rank of a communicator ends with one multicast object mapped
-//! (stores through it reach every rank's memory) and its own memory bound to it, or every rank
-//! declines with the same cause.
+//! (stores through it reach every rank's memory, as a probe kernel shows) and its own memory
+//! bound to it, or every rank declines with the same cause.
 //!
 //! The driver makes the order strict: `cuMulticastBindMem` and `cuMemMap` of the object block
 //! until every device the object was created for has been added, so a rank that gave up after
@@ -14,7 +14,12 @@
 //! 3. **join**: rank 0 passes the fd to every peer (`fds`), each peer imports it, and every rank
 //!    adds its own device;
 //! 4. **bind**: every rank allocates its memory, binds it and maps both the object and its
-//!    memory; no bind can block, since step 3 confirmed every add.
+//!    memory; no bind can block, since step 3 confirmed every add;
+//! 5. **store**: every rank's probe kernel (`ncclStragglarMulticastProbe`) stores a 16-byte
+//!    pattern of the team's token and its rank through the object into its slot of every
+//!    member's memory;
+//! 6. **check**: once every probe finished, every rank finds every rank's pattern, bit for bit,
+//!    in its own memory.
 //!
 //! A local failure (an error, a panic, a missing driver symbol) is logged by the rank that met
 //! it and reported through the next all-gather; the team is then declined on every rank alike,
@@ -28,11 +33,12 @@ use std::time::Instant;
 use cudarc::driver::sys::CUdevice_attribute;
 
 use super::fds::{receive, FdServer};
-use crate::engine::cuda::driver::Device;
+use crate::engine::cuda::driver::{Device, Kernel};
 use crate::engine::cuda::setup::Exchange;
 use crate::engine::cuda::vmm::{
     allocation_granularity, multicast_granularity, MulticastObject, Physical, VirtualMapping,
 };
+use crate::gpu::launch::RawMulticastProbe;
 
 /// The steps of forming a team, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +47,8 @@ pub enum Step {
     Create,
     Join,
     Bind,
+    Store,
+    Check,
 }
 
 impl Step {
@@ -51,6 +59,10 @@ impl Step {
             Step::Create => "create the multicast object",
             Step::Join => "join the multicast object (receive its fd, import it, add its GPU)",
             Step::Bind => "bind its memory to the multicast object and map it",
+            Step::Store => "store through the multicast object (its probe kernel)",
+            Step::Check => {
+                "see every rank's multicast store, bit for bit, in its own memory (multicast does not work here)"
+            }
         }
     }
 }
@@ -99,6 +111,8 @@ pub struct TeamRequest<'a> {
     pub socket: &'a str,
     /// When waits for peers' connections give up.
     pub deadline: Instant,
+    /// `ncclStragglarMulticastProbe` on this rank's GPU.
+    pub probe: &'a Kernel,
 }
 
 /// Runs `local` under a panic guard; `None` (logged) when it failed or panicked.
@@ -194,6 +208,15 @@ fn team_bytes(bytes: usize, granularities: &[[u64; 2]]) -> Option<usize> {
     bytes.max(1).checked_next_multiple_of(unit)
 }
 
+/// Takes this rank's part in a team it cannot even try (its GPU or kernels unavailable): the
+/// first all-gather, failing, so its peers decline at once instead of waiting for it.
+pub fn decline<E: Exchange>(exchange: &mut E) -> Declined {
+    match gather(exchange, Step::Probe, false, [0; 2]) {
+        Err(declined) => declined,
+        Ok(_) => Declined::Exchange("a failed probe was gathered as a success".into()),
+    }
+}
+
 /// Forms the team for this rank (see the module's documentation): the same outcome on every
 /// rank of the exchange.
 pub fn form<E: Exchange>(
@@ -264,10 +287,76 @@ pub fn form<E: Exchange>(
         })
     });
     gather(exchange, Step::Bind, team.is_some(), [0; 2])?;
-    team.ok_or(Declined::Failed {
+    let team = team.ok_or(Declined::Failed {
         step: Step::Bind,
         rank,
+    })?;
+    // 5. Every rank's probe stores its pattern through the object.
+    let token = team_token(request.socket);
+    let stored = attempt(rank, Step::Store, || {
+        store_probe(device, request.probe, &team, rank, token)
+    });
+    gather(exchange, Step::Store, stored.is_some(), [0; 2])?;
+    // 6. Every probe finished: every pattern must be in every rank's memory.
+    let seen = attempt(rank, Step::Check, || {
+        check_probe(&team, request.ranks, token)
+    });
+    gather(exchange, Step::Check, seen.is_some(), [0; 2])?;
+    Ok(team)
+}
+
+/// The probe's token: the same on every rank (from the team's socket name, unique per team),
+/// so a pattern left in memory by an earlier team cannot pass for this one's.
+fn team_token(socket: &str) -> u32 {
+    // FNV-1a.
+    socket.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ b as u32).wrapping_mul(0x0100_0193)
     })
+}
+
+/// The pattern rank `rank`'s probe stores: 16 bytes, two of its f32 lanes NaN patterns.
+fn pattern(token: u32, rank: usize) -> [u8; 16] {
+    let rank = rank as u32;
+    let mut out = [0u8; 16];
+    for (i, word) in [token, rank, !token, !rank].into_iter().enumerate() {
+        out[4 * i..4 * i + 4].copy_from_slice(&word.to_le_bytes());
+    }
+    out
+}
+
+/// Launches this rank's probe on the device's side stream and waits for it.
+fn store_probe(
+    device: &Device,
+    probe: &Kernel,
+    team: &Team,
+    rank: usize,
+    token: u32,
+) -> Result<(), String> {
+    let args = RawMulticastProbe {
+        multicast: team.multicast.ptr,
+        token,
+        rank: rank as u32,
+    };
+    let side = device.side_stream().map_err(|e| e.to_string())?;
+    // SAFETY: the arguments name the team's multicast mapping, which lives until the team is
+    // dropped, after the side stream was synchronised below.
+    unsafe { probe.launch(side, 1, 32, &args) }.map_err(|e| e.to_string())?;
+    device.synchronize_side().map_err(|e| e.to_string())
+}
+
+/// Reads this rank's memory and finds every rank's pattern in its slot.
+fn check_probe(team: &Team, ranks: usize, token: u32) -> Result<(), String> {
+    let mut slots = vec![0u8; 16 * ranks];
+    team.unicast.read(&mut slots).map_err(|e| e.to_string())?;
+    for (r, slot) in slots.chunks(16).enumerate() {
+        let want = pattern(token, r);
+        if slot != want {
+            return Err(format!(
+                "slot {r} holds {slot:02x?}, not rank {r}'s pattern {want:02x?}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -283,6 +372,18 @@ mod tests {
             Some(6 << 20)
         );
         assert_eq!(team_bytes(usize::MAX, &[[2 * mib, 2 * mib]]), None);
+    }
+
+    #[test]
+    fn the_probe_pattern_is_the_kernels() {
+        // {token, rank, !token, !rank}, little-endian words, as sg_multicast_probe stores it.
+        let p = pattern(0x0102_0304, 5);
+        assert_eq!(&p[..4], &[4, 3, 2, 1]);
+        assert_eq!(&p[4..8], &[5, 0, 0, 0]);
+        assert_eq!(&p[8..12], &[0xfb, 0xfc, 0xfd, 0xfe]);
+        assert_eq!(&p[12..], &[0xfa, 0xff, 0xff, 0xff]);
+        assert_eq!(team_token("a"), team_token("a"));
+        assert_ne!(team_token("a"), team_token("b"));
     }
 
     #[test]
