@@ -26,7 +26,7 @@
 #   1. doctor: what the library sees (driver, GPUs, NVRTC, NCCL); the emulated GPU's driver
 #      self-test against this real driver
 #   2. kernels: the carried CUBIN for this GPU (or NVRTC compiles every kernel into a checked
-#      one when it does not match)
+#      one when it does not match); a multicast team of the GPU(s), its stores checked
 #   3. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%), for
 #      float, half and bfloat16 (the halves within 10% of float, their device conversions
 #      checked against src/reduce)
@@ -273,6 +273,13 @@ if [ "$DRY" = 1 ] || kernels_carried "$ARCH"; then
 else
   step "kernels compile with NVRTC ($ARCH)" kernels.log sg kernels --arch "$ARCH" --cache --out "$WORK/cubins"
 fi
+
+# 2b. NVLink multicast: a team of every GPU through the engine's protocol (probe, create, join,
+#     bind), then its probe kernel's multimem stores checked bit for bit in every GPU's memory
+#     (one GPU: a team of one, whose stores still go through the multicast object where the GPU
+#     has multicast); the doctor's line says what happened, or that the GPU has none.
+step "multicast team (doctor --multicast)" multicast.log sg doctor --multicast
+measured "  multicast" multicast.log '  multicast: ' '  multicast: '
 
 # 3. Kernel bandwidth against the device's copy rate.
 #    At two grids: two blocks per SM (the device's rate), and the AllReduce's own grid (the

@@ -50,6 +50,7 @@ fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
         "input: kernels (sm_90, these sources) ",
         "doctor",
         "kernels carried, built here for sm_90",
+        "multicast team (doctor --multicast)",
         "bench --backend cuda: n=2,3,4,5,6,7,8, types all, ops all",
         "8 ranks, 1K..256M, stragglar",
         "8 ranks, 1K..256M, ring",
