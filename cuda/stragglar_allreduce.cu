@@ -48,6 +48,8 @@ struct sg_step_scratch {
  * waits of the step between (which no step skips) only once it was done reading it. */
 struct sg_scratch {
   sg_step_scratch step[2];
+  /* The plan block this block runs (sg_all_reduce claims it at its start). */
+  uint32_t plan_block;
 };
 
 /* What the element-wise code needs: the op, the world size (for integer avg), the element
@@ -115,7 +117,8 @@ struct sg_call {
   const RawPlanHeader* plan;
   const RawPeer* peers;
   uint32_t parity;
-  uint32_t flag; /* the value every flag of this call holds */
+  uint32_t flag;  /* the value every flag of this call holds */
+  uint32_t block; /* the plan block this block runs (see sg_all_reduce) */
 };
 
 /* Whether the launch records its arrival: a graph launch always, an eager one with a board. */
@@ -151,7 +154,7 @@ SG_DEVICE void sg_call_slice(const sg_call* call, uint64_t bytes, uint64_t* begi
                              uint64_t* end) {
   const RawLaunch* a = call->args;
   const uint32_t short0 = sg_has_arrival(a) && a->threads > SG_ARRIVAL_LANES ? SG_ARRIVAL_LANES : 0;
-  sg_slice(bytes, SG_BLOCK, a->blocks, a->threads, short0, begin, end);
+  sg_slice(bytes, call->block, a->blocks, a->threads, short0, begin, end);
 }
 
 /* The flag of this block's slice of value `value` of rank `owner` in the inbox of rank
@@ -160,7 +163,7 @@ SG_DEVICE void sg_call_slice(const sg_call* call, uint64_t bytes, uint64_t* begi
 SG_DEVICE uint32_t* sg_inbox(const sg_call* call, uint32_t reader, uint32_t owner,
                              uint32_t value) {
   const uint32_t* bases = sg_at<uint32_t>(call->plan, call->plan->value_bases_at);
-  const uint64_t word = (uint64_t)(bases[owner] + value) * call->args->blocks + SG_BLOCK;
+  const uint64_t word = (uint64_t)(bases[owner] + value) * call->args->blocks + call->block;
   return (uint32_t*)call->peers[reader].flags[call->parity] + word;
 }
 
@@ -279,7 +282,7 @@ SG_DEVICE uint64_t sg_served(uint32_t flag, uint32_t turns) {
  * in this call's parity: written by the source's previous reader, polled by `reader` in its own
  * memory. */
 SG_DEVICE uint64_t* sg_turn_word(const sg_call* call, uint32_t reader, uint32_t source) {
-  const uint64_t word = (uint64_t)source * call->args->blocks + SG_BLOCK;
+  const uint64_t word = (uint64_t)source * call->args->blocks + call->block;
   return (uint64_t*)call->peers[reader].served[call->parity] + word;
 }
 
@@ -928,6 +931,17 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   call.math.dt = (uint32_t)a->datatype;
   call.math.scale = a->scale;
   call.layout = sg_layout_of(a->count, sg_elem_size(call.math.dt), plan ? plan->chunk_count : 1);
+  /* The plan block is claimed in the order the blocks start, not taken from the hardware index:
+   * the blocks resident on a GPU are then always plan blocks 0..k-1, whatever order the GPU
+   * dispatches them in and however few multiprocessors other work leaves free. Plan block b
+   * of a rank waits only on plan block b of its peers, so the resident blocks of any two GPUs
+   * always include matching ones and every call progresses, with one multiprocessor free per
+   * GPU at the least. (By hardware index, two GPUs that dispatch in different orders can each
+   * hold only blocks whose partners wait, unstarted, on the other.) The grid's last block
+   * resets the claims with the finished count, before the next launch can start. */
+  if (SG_THREAD == 0) s->plan_block = sg_atomic_add((uint32_t*)a->finished_blocks + 1, 1);
+  sg_block_sync();
+  call.block = s->plan_block;
   uint64_t epoch = sg_load_acquire64((const uint64_t*)a->epoch) + 1;
   call.parity = (uint32_t)(epoch & 1);
   call.flag = (uint32_t)((epoch - 1) % 0xffffffffull) + 1;
@@ -951,6 +965,7 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   if (SG_THREAD == 0) {
     if (sg_atomic_add((uint32_t*)a->finished_blocks, 1) == a->blocks - 1) {
       sg_store_volatile((uint32_t*)a->finished_blocks, 0);
+      sg_store_volatile((uint32_t*)a->finished_blocks + 1, 0);
       if (a->graph != 0 && sg_graph_ok(a)) {
         RawGraphState* g = (RawGraphState*)a->graph;
         sg_note_finished((uint64_t)g->notes, g->calls);

@@ -339,7 +339,8 @@ typedef struct RawLaunch {
    */
   uint64_t epoch;
   /**
-   * `uint32_t`: blocks of the current call that have finished (reset by the last one).
+   * `uint32_t[2]`: blocks of the current call that have finished, then blocks that have
+   * started (each claims its plan block from it); both reset by the last to finish.
    */
   uint64_t finished_blocks;
   /**

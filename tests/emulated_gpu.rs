@@ -658,6 +658,32 @@ fn four_rank_processes_allreduce_through_the_loopback_nccl_eager_nonblocking_and
     }
 }
 
+/// Every call progresses however few multiprocessors other work leaves free and whatever order
+/// each GPU dispatches its blocks in: each block claims its plan block as it starts, so the
+/// blocks resident on any GPU are plan blocks 0..k-1 and always meet their partners on the
+/// others. Seeded, every emulated GPU dispatches in an order of its own; at 8 multiprocessors
+/// (the grid), 7 (one fewer) and 2 (the least: the block holding the arrival warp waits on its
+/// peers' tickets, so a second one must run the plan), eagerly and in graph replays. By
+/// hardware index (before), 2 and 3 multiprocessors hung every seed tried at the first call.
+#[test]
+fn the_engine_progresses_with_two_multiprocessors_free_in_any_dispatch_order() {
+    for (sms, graphs) in [("8", false), ("7", false), ("2", false), ("2", true)] {
+        let mut extra = vec![
+            ("STRAGGLAR_EMU_SMS", sms),
+            ("STRAGGLAR_EMU_SEED", "1"),
+            ("STRAGGLAR_TIMEOUT_MS", "30000"),
+        ];
+        if graphs {
+            extra.push(("LOOPBACK_GRAPHS", "1"));
+        }
+        run_checked(
+            &["4"],
+            &engine_with("stragglar", &extra),
+            ": 100 calls checked",
+        );
+    }
+}
+
 #[test]
 fn a_rank_killed_mid_run_fails_its_peers_without_a_hang() {
     let (out, pid) = run_ranks(&["4", "2", "50"], &[]);

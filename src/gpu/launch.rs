@@ -86,7 +86,8 @@ pub struct RawLaunch {
     /// `uint64_t`: this rank's call counter. Every block reads it at start; the block that
     /// finishes last stores the call's number, so graph replays advance it with no host help.
     pub epoch: u64,
-    /// `uint32_t`: blocks of the current call that have finished (reset by the last one).
+    /// `uint32_t[2]`: blocks of the current call that have finished, then blocks that have
+    /// started (each claims its plan block from it); both reset by the last to finish.
     pub finished_blocks: u64,
     /// `uint32_t`, host-mapped: nonzero makes every wait give up (our Abort/Destroy wrappers).
     pub abort: u64,

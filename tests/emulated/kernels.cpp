@@ -112,13 +112,14 @@ void block_thread(const KernelSpec* spec, std::shared_ptr<std::vector<char>> par
 }  // namespace
 
 /* Runs launch number `launch` (of this process) of `spec`: its blocks in index order, or,
- * seeded, in a random order, each starting after a random delay below 200 us. */
+ * seeded, in a random order of each device's own (as the multiprocessors other work leaves
+ * free differ from GPU to GPU), each starting after a random delay below 200 us. */
 void run_kernel(const KernelSpec* spec, int device, uint32_t grid, uint32_t threads,
                 std::shared_ptr<std::vector<char>> params, uint64_t launch) {
   Sms* sms = sms_of(device);
   std::vector<uint32_t> order(grid);
   for (uint32_t b = 0; b < grid; ++b) order[b] = b;
-  Rng choices = rng_for(kChoiceBlocks, launch, 0);
+  Rng choices = rng_for(kChoiceBlocks, launch, 0x100000000ull + (uint64_t)device);
   if (schedule_seed())
     for (uint32_t k = grid; k > 1; --k) std::swap(order[k - 1], order[choices.below(k)]);
   std::vector<std::thread> blocks;

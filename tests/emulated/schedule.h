@@ -45,7 +45,8 @@ void random_sleep(Rng& r, uint32_t max_us);
 /* The kinds of choice, for rng_for. */
 enum : uint64_t {
   kChoiceFibers = 1,   /* a block's fiber order and preemptions: (launch, block) */
-  kChoiceBlocks = 2,   /* a launch's block order and start delays: (launch, 0) */
+  kChoiceBlocks = 2,   /* a launch's block order: (launch, 2^32 + device); start delays:
+                        * (launch, block + 1) */
   kChoiceStream = 3,   /* a stream worker's delays: (stream number, 0) */
   kChoiceGraph = 4,    /* a graph launch's node order: (graph launch, 0) */
 };

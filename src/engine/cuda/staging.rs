@@ -83,7 +83,7 @@ impl StagingLayout {
         self.served(0) + 2 * self.served_stride() + align(4 * PROBE_WORDS, REGION_ALIGN)
     }
 
-    /// Offset of the finished-blocks counter (`uint32_t`).
+    /// Offset of the finished-blocks and started-blocks counters (`uint32_t[2]`).
     pub fn finished_blocks(&self) -> u64 {
         self.epoch() + REGION_ALIGN
     }
@@ -203,7 +203,7 @@ mod tests {
                 (l.served(1), ranks * blocks * 8),
                 (l.probe_word(0), 4 * PROBE_WORDS),
                 (l.epoch(), 8),
-                (l.finished_blocks(), 4),
+                (l.finished_blocks(), 8),
                 (l.arrival_note(), 96),
                 (l.board(), StagingLayout::board_bytes()),
                 (l.graph(), StagingLayout::graph_bytes()),
