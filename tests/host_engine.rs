@@ -284,6 +284,52 @@ fn a_peer_that_never_arrives_times_out_cleanly() {
     assert!(left.is_empty(), "left in /dev/shm: {left:?}");
 }
 
+/// Multicast StragglAR across processes: several types and ops exact at several sizes, a wrong
+/// straggler guess included, every rank bitwise equal.
+#[test]
+fn multicast_stragglar_is_exact_across_processes() {
+    for (dtype, op, straggler, late) in [
+        ("float", "sum", "4", "4"),
+        ("bfloat16", "max", "1", "1"),
+        ("int64", "prod", "0", "3"),
+        ("half", "avg", "2", "2"),
+    ] {
+        let out = bench(&[
+            "--ranks",
+            "5",
+            "--algo",
+            "multicast",
+            "--straggler",
+            straggler,
+            "--late-rank",
+            late,
+            "--delay-us",
+            "2000",
+            "-b",
+            "4",
+            "-e",
+            "70000",
+            "-f",
+            "16",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "-d",
+            dtype,
+            "-o",
+            op,
+        ]);
+        assert!(out.status.success(), "{dtype} {op}: {}", describe(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("algo multicast"), "{text}");
+        assert!(
+            text.contains("wrong elements and rank disagreements: 0"),
+            "{dtype} {op}: {text}"
+        );
+    }
+}
+
 #[test]
 fn bad_arguments_are_usage_errors() {
     for args in [
@@ -302,6 +348,8 @@ fn bad_arguments_are_usage_errors() {
         vec!["--baseline-link-gbs", "1"],
         vec!["--link-gbs", "1", "--baseline-link-gbs", "0"],
         vec!["--backend", "cuda", "--baseline-link-gbs", "1"],
+        vec!["--backend", "cuda", "--algo", "multicast"],
+        vec!["--algo", "multicast", "--pipeline", "2"],
     ] {
         let out = bench(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", describe(&out));
