@@ -248,6 +248,12 @@ void wait_for_team(const Meta* meta, const char* call) {
   }
 }
 
+/* Puts reserved, inaccessible addresses back over [p, p + bytes) where a mapping was. */
+void restore_reservation(uint64_t p, size_t bytes) {
+  mmap((void*)p, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+       0);
+}
+
 /* Under g_vmm: the mapping holding `p`, or end(). */
 std::map<uint64_t, Mapping>::iterator mapping_at(uint64_t p) {
   auto it = g_mappings->upper_bound(p);
@@ -497,8 +503,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     void* shadow = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, h->fd,
                         (off_t)(kMetaBytes + h->meta->bytes + offset));
     if (shadow == MAP_FAILED) {
-      mmap((void*)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
-           -1, 0);
+      restore_reservation(ptr, size);
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
     m.shadow = (uint32_t*)shadow;
@@ -524,8 +529,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     } else {
       remove_mapped_memory(at);
       munmap(m.shadow, m.bytes);
-      mmap((void*)at, m.bytes, PROT_NONE,
-           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+      restore_reservation(at, m.bytes);
     }
     const uint64_t handle = m.handle;
     g_mappings->erase(it);

@@ -140,33 +140,44 @@ fn control_space() -> usize {
     unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize }
 }
 
-fn send_fd(stream: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
-    let mut data = [TAG];
+/// Runs `f` on a message of one data byte (`data`) with room for one fd's control message
+/// (`control`), whose pointers stay valid for the call.
+fn with_message<R>(
+    data: &mut [u8; 1],
+    control: &mut [u8],
+    f: impl FnOnce(&mut libc::msghdr) -> R,
+) -> R {
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
         iov_len: data.len(),
     };
-    let mut control = vec![0u8; control_space()];
     // SAFETY: an all-zero msghdr is valid; the fields set below point at live buffers.
     let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
     message.msg_iov = &mut iov;
     message.msg_iovlen = 1;
     message.msg_control = control.as_mut_ptr().cast();
     message.msg_controllen = control.len() as _;
-    // SAFETY: the control buffer has room for one header and one int (control_space), so
-    // CMSG_FIRSTHDR is non-null and its data holds the fd.
-    unsafe {
-        let header = libc::CMSG_FIRSTHDR(&message);
-        (*header).cmsg_level = libc::SOL_SOCKET;
-        (*header).cmsg_type = libc::SCM_RIGHTS;
-        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
-        std::ptr::write_unaligned(
-            libc::CMSG_DATA(header).cast::<libc::c_int>(),
-            fd.as_raw_fd(),
-        );
-    }
-    // SAFETY: `message` and the buffers it points at are live for the call.
-    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &message, libc::MSG_NOSIGNAL) };
+    f(&mut message)
+}
+
+fn send_fd(stream: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
+    let mut control = vec![0u8; control_space()];
+    let sent = with_message(&mut [TAG], &mut control, |message| {
+        // SAFETY: the control buffer has room for one header and one int (control_space), so
+        // CMSG_FIRSTHDR is non-null and its data holds the fd.
+        unsafe {
+            let header = libc::CMSG_FIRSTHDR(message);
+            (*header).cmsg_level = libc::SOL_SOCKET;
+            (*header).cmsg_type = libc::SCM_RIGHTS;
+            (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+            std::ptr::write_unaligned(
+                libc::CMSG_DATA(header).cast::<libc::c_int>(),
+                fd.as_raw_fd(),
+            );
+        }
+        // SAFETY: `message` and the buffers it points at are live for the call.
+        unsafe { libc::sendmsg(stream.as_raw_fd(), message, libc::MSG_NOSIGNAL) }
+    });
     if sent != 1 {
         return Err(io::Error::last_os_error());
     }
@@ -175,40 +186,48 @@ fn send_fd(stream: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
 
 fn receive_fd(stream: &UnixStream) -> io::Result<OwnedFd> {
     let mut data = [0u8];
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: data.len(),
-    };
     let mut control = vec![0u8; control_space()];
-    // SAFETY: as in send_fd.
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &mut iov;
-    message.msg_iovlen = 1;
-    message.msg_control = control.as_mut_ptr().cast();
-    message.msg_controllen = control.len() as _;
-    // SAFETY: `message` and its buffers are live for the call; received fds are close-on-exec.
-    let got = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC) };
-    if got < 0 {
-        return Err(io::Error::last_os_error());
+    let received = with_message(&mut data, &mut control, |message| {
+        // SAFETY: `message` and its buffers are live for the call; received fds are
+        // close-on-exec.
+        let got = unsafe { libc::recvmsg(stream.as_raw_fd(), message, libc::MSG_CMSG_CLOEXEC) };
+        if got < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: CMSG_FIRSTHDR reads the header recvmsg filled in (null when none came).
+        let header = unsafe { libc::CMSG_FIRSTHDR(message) };
+        let truncated = message.msg_flags & libc::MSG_CTRUNC != 0;
+        // SAFETY: a non-null header lies inside `control`.
+        let carries_fd = !header.is_null()
+            && unsafe {
+                (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS
+            };
+        if got != 1 || !carries_fd || truncated {
+            return Ok(None);
+        }
+        // SAFETY: an SCM_RIGHTS header's data holds the fd the kernel installed for this
+        // process.
+        Ok(Some(unsafe {
+            std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>())
+        }))
+    })?;
+    match received {
+        // SAFETY: the fd is new and this process owns it.
+        Some(fd) if data[0] == TAG => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        Some(fd) => {
+            // SAFETY: as above; it is closed at once.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            Err(no_fd())
+        }
+        None => Err(no_fd()),
     }
-    // SAFETY: CMSG_FIRSTHDR reads the header recvmsg filled in (null when none came).
-    let header = unsafe { libc::CMSG_FIRSTHDR(&message) };
-    let truncated = message.msg_flags & libc::MSG_CTRUNC != 0;
-    // SAFETY: a non-null header lies inside `control`.
-    let carries_fd = !header.is_null()
-        && unsafe {
-            (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS
-        };
-    if got != 1 || data[0] != TAG || !carries_fd || truncated {
-        return Err(io::Error::new(
-            ErrorKind::InvalidData,
-            "the multicast object's server sent no file descriptor",
-        ));
-    }
-    // SAFETY: an SCM_RIGHTS header's data holds the fd the kernel installed for this process.
-    let fd = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>()) };
-    // SAFETY: the fd is new and this process owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn no_fd() -> io::Error {
+    io::Error::new(
+        ErrorKind::InvalidData,
+        "the multicast object's server sent no file descriptor",
+    )
 }
 
 #[cfg(test)]
