@@ -209,6 +209,12 @@ fn a_multicast_team_forms_on_every_gpu_or_every_rank_declines_alike() {
             vec![on, ("STRAGGLAR_EMU_FAIL", "cuMulticastAddDevice@2")],
             "rank 2 could not join the multicast object",
         ),
+        // The switch's multicast objects all taken (by NCCL's NVLS, say).
+        (
+            "--multicast-processes",
+            vec![on, ("STRAGGLAR_EMU_MULTICAST_OBJECTS", "0")],
+            "rank 0 could not create the multicast object",
+        ),
         (
             "--multicast",
             vec![on, ("STRAGGLAR_EMU_FAIL", "cuMulticastBindMem@3")],

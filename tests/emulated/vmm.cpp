@@ -15,7 +15,12 @@
  * - a multicast mapping is never plain memory: its pages stay inaccessible, and a plain load
  *   or store to them ends the process with a line naming the address (undefined in PTX);
  * - multicast needs STRAGGLAR_EMU_MULTICAST=1 (else CUDA_ERROR_NOT_SUPPORTED); fabric handles
- *   are not supported (no IMEX channel here).
+ *   are not supported (no IMEX channel here);
+ * - the machine's multicast objects are few (an NVSwitch's, which NCCL's NVLS uses too):
+ *   STRAGGLAR_EMU_MULTICAST_OBJECTS (default 64) live objects at most over every process,
+ *   counted by the locks their creators hold on files of their own in
+ *   /dev/shm/stragglar-emu-multicast-<uid> (a crashed process's lock goes with it); a create
+ *   beyond them fails with CUDA_ERROR_OUT_OF_MEMORY.
  * - a multimem store (the kernels' sg_multimem_store16) writes every member's memory bound at
  *   its offset, in whichever process it lives (opened through /proc/<pid>/fd, as IPC is, and
  *   kept mapped); it lands at once, never held back as the weak memory holds plain stores;
@@ -31,7 +36,9 @@
 #include <cstring>
 #include <fcntl.h>
 #include <map>
+#include <dirent.h>
 #include <sched.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -88,6 +95,9 @@ struct Handle {
   bool imported = false;
   bool released = false;
   int mappings = 0;
+  /* A multicast object this process created: the lock file that counts it (-1 otherwise). */
+  int counted = -1;
+  std::string counted_path;
 };
 
 /* A mapped range: of an allocation (data mapped from the memfd, shadow mapped apart, recorded
@@ -228,7 +238,62 @@ void drop_if_done(uint64_t id) {
   if (it == g_handles->end() || !it->second.released || it->second.mappings > 0) return;
   munmap(it->second.meta, kMetaBytes);
   close(it->second.fd);
+  if (it->second.counted >= 0) {
+    unlink(it->second.counted_path.c_str());
+    close(it->second.counted);
+  }
   g_handles->erase(it);
+}
+
+/* The directory of the machine's multicast objects' lock files (made on first use). */
+std::string multicast_objects_dir() {
+  const std::string dir = "/dev/shm/stragglar-emu-multicast-" + std::to_string(getuid());
+  mkdir(dir.c_str(), 0700);
+  return dir;
+}
+
+/* Counts one more multicast object of the machine, unless STRAGGLAR_EMU_MULTICAST_OBJECTS are
+ * live already: the held lock file that counts it (its path in `path`), or -1. The count and
+ * the new file are made under a lock of the whole directory, so two processes never both take
+ * the last object. */
+int count_multicast_object(std::string* path) {
+  static const int limit = [] {
+    const char* v = getenv("STRAGGLAR_EMU_MULTICAST_OBJECTS");
+    return v && *v ? atoi(v) : 64;
+  }();
+  static std::atomic<uint64_t> next{0};
+  const std::string dir = multicast_objects_dir();
+  const int all = open((dir + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (all < 0 || flock(all, LOCK_EX) != 0) {
+    if (all >= 0) close(all);
+    return -1;
+  }
+  int live = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      const std::string file = dir + "/" + e->d_name;
+      const int fd = open(file.c_str(), O_RDWR | O_CLOEXEC);
+      if (fd < 0) continue;
+      if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+        unlink(file.c_str()); /* its creator is gone */
+      else
+        live++;
+      close(fd);
+    }
+    closedir(d);
+  }
+  int mine = -1;
+  if (live < limit) {
+    *path = dir + "/" + std::to_string(getpid()) + "-" + std::to_string(next++);
+    mine = open(path->c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (mine >= 0 && flock(mine, LOCK_EX | LOCK_NB) != 0) {
+      close(mine);
+      mine = -1;
+    }
+  }
+  close(all);
+  return mine;
 }
 
 /* Blocks until every device of the multicast object has been added, as the driver's binds and
@@ -590,15 +655,25 @@ CUresult cuMulticastCreate(CUmemGenericAllocationHandle* handle,
   CUresult r = check_multicast_prop(prop);
   if (r != CUDA_SUCCESS) return r;
   if (!handle || prop->size == 0 || !aligned(prop->size)) return CUDA_ERROR_INVALID_VALUE;
+  std::string counted_path;
+  const int counted = count_multicast_object(&counted_path);
+  if (counted < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   int fd = memfd_create("stragglar-emulated-multicast", MFD_CLOEXEC);
-  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  if (ftruncate(fd, (off_t)kMetaBytes) != 0) {
-    close(fd);
+  if (fd < 0 || ftruncate(fd, (off_t)kMetaBytes) != 0) {
+    if (fd >= 0) close(fd);
+    unlink(counted_path.c_str());
+    close(counted);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   std::lock_guard<std::mutex> g(*g_vmm);
   r = add_handle(fd, false, handle);
-  if (r != CUDA_SUCCESS) return r;
+  if (r != CUDA_SUCCESS) {
+    unlink(counted_path.c_str());
+    close(counted);
+    return r;
+  }
+  (*g_handles)[*handle].counted = counted;
+  (*g_handles)[*handle].counted_path = counted_path;
   Meta* meta = (*g_handles)[*handle].meta;
   meta->kind = kMulticast;
   meta->bytes = prop->size;
