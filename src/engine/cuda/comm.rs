@@ -351,11 +351,7 @@ impl CudaComm {
             // Measured calls' end kernels were not queued (nonblocking calls'): this call
             // collects first, ordered after this rank's previous launch like any launch.
             let collected = (|| -> Result<(), CallError> {
-                if stream != self.last_stream || self.captured > 0 {
-                    // SAFETY: both are the caller's live streams of this device.
-                    unsafe { self.last.wait_on(stream.cast()) }?;
-                    self.last_stream = stream;
-                }
+                follow_last_launch(&self.last, &mut self.last_stream, self.captured, stream)?;
                 // SAFETY: the caller's stream, not capturing, ordered just above.
                 unsafe { self.rank.collect_late(stream.cast()) }
             })();
@@ -433,16 +429,10 @@ impl CudaComm {
         }
         let raw = stream.cast();
         let time_wanted = self.tracker.baseline_time_wanted(bytes);
+        let ordered = follow_last_launch(&self.last, &mut self.last_stream, self.captured, stream);
         let rank = &mut self.rank;
         let result = (|| -> Result<Ran, CallError> {
-            // Calls on different streams are ordered by the event; once graphs hold calls of
-            // this communicator, on the same stream too: a replay on any stream records the
-            // event (see `capture`).
-            if stream != self.last_stream || self.captured > 0 {
-                // SAFETY: both are the caller's live streams of this device.
-                unsafe { self.last.wait_on(raw) }?;
-                self.last_stream = stream;
-            }
+            ordered?;
             let ran = match plan {
                 Some((plan, ran)) => {
                     // SAFETY: as the caller vouches.
@@ -913,6 +903,24 @@ impl CudaComm {
 
 /// Writes the trace event of the call whose record was just read (its host enqueue time: the
 /// GPU-side duration is not measured), with the record and the designation after it.
+/// Orders an eager launch on `stream` after the communicator's last launch (`last`, made on
+/// `last_stream`): calls on different streams are ordered by the event; once graphs hold
+/// calls of the communicator (`captured`), on the same stream too, since a replay on any
+/// stream records the event (see `CudaComm::capture`).
+fn follow_last_launch(
+    last: &Event,
+    last_stream: &mut cudaStream_t,
+    captured: u64,
+    stream: cudaStream_t,
+) -> Result<(), CallError> {
+    if stream != *last_stream || captured > 0 {
+        // SAFETY: both are the caller's live streams of this device.
+        unsafe { last.wait_on(stream.cast()) }?;
+        *last_stream = stream;
+    }
+    Ok(())
+}
+
 fn trace_call(
     trace: &mut Option<TraceWriter>,
     untraced: &mut VecDeque<(f64, u64, Option<usize>)>,
