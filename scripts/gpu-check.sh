@@ -31,7 +31,8 @@
 #      float, half and bfloat16 (the halves within 10% of float, their device conversions
 #      checked against src/reduce)
 #      the fixed cost of a step (target <= 2 us) and of a call, fitted over Ring at n = 2..8
-#   4. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash
+#   4. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash;
+#      observe mode with 4 PyTorch ranks on the one GPU (the real NCCL), the late one named
 #   5. correctness: stragglar bench --backend cuda, ranks as threads of one process sharing the
 #      GPU (each rank on its own stream), n = 2..8, every type and op, every element checked,
 #      every rank bitwise equal to the others, in place and out of place
@@ -371,6 +372,63 @@ PY
   done
 }
 step "PyTorch LD_PRELOAD, world size 1" torch.log torch_check
+
+# 4b. Observe mode on the real NCCL: 4 PyTorch processes on the one GPU, each with an NCCL_HOSTID
+#     of its own (reported to make NCCL take ranks sharing a GPU over its network path; if it
+#     refuses, the row says so), rank 2 sleeping 5 ms before each of 80 AllReduces of 4 MiB;
+#     `stragglar report` on their records must name rank 2, about 5 ms late.
+observe_check() {
+  local records="$WORK/observe-records" run="$OUT/observe-run.log" status
+  rm -rf "$records"
+  mkdir -p "$records"
+  # A file, not standard input: the spawned ranks import the script's functions from it.
+  cat >"$WORK/observe.py" <<'PY'
+import os, socket, time
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+def rank_main(rank, world, port):
+    os.environ["NCCL_HOSTID"] = f"stragglar-gpu-check-{rank}"
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    t = torch.empty(1 << 20, device="cuda")
+    for _ in range(80):
+        t.fill_(1.0)
+        if rank == 2:
+            time.sleep(0.005)
+        dist.all_reduce(t)
+    torch.cuda.synchronize()
+    assert t[0].item() == world, t[0].item()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    assert torch.cuda.is_available(), "PyTorch sees no GPU"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(rank_main, args=(4, port), nprocs=4, join=True)
+    print("4 ranks on one GPU, 80 AllReduces each: ok")
+PY
+  LD_LIBRARY_PATH="$ORIGINAL_LD_LIBRARY_PATH" STRAGGLAR_OBSERVE=1 STRAGGLAR_REPORT_DIR="$records" \
+    LD_PRELOAD="$(realpath "$LIB")" limited "$PYTHON" "$WORK/observe.py" >"$run" 2>&1
+  status=$?
+  tail -20 "$run"
+  if [ "$status" != 0 ]; then
+    echo "# observe: NCCL did not run 4 ranks on one GPU (NCCL_HOSTID per rank): see $run"
+    return "$status"
+  fi
+  "$BIN" report "$records" || return 1
+  if "$BIN" report "$records" | grep -q "persistent straggler: rank 2 "; then
+    echo "# observe: $("$BIN" report "$records" | grep -m1 "persistent straggler: rank 2 ")"
+  else
+    echo "# observe: the report did not name rank 2"
+    return 1
+  fi
+}
+step "observe mode, 4 PyTorch ranks on one GPU (real NCCL), rank 2 late" observe.log observe_check
+measured "  the report on the real NCCL" observe.log '# observe: ' '# observe: '
 
 # 5. Correctness: every type and op, world sizes 2..8, ranks as threads sharing the GPU, the
 #    straggler and the algorithm varied; one process per world size and algorithm.
