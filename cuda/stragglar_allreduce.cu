@@ -131,30 +131,25 @@ SG_DEVICE const T* sg_at(const RawPlanHeader* plan, uint64_t offset) {
   return (const T*)((const unsigned char*)plan + offset);
 }
 
-/* Bytes [begin, end) of a chunk of `chunk_bytes` that block `b` of `blocks` covers: whole
- * 16-byte units in proportion to the block's threads (`threads` each, block 0 `short0` fewer:
- * the arrival warp's), the same split on every rank; the last block's range may end in a
- * partial unit. Units times threads stay far below 2^64 (2^40 units, 2^14 threads). */
-SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint32_t threads,
-                        uint32_t short0, uint64_t* begin, uint64_t* end) {
-  if (short0 >= threads) short0 = 0; /* a block must keep some share */
+/* Bytes [begin, end) of a chunk of `chunk_bytes` that block `b` of `blocks` covers: an equal
+ * share of whole 16-byte units, the same split on every rank; the last block's range may end
+ * in a partial unit. Units times blocks stay far below 2^64 (2^40 units, 2^10 blocks). */
+SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint64_t* begin,
+                        uint64_t* end) {
   const uint64_t units = (chunk_bytes + 15) / 16;
-  const uint64_t total = (uint64_t)blocks * threads - short0;
-  const uint64_t first = b == 0 ? 0 : (uint64_t)b * threads - short0;
-  const uint64_t next = (uint64_t)(b + 1) * threads - short0;
-  *begin = total == 0 ? 0 : units * first / total * 16;
-  uint64_t e = total == 0 ? 0 : units * next / total * 16; /* no blocks: nothing to cover */
+  *begin = blocks == 0 ? 0 : units * b / blocks * 16;
+  uint64_t e = blocks == 0 ? 0 : units * (b + 1) / blocks * 16; /* no blocks: nothing to cover */
   *end = e < chunk_bytes ? e : chunk_bytes;
   if (*begin > *end) *begin = *end;
 }
 
-/* This block's bytes [begin, end) of a chunk of `bytes` in `call` (see sg_slice): block 0
- * of a launch that records its arrival has one warp fewer for the plan, so a smaller share. */
+/* This block's bytes [begin, end) of a chunk of `bytes` in `call`: its plan block's share (see
+ * sg_slice). Whichever plan block hardware block 0 claims runs it with one warp fewer when the
+ * launch records its arrival (that warp's): up to 1/16 more work per thread there, where giving
+ * plan block 0 a smaller share would land on a full block as often as not. */
 SG_DEVICE void sg_call_slice(const sg_call* call, uint64_t bytes, uint64_t* begin,
                              uint64_t* end) {
-  const RawLaunch* a = call->args;
-  const uint32_t short0 = sg_has_arrival(a) && a->threads > SG_ARRIVAL_LANES ? SG_ARRIVAL_LANES : 0;
-  sg_slice(bytes, call->block, a->blocks, a->threads, short0, begin, end);
+  sg_slice(bytes, call->block, call->args->blocks, begin, end);
 }
 
 /* The flag of this block's slice of value `value` of rank `owner` in the inbox of rank
@@ -1014,7 +1009,7 @@ SG_DEVICE void sg_apply_probe(const RawApply* a, sg_scratch* s) {
   }
   sg_block_sync();
   uint64_t begin, end;
-  sg_slice(a->bytes, SG_BLOCK, SG_BLOCKS, SG_BLOCK_DIM, 0, &begin, &end);
+  sg_slice(a->bytes, SG_BLOCK, SG_BLOCKS, &begin, &end);
   sg_apply_any(&math, &s->step[0], operands, begin, end, (unsigned char*)a->output, 0, false,
                false);
 }

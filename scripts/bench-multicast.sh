@@ -9,9 +9,11 @@
 #
 # usage: scripts/bench-multicast.sh [SIZE]   (default 1M; K/M/G as stragglar bench takes them)
 #
-# The link model serves a multicast send's readers for the price of one send by construction:
-# what this measures is the engine's own cost around it (steps, flags, the straggler's combine,
-# the readers' copies), not a GPU's multicast.
+# The link model gives a multicast send to every reader for the price of one (the sender's port
+# held once, every receiver's from the same start): what this measures beyond the model is the
+# engine's own cost around it (steps, flags, the straggler's combines, the readers' copies, its
+# broadcasts of the chunks one after another) and the emulated links' wake-ups, not a GPU's
+# multicast.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -22,7 +24,8 @@ BIN=target/release/stragglar
 GBS=0.02
 LATENCY_US=20
 model() { # the model's field $1 (seconds) for this size, in microseconds
-  "$BIN" model --ranks 8 --bytes "$SIZE" --alpha-us "$LATENCY_US" --bandwidth-gbs "$GBS" --json |
+  "$BIN" model --ranks 8 --bytes "$SIZE" --alpha-us "$LATENCY_US" --bandwidth-gbs "$GBS" \
+    --max-pipeline 8 --json |
     sed -n "s/.*\"$1\": \([-0-9.e+]*\).*/\1/p" | awk '{printf "%.0f", $1 * 1e6}'
 }
 PIECES=$("$BIN" model --ranks 8 --bytes "$SIZE" --alpha-us "$LATENCY_US" --bandwidth-gbs "$GBS" \

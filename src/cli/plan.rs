@@ -11,9 +11,10 @@ use crate::schedule::{
 
 /// Options of `stragglar plan`, as shown by `stragglar help`.
 pub const USAGE: &str = "
-stragglar plan --ranks N [--straggler S] [--algo stragglar|ring|rhd|direct] [--pipeline K] [--json]
-               [--svg FILE]
+stragglar plan --ranks N [--straggler S] [--algo stragglar|ring|rhd|direct|multicast]
+               [--pipeline K] [--json] [--svg FILE]
     the schedule in physical ranks (straggler defaults to N-1; rhd needs a power of two;
+    multicast: StragglAR whose straggler multicasts each complete chunk;
     --pipeline cuts each chunk into K pieces, stragglar only; --json: the plan format;
     --svg also draws it as a round-by-rank chart into FILE)
 stragglar plan --table A..B
@@ -72,7 +73,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         None => Algorithm::Stragglar,
         Some(name) => Algorithm::parse(&name).ok_or_else(|| {
             UsageError(format!(
-                "--algo: expected stragglar, ring, rhd or direct, got '{name}'"
+                "--algo: expected stragglar, ring, rhd, direct or multicast, got '{name}'"
             ))
         })?,
     };

@@ -68,17 +68,30 @@ fn team_of_processes(gpus: usize) -> Result<String, String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let socket = format!("stragglar-doctor-{id}");
     let start = std::time::Instant::now();
-    let spawned: Result<Vec<_>, _> = (0..gpus)
-        .map(|rank| {
-            Command::new(&exe)
-                .arg(WORKER_COMMAND)
-                .arg(&dir)
-                .args([rank.to_string(), gpus.to_string(), socket.clone()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .spawn()
-        })
-        .collect();
+    let mut children = Vec::with_capacity(gpus);
+    let mut spawned = Ok(());
+    for rank in 0..gpus {
+        match Command::new(&exe)
+            .arg(WORKER_COMMAND)
+            .arg(&dir)
+            .args([rank.to_string(), gpus.to_string(), socket.clone()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+        {
+            Ok(child) => children.push(child),
+            Err(e) => {
+                // The ranks started would wait for this one: end them.
+                for child in &mut children {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                spawned = Err(e);
+                break;
+            }
+        }
+    }
+    let spawned = spawned.map(|()| children);
     let outcomes: Result<Vec<String>, String> = match spawned {
         Ok(children) => Ok(children
             .into_iter()

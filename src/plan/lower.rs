@@ -8,8 +8,9 @@
 //! are put in a canonical order (the one whose contributions include the lowest rank first),
 //! so when two ranks compute the same final chunk (the exchange with the straggler) they
 //! compute it bit for bit alike, even for max/min of signed zeros. In a multicast schedule the
-//! reads after the ReduceScatter are unordered (no turns): the readers of a value share one
-//! multicast send of it, whose order on the source's port the engines do not serialise.
+//! reads after the ReduceScatter are unordered (no turns), and every one of them is a push
+//! (`Delivery::pushed_to`): the value is written into its readers as it is made, one send of
+//! its producer reaching them all.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -91,9 +92,8 @@ struct Lowering {
     output_written: Vec<Vec<bool>>,
     /// Whether the schedule's sends are multicast (their reads take no turns).
     multicast: bool,
-    /// `pushed_to[rank][value]`: the gather's destination of a value (see
-    /// [`Delivery::pushed_to`]).
-    pushed_to: Vec<Vec<Option<usize>>>,
+    /// `pushed_to[rank][value]`: see [`Delivery::pushed_to`].
+    pushed_to: Vec<Vec<Vec<usize>>>,
 }
 
 impl Lowering {
@@ -132,7 +132,7 @@ impl Lowering {
             sends: vec![0; ranks],
             output_written: vec![vec![false; chunks]; ranks],
             multicast,
-            pushed_to: vec![vec![None; chunks]; ranks],
+            pushed_to: vec![vec![Vec::new(); chunks]; ranks],
         }
     }
 
@@ -142,7 +142,7 @@ impl Lowering {
             offset: None,
         });
         self.reads[rank].push(false);
-        self.pushed_to[rank].push(None);
+        self.pushed_to[rank].push(Vec::new());
         self.programs[rank].values.len() - 1
     }
 
@@ -250,20 +250,16 @@ impl Lowering {
         Ok(())
     }
 
-    /// One round of a transfer-by-transfer phase; reads see values as of the round's start. A
-    /// gather round's sources are pushed into their destinations.
-    fn round(
-        &mut self,
-        round: &[crate::schedule::Transfer],
-        gather: bool,
-    ) -> Result<(), LowerError> {
+    /// One round of a transfer-by-transfer phase; reads see values as of the round's start. In
+    /// a multicast schedule every source is pushed into its destinations.
+    fn round(&mut self, round: &[crate::schedule::Transfer]) -> Result<(), LowerError> {
         let reads: Vec<Held> = round
             .iter()
             .map(|t| self.holding(t.src, t.chunk))
             .collect::<Result<_, _>>()?;
-        if gather {
+        if self.multicast {
             for (t, src) in round.iter().zip(&reads) {
-                self.pushed_to[src.value.rank][src.value.id] = Some(t.dst);
+                self.pushed_to[src.value.rank][src.value.id].push(t.dst);
             }
         }
         for (t, src) in round.iter().zip(reads) {
@@ -326,23 +322,8 @@ impl Lowering {
         // DefaultHasher::new() uses fixed keys: the same value in every process.
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (&self.programs, &self.reads, self.multicast).hash(&mut hasher);
-        let delivery = self.multicast.then(|| {
-            let mut readers: Vec<Vec<u32>> = self
-                .programs
-                .iter()
-                .map(|p| vec![0; p.values.len()])
-                .collect();
-            for program in &self.programs {
-                for step in &program.steps {
-                    for source in step.reads().0 {
-                        readers[source.rank][source.id] += 1;
-                    }
-                }
-            }
-            Delivery {
-                readers,
-                pushed_to: self.pushed_to,
-            }
+        let delivery = self.multicast.then_some(Delivery {
+            pushed_to: self.pushed_to,
         });
         let mut lowered = Lowered {
             ranks: self.ranks,
@@ -529,7 +510,7 @@ pub fn lower_structure(schedule: &Schedule) -> Result<Lowered, LowerError> {
             lowering.reduce_scatter(schedule, &phase.rounds)?;
         } else {
             for round in &phase.rounds {
-                lowering.round(round, phase.kind == PhaseKind::Gather)?;
+                lowering.round(round)?;
             }
         }
     }

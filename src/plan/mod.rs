@@ -103,15 +103,14 @@ pub struct RankProgram {
 }
 
 /// How the values of a multicast plan travel, for the engines' link emulation (the data moves
-/// as in any plan: readers wait for the value's flag and read it). Indexed `[rank][value]`.
+/// as in any plan: readers wait for the value's flag and read it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
-    /// How many steps of all ranks read the value: they share one multicast send of it, so
-    /// the source's send port moves its bytes once.
-    pub readers: Vec<Vec<u32>>,
-    /// The rank the value is written into as soon as it is made (the gather into the
-    /// straggler, before it arrives), instead of being fetched by that reader later.
-    pub pushed_to: Vec<Vec<Option<usize>>>,
+    /// `[rank][value]`: the ranks the value is written into as soon as it is made, instead of
+    /// each fetching it later: the gather's chunk into the straggler before it arrives, and
+    /// each complete chunk the straggler multicasts into every early rank, one send from its
+    /// port reaching them all. Empty for values read in place.
+    pub pushed_to: Vec<Vec<Vec<usize>>>,
 }
 
 /// A lowered schedule for `count` elements of `dtype` on `ranks` ranks.

@@ -115,14 +115,14 @@ fn every_data_type_and_op() {
 }
 
 /// A multicast plan: the straggler combines every chunk once and every early rank copies it,
-/// its reads unordered (no turns), each complete chunk read by the `n-1` early ranks, which
-/// share one send of it.
+/// its reads unordered (no turns), each complete chunk pushed into the `n-1` early ranks (one
+/// send reaching them all), each owner's chunk into the straggler.
 #[test]
-fn a_multicast_plan_combines_each_chunk_once_and_shares_its_send() {
+fn a_multicast_plan_combines_each_chunk_once_and_pushes_it_into_every_reader() {
     let (ranks, straggler) = (6, 4);
     let plan = plan_for(Algorithm::Multicast, ranks, straggler, 100, DataType::F32);
     let delivery = plan.delivery.as_ref().expect("a multicast plan");
-    let readers = &delivery.readers;
+    let pushed = &delivery.pushed_to;
     for (rank, program) in plan.programs.iter().enumerate() {
         for step in &program.steps {
             let (sources, turn) = step.reads();
@@ -131,12 +131,24 @@ fn a_multicast_plan_combines_each_chunk_once_and_shares_its_send() {
                 Step::Combine { complete: true, .. } => assert_eq!(rank, straggler),
                 Step::Copy { source, .. } => {
                     assert_eq!(source.rank, straggler);
-                    assert_eq!(readers[source.rank][source.id], (ranks - 1) as u32);
+                    let mut to = pushed[source.rank][source.id].clone();
+                    to.sort();
+                    let early: Vec<usize> = (0..ranks).filter(|&r| r != straggler).collect();
+                    assert_eq!(to, early);
                 }
                 _ => {}
             }
-            for source in sources {
-                assert!(readers[source.rank][source.id] >= 1);
+            // After the ReduceScatter (pulled by each owner), every remote read is of a value
+            // pushed into the reader.
+            let after_reduce_scatter = rank == straggler || matches!(step, Step::Copy { .. });
+            for source in sources
+                .iter()
+                .filter(|s| s.rank != rank && after_reduce_scatter)
+            {
+                assert!(
+                    pushed[source.rank][source.id].contains(&rank),
+                    "rank {rank} reads {source:?}, which is not pushed into it"
+                );
             }
         }
     }
@@ -149,16 +161,12 @@ fn a_multicast_plan_combines_each_chunk_once_and_shares_its_send() {
     let p2p = plan_for(Algorithm::Stragglar, ranks, straggler, 100, DataType::F32);
     assert_eq!(p2p.delivery, None);
     // Each owner's reduced chunk is pushed into the straggler: one value per early rank.
-    let pushed: Vec<(usize, usize)> = delivery
-        .pushed_to
-        .iter()
-        .enumerate()
-        .flat_map(|(rank, values)| values.iter().filter_map(move |d| d.map(|d| (rank, d))))
+    let gathered: Vec<&Vec<usize>> = (0..ranks)
+        .filter(|&r| r != straggler)
+        .flat_map(|r| pushed[r].iter().filter(|to| !to.is_empty()))
         .collect();
-    assert_eq!(pushed.len(), ranks - 1);
-    assert!(pushed
-        .iter()
-        .all(|&(rank, to)| rank != straggler && to == straggler));
+    assert_eq!(gathered.len(), ranks - 1);
+    assert!(gathered.iter().all(|to| to.as_slice() == [straggler]));
 }
 
 #[test]

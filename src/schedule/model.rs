@@ -171,9 +171,12 @@ impl Multicast {
 pub struct MulticastTimes {
     /// ReduceScatter among the early ranks, as for point-to-point StragglAR.
     pub reduce_scatter: f64,
-    /// The owners' multicast of `P` into every rank: `alpha + M / (ratio B)`.
+    /// The owners' writes of `P` into the straggler: `alpha + M / (ratio B)` (its receive port
+    /// takes all of `P`; the rounds overlap, one latency is priced).
     pub gather: f64,
-    /// After the straggler arrives: its one broadcast, `alpha + M / (ratio B)`.
+    /// After the straggler arrives: its broadcast of the complete chunks, `alpha + M / (ratio
+    /// B)` (one latency: the chunks stream back to back, where the schedule's round model
+    /// counts one round per chunk).
     pub post: f64,
 }
 

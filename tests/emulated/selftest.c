@@ -693,6 +693,7 @@ static int vmm_child(const char* fd_text, const char* bytes_text) {
 }
 
 struct bind_in_thread {
+  CUcontext context; /* made current in the thread first, as in the caller's */
   CUmemGenericAllocationHandle group, memory;
   size_t bytes;
   CUresult result;
@@ -702,7 +703,9 @@ struct bind_in_thread {
 
 static void* bind_memory(void* p) {
   struct bind_in_thread* b = p;
-  b->result = cuMulticastBindMem(b->group, 0, b->memory, 0, b->bytes, 0);
+  b->result = cuCtxSetCurrent(b->context);
+  if (b->result == CUDA_SUCCESS)
+    b->result = cuMulticastBindMem(b->group, 0, b->memory, 0, b->bytes, 0);
   b->returned_at = now_ms();
   __atomic_store_n(&b->returned, 1, __ATOMIC_RELEASE);
   return NULL;
@@ -735,7 +738,9 @@ static int multicast_binds_and_maps_wait_for_every_device(void) {
   CHECK(cuMulticastCreate(&group, &prop));
   for (int d = 0; d < 2; ++d) CHECK(cuMemCreate(&memory[d], bytes, &mem_prop[d], 0));
   CHECK(cuMulticastAddDevice(group, 0));
-  struct bind_in_thread bind = {group, memory[0], bytes, CUDA_ERROR_UNKNOWN, 0, 0};
+  CUcontext context;
+  CHECK(cuCtxGetCurrent(&context));
+  struct bind_in_thread bind = {context, group, memory[0], bytes, CUDA_ERROR_UNKNOWN, 0, 0};
   pthread_t thread;
   EXPECT(pthread_create(&thread, NULL, bind_memory, &bind) == 0);
   usleep(300 * 1000);

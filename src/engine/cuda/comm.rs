@@ -901,8 +901,6 @@ impl CudaComm {
     }
 }
 
-/// Writes the trace event of the call whose record was just read (its host enqueue time: the
-/// GPU-side duration is not measured), with the record and the designation after it.
 /// Orders an eager launch on `stream` after the communicator's last launch (`last`, made on
 /// `last_stream`): calls on different streams are ordered by the event; once graphs hold
 /// calls of the communicator (`captured`), on the same stream too, since a replay on any
@@ -921,6 +919,8 @@ fn follow_last_launch(
     Ok(())
 }
 
+/// Writes the trace event of the call whose record was just read (its host enqueue time: the
+/// GPU-side duration is not measured), with the record and the designation after it.
 fn trace_call(
     trace: &mut Option<TraceWriter>,
     untraced: &mut VecDeque<(f64, u64, Option<usize>)>,

@@ -172,25 +172,16 @@ struct Read {
     parity: usize,
     epoch: u32,
     turn: Turn,
-    /// The reads sharing the source's send of this value: 1 for a point-to-point transfer.
-    readers: usize,
-    /// The rank the value was pushed into by its producer, if any.
-    pushed_to: Option<usize>,
+    /// Whether the value's producer pushed it into this rank (see `Plan::delivery`).
+    pushed: bool,
 }
 
-/// How many reads share the send of `value` (see `Plan::delivery`): 1 unless the plan is
-/// multicast.
-fn readers_of(plan: &Plan, value: ValueRef) -> usize {
+/// The ranks `value` is pushed into when it is made (see `Plan::delivery`): none unless the
+/// plan is multicast.
+fn pushed_to(plan: &Plan, value: ValueRef) -> &[usize] {
     plan.delivery
         .as_ref()
-        .map_or(1, |d| d.readers[value.rank][value.id].max(1) as usize)
-}
-
-/// The rank `value` is pushed into when it is made (see `Plan::delivery`), if any.
-fn pushed_to(plan: &Plan, value: ValueRef) -> Option<usize> {
-    plan.delivery
-        .as_ref()
-        .and_then(|d| d.pushed_to[value.rank][value.id])
+        .map_or(&[], |d| d.pushed_to[value.rank][value.id].as_slice())
 }
 
 /// One rank of a host-engine communicator.
@@ -472,36 +463,35 @@ impl HostComm {
         }
         let link = self.config.link;
         // A pushed value was paid for by its producer, before it raised the flag.
-        if link.is_active() && read.pushed_to != Some(self.config.rank) {
+        if link.is_active() && !read.pushed {
             let own = self.segments[self.config.rank].header();
-            let done = link.book_share(
-                &peer.header().send_free_at,
-                &own.recv_free_at,
-                bytes,
-                read.readers,
-            );
+            let done = link.book(&peer.header().send_free_at, &own.recv_free_at, bytes);
             sleep_until(done);
         }
         Ok(())
     }
 
-    /// Pays the emulated transfer of a value this rank made into the rank it is pushed into
-    /// (see `Plan::delivery`), before its flag is raised: the data then lies in the reader's
-    /// memory when the reader sees the flag, as a push before the reader's arrival would.
+    /// Pays the emulated transfer of a value this rank made into the ranks it is pushed into
+    /// (see `Plan::delivery`: one send reaching them all), before its flag is raised: the data
+    /// then lies in every reader's memory when the reader sees the flag, as a push made before
+    /// the reader's arrival, or a multicast store, would leave it.
     fn push(&self, plan: &Plan, value: usize, bytes: usize) {
         let rank = self.config.rank;
         let link = self.config.link;
-        let Some(dst) = pushed_to(plan, ValueRef { rank, id: value }) else {
+        let to = pushed_to(plan, ValueRef { rank, id: value });
+        if to.is_empty() || !link.is_active() {
             return;
-        };
-        if link.is_active() {
-            let done = link.book(
-                &self.segments[rank].header().send_free_at,
-                &self.segments[dst].header().recv_free_at,
-                bytes,
-            );
-            sleep_until(done);
         }
+        let receivers: Vec<&std::sync::atomic::AtomicU64> = to
+            .iter()
+            .map(|&r| &self.segments[r].header().recv_free_at)
+            .collect();
+        let done = link.book_multicast(
+            &self.segments[rank].header().send_free_at,
+            &receivers,
+            bytes,
+        );
+        sleep_until(done);
     }
 
     /// Hands the source's send port to its next turn once an ordered read is done.
@@ -543,8 +533,9 @@ impl HostComm {
                         let offset = program.values[chunk].offset.expect("IN values are kept");
                         // SAFETY: value `chunk` is this rank's IN chunk, produced by this step.
                         let slot = unsafe { self.own_slot(plan, parity, chunk, offset) };
-                        slot.copy_from_slice(&buffers.input()[range]);
+                        slot.copy_from_slice(&buffers.input()[range.clone()]);
                         prescale(plan.dtype, scale, slot);
+                        self.push(plan, chunk, range.len());
                         publish(own.flag(parity, chunk), epoch);
                     }
                 }
@@ -562,8 +553,7 @@ impl HostComm {
                         parity,
                         epoch,
                         turn: *turn,
-                        readers: readers_of(plan, source),
-                        pushed_to: pushed_to(plan, source),
+                        pushed: pushed_to(plan, source).contains(&rank),
                     };
                     for &source in sources {
                         self.fetch(&watch, read(source), range.len())?;
@@ -611,8 +601,7 @@ impl HostComm {
                         parity,
                         epoch,
                         turn: *turn,
-                        readers: readers_of(plan, *source),
-                        pushed_to: pushed_to(plan, *source),
+                        pushed: pushed_to(plan, *source).contains(&rank),
                     };
                     self.fetch(&watch, read, range.len())?;
                     // SAFETY: the source was published for this call.

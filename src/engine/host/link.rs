@@ -1,8 +1,8 @@
 //! Link emulation: each rank's send and receive ports are FIFO servers of a given rate, and
 //! every transfer also pays a fixed latency. Used to hold measured StragglAR/Ring ratios
 //! against the cost model on a machine whose memory is far faster than the emulated links.
-//! A multicast send reaches every reader for the price of one: each of its `k` reads holds the
-//! source's send port for a `k`-th of the bytes, and its own receive port for all of them.
+//! A multicast send holds the sender's port once, for its latency and bytes, and every
+//! receiver's port from the same start (each as soon as it is free).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -49,22 +49,41 @@ impl LinkModel {
         self.latency.as_nanos() as u64 + wire as u64
     }
 
+    /// Books a multicast send of `bytes` from `send` (the source's port) to every port of
+    /// `receivers`: the send port once, from when it is free; each receive port from that
+    /// start or when it is free, whichever is later. Returns when the last receiver has it.
+    pub fn book_multicast(&self, send: &AtomicU64, receivers: &[&AtomicU64], bytes: usize) -> u64 {
+        let duration = self.duration_ns(bytes);
+        let start = loop {
+            let s = send.load(Ordering::Acquire);
+            let start = now_ns().max(s);
+            if send
+                .compare_exchange(s, start + duration, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                break start;
+            }
+        };
+        let mut last = start + duration;
+        for receive in receivers {
+            let end = loop {
+                let r = receive.load(Ordering::Acquire);
+                let end = start.max(r) + duration;
+                if receive
+                    .compare_exchange(r, end, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    break end;
+                }
+            };
+            last = last.max(end);
+        }
+        last
+    }
+
     /// Books a transfer of `bytes` on `send` (the source's port) and `receive` (the
     /// destination's), each a "free at" time; returns when it completes.
     pub fn book(&self, send: &AtomicU64, receive: &AtomicU64, bytes: usize) -> u64 {
-        self.book_share(send, receive, bytes, 1)
-    }
-
-    /// Books one of `readers >= 1` reads of a multicast send of `bytes`: `send` is held for
-    /// `bytes / readers` of them, `receive` for all; returns when the read completes.
-    pub fn book_share(
-        &self,
-        send: &AtomicU64,
-        receive: &AtomicU64,
-        bytes: usize,
-        readers: usize,
-    ) -> u64 {
-        let sending = self.duration_ns(bytes.div_ceil(readers.max(1)));
         let duration = self.duration_ns(bytes);
         loop {
             let (s, r) = (
@@ -72,9 +91,9 @@ impl LinkModel {
                 receive.load(Ordering::Acquire),
             );
             let start = now_ns().max(s).max(r);
-            let (sent, end) = (start + sending, start + duration);
+            let end = start + duration;
             if send
-                .compare_exchange(s, sent, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(s, end, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
             {
                 continue;
@@ -84,7 +103,7 @@ impl LinkModel {
                 .is_err()
             {
                 // Give the send port back unless someone booked after us.
-                let _ = send.compare_exchange(sent, s, Ordering::AcqRel, Ordering::Acquire);
+                let _ = send.compare_exchange(end, s, Ordering::AcqRel, Ordering::Acquire);
                 continue;
             }
             return end;
@@ -115,30 +134,29 @@ mod tests {
     }
 
     #[test]
-    fn the_reads_of_a_multicast_send_share_its_port() {
+    fn a_multicast_send_reaches_every_receiver_at_once() {
         let link = LinkModel {
             bytes_per_second: Some(1e9),
-            latency: Duration::ZERO,
+            latency: Duration::from_micros(10),
         };
         let send = AtomicU64::new(0);
         let receivers: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
+        // One receiver is busy for 2 ms more: it takes the send once it is free.
         let start = now_ns();
-        let ends: Vec<u64> = receivers
-            .iter()
-            .map(|r| link.book_share(&send, r, 1_000_000, 4))
-            .collect();
-        // Each read takes its receiver 1 ms; the send port is held 0.25 ms per read.
-        for (i, &end) in ends.iter().enumerate() {
-            let expected = start + 1_000_000 + i as u64 * 250_000;
-            assert!(
-                end >= expected && end < expected + 200_000,
-                "read {i}: {end}"
-            );
-        }
+        receivers[3].store(start + 2_000_000, Ordering::Release);
+        let ports: Vec<&AtomicU64> = receivers.iter().collect();
+        let last = link.book_multicast(&send, &ports, 1_000_000);
+        let one = 1_010_000;
         let held = send.load(Ordering::Acquire);
         assert!(
-            held >= start + 1_000_000 && held < start + 1_200_000,
+            held >= start + one && held < start + one + 200_000,
             "{held}"
         );
+        for r in &receivers[..3] {
+            let end = r.load(Ordering::Acquire);
+            assert!(end >= start + one && end < start + one + 200_000, "{end}");
+        }
+        assert_eq!(last, receivers[3].load(Ordering::Acquire));
+        assert!(last >= start + 2_000_000 + one && last < start + 2_200_000 + one);
     }
 }

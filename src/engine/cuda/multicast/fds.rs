@@ -134,17 +134,23 @@ fn peer_is_this_user(stream: &UnixStream) -> io::Result<bool> {
     Ok(cred.uid == unsafe { libc::getuid() })
 }
 
-/// Room for one fd's control message.
+/// Room for one fd's control message, in bytes.
 fn control_space() -> usize {
     // SAFETY: CMSG_SPACE is arithmetic on its argument.
     unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize }
 }
 
+/// A buffer for one fd's control message, aligned for a `cmsghdr` (whose fields are at most
+/// 8-byte words).
+fn control_buffer() -> Vec<u64> {
+    vec![0u64; control_space().div_ceil(8)]
+}
+
 /// Runs `f` on a message of one data byte (`data`) with room for one fd's control message
-/// (`control`), whose pointers stay valid for the call.
+/// (`control`, from [`control_buffer`]), whose pointers stay valid for the call.
 fn with_message<R>(
     data: &mut [u8; 1],
-    control: &mut [u8],
+    control: &mut [u64],
     f: impl FnOnce(&mut libc::msghdr) -> R,
 ) -> R {
     let mut iov = libc::iovec {
@@ -156,15 +162,25 @@ fn with_message<R>(
     message.msg_iov = &mut iov;
     message.msg_iovlen = 1;
     message.msg_control = control.as_mut_ptr().cast();
-    message.msg_controllen = control.len() as _;
+    message.msg_controllen = control_space() as _;
     f(&mut message)
 }
 
+/// Runs a send or receive call until it is not interrupted by a signal.
+fn retried(mut call: impl FnMut() -> isize) -> isize {
+    loop {
+        let got = call();
+        if got >= 0 || io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+            return got;
+        }
+    }
+}
+
 fn send_fd(stream: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
-    let mut control = vec![0u8; control_space()];
+    let mut control = control_buffer();
     let sent = with_message(&mut [TAG], &mut control, |message| {
-        // SAFETY: the control buffer has room for one header and one int (control_space), so
-        // CMSG_FIRSTHDR is non-null and its data holds the fd.
+        // SAFETY: the control buffer is aligned for a cmsghdr and has room for one header and
+        // one int (control_space), so CMSG_FIRSTHDR is non-null and its data holds the fd.
         unsafe {
             let header = libc::CMSG_FIRSTHDR(message);
             (*header).cmsg_level = libc::SOL_SOCKET;
@@ -176,7 +192,7 @@ fn send_fd(stream: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
             );
         }
         // SAFETY: `message` and the buffers it points at are live for the call.
-        unsafe { libc::sendmsg(stream.as_raw_fd(), message, libc::MSG_NOSIGNAL) }
+        retried(|| unsafe { libc::sendmsg(stream.as_raw_fd(), message, libc::MSG_NOSIGNAL) })
     });
     if sent != 1 {
         return Err(io::Error::last_os_error());
@@ -186,40 +202,36 @@ fn send_fd(stream: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
 
 fn receive_fd(stream: &UnixStream) -> io::Result<OwnedFd> {
     let mut data = [0u8];
-    let mut control = vec![0u8; control_space()];
-    let received = with_message(&mut data, &mut control, |message| {
+    let mut control = control_buffer();
+    let (got, fd, truncated) = with_message(&mut data, &mut control, |message| {
         // SAFETY: `message` and its buffers are live for the call; received fds are
         // close-on-exec.
-        let got = unsafe { libc::recvmsg(stream.as_raw_fd(), message, libc::MSG_CMSG_CLOEXEC) };
+        let got = retried(|| unsafe {
+            libc::recvmsg(stream.as_raw_fd(), message, libc::MSG_CMSG_CLOEXEC)
+        });
         if got < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: CMSG_FIRSTHDR reads the header recvmsg filled in (null when none came).
         let header = unsafe { libc::CMSG_FIRSTHDR(message) };
-        let truncated = message.msg_flags & libc::MSG_CTRUNC != 0;
-        // SAFETY: a non-null header lies inside `control`.
+        // SAFETY: a non-null header lies inside `control`, aligned.
         let carries_fd = !header.is_null()
             && unsafe {
                 (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS
             };
-        if got != 1 || !carries_fd || truncated {
-            return Ok(None);
-        }
-        // SAFETY: an SCM_RIGHTS header's data holds the fd the kernel installed for this
-        // process.
-        Ok(Some(unsafe {
-            std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>())
-        }))
+        // SAFETY: an SCM_RIGHTS header's data holds an fd the kernel installed for this
+        // process, which this process now owns (and closes on every path below).
+        let fd = carries_fd.then(|| unsafe {
+            OwnedFd::from_raw_fd(std::ptr::read_unaligned(
+                libc::CMSG_DATA(header).cast::<libc::c_int>(),
+            ))
+        });
+        Ok((got, fd, message.msg_flags & libc::MSG_CTRUNC != 0))
     })?;
-    match received {
-        // SAFETY: the fd is new and this process owns it.
-        Some(fd) if data[0] == TAG => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
-        Some(fd) => {
-            // SAFETY: as above; it is closed at once.
-            drop(unsafe { OwnedFd::from_raw_fd(fd) });
-            Err(no_fd())
-        }
-        None => Err(no_fd()),
+    match fd {
+        Some(fd) if got == 1 && data[0] == TAG && !truncated => Ok(fd),
+        // A message of another shape: its fd, if one came, is closed on drop.
+        _ => Err(no_fd()),
     }
 }
 

@@ -4,7 +4,7 @@
 //!
 //! The driver makes the order strict: `cuMulticastBindMem` and `cuMemMap` of the object block
 //! until every device the object was created for has been added, so a rank that gave up after
-//! the create would hang its peers inside the driver. Hence four steps, each ended by an
+//! the create would hang its peers inside the driver. Hence six steps, each ended by an
 //! all-gather of one status per rank that every rank makes whatever happened locally, and no
 //! step begins unless every rank finished the one before:
 //!
