@@ -127,66 +127,6 @@ fn threads_match_the_interpreter_over_consecutive_calls() {
     }
 }
 
-/// Multicast StragglAR under the link model, the straggler late by more than the phases
-/// before its arrival: the owners' chunks were pushed into it meanwhile, and the early ranks'
-/// reads of its complete chunks share its send port, so from its arrival to the last finish
-/// takes about `M / B` (each early rank receives `M`, the straggler's port moves `M` once), not
-/// the `(n-1) M / B` that separate sends would.
-#[test]
-fn a_multicast_send_costs_the_source_its_bytes_once() {
-    let ranks = 5;
-    let straggler = 4;
-    let count = 1 << 16; // 256 KiB of f32
-    let plan = Arc::new(plan(
-        Algorithm::Multicast,
-        ranks,
-        straggler,
-        count,
-        DataType::F32,
-    ));
-    let layout = layout_for(&[&plan]);
-    let id = comm_id();
-    let link = link::LinkModel {
-        bytes_per_second: Some(64e6),
-        latency: Duration::ZERO,
-    };
-    let bytes = count * 4;
-    // One message's time on one port: 4 ms.
-    let unit = Duration::from_secs_f64(bytes as f64 / 64e6);
-    let barrier = Arc::new(Barrier::new(ranks));
-    let arrival = Arc::new(parking_lot::Mutex::new(None::<Instant>));
-    let finishes: Vec<Instant> = (0..ranks)
-        .map(|rank| {
-            let (plan, barrier, arrival) = (plan.clone(), barrier.clone(), arrival.clone());
-            std::thread::spawn(move || {
-                let mut cfg = config(id, rank, ranks, layout);
-                cfg.link = link;
-                let mut comm = HostComm::join(cfg).unwrap();
-                let input = vec![1u8; bytes];
-                let mut out = vec![0u8; bytes];
-                barrier.wait();
-                if rank == straggler {
-                    std::thread::sleep(6 * unit);
-                    *arrival.lock() = Some(Instant::now());
-                }
-                let buffers = Buffers::OutOfPlace {
-                    input: &input,
-                    output: &mut out,
-                };
-                comm.all_reduce(&plan, ReduceOp::Sum, Scale::None, buffers)
-                    .unwrap();
-                Instant::now()
-            })
-        })
-        .collect::<Vec<_>>()
-        .into_iter()
-        .map(|t| t.join().unwrap())
-        .collect();
-    let arrived = arrival.lock().expect("the straggler arrived");
-    let post = finishes.iter().max().unwrap().duration_since(arrived);
-    assert!(post < 2 * unit, "after arrival {post:?}, one unit {unit:?}");
-}
-
 /// Pipelined StragglAR (chunks cut into pieces) on the engine, against the interpreter.
 #[test]
 fn pipelined_plans_match_the_interpreter() {
