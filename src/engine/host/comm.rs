@@ -482,15 +482,9 @@ impl HostComm {
         if to.is_empty() || !link.is_active() {
             return;
         }
-        let receivers: Vec<&std::sync::atomic::AtomicU64> = to
-            .iter()
-            .map(|&r| &self.segments[r].header().recv_free_at)
-            .collect();
-        let done = link.book_multicast(
-            &self.segments[rank].header().send_free_at,
-            &receivers,
-            bytes,
-        );
+        let receivers = to.iter().map(|&r| &self.segments[r].header().recv_free_at);
+        let done =
+            link.book_multicast(&self.segments[rank].header().send_free_at, receivers, bytes);
         sleep_until(done);
     }
 

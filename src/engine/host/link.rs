@@ -52,7 +52,12 @@ impl LinkModel {
     /// Books a multicast send of `bytes` from `send` (the source's port) to every port of
     /// `receivers`: the send port once, from when it is free; each receive port from that
     /// start or when it is free, whichever is later. Returns when the last receiver has it.
-    pub fn book_multicast(&self, send: &AtomicU64, receivers: &[&AtomicU64], bytes: usize) -> u64 {
+    pub fn book_multicast<'a>(
+        &self,
+        send: &AtomicU64,
+        receivers: impl IntoIterator<Item = &'a AtomicU64>,
+        bytes: usize,
+    ) -> u64 {
         let duration = self.duration_ns(bytes);
         let start = loop {
             let s = send.load(Ordering::Acquire);
@@ -145,8 +150,7 @@ mod tests {
         // One receiver is busy until well after the send starts: it takes it once free.
         let busy_until = now_ns() + 50_000_000;
         receivers[3].store(busy_until, Ordering::Release);
-        let ports: Vec<&AtomicU64> = receivers.iter().collect();
-        let last = link.book_multicast(&send, &ports, 1_000_000);
+        let last = link.book_multicast(&send, &receivers, 1_000_000);
         // The send port is held once; the free receivers take the send from its start.
         let start = send.load(Ordering::Acquire) - one;
         for r in &receivers[..3] {
