@@ -356,24 +356,85 @@ SG_DEVICE void sg_store16_to(unsigned char* out_a, unsigned char* out_b, uint64_
   if (out_b) sg_store16(out_b + at, v);
 }
 
-/* A copy of bytes [begin, end) (multiples of 16 from 16-byte aligned bases) to up to two
- * destinations: each thread moves UNROLL vectors a block stride apart per pass, every load
- * issued before any store, so a copy (most of a call's traffic: the exchange's copies, and
- * copy-in) keeps UNROLL 16-byte loads in flight per thread, which a read over NVLink needs to
- * approach the link rate. */
-SG_DEVICE void sg_copy16(const unsigned char* src, uint64_t begin, uint64_t end,
-                         unsigned char* out_a, unsigned char* out_b) {
-  enum { UNROLL = 4 };
-  const uint64_t stride = (uint64_t)SG_THREADS * 16;
-  for (uint64_t at = begin + (uint64_t)SG_THREAD * 16; at < end; at += stride * UNROLL) {
-    sg_vec16 v[UNROLL];
+/* Runs this thread's passes of a vector loop over bytes [begin, end): the thread's first vector
+ * at `begin + thread * 16`, each pass PASS::BYTES(ctx) further, with its loads into one of two
+ * register buffers and its results stored from it. Pass i + 1's loads are issued before pass
+ * i's results are combined and stored (double buffering, the buffers taking turns so that no
+ * register moves from one to the other while its loads are in flight), so a thread keeps the
+ * next pass's loads in flight through the current pass's arithmetic and stores: every wait on
+ * a load's latency overlaps a whole pass of work. PASS gives `buffer`, `BYTES`, `load` (issue
+ * every load of a pass, nothing used) and `store` (combine and store a pass whose loads were
+ * issued). Outlined, one function per PASS: each loop shape's registers are its own, and the
+ * SASS shows each shape's loads in flight (tests/nvrtc.rs counts them). */
+template <class PASS>
+SG_DEVICE void sg_pipeline(const typename PASS::context& ctx, uint64_t begin, uint64_t end) {
+  const uint64_t pass = PASS::BYTES(ctx);
+  uint64_t at = begin + (uint64_t)SG_THREAD * 16;
+  if (at >= end) return;
+  /* Loads past the end are masked (no access, zeros), never skipped by a branch: a buffer
+   * written on one path only would keep its old value live on the other, and the compiler
+   * then keeps both buffers' old values, in local memory (it spilled). */
+  typename PASS::buffer a, b;
+  PASS::load(ctx, a, at);
+  for (;;) {
+    PASS::load(ctx, b, at + pass);
+    PASS::store(ctx, a, at);
+    at += pass;
+    if (at >= end) return;
+    PASS::load(ctx, a, at + pass);
+    PASS::store(ctx, b, at);
+    at += pass;
+    if (at >= end) return;
+  }
+}
+
+/* What a plain copy's passes need: the source, the block stride (bytes), the end of the
+ * range and up to two destinations. */
+struct sg_copy_ctx {
+  const unsigned char* src;
+  uint64_t stride;
+  uint64_t end;
+  unsigned char* out_a;
+  unsigned char* out_b;
+};
+
+/* One pass of a plain copy: UNROLL vectors a block stride apart (those below the end). */
+template <uint32_t UNROLL>
+struct sg_copy_pass {
+  typedef sg_copy_ctx context;
+  typedef sg_vec16 buffer[UNROLL];
+  SG_DEVICE uint64_t BYTES(const context& c) { return c.stride * UNROLL; }
+  SG_DEVICE void load(const context& c, buffer& v, uint64_t at) {
+    SG_UNROLL
     for (uint32_t j = 0; j < UNROLL; ++j) {
-      if (at + j * stride < end) v[j] = sg_load16_fresh(src + at + j * stride);
-    }
-    for (uint32_t j = 0; j < UNROLL; ++j) {
-      if (at + j * stride < end) sg_store16_to(out_a, out_b, at + j * stride, v[j]);
+      const sg_vec16 zero = {{0, 0, 0, 0}};
+      const uint64_t pos = at + j * c.stride;
+      v[j] = pos < c.end ? sg_load16_fresh(c.src + pos) : zero;
     }
   }
+  SG_DEVICE void store(const context& c, const buffer& v, uint64_t at) {
+    SG_UNROLL
+    for (uint32_t j = 0; j < UNROLL; ++j) {
+      if (at + j * c.stride < c.end) sg_store16_to(c.out_a, c.out_b, at + j * c.stride, v[j]);
+    }
+  }
+};
+
+/* A copy of bytes [begin, end) (multiples of 16 from 16-byte aligned bases) to up to two
+ * destinations: each thread moves 4 vectors a block stride apart per pass, and issues the next
+ * pass's 4 loads before it stores this pass's (sg_pipeline), so a copy (most of a call's
+ * traffic: the exchange's copies, and copy-in) keeps 4 to 8 16-byte loads in flight per
+ * thread, which a read over NVLink needs to approach the link rate (8 x 16 B x 512 threads x
+ * 32 blocks: 2 MiB over the default grid). Two buffers of 8 vectors spilled. */
+SG_DEVICE void sg_copy16(const unsigned char* src, uint64_t begin, uint64_t end,
+                         unsigned char* out_a, unsigned char* out_b) {
+  sg_copy_ctx c;
+  c.src = src;
+  c.stride = (uint64_t)SG_THREADS * 16;
+  c.end = end;
+  c.out_a = out_a;
+  c.out_b = out_b;
+  sg_pipeline<sg_copy_pass<4> >(c, begin, end);
 }
 
 /* A copy of bytes [begin, end) of elements of `elem` bytes from `src` to up to two
@@ -416,7 +477,7 @@ SG_DEVICE void sg_load_batch(sg_lanes<L> (&in)[POSITIONS][BATCH],
     SG_UNROLL
     for (uint32_t p = 0; p < POSITIONS; ++p) {
       sg_vec16 zero = {{0, 0, 0, 0}};
-      const bool live = first + j < count && (p == 0 || at + p * stride < end);
+      const bool live = first + j < count && at + p * stride < end;
       in[p][j].v = live ? sg_load16_fresh(operands[first + j] + at + p * stride) : zero;
     }
   }
@@ -429,100 +490,127 @@ SG_DEVICE typename L::elem sg_result(const sg_math* m, typename L::acc v, bool f
   return L::narrow(OP == OP_SUM && finish ? L::finish(m->op, v, m->ranks) : v);
 }
 
-/* Reduces the POSITIONS vectors at byte `at`, a block stride apart (those below `end`), of
- * every operand, and stores the result to up to two destinations. The operands are read BATCH
- * at a time, every load of a batch issued before any is combined; the fold keeps the operands'
- * order, whatever the batching. Loops of constant trip count are fully unrolled, so `in` and
- * `acc` stay in registers: an operand past `count` or a position past `end` is masked, never a
- * break (a masked position folds zeros and is not stored). `count` >= 1.
- *
- * With ONE_BATCH (the caller's promise: `count` <= BATCH, one batch holds every operand), each
- * lane is folded over the operands, finished and narrowed in turn, so no accumulator outlives
- * its lane and a position's result is packed as its lanes complete: 16 one-byte lanes a vector
- * need 16 accumulators each otherwise, which spilled. Same fold, same order, same bits. */
-template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH, bool ONE_BATCH>
-SG_DEVICE void sg_reduce_at(const sg_math* m, const unsigned char* const* operands,
-                            uint32_t count, uint64_t at, uint64_t stride, uint64_t end,
-                            unsigned char* out_a, unsigned char* out_b, bool scale,
-                            typename L::acc scalar, bool finish) {
-  typedef typename L::acc A;
-  enum { LANES = 16 / sizeof(typename L::elem) };
-  if (ONE_BATCH) {
-    sg_lanes<L> in[POSITIONS][BATCH];
-    sg_load_batch<L, POSITIONS, BATCH>(in, operands, 0, count, at, stride, end);
+/* What a reduce's passes need: the math, the operands (16-byte aligned, `count` >= 1), the
+ * block stride (bytes), the end of the range, up to two destinations, whether the first operand
+ * is scaled (by `scalar`) and whether the result is finished. */
+template <class L>
+struct sg_reduce_ctx {
+  sg_math math; /* by value: the outlined loop keeps it in registers */
+  const unsigned char* const* operands;
+  uint32_t count;
+  uint64_t stride;
+  uint64_t end;
+  unsigned char* out_a;
+  unsigned char* out_b;
+  bool scale;
+  typename L::acc scalar;
+  bool finish;
+};
+
+/* One pass of a combine whose operands all fit one batch (`count` <= BATCH, the caller's
+ * promise): POSITIONS vectors a block stride apart of every operand, every load issued before
+ * any is used. An operand past `count` or a position past the end reads zeros (masked, never a
+ * break, so the loops unroll and the buffer stays in registers) and a masked position is not
+ * stored. Each lane is folded over the operands in their order, finished and narrowed in turn,
+ * so no accumulator outlives its lane and a position's result is packed as its lanes complete
+ * (16 one-byte lanes a vector would need 16 accumulators each otherwise, which spilled). */
+template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH>
+struct sg_reduce_pass {
+  typedef sg_reduce_ctx<L> context;
+  typedef sg_lanes<L> buffer[POSITIONS][BATCH];
+  SG_DEVICE uint64_t BYTES(const context& c) { return c.stride * POSITIONS; }
+  SG_DEVICE void load(const context& c, buffer& in, uint64_t at) {
+    sg_load_batch<L, POSITIONS, BATCH>(in, c.operands, 0, c.count, at, c.stride, c.end);
+  }
+  SG_DEVICE void store(const context& c, const buffer& in, uint64_t at) {
+    typedef typename L::acc A;
+    enum { LANES = 16 / sizeof(typename L::elem) };
     SG_UNROLL
     for (uint32_t p = 0; p < POSITIONS; ++p) {
-      if (p > 0 && at + p * stride >= end) break;
+      if (p > 0 && at + p * c.stride >= c.end) break;
       sg_lanes<L> out;
       SG_UNROLL
       for (uint32_t k = 0; k < LANES; ++k) {
         const A first = L::widen(in[p][0].e[k]);
-        A v = scale ? L::multiply(first, scalar) : first;
+        A v = c.scale ? L::multiply(first, c.scalar) : first;
         SG_UNROLL
         for (uint32_t j = 1; j < BATCH; ++j) {
-          if (j < count) v = L::combine(OP, v, L::widen(in[p][j].e[k]));
+          if (j < c.count) v = L::combine(OP, v, L::widen(in[p][j].e[k]));
         }
-        out.e[k] = sg_result<L, OP>(m, v, finish);
+        out.e[k] = sg_result<L, OP>(&c.math, v, c.finish);
       }
-      sg_store16_to(out_a, out_b, at + p * stride, out.v);
+      sg_store16_to(c.out_a, c.out_b, at + p * c.stride, out.v);
     }
-    return;
   }
-  A acc[POSITIONS][LANES];
+};
+
+/* Reduces the vector at byte `at` of every operand, reading them in batches of BATCH (every
+ * load of a batch issued before any is combined) into an accumulator per lane, and stores the
+ * result to up to two destinations: for more operands than one batch holds. The fold keeps the
+ * operands' order, whatever the batching; loops of constant trip count are fully unrolled, so
+ * `in` and `acc` stay in registers (an operand past `count` is masked, never a break).
+ * `count` >= 1. */
+template <class L, uint32_t OP, uint32_t BATCH>
+SG_DEVICE void sg_reduce_batched_at(const sg_reduce_ctx<L>& c, uint64_t at) {
+  typedef typename L::acc A;
+  enum { LANES = 16 / sizeof(typename L::elem) };
+  A acc[LANES];
   SG_UNROLL
-  for (uint32_t p = 0; p < POSITIONS; ++p) {
-    SG_UNROLL
-    for (uint32_t k = 0; k < LANES; ++k) acc[p][k] = A();
-  }
-  for (uint32_t first = 0; first < count; first += BATCH) {
-    sg_lanes<L> in[POSITIONS][BATCH];
-    sg_load_batch<L, POSITIONS, BATCH>(in, operands, first, count, at, stride, end);
+  for (uint32_t k = 0; k < LANES; ++k) acc[k] = A();
+  for (uint32_t first = 0; first < c.count; first += BATCH) {
+    sg_lanes<L> in[1][BATCH];
+    sg_load_batch<L, 1, BATCH>(in, c.operands, first, c.count, at, c.stride, c.end);
     SG_UNROLL
     for (uint32_t j = 0; j < BATCH; ++j) {
-      if (first + j >= count) continue;
+      if (first + j >= c.count) continue;
       SG_UNROLL
-      for (uint32_t p = 0; p < POSITIONS; ++p) {
-        SG_UNROLL
-        for (uint32_t k = 0; k < LANES; ++k) {
-          const A x = L::widen(in[p][j].e[k]);
-          /* Only the first operand starts the fold (`j > 0` is known when unrolled). */
-          if (j > 0 || first > 0) {
-            acc[p][k] = L::combine(OP, acc[p][k], x);
-          } else {
-            acc[p][k] = scale ? L::multiply(x, scalar) : x;
-          }
+      for (uint32_t k = 0; k < LANES; ++k) {
+        const A x = L::widen(in[0][j].e[k]);
+        /* Only the first operand starts the fold (`j > 0` is known when unrolled). */
+        if (j > 0 || first > 0) {
+          acc[k] = L::combine(OP, acc[k], x);
+        } else {
+          acc[k] = c.scale ? L::multiply(x, c.scalar) : x;
         }
       }
     }
   }
+  sg_lanes<L> out;
   SG_UNROLL
-  for (uint32_t p = 0; p < POSITIONS; ++p) {
-    if (p > 0 && at + p * stride >= end) break;
-    sg_lanes<L> out;
-    SG_UNROLL
-    for (uint32_t k = 0; k < LANES; ++k) out.e[k] = sg_result<L, OP>(m, acc[p][k], finish);
-    sg_store16_to(out_a, out_b, at + p * stride, out.v);
-  }
+  for (uint32_t k = 0; k < LANES; ++k) out.e[k] = sg_result<L, OP>(&c.math, acc[k], c.finish);
+  sg_store16_to(c.out_a, c.out_b, at, out.v);
 }
 
 /* The vector core of every combine, for lane L and op OP fixed at compile time (the runtime
  * switch on the op sits outside the loop, in sg_apply_typed): over bytes [begin, end) of
  * 16-byte aligned operands (a multiple of 16 bytes), out = finish?(OP-fold of the operands, the
- * first optionally scaled). Each thread takes POSITIONS vectors a block stride apart per pass
- * and reads the operands BATCH at a time, so it keeps up to POSITIONS * BATCH 16-byte loads in
- * flight where a loop over one vector would wait on each. `count` >= 1, and with ONE_BATCH
- * `count` <= BATCH (the caller's promise; see sg_reduce_at). */
+ * first optionally scaled). With ONE_BATCH (the caller's promise: `count` <= BATCH) each pass
+ * is an sg_reduce_pass of POSITIONS vectors a block stride apart, double-buffered by
+ * sg_pipeline: the next pass's POSITIONS x BATCH loads are in flight while this one's are
+ * combined and stored. Otherwise (POSITIONS is then 1) each vector is folded over batches of
+ * BATCH operands. `count` >= 1. */
 template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH, bool ONE_BATCH>
 SG_DEVICE void sg_reduce16(const sg_math* m, const unsigned char* const* operands, uint32_t count,
                            uint64_t begin, uint64_t end, unsigned char* out_a,
                            unsigned char* out_b, bool scale, bool finish) {
   typedef typename L::elem E;
-  typedef typename L::acc A;
-  const uint64_t stride = (uint64_t)SG_THREADS * 16;
-  const A scalar = scale ? L::widen(*(const E*)m->scale) : A();
-  for (uint64_t at = begin + (uint64_t)SG_THREAD * 16; at < end; at += stride * POSITIONS) {
-    sg_reduce_at<L, OP, POSITIONS, BATCH, ONE_BATCH>(m, operands, count, at, stride, end,
-                                                     out_a, out_b, scale, scalar, finish);
+  sg_reduce_ctx<L> c;
+  c.math = *m;
+  c.operands = operands;
+  c.count = count;
+  c.stride = (uint64_t)SG_THREADS * 16;
+  c.end = end;
+  c.out_a = out_a;
+  c.out_b = out_b;
+  c.scale = scale;
+  c.scalar = scale ? L::widen(*(const E*)m->scale) : typename L::acc();
+  c.finish = finish;
+  if (ONE_BATCH) {
+    sg_pipeline<sg_reduce_pass<L, OP, POSITIONS, BATCH> >(c, begin, end);
+    return;
+  }
+  for (uint64_t at = begin + (uint64_t)SG_THREAD * 16; at < end; at += c.stride) {
+    sg_reduce_batched_at<L, OP, BATCH>(c, at);
   }
 }
 
@@ -553,16 +641,20 @@ SG_DEVICE void sg_reduce_elems(const sg_math* m, const unsigned char* const* ope
  * [begin, end) of the chunk, out = finish?(OP-fold of `count` operands, the first optionally
  * scaled), written to up to two destinations. Operands are arena slots (16-byte aligned) or the
  * caller's input. Whole vectors go through sg_reduce16 when every pointer is aligned:
- *  - one operand (a scaled copy-in, which never combines): four vectors per pass, as many
- *    loads in flight;
- *  - two to four: two vectors per pass, four operands per batch, so eight loads are in flight
- *    per thread (four for two operands), every load issued before any arithmetic;
- *  - five or more (the straggler's pull: 7 operands at 8 ranks): one vector per pass, eight
- *    operands per batch, so a pull of up to eight operands issues every load before any
+ *  - one operand (a scaled copy-in, which never combines): four vectors per pass;
+ *  - two (the exchange: a partial and the straggler's input): two vectors per pass, four
+ *    loads;
+ *  - three or four: one vector per pass, four operands per batch, three or four loads;
+ *  - five or more (the early ranks' direct pull: 7 operands at 8 ranks): one vector per pass,
+ *    eight operands per batch, so a pull of up to eight operands issues every load before any
  *    arithmetic (7 in flight at 8 ranks); more take batches of eight.
- * The first two hold every operand in one batch and fold lane by lane (sg_reduce_at's
- * ONE_BATCH), so they keep no accumulators. No function of the kernel spills within one
- * 512-thread block per SM (ptxas; docs/KERNELS.md, tests/nvrtc.rs).
+ * The first three hold every operand in one batch, fold lane by lane (no accumulators), and
+ * are double-buffered (sg_pipeline): the next pass's loads are issued before this pass's
+ * results are combined and stored, so a thread has up to two passes' loads in flight (8 for
+ * the exchange: 2 MiB over the default grid of 32 blocks of 512 threads) and never fewer than
+ * one pass's while it stores. Two buffers of 32 registers each (eight 16-byte loads a pass)
+ * spilled for one-byte lanes. No function of the kernel spills within one 512-thread block per
+ * SM (ptxas; docs/KERNELS.md, tests/nvrtc.rs).
  *
  * Outlined (one function per lane and op, called from each step), not inlined: inlined into
  * every caller, the 40 instantiations made one kernel body NVRTC needed many minutes for. */
@@ -579,11 +671,14 @@ SG_OUTLINED void sg_apply(const sg_math math, const unsigned char* const* operan
     if (OP == OP_SUM && count == 1) { /* sg_apply_typed sends every single operand here */
       sg_reduce16<L, OP, 4, 1, true>(m, operands, count, begin, vec_end, out_a, out_b, scale,
                                      finish);
+    } else if (count == 2) {
+      sg_reduce16<L, OP, 2, 2, true>(m, operands, count, begin, vec_end, out_a, out_b, scale,
+                                     finish);
     } else if (count <= 4) {
-      sg_reduce16<L, OP, 2, 4, true>(m, operands, count, begin, vec_end, out_a, out_b, scale,
+      sg_reduce16<L, OP, 1, 4, true>(m, operands, count, begin, vec_end, out_a, out_b, scale,
                                      finish);
     } else {
-      /* A pull of up to 8 operands (the straggler's 7 at 8 ranks) loads every one of them
+      /* A pull of up to 8 operands (an early rank's 7 at 8 ranks) loads every one of them
        * before any combining; more take batches of 8. */
       sg_reduce16<L, OP, 1, 8, false>(m, operands, count, begin, vec_end, out_a, out_b, scale,
                                       finish);

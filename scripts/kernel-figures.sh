@@ -13,7 +13,12 @@
 #   - loads before FADD: the longest run of 16-byte global loads (LDG.E.128) issued before a
 #     float add uses one, with no store between (a store ends a loop body) and within one
 #     function, over the whole SASS: how many loads a reduce keeps in flight;
-#   - hw cvt: F2FP instructions (hardware f32 -> fp16/bf16 conversions; 0 means software).
+#   - hw cvt: F2FP instructions (hardware f32 -> fp16/bf16 conversions; 0 means software);
+#   - in flight at a store (apply / copy): how many 16-byte loads a data loop has issued and
+#     not yet used when it stores (read in address order: a load is in flight until a later
+#     instruction names one of its registers), the most over each function's stores, the
+#     least of that over the combines (sg_apply) / over the copies (sg_copy_elems); a loop
+#     that issues its next pass's loads before storing this one's shows them here.
 # A second table counts, per architecture, the SASS instructions of the step function
 # (sg_step, outlined: one call per step of a plan) over all its branches, not along one path:
 # all of them, block barriers (BAR.SYNC), global loads (LDG) and stores (STG), local-memory
@@ -85,6 +90,25 @@ figures() {
       /Used [0-9]+ registers/ && fn == "ncclStragglarAllReduce" {
         for (i = 1; i <= NF; i++) if ($(i + 1) == "registers,") regs = $i
       }
+      # The registers an operand text names into names[] (R12.64: R12 and R13); returns the count.
+      function named(text,   n, r) {
+        n = 0
+        delete names
+        while (match(text, /(^|[^A-Za-z0-9])R[0-9]+(\.64)?/)) {
+          r = substr(text, RSTART, RLENGTH)
+          sub(/^[^R]*R/, "", r)
+          names[++n] = int(r)
+          if (r ~ /\.64$/) names[++n] = int(r) + 1
+          text = substr(text, RSTART + RLENGTH)
+        }
+        return n
+      }
+      # The loads in flight at each store of function `fn` (loads[]: first register of each).
+      function flush_function() {
+        if (fn_kind == "apply" && (apply_least == "" || fn_most < apply_least)) apply_least = fn_most
+        if (fn_kind == "copy" && (copy_least == "" || fn_most < copy_least)) copy_least = fn_most
+        fn_kind = ""; fn_most = 0; pending = 0
+      }
       END {
         while ((getline line < sass) > 0) {
           if (line ~ /MEMBAR[.A-Z]*\.SYS/) fences++
@@ -92,16 +116,42 @@ figures() {
           if (line ~ /^[$_A-Za-z].*:$/ || line ~ /STG/) run = 0
           if (line ~ /LDG\.E\.128/) run++
           if (line ~ /[^A-Z]FADD[ .]/) { if (run > best) best = run; run = 0 }
+          if (line ~ /^[$_A-Za-z].*:$/) {
+            flush_function()
+            if (line ~ /sg_apply/) fn_kind = "apply"
+            if (line ~ /sg_copy_elems/) fn_kind = "copy"
+            continue
+          }
+          if (fn_kind == "" || line !~ /\*\/ /) continue
+          code = line
+          sub(/^[ \t]*\/\*[0-9a-f]*\*\/[ \t]*/, "", code)
+          sub(/^@!?U?P[A-Z0-9]+[ \t]+/, "", code)
+          sub(/[ \t]*;.*$/, "", code)
+          op = code; sub(/[ \t].*$/, "", op)
+          args = code; if (!sub(/^[^ \t]+[ \t]+/, "", args)) args = ""
+          if (op ~ /^STG/ && pending > fn_most) fn_most = pending
+          written = ""
+          if (op ~ /^LDG\.E\.128/) { written = args; sub(/,.*$/, "", written); sub(/^[^,]*,/, "", args) }
+          n = named(args)
+          kept = 0
+          for (i = 1; i <= pending; i++) {
+            hit = 0
+            for (j = 1; j <= n; j++) if (names[j] >= loads[i] && names[j] < loads[i] + 4) hit = 1
+            if (!hit) loads[++kept] = loads[i]
+          }
+          pending = kept
+          if (written != "" && named(written) > 0) loads[++pending] = names[1]
         }
-        printf "| %s | %s | %s s | %s / %s B / %s B | %d B | %s | %d | %d | %d |\n", label, arch,
+        flush_function()
+        printf "| %s | %s | %s s | %s / %s B / %s B | %d B | %s | %d | %d | %d | %s / %s |\n", label, arch,
           secs, regs, stack["ncclStragglarAllReduce"], st["ncclStragglarAllReduce"], control,
-          data ? worst + 0 " B" : "inlined", fences, best, cvt
+          data ? worst + 0 " B" : "inlined", fences, best, cvt, apply_least, copy_least
       }' "$out/report.txt"
   done
 }
 
-echo "| build | arch | compile | AllReduce regs / stack / spill st | control spill st | data-loop spills | sys fences | loads before FADD | hw cvt |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| build | arch | compile | AllReduce regs / stack / spill st | control spill st | data-loop spills | sys fences | loads before FADD | hw cvt | in flight at a store (apply / copy) |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 if [ -n "$BEFORE" ]; then
   mkdir -p "$WORK/before-src"
   git archive "$BEFORE" cuda | tar -x -C "$WORK/before-src"

@@ -1353,7 +1353,7 @@ fn world_sizes_algorithms_counts_and_misaligned_buffers() {
 
 #[test]
 fn pulls_of_more_than_eight_operands_fold_in_order_across_batches() {
-    // 12 ranks: the straggler's pull combines 11 operands, read 8 then 3 (sg_reduce16's
+    // 12 ranks: an early rank's pull combines 11 operands, read 8 then 3 (sg_reduce16's
     // batches); float sums are order-sensitive, so a batch folded out of order shows.
     let mut cache = PlanCache::default();
     let mut comm = Comm::new(12, 2, 2);

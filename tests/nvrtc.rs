@@ -176,6 +176,97 @@ fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
     );
     the_ticket_kernel_never_loops(arch, &sass);
     the_steps_pay_two_barriers(arch, &sass);
+    the_data_loops_keep_the_next_pass_in_flight(arch, &sass);
+}
+
+/// The registers an instruction's operand text names (`R12`; `R12.64` names R12 and R13).
+fn registers_named(operands: &str) -> Vec<u32> {
+    let mut named = Vec::new();
+    let bytes = operands.as_bytes();
+    for (at, _) in operands.match_indices('R') {
+        let starts_word = at == 0 || !bytes[at - 1].is_ascii_alphanumeric();
+        let digits: String = operands[at + 1..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        let Ok(register) = digits.parse::<u32>() else {
+            continue;
+        };
+        if !starts_word {
+            continue;
+        }
+        named.push(register);
+        if operands[at + 1 + digits.len()..].starts_with(".64") {
+            named.push(register + 1);
+        }
+    }
+    named
+}
+
+/// Per function of the SASS whose name contains `name`: at each global store, how many
+/// 16-byte loads were issued and their registers not yet touched by a later instruction
+/// (in flight while the thread stores). Read in address order, loops not followed: a static
+/// proxy, for code whose loads and stores are unrolled within a loop body.
+fn loads_in_flight_at_stores(sass: &str, name: &str) -> Vec<(String, Vec<usize>)> {
+    let mut functions: Vec<(String, Vec<usize>)> = Vec::new();
+    let mut pending: Vec<Vec<u32>> = Vec::new();
+    let mut inside = false;
+    for line in sass.lines() {
+        if !line.starts_with(['.', ' ', '\t', '/']) && line.ends_with(':') {
+            inside = line.contains(name);
+            if inside {
+                functions.push((line.to_string(), Vec::new()));
+            }
+            pending.clear();
+            continue;
+        }
+        let Some((_, code)) = line.split_once("*/") else {
+            continue;
+        };
+        let code = code.trim().trim_end_matches(';').trim();
+        let code = match code.strip_prefix('@') {
+            Some(predicated) => predicated
+                .split_once(' ')
+                .map_or("", |(_, rest)| rest.trim()),
+            None => code,
+        };
+        let (opcode, operands) = code.split_once(' ').unwrap_or((code, ""));
+        if !inside || opcode.is_empty() {
+            continue;
+        }
+        if opcode.starts_with("STG") {
+            functions.last_mut().unwrap().1.push(pending.len());
+        }
+        let (written, read) = match opcode.starts_with("LDG.E.128") {
+            true => operands.split_once(',').unwrap_or((operands, "")),
+            false => ("", operands),
+        };
+        let read = registers_named(read);
+        pending.retain(|load| !load.iter().any(|r| read.contains(r)));
+        if let Some(&first) = registers_named(written).first() {
+            pending.push((first..first + 4).collect());
+        }
+    }
+    functions
+}
+
+/// The data loops are double-buffered: the next pass's loads are issued before this pass's
+/// results are stored, so a thread stores with loads in flight. The combines (every
+/// `sg_apply`) store with at least 6 loads of 16 bytes in flight somewhere (4 of the next
+/// pass and 2 of this one's second vector in the exchange's loop), and the copy with 8; the
+/// loops that issued one pass and then stored it had at most 4.
+fn the_data_loops_keep_the_next_pass_in_flight(arch: &str, sass: &str) {
+    for (name, least) in [("sg_apply", 6), ("sg_copy_elems", 8)] {
+        let functions = loads_in_flight_at_stores(sass, name);
+        assert!(!functions.is_empty(), "{arch}: no {name} in the SASS");
+        for (function, at_stores) in functions {
+            let most = at_stores.iter().copied().max().unwrap_or(0);
+            assert!(
+                most >= least,
+                "{arch}: {function} stores with at most {most} loads in flight (want {least})"
+            );
+        }
+    }
 }
 
 /// A step (`sg_step`) and a chunk of the straggler's copy-in (`sg_copy_in`'s loop) each meet
