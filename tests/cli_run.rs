@@ -26,10 +26,18 @@ fn environment(stdout: &[u8]) -> Vec<(String, String)> {
 #[test]
 fn the_command_runs_preloaded_with_the_settings_the_options_name() {
     let lib = stragglar_so().canonicalize().unwrap();
-    let out = run(
-        stragglar_run(&["--debug", "INFO", "--gpu-engine=1", "--", "env"])
-            .env("LD_PRELOAD", "libc.so.6"),
-    );
+    let out = run(stragglar_run(&[
+        "--debug",
+        "INFO",
+        "--gpu-engine=1",
+        "--observe",
+        "1",
+        "--report-dir",
+        "/tmp/records/%h",
+        "--",
+        "env",
+    ])
+    .env("LD_PRELOAD", "libc.so.6"));
     assert!(out.status.success(), "{}", describe(&out));
     let env = environment(&out.stdout);
     let get = |name: &str| {
@@ -41,6 +49,8 @@ fn the_command_runs_preloaded_with_the_settings_the_options_name() {
     assert_eq!(get("LD_PRELOAD"), format!("{}:libc.so.6", lib.display()));
     assert_eq!(get("STRAGGLAR_DEBUG"), "INFO");
     assert_eq!(get("STRAGGLAR_GPU_ENGINE"), "1");
+    assert_eq!(get("STRAGGLAR_OBSERVE"), "1");
+    assert_eq!(get("STRAGGLAR_REPORT_DIR"), "/tmp/records/%h");
 }
 
 #[test]

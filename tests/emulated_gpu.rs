@@ -1700,9 +1700,9 @@ fn reported_lateness_ms(report: &str) -> Option<f64> {
 /// within 20%; with no rank held back nobody is; with the lateness moving from rank 2 to
 /// rank 1 halfway, the report names rank 1 from a call after the move; ranks that exit
 /// without destroying their communicator still leave their records; FSDP's collectives
-/// (AllReduce, ReduceScatter and AllGather in turn) name the held-back rank too, also each
-/// inside a group (timed as one call per group), and so do the records of communicators split
-/// from the first.
+/// (AllReduce, ReduceScatter and AllGather in turn) name the held-back rank too, with its
+/// lateness within 20% at each collective, also each inside a group with a second collective
+/// (timed as one call per group), and so do the records of communicators split from the first.
 /// The number `text` says right after the first `prefix` (panics, showing `text`, without one).
 fn number_after(text: &str, prefix: &str) -> u64 {
     text.split(prefix)
@@ -1814,7 +1814,7 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
         ("none", None),
         ("moving", Some("2,1")),
         ("exit", Some("2")),
-        ("fsdp", Some("3")),
+        ("fsdp", Some("1")),
         ("split", None),
         ("groups", Some("1")),
     ] {
@@ -1835,18 +1835,19 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
         }
         if matches!(case, "fsdp" | "groups") {
             // AllReduce, ReduceScatter and AllGather in turn, 33 of each (each in a group of
-            // its own).
+            // its own, with an AllReduce beside it: the loopback NCCL launches both at the
+            // group's end, as NCCL does).
             env.push(("LOOPBACK_COLLECTIVES", "1"));
         }
         if case == "groups" {
             env.push(("LOOPBACK_GROUPS", "1"));
         }
         if case == "split" {
-            // Split into the even ranks and the odd ones; parent rank 3 (rank 1 of the odd
-            // communicator) is held back.
+            // Split into the even ranks and the odd ones; parent rank 1 (rank 0 of the odd
+            // communicator, which a tie would not name) is held back.
             env.extend([
                 ("LOOPBACK_SPLIT", "1"),
-                ("LOOPBACK_ENV_3", "LOOPBACK_LATE_RANK=1"),
+                ("LOOPBACK_ENV_1", "LOOPBACK_LATE_RANK=0"),
                 ("LOOPBACK_LATE_US", "20000"),
             ]);
         }
@@ -1911,18 +1912,36 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
                     "{text}"
                 );
                 assert_eq!(
-                    text.matches("persistent straggler: rank 1 ").count(),
+                    text.matches("persistent straggler: rank 0 ").count(),
                     1,
                     "{text}"
                 );
                 assert_eq!(text.matches("no persistent straggler").count(), 1, "{text}");
+                let ms = reported_lateness_ms(&text).unwrap_or_else(|| panic!("{text}"));
+                assert!((16.0..=24.0).contains(&ms), "{ms} ms: {text}");
             }
             "groups" => {
                 assert!(text.contains("persistent straggler: rank 1 "), "{text}");
                 assert!(text.contains("calls: 99 Group"), "{text}");
+                let ms = reported_lateness_ms(&text).unwrap_or_else(|| panic!("{text}"));
+                assert!((16.0..=24.0).contains(&ms), "{ms} ms: {text}");
             }
             "fsdp" => {
-                assert!(text.contains("persistent straggler: rank 3 "), "{text}");
+                assert!(text.contains("persistent straggler: rank 1 "), "{text}");
+                // Within 20% of the hold-back at each of the three collectives.
+                let by_kind = text
+                    .lines()
+                    .find_map(|l| l.split("late by collective (median, when last): ").nth(1))
+                    .unwrap_or_else(|| panic!("{text}"));
+                for kind in ["AllReduce", "ReduceScatter", "AllGather"] {
+                    let ms: f64 = by_kind
+                        .split(&format!("{kind} "))
+                        .nth(1)
+                        .and_then(|rest| rest.split(" ms").next())
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or_else(|| panic!("{kind}: {text}"));
+                    assert!((16.0..=24.0).contains(&ms), "{kind} {ms} ms: {text}");
+                }
                 assert!(
                     text.contains("calls: 33 AllReduce, 33 ReduceScatter, 33 AllGather"),
                     "{text}"

@@ -109,4 +109,7 @@ print("nccl_version", torch.cuda.nccl.version())
     );
     assert_eq!(on.stdout, off.stdout, "{}", describe(&on));
     assert_eq!(on.stderr, off.stderr, "{}", describe(&on));
+    // No communicator was made, so no record was written.
+    let written = std::fs::read_dir(&records).map_or(0, |d| d.count());
+    assert_eq!(written, 0, "records written without a communicator");
 }

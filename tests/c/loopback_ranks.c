@@ -19,7 +19,8 @@
  *   only; with LOOPBACK_NO_DESTROY a rank exits without destroying its communicator; with
  *   LOOPBACK_COLLECTIVES the calls cycle AllReduce, ReduceScatter and AllGather (float sums),
  *   with LOOPBACK_SPLIT on the two communicators split from it (even and odd ranks), with
- *   LOOPBACK_GROUPS each call inside its own group; with LOOPBACK_HOST_TIMES each rank prints
+ *   LOOPBACK_GROUPS each call inside a group of its own with an AllReduce of the same input
+ *   beside it (two collectives a group); with LOOPBACK_HOST_TIMES each rank prints
  *   the median and 90th percentile host time of its eager calls; LOOPBACK_HOSTNAME=NAME (through
  *   LOOPBACK_ENV_<r>) runs a rank under another host name; LOOPBACK_MIXED=N: eager calls
  *   and graph replays on two streams, not waited for in between (see run_mixed); LOOPBACK_GROW=N:
@@ -612,8 +613,10 @@ static int run_collectives(int rank, int nranks, ncclComm_t comm, CUstream strea
     const size_t out = kind == 2 ? (size_t)PER_RANK * nranks : PER_RANK;
     for (size_t j = 0; j < in; ++j) host[j] = (float)value(rank, i, (int)j, ncclSum, ncclFloat32);
     CU(cuMemcpyHtoD(send, host, in * sizeof(float)));
-    /* LOOPBACK_GROUPS: each call inside its own ncclGroupStart/End. */
+    /* LOOPBACK_GROUPS: each call inside its own ncclGroupStart/End, with an AllReduce of the
+     * first PER_RANK inputs into the second half of `recv` beside it. */
     const int grouped = getenv("LOOPBACK_GROUPS") != NULL;
+    const CUdeviceptr beside = recv + (CUdeviceptr)(MAX_COUNT * 8 / 2 / sizeof(float) * sizeof(float));
     if (grouped) ncclGroupStart();
     ncclResult_t nr =
         kind == 0 ? ncclAllReduce((const void*)send, (void*)recv, PER_RANK, ncclFloat32, ncclSum,
@@ -623,12 +626,26 @@ static int run_collectives(int rank, int nranks, ncclComm_t comm, CUstream strea
                     : ncclAllGather((const void*)send, (void*)recv, PER_RANK, ncclFloat32, comm,
                                     stream);
     if (grouped) {
+      ncclResult_t also = ncclAllReduce((const void*)send, (void*)beside, PER_RANK, ncclFloat32,
+                                        ncclSum, comm, stream);
       ncclResult_t end = ncclGroupEnd();
+      if (nr == ncclSuccess) nr = also;
       if (nr == ncclSuccess) nr = end;
     }
     if (nr != ncclSuccess || cuStreamSynchronize(stream) != CUDA_SUCCESS) {
       printf("rank %d: error at call %d: %s\n", rank, i, ncclGetErrorString(nr));
       return 3;
+    }
+    if (grouped) {
+      CU(cuMemcpyDtoH(host, beside, PER_RANK * sizeof(float)));
+      for (size_t j = 0; j < PER_RANK; ++j) {
+        long long want = expected(nranks, i, (int)j, ncclSum, ncclFloat32);
+        if ((long long)host[j] != want) {
+          printf("rank %d: call %d (the grouped AllReduce): element %zu is %lld, not %lld\n",
+                 rank, i, j, (long long)host[j], want);
+          return 4;
+        }
+      }
     }
     CU(cuMemcpyDtoH(host, recv, out * sizeof(float)));
     for (size_t j = 0; j < out; ++j) {

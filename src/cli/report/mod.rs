@@ -19,19 +19,25 @@ use super::args::{Args, UsageError};
 use crate::detect::{ArrivalRecord, Detector, DetectorConfig};
 use crate::engine::cuda::observe::Collective;
 use crate::engine::cuda::sizing::NVSWITCH_LINK;
-use crate::schedule::model::{stragglar_rounds, Times};
+use crate::schedule::model::{stragglar_rounds, Link, Times};
 use records::RankRecord;
 
 /// Usage of `stragglar report`.
 pub const USAGE: &str = "
-stragglar report DIR... [--json] [--svg FILE] [--min-lateness-us US]
+stragglar report DIR... [--json] [--svg FILE] [--min-lateness-us US] [--alpha-us A]
+                 [--bandwidth-gbs B]
     which rank is the persistent straggler of each communicator, how late, in what share of
     calls, from which call on, and what the model says StragglAR would save, from the records
     observe mode wrote (STRAGGLAR_OBSERVE=1 STRAGGLAR_REPORT_DIR=DIR); --json prints JSON;
     --svg draws each communicator's ranks against its calls, coloured by lateness;
     a rank late by less than --min-lateness-us (median, default 100) is not named: launch
-    jitter and the events' placement blur smaller leads
+    jitter and the events' placement blur smaller leads; the model prices the machine's links
+    at --alpha-us (per message, default 3) and --bandwidth-gbs (per direction, default 483.2:
+    an NVSwitch server's), as `stragglar model` does
 ";
+
+/// What the report says of its limits, once, after the communicators (docs/REPORT.md).
+const LIMITS: &str = "limits: a call's time starts when its stream reaches it, not when NCCL's kernel starts (a kernel starved of multiprocessors, behind other work, under one hardware queue or MPS looks early); of several late ranks only the last shows; in back-to-back collectives only the first carries the skew; graph captures are not observed";
 
 /// Default of `--min-lateness-us`: a choice, not a measurement (see USAGE).
 const MIN_LATENESS_US: u64 = 100;
@@ -67,6 +73,8 @@ struct Finding {
     members: Vec<Member>,
     calls: Vec<Call>,
     unobserved: u64,
+    /// Calls past a record's cap (the most any rank dropped): in no record.
+    dropped: u64,
     /// The persistent straggler at the last call, and from which call on (late enough).
     straggler: Option<(usize, u64)>,
     /// A rank the detector designates at the last call whose median lateness is under the
@@ -211,6 +219,7 @@ fn findings(records: &[RankRecord], min_lateness_ns: u64) -> (Vec<Finding>, Vec<
                 .max()
                 .unwrap_or(0)
                 .saturating_sub(calls.len() as u64),
+            dropped: ranks.iter().map(|r| r.dropped).max().unwrap_or(0),
             straggler: designated,
             too_early: None,
             changes,
@@ -256,10 +265,46 @@ fn figures(finding: &Finding, rank: usize) -> (f64, u64, u64) {
     (share, percentile(&mut late, 50), percentile(&mut late, 90))
 }
 
-/// What the model says of the AllReduce calls' most common size class at `lateness_ns` (the
-/// collective StragglAR speeds up): Ring's and StragglAR's time per call on an NVSwitch
-/// server's links, seconds; `None` without AllReduce calls.
-fn modelled(finding: &Finding, lateness_ns: u64) -> Option<(u64, f64, f64)> {
+/// The straggler's median lateness over the calls of each collective it arrived last in,
+/// nanoseconds, in [`Collective::ALL`]'s order (those it was never last in left out): which of
+/// a job's collectives (FSDP's three, say) carry the skew.
+fn lateness_by_collective(finding: &Finding, rank: usize) -> Vec<(Collective, u64)> {
+    Collective::ALL
+        .iter()
+        .filter_map(|&kind| {
+            let mut late: Vec<u64> = finding
+                .calls
+                .iter()
+                .filter(|c| c.last == rank && c.collective == kind)
+                .map(|c| c.lateness_ns)
+                .collect();
+            (!late.is_empty()).then(|| (kind, percentile(&mut late, 50)))
+        })
+        .collect()
+}
+
+/// `text` as a JSON string's contents: quotes, backslashes and control characters escaped.
+fn json_escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// How many of the AllReduce calls' size classes the model prices (the most common first).
+const PRICED_CLASSES: usize = 3;
+
+/// What the model says of the AllReduce calls (the collective StragglAR speeds up) at
+/// `lateness_ns` on `link`, for their most common size classes (up to [`PRICED_CLASSES`], the
+/// most common first): each class's bytes (its lower bound), share of the AllReduce calls, and
+/// Ring's and StragglAR's time per call, seconds. Empty without AllReduce calls.
+fn modelled(finding: &Finding, lateness_ns: u64, link: Link) -> Vec<(u64, f64, f64, f64)> {
     let mut classes: BTreeMap<u32, usize> = BTreeMap::new();
     for c in finding
         .calls
@@ -268,19 +313,57 @@ fn modelled(finding: &Finding, lateness_ns: u64) -> Option<(u64, f64, f64)> {
     {
         *classes.entry(c.class).or_default() += 1;
     }
-    let (&class, _) = classes.iter().max_by_key(|&(_, n)| *n)?;
-    let bytes = 1u64 << class.saturating_sub(1).min(62);
+    let total: usize = classes.values().sum();
+    let mut common: Vec<(u32, usize)> = classes.into_iter().collect();
+    common.sort_by_key(|&(class, n)| (std::cmp::Reverse(n), class));
     let n = finding.ranks.max(2);
-    let times = Times::new(n, stragglar_rounds(n, 1), bytes as f64, NVSWITCH_LINK);
-    let at = times.with_delay(lateness_ns as f64 * 1e-9);
-    Some((bytes, at.ring, at.stragglar))
+    common
+        .into_iter()
+        .take(PRICED_CLASSES)
+        .map(|(class, calls)| {
+            let bytes = 1u64 << class.saturating_sub(1).min(62);
+            let times = Times::new(n, stragglar_rounds(n, 1), bytes as f64, link);
+            let at = times.with_delay(lateness_ns as f64 * 1e-9);
+            (bytes, calls as f64 / total as f64, at.ring, at.stragglar)
+        })
+        .collect()
+}
+
+/// Groups of communicators that share no process (by host and pid) with any other group:
+/// one job's communicators share its processes, so more than one group suggests two jobs'
+/// records side by side. Each group lists its communicators.
+fn jobs(findings: &[Finding]) -> Vec<Vec<u64>> {
+    let mut groups: Vec<(Vec<u64>, Vec<(String, u32)>)> = Vec::new();
+    for f in findings {
+        let processes: Vec<(String, u32)> =
+            f.members.iter().map(|m| (m.host.clone(), m.pid)).collect();
+        let (joined, apart): (Vec<_>, Vec<_>) = groups
+            .into_iter()
+            .partition(|(_, seen)| seen.iter().any(|p| processes.contains(p)));
+        let mut merged = (vec![f.comm], processes);
+        for (comms, seen) in joined {
+            merged.0.extend(comms);
+            merged.1.extend(seen);
+        }
+        groups = apart;
+        groups.push(merged);
+    }
+    let mut out: Vec<Vec<u64>> = groups
+        .into_iter()
+        .map(|(mut comms, _)| {
+            comms.sort_unstable();
+            comms
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 fn ms(ns: u64) -> String {
     format!("{:.3} ms", ns as f64 / 1e6)
 }
 
-fn text(findings: &[Finding], files: usize) -> String {
+fn text(findings: &[Finding], files: usize, link: Link) -> String {
     let mut s = format!(
         "# stragglar report: {} communicator(s) from {files} record file(s)\n",
         findings.len()
@@ -302,6 +385,19 @@ fn text(findings: &[Finding], files: usize) -> String {
             })
             .collect();
         let _ = writeln!(s, "  calls: {}", kinds.join(", "));
+        if f.calls.iter().any(|c| c.collective == Collective::Group) {
+            let _ = writeln!(
+                s,
+                "  a Group call is one ncclGroupStart/End's collectives of this communicator, timed as one"
+            );
+        }
+        if f.dropped > 0 {
+            let _ = writeln!(
+                s,
+                "  {} later call(s) were dropped: a record keeps at most 1048576 calls per communicator",
+                f.dropped
+            );
+        }
         for &(rank, last) in &f.unclosed {
             let stops = match last {
                 Some(call) => format!("stops after call {call}"),
@@ -327,10 +423,25 @@ fn text(findings: &[Finding], files: usize) -> String {
                     ms(median),
                     ms(p90)
                 );
-                if let Some((bytes, ring, stragglar)) = modelled(f, median) {
+                let by_kind = lateness_by_collective(f, rank);
+                if by_kind.len() > 1 {
+                    let kinds: Vec<String> = by_kind
+                        .iter()
+                        .map(|(kind, ns)| format!("{} {}", kind.name(), ms(*ns)))
+                        .collect();
                     let _ = writeln!(
                         s,
-                        "  model, NVSwitch links (not measured): an AllReduce of {bytes} B at that lateness takes {:.1} us on Ring, {:.1} us on StragglAR: {:.1} us saved per call",
+                        "  late by collective (median, when last): {}",
+                        kinds.join(", ")
+                    );
+                }
+                for (bytes, share, ring, stragglar) in modelled(f, median, link) {
+                    let _ = writeln!(
+                        s,
+                        "  model, links of {:.1} us and {:.1} GB/s (not measured): an AllReduce of {bytes} B ({:.0}% of the AllReduce calls) at that lateness takes {:.1} us on Ring, {:.1} us on StragglAR: {:.1} us saved per call",
+                        link.alpha * 1e6,
+                        link.bandwidth / 1e9,
+                        100.0 * share,
                         ring * 1e6,
                         stragglar * 1e6,
                         (ring - stragglar) * 1e6
@@ -365,6 +476,26 @@ fn text(findings: &[Finding], files: usize) -> String {
             let _ = writeln!(s, "  {rank:>4}  {:>8.1}  {}", 100.0 * share, ms(median));
         }
     }
+    let jobs = jobs(findings);
+    if jobs.len() > 1 {
+        let groups: Vec<String> = jobs
+            .iter()
+            .map(|comms| {
+                let names: Vec<String> = comms.iter().map(|c| format!("{c:016x}")).collect();
+                names.join(" ")
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "note: these communicators fall into {} groups with no process in common ({}): the records of {} jobs side by side?",
+            jobs.len(),
+            groups.join(" | "),
+            jobs.len()
+        );
+    }
+    if !findings.is_empty() {
+        let _ = writeln!(s, "{LIMITS}");
+    }
     s
 }
 
@@ -376,20 +507,29 @@ fn json(findings: &[Finding]) -> String {
                 Some((rank, since)) => {
                     let (share, median, p90) = figures(f, rank);
                     let m = &f.members[rank];
+                    let by_kind: Vec<String> = lateness_by_collective(f, rank)
+                        .iter()
+                        .map(|(kind, ns)| format!("\"{}\": {ns}", kind.name()))
+                        .collect();
                     format!(
-                        "{{\"rank\": {rank}, \"host\": \"{}\", \"gpu\": \"{}\", \"pci\": \"{}\", \"pid\": {}, \"last_share\": {share:.4}, \"lateness_median_ns\": {median}, \"lateness_p90_ns\": {p90}, \"since_call\": {since}}}",
-                        m.host, m.gpu, m.pci, m.pid
+                        "{{\"rank\": {rank}, \"host\": \"{}\", \"gpu\": \"{}\", \"pci\": \"{}\", \"pid\": {}, \"last_share\": {share:.4}, \"lateness_median_ns\": {median}, \"lateness_p90_ns\": {p90}, \"lateness_median_ns_by_collective\": {{{}}}, \"since_call\": {since}}}",
+                        json_escaped(&m.host),
+                        json_escaped(&m.gpu),
+                        json_escaped(&m.pci),
+                        m.pid,
+                        by_kind.join(", ")
                     )
                 }
                 None => "null".to_string(),
             };
             let unclosed: Vec<String> = f.unclosed.iter().map(|(r, _)| r.to_string()).collect();
             format!(
-                "    {{\"comm\": \"{:016x}\", \"ranks\": {}, \"calls\": {}, \"unobserved\": {}, \"unclosed_ranks\": [{}], \"straggler\": {straggler}}}",
+                "    {{\"comm\": \"{:016x}\", \"ranks\": {}, \"calls\": {}, \"unobserved\": {}, \"dropped\": {}, \"unclosed_ranks\": [{}], \"straggler\": {straggler}}}",
                 f.comm,
                 f.ranks,
                 f.calls.len(),
                 f.unobserved,
+                f.dropped,
                 unclosed.join(", ")
             )
         })
@@ -428,6 +568,22 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let min_lateness_us = args
         .parsed::<u64>(&["--min-lateness-us"], "microseconds")?
         .unwrap_or(MIN_LATENESS_US);
+    let alpha_us: f64 = args
+        .parsed(&["--alpha-us"], "microseconds")?
+        .unwrap_or(NVSWITCH_LINK.alpha * 1e6);
+    let bandwidth_gbs: f64 = args
+        .parsed(&["--bandwidth-gbs"], "GB/s")?
+        .unwrap_or(NVSWITCH_LINK.bandwidth / 1e9);
+    if !(alpha_us.is_finite() && alpha_us >= 0.0) {
+        return Err(UsageError("--alpha-us must be a number >= 0".into()));
+    }
+    if !(bandwidth_gbs.is_finite() && bandwidth_gbs > 0.0) {
+        return Err(UsageError("--bandwidth-gbs must be a number > 0".into()));
+    }
+    let link = Link {
+        alpha: alpha_us * 1e-6,
+        bandwidth: bandwidth_gbs * 1e9,
+    };
     let dirs: Vec<PathBuf> = args.rest()?.into_iter().map(PathBuf::from).collect();
     if dirs.is_empty() {
         return Err(UsageError(
@@ -448,7 +604,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     errors.splice(0..0, unread);
     match as_json {
         true => print!("{}", json(&found)),
-        false => print!("{}", text(&found, records.len())),
+        false => print!("{}", text(&found, records.len(), link)),
     }
     for e in &errors {
         eprintln!("stragglar report: {e}");
@@ -506,12 +662,13 @@ mod tests {
         let (share, median, _) = figures(f, 2);
         assert_eq!(share, 1.0);
         assert!((4_900_000..5_100_000).contains(&median), "{median}");
-        assert!(text(&found, 4).contains("persistent straggler: rank 2"));
+        assert!(text(&found, 4, NVSWITCH_LINK).contains("persistent straggler: rank 2"));
         assert!(json(&found).contains("\"rank\": 2"));
         // Late by 5 ms: under a 6 ms threshold it is not named, and the report says why.
         let (quiet, _) = findings(&records, 6_000_000);
         assert_eq!(quiet[0].straggler, None);
-        assert!(text(&quiet, 4).contains("rank 2 arrived last persistently, but by only"));
+        assert!(text(&quiet, 4, NVSWITCH_LINK)
+            .contains("rank 2 arrived last persistently, but by only"));
     }
 
     #[test]
@@ -521,7 +678,114 @@ mod tests {
             .collect();
         let (found, _) = findings(&records, 0);
         assert_eq!(found[0].straggler, None);
-        assert!(text(&found, 4).contains("no persistent straggler"));
+        assert!(text(&found, 4, NVSWITCH_LINK).contains("no persistent straggler"));
+    }
+
+    #[test]
+    fn the_lateness_is_given_per_collective_and_host_names_stay_valid_json() {
+        // FSDP's three collectives in turn; rank 1 is late by 3 ms at AllReduce, 5 ms at
+        // ReduceScatter and 7 ms at AllGather.
+        let kinds = [
+            Collective::AllReduce,
+            Collective::ReduceScatter,
+            Collective::AllGather,
+        ];
+        let records: Vec<RankRecord> = (0..4)
+            .map(|r| {
+                let mut rec = record(r, |_| 0);
+                rec.host = "rack \"7\"\\node\n".into();
+                for (c, call) in rec.calls.iter_mut() {
+                    let kind = (*c % 3) as usize;
+                    call.0 = kinds[kind];
+                    call.2 = if r == 1 {
+                        100_000
+                    } else {
+                        100_000 + 3_000_000 + 2_000_000 * kind as u64
+                    };
+                }
+                rec
+            })
+            .collect();
+        let (found, errors) = findings(&records, 0);
+        assert!(errors.is_empty(), "{errors:?}");
+        let by_kind = lateness_by_collective(&found[0], 1);
+        assert_eq!(
+            by_kind,
+            vec![
+                (Collective::AllReduce, 3_000_000),
+                (Collective::ReduceScatter, 5_000_000),
+                (Collective::AllGather, 7_000_000)
+            ]
+        );
+        let report = text(&found, 4, NVSWITCH_LINK);
+        assert!(
+            report.contains("late by collective (median, when last): AllReduce 3.000 ms, ReduceScatter 5.000 ms, AllGather 7.000 ms"),
+            "{report}"
+        );
+        let json = json(&found);
+        assert!(
+            json.contains("\"host\": \"rack \\\"7\\\"\\\\node\\u000a\""),
+            "{json}"
+        );
+        assert!(
+            json.contains("\"lateness_median_ns_by_collective\": {\"AllReduce\": 3000000, \"ReduceScatter\": 5000000, \"AllGather\": 7000000}"),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn two_jobs_side_by_side_are_noted_and_the_caps_and_limits_said() {
+        let late = |r: usize| move |_| if r == 2 { 100_000 } else { 5_100_000 };
+        let job = |comm: u64, pid: u32| -> Vec<RankRecord> {
+            (0..4)
+                .map(|r| {
+                    let mut rec = record(r, late(r));
+                    rec.comm = comm;
+                    rec.pid = pid + r as u32;
+                    rec
+                })
+                .collect()
+        };
+        // Two jobs: no process in common.
+        let mut two = job(0xab, 100);
+        two.extend(job(0xcd, 200));
+        two[0].dropped = 5;
+        let (found, errors) = findings(&two, 0);
+        assert!(errors.is_empty(), "{errors:?}");
+        let report = text(&found, 8, NVSWITCH_LINK);
+        assert!(
+            report.contains("note: these communicators fall into 2 groups with no process in common (00000000000000ab | 00000000000000cd)"),
+            "{report}"
+        );
+        assert!(
+            report.contains("5 later call(s) were dropped: a record keeps at most 1048576 calls"),
+            "{report}"
+        );
+        assert!(report.ends_with(&format!("{LIMITS}\n")), "{report}");
+        assert!(json(&found).contains("\"dropped\": 5,"));
+        // One job: a communicator split from the first shares its processes.
+        let mut one = job(0xab, 100);
+        for (i, r) in [0usize, 2].into_iter().enumerate() {
+            let mut rec = record(i, late(r));
+            rec.comm = 0xcd;
+            rec.ranks = 2;
+            rec.pid = 100 + r as u32;
+            one.push(rec);
+        }
+        let (found, errors) = findings(&one, 0);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(found.len(), 2);
+        assert!(!text(&found, 6, NVSWITCH_LINK).contains("note:"));
+        // The model prices the links given.
+        let slow = Link {
+            alpha: 10e-6,
+            bandwidth: 25e9,
+        };
+        let report = text(&found, 6, slow);
+        assert!(
+            report.contains("model, links of 10.0 us and 25.0 GB/s (not measured): an AllReduce of 8192 B (100% of the AllReduce calls)"),
+            "{report}"
+        );
     }
 
     #[test]

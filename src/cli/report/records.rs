@@ -154,7 +154,15 @@ pub fn parse(path: &Path, text: &str) -> Result<RankRecord, String> {
 pub fn read_dirs(dirs: &[PathBuf]) -> (Vec<RankRecord>, Vec<String>) {
     let mut records = Vec::new();
     let mut errors = Vec::new();
+    // A directory named twice (or through another path) is read once: its records are not
+    // two jobs'.
+    let mut read = std::collections::BTreeSet::new();
     for dir in dirs {
+        if let Ok(canonical) = std::fs::canonicalize(dir) {
+            if !read.insert(canonical) {
+                continue;
+            }
+        }
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
             Err(e) => {

@@ -430,20 +430,19 @@ ncclResult_t wait_init(ncclComm* c) {
   return (ncclResult_t)c->state.load();
 }
 
-ncclResult_t enqueue(ncclComm* c, Call call, cudaStream_t stream) {
-  if (!c) return ncclInvalidArgument;
-  ncclResult_t state = wait_init(c);
-  if (state != ncclSuccess) return state;
-  if (type_bytes(call.type) == 0) {
-    set_error("unsupported data type");
-    return ncclInvalidArgument;
-  }
-  if ((call.kind == Kind::AllReduce || call.kind == Kind::ReduceScatter) &&
-      (call.op < ncclSum || call.op > ncclAvg)) {
-    set_error("unsupported reduction op");
-    return ncclInvalidArgument;
-  }
-  if (call.count == 0) return ncclSuccess;
+/* NCCL's groups: a collective called between ncclGroupStart and the outermost ncclGroupEnd of
+ * its thread is checked at once but launched by that ncclGroupEnd, in the order called (so
+ * nothing of it runs, or is on a stream, before the group ends), as NCCL does. */
+struct Deferred {
+  ncclComm* comm;
+  Call call;
+  cudaStream_t stream;
+};
+thread_local int group_depth = 0;
+thread_local std::vector<Deferred> group_calls;
+
+/* Queues `call` on `stream` as a host function (its turn numbered now, if eager). */
+ncclResult_t launch(ncclComm* c, Call call, cudaStream_t stream) {
   /* Asked through cuStreamGetCaptureInfo_v2, a name the engine does not use, so that a fault
    * injected into the engine's capture query (cuStreamIsCapturing) leaves NCCL working. */
   CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -465,6 +464,27 @@ ncclResult_t enqueue(ncclComm* c, Call call, cudaStream_t stream) {
   }
   if (!call.captured) c->issued++;
   return ncclSuccess;
+}
+
+ncclResult_t enqueue(ncclComm* c, Call call, cudaStream_t stream) {
+  if (!c) return ncclInvalidArgument;
+  ncclResult_t state = wait_init(c);
+  if (state != ncclSuccess) return state;
+  if (type_bytes(call.type) == 0) {
+    set_error("unsupported data type");
+    return ncclInvalidArgument;
+  }
+  if ((call.kind == Kind::AllReduce || call.kind == Kind::ReduceScatter) &&
+      (call.op < ncclSum || call.op > ncclAvg)) {
+    set_error("unsupported reduction op");
+    return ncclInvalidArgument;
+  }
+  if (call.count == 0) return ncclSuccess;
+  if (group_depth > 0) {
+    group_calls.push_back(Deferred{c, call, stream});
+    return ncclSuccess;
+  }
+  return launch(c, call, stream);
 }
 
 /* Joins the segment named in `id` as `rank`, then waits for every rank. */
@@ -625,8 +645,26 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
                  stream);
 }
 
-ncclResult_t ncclGroupStart(void) { return ncclSuccess; }
-ncclResult_t ncclGroupEnd(void) { return ncclSuccess; }
+ncclResult_t ncclGroupStart(void) {
+  group_depth++;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+  if (group_depth == 0) {
+    set_error("ncclGroupEnd without ncclGroupStart");
+    return ncclInvalidUsage;
+  }
+  if (--group_depth > 0) return ncclSuccess;
+  std::vector<Deferred> calls;
+  calls.swap(group_calls);
+  ncclResult_t first = ncclSuccess;
+  for (const Deferred& d : calls) {
+    ncclResult_t r = launch(d.comm, d.call, d.stream);
+    if (first == ncclSuccess) first = r;
+  }
+  return first;
+}
 
 /* Every rank's color and key, gathered through the parent on the calling thread (no collective
  * of the parent may be queued meanwhile); members of a color ordered by key, then parent rank,
