@@ -39,6 +39,7 @@
 #      the same under CUDA graph capture and replay (--graph)
 #      the straggler policy found on the GPU, eagerly and in graph replays (--algo auto)
 #   6. ranks as processes over CUDA IPC on the same GPU (MPS if it can be started)
+#   7. sweeps: 8 ranks, 1K..256M, StragglAR and Ring (host time per call), and unordered reads
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -517,19 +518,6 @@ odd_sizes() {
 }
 step "bench --backend cuda: odd sizes, 5 ranks, eager and graph" odd-sizes.log odd_sizes
 
-# Larger messages, both algorithms, with timings (nccl-tests style tables).
-for algo in stragglar ring; do
-  step "bench --backend cuda: 8 ranks, 1K..256M, $algo" "sweep-$algo.log" \
-    sg bench --backend cuda --ranks 8 --algo "$algo" -b 1K -e 256M -f 4 -n 10 -w 2 \
-    --straggler 7 --timeout-ms 60000 --buffer-bytes 1G
-done
-host_cost "host time per eager call, 8 ranks, fixed plan" sweep-stragglar.log
-# The same StragglAR calls with reads unordered (the sweep above keeps each send port in round
-# order, as the library does): correctness, and the times to compare.
-step "bench --backend cuda: 8 ranks, 1M..64M, unordered reads" sweep-unordered.log \
-  sg bench --backend cuda --ranks 8 --algo stragglar --unordered-reads -b 1M -e 64M -f 4 -n 10 \
-  -w 2 --straggler 7 --timeout-ms 60000
-
 # CUDA graphs: each rank's timed calls captured once and replayed; the replays are checked
 # (the epochs live in device memory and must advance with no host help).
 graphs() {
@@ -606,6 +594,20 @@ if [ "$MPS_STARTED" = 1 ]; then
   sleep 2
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
+
+# Sweeps last (a short window loses these first): larger messages, both algorithms, with
+# timings (nccl-tests style tables).
+for algo in stragglar ring; do
+  step "bench --backend cuda: 8 ranks, 1K..256M, $algo" "sweep-$algo.log" \
+    sg bench --backend cuda --ranks 8 --algo "$algo" -b 1K -e 256M -f 4 -n 10 -w 2 \
+    --straggler 7 --timeout-ms 60000 --buffer-bytes 1G
+done
+host_cost "host time per eager call, 8 ranks, fixed plan" sweep-stragglar.log
+# The same StragglAR calls with reads unordered (the sweep above keeps each send port in round
+# order, as the library does): correctness, and the times to compare.
+step "bench --backend cuda: 8 ranks, 1M..64M, unordered reads" sweep-unordered.log \
+  sg bench --backend cuda --ranks 8 --algo stragglar --unordered-reads -b 1M -e 64M -f 4 -n 10 \
+  -w 2 --straggler 7 --timeout-ms 60000
 
 # Every log in one archive of bounded size, each cut to its first 192 KiB and last 64 KiB; the
 # work files go. OUT keeps the summary and the archive.
