@@ -364,8 +364,8 @@ SG_DEVICE void sg_store16_to(unsigned char* out_a, unsigned char* out_b, uint64_
  * next pass's loads in flight through the current pass's arithmetic and stores: every wait on
  * a load's latency overlaps a whole pass of work. PASS gives `buffer`, `BYTES`, `load` (issue
  * every load of a pass, nothing used) and `store` (combine and store a pass whose loads were
- * issued). Outlined, one function per PASS: each loop shape's registers are its own, and the
- * SASS shows each shape's loads in flight (tests/nvrtc.rs counts them). */
+ * issued). Inlined into its caller (sg_apply, sg_copy_elems): outlined, the loop's call from
+ * sg_apply kept the caller's state in callee-saved registers and every shape spilled. */
 template <class PASS>
 SG_DEVICE void sg_pipeline(const typename PASS::context& ctx, uint64_t begin, uint64_t end) {
   const uint64_t pass = PASS::BYTES(ctx);

@@ -32,7 +32,8 @@
 #      checked against src/reduce)
 #      the fixed cost of a step (target <= 2 us) and of a call, fitted over Ring at n = 2..8
 #   4. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash;
-#      observe mode with 4 PyTorch ranks on the one GPU (the real NCCL), the late one named
+#      observe mode with 4 PyTorch ranks on the one GPU (the real NCCL), the late one named;
+#      observe mode's host cost per call (world size 1)
 #   5. correctness: stragglar bench --backend cuda, ranks as threads of one process sharing the
 #      GPU (each rank on its own stream), n = 2..8, every type and op, every element checked,
 #      every rank bitwise equal to the others, in place and out of place
@@ -377,9 +378,7 @@ step "PyTorch LD_PRELOAD, world size 1" torch.log torch_check
 # 4b. Observe mode on the real NCCL: 4 PyTorch processes on the one GPU, each with an NCCL_HOSTID
 #     of its own (reported to make NCCL take ranks sharing a GPU over its network path; if it
 #     refuses, the row says so), rank 2 sleeping 5 ms before each of 80 AllReduces of 4 MiB;
-#     `stragglar report` on their records must name rank 2, 4 to 6 ms late. Then observe
-#     mode's cost: the host time of 2000 AllReduces of 4 KiB (world size 1, the real NCCL)
-#     with it off and on, the medians and their difference (host time per call).
+#     `stragglar report` on their records must name rank 2, 4 to 6 ms late.
 observe_check() {
   local records="$WORK/observe-records" run="$OUT/observe-run.log" status
   rm -rf "$records"
@@ -439,6 +438,14 @@ PY
     echo "# observe: rank 2 named, but late by ${late:-?} ms, not 4 to 6"
     return 1
   fi
+}
+step "observe mode, 4 PyTorch ranks on one GPU (real NCCL), rank 2 late" observe.log observe_check
+measured "  the report on the real NCCL" observe.log '# observe: ' '# observe: '
+
+# Observe mode's cost on the real NCCL: the host time of 2000 AllReduces of 4 KiB through
+# PyTorch (world size 1), with observe mode off and on: the medians and their difference.
+observe_cost() {
+  local run="$OUT/observe-cost-run.log"
   cat >"$WORK/observe_cost.py" <<'PY'
 import os, socket, time
 import torch
@@ -473,9 +480,8 @@ PY
   fi
   echo "# observe cost: host time per AllReduce of 4 KiB through PyTorch (world size 1, median of 2000): off $((off / 1000)).$(((off % 1000) / 100)) us, on $((on / 1000)).$(((on % 1000) / 100)) us, difference $((on - off)) ns"
 }
-step "observe mode, 4 PyTorch ranks on one GPU (real NCCL), rank 2 late" observe.log observe_check
-measured "  the report on the real NCCL" observe.log '# observe: ' '# observe: '
-measured "  observe mode's host cost per call" observe.log '# observe cost: ' '# observe cost: '
+step "observe mode's cost per call (PyTorch, world size 1, real NCCL)" observe-cost.log observe_cost
+measured "  observe mode's host cost per call" observe-cost.log '# observe cost: ' '# observe cost: '
 
 # 5. Correctness: every type and op, world sizes 2..8, ranks as threads sharing the GPU, the
 #    straggler and the algorithm varied; one process per world size and algorithm.

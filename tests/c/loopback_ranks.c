@@ -614,9 +614,12 @@ static int run_collectives(int rank, int nranks, ncclComm_t comm, CUstream strea
     for (size_t j = 0; j < in; ++j) host[j] = (float)value(rank, i, (int)j, ncclSum, ncclFloat32);
     CU(cuMemcpyHtoD(send, host, in * sizeof(float)));
     /* LOOPBACK_GROUPS: each call inside its own ncclGroupStart/End, with an AllReduce of the
-     * first PER_RANK inputs into the second half of `recv` beside it. */
+     * first PER_RANK inputs into `recv` past the largest output (an AllGather's), 16-byte
+     * aligned. */
     const int grouped = getenv("LOOPBACK_GROUPS") != NULL;
-    const CUdeviceptr beside = recv + (CUdeviceptr)(MAX_COUNT * 8 / 2 / sizeof(float) * sizeof(float));
+    const size_t beside_at = ((size_t)PER_RANK * nranks * sizeof(float) + 15) / 16 * 16;
+    if (grouped && beside_at + PER_RANK * sizeof(float) > (size_t)MAX_COUNT * 8) return 2;
+    const CUdeviceptr beside = recv + (CUdeviceptr)beside_at;
     if (grouped) ncclGroupStart();
     ncclResult_t nr =
         kind == 0 ? ncclAllReduce((const void*)send, (void*)recv, PER_RANK, ncclFloat32, ncclSum,

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use super::args::{Args, UsageError};
 use crate::detect::{ArrivalRecord, Detector, DetectorConfig};
-use crate::engine::cuda::observe::Collective;
+use crate::engine::cuda::observe::{Collective, MAX_SAMPLES};
 use crate::engine::cuda::sizing::NVSWITCH_LINK;
 use crate::schedule::model::{stragglar_rounds, Link, Times};
 use records::RankRecord;
@@ -333,24 +333,31 @@ fn modelled(finding: &Finding, lateness_ns: u64, link: Link) -> Vec<(u64, f64, f
 /// one job's communicators share its processes, so more than one group suggests two jobs'
 /// records side by side. Each group lists its communicators.
 fn jobs(findings: &[Finding]) -> Vec<Vec<u64>> {
-    let mut groups: Vec<(Vec<u64>, Vec<(String, u32)>)> = Vec::new();
-    for f in findings {
-        let processes: Vec<(String, u32)> =
-            f.members.iter().map(|m| (m.host.clone(), m.pid)).collect();
-        let (joined, apart): (Vec<_>, Vec<_>) = groups
-            .into_iter()
-            .partition(|(_, seen)| seen.iter().any(|p| processes.contains(p)));
-        let mut merged = (vec![f.comm], processes);
-        for (comms, seen) in joined {
-            merged.0.extend(comms);
-            merged.1.extend(seen);
+    // Union-find over the findings: a communicator joins the group of every process it has.
+    let mut parent: Vec<usize> = (0..findings.len()).collect();
+    fn root(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
         }
-        groups = apart;
-        groups.push(merged);
+        i
+    }
+    let mut owner: std::collections::HashMap<(&str, u32), usize> = Default::default();
+    for (i, f) in findings.iter().enumerate() {
+        for m in &f.members {
+            let first = *owner.entry((m.host.as_str(), m.pid)).or_insert(i);
+            let (a, b) = (root(&mut parent, first), root(&mut parent, i));
+            parent[a] = b;
+        }
+    }
+    let mut groups: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+    for (i, f) in findings.iter().enumerate() {
+        let r = root(&mut parent, i);
+        groups.entry(r).or_default().push(f.comm);
     }
     let mut out: Vec<Vec<u64>> = groups
-        .into_iter()
-        .map(|(mut comms, _)| {
+        .into_values()
+        .map(|mut comms| {
             comms.sort_unstable();
             comms
         })
@@ -394,7 +401,7 @@ fn text(findings: &[Finding], files: usize, link: Link) -> String {
         if f.dropped > 0 {
             let _ = writeln!(
                 s,
-                "  {} later call(s) were dropped: a record keeps at most 1048576 calls per communicator",
+                "  {} later call(s) were dropped: a record keeps at most {MAX_SAMPLES} calls per communicator",
                 f.dropped
             );
         }
