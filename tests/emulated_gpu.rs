@@ -1083,14 +1083,28 @@ fn a_rank_whose_capture_query_fails_refuses_the_setup_with_its_peers() {
 
 #[test]
 fn calls_forwarded_to_nccl_interleave_with_stragglar_calls_on_two_streams() {
+    // The loopback NCCL's collectives hold 2 of the GPU's multiprocessors while they run (as
+    // NCCL's kernels hold theirs); then also with exactly the 8 the engine's grid needs, so
+    // that a kernel of ours and a collective cannot both be resident on a GPU.
+    for sms in ["32", "8"] {
+        interleaved_on_two_streams(&[
+            ("STRAGGLAR_EMU_SMS", sms),
+            ("LOOPBACK_NCCL_SMS", "2"),
+            ("STRAGGLAR_TIMEOUT_MS", "60000"),
+        ]);
+    }
+}
+
+/// Calls under 8 KiB go to NCCL, larger ones to StragglAR; pairs of calls run on two streams
+/// at once, with `extra` settings.
+fn interleaved_on_two_streams(extra: &[(&'static str, &'static str)]) {
     let mut env = ENGINE.to_vec();
     env.retain(|(key, _)| *key != "STRAGGLAR_MIN_BYTES");
-    // Calls under 8 KiB go to NCCL, larger ones to StragglAR; pairs of calls run on two
-    // streams at once.
     env.extend([
         ("STRAGGLAR_MIN_BYTES", "8192"),
         ("LOOPBACK_TWO_STREAMS", "1"),
     ]);
+    env.extend_from_slice(extra);
     let (out, _) = run_ranks(&["4"], &env);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", support::describe(&out));

@@ -141,6 +141,33 @@ using namespace emu;
 
 extern "C" {
 
+/* Multiprocessors held by work other than our kernels: the loopback NCCL's collectives take
+ * theirs while they run, as NCCL's kernels hold a multiprocessor per channel (CTA). They are
+ * taken one at a time, as a launch's blocks take theirs, each waiting while none is free, and
+ * given back together. Not part of the CUDA API: the emulated driver's own, for the loopback
+ * NCCL, which finds them with dlsym (a `cu` name, so the driver's version script exports it). */
+void cuEmuHoldMultiprocessors(int device, int count) {
+  Sms* sms = sms_of(device);
+  for (int i = 0; i < count; ++i) {
+    std::unique_lock<std::mutex> l(sms->m);
+    sms->cv.wait(l, [&] { return sms->free > 0; });
+    sms->free--;
+  }
+}
+
+void cuEmuReleaseMultiprocessors(int device, int count) {
+  Sms* sms = sms_of(device);
+  {
+    std::lock_guard<std::mutex> l(sms->m);
+    sms->free += count;
+  }
+  sms->cv.notify_all();
+}
+
+}  // extern "C"
+
+extern "C" {
+
 CUresult cuModuleLoadData(CUmodule* out, const void* image) {
   EMU_FAULT("cuModuleLoadData");
   Context* c = nullptr;

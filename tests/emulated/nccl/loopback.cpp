@@ -7,6 +7,7 @@
  *
  * Only the emulated GPU can use it: its device pointers must be host addresses. */
 #include <cuda.h>
+#include <dlfcn.h>
 
 #include "nccl.h"
 
@@ -397,6 +398,42 @@ void finish_turn(ncclComm* c) {
   c->turn.notify_all();
 }
 
+/* The multiprocessors a collective holds while it runs on the emulated GPU, as NCCL's kernel
+ * holds one per channel: LOOPBACK_NCCL_SMS (default 2; 0 holds none). */
+int collective_sms() {
+  static const int n = [] {
+    const char* v = getenv("LOOPBACK_NCCL_SMS");
+    return v ? std::max(0, atoi(v)) : 2;
+  }();
+  return n;
+}
+
+/* Holds `count` multiprocessors of `device` for its lifetime, through the emulated driver's own
+ * calls (none where the driver has no such calls). */
+class HeldSms {
+ public:
+  HeldSms(int device, int count) : device_(device), count_(count) {
+    static auto hold = (void (*)(int, int))dlsym(RTLD_DEFAULT, "cuEmuHoldMultiprocessors");
+    static auto release = (void (*)(int, int))dlsym(RTLD_DEFAULT, "cuEmuReleaseMultiprocessors");
+    release_ = release;
+    if (!hold || !release || count_ <= 0) {
+      count_ = 0;
+      return;
+    }
+    hold(device_, count_);
+  }
+  ~HeldSms() {
+    if (count_ > 0) release_(device_, count_);
+  }
+  HeldSms(const HeldSms&) = delete;
+  HeldSms& operator=(const HeldSms&) = delete;
+
+ private:
+  int device_;
+  int count_;
+  void (*release_)(int, int) = nullptr;
+};
+
 void run_call(void* arg) {
   Call* k = (Call*)arg;
   ncclComm* c = k->comm;
@@ -406,6 +443,7 @@ void run_call(void* arg) {
     return;
   }
   {
+    HeldSms held(c->device, collective_sms());
     std::lock_guard<std::mutex> g(c->exec);
     if (c->state.load() == ncclSuccess) {
       switch (k->kind) {
