@@ -495,7 +495,7 @@ SG_DEVICE typename L::elem sg_result(const sg_math* m, typename L::acc v, bool f
  * is scaled (by `scalar`) and whether the result is finished. */
 template <class L>
 struct sg_reduce_ctx {
-  sg_math math; /* by value: the outlined loop keeps it in registers */
+  sg_math math; /* by value: the loop reads it from registers, not the caller's copy */
   const unsigned char* const* operands;
   uint32_t count;
   uint64_t stride;

@@ -42,6 +42,26 @@ struct Row {
     multicast: Option<MulticastTimes>,
 }
 
+/// The link `--alpha-us` (microseconds per message, default 3) and `--bandwidth-gbs` (GB/s per
+/// direction, default 483.2: an NVSwitch server's 450 GiB/s) describe, checked; `stragglar
+/// model` and `stragglar report` price with it.
+pub(super) fn link_options(args: &mut Args) -> Result<Link, UsageError> {
+    let alpha_us: f64 = args.parsed(&["--alpha-us"], "microseconds")?.unwrap_or(3.0);
+    let bandwidth_gbs: f64 = args
+        .parsed(&["--bandwidth-gbs"], "GB/s")?
+        .unwrap_or(483.183_820_8);
+    if !(alpha_us.is_finite() && alpha_us >= 0.0) {
+        return Err(UsageError("--alpha-us must be a number >= 0".into()));
+    }
+    if !(bandwidth_gbs.is_finite() && bandwidth_gbs > 0.0) {
+        return Err(UsageError("--bandwidth-gbs must be a number > 0".into()));
+    }
+    Ok(Link {
+        alpha: alpha_us * 1e-6,
+        bandwidth: bandwidth_gbs * 1e9,
+    })
+}
+
 /// Runs `stragglar model`; returns the exit status.
 pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let ranks = parse_list(
@@ -56,10 +76,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
             .unwrap_or_else(|| "1G".into()),
         parse_bytes,
     )?;
-    let alpha_us: f64 = args.parsed(&["--alpha-us"], "microseconds")?.unwrap_or(3.0);
-    let bandwidth_gbs: f64 = args
-        .parsed(&["--bandwidth-gbs"], "GB/s")?
-        .unwrap_or(483.183_820_8);
+    let link = link_options(&mut args)?;
     let delays = parse_list(
         &args.value(&["--delay-us"])?.unwrap_or_else(|| "0".into()),
         parse_micros,
@@ -76,12 +93,6 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let json = args.flag(&["--json"]);
     let svg = args.value(&["--svg"])?;
     args.finish()?;
-    if !(alpha_us.is_finite() && alpha_us >= 0.0) {
-        return Err(UsageError("--alpha-us must be a number >= 0".into()));
-    }
-    if !(bandwidth_gbs.is_finite() && bandwidth_gbs > 0.0) {
-        return Err(UsageError("--bandwidth-gbs must be a number > 0".into()));
-    }
     if !(nvls_ratio.is_finite() && nvls_ratio >= 0.0) {
         return Err(UsageError("--nvls-ratio must be a number >= 0".into()));
     }
@@ -100,10 +111,6 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     if max_pipeline == 0 {
         return Err(UsageError("--max-pipeline must be at least 1".into()));
     }
-    let link = Link {
-        alpha: alpha_us * 1e-6,
-        bandwidth: bandwidth_gbs * 1e9,
-    };
     let mut rows = Vec::new();
     for &n in &ranks {
         PlanRequest::new(n, n.saturating_sub(1))

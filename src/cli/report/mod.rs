@@ -18,7 +18,6 @@ use std::path::PathBuf;
 use super::args::{Args, UsageError};
 use crate::detect::{ArrivalRecord, Detector, DetectorConfig};
 use crate::engine::cuda::observe::{Collective, MAX_SAMPLES};
-use crate::engine::cuda::sizing::NVSWITCH_LINK;
 use crate::schedule::model::{stragglar_rounds, Link, Times};
 use records::RankRecord;
 
@@ -575,22 +574,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let min_lateness_us = args
         .parsed::<u64>(&["--min-lateness-us"], "microseconds")?
         .unwrap_or(MIN_LATENESS_US);
-    let alpha_us: f64 = args
-        .parsed(&["--alpha-us"], "microseconds")?
-        .unwrap_or(NVSWITCH_LINK.alpha * 1e6);
-    let bandwidth_gbs: f64 = args
-        .parsed(&["--bandwidth-gbs"], "GB/s")?
-        .unwrap_or(NVSWITCH_LINK.bandwidth / 1e9);
-    if !(alpha_us.is_finite() && alpha_us >= 0.0) {
-        return Err(UsageError("--alpha-us must be a number >= 0".into()));
-    }
-    if !(bandwidth_gbs.is_finite() && bandwidth_gbs > 0.0) {
-        return Err(UsageError("--bandwidth-gbs must be a number > 0".into()));
-    }
-    let link = Link {
-        alpha: alpha_us * 1e-6,
-        bandwidth: bandwidth_gbs * 1e9,
-    };
+    let link = super::model::link_options(&mut args)?;
     let dirs: Vec<PathBuf> = args.rest()?.into_iter().map(PathBuf::from).collect();
     if dirs.is_empty() {
         return Err(UsageError(
@@ -628,6 +612,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::cuda::sizing::NVSWITCH_LINK;
 
     fn record(rank: usize, durations: impl Fn(u64) -> u64) -> RankRecord {
         RankRecord {
