@@ -58,14 +58,18 @@ struct sg_host_thread {
   /* Fiber harness: what a 32-bit acquire load returns, given what memory holds (the emulated
    * driver may make another GPU's memory misread, for the setup's peer probe). */
   uint32_t (*strong_loaded)(const void* p, uint32_t value);
-  /* Fiber harness, weak memory (null otherwise: every store lands at once): `weak_store` holds
-   * a plain store (at most 16 bytes) back in the storing thread's buffer, the block barrier
-   * passes a thread's held stores on to its block, `publish` (every release and acq_rel
-   * atomic, before its own access) lets the block's and the calling thread's held stores land,
-   * and `weak_load` lets them land first where a load would read one of them. */
+  /* Fiber harness, weak memory (null otherwise: every store lands at once, every load reads
+   * memory): `weak_store` holds a plain store (at most 16 bytes) back in the storing thread's
+   * buffer, the block barrier passes a thread's held stores on to its block, `release` (every
+   * release and acq_rel atomic, before its own access to `p`) lets the block's and the calling
+   * thread's held stores land and publishes the thread's view at `p`, `acquired` (every
+   * acquire and acq_rel atomic, after its access) takes in the view published at `p`, and
+   * `weak_load` reads `n` bytes at `p` into `dst` as the thread may see them (held stores
+   * landed first, bytes stored after the thread's view as they were before). */
   void (*weak_store)(void* p, const void* src, uint32_t n);
-  void (*weak_load)(const void* p, uint32_t n);
-  void (*publish)(void);
+  void (*weak_load)(void* dst, const void* p, uint32_t n);
+  void (*release)(const void* p);
+  void (*acquired)(const void* p);
   /* Fiber harness: a multimem store of `n` bytes to the multicast address `p`, written into
    * every member's memory bound there; false when `p` is no multicast address of this
    * process (null otherwise: no multicast). */
@@ -99,10 +103,15 @@ SG_DEVICE void sg_strong(const void* p, uint32_t bytes, sg_scope scope, const ch
 #define SG_TICKET_SCOPE SG_SCOPE_SYS
 #endif
 
-/* A release or acq_rel atomic is about to be made: the stores it publishes land first
- * (emulation only; not the kernel's sg_publish of a value to its readers). */
-SG_DEVICE void sg_emu_publish(void) {
-  if (sg_self.publish) sg_self.publish();
+/* A release or acq_rel atomic is about to be made to `p`: the stores it publishes land first,
+ * and the word publishes the thread's view (emulation only; not the kernel's sg_publish of a
+ * value to its readers). */
+SG_DEVICE void sg_emu_release(const void* p) {
+  if (sg_self.release) sg_self.release(p);
+}
+/* An acquire or acq_rel atomic read `p`: the thread sees what its releases published. */
+SG_DEVICE void sg_emu_acquired(const void* p) {
+  if (sg_self.acquired) sg_self.acquired(p);
 }
 
 SG_DEVICE void sg_block_sync(void) {
@@ -114,11 +123,14 @@ SG_DEVICE void sg_block_sync(void) {
 SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_SYS, "ld.acquire.sys.u32", file, line);
   const uint32_t v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  sg_emu_acquired(p);
   return sg_self.strong_loaded ? sg_self.strong_loaded(p, v) : v;
 }
 SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p, SG_CALL_SITE) {
   sg_strong(p, 8, SG_SCOPE_SYS, "ld.acquire.sys.u64", file, line);
-  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  const uint64_t v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  sg_emu_acquired(p);
+  return v;
 }
 SG_DEVICE uint64_t sg_load_relaxed64(const uint64_t* p, SG_CALL_SITE) {
   sg_strong(p, 8, SG_SCOPE_SYS, "ld.relaxed.sys.u64", file, line);
@@ -136,13 +148,13 @@ SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v, SG_CALL_SITE) {
    * would order the store anyway. */
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 #else
-  sg_emu_publish();
+  sg_emu_release(p);
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 #endif
 }
 SG_DEVICE void sg_store_release64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
   sg_strong(p, 8, SG_RELEASE_SCOPE, "st.release.sys.u64", file, line);
-  sg_emu_publish();
+  sg_emu_release(p);
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p, SG_CALL_SITE) {
@@ -159,18 +171,24 @@ SG_DEVICE void sg_store_relaxed64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
 }
 SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_GPU, "atom.acq_rel.gpu.add.u32", file, line);
-  sg_emu_publish();
-  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+  sg_emu_release(p);
+  const uint32_t old = __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+  sg_emu_acquired(p);
+  return old;
 }
 SG_DEVICE uint32_t sg_atomic_add_sys(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_SYS, "atom.acq_rel.sys.add.u32", file, line);
-  sg_emu_publish();
-  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+  sg_emu_release(p);
+  const uint32_t old = __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+  sg_emu_acquired(p);
+  return old;
 }
 SG_DEVICE uint64_t sg_atomic_add64_sys(uint64_t* p, uint64_t v, SG_CALL_SITE) {
   sg_strong(p, 8, SG_TICKET_SCOPE, "atom.acq_rel.sys.add.u64", file, line);
-  sg_emu_publish();
-  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+  sg_emu_release(p);
+  const uint64_t old = __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+  sg_emu_acquired(p);
+  return old;
 }
 SG_DEVICE uint64_t sg_now_ns(void) {
   struct timespec t;
@@ -184,9 +202,11 @@ SG_DEVICE void sg_pause(void) {
     sched_yield();
 }
 SG_DEVICE sg_vec16 sg_load16_fresh(const void* p) {
-  if (sg_self.weak_load) sg_self.weak_load(p, 16);
   sg_vec16 v;
-  memcpy(&v, p, 16);
+  if (sg_self.weak_load)
+    sg_self.weak_load(&v, p, 16);
+  else
+    memcpy(&v, p, 16);
   return v;
 }
 SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) {
@@ -206,14 +226,12 @@ SG_DEVICE void sg_multimem_store16(void* p, sg_vec16 v, SG_CALL_SITE) {
     abort();
   }
 }
+/* `dst` is a register's worth in the kernels (a held store never covers it). */
 SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) {
-  if (sg_self.weak_load) {
-    /* `dst` is a register's worth in the kernels; were it memory a held store may cover, that
-     * store must land first, not after this copy. */
-    sg_self.weak_load(src, n);
-    sg_self.weak_load(dst, n);
-  }
-  memcpy(dst, src, n);
+  if (sg_self.weak_load)
+    sg_self.weak_load(dst, src, n);
+  else
+    memcpy(dst, src, n);
 }
 #define SG_THREAD (sg_self.thread)
 #define SG_THREADS (sg_self.threads)

@@ -30,7 +30,8 @@
 # launches, by kernel, to stderr at exit), STRAGGLAR_EMU_KERNEL_FAULT (NAME@N: the Nth launch of
 # that kernel faults, and its context is lost), STRAGGLAR_EMU_SEED (N > 0: seeded random
 # scheduling, printed at cuInit; 0 or unset: the deterministic order), STRAGGLAR_EMU_WEAK_MEMORY
-# (0: the kernels' plain stores land at once instead of at a release), STRAGGLAR_EMU_PEER_LOADS
+# (0: the kernels' plain stores land at once instead of at a release, and their loads are never
+# stale; stores: held back, never stale), STRAGGLAR_EMU_PEER_LOADS
 # (wrong: a kernel's 32-bit acquire loads of another GPU's memory return the complement of what
 # it holds, where the copy engine reads it right), CUDA_DEVICE_MAX_CONNECTIONS
 # (hardware queues per context, 8), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).

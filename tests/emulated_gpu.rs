@@ -1378,6 +1378,46 @@ fn weak_memory_holds_back_the_data_a_flag_without_a_release_announces() {
 }
 
 #[test]
+fn stale_loads_expose_a_reader_whose_acquire_is_missing() {
+    // The planted bug's ranks fail and spin to their deadline: not beside a test that times
+    // calls.
+    let _timing = timing();
+    // A planted bug on the readers' side, which the machine with stores held back only
+    // (`STRAGGLAR_EMU_WEAK_MEMORY=stores`) passes: the acquire with which a step's wait reads
+    // its source's flag made relaxed. The writer publishes correctly, so the data is in memory
+    // before the flag; but nothing orders the reader's loads after the writer's stores, and
+    // with stale loads a load the reader's view does not cover returns what the staging held
+    // before (the value of two calls ago, or the poison of a fresh allocation).
+    let path = format!(
+        "LD_LIBRARY_PATH={}",
+        variant_path(&["--build-mutant", "RELAXED_FLAG"])
+    );
+    for (weak_memory, passes) in [("stores", true), ("1", false)] {
+        let mut env = engine_with(
+            "stragglar",
+            &[
+                ("STRAGGLAR_TIMEOUT_MS", "2000"),
+                ("STRAGGLAR_EMU_WEAK_MEMORY", weak_memory),
+            ],
+        );
+        let every: Vec<String> = (0..4).map(|r| format!("LOOPBACK_ENV_{r}")).collect();
+        env.extend(every.iter().map(|key| (key.as_str(), path.as_str())));
+        let (out, _) = run_ranks(&["4"], &env);
+        if passes {
+            assert_every_call_on_the_engine(&out, 4);
+        } else {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(!out.status.success(), "{}", support::describe(&out));
+            assert!(
+                text.contains(" elements): element "),
+                "{}",
+                support::describe(&out)
+            );
+        }
+    }
+}
+
+#[test]
 fn a_panic_inside_the_gpu_engine_gives_the_rank_up_and_releases_its_peers() {
     // Rank 1's driver lacks cuStreamWaitEvent, which the engine first uses at its first call
     // (ordering it after the communicator's last launch): cudarc panics there. Before, the

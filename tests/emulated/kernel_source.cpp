@@ -65,8 +65,10 @@ void body(void* arg, uint32_t thread) {
 thread_local emu::WeakMemory* t_weak = nullptr;
 
 void emu_sync(void) {
-  if (t_weak) t_weak->at_barrier(sg_self.thread);
+  const uint32_t me = sg_self.thread;
+  if (t_weak) t_weak->at_barrier(me);
   emu::fiber_sync();
+  if (t_weak) t_weak->after_barrier(me);
 }
 void emu_pause(void) { emu::fiber_pause(); }
 /* Seeded scheduling: the running block's choices (null: the deterministic schedule). */
@@ -95,8 +97,11 @@ bool emu_multimem_store(void* p, const void* src, uint32_t n) {
 void emu_weak_store(void* p, const void* src, uint32_t n) {
   t_weak->store(sg_self.thread, p, src, n);
 }
-void emu_weak_load(const void* p, uint32_t n) { t_weak->before_load(p, n); }
-void emu_publish(void) { t_weak->publish(sg_self.thread); }
+void emu_weak_load(void* dst, const void* p, uint32_t n) {
+  t_weak->load(sg_self.thread, dst, p, n);
+}
+void emu_release(const void* p) { t_weak->release(sg_self.thread, p); }
+void emu_acquired(const void* p) { t_weak->acquired(sg_self.thread, p); }
 
 const emu::KernelSpec kSpecs[] = {
     {"ncclStragglarAllReduce", emu::KernelId::AllReduce, sizeof(RawLaunch), MAX_THREADS},
@@ -150,13 +155,15 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
       t_weak = &weak;
       sg_self.weak_store = emu_weak_store;
       sg_self.weak_load = emu_weak_load;
-      sg_self.publish = emu_publish;
+      sg_self.release = emu_release;
+      sg_self.acquired = emu_acquired;
     }
     run_fibers(threads, syncing, body, on_switch, &run, seeded);
     t_weak = nullptr;
     sg_self.weak_store = nullptr;
     sg_self.weak_load = nullptr;
-    sg_self.publish = nullptr;
+    sg_self.release = nullptr;
+    sg_self.acquired = nullptr;
   }
   t_choices = nullptr;
   sg_self.fiber_sync = nullptr;

@@ -48,6 +48,22 @@ void check_strong_access(const void* p, uint32_t bytes, int scope, const char* o
  * engines reach; memory.cpp). */
 uint32_t loaded_by(const void* p, uint32_t value, int device);
 
+/* Stale loads (memory.cpp; weak_memory.h says when a load may be stale). The clock of the
+ * history, in nanoseconds, the same in every process (CLOCK_MONOTONIC). */
+uint64_t history_clock();
+/* Lets a kernel's plain store of `n` bytes from `src` land at `at`, made at `stored_at`: device
+ * memory remembers, per 16 bytes, the last store that landed there, which bytes it wrote and
+ * what they held before. */
+void land_store(void* at, const void* src, uint32_t n, uint64_t stored_at);
+/* Copies `n` bytes at `src` into `dst` as a thread whose view is `view` may see them: bytes
+ * whose last store was made after `view` read what they held before it. */
+void load_as_of(void* dst, const void* src, uint32_t n, uint64_t view);
+/* A release to the word at `word` publishes the releasing thread's `view`; an acquire that
+ * reads the word takes the latest view published there (released_view: the clock's now for
+ * a word with no history, which is taken to publish everything). */
+void note_release(const void* word, uint64_t view);
+uint64_t released_view(const void* word);
+
 /* A multimem store of `n` bytes at `p` (vmm.cpp): written into the memory every member bound
  * at that offset of the multicast object mapped there, in whichever process it lives; false
  * when `p` is not inside an accessible multicast mapping of this process. */

@@ -10,7 +10,10 @@
  * narrower than .sys (bit 16 + d). A kernel's narrow access to a word another device touches
  * too, to another device's memory or to host memory ends the process naming the word
  * (check_strong_access). Behind the shadow, a page lists the processes that map the allocation
- * through IPC: its exporter's cuMemFree while one of them still runs ends the process too. */
+ * through IPC: its exporter's cuMemFree while one of them still runs ends the process too.
+ * Behind that page lies the allocation's history (stale loads, weak_memory.h): per 16 bytes,
+ * when the last kernel store to them was made, which of them it wrote and what they held
+ * before, and the latest release made to a word among them. */
 #include "emu.h"
 #include "kernel_source.h"
 
@@ -19,8 +22,10 @@
 #include <cstring>
 #include <fcntl.h>
 #include <map>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 namespace emu {
@@ -38,6 +43,9 @@ struct Region {
   /* Device and Ipc: the shadow (after `bytes` in the mapping, which is twice as long);
    * Mapped: the shadow's own mapping. */
   uint32_t* shadow = nullptr;
+  /* Device and Ipc: the history of each 16 bytes (null for Mapped memory, whose loads are
+   * never stale). */
+  struct History* history = nullptr;
 };
 std::mutex* g_mem = new std::mutex();
 std::map<uint64_t, Region>* g_regions = new std::map<uint64_t, Region>();
@@ -54,9 +62,36 @@ void remove_region(std::map<uint64_t, Region>::iterator it) {
   g_layout.fetch_add(1, std::memory_order_release);
 }
 
-/* The length of a device allocation's mapping: its bytes, its shadow, then one page of
- * importers (Importers). */
-size_t mapped_bytes(size_t bytes) { return 2 * bytes + (size_t)sysconf(_SC_PAGESIZE); }
+/* What kernel stores and releases did to 16 bytes of device memory, for loads that may
+ * return an older value (weak_memory.h). Shared by every process mapping the allocation. */
+struct History {
+  /* Taken (1) while the bytes and this record change together: a spin lock, held for a copy
+   * of at most 16 bytes. */
+  uint32_t lock;
+  /* The bytes (bit i: byte i) the last store written into them wrote. */
+  uint16_t written;
+  uint16_t unused;
+  /* When that store was made (kHistoryClock ns), and the latest view a release to a word
+   * among these bytes published. */
+  uint64_t stored_at;
+  uint64_t released;
+  /* What the written bytes held before that store. */
+  unsigned char before[16];
+};
+static_assert(sizeof(History) == 40, "a history record is 40 bytes");
+constexpr size_t kGranule = 16;
+
+/* The bytes of a device allocation's history (its bytes are a multiple of a page). */
+size_t history_bytes(size_t bytes) { return bytes / kGranule * sizeof(History); }
+
+/* The length of a device allocation's mapping: its bytes, its shadow, one page of importers
+ * (Importers), then its history. */
+size_t mapped_bytes(size_t bytes) {
+  return 2 * bytes + (size_t)sysconf(_SC_PAGESIZE) + history_bytes(bytes);
+}
+History* history_of(void* base, size_t bytes) {
+  return (History*)((char*)base + 2 * bytes + (size_t)sysconf(_SC_PAGESIZE));
+}
 
 /* The processes that map a device allocation through IPC (a slot each, 0 when free), in the
  * page behind its shadow, so that the exporter sees them: freeing exported memory before its
@@ -143,14 +178,15 @@ bool addressable(uint64_t p, size_t bytes) {
 }
 
 namespace {
-/* One of a kernel thread's last lookups of check_strong_access, valid while g_layout is
- * unchanged. A wait touches a few regions in turn (its flag in the staging, the abort and
- * failure words in host memory), so a thread keeps several, replaced in turn. */
+/* One of a kernel thread's last lookups (check_strong_access, the history), valid while
+ * g_layout is unchanged. A wait touches a few regions in turn (its flag in the staging, the
+ * abort and failure words in host memory), a combine up to 8 ranks' staging and its output,
+ * so a thread keeps several, replaced in turn. */
 struct Seen {
   uint64_t layout = 0, base = 0, end = 0;
   Region region;
 };
-constexpr int kSeen = 4;
+constexpr int kSeen = 8;
 thread_local Seen t_seen[kSeen];
 thread_local int t_next_seen = 0;
 
@@ -246,6 +282,101 @@ void check_strong_access(const void* p, uint32_t bytes, int scope, const char* o
   }
 }
 
+namespace {
+/* The history of the 16 bytes holding `at`, or null when `at` is no device memory with a
+ * history (host memory, memory from cuMemCreate, a thread's own). */
+History* history_at(uint64_t at) {
+  const Seen* seen = lookup(at, 1);
+  if (!seen || !seen->region.history) return nullptr;
+  return &seen->region.history[(at - seen->base) / kGranule];
+}
+
+/* Holds a history record and its bytes still; never held across a fiber switch. */
+class HistoryLock {
+ public:
+  explicit HistoryLock(History* h) : h_(h) {
+    while (__atomic_exchange_n(&h_->lock, 1u, __ATOMIC_ACQUIRE) != 0) sched_yield();
+  }
+  ~HistoryLock() { __atomic_store_n(&h_->lock, 0u, __ATOMIC_RELEASE); }
+  HistoryLock(const HistoryLock&) = delete;
+  HistoryLock& operator=(const HistoryLock&) = delete;
+
+ private:
+  History* h_;
+};
+
+/* Calls `each(at, bytes, history)` for the pieces of [at, at + n) that lie in one 16-byte
+ * granule each (history null outside device memory). */
+template <class Each>
+void by_granule(uint64_t at, uint32_t n, Each each) {
+  while (n > 0) {
+    const uint32_t room = (uint32_t)(kGranule - at % kGranule);
+    const uint32_t piece = n < room ? n : room;
+    each(at, piece, history_at(at));
+    at += piece;
+    n -= piece;
+  }
+}
+}  // namespace
+
+uint64_t history_clock() {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+void land_store(void* at, const void* src, uint32_t n, uint64_t stored_at) {
+  const unsigned char* from = (const unsigned char*)src;
+  by_granule((uint64_t)at, n, [&](uint64_t p, uint32_t bytes, History* h) {
+    if (!h) {
+      memcpy((void*)p, from, bytes);
+    } else {
+      const uint32_t first = (uint32_t)(p % kGranule);
+      HistoryLock held(h);
+      /* The record keeps one store, the last to land: an older one's bytes pass for fresh
+       * (a load may always return the newest value). */
+      memcpy(h->before + first, (const void*)p, bytes);
+      h->written = (uint16_t)(((1u << bytes) - 1) << first);
+      h->stored_at = stored_at;
+      memcpy((void*)p, from, bytes);
+    }
+    from += bytes;
+  });
+}
+
+void load_as_of(void* dst, const void* src, uint32_t n, uint64_t view) {
+  unsigned char* to = (unsigned char*)dst;
+  by_granule((uint64_t)src, n, [&](uint64_t p, uint32_t bytes, History* h) {
+    if (!h) {
+      memcpy(to, (const void*)p, bytes);
+    } else {
+      const uint32_t first = (uint32_t)(p % kGranule);
+      HistoryLock held(h);
+      memcpy(to, (const void*)p, bytes);
+      if (h->stored_at > view) {
+        for (uint32_t i = 0; i < bytes; ++i)
+          if (h->written & (1u << (first + i))) to[i] = h->before[first + i];
+      }
+    }
+    to += bytes;
+  });
+}
+
+void note_release(const void* word, uint64_t view) {
+  History* h = history_at((uint64_t)word);
+  if (!h) return;
+  HistoryLock held(h);
+  if (view > h->released) h->released = view;
+}
+
+uint64_t released_view(const void* word) {
+  History* h = history_at((uint64_t)word);
+  /* A word with no history (host memory) is taken to publish everything so far. */
+  if (!h) return history_clock();
+  HistoryLock held(h);
+  return h->released;
+}
+
 }  // namespace emu
 
 using namespace emu;
@@ -291,6 +422,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
   reg.fd = fd;
   reg.ino = (uint64_t)st.st_ino;
   reg.shadow = (uint32_t*)((char*)p + size);
+  reg.history = history_of(p, size);
   {
     std::lock_guard<std::mutex> g(*g_mem);
     add_region((uint64_t)p, reg);
@@ -505,6 +637,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle, unsigne
   reg.pid = h.pid;
   reg.opened = 1;
   reg.shadow = (uint32_t*)((char*)p + h.bytes);
+  reg.history = history_of(p, h.bytes);
   int64_t* importers = importers_of(p, h.bytes);
   for (int i = 0; i < kImporterSlots; ++i) {
     int64_t free_slot = 0;

@@ -1,6 +1,8 @@
 /* Weak memory for the emulated GPU's kernels (see weak_memory.h). */
 #include "weak_memory.h"
 
+#include "kernel_source.h"
+
 #include <cstdlib>
 #include <cstring>
 
@@ -14,7 +16,20 @@ bool weak_memory_enabled() {
   return enabled;
 }
 
-WeakMemory::WeakMemory(uint32_t threads) : own_(threads), lines_(kLines, 0) {}
+namespace {
+/* Whether loads may be stale: weak memory on, and not STRAGGLAR_EMU_WEAK_MEMORY=stores (stores
+ * held back, loads reading memory: the machine before stale loads, for the mutation runs). */
+bool stale_loads_enabled() {
+  static const bool enabled = [] {
+    const char* v = getenv("STRAGGLAR_EMU_WEAK_MEMORY");
+    return weak_memory_enabled() && !(v && strcmp(v, "stores") == 0);
+  }();
+  return enabled;
+}
+}  // namespace
+
+WeakMemory::WeakMemory(uint32_t threads)
+    : own_(threads), view_(threads, history_clock()), lines_(kLines, 0) {}
 
 WeakMemory::~WeakMemory() { land_everything(); }
 
@@ -27,14 +42,17 @@ void WeakMemory::count(const Held& h, int32_t by) {
 
 void WeakMemory::store(uint32_t thread, void* at, const void* src, uint32_t bytes) {
   if (bytes == 0) return;
+  const uint64_t now = history_clock();
+  if (thread < view_.size() && view_[thread] < now) view_[thread] = now;
   if (bytes > sizeof(Held::value) || thread >= own_.size()) {
     land_everything();
-    memcpy(at, src, bytes);
+    land_store(at, src, bytes, now);
     return;
   }
   Held h;
   h.at = (unsigned char*)at;
   h.bytes = bytes;
+  h.stored_at = now;
   memcpy(h.value, src, bytes);
   count(h, 1);
   own_[thread].push_back(h);
@@ -51,16 +69,36 @@ void WeakMemory::before_load(const void* at, uint32_t bytes) {
   }
 }
 
+void WeakMemory::load(uint32_t thread, void* to, const void* at, uint32_t bytes) {
+  before_load(at, bytes);
+  const bool stale = stale_loads_enabled() && thread < view_.size();
+  load_as_of(to, at, bytes, stale ? view_[thread] : UINT64_MAX);
+}
+
 void WeakMemory::at_barrier(uint32_t thread) {
-  if (thread >= own_.size() || own_[thread].empty()) return;
+  if (thread >= own_.size()) return;
+  if (view_[thread] > block_view_) block_view_ = view_[thread];
+  if (own_[thread].empty()) return;
   std::vector<Held>& mine = own_[thread];
   block_.insert(block_.end(), mine.begin(), mine.end());
   mine.clear();
 }
 
-void WeakMemory::publish(uint32_t thread) {
+void WeakMemory::after_barrier(uint32_t thread) {
+  if (thread < view_.size() && view_[thread] < block_view_) view_[thread] = block_view_;
+}
+
+void WeakMemory::release(uint32_t thread, const void* word) {
   land(block_, block_.size());
-  if (thread < own_.size()) land(own_[thread], own_[thread].size());
+  if (thread >= own_.size()) return;
+  land(own_[thread], own_[thread].size());
+  note_release(word, view_[thread]);
+}
+
+void WeakMemory::acquired(uint32_t thread, const void* word) {
+  if (thread >= view_.size()) return;
+  const uint64_t published = released_view(word);
+  if (published > view_[thread]) view_[thread] = published;
 }
 
 void WeakMemory::land_early(Rng& choices) {
@@ -70,7 +108,7 @@ void WeakMemory::land_early(Rng& choices) {
 
 void WeakMemory::land(std::vector<Held>& held, size_t to) {
   for (size_t i = 0; i < to; ++i) {
-    memcpy(held[i].at, held[i].value, held[i].bytes);
+    land_store(held[i].at, held[i].value, held[i].bytes, held[i].stored_at);
     count(held[i], -1);
   }
   held.erase(held.begin(), held.begin() + (ptrdiff_t)to);

@@ -1,7 +1,9 @@
-/* Weak memory for the emulated GPU's kernels: a GPU makes a thread's plain stores visible to
+/* Weak memory for the emulated GPU's kernels. A GPU makes a thread's plain stores visible to
  * other agents late and with no order among them, unless a release (or an acq_rel atomic) of
- * that thread publishes them; x86 makes them visible at once, in order. Here every plain store
- * a kernel makes (sg_store16, sg_store_bytes) is held back:
+ * that thread publishes them, and a thread's plain load may return an older value than memory
+ * holds, unless an acquire orders it after the store; x86 does neither.
+ *
+ * Stores held back. Every plain store a kernel makes (sg_store16, sg_store_bytes) waits:
  *  - in the storing thread's buffer, where a load by any thread of the block lets it land
  *    first (a thread reads its own stores; whether another thread of the block may see one
  *    early is allowed either way);
@@ -12,9 +14,26 @@
  *    the block ends (a kernel's completion publishes everything).
  * Relaxed and volatile stores are never held, so a flag published without a release overtakes
  * the data it should publish, as on a GPU. Seeded (STRAGGLAR_EMU_SEED), the block's held stores
- * may also land early, in order, at a strong access. A block's threads are fibers of one OS
- * thread, so nothing here is shared between threads. STRAGGLAR_EMU_WEAK_MEMORY=0 turns it off
- * (every store lands at once, as before). */
+ * may also land early, in order, at a strong access.
+ *
+ * Stale loads. Each thread has a view: a time on the history's clock (memory.cpp) before which
+ * every store made is visible to it. A store is stamped when it is made; device memory keeps,
+ * per 16 bytes, the last store that landed and what its bytes held before. A plain load
+ * (sg_load16_fresh, sg_copy_bytes) of bytes whose last store was made after the thread's view
+ * returns what they held before it. The view only moves forward: to the block's start (a
+ * launch follows what came before it), to each store the thread makes (it reads its own
+ * writes), to the latest view of the block's threads at a block barrier, and, at an acquire,
+ * to the view the word's releases published (a release publishes the releasing thread's view).
+ * One time for a view is coarser than the memory model's happens-before (a thread may see a
+ * store no chain of synchronisation orders before its load, which is always allowed), never
+ * finer, so a correct program never reads a stale value here; a reader whose acquire is
+ * missing does. Memory with no history (host memory, memory from cuMemCreate, the copy
+ * engines' and the host's writes) is always read as it is.
+ *
+ * A block's threads are fibers of one OS thread, so nothing here is shared between threads;
+ * the history is (memory.cpp locks it). STRAGGLAR_EMU_WEAK_MEMORY=0 turns both off (every
+ * store lands at once, every load reads memory), STRAGGLAR_EMU_WEAK_MEMORY=stores the stale
+ * loads only. */
 #ifndef STRAGGLAR_EMU_WEAK_MEMORY_H_
 #define STRAGGLAR_EMU_WEAK_MEMORY_H_
 
@@ -26,7 +45,7 @@
 
 namespace emu {
 
-/* STRAGGLAR_EMU_WEAK_MEMORY, read once: whether kernels' plain stores are held back. */
+/* STRAGGLAR_EMU_WEAK_MEMORY, read once: whether kernels' plain stores are held back (not 0). */
 bool weak_memory_enabled();
 
 class WeakMemory {
@@ -38,15 +57,26 @@ class WeakMemory {
   ~WeakMemory();
 
   /* Holds back `thread`'s store of `bytes` bytes (at most 16; a larger one lands at once,
-   * after everything held) from `src` at `at`. */
+   * after everything held) from `src` at `at`, stamped now. */
   void store(uint32_t thread, void* at, const void* src, uint32_t bytes);
   /* Before a load of `bytes` bytes at `at`: if a held store may overlap it, everything held
    * lands first (by lines of 64 bytes, so a near store counts too). */
   void before_load(const void* at, uint32_t bytes);
-  /* `thread` reached the block barrier: its held stores pass to the block. */
+  /* `thread`'s plain load of `bytes` bytes at `at` into `to` (a register's worth, which a
+   * held store never covers): held stores land first where they may overlap it, then the
+   * bytes are read as of the thread's view. */
+  void load(uint32_t thread, void* to, const void* at, uint32_t bytes);
+  /* `thread` reached the block barrier: its held stores pass to the block, its view to the
+   * block's. */
   void at_barrier(uint32_t thread);
-  /* `thread` releases: the block's held stores land, then its own. */
-  void publish(uint32_t thread);
+  /* `thread` passed the block barrier: it sees what every thread of the block saw there. */
+  void after_barrier(uint32_t thread);
+  /* `thread` releases to the word at `word`: the block's held stores land, then its own, and
+   * the word publishes the thread's view. */
+  void release(uint32_t thread, const void* word);
+  /* `thread` acquired the word at `word`: its view takes in what the word's releases
+   * published. */
+  void acquired(uint32_t thread, const void* word);
   /* Seeded: a random number of the block's oldest held stores land. */
   void land_early(Rng& choices);
 
@@ -54,6 +84,8 @@ class WeakMemory {
   struct Held {
     unsigned char* at;
     uint32_t bytes;
+    /* When the store was made (memory.cpp's history clock). */
+    uint64_t stored_at;
     unsigned char value[16];
   };
 
@@ -68,6 +100,11 @@ class WeakMemory {
 
   std::vector<std::vector<Held>> own_;
   std::vector<Held> block_;
+  /* Each thread's view, and the latest view a thread brought to a block barrier (a view only
+   * grows, so this one never needs resetting: a thread past the barrier may take a later
+   * thread's view early, which is allowed). */
+  std::vector<uint64_t> view_;
+  uint64_t block_view_ = 0;
   std::vector<uint32_t> lines_;
   uint64_t held_ = 0;
 };
