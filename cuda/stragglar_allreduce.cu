@@ -263,6 +263,18 @@ SG_DEVICE uint32_t sg_wait(const sg_call* call, const W* flag, W want, uint32_t 
     }
     sg_pause();
   }
+  /* A peer's failure seen while the word was on its way. A rank is marked failed by its host
+   * after its earlier kernels finished, so after everything they released: with the failure
+   * word read again with acquire, one more look at `flag` tells a wait its peer served before
+   * failing (this call goes on) from one it never will. */
+  if (status == STATUS_PEER_FAILED) {
+    for (uint32_t r = 0; r < call->math.ranks; ++r) {
+      if (peer == SG_ANY_PEER || r == peer) {
+        (void)sg_load_acquire((const uint32_t*)call->peers[r].failed);
+      }
+    }
+    if (sg_load_word(flag) == want) status = STATUS_OK;
+  }
   if (status != STATUS_OK) sg_fail(call, status);
   return status;
 }

@@ -90,8 +90,13 @@ uint32_t emu_strong_loaded(const void* p, uint32_t value) {
   return emu::loaded_by(p, value, sg_self.device);
 }
 
+/* A multimem store: refused (false) where `p` is no multicast address; with weak memory, held
+ * back until a release or the block's end, as a plain store. */
 bool emu_multimem_store(void* p, const void* src, uint32_t n) {
-  return emu::multicast_store(p, src, n);
+  if (!t_weak) return emu::multicast_store(p, src, n);
+  if (!emu::is_multicast_address(p, n)) return false;
+  t_weak->store_multicast(sg_self.thread, p, src, n);
+  return true;
 }
 
 void emu_weak_store(void* p, const void* src, uint32_t n) {

@@ -68,6 +68,9 @@ uint64_t released_view(const void* word);
  * at that offset of the multicast object mapped there, in whichever process it lives; false
  * when `p` is not inside an accessible multicast mapping of this process. */
 bool multicast_store(void* p, const void* src, uint32_t n);
+/* Whether `n` bytes at `p` lie inside an accessible multicast mapping of this process (vmm.cpp):
+ * where a multimem store may go. */
+bool is_multicast_address(const void* p, uint32_t n);
 
 }  // namespace emu
 

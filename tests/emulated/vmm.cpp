@@ -375,6 +375,14 @@ unsigned char* binding_memory(const Binding& b) {
 
 }  // namespace
 
+bool is_multicast_address(const void* p, uint32_t n) {
+  const uint64_t at = (uint64_t)p;
+  std::lock_guard<std::mutex> g(*g_vmm);
+  auto it = mapping_at(at);
+  return it != g_mappings->end() && it->second.multicast && it->second.accessible &&
+         at + n <= it->first + it->second.bytes;
+}
+
 bool multicast_store(void* p, const void* src, uint32_t n) {
   static const int dropped = [] {
     const char* v = getenv("STRAGGLAR_EMU_MULTICAST_DROP");

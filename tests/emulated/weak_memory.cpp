@@ -3,6 +3,7 @@
 
 #include "kernel_source.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -53,8 +54,26 @@ void WeakMemory::store(uint32_t thread, void* at, const void* src, uint32_t byte
   h.at = (unsigned char*)at;
   h.bytes = bytes;
   h.stored_at = now;
+  h.multicast = false;
   memcpy(h.value, src, bytes);
   count(h, 1);
+  own_[thread].push_back(h);
+}
+
+void WeakMemory::store_multicast(uint32_t thread, void* at, const void* src, uint32_t bytes) {
+  const uint64_t now = history_clock();
+  if (thread >= own_.size() || bytes > sizeof(Held::value)) {
+    land_everything();
+    multicast_store(at, src, bytes);
+    return;
+  }
+  if (view_[thread] < now) view_[thread] = now;
+  Held h;
+  h.at = (unsigned char*)at;
+  h.bytes = bytes;
+  h.stored_at = now;
+  h.multicast = true;
+  memcpy(h.value, src, bytes);
   own_[thread].push_back(h);
 }
 
@@ -108,8 +127,14 @@ void WeakMemory::land_early(Rng& choices) {
 
 void WeakMemory::land(std::vector<Held>& held, size_t to) {
   for (size_t i = 0; i < to; ++i) {
-    land_store(held[i].at, held[i].value, held[i].bytes, held[i].stored_at);
-    count(held[i], -1);
+    if (!held[i].multicast) {
+      land_store(held[i].at, held[i].value, held[i].bytes, held[i].stored_at);
+      count(held[i], -1);
+    } else if (!multicast_store(held[i].at, held[i].value, held[i].bytes)) {
+      fprintf(stderr, "emulated GPU: a held multimem store to %p landed after its multicast "
+              "mapping was gone\n", (void*)held[i].at);
+      abort();
+    }
   }
   held.erase(held.begin(), held.begin() + (ptrdiff_t)to);
 }

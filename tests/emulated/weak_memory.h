@@ -14,7 +14,8 @@
  *    the block ends (a kernel's completion publishes everything).
  * Relaxed and volatile stores are never held, so a flag published without a release overtakes
  * the data it should publish, as on a GPU. Seeded (STRAGGLAR_EMU_SEED), the block's held stores
- * may also land early, in order, at a strong access.
+ * may also land early, in order, at a strong access. Multimem stores (multimem.st.relaxed) are
+ * held back as plain stores are, and land into every member's memory.
  *
  * Stale loads. Each thread has a view: a time on the history's clock (memory.cpp) before which
  * every store made is visible to it. A store is stamped when it is made; device memory keeps,
@@ -59,6 +60,11 @@ class WeakMemory {
   /* Holds back `thread`'s store of `bytes` bytes (at most 16; a larger one lands at once,
    * after everything held) from `src` at `at`, stamped now. */
   void store(uint32_t thread, void* at, const void* src, uint32_t bytes);
+  /* Holds back `thread`'s multimem store of `bytes` bytes (at most 16) from `src` to the
+   * multicast address `at`, stamped now, as a plain store: it lands (into every member's
+   * memory) when a plain store would. A load never lets it land early: no load may read a
+   * multicast address, and the members' own addresses are other aliases. */
+  void store_multicast(uint32_t thread, void* at, const void* src, uint32_t bytes);
   /* Before a load of `bytes` bytes at `at`: if a held store may overlap it, everything held
    * lands first (by lines of 64 bytes, so a near store counts too). */
   void before_load(const void* at, uint32_t bytes);
@@ -86,6 +92,8 @@ class WeakMemory {
     uint32_t bytes;
     /* When the store was made (memory.cpp's history clock). */
     uint64_t stored_at;
+    /* A multimem store: `at` is a multicast address, landing writes every member. */
+    bool multicast;
     unsigned char value[16];
   };
 
