@@ -42,38 +42,30 @@ void WeakMemory::count(const Held& h, int32_t by) {
 }
 
 void WeakMemory::store(uint32_t thread, void* at, const void* src, uint32_t bytes) {
+  hold(thread, at, src, bytes, false);
+}
+
+void WeakMemory::store_multicast(uint32_t thread, void* at, const void* src, uint32_t bytes) {
+  hold(thread, at, src, bytes, true);
+}
+
+void WeakMemory::hold(uint32_t thread, void* at, const void* src, uint32_t bytes,
+                      bool multicast) {
   if (bytes == 0) return;
   const uint64_t now = history_clock();
   if (thread < view_.size() && view_[thread] < now) view_[thread] = now;
   if (bytes > sizeof(Held::value) || thread >= own_.size()) {
     land_everything();
-    land_store(at, src, bytes, now);
+    land_now(at, src, bytes, now, multicast);
     return;
   }
   Held h;
   h.at = (unsigned char*)at;
   h.bytes = bytes;
   h.stored_at = now;
-  h.multicast = false;
+  h.multicast = multicast;
   memcpy(h.value, src, bytes);
-  count(h, 1);
-  own_[thread].push_back(h);
-}
-
-void WeakMemory::store_multicast(uint32_t thread, void* at, const void* src, uint32_t bytes) {
-  const uint64_t now = history_clock();
-  if (thread >= own_.size() || bytes > sizeof(Held::value)) {
-    land_everything();
-    multicast_store(at, src, bytes);
-    return;
-  }
-  if (view_[thread] < now) view_[thread] = now;
-  Held h;
-  h.at = (unsigned char*)at;
-  h.bytes = bytes;
-  h.stored_at = now;
-  h.multicast = true;
-  memcpy(h.value, src, bytes);
+  if (!multicast) count(h, 1);
   own_[thread].push_back(h);
 }
 
@@ -127,16 +119,22 @@ void WeakMemory::land_early(Rng& choices) {
 
 void WeakMemory::land(std::vector<Held>& held, size_t to) {
   for (size_t i = 0; i < to; ++i) {
-    if (!held[i].multicast) {
-      land_store(held[i].at, held[i].value, held[i].bytes, held[i].stored_at);
-      count(held[i], -1);
-    } else if (!multicast_store(held[i].at, held[i].value, held[i].bytes)) {
-      fprintf(stderr, "emulated GPU: a held multimem store to %p landed after its multicast "
-              "mapping was gone\n", (void*)held[i].at);
-      abort();
-    }
+    const Held& h = held[i];
+    land_now(h.at, h.value, h.bytes, h.stored_at, h.multicast);
+    if (!h.multicast) count(h, -1);
   }
   held.erase(held.begin(), held.begin() + (ptrdiff_t)to);
+}
+
+void WeakMemory::land_now(void* at, const void* src, uint32_t bytes, uint64_t stored_at,
+                          bool multicast) {
+  if (!multicast) {
+    land_store(at, src, bytes, stored_at);
+  } else if (!multicast_store(at, src, bytes)) {
+    fprintf(stderr, "emulated GPU: a held multimem store to %p landed after its multicast "
+            "mapping was gone\n", at);
+    abort();
+  }
 }
 
 void WeakMemory::land_everything() {

@@ -102,6 +102,12 @@ class WeakMemory {
   static constexpr uint32_t kLines = 4096;
   static uint32_t slot(uintptr_t address) { return (uint32_t)(address >> 6) & (kLines - 1); }
   void count(const Held& h, int32_t by);
+  /* store and store_multicast: holds the store in `thread`'s buffer (a larger one, or one of
+   * no thread the block runs, lands at once after everything held). */
+  void hold(uint32_t thread, void* at, const void* src, uint32_t bytes, bool multicast);
+  /* Lets one store land: into memory with its history, or into every multicast member. */
+  static void land_now(void* at, const void* src, uint32_t bytes, uint64_t stored_at,
+                       bool multicast);
   /* Lets held[from, to) land, in order. */
   void land(std::vector<Held>& held, size_t to);
   void land_everything();
