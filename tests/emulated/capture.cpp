@@ -97,14 +97,26 @@ void run_nodes(const std::vector<Node>& nodes, uint64_t launch) {
 }
 }  // namespace
 
+/* The calling thread's capture mode (cuThreadExchangeStreamCaptureMode). */
+thread_local CUstreamCaptureMode t_thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+/* The driver's rule for potentially unsafe calls, by the calling thread's mode: in the global
+ * mode (the default) a call is refused while this thread has a capture not begun relaxed, or
+ * while any other thread has one begun in the global mode; in the thread-local mode only this
+ * thread's own captures count; in the relaxed mode nothing is refused. Every capture that
+ * refuses the call is invalidated, another thread's too (that is how a watchdog's event query
+ * breaks the capture of the thread beside it). */
 bool unsafe_call_forbidden() {
+  if (t_thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return false;
   bool forbidden = false;
   for (Capture* c : *g_captures) {
-    bool mine = c->thread == std::this_thread::get_id();
     if (c->mode == CU_STREAM_CAPTURE_MODE_RELAXED) continue;
-    if (c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && !mine) continue;
+    const bool mine = c->thread == std::this_thread::get_id();
+    const bool counts = mine || (t_thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                                 c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL);
+    if (!counts) continue;
     forbidden = true;
-    if (mine) c->invalidated = true;
+    c->invalidated = true;
   }
   return forbidden;
 }
@@ -189,14 +201,17 @@ CUresult cuStreamEndCapture(CUstream hs, CUgraph* out) {
   return r;
 }
 
-/* The thread's capture mode: kept and exchanged as the driver does (the emulation refuses no
- * call by another thread's capture, so the mode changes nothing else here). */
+/* The calling thread's capture mode, which decides whether another thread's capture refuses
+ * its potentially unsafe calls (unsafe_call_forbidden). */
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   EMU_FAULT("cuThreadExchangeStreamCaptureMode");
   if (!mode) return CUDA_ERROR_INVALID_VALUE;
-  static thread_local CUstreamCaptureMode current = CU_STREAM_CAPTURE_MODE_GLOBAL;
-  CUstreamCaptureMode previous = current;
-  current = *mode;
+  if (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      *mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(capture_lock());
+  CUstreamCaptureMode previous = t_thread_mode;
+  t_thread_mode = *mode;
   *mode = previous;
   return CUDA_SUCCESS;
 }

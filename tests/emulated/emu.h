@@ -166,8 +166,9 @@ struct Capture {
 /* The driver lock: handle registries of streams, events and graphs, capture state, and every
  * enqueue. Never held while work runs or is waited for. */
 std::mutex& capture_lock();
-/* Under capture_lock: whether a capture forbids a potentially unsafe call (allocation,
- * synchronous copy, context synchronisation, IPC) from this thread; if so, the capture is
+/* Under capture_lock: whether a capture forbids a potentially unsafe call (allocation and
+ * free, synchronous copy or set, a query or synchronisation of a stream, an event or the
+ * context, IPC) from this thread, by its capture mode; if so, every capture that forbids it is
  * invalidated, as the real driver does. */
 bool unsafe_call_forbidden();
 /* Under capture_lock: records `run` as a node of the capture `s` belongs to. */

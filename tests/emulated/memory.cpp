@@ -38,8 +38,11 @@ struct Region {
   int device = 0;
   int fd = -1;       /* Device: the memfd behind it */
   uint64_t ino = 0;  /* Device: its inode, so a reused fd number is told apart */
-  int opened = 0;    /* Ipc: open count in this process */
+  int opened = 0;    /* Ipc: open count in the context that opened it */
   int64_t pid = 0;   /* Ipc: the exporter */
+  /* Ipc: the device whose context opened the mapping: a handle opened in the contexts of two
+   * devices is mapped twice, and only that device's kernels may use each mapping. */
+  int opened_in = -1;
   /* Device and Ipc: the shadow (after `bytes` in the mapping, which is twice as long);
    * Mapped: the shadow's own mapping. */
   uint32_t* shadow = nullptr;
@@ -219,6 +222,22 @@ const char* scope_name(int scope) {
   if (n > 0) (void)!write(2, text, (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
   abort();
 }
+
+/* A kernel of `device` touching an IPC mapping that another device's context opened: that
+ * mapping is in the other GPU's address space, not this one's (an illegal address on a GPU).
+ * Ends the process, naming the access. */
+[[noreturn]] void unmapped_ipc_access(const char* op, const char* file, int line, int device,
+                                      uint64_t at, const Seen& seen) {
+  char text[512];
+  const int n = snprintf(text, sizeof text,
+                         "emulated GPU: %s at %s:%d by a kernel of device %d, at offset 0x%llx "
+                         "of an IPC mapping that device %d's context opened: each context maps "
+                         "the handle for its own device, so it must be opened on device %d\n",
+                         op, file, line, device, (unsigned long long)(at - seen.base),
+                         seen.region.opened_in, device);
+  if (n > 0) (void)!write(2, text, (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  abort();
+}
 }  // namespace
 
 namespace {
@@ -267,6 +286,8 @@ void check_strong_access(const void* p, uint32_t bytes, int scope, const char* o
   const Seen* lookedup = lookup(at, bytes);
   if (!lookedup) return;
   const Seen& seen = *lookedup;
+  if (seen.region.kind == Kind::Ipc && seen.region.opened_in != device)
+    unmapped_ipc_access(op, file, line, device, at, seen);
   const bool narrow = scope != 2;
   /* Host memory, and another GPU's memory, are never this GPU's alone. */
   const bool foreign = !seen.region.shadow || seen.region.device != device;
@@ -610,7 +631,8 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle, unsigne
   std::lock_guard<std::mutex> g(*g_mem);
   for (auto& kv : *g_regions) {
     Region& reg = kv.second;
-    if (reg.kind == Kind::Ipc && reg.pid == h.pid && reg.ino == h.ino) {
+    if (reg.kind == Kind::Ipc && reg.pid == h.pid && reg.ino == h.ino &&
+        reg.opened_in == c->device) {
       reg.opened++;
       *dptr = (CUdeviceptr)kv.first;
       return CUDA_SUCCESS;
@@ -635,6 +657,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle, unsigne
   reg.device = h.device;
   reg.ino = h.ino;
   reg.pid = h.pid;
+  reg.opened_in = c->device;
   reg.opened = 1;
   reg.shadow = (uint32_t*)((char*)p + h.bytes);
   reg.history = history_of(p, h.bytes);
@@ -658,6 +681,7 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
   std::lock_guard<std::mutex> g(*g_mem);
   auto it = g_regions->find(dptr);
   if (it == g_regions->end() || it->second.kind != Kind::Ipc) return CUDA_ERROR_INVALID_VALUE;
+  if (it->second.opened_in != c->device) return CUDA_ERROR_INVALID_CONTEXT;
   if (--it->second.opened == 0) {
     int64_t* importers = importers_of((void*)dptr, it->second.bytes);
     for (int i = 0; i < kImporterSlots; ++i) {

@@ -7,7 +7,8 @@
  *
  * usage: selftest              (prints one line per check, then "N passed, N failed")
  *        selftest --child HEX  (internal: opens an IPC handle in a second process)
- *        selftest --vmm-child FD BYTES, --multicast-plain-store (internal: see below) */
+ *        selftest --vmm-child FD BYTES, --multicast-plain-store, --ipc-probe HEX DEVICE
+ *                    (internal: see below) */
 #include <cuda.h>
 
 #include <fcntl.h>
@@ -318,6 +319,98 @@ static int capture_refuses_what_crosses_it(void) {
   return 1;
 }
 
+/* What another thread may do during a capture, by the capture's mode and the thread's own
+ * (cuThreadExchangeStreamCaptureMode): the thread queries an event recorded before the capture,
+ * as a job's watchdog does. */
+struct query_during_capture {
+  CUcontext ctx;
+  CUevent event;
+  CUstreamCaptureMode mode; /* the querying thread's */
+  CUresult result;
+};
+
+static void* query_event_beside_a_capture(void* arg) {
+  struct query_during_capture* q = arg;
+  CUstreamCaptureMode mode = q->mode;
+  q->result = cuCtxSetCurrent(q->ctx);
+  if (q->result == CUDA_SUCCESS) q->result = cuThreadExchangeStreamCaptureMode(&mode);
+  if (q->result == CUDA_SUCCESS) q->result = cuEventQuery(q->event);
+  return NULL;
+}
+
+/* Captures on `s` in `capture_mode` while another thread in `thread_mode` queries `event`:
+ * returns the query's result, and whether the capture ended with a graph in `*ended`. */
+static CUresult query_beside(CUstream s, CUevent event, CUstreamCaptureMode capture_mode,
+                             CUstreamCaptureMode thread_mode, int* ended) {
+  struct query_during_capture q = {NULL, event, thread_mode, CUDA_ERROR_UNKNOWN};
+  CUgraph graph = NULL;
+  pthread_t thread;
+  *ended = 0;
+  if (cuCtxGetCurrent(&q.ctx) || cuStreamBeginCapture(s, capture_mode)) return CUDA_ERROR_UNKNOWN;
+  if (pthread_create(&thread, NULL, query_event_beside_a_capture, &q) != 0) q.result = CUDA_ERROR_UNKNOWN;
+  else pthread_join(thread, NULL);
+  if (cuStreamEndCapture(s, &graph) == CUDA_SUCCESS && graph) {
+    *ended = 1;
+    cuGraphDestroy(graph);
+  }
+  return q.result;
+}
+
+/* The thread's capture mode decides which captures refuse its potentially unsafe calls: a
+ * global capture refuses another thread's event query in the global mode, and is invalidated
+ * by it; a thread in the thread-local or relaxed mode may query; a thread-local capture
+ * refuses no other thread; a thread that relaxed its own mode may allocate during its own
+ * capture; waiting in one capture on an event of another would merge them, and is refused. */
+static int capture_modes_decide_what_is_refused(void) {
+  CUstream s, t;
+  CUevent eager, captured;
+  CUdeviceptr d = 0;
+  int ended = 0;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+  CHECK(cuEventCreate(&eager, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuEventCreate(&captured, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuEventRecord(eager, t));
+  CHECK(cuStreamSynchronize(t));
+  EXPECT(query_beside(s, eager, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL,
+                      &ended) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT(!ended);
+  EXPECT(query_beside(s, eager, CU_STREAM_CAPTURE_MODE_GLOBAL,
+                      CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, &ended) == CUDA_SUCCESS);
+  EXPECT(ended);
+  EXPECT(query_beside(s, eager, CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_RELAXED,
+                      &ended) == CUDA_SUCCESS);
+  EXPECT(ended);
+  EXPECT(query_beside(s, eager, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                      CU_STREAM_CAPTURE_MODE_GLOBAL, &ended) == CUDA_SUCCESS);
+  EXPECT(ended);
+  /* This thread, relaxed, allocates during its own global capture. */
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  CUgraph graph = NULL;
+  CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+  EXPECT(cuMemAlloc(&d, 4096) == CUDA_SUCCESS);
+  CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+  EXPECT(mode == CU_STREAM_CAPTURE_MODE_RELAXED);
+  EXPECT(cuStreamEndCapture(s, &graph) == CUDA_SUCCESS && graph);
+  if (graph) CHECK(cuGraphDestroy(graph));
+  if (d) CHECK(cuMemFree(d));
+  /* Two captures merging. */
+  CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(cuStreamBeginCapture(t, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(cuEventRecord(captured, s));
+  EXPECT(cuStreamWaitEvent(t, captured, 0) == CUDA_ERROR_STREAM_CAPTURE_MERGE);
+  graph = NULL;
+  EXPECT(cuStreamEndCapture(t, &graph) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  graph = NULL;
+  if (cuStreamEndCapture(s, &graph) == CUDA_SUCCESS && graph) CHECK(cuGraphDestroy(graph));
+  CHECK(cuEventDestroy(eager));
+  CHECK(cuEventDestroy(captured));
+  CHECK(cuStreamDestroy(s));
+  CHECK(cuStreamDestroy(t));
+  return 1;
+}
+
 /* External event nodes: a graph captured with an event wait node (CU_EVENT_WAIT_EXTERNAL)
  * waits, at each launch, for the event's latest record as of that launch (eager work on
  * another stream); a record node (CU_EVENT_RECORD_EXTERNAL) records the event at each launch,
@@ -444,7 +537,9 @@ static int run_child(const char* self, const char* hex, const char* fail) {
 }
 
 /* An IPC handle opens in another process (at an address of that process) and maps the same
- * memory: each side sees what the other wrote. */
+ * memory: each side sees what the other wrote. Opened twice in one context it is the same
+ * pointer, counted (cuIpcOpenMemHandle's documentation); opened in a second device's context
+ * (where the machine has two GPUs) it maps for that context too. */
 static int ipc_maps_memory_across_processes(const char* self) {
   enum { BYTES = 1 << 20 };
   CUdeviceptr d;
@@ -485,6 +580,27 @@ static int child(const char* hex) {
   if (cuMemcpyDtoH(page, d, sizeof page)) return 4;
   for (int i = 0; i < 4096; ++i)
     if (page[i] != (unsigned char)(i * 7 + 3)) return 5;
+  /* Opened again in the same context: the same pointer, counted; the first close leaves it
+   * mapped. */
+  CUdeviceptr again;
+  if (cuIpcOpenMemHandle(&again, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) || again != d)
+    return 8;
+  if (cuIpcCloseMemHandle(again) || cuMemcpyDtoH(page, d, sizeof page)) return 9;
+  /* Opened in a second device's context (where there is one): a mapping of that context's,
+   * which reads the same bytes and is closed there. */
+  int devices = 0;
+  CUdevice dev1;
+  CUcontext ctx1;
+  if (cuDeviceGetCount(&devices)) return 10;
+  if (devices > 1) {
+    CUdeviceptr other;
+    unsigned char seen[4096];
+    if (cuDeviceGet(&dev1, 1) || cuDevicePrimaryCtxRetain(&ctx1, dev1) || cuCtxSetCurrent(ctx1))
+      return 11;
+    if (cuIpcOpenMemHandle(&other, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) return 12;
+    if (cuMemcpyDtoH(seen, other, sizeof seen) || memcmp(seen, page, sizeof seen) != 0) return 13;
+    if (cuIpcCloseMemHandle(other) || cuCtxSetCurrent(ctx)) return 14;
+  }
   memset(page, 0x5c, sizeof page);
   if (cuMemcpyHtoD(d, page, sizeof page) || cuCtxSynchronize()) return 6;
   if (cuIpcCloseMemHandle(d)) return 7;
@@ -547,6 +663,81 @@ static int a_free_under_an_importer_is_reported(const char* self) {
   CHECK(cuIpcCloseMemHandle(d));
   close(in[1]);
   if (from) fclose(from);
+  return 1;
+}
+
+/* The engine's peer probe kernel (sg_peer_probe), declared for the emulated driver, which
+ * binds the name to its host build of cuda/: with two ranks, an acquire load, a system-scope
+ * atomic add and a load of word `probe_from_flags` of peer 1's flags, then the verdict. */
+static const char kPeerProbeDecl[] =
+    ".version 8.0\n"
+    ".target sm_90\n"
+    ".address_size 64\n"
+    ".visible .entry ncclStragglarPeerProbe(.param .align 8 .b8 args[40])\n"
+    "{\n"
+    "  ret;\n"
+    "}\n";
+
+/* The child of `--ipc-probe HEX DEVICE`: opens the parent's handle in the context of GPU
+ * `DEVICE`, then runs the peer probe on GPU 1 over it (the parent wrote 7 into its first word).
+ * Returns 0 once the probe ran; the emulated GPU ends the process when the mapping is another
+ * device's. */
+static int ipc_probe_child(const char* hex, const char* device) {
+  CUipcMemHandle handle;
+  for (size_t i = 0; i < sizeof handle; ++i) {
+    unsigned v;
+    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return 2;
+    ((unsigned char*)&handle)[i] = (unsigned char)v;
+  }
+  CUdevice opener, prober;
+  CUcontext opener_ctx, prober_ctx;
+  CUdeviceptr mapping, peers, result;
+  CUmodule module;
+  CUfunction probe;
+  if (cuInit(0) || cuDeviceGet(&opener, atoi(device)) || cuDeviceGet(&prober, 1) ||
+      cuDevicePrimaryCtxRetain(&opener_ctx, opener) ||
+      cuDevicePrimaryCtxRetain(&prober_ctx, prober) || cuCtxSetCurrent(opener_ctx))
+    return 3;
+  if (cuIpcOpenMemHandle(&mapping, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) return 4;
+  if (cuCtxSetCurrent(prober_ctx) || cuMemAlloc(&peers, 4096) || cuMemAlloc(&result, 4096) ||
+      cuModuleLoadData(&module, kPeerProbeDecl) ||
+      cuModuleGetFunction(&probe, module, "ncclStragglarPeerProbe"))
+    return 5;
+  uint64_t table[2][7]; /* two RawPeer: arena[2], flags[2], failed, served[2] */
+  memset(table, 0, sizeof table);
+  table[1][2] = mapping;
+  struct {
+    uint64_t peers, probe_from_flags, result;
+    uint32_t token, rank, ranks, reserved;
+  } args = {peers, 0, result, 7, 0, 2, 0};
+  void* params[] = {&args};
+  if (cuMemcpyHtoD(peers, table, sizeof table) ||
+      cuLaunchKernel(probe, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL) || cuCtxSynchronize())
+    return 6;
+  cuCtxSetCurrent(opener_ctx);
+  return cuIpcCloseMemHandle(mapping) ? 7 : 0;
+}
+
+/* A kernel using an IPC mapping that another device's context opened is reported (emulation
+ * only: the mapping is not in that GPU's address space, an illegal address on a GPU); opened
+ * in the kernel's own device's context, the same probe runs. */
+static int an_ipc_mapping_of_another_device_is_reported(void) {
+  int devices = 0;
+  CHECK(cuDeviceGetCount(&devices));
+  if (devices < 2) return 2;
+  CUdeviceptr d;
+  const uint32_t seven = 7;
+  CHECK(cuMemAlloc(&d, 1 << 20));
+  CHECK(cuMemcpyHtoD(d, &seven, sizeof seven));
+  CUipcMemHandle handle;
+  CHECK(cuIpcGetMemHandle(&handle, d));
+  char hex[2 * sizeof handle + 1];
+  to_hex((const unsigned char*)&handle, sizeof handle, hex);
+  const char* own[] = {"--ipc-probe", hex, "1", NULL};
+  const char* other[] = {"--ipc-probe", hex, "0", NULL};
+  EXPECT(spawn_self(g_self, own, NULL) == 0);
+  EXPECT(spawn_self(g_self, other, NULL) == 1000 + SIGABRT);
+  CHECK(cuMemFree(d));
   return 1;
 }
 
@@ -910,6 +1101,7 @@ int main(int argc, char** argv) {
   if (argc == 2 && strcmp(argv[1], "--export-free") == 0) return export_then_free();
   if (argc == 4 && strcmp(argv[1], "--vmm-child") == 0) return vmm_child(argv[2], argv[3]);
   if (argc == 2 && strcmp(argv[1], "--multicast-plain-store") == 0) return multicast_plain_store();
+  if (argc == 4 && strcmp(argv[1], "--ipc-probe") == 0) return ipc_probe_child(argv[2], argv[3]);
   g_self = argv[0];
   CUdevice dev;
   CUcontext ctx;
@@ -936,6 +1128,7 @@ int main(int argc, char** argv) {
   run("capture forks, joins and replays", capture_forks_joins_and_replays);
   run("an unjoined fork fails the capture", an_unjoined_fork_fails_the_capture);
   run("capture refuses what crosses it", capture_refuses_what_crosses_it);
+  run("capture modes decide what is refused", capture_modes_decide_what_is_refused);
   run("external event nodes order replays and eager work",
       external_event_nodes_order_replays_and_eager_work);
   run("a graph launched on two streams runs once at a time",
@@ -955,6 +1148,9 @@ int main(int argc, char** argv) {
   if (g_emulated)
     run("freeing memory another process maps through IPC is reported (emulation only)",
         free_under_importer_check);
+  if (g_emulated)
+    run("an IPC mapping used by another device's kernel is reported (emulation only)",
+        an_ipc_mapping_of_another_device_is_reported);
   printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

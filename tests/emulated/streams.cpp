@@ -107,12 +107,15 @@ namespace {
 
 bool capture_active(Stream* s) { return s->capture != nullptr; }
 
-/* Under the driver lock: fails a synchronising call on a capturing stream (invalidating its
- * capture, as the real driver does). */
+/* Under the driver lock: fails a query or synchronisation of a capturing stream (invalidating
+ * its capture, as the real driver does), or of any stream while a capture forbids this
+ * thread's unsafe calls. */
 CUresult refuse_if_capturing(Stream* s) {
-  if (!capture_active(s)) return CUDA_SUCCESS;
-  s->capture->invalidated = true;
-  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (capture_active(s)) {
+    s->capture->invalidated = true;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  return unsafe_call_forbidden() ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 }  // namespace
 
@@ -376,6 +379,7 @@ CUresult cuEventRecordWithFlags(CUevent h, CUstream hs, unsigned int flags) {
 static CUresult event_target(Event* e, Stream** s, uint64_t* seq) {
   if (!e || !is_event(e)) return CUDA_ERROR_INVALID_HANDLE;
   if (e->capture) return CUDA_ERROR_CAPTURED_EVENT;
+  if (unsafe_call_forbidden()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (e->stream)
     if (int fault = e->stream->ctx->fault.load()) return (CUresult)fault;
   *s = e->stream;
@@ -458,9 +462,14 @@ CUresult cuStreamWaitEvent(CUstream hs, CUevent he, unsigned int flags) {
       for (size_t n : e->nodes) s->tail.push_back(n);
       return CUDA_SUCCESS;
     }
-    if (s->capture || s->legacy) {
+    if (s->capture) {
+      /* Two captures would become one. */
       e->capture->invalidated = true;
-      if (s->capture) s->capture->invalidated = true;
+      s->capture->invalidated = true;
+      return CUDA_ERROR_STREAM_CAPTURE_MERGE;
+    }
+    if (s->legacy) {
+      e->capture->invalidated = true;
       return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
     }
     s->capture = e->capture;
