@@ -18,10 +18,10 @@
 #
 # What it proves and what it does not: the host code, the driver calls and the kernel source run
 # as a whole (streams, events, capture, IPC between processes, the kernels' protocol), with real
-# concurrency, memory scopes checked and the kernels' plain stores held back until a release
-# publishes them (weak memory, writers' side). It says nothing about timing, stale loads or
-# speed, and the CUDA runtime (PyTorch) cannot run on it: it needs more of the driver than
-# the engine does.
+# concurrency, memory scopes checked, the kernels' plain stores held back until a release
+# publishes them and their plain loads stale where no acquire orders them (weak memory), and
+# processes sharing a GPU by time slices (or MPS). It says nothing about timing or speed, and
+# the CUDA runtime (PyTorch) cannot run on it: it needs more of the driver than the engine does.
 #
 # Knobs (environment): STRAGGLAR_EMU_GPUS (8), STRAGGLAR_EMU_SMS (32), STRAGGLAR_EMU_MULTICAST (0),
 # STRAGGLAR_EMU_DRIVER_VERSION (13000), STRAGGLAR_EMU_FAIL (name[@device][=code],...: make a
@@ -34,7 +34,12 @@
 # stale; stores: held back, never stale), STRAGGLAR_EMU_PEER_LOADS
 # (wrong: a kernel's 32-bit acquire loads of another GPU's memory return the complement of what
 # it holds, where the copy engine reads it right), CUDA_DEVICE_MAX_CONNECTIONS
-# (hardware queues per context, 8), STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
+# (hardware queues per context, 8), STRAGGLAR_EMU_TIMESLICE_US (2000: how long a process keeps a
+# GPU that another process's kernels wait for; 0: processes' kernels run at once),
+# STRAGGLAR_EMU_MPS (1: no time slices, the processes share each GPU's multiprocessors),
+# STRAGGLAR_EMU_SHARING_REPORT (1: each process prints at exit how often it took a GPU's turn
+# from another), STRAGGLAR_EMU_MACHINE (the machine's name, one per run unless set),
+# STRAGGLAR_CACHE_DIR (default target/emulated-gpu/kernels).
 # Strong accesses narrower than .sys to a word another GPU or the host touches end the process
 # (see docs/EMULATED-GPU.md, "The strict machine").
 set -euo pipefail
@@ -133,6 +138,9 @@ else
   export LD_LIBRARY_PATH="$OUT:$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 export STRAGGLAR_CACHE_DIR="${STRAGGLAR_CACHE_DIR:-$OUT/kernels}"
+# One machine per run: processes of this run share its GPUs (time slices, MPS), runs beside it
+# do not.
+export STRAGGLAR_EMU_MACHINE="${STRAGGLAR_EMU_MACHINE:-$$-$(date +%s%N)}"
 if [ "${1:-}" = "--build" ]; then
   echo "$OUT"
   exit 0

@@ -468,7 +468,31 @@ fn bench_svg_and_json_report_each_type_and_op() {
 
 #[test]
 fn bench_ranks_as_processes_run_through_ipc_eager_and_in_graphs() {
-    assert_clean_bench(&bench(&["--ranks-as", "processes"], &[]));
+    // The four processes share GPU 0 as a GPU without MPS shares it: by time slices, each
+    // process's kernels waiting while another's run, so every rank waits for its peers across
+    // slices (each process says how often it took the GPU from another).
+    let out = bench(
+        &["--ranks-as", "processes"],
+        &[("STRAGGLAR_EMU_SHARING_REPORT", "1")],
+    );
+    assert_clean_bench(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let turns: Vec<u64> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("emulated GPU 0: process "))
+        .filter_map(|l| l.split(" took its turn from another ").nth(1))
+        .filter_map(|l| l.strip_suffix(" times")?.parse().ok())
+        .collect();
+    assert!(
+        turns.len() >= 4 && turns.iter().filter(|&&n| n > 0).count() >= 4,
+        "{}",
+        support::describe(&out)
+    );
+    // Under MPS the processes' kernels run at once, sharing the GPU's multiprocessors.
+    assert_clean_bench(&bench(
+        &["--ranks-as", "processes", "--graph"],
+        &[("STRAGGLAR_EMU_MPS", "1")],
+    ));
     assert_clean_bench(&bench(
         &["--ranks-as", "processes", "--graph", "--algo", "auto"],
         &[],
@@ -1840,6 +1864,10 @@ fn observe_mode_keeps_what_a_killed_rank_wrote() {
     assert_eq!(text.matches("was never closed").count(), 1, "{text}");
 }
 
+/// What observe mode may report for a rank held back 20 ms: at most 20% less, and up to 40%
+/// more (a loaded 2-core machine wakes a sleeping rank late, which only adds to its lateness).
+const HELD_BACK_MS_SEEN: std::ops::RangeInclusive<f64> = 16.0..=28.0;
+
 #[test]
 fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
     let _timing = timing();
@@ -1930,7 +1958,7 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
             "held" | "exit" => {
                 assert!(text.contains("persistent straggler: rank 2 "), "{text}");
                 let ms = reported_lateness_ms(&text).unwrap_or_else(|| panic!("{text}"));
-                assert!((16.0..=24.0).contains(&ms), "{ms} ms: {text}");
+                assert!(HELD_BACK_MS_SEEN.contains(&ms), "{ms} ms: {text}");
                 let json = support::run(
                     Command::new(stragglar())
                         .args(["report", "--json", "--min-lateness-us", "2000"])
@@ -1953,17 +1981,17 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
                 );
                 assert_eq!(text.matches("no persistent straggler").count(), 1, "{text}");
                 let ms = reported_lateness_ms(&text).unwrap_or_else(|| panic!("{text}"));
-                assert!((16.0..=24.0).contains(&ms), "{ms} ms: {text}");
+                assert!(HELD_BACK_MS_SEEN.contains(&ms), "{ms} ms: {text}");
             }
             "groups" => {
                 assert!(text.contains("persistent straggler: rank 1 "), "{text}");
                 assert!(text.contains("calls: 99 Group"), "{text}");
                 let ms = reported_lateness_ms(&text).unwrap_or_else(|| panic!("{text}"));
-                assert!((16.0..=24.0).contains(&ms), "{ms} ms: {text}");
+                assert!(HELD_BACK_MS_SEEN.contains(&ms), "{ms} ms: {text}");
             }
             "fsdp" => {
                 assert!(text.contains("persistent straggler: rank 1 "), "{text}");
-                // Within 20% of the hold-back at each of the three collectives.
+                // The hold-back seen at each of the three collectives.
                 let by_kind = text
                     .lines()
                     .find_map(|l| l.split("late by collective (median, when last): ").nth(1))
@@ -1975,7 +2003,7 @@ fn observe_mode_names_the_rank_held_back_and_nobody_without_one() {
                         .and_then(|rest| rest.split(" ms").next())
                         .and_then(|v| v.parse().ok())
                         .unwrap_or_else(|| panic!("{kind}: {text}"));
-                    assert!((16.0..=24.0).contains(&ms), "{kind} {ms} ms: {text}");
+                    assert!(HELD_BACK_MS_SEEN.contains(&ms), "{kind} {ms} ms: {text}");
                 }
                 assert!(
                     text.contains("calls: 33 AllReduce, 33 ReduceScatter, 33 AllGather"),

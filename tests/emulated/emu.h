@@ -42,6 +42,12 @@ struct Machine {
 const Machine& machine();
 bool initialized();
 
+/* Under MPS (`STRAGGLAR_EMU_MPS=1`, sharing.cpp): the processes of the machine share each
+ * device's multiprocessors, held one at a time (waiting while none is free) and given back. */
+bool mps_shares_multiprocessors();
+void mps_take_multiprocessor(int device);
+void mps_give_multiprocessors(int device, int count);
+
 struct Stream;
 struct Capture;
 

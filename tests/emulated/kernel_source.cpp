@@ -68,9 +68,13 @@ void emu_sync(void) {
   const uint32_t me = sg_self.thread;
   if (t_weak) t_weak->at_barrier(me);
   emu::fiber_sync();
+  emu::wait_for_turn(sg_self.device);
   if (t_weak) t_weak->after_barrier(me);
 }
-void emu_pause(void) { emu::fiber_pause(); }
+void emu_pause(void) {
+  emu::fiber_pause();
+  emu::wait_for_turn(sg_self.device);
+}
 /* Seeded scheduling: the running block's choices (null: the deterministic schedule). */
 thread_local emu::Rng* t_choices = nullptr;
 

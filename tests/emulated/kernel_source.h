@@ -72,6 +72,13 @@ bool multicast_store(void* p, const void* src, uint32_t n);
  * where a multimem store may go. */
 bool is_multicast_address(const void* p, uint32_t n);
 
+/* Sharing a GPU between processes (sharing.cpp): a block calls block_started before it runs
+ * (which waits for its process's turn on the device), wait_for_turn whenever it resumes after
+ * a pause or a barrier, and block_ended once it returned. */
+void block_started(int device);
+void wait_for_turn(int device);
+void block_ended(int device);
+
 }  // namespace emu
 
 #endif

@@ -30,7 +30,8 @@ std::mutex* g_lock = new std::mutex();
 std::set<Module*>* g_modules = new std::set<Module*>();
 std::set<Function*>* g_functions = new std::set<Function*>();
 
-/* Multiprocessors free on each device of this process. */
+/* Multiprocessors free on each device of this process (under MPS, sharing.cpp counts the
+ * machine's instead). */
 struct Sms {
   std::mutex m;
   std::condition_variable cv;
@@ -96,18 +97,40 @@ void ptx_kernels(const char* text, std::vector<const KernelSpec*>* out) {
   }
 }
 
+/* Takes one of `device`'s multiprocessors, waiting while none is free: this process's, or,
+ * under MPS, the machine's. */
+void take_multiprocessor(Sms* sms, int device) {
+  if (mps_shares_multiprocessors()) {
+    mps_take_multiprocessor(device);
+    return;
+  }
+  std::unique_lock<std::mutex> l(sms->m);
+  sms->cv.wait(l, [&] { return sms->free > 0; });
+  sms->free--;
+}
+
+void give_multiprocessors(Sms* sms, int device, int count) {
+  if (mps_shares_multiprocessors()) {
+    mps_give_multiprocessors(device, count);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(sms->m);
+    sms->free += count;
+  }
+  sms->cv.notify_all();
+}
+
 void block_thread(const KernelSpec* spec, std::shared_ptr<std::vector<char>> params, uint32_t b,
                   uint32_t grid, uint32_t threads, Sms* sms, int device, uint64_t launch) {
   if (schedule_seed()) {
     Rng start = rng_for(kChoiceBlocks, launch, b + 1);
     random_sleep(start, 200);
   }
+  block_started(device);
   run_block(spec, params->data(), b, grid, threads, device, launch);
-  {
-    std::lock_guard<std::mutex> l(sms->m);
-    sms->free++;
-  }
-  sms->cv.notify_all();
+  block_ended(device);
+  give_multiprocessors(sms, device, 1);
 }
 }  // namespace
 
@@ -125,11 +148,7 @@ void run_kernel(const KernelSpec* spec, int device, uint32_t grid, uint32_t thre
   std::vector<std::thread> blocks;
   blocks.reserve(grid);
   for (uint32_t b : order) {
-    {
-      std::unique_lock<std::mutex> l(sms->m);
-      sms->cv.wait(l, [&] { return sms->free > 0; });
-      sms->free--;
-    }
+    take_multiprocessor(sms, device);
     blocks.emplace_back(block_thread, spec, params, b, grid, threads, sms, device, launch);
   }
   for (std::thread& t : blocks) t.join();
@@ -148,20 +167,11 @@ extern "C" {
  * NCCL, which finds them with dlsym (a `cu` name, so the driver's version script exports it). */
 void cuEmuHoldMultiprocessors(int device, int count) {
   Sms* sms = sms_of(device);
-  for (int i = 0; i < count; ++i) {
-    std::unique_lock<std::mutex> l(sms->m);
-    sms->cv.wait(l, [&] { return sms->free > 0; });
-    sms->free--;
-  }
+  for (int i = 0; i < count; ++i) take_multiprocessor(sms, device);
 }
 
 void cuEmuReleaseMultiprocessors(int device, int count) {
-  Sms* sms = sms_of(device);
-  {
-    std::lock_guard<std::mutex> l(sms->m);
-    sms->free += count;
-  }
-  sms->cv.notify_all();
+  give_multiprocessors(sms_of(device), device, count);
 }
 
 }  // extern "C"
