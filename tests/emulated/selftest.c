@@ -508,6 +508,16 @@ static void to_hex(const unsigned char* bytes, size_t n, char* out) {
   for (size_t i = 0; i < n; ++i) sprintf(out + 2 * i, "%02x", bytes[i]);
 }
 
+/* The IPC handle written by to_hex; 0 when `hex` is not one. */
+static int handle_from_hex(const char* hex, CUipcMemHandle* handle) {
+  for (size_t i = 0; i < sizeof *handle; ++i) {
+    unsigned v = 0;
+    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return 0;
+    ((unsigned char*)handle)[i] = (unsigned char)v;
+  }
+  return 1;
+}
+
 /* Runs this program again with `args` (NULL-terminated, after the program's name) and one more
  * environment entry (none if NULL); returns its exit status, or -1. */
 static int spawn_self(const char* self, const char* const* args, const char* setting) {
@@ -563,11 +573,7 @@ static int ipc_maps_memory_across_processes(const char* self) {
 /* The child: opens the handle, checks the parent's bytes, writes 0x5c over the first page. */
 static int child(const char* hex) {
   CUipcMemHandle handle;
-  for (size_t i = 0; i < sizeof handle; ++i) {
-    unsigned v;
-    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return 2;
-    ((unsigned char*)&handle)[i] = (unsigned char)v;
-  }
+  if (!handle_from_hex(hex, &handle)) return 2;
   CUdevice dev;
   CUcontext ctx;
   if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
@@ -649,11 +655,7 @@ static int a_free_under_an_importer_is_reported(const char* self) {
   char hex[2 * sizeof(CUipcMemHandle) + 2] = "";
   EXPECT(from && fgets(hex, sizeof hex, from));
   CUipcMemHandle handle;
-  for (size_t i = 0; i < sizeof handle; ++i) {
-    unsigned v = 0;
-    EXPECT(sscanf(hex + 2 * i, "%2x", &v) == 1);
-    ((unsigned char*)&handle)[i] = (unsigned char)v;
-  }
+  EXPECT(handle_from_hex(hex, &handle));
   CUdeviceptr d;
   CHECK(cuIpcOpenMemHandle(&d, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
   EXPECT(write(in[1], "go\n", 3) == 3);
@@ -684,11 +686,7 @@ static const char kPeerProbeDecl[] =
  * device's. */
 static int ipc_probe_child(const char* hex, const char* device) {
   CUipcMemHandle handle;
-  for (size_t i = 0; i < sizeof handle; ++i) {
-    unsigned v;
-    if (sscanf(hex + 2 * i, "%2x", &v) != 1) return 2;
-    ((unsigned char*)&handle)[i] = (unsigned char)v;
-  }
+  if (!handle_from_hex(hex, &handle)) return 2;
   CUdevice opener, prober;
   CUcontext opener_ctx, prober_ctx;
   CUdeviceptr mapping, peers, result;

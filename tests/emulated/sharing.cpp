@@ -169,9 +169,18 @@ void nap() {
 
 void wait_for_turn(int device) {
   if (!time_sliced()) return;
-  DeviceShare* s = share_of(device);
+  /* Called at every pause of every block: the block's thread keeps its device's record and
+   * its pid (a block runs on one device, in one process). */
+  thread_local int cached_device = -1;
+  thread_local DeviceShare* cached_share = nullptr;
+  thread_local uint64_t me = 0;
+  if (cached_device != device) {
+    cached_share = share_of(device);
+    cached_device = device;
+    me = (uint64_t)(uint32_t)getpid();
+  }
+  DeviceShare* s = cached_share;
   if (!s) return;
-  const uint64_t me = (uint64_t)(uint32_t)getpid();
   for (;;) {
     uint64_t turn = __atomic_load_n(&s->turn, __ATOMIC_ACQUIRE);
     if (turn >> 32 == me) return;
