@@ -1540,6 +1540,19 @@ fn an_eager_call_and_a_replay_on_another_stream_never_overlap() {
 }
 
 #[test]
+fn first_calls_beside_another_threads_global_capture_leave_it_whole() {
+    // PyTorch captures in the global mode; a thread that sets the engine up while another
+    // thread captures must make no call the driver refuses beside that capture (an event query,
+    // a synchronisation, an allocation): the refusal would invalidate the other thread's graph.
+    // Under `stragglar` the first calls set the engine up and run StragglAR.
+    let env = engine_with("stragglar", &[("LOOPBACK_CAPTURE_BESIDE", "1")]);
+    let (text, _) = run_checked(&["4"], &env, ": capture beside the first calls whole");
+    for line in designations(&text) {
+        assert!(line.ends_with(", 3 on StragglAR, 0 on NCCL"), "{text}");
+    }
+}
+
+#[test]
 fn a_call_captured_with_no_straggler_designated_stays_on_nccl_on_every_rank() {
     // Under auto, nobody late: the policy prefers NCCL for the call when it is captured, so
     // the graph holds NCCL's work (NVLS where NCCL runs it), not our kernel choosing between

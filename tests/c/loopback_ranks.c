@@ -24,7 +24,9 @@
  *   the median and 90th percentile host time of its eager calls; LOOPBACK_HOSTNAME=NAME (through
  *   LOOPBACK_ENV_<r>) runs a rank under another host name; LOOPBACK_MIXED=N: eager calls
  *   and graph replays on two streams, not waited for in between (see run_mixed); LOOPBACK_GROW=N:
- *   float sums of growing sizes up to 7 MiB, the first N eager (see run_growing). Each rank
+ *   float sums of growing sizes up to 7 MiB, the first N eager (see run_growing);
+ *   LOOPBACK_CAPTURE_BESIDE: the first calls beside another thread's capture (see
+ *   run_capture_beside). Each rank
  *   that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL).
  * Built twice by tests/emulated_gpu.rs: linked against libstragglar, and linked against the
@@ -371,6 +373,86 @@ static int run_replays(int rank, int nranks, ncclComm_t comm, CUstream stream, C
   print_stats(rank, comm);
   ncclCommDestroy(comm);
   printf("rank %d: %d replays checked\n", rank, replays);
+  return 0;
+}
+
+/* LOOPBACK_CAPTURE_BESIDE: while a second thread of the rank holds a capture begun in the
+ * global mode (PyTorch's default) on a stream of its own, the main thread makes the rank's first
+ * three calls (4099 float sums) eagerly, so the engine sets up beside the capture; each call is
+ * waited for through a host function, since a synchronisation would itself be refused beside
+ * the capture. The capture must end whole (the engine's set-up made no call that invalidates
+ * it) and its graph, a memset, must run; then every result is checked. */
+struct beside {
+  CUcontext ctx;
+  CUdeviceptr scratch;
+  volatile int phase; /* 1: capturing, 2: the calls are done, 3: ended */
+  CUresult ended;
+};
+
+static void* capture_beside(void* arg) {
+  struct beside* b = arg;
+  CUstream side;
+  CUgraph graph = NULL;
+  cuCtxSetCurrent(b->ctx);
+  cuStreamCreate(&side, CU_STREAM_NON_BLOCKING);
+  CUresult r = cuStreamBeginCapture(side, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  if (r == CUDA_SUCCESS) r = cuMemsetD32Async(b->scratch, 7, 16, side);
+  __atomic_store_n(&b->phase, 1, __ATOMIC_RELEASE);
+  while (__atomic_load_n(&b->phase, __ATOMIC_ACQUIRE) != 2) sched_yield();
+  CUresult end = cuStreamEndCapture(side, &graph);
+  if (r == CUDA_SUCCESS) r = end;
+  if (r == CUDA_SUCCESS) {
+    CUgraphExec exec;
+    r = cuGraphInstantiateWithFlags(&exec, graph, 0);
+    if (r == CUDA_SUCCESS) r = cuGraphLaunch(exec, side);
+    if (r == CUDA_SUCCESS) r = cuStreamSynchronize(side);
+    if (r == CUDA_SUCCESS) cuGraphExecDestroy(exec);
+  }
+  if (graph) cuGraphDestroy(graph);
+  cuStreamDestroy(side);
+  b->ended = r;
+  __atomic_store_n(&b->phase, 3, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static void CUDA_CB mark_done(void* flag) { __atomic_store_n((volatile int*)flag, 1, __ATOMIC_RELEASE); }
+
+static int run_capture_beside(int rank, int nranks, ncclComm_t comm, CUcontext ctx, CUstream stream,
+                              CUdeviceptr send, CUdeviceptr recv) {
+  static float host[4099];
+  struct beside b = {ctx, 0, 0, CUDA_SUCCESS};
+  CU(cuMemAlloc(&b.scratch, 64));
+  for (int j = 0; j < 4099; ++j) host[j] = (float)(rank + j % 5);
+  CU(cuMemcpyHtoD(send, host, sizeof host));
+  pthread_t t;
+  pthread_create(&t, NULL, capture_beside, &b);
+  while (__atomic_load_n(&b.phase, __ATOMIC_ACQUIRE) != 1) sched_yield();
+  for (int i = 0; i < 3; ++i) {
+    ncclResult_t nr = ncclAllReduce((const void*)send, (void*)recv, 4099, ncclFloat32, ncclSum,
+                                    comm, stream);
+    if (nr != ncclSuccess) {
+      printf("rank %d: call %d beside the capture: %s\n", rank, i, ncclGetErrorString(nr));
+      __atomic_store_n(&b.phase, 2, __ATOMIC_RELEASE);
+      pthread_join(t, NULL);
+      return 3;
+    }
+    volatile int done = 0;
+    CU(cuLaunchHostFunc(stream, mark_done, (void*)&done));
+    while (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) sched_yield();
+  }
+  __atomic_store_n(&b.phase, 2, __ATOMIC_RELEASE);
+  pthread_join(t, NULL);
+  if (b.ended != CUDA_SUCCESS) {
+    const char* name = "?";
+    cuGetErrorName(b.ended, &name);
+    printf("rank %d: the capture beside the first calls ended with %s\n", rank, name);
+    return 3;
+  }
+  int bad = check_sums(rank, nranks, recv, 0, 2, "beside a capture");
+  if (bad) return bad;
+  print_stats(rank, comm);
+  ncclCommDestroy(comm);
+  printf("rank %d: capture beside the first calls whole\n", rank);
   return 0;
 }
 
@@ -749,6 +831,8 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     return run_growing(rank, nranks, comm, stream, atoi(getenv("LOOPBACK_GROW")), kill_rank,
                        kill_at);
   if (getenv("LOOPBACK_MIXED")) return run_mixed(rank, nranks, comm, atoi(getenv("LOOPBACK_MIXED")));
+  if (getenv("LOOPBACK_CAPTURE_BESIDE"))
+    return run_capture_beside(rank, nranks, comm, ctx, stream, send, recv);
   if (getenv("LOOPBACK_REPLAYS"))
     return run_replays(rank, nranks, comm, stream, send, recv, atoi(getenv("LOOPBACK_REPLAYS")));
   static unsigned char host[MAX_COUNT * 8];

@@ -301,8 +301,12 @@ impl CudaComm {
             // SAFETY: as the caller vouches.
             return unsafe { self.capture(operands, stream, capture) };
         }
+        // An eager call may allocate (growth, plan uploads), map peers' memory and read
+        // events: beside another thread's capture in the global mode (PyTorch's default) the
+        // driver would refuse those calls and invalidate that capture. Relaxed, they leave it
+        // whole. (A capture of this thread's stream takes the path above, which makes none.)
         // SAFETY: as the caller vouches.
-        unsafe { self.eager(operands, stream) }
+        driver::relaxed_capture_mode(|| unsafe { self.eager(operands, stream) })
     }
 
     /// Says at INFO the first time a size class runs StragglAR pipelined `pieces` deep (the

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::arena::GrownArena;
-use super::driver::{self, Device, PeerMapping};
+use super::driver::{Device, PeerMapping};
 use super::failure::FailureWord;
 use super::rank::{CallError, CudaRank};
 use super::staging::ArenaLayout;
@@ -61,17 +61,8 @@ pub enum Growth {
 /// and this rank's own new arenas stay with `rank` whatever happens. `Err`: a peer failed, this
 /// rank was aborted or failed, the deadline passed while waiting for a peer, or the new peer
 /// table could not be uploaded after every rank agreed; the caller gives this rank up.
+/// Made from an eager call, in the relaxed capture mode (see `CudaComm::all_reduce`).
 pub fn grow(
-    rank: &mut CudaRank,
-    arenas: ArenaLayout,
-    kept: &mut Vec<PeerMapping>,
-) -> Result<Growth, CallError> {
-    // An allocation or an IPC call while another thread captures in the global mode would
-    // end that capture.
-    driver::relaxed_capture_mode(|| grow_relaxed(rank, arenas, kept))
-}
-
-fn grow_relaxed(
     rank: &mut CudaRank,
     arenas: ArenaLayout,
     kept: &mut Vec<PeerMapping>,

@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 
 use super::attach::{attach, Attached};
 use super::comm::{Decline, Ran};
+use super::driver;
 use super::rank::{status_text, CallError, Control};
 use super::watch::SetupWatch;
 use crate::gpu::launch::{STATUS_ABORTED, STATUS_OK};
@@ -155,7 +156,10 @@ pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
         // Staging of aborted communicators no rank touches any more is freed first (and leaves
         // the cap).
         sweep_abandoned();
-        match attach(call, &entry.watch) {
+        // Setting up allocates, synchronises and queries events: beside another thread's
+        // capture in the global mode (PyTorch's default) the driver would refuse those calls
+        // and invalidate that thread's capture. Relaxed, this thread's calls leave it whole.
+        match driver::relaxed_capture_mode(|| attach(call, &entry.watch)) {
             Ok(ready) if entry.watch.forgotten() => {
                 // Destroyed or aborted while setting up: nothing of it may be used.
                 abandon(ready);
