@@ -175,8 +175,12 @@ SG_DEVICE void sg_publish_to_readers(const sg_call* call, uint32_t value, uint32
   const RawValue* v = sg_at<RawValue>(plan, plan->values_at) + bases[rank] + value;
   const uint32_t* readers = sg_at<uint32_t>(plan, plan->readers_at) + v->first_reader;
   const uint32_t threads = SG_THREADS;
+  /* A value pushed through the multicast address reaches its readers' own addresses of those
+   * bytes: another proxy, ordered before the flag only through the alias fence. */
+  const bool aliased = v->pushed && call->args->multicast_arena[call->parity] != 0;
   for (uint32_t i = (SG_THREAD + threads - first % threads) % threads; i < v->reader_count;
        i += threads) {
+    if (aliased) sg_fence_proxy_alias();
     if (readers[i] < plan->ranks) {
       sg_store_release(sg_inbox(call, readers[i], rank, value), call->flag);
     }
@@ -324,19 +328,30 @@ SG_DEVICE void sg_publish(const sg_call* call, uint32_t value) {
   sg_publish_to_readers(call, value, 0);
 }
 
-/* Where value `v` of rank `r` lives (IN, or its arena slot), or 0 if it is not kept. */
-SG_DEVICE unsigned char* sg_value_at(const sg_call* call, uint32_t r, uint32_t v) {
+/* Value `v` of rank `r` in the plan's value table. */
+SG_DEVICE const RawValue* sg_value(const sg_call* call, uint32_t r, uint32_t v) {
   const uint32_t* bases = sg_at<uint32_t>(call->plan, call->plan->value_bases_at);
-  const RawValue* value = sg_at<RawValue>(call->plan, call->plan->values_at) + bases[r] + v;
-  uint64_t offset;
-  if (value->slot == SLOT_NONE) return 0;
-  if (value->slot == SLOT_INPUT) {
-    uint64_t bytes;
-    sg_chunk(&call->layout, value->chunk, &offset, &bytes);
-  } else {
-    offset = call->layout.in_bytes + (uint64_t)value->slot * call->layout.slot_bytes;
+  return sg_at<RawValue>(call->plan, call->plan->values_at) + bases[r] + v;
+}
+
+/* Where a kept value lies in an arena: its chunk's place in IN, or its slot. */
+SG_DEVICE uint64_t sg_value_offset(const sg_call* call, const RawValue* value) {
+  if (value->slot != SLOT_INPUT) {
+    return call->layout.in_bytes + (uint64_t)value->slot * call->layout.slot_bytes;
   }
-  return (unsigned char*)call->peers[r].arena[call->parity] + offset;
+  uint64_t offset, bytes;
+  sg_chunk(&call->layout, value->chunk, &offset, &bytes);
+  return offset;
+}
+
+/* Where value `v` of rank `r` lives (IN, or its arena slot), or 0 if it is not kept. A pushed
+ * value (RawValue::pushed) lies at its slot in this rank's own arena: its owner wrote it into
+ * each reader's, and keeps the copy it pushes from in its own. */
+SG_DEVICE unsigned char* sg_value_at(const sg_call* call, uint32_t r, uint32_t v) {
+  const RawValue* value = sg_value(call, r, v);
+  if (value->slot == SLOT_NONE) return 0;
+  const uint32_t holder = value->pushed ? call->args->rank : r;
+  return (unsigned char*)call->peers[holder].arena[call->parity] + sg_value_offset(call, value);
 }
 
 /* One element of a buffer that may not be 16-byte aligned (a user's; one load when the
@@ -735,6 +750,50 @@ SG_DEVICE void sg_apply_any(const sg_math* m, const sg_step_scratch* s, uint32_t
                sg_apply_typed<L>(m, s->operands, operands, begin, end, out_a, out_b, scale, finish));
 }
 
+/* Every thread of the block, after a barrier that follows the writes of `from` (this rank's
+ * copy of own pushed value `v`, at its slot): writes the block's bytes [begin, end) of it,
+ * rounded up to whole 16-byte units (the slot's padding goes along), to the same slot of each
+ * reader's arena. With a multicast arena, one multimem store per vector reaches every rank's
+ * arena at once (the owner's own included, with the bytes it holds); otherwise a copy through
+ * each reader's peer mapping, two readers a pass, so each of the owner's loads serves two
+ * stores. The value's flags go out afterwards (sg_publish_to_readers). */
+SG_DEVICE void sg_push(const sg_call* call, const RawValue* v, const unsigned char* from,
+                       uint64_t begin, uint64_t end) {
+  const uint64_t offset = sg_value_offset(call, v);
+  const uint64_t stop = sg_align16(end);
+  unsigned char* multicast = (unsigned char*)call->args->multicast_arena[call->parity];
+  if (multicast) {
+    const uint64_t stride = (uint64_t)SG_THREADS * 16;
+    for (uint64_t at = begin + (uint64_t)SG_THREAD * 16; at < stop; at += stride) {
+      sg_multimem_store16(multicast + offset + at, sg_load16_fresh(from + at));
+    }
+    return;
+  }
+  const RawPlanHeader* plan = call->plan;
+  const uint32_t* readers = sg_at<uint32_t>(plan, plan->readers_at) + v->first_reader;
+  unsigned char* out[2] = {0, 0};
+  uint32_t filled = 0;
+  for (uint32_t i = 0; i < v->reader_count; ++i) {
+    if (readers[i] >= plan->ranks) continue; /* a damaged blob's reader: no rank */
+    out[filled++] = (unsigned char*)call->peers[readers[i]].arena[call->parity] + offset;
+    if (filled == 2 || i + 1 == v->reader_count) {
+      sg_copy16(from, begin, stop, out[0], out[1]);
+      out[1] = 0;
+      filled = 0;
+    }
+  }
+}
+
+/* A pushed value goes from the copy a step just made into its readers' arenas, once the
+ * block's writes of it are done (the push's threads read bytes other threads wrote): one block
+ * barrier more than a step that pushes nothing pays (docs/KERNELS.md). Outlined, so a step's
+ * own path keeps its two barriers. */
+SG_OUTLINED void sg_push_made(const sg_call* call, const RawValue* v, const unsigned char* from,
+                              uint64_t begin, uint64_t end) {
+  sg_block_sync();
+  sg_push(call, v, from, begin, end);
+}
+
 /* Copies this rank's input into IN, chunk by chunk, scaling it, publishing each slice: two
  * barriers a chunk (thread 0's pointer before it is read, and the publish's), as the barrier of
  * each publish, after the copy, also orders the chunk's reads of the pointer before the next
@@ -784,6 +843,12 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
       if (i < count) {
         const uint32_t* flag = sg_inbox(call, a->rank, sources[i].rank, sources[i].value);
         status = sg_wait(call, flag, call->flag, sources[i].rank);
+        /* A value its owner pushed through the multicast address is read at this rank's own
+         * address of the bytes: the alias fence orders those loads after the flag's acquire. */
+        if (a->multicast_arena[call->parity] != 0 &&
+            sg_value(call, sources[i].rank, sources[i].value)->pushed) {
+          sg_fence_proxy_alias();
+        }
       } else {
         /* This read is its source's send number `turn`: the sends before it go first. Their
          * readers may be any ranks, so every rank's failure releases this wait. */
@@ -809,6 +874,8 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
   if (own || output) {
     sg_apply_any(&call->math, s, step->source_count, begin, end, own, output, false, finish);
   }
+  const RawValue* made = sg_value(call, a->rank, step->out_value);
+  if (own && made->pushed) sg_push_made(call, made, own, begin, end);
   /* NO_READER (the source's last send) is no rank; neither is a damaged blob's reader. */
   bool serves = sg_ordered(call, step) && step->next_reader < plan->ranks;
   if (!serves && !own) return STATUS_OK;
@@ -1159,6 +1226,62 @@ SG_DEVICE void sg_multicast_probe(const RawMulticastProbe* p) {
 #ifdef STRAGGLAR_HOST_EMULATION
 thread_local sg_host_thread sg_self;
 
+/* The OS-thread harness's multicast objects: a range of addresses [base, base + bytes) that
+ * the harness never maps for plain access, whose store at base + o writes o bytes past each
+ * member's start. Registered by stragglar_emulate_multicast; a few at once (tests run side by
+ * side). */
+struct sg_host_multicast {
+  uint64_t base, bytes;
+  uint32_t count;
+  uint64_t members[SG_MAX_OPERANDS];
+};
+static sg_host_multicast sg_multicasts[16];
+static pthread_mutex_t sg_multicasts_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Registers a multicast object over `count` members (each `bytes` long; count at most
+ * SG_MAX_OPERANDS) at the addresses [base, base + bytes), or with `count` 0 removes the one at
+ * `base`. Returns 0 when there is no room or too many members. */
+extern "C" int stragglar_emulate_multicast(uint64_t base, uint64_t bytes, const uint64_t* members,
+                                           uint32_t count) {
+  if (count > SG_MAX_OPERANDS) return 0;
+  pthread_mutex_lock(&sg_multicasts_lock);
+  int done = 0;
+  for (sg_host_multicast& m : sg_multicasts) {
+    const bool removes = count == 0 && m.base == base && m.count != 0;
+    if (removes) {
+      m.count = 0;
+      done = 1;
+      break;
+    }
+    if (count != 0 && m.count == 0) {
+      m.base = base;
+      m.bytes = bytes;
+      for (uint32_t i = 0; i < count; ++i) m.members[i] = members[i];
+      m.count = count;
+      done = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&sg_multicasts_lock);
+  return done;
+}
+
+/* A multimem store in the OS-thread harness: written into every member at once (these threads
+ * hold nothing back); false when `p` lies in no registered object. */
+static bool sg_host_multimem_store(void* p, const void* src, uint32_t n) {
+  const uint64_t at = (uint64_t)p;
+  pthread_mutex_lock(&sg_multicasts_lock);
+  bool found = false;
+  for (const sg_host_multicast& m : sg_multicasts) {
+    if (m.count == 0 || at < m.base || at + n > m.base + m.bytes) continue;
+    for (uint32_t i = 0; i < m.count; ++i) memcpy((void*)(m.members[i] + (at - m.base)), src, n);
+    found = true;
+    break;
+  }
+  pthread_mutex_unlock(&sg_multicasts_lock);
+  return found;
+}
+
 /* The threads of block `block` of a launch that meet at its barrier: the harness's barrier
  * is for this many (the others run the arrival work, see sg_plan_threads). */
 extern "C" uint32_t stragglar_emulate_plan_threads(const RawLaunch* args, uint32_t block) {
@@ -1175,6 +1298,7 @@ extern "C" void stragglar_emulate_thread(const RawLaunch* args, uint32_t block, 
   sg_self.threads = args->threads;
   sg_self.block_dim = args->threads;
   sg_self.barrier = barrier;
+  sg_self.multimem_store = sg_host_multimem_store;
   sg_all_reduce(args, (sg_scratch*)scratch);
 }
 

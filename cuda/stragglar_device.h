@@ -226,6 +226,10 @@ SG_DEVICE void sg_multimem_store16(void* p, sg_vec16 v, SG_CALL_SITE) {
     abort();
   }
 }
+/* fence.proxy.alias: orders this thread's accesses through one virtual address of memory
+ * (a multicast address) against those through another (the same bytes' own address). The host
+ * has one address per byte, so nothing to order. */
+SG_DEVICE void sg_fence_proxy_alias(void) {}
 /* `dst` is a register's worth in the kernels (a held store never covers it). */
 SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) {
   if (sg_self.weak_load)
@@ -377,6 +381,10 @@ SG_DEVICE void sg_multimem_store16(void* p, sg_vec16 v) {
   __trap();
 #endif
 }
+/* fence.proxy.alias: PTX treats two virtual addresses of the same memory (a multicast address
+ * and a member's own) as different proxies, ordered only through this fence: a writer's
+ * multimem stores reach a reader's loads at its own address only with one on the path. */
+SG_DEVICE void sg_fence_proxy_alias(void) { asm volatile("fence.proxy.alias;" ::: "memory"); }
 /* Copies n bytes (one element) of memory other ranks may write into dst: one load when src is
  * aligned to n (2, 4 or 8), byte by byte otherwise. Values move through memcpy (no type
  * punning; NVVM makes it a register move). */

@@ -410,6 +410,13 @@ typedef struct RawLaunch {
    * Graph launches: the policy that picks among `plans`.
    */
   struct RawRule rule;
+  /**
+   * Where every rank's arena of each parity is bound to one multicast object at the same
+   * offsets: this rank's multicast address of that arena (a `multimem.st` at offset `o`
+   * writes offset `o` of every rank's arena). 0: none, and a complete value pushed to its
+   * readers (`RawValue::pushed`) goes to each reader's arena through `peers`, one store each.
+   */
+  uint64_t multicast_arena[2];
 } RawLaunch;
 
 /**

@@ -27,7 +27,7 @@ typedef unsigned long long uint64_t;
 /**
  * `RawPlanHeader::version` of this layout.
  */
-#define PLAN_VERSION 4
+#define PLAN_VERSION 5
 
 /**
  * `RawStep::kind`: copy the caller's input into `IN`.
@@ -172,6 +172,12 @@ typedef struct RawValue {
    */
   uint32_t first_reader;
   uint32_t reader_count;
+  /**
+   * 1 when the owner writes the value into each reader's own arena, at this same slot, as
+   * it makes it (a multicast plan's push, `Plan::delivery`), so a reader reads it in its own
+   * memory; 0 when readers read it in the owner's arena.
+   */
+  uint32_t pushed;
 } RawValue;
 
 #endif  /* STRAGGLAR_PLAN_H_ */

@@ -95,8 +95,14 @@ struct Kernel {
     /// `stragglar_emulate_served_out_of_order`: turns the kernel handed on out of order (to a
     /// word that had passed them), in every test of this binary so far.
     served_out_of_order: unsafe extern "C" fn() -> u64,
+    /// `stragglar_emulate_multicast`: registers (or, with no members, removes) a multicast
+    /// object of the OS-thread harness.
+    multicast: MulticastFn,
     scratch_bytes: usize,
 }
+
+/// `stragglar_emulate_multicast`.
+type MulticastFn = unsafe extern "C" fn(u64, u64, *const u64, u32) -> i32;
 
 /// A thread scope whose threads are joined one by one (`pthread_join`) at its end, so that
 /// ThreadSanitizer (`STRAGGLAR_EMULATION_CFLAGS=-fsanitize=thread`) sees each emulated thread's
@@ -234,6 +240,12 @@ fn kernel() -> &'static Kernel {
                     "stragglar_emulate_plan_threads",
                 ))
             },
+            // SAFETY: as above.
+            multicast: unsafe {
+                std::mem::transmute::<*mut c_void, MulticastFn>(symbol(
+                    "stragglar_emulate_multicast",
+                ))
+            },
             // SAFETY: a plain function without arguments.
             scratch_bytes: unsafe { scratch() } as usize,
         }
@@ -331,6 +343,59 @@ struct Comm {
     sampled: bool,
     /// `RawLaunch::ordered_reads` of every launch (on unless a test turns it off).
     ordered_reads: bool,
+    /// Every rank's staging bound to one multicast object (`Comm::bind_multicast`).
+    multicast: Option<MulticastRange>,
+}
+
+/// The addresses of a harness multicast object: reserved with no access, so a plain load or
+/// store through them faults (as PTX leaves it undefined); only the harness's multimem stores
+/// use them, writing each member's staging at the same offset. Removed and unmapped on drop.
+struct MulticastRange {
+    base: u64,
+    bytes: usize,
+}
+
+impl MulticastRange {
+    fn new(bytes: usize, members: &[u64]) -> MulticastRange {
+        // SAFETY: a fresh anonymous mapping with no access; nothing else owns it.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED, "reserve the multicast addresses");
+        let range = MulticastRange {
+            base: base as u64,
+            bytes,
+        };
+        // SAFETY: `members` holds `len` addresses of stagings of `bytes` each, alive as long as
+        // the range (the `Comm` owns both).
+        let added = unsafe {
+            (kernel().multicast)(
+                range.base,
+                bytes as u64,
+                members.as_ptr(),
+                members.len() as u32,
+            )
+        };
+        assert_eq!(added, 1, "register the multicast object");
+        range
+    }
+}
+
+impl Drop for MulticastRange {
+    fn drop(&mut self) {
+        // SAFETY: removes this range's registration, then unmaps the range this value mapped.
+        unsafe {
+            (kernel().multicast)(self.base, 0, std::ptr::null(), 0);
+            libc::munmap(self.base as *mut c_void, self.bytes);
+        }
+    }
 }
 
 const ARENA_BYTES: usize = 1 << 20;
@@ -378,7 +443,18 @@ impl Comm {
             end_without_all: false,
             sampled: false,
             ordered_reads: true,
+            multicast: None,
         }
+    }
+
+    /// Binds every rank's staging to one multicast object: launches then push a multicast
+    /// plan's complete values with multimem stores instead of rank by rank.
+    fn bind_multicast(&mut self) {
+        let members: Vec<u64> = self.memory.iter().map(|m| m.staging.addr()).collect();
+        self.multicast = Some(MulticastRange::new(
+            self.layout.allocation_bytes() as usize,
+            &members,
+        ));
     }
 
     /// Where `rank`'s launches point, as the library builds them.
@@ -395,6 +471,9 @@ impl Comm {
             threads: self.threads,
             timeout_ns: self.timeout_ns,
             ordered_reads: self.ordered_reads,
+            multicast_arena: self.multicast.as_ref().map_or([0; 2], |m| {
+                [m.base + self.layout.arena(0), m.base + self.layout.arena(1)]
+            }),
         }
     }
 
@@ -1199,6 +1278,70 @@ fn every_type_and_op_matches_the_interpreter_bit_for_bit() {
                         seed,
                     },
                 );
+            }
+        }
+    }
+}
+
+/// Multicast StragglAR's plans on the kernel: each owner's ReduceScatter chunk pushed into the
+/// straggler, the straggler's complete chunks pushed into every early rank, rank by rank through
+/// the peer mappings, or, with the stagings bound to a multicast object, by multimem stores
+/// (whose addresses fault on any plain access): every type and op at 4 ranks, 2 to 8 ranks with
+/// odd counts and misaligned buffers, bit for bit as the interpreter on every rank.
+#[test]
+fn multicast_plans_push_their_values_and_match_the_interpreter_bit_for_bit() {
+    let mut cache = PlanCache::default();
+    let mut seed = 9000;
+    for bound in [false, true] {
+        let mut comm = Comm::new(4, 3, 4);
+        if bound {
+            comm.bind_multicast();
+        }
+        for dtype in DataType::ALL {
+            for op in ReduceOp::ALL {
+                seed += 1;
+                let case = Case {
+                    pieces: 1,
+                    algorithm: Algorithm::Multicast,
+                    ranks: 4,
+                    straggler: (seed % 4) as usize,
+                    dtype,
+                    op,
+                    count: 1000 + (seed % 7) as usize,
+                    offset: 0,
+                    in_place: seed % 2 == 0,
+                    raw: false,
+                    seed,
+                };
+                check(&mut comm, &mut cache, &case);
+            }
+        }
+        for ranks in [2usize, 3, 5, 8] {
+            let mut comm = Comm::new(ranks, 2, 2);
+            if bound {
+                comm.bind_multicast();
+            }
+            for (count, offset) in [(1usize, 0usize), (7, 6), (4099, 4)] {
+                seed += 1;
+                let dtype = if offset % 4 == 0 {
+                    DataType::F32
+                } else {
+                    DataType::Bf16
+                };
+                let case = Case {
+                    pieces: 1,
+                    algorithm: Algorithm::Multicast,
+                    ranks,
+                    straggler: (seed as usize) % ranks,
+                    dtype,
+                    op: ReduceOp::Sum,
+                    count,
+                    offset,
+                    in_place: seed % 2 == 0,
+                    raw: false,
+                    seed,
+                };
+                check(&mut comm, &mut cache, &case);
             }
         }
     }

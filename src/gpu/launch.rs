@@ -130,6 +130,11 @@ pub struct RawLaunch {
     pub plans: u64,
     /// Graph launches: the policy that picks among `plans`.
     pub rule: RawRule,
+    /// Where every rank's arena of each parity is bound to one multicast object at the same
+    /// offsets: this rank's multicast address of that arena (a `multimem.st` at offset `o`
+    /// writes offset `o` of every rank's arena). 0: none, and a complete value pushed to its
+    /// readers (`RawValue::pushed`) goes to each reader's arena through `peers`, one store each.
+    pub multicast_arena: [u64; 2],
 }
 
 /// Operands the bandwidth probe folds at most (the length of `RawApply::operands`).
@@ -204,7 +209,7 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(std::mem::size_of::<RawPeer>(), 56);
-        assert_eq!(std::mem::size_of::<RawLaunch>(), 224);
+        assert_eq!(std::mem::size_of::<RawLaunch>(), 240);
         assert_eq!(std::mem::size_of::<RawApply>(), 96);
         assert_eq!(std::mem::size_of::<RawPeerProbe>(), 40);
         assert_eq!(std::mem::size_of::<RawMulticastProbe>(), 16);

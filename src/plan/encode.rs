@@ -14,7 +14,7 @@ use super::{RankProgram, Step};
 /// `RawPlanHeader::magic`: "SGPL".
 pub const PLAN_MAGIC: u32 = 0x5347_504c;
 /// `RawPlanHeader::version` of this layout.
-pub const PLAN_VERSION: u32 = 4;
+pub const PLAN_VERSION: u32 = 5;
 /// `RawStep::kind`: copy the caller's input into `IN`.
 pub const STEP_COPY_IN: u32 = 0;
 /// `RawStep::kind`: reduce the sources into a new value.
@@ -104,6 +104,10 @@ pub struct RawValue {
     /// staging (its flag there), so a reader's wait polls its own memory.
     pub first_reader: u32,
     pub reader_count: u32,
+    /// 1 when the owner writes the value into each reader's own arena, at this same slot, as
+    /// it makes it (a multicast plan's push, `Plan::delivery`), so a reader reads it in its own
+    /// memory; 0 when readers read it in the owner's arena.
+    pub pushed: u32,
 }
 
 /// One rank's encoded plan.
@@ -187,11 +191,13 @@ fn turn_readers(programs: &[RankProgram]) -> std::collections::HashMap<(usize, u
 }
 
 /// Encodes `rank`'s program: `slots[r][v]` is the arena slot of value `v` of rank `r`
-/// (`None` for `IN` chunks, values `0..chunks`, and for values nobody reads).
+/// (`None` for `IN` chunks, values `0..chunks`, and for values nobody reads); `pushed[r][v]`
+/// says that its owner writes it into its readers' arenas (see [`RawValue::pushed`]).
 pub(super) fn encode_programs(
     chunks: usize,
     programs: &[RankProgram],
     slots: &[Vec<Option<usize>>],
+    pushed: &[Vec<bool>],
     rank: usize,
 ) -> PlanBlob {
     let program = &programs[rank];
@@ -246,9 +252,16 @@ pub(super) fn encode_programs(
     let mut values = Vec::new();
     let mut bases = Vec::new();
     let mut reader_ranks = Vec::new();
-    for ((p, slots), readers) in programs.iter().zip(slots).zip(&readers) {
+    for (((p, slots), readers), pushed) in programs.iter().zip(slots).zip(&readers).zip(pushed) {
         bases.push(values.len() as u32);
-        for (id, ((v, slot), readers)) in p.values.iter().zip(slots).zip(readers).enumerate() {
+        for (id, (((v, slot), readers), &pushed)) in p
+            .values
+            .iter()
+            .zip(slots)
+            .zip(readers)
+            .zip(pushed)
+            .enumerate()
+        {
             values.push(RawValue {
                 chunk: v.chunk as u32,
                 slot: match slot {
@@ -258,6 +271,7 @@ pub(super) fn encode_programs(
                 },
                 first_reader: reader_ranks.len() as u32,
                 reader_count: readers.len() as u32,
+                pushed: pushed as u32,
             });
             reader_ranks.extend(readers.iter().map(|&r| r as u32));
         }
@@ -277,7 +291,7 @@ pub(super) fn encode_programs(
     });
     let sources_at = push(&mut out, &sources, |s| words32(&[s.rank, s.value]));
     let values_at = push(&mut out, &values, |v| {
-        words32(&[v.chunk, v.slot, v.first_reader, v.reader_count])
+        words32(&[v.chunk, v.slot, v.first_reader, v.reader_count, v.pushed])
     });
     let value_bases_at = push(&mut out, &bases, |b| b.to_le_bytes().to_vec());
     let readers_at = push(&mut out, &reader_ranks, |r| r.to_le_bytes().to_vec());

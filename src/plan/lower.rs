@@ -250,9 +250,33 @@ impl Lowering {
         Ok(())
     }
 
+    /// In a multicast schedule, where `rank` still holds `chunk` as its `IN` chunk (the gather
+    /// at two ranks, where the ReduceScatter of one early rank makes nothing), a local copy of it
+    /// becomes the value held: `IN` lies at the chunk's own place in every arena, where a push
+    /// cannot land, so a pushed value is always one a step makes.
+    fn materialise_input(&mut self, rank: usize, chunk: usize) -> Result<(), LowerError> {
+        let held = self.holding(rank, chunk)?;
+        if held.value.rank == rank && held.value.id < self.chunks {
+            let what = Produced {
+                sources: vec![held.value],
+                set: held.set,
+                lowest: held.lowest,
+                copy: false,
+                turn: None,
+            };
+            self.produce(rank, chunk, what);
+        }
+        Ok(())
+    }
+
     /// One round of a transfer-by-transfer phase; reads see values as of the round's start. In
     /// a multicast schedule every source is pushed into its destinations.
     fn round(&mut self, round: &[crate::schedule::Transfer]) -> Result<(), LowerError> {
+        if self.multicast {
+            for t in round {
+                self.materialise_input(t.src, t.chunk)?;
+            }
+        }
         let reads: Vec<Held> = round
             .iter()
             .map(|t| self.holding(t.src, t.chunk))
@@ -322,6 +346,12 @@ impl Lowering {
         // DefaultHasher::new() uses fixed keys: the same value in every process.
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (&self.programs, &self.reads, self.multicast).hash(&mut hasher);
+        let pushed: Vec<Vec<bool>> = self
+            .pushed_to
+            .iter()
+            .map(|values| values.iter().map(|to| !to.is_empty()).collect())
+            .collect();
+        let slots = assign_slots(self.chunks, &self.reads, &pushed);
         let delivery = self.multicast.then_some(Delivery {
             pushed_to: self.pushed_to,
         });
@@ -330,7 +360,8 @@ impl Lowering {
             straggler: schedule.straggler,
             chunks: self.chunks,
             programs: self.programs,
-            reads: self.reads,
+            slots,
+            pushed,
             delivery,
             structure: hasher.finish(),
             id: 0,
@@ -349,7 +380,10 @@ impl Lowering {
 ///
 /// Arena layout, for `count` elements: `IN` first (value `c` at chunk `c`'s place in the
 /// caller's buffer), then one slot of [`slot_bytes`] per produced value that a later step reads,
-/// in value order. A value's slot index does not depend on the count, so the device blobs
+/// in value order; then, in a multicast plan, the slots of the pushed values, one per value of
+/// any rank, the same slot in every rank's arena (a value pushed into its readers lands where
+/// its owner keeps it, so one multicast store, which writes the same offset of every member,
+/// reaches them all). A value's slot index does not depend on the count, so the device blobs
 /// ([`Lowered::blob`]) serve every count and type.
 #[derive(Debug, Clone)]
 pub struct Lowered {
@@ -359,8 +393,10 @@ pub struct Lowered {
     chunks: usize,
     /// The programs, every `Value::offset` still `None`.
     programs: Vec<RankProgram>,
-    /// `reads[rank][value]`: some later step reads this value (it gets an arena slot).
-    reads: Vec<Vec<bool>>,
+    /// `slots[rank][value]`: see [`Lowered::slots`].
+    slots: Vec<Vec<Option<usize>>>,
+    /// `pushed[rank][value]`: the value is written into its readers' arenas as it is made.
+    pushed: Vec<Vec<bool>>,
     /// For a multicast schedule, see [`Plan::delivery`].
     delivery: Option<Delivery>,
     /// A hash of the programs and reads, for the plans' fingerprints.
@@ -418,18 +454,18 @@ impl Lowered {
     }
 
     /// The arena slot of each of `rank`'s values: `None` for the `IN` chunks and for values
-    /// nobody reads, otherwise its index among the rank's kept produced values.
-    pub(super) fn slots(&self, rank: usize) -> impl Iterator<Item = Option<usize>> + '_ {
-        let chunks = self.chunks;
-        self.reads[rank]
-            .iter()
-            .enumerate()
-            .scan(0, move |next, (id, &read)| {
-                Some((id >= chunks && read).then(|| {
-                    *next += 1;
-                    *next - 1
-                }))
-            })
+    /// nobody reads, otherwise its index among the arena's slots (see the type's doc).
+    fn slots(&self, rank: usize) -> impl Iterator<Item = Option<usize>> + '_ {
+        self.slots[rank].iter().copied()
+    }
+
+    /// Slots every rank's arena spans: its own kept values', and in a multicast plan every
+    /// pushed value's (which may land in it).
+    fn arena_slots(&self, rank: usize) -> usize {
+        if self.delivery.is_some() {
+            return self.need.slots;
+        }
+        self.slots(rank).flatten().max().map_or(0, |k| k + 1)
     }
 
     /// What these programs need of the staging, for any count.
@@ -441,10 +477,13 @@ impl Lowered {
     fn compute_need(&self, max_sends: usize) -> ArenaNeed {
         ArenaNeed {
             chunks: self.chunks,
-            slots: (0..self.ranks)
-                .map(|rank| self.slots(rank).flatten().count())
+            slots: self
+                .slots
+                .iter()
+                .flatten()
+                .flatten()
                 .max()
-                .unwrap_or(0),
+                .map_or(0, |k| k + 1),
             values: self.programs.iter().map(|p| p.values.len()).sum(),
             sends: max_sends,
         }
@@ -458,16 +497,14 @@ impl Lowered {
         let slot = slot_bytes(count, size, self.chunks);
         let mut programs = self.programs.clone();
         for (rank, program) in programs.iter_mut().enumerate() {
-            let mut used = 0;
             for ((id, value), kept) in program.values.iter_mut().enumerate().zip(self.slots(rank)) {
                 if id < self.chunks {
                     value.offset = Some(chunks[value.chunk].start * size);
                 } else if let Some(k) = kept {
                     value.offset = Some(in_bytes + k * slot);
-                    used = k + 1;
                 }
             }
-            program.arena_bytes = in_bytes + used * slot;
+            program.arena_bytes = in_bytes + self.arena_slots(rank) * slot;
         }
         // The offsets follow from the structure and the chunks: hashing those identifies the
         // plan. DefaultHasher::new() uses fixed keys: the same value in every process.
@@ -496,10 +533,44 @@ impl Lowered {
     /// `rank`'s device blob: its steps, and every rank's values with their slots (for any
     /// count and type; the launch says which).
     pub fn blob(&self, rank: usize) -> PlanBlob {
-        let slots: Vec<Vec<Option<usize>>> =
-            (0..self.ranks).map(|r| self.slots(r).collect()).collect();
-        encode_programs(self.chunks, &self.programs, &slots, rank)
+        encode_programs(self.chunks, &self.programs, &self.slots, &self.pushed, rank)
     }
+}
+
+/// `slots[rank][value]` (see [`Lowered`]'s arena layout): each rank's kept values that are not
+/// pushed numbered from 0 in value order, then every pushed value of any rank (rank by rank, in
+/// value order) numbered after the most slots of that kind any rank has, so a pushed value's
+/// slot is free in every arena it may land in.
+fn assign_slots(
+    chunks: usize,
+    reads: &[Vec<bool>],
+    pushed: &[Vec<bool>],
+) -> Vec<Vec<Option<usize>>> {
+    let kept = |rank: usize, id: usize| id >= chunks && reads[rank][id];
+    let own: Vec<usize> = (0..reads.len())
+        .map(|rank| {
+            (0..reads[rank].len())
+                .filter(|&id| kept(rank, id) && !pushed[rank][id])
+                .count()
+        })
+        .collect();
+    let mut next_pushed = own.iter().copied().max().unwrap_or(0);
+    (0..reads.len())
+        .map(|rank| {
+            let mut next_own = 0;
+            (0..reads[rank].len())
+                .map(|id| {
+                    let counter = match (kept(rank, id), pushed[rank][id]) {
+                        (false, _) => return None,
+                        (true, true) => &mut next_pushed,
+                        (true, false) => &mut next_own,
+                    };
+                    *counter += 1;
+                    Some(*counter - 1)
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Lowers a verified `schedule` to programs for any count (see [`Lowered::plan`]).

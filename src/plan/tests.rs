@@ -108,8 +108,10 @@ fn every_data_type_and_op() {
         let plan = plan_for(Algorithm::Ring, 6, 0, 50, dtype);
         check_exact(&plan, ReduceOp::Sum, 9);
         for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
-            let plan = plan_for(Algorithm::Multicast, 7, 2, 61, dtype);
-            check_exact(&plan, op, 11);
+            for (ranks, straggler) in [(7, 2), (2, 0), (3, 2)] {
+                let plan = plan_for(Algorithm::Multicast, ranks, straggler, 61, dtype);
+                check_exact(&plan, op, 11);
+            }
         }
     }
 }
@@ -671,4 +673,73 @@ fn pipelined_plans_reduce_every_element_exactly() {
             );
         }
     }
+}
+
+/// A multicast plan's blob marks exactly the pushed values, and a pushed value's slot is its
+/// own in every rank's arena: no value of any rank (pushed or kept) shares it, so a push lands
+/// where nothing else lives, whichever readers it reaches (and a multicast store reaches them
+/// all). Point-to-point plans push nothing.
+#[test]
+fn pushed_values_have_slots_no_other_value_of_any_rank_uses() {
+    let word =
+        |blob: &PlanBlob, at: usize| u32::from_le_bytes(blob.bytes[at..at + 4].try_into().unwrap());
+    for (algorithm, ranks, straggler) in [
+        (Algorithm::Multicast, 8, 7),
+        (Algorithm::Multicast, 5, 1),
+        (Algorithm::Multicast, 2, 0),
+        (Algorithm::Stragglar, 6, 2),
+    ] {
+        let lowered = lowered_for(algorithm, ranks, straggler);
+        let plan = lowered.plan(1000, DataType::F32);
+        let pushed_to = plan.delivery.as_ref().map(|d| d.pushed_to.clone());
+        let blob = lowered.blob(0);
+        let dword = |at: usize| u64::from_le_bytes(blob.bytes[at..at + 8].try_into().unwrap());
+        let values_at = dword(std::mem::offset_of!(RawPlanHeader, values_at)) as usize;
+        let bases_at = dword(std::mem::offset_of!(RawPlanHeader, value_bases_at)) as usize;
+        let mut pushed_slots = Vec::new();
+        let mut kept_slots: Vec<Vec<u32>> = vec![Vec::new(); ranks];
+        for (owner, values) in (0..ranks).map(|r| (r, blob_values(&blob, r))) {
+            let base = word(&blob, bases_at + 4 * owner) as usize;
+            for (v, &(_, slot)) in values.iter().enumerate() {
+                let at = values_at + (base + v) * std::mem::size_of::<RawValue>();
+                let pushed = word(&blob, at + std::mem::offset_of!(RawValue, pushed)) == 1;
+                let expected = pushed_to.as_ref().is_some_and(|p| !p[owner][v].is_empty());
+                assert_eq!(pushed, expected, "{algorithm:?} rank {owner} value {v}");
+                if slot >= SLOT_INPUT {
+                    assert!(!pushed, "a pushed value has a slot");
+                } else if pushed {
+                    pushed_slots.push(slot);
+                } else {
+                    kept_slots[owner].push(slot);
+                }
+            }
+        }
+        let need = lowered.need().slots as u32;
+        for (rank, kept) in kept_slots.iter().enumerate() {
+            let mut all: Vec<u32> = kept.iter().chain(&pushed_slots).copied().collect();
+            let before = all.len();
+            all.sort_unstable();
+            all.dedup();
+            assert_eq!(
+                all.len(),
+                before,
+                "{algorithm:?}: two values share a slot on rank {rank}"
+            );
+            assert!(all.iter().all(|&k| k < need));
+            // Every arena spans the slots that may land in it.
+            let slot = slot_bytes(1000, 4, plan.chunks.len());
+            if !pushed_slots.is_empty() {
+                let spans = align_up_16(4000) + need as usize * slot;
+                assert!(
+                    plan.programs[rank].arena_bytes >= spans,
+                    "rank {rank}'s arena spans every pushed slot"
+                );
+            }
+        }
+        assert_eq!(pushed_slots.is_empty(), algorithm != Algorithm::Multicast);
+    }
+}
+
+fn align_up_16(bytes: usize) -> usize {
+    bytes.div_ceil(16) * 16
 }

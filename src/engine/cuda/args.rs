@@ -46,6 +46,8 @@ pub struct LaunchSite {
     pub timeout_ns: u64,
     /// `RawLaunch::ordered_reads`.
     pub ordered_reads: bool,
+    /// `RawLaunch::multicast_arena`: `[0, 0]` without multicast.
+    pub multicast_arena: [u64; 2],
 }
 
 impl LaunchSite {
@@ -120,6 +122,7 @@ impl LaunchSite {
             blocks: self.blocks,
             threads: self.threads,
             ordered_reads: u32::from(self.ordered_reads),
+            multicast_arena: self.multicast_arena,
             ..RawLaunch::default()
         }
     }
