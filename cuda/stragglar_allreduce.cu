@@ -162,6 +162,21 @@ SG_DEVICE uint32_t* sg_inbox(const sg_call* call, uint32_t reader, uint32_t owne
   return (uint32_t*)call->peers[reader].flags[call->parity] + word;
 }
 
+/* Whether this launch keeps value `v` in its multicast region (RawLaunch::multicast_arena):
+ * pushed to several readers, with a region whose parity holds the value's slot, which every
+ * rank decides alike (the same blob tables, count and region size). Then `*offset` is where
+ * the value lies in the region. */
+SG_DEVICE bool sg_in_multicast(const sg_call* call, const RawValue* v, uint64_t* offset) {
+  const RawLaunch* a = call->args;
+  const uint32_t from = call->plan->multicast_slots_from;
+  if (!v->pushed || v->reader_count < 2 || a->multicast_arena[call->parity] == 0 ||
+      v->slot == SLOT_NONE || v->slot == SLOT_INPUT || v->slot < from) {
+    return false;
+  }
+  *offset = (uint64_t)(v->slot - from) * call->layout.slot_bytes;
+  return *offset + call->layout.slot_bytes <= a->multicast_bytes;
+}
+
 /* Every thread of the block, after its barrier: publishes this block's slice of own value
  * `value` to each of its readers (RawValue::first_reader), one release into each reader's
  * inbox, thread `first + j` taking reader j (`first`: the threads busy with other releases),
@@ -177,7 +192,8 @@ SG_DEVICE void sg_publish_to_readers(const sg_call* call, uint32_t value, uint32
   const uint32_t threads = SG_THREADS;
   /* A value pushed through the multicast address reaches its readers' own addresses of those
    * bytes: another proxy, ordered before the flag only through the alias fence. */
-  const bool aliased = v->pushed && call->args->multicast_arena[call->parity] != 0;
+  uint64_t region_offset;
+  const bool aliased = sg_in_multicast(call, v, &region_offset);
   for (uint32_t i = (SG_THREAD + threads - first % threads) % threads; i < v->reader_count;
        i += threads) {
     if (aliased) sg_fence_proxy_alias();
@@ -346,11 +362,17 @@ SG_DEVICE uint64_t sg_value_offset(const sg_call* call, const RawValue* value) {
 
 /* Where value `v` of rank `r` lives (IN, or its arena slot), or 0 if it is not kept. A pushed
  * value (RawValue::pushed) lies at its slot in this rank's own arena: its owner wrote it into
- * each reader's, and keeps the copy it pushes from in its own. */
+ * each reader's, and keeps the copy it pushes from in its own. A reader of one kept in the
+ * multicast region reads it in its own memory there. */
 SG_DEVICE unsigned char* sg_value_at(const sg_call* call, uint32_t r, uint32_t v) {
   const RawValue* value = sg_value(call, r, v);
   if (value->slot == SLOT_NONE) return 0;
-  const uint32_t holder = value->pushed ? call->args->rank : r;
+  const uint32_t rank = call->args->rank;
+  uint64_t region_offset;
+  if (r != rank && sg_in_multicast(call, value, &region_offset)) {
+    return (unsigned char*)call->args->multicast_own[call->parity] + region_offset;
+  }
+  const uint32_t holder = value->pushed ? rank : r;
   return (unsigned char*)call->peers[holder].arena[call->parity] + sg_value_offset(call, value);
 }
 
@@ -752,23 +774,24 @@ SG_DEVICE void sg_apply_any(const sg_math* m, const sg_step_scratch* s, uint32_t
 
 /* Every thread of the block, after a barrier that follows the writes of `from` (this rank's
  * copy of own pushed value `v`, at its slot): writes the block's bytes [begin, end) of it,
- * rounded up to whole 16-byte units (the slot's padding goes along), to the same slot of each
- * reader's arena. With a multicast arena, one multimem store per vector reaches every rank's
- * arena at once (the owner's own included, with the bytes it holds); otherwise a copy through
- * each reader's peer mapping, two readers a pass, so each of the owner's loads serves two
+ * rounded up to whole 16-byte units (the slot's padding goes along), to each reader. A value
+ * the launch keeps in its multicast region goes there with one multimem store per vector,
+ * reaching every rank's memory at once; any other to the same slot of each reader's arena,
+ * through its peer mapping, two readers a pass, so each of the owner's loads serves two
  * stores. The value's flags go out afterwards (sg_publish_to_readers). */
 SG_DEVICE void sg_push(const sg_call* call, const RawValue* v, const unsigned char* from,
                        uint64_t begin, uint64_t end) {
-  const uint64_t offset = sg_value_offset(call, v);
   const uint64_t stop = sg_align16(end);
-  unsigned char* multicast = (unsigned char*)call->args->multicast_arena[call->parity];
-  if (multicast) {
+  uint64_t region_offset;
+  if (sg_in_multicast(call, v, &region_offset)) {
+    unsigned char* region = (unsigned char*)call->args->multicast_arena[call->parity];
     const uint64_t stride = (uint64_t)SG_THREADS * 16;
     for (uint64_t at = begin + (uint64_t)SG_THREAD * 16; at < stop; at += stride) {
-      sg_multimem_store16(multicast + offset + at, sg_load16_fresh(from + at));
+      sg_multimem_store16(region + region_offset + at, sg_load16_fresh(from + at));
     }
     return;
   }
+  const uint64_t offset = sg_value_offset(call, v);
   const RawPlanHeader* plan = call->plan;
   const uint32_t* readers = sg_at<uint32_t>(plan, plan->readers_at) + v->first_reader;
   unsigned char* out[2] = {0, 0};
@@ -845,8 +868,9 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
         status = sg_wait(call, flag, call->flag, sources[i].rank);
         /* A value its owner pushed through the multicast address is read at this rank's own
          * address of the bytes: the alias fence orders those loads after the flag's acquire. */
-        if (a->multicast_arena[call->parity] != 0 &&
-            sg_value(call, sources[i].rank, sources[i].value)->pushed) {
+        uint64_t region_offset;
+        if (sg_in_multicast(call, sg_value(call, sources[i].rank, sources[i].value),
+                            &region_offset)) {
           sg_fence_proxy_alias();
         }
       } else {

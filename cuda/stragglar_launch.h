@@ -411,12 +411,24 @@ typedef struct RawLaunch {
    */
   struct RawRule rule;
   /**
-   * Where every rank's arena of each parity is bound to one multicast object at the same
-   * offsets: this rank's multicast address of that arena (a `multimem.st` at offset `o`
-   * writes offset `o` of every rank's arena). 0: none, and a complete value pushed to its
-   * readers (`RawValue::pushed`) goes to each reader's arena through `peers`, one store each.
+   * The multicast region of each call parity: memory of every rank bound to one multicast
+   * object, `multicast_bytes` each, that holds the values a plan pushes to several readers
+   * (slot `k` at `k - RawPlanHeader::multicast_slots_from` slots from its start) in place of
+   * the arenas. Here this rank's multicast address of it (a `multimem.st` at offset `o`
+   * writes offset `o` of every rank's region); 0: no region, and such a value goes to each
+   * reader's arena through `peers`, one store each.
    */
   uint64_t multicast_arena[2];
+  /**
+   * This rank's own address of its memory in each parity's multicast region (plain loads
+   * read what the multicast stores wrote there).
+   */
+  uint64_t multicast_own[2];
+  /**
+   * Bytes of each parity's multicast region, the same on every rank. A call whose values
+   * for it do not fit keeps them in the arenas, alike on every rank.
+   */
+  uint64_t multicast_bytes;
 } RawLaunch;
 
 /**

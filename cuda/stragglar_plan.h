@@ -92,7 +92,13 @@ typedef struct RawPlanHeader {
    * Arena slots this rank uses (its kept produced values).
    */
   uint32_t slot_count;
-  uint32_t reserved;
+  /**
+   * The first of the slots that hold values pushed to several readers (numbered last, one
+   * after another: see `Lowered`), which a launch with a multicast arena
+   * (`RawLaunch::multicast_arena`) keeps there instead, slot `k` at `k` minus this many
+   * slots from its start; `SLOT_NONE` when the plan pushes no value to several readers.
+   */
+  uint32_t multicast_slots_from;
   /**
    * `RawStep[step_count]`.
    */

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use stragglar::engine::cuda::args::{LaunchSite, Operands};
+use stragglar::engine::cuda::args::{LaunchSite, MulticastRegion, Operands};
 use stragglar::engine::cuda::staging::StagingLayout;
 use stragglar::gpu::arrival::{
     measures, RawArrival, RawBoardSlot, RawRingEntry, RawTicket, BOARD_SLOTS, COLLECT_BY,
@@ -347,21 +347,24 @@ struct Comm {
     multicast: Option<MulticastRange>,
 }
 
-/// The addresses of a harness multicast object: reserved with no access, so a plain load or
-/// store through them faults (as PTX leaves it undefined); only the harness's multimem stores
-/// use them, writing each member's staging at the same offset. Removed and unmapped on drop.
+/// A multicast region of the harness: each rank's memory of both parities (`bytes` each), and
+/// the region's multicast addresses, reserved with no access so that a plain load or store
+/// through them faults (as PTX leaves it undefined); only the harness's multimem stores use
+/// them, writing each rank's memory at the same offset. Removed and unmapped on drop.
 struct MulticastRange {
     base: u64,
+    /// Bytes of one parity.
     bytes: usize,
+    memory: Vec<Aligned>,
 }
 
 impl MulticastRange {
-    fn new(bytes: usize, members: &[u64]) -> MulticastRange {
+    fn new(bytes: usize, ranks: usize) -> MulticastRange {
         // SAFETY: a fresh anonymous mapping with no access; nothing else owns it.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                bytes,
+                2 * bytes,
                 libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
@@ -369,22 +372,36 @@ impl MulticastRange {
             )
         };
         assert_ne!(base, libc::MAP_FAILED, "reserve the multicast addresses");
+        let memory: Vec<Aligned> = (0..ranks).map(|_| Aligned::new(2 * bytes)).collect();
+        let members: Vec<u64> = memory.iter().map(Aligned::addr).collect();
         let range = MulticastRange {
             base: base as u64,
             bytes,
+            memory,
         };
-        // SAFETY: `members` holds `len` addresses of stagings of `bytes` each, alive as long as
-        // the range (the `Comm` owns both).
+        // SAFETY: `members` holds `ranks` addresses of `2 * bytes` each, alive as long as the
+        // range, which owns them.
         let added = unsafe {
             (kernel().multicast)(
                 range.base,
-                bytes as u64,
+                2 * bytes as u64,
                 members.as_ptr(),
                 members.len() as u32,
             )
         };
         assert_eq!(added, 1, "register the multicast object");
         range
+    }
+
+    /// `rank`'s view of the region.
+    fn region(&self, rank: usize) -> MulticastRegion {
+        let own = self.memory[rank].addr();
+        let bytes = self.bytes as u64;
+        MulticastRegion {
+            multicast: [self.base, self.base + bytes],
+            own: [own, own + bytes],
+            bytes,
+        }
     }
 }
 
@@ -393,7 +410,7 @@ impl Drop for MulticastRange {
         // SAFETY: removes this range's registration, then unmaps the range this value mapped.
         unsafe {
             (kernel().multicast)(self.base, 0, std::ptr::null(), 0);
-            libc::munmap(self.base as *mut c_void, self.bytes);
+            libc::munmap(self.base as *mut c_void, 2 * self.bytes);
         }
     }
 }
@@ -447,14 +464,10 @@ impl Comm {
         }
     }
 
-    /// Binds every rank's staging to one multicast object: launches then push a multicast
-    /// plan's complete values with multimem stores instead of rank by rank.
-    fn bind_multicast(&mut self) {
-        let members: Vec<u64> = self.memory.iter().map(|m| m.staging.addr()).collect();
-        self.multicast = Some(MulticastRange::new(
-            self.layout.allocation_bytes() as usize,
-            &members,
-        ));
+    /// Gives every rank a multicast region of `bytes` per parity: launches then push the values
+    /// a multicast plan sends to several readers with multimem stores, where they fit.
+    fn bind_multicast(&mut self, bytes: usize) {
+        self.multicast = Some(MulticastRange::new(bytes, self.ranks));
     }
 
     /// Where `rank`'s launches point, as the library builds them.
@@ -471,9 +484,7 @@ impl Comm {
             threads: self.threads,
             timeout_ns: self.timeout_ns,
             ordered_reads: self.ordered_reads,
-            multicast_arena: self.multicast.as_ref().map_or([0; 2], |m| {
-                [m.base + self.layout.arena(0), m.base + self.layout.arena(1)]
-            }),
+            multicast: self.multicast.as_ref().map(|m| m.region(rank)),
         }
     }
 
@@ -1285,17 +1296,18 @@ fn every_type_and_op_matches_the_interpreter_bit_for_bit() {
 
 /// Multicast StragglAR's plans on the kernel: each owner's ReduceScatter chunk pushed into the
 /// straggler, the straggler's complete chunks pushed into every early rank, rank by rank through
-/// the peer mappings, or, with the stagings bound to a multicast object, by multimem stores
-/// (whose addresses fault on any plain access): every type and op at 4 ranks, 2 to 8 ranks with
-/// odd counts and misaligned buffers, bit for bit as the interpreter on every rank.
+/// the peer mappings, or, with a multicast region, by multimem stores (whose addresses fault on
+/// any plain access) into every rank's region, where the call's values fit it (a region of 4 KiB
+/// holds the small calls' only): every type and op at 4 ranks, 2 to 8 ranks with odd counts and
+/// misaligned buffers, bit for bit as the interpreter on every rank.
 #[test]
 fn multicast_plans_push_their_values_and_match_the_interpreter_bit_for_bit() {
     let mut cache = PlanCache::default();
     let mut seed = 9000;
-    for bound in [false, true] {
+    for region in [None, Some(ARENA_BYTES), Some(4096)] {
         let mut comm = Comm::new(4, 3, 4);
-        if bound {
-            comm.bind_multicast();
+        if let Some(bytes) = region {
+            comm.bind_multicast(bytes);
         }
         for dtype in DataType::ALL {
             for op in ReduceOp::ALL {
@@ -1318,8 +1330,8 @@ fn multicast_plans_push_their_values_and_match_the_interpreter_bit_for_bit() {
         }
         for ranks in [2usize, 3, 5, 8] {
             let mut comm = Comm::new(ranks, 2, 2);
-            if bound {
-                comm.bind_multicast();
+            if let Some(bytes) = region {
+                comm.bind_multicast(bytes);
             }
             for (count, offset) in [(1usize, 0usize), (7, 6), (4099, 4)] {
                 seed += 1;

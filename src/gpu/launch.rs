@@ -130,11 +130,19 @@ pub struct RawLaunch {
     pub plans: u64,
     /// Graph launches: the policy that picks among `plans`.
     pub rule: RawRule,
-    /// Where every rank's arena of each parity is bound to one multicast object at the same
-    /// offsets: this rank's multicast address of that arena (a `multimem.st` at offset `o`
-    /// writes offset `o` of every rank's arena). 0: none, and a complete value pushed to its
-    /// readers (`RawValue::pushed`) goes to each reader's arena through `peers`, one store each.
+    /// The multicast region of each call parity: memory of every rank bound to one multicast
+    /// object, `multicast_bytes` each, that holds the values a plan pushes to several readers
+    /// (slot `k` at `k - RawPlanHeader::multicast_slots_from` slots from its start) in place of
+    /// the arenas. Here this rank's multicast address of it (a `multimem.st` at offset `o`
+    /// writes offset `o` of every rank's region); 0: no region, and such a value goes to each
+    /// reader's arena through `peers`, one store each.
     pub multicast_arena: [u64; 2],
+    /// This rank's own address of its memory in each parity's multicast region (plain loads
+    /// read what the multicast stores wrote there).
+    pub multicast_own: [u64; 2],
+    /// Bytes of each parity's multicast region, the same on every rank. A call whose values
+    /// for it do not fit keeps them in the arenas, alike on every rank.
+    pub multicast_bytes: u64,
 }
 
 /// Operands the bandwidth probe folds at most (the length of `RawApply::operands`).
@@ -209,7 +217,7 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(std::mem::size_of::<RawPeer>(), 56);
-        assert_eq!(std::mem::size_of::<RawLaunch>(), 240);
+        assert_eq!(std::mem::size_of::<RawLaunch>(), 264);
         assert_eq!(std::mem::size_of::<RawApply>(), 96);
         assert_eq!(std::mem::size_of::<RawPeerProbe>(), 40);
         assert_eq!(std::mem::size_of::<RawMulticastProbe>(), 16);

@@ -48,7 +48,11 @@ pub struct RawPlanHeader {
     pub value_count: u32,
     /// Arena slots this rank uses (its kept produced values).
     pub slot_count: u32,
-    pub reserved: u32,
+    /// The first of the slots that hold values pushed to several readers (numbered last, one
+    /// after another: see `Lowered`), which a launch with a multicast arena
+    /// (`RawLaunch::multicast_arena`) keeps there instead, slot `k` at `k` minus this many
+    /// slots from its start; `SLOT_NONE` when the plan pushes no value to several readers.
+    pub multicast_slots_from: u32,
     /// `RawStep[step_count]`.
     pub steps_at: u64,
     /// `RawSource[source_count]`.
@@ -276,6 +280,12 @@ pub(super) fn encode_programs(
             reader_ranks.extend(readers.iter().map(|&r| r as u32));
         }
     }
+    let multicast_slots_from = values
+        .iter()
+        .filter(|v| v.pushed == 1 && v.reader_count > 1)
+        .map(|v| v.slot)
+        .min()
+        .unwrap_or(SLOT_NONE);
     let mut out = vec![0u8; std::mem::size_of::<RawPlanHeader>()];
     let steps_at = push(&mut out, &steps, |s| {
         words32(&[
@@ -305,7 +315,7 @@ pub(super) fn encode_programs(
         source_count: sources.len() as u32,
         value_count: values.len() as u32,
         slot_count: slots[rank].iter().flatten().count() as u32,
-        reserved: 0,
+        multicast_slots_from,
         steps_at,
         sources_at,
         values_at,
@@ -323,7 +333,7 @@ pub(super) fn encode_programs(
             header.source_count,
             header.value_count,
             header.slot_count,
-            header.reserved,
+            header.multicast_slots_from,
         ]),
         words(&[
             header.steps_at,

@@ -351,7 +351,7 @@ impl Lowering {
             .iter()
             .map(|values| values.iter().map(|to| !to.is_empty()).collect())
             .collect();
-        let slots = assign_slots(self.chunks, &self.reads, &pushed);
+        let slots = assign_slots(self.chunks, &self.reads, &self.pushed_to);
         let delivery = self.multicast.then_some(Delivery {
             pushed_to: self.pushed_to,
         });
@@ -538,39 +538,52 @@ impl Lowered {
 }
 
 /// `slots[rank][value]` (see [`Lowered`]'s arena layout): each rank's kept values that are not
-/// pushed numbered from 0 in value order, then every pushed value of any rank (rank by rank, in
-/// value order) numbered after the most slots of that kind any rank has, so a pushed value's
-/// slot is free in every arena it may land in.
+/// pushed numbered from 0 in value order; then every value pushed to one reader, then every
+/// value pushed to several (each group rank by rank, in value order), numbered after the most
+/// slots of the first kind any rank has, so a pushed value's slot is free in every arena it may
+/// land in, and the values a multicast store carries have the last slots, one after another.
 fn assign_slots(
     chunks: usize,
     reads: &[Vec<bool>],
-    pushed: &[Vec<bool>],
+    pushed_to: &[Vec<Vec<usize>>],
 ) -> Vec<Vec<Option<usize>>> {
     let kept = |rank: usize, id: usize| id >= chunks && reads[rank][id];
-    let own: Vec<usize> = (0..reads.len())
+    let pushed = |rank: usize, id: usize| !pushed_to[rank][id].is_empty();
+    let own_most = (0..reads.len())
         .map(|rank| {
             (0..reads[rank].len())
-                .filter(|&id| kept(rank, id) && !pushed[rank][id])
+                .filter(|&id| kept(rank, id) && !pushed(rank, id))
                 .count()
         })
-        .collect();
-    let mut next_pushed = own.iter().copied().max().unwrap_or(0);
-    (0..reads.len())
-        .map(|rank| {
+        .max()
+        .unwrap_or(0);
+    let mut slots: Vec<Vec<Option<usize>>> = reads
+        .iter()
+        .enumerate()
+        .map(|(rank, values)| {
             let mut next_own = 0;
-            (0..reads[rank].len())
+            (0..values.len())
                 .map(|id| {
-                    let counter = match (kept(rank, id), pushed[rank][id]) {
-                        (false, _) => return None,
-                        (true, true) => &mut next_pushed,
-                        (true, false) => &mut next_own,
-                    };
-                    *counter += 1;
-                    Some(*counter - 1)
+                    (kept(rank, id) && !pushed(rank, id)).then(|| {
+                        next_own += 1;
+                        next_own - 1
+                    })
                 })
                 .collect()
         })
-        .collect()
+        .collect();
+    let mut next = own_most;
+    for several in [false, true] {
+        for (rank, values) in pushed_to.iter().enumerate() {
+            for (id, to) in values.iter().enumerate() {
+                if kept(rank, id) && !to.is_empty() && (to.len() > 1) == several {
+                    slots[rank][id] = Some(next);
+                    next += 1;
+                }
+            }
+        }
+    }
+    slots
 }
 
 /// Lowers a verified `schedule` to programs for any count (see [`Lowered::plan`]).

@@ -737,6 +737,37 @@ fn pushed_values_have_slots_no_other_value_of_any_rank_uses() {
             }
         }
         assert_eq!(pushed_slots.is_empty(), algorithm != Algorithm::Multicast);
+        // The values pushed to several readers have the last slots, one after another, from
+        // the header's `multicast_slots_from` (what a multicast region holds).
+        let mut several: Vec<u32> = (0..ranks)
+            .flat_map(|owner| {
+                let values = blob_values(&blob, owner);
+                let readers = blob_readers(&blob, owner);
+                let pushed_to = pushed_to.clone();
+                values
+                    .into_iter()
+                    .zip(readers)
+                    .enumerate()
+                    .filter(move |(v, (_, readers))| {
+                        readers.len() > 1
+                            && pushed_to.as_ref().is_some_and(|p| !p[owner][*v].is_empty())
+                    })
+                    .map(|(_, ((_, slot), _))| slot)
+            })
+            .collect();
+        several.sort_unstable();
+        let from = word(
+            &blob,
+            std::mem::offset_of!(RawPlanHeader, multicast_slots_from),
+        );
+        match several.first() {
+            None => assert_eq!(from, SLOT_NONE),
+            Some(&first) => {
+                assert_eq!(from, first);
+                let expected: Vec<u32> = (first..need).collect();
+                assert_eq!(several, expected, "{algorithm:?} {ranks} ranks");
+            }
+        }
     }
 }
 

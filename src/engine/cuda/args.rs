@@ -46,8 +46,19 @@ pub struct LaunchSite {
     pub timeout_ns: u64,
     /// `RawLaunch::ordered_reads`.
     pub ordered_reads: bool,
-    /// `RawLaunch::multicast_arena`: `[0, 0]` without multicast.
-    pub multicast_arena: [u64; 2],
+    /// The multicast region (`RawLaunch::multicast_arena`), if any.
+    pub multicast: Option<MulticastRegion>,
+}
+
+/// Where a rank's multicast region lies (see `RawLaunch::multicast_arena`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MulticastRegion {
+    /// The multicast address of each parity's region.
+    pub multicast: [u64; 2],
+    /// This rank's own address of its memory in each parity's region.
+    pub own: [u64; 2],
+    /// Bytes of one parity's region.
+    pub bytes: u64,
 }
 
 impl LaunchSite {
@@ -122,7 +133,9 @@ impl LaunchSite {
             blocks: self.blocks,
             threads: self.threads,
             ordered_reads: u32::from(self.ordered_reads),
-            multicast_arena: self.multicast_arena,
+            multicast_arena: self.multicast.map_or([0; 2], |m| m.multicast),
+            multicast_own: self.multicast.map_or([0; 2], |m| m.own),
+            multicast_bytes: self.multicast.map_or(0, |m| m.bytes),
             ..RawLaunch::default()
         }
     }

@@ -502,9 +502,9 @@ impl CudaRank {
             threads: self.config.threads,
             timeout_ns: self.timeout_ns(),
             ordered_reads: self.config.ordered_reads,
-            // The engine does not bind its arenas to a multicast object yet: a multicast plan's
-            // pushes go reader by reader.
-            multicast_arena: [0; 2],
+            // The engine forms no multicast region yet: a multicast plan's pushes go reader by
+            // reader.
+            multicast: None,
         })
     }
 }
