@@ -127,6 +127,13 @@ pub const SETTINGS: &[Setting] = &[
         show: |c| u8::from(c.gpu_engine).to_string(),
     },
     Setting {
+        name: "STRAGGLAR_MULTICAST",
+        default: "0",
+        meaning: "1 lets the GPU engine finish StragglAR with one NVLink multicast where every GPU has it (experimental: not yet run on an NVSwitch server)",
+        parse: |c, v| switch(&mut c.multicast, v),
+        show: |c| u8::from(c.multicast).to_string(),
+    },
+    Setting {
         name: "STRAGGLAR_ALGO",
         default: "auto",
         meaning: "auto (StragglAR when a straggler is designated and the model says it wins), stragglar, or nccl",
@@ -300,6 +307,9 @@ pub struct Config {
     pub timeout_ms: Option<u64>,
     /// `STRAGGLAR_GPU_ENGINE`: whether eligible calls run on the GPU engine.
     pub gpu_engine: bool,
+    /// `STRAGGLAR_MULTICAST`: whether the GPU engine forms a multicast team at setup and runs
+    /// multicast StragglAR on it.
+    pub multicast: bool,
     /// `STRAGGLAR_ALGO`.
     pub algo: AlgoMode,
     /// `STRAGGLAR_STRAGGLER`.
@@ -335,6 +345,7 @@ impl Default for Config {
             p2p_disabled: false,
             timeout_ms: None,
             gpu_engine: false,
+            multicast: false,
             algo: AlgoMode::Auto,
             straggler: StragglerMode::Auto,
             pipeline: Pipeline::Pieces(1),
@@ -525,6 +536,7 @@ mod tests {
             ("STRAGGLAR_STAGING_CAP", "1G"),
             ("STRAGGLAR_TIMEOUT_MS", "1500"),
             ("STRAGGLAR_GPU_ENGINE", "1"),
+            ("STRAGGLAR_MULTICAST", "1"),
             ("STRAGGLAR_ALGO", "nccl"),
             ("STRAGGLAR_STRAGGLER", "3"),
             ("STRAGGLAR_PIPELINE", "auto"),

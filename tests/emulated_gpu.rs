@@ -755,6 +755,95 @@ fn engine_with<'a>(algo: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str,
     env
 }
 
+/// Each process's multimem stores, from the emulated driver's lines at exit
+/// (`STRAGGLAR_EMU_COUNT_LAUNCHES=1`; a process that made none prints no line).
+fn multimem_stores(stderr: &str) -> Vec<u64> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("emulated CUDA driver: ")?
+                .strip_suffix(" multimem stores")
+        })
+        .map(|n| n.parse().unwrap())
+        .collect()
+}
+
+/// Multicast StragglAR through the library: with `STRAGGLAR_MULTICAST=1` on GPUs that have
+/// multicast, the ranks form their region once the setup passed, and StragglAR's calls finish
+/// with the straggler's multimem stores into every rank (thousands, beside each process's one
+/// probe store of the team), every element of every call right on every rank, eagerly, in
+/// graph replays, and with the late rank moving from rank 1 to rank 2 halfway. Where the GPUs
+/// have no multicast, the machine's multicast objects are all taken, or a rank cannot join the
+/// object another made, every rank declines alike with the cause named, and the calls run point
+/// to point, right, with no call's multimem store.
+#[test]
+fn stragglar_finishes_by_one_multicast_where_the_gpus_have_it_eager_and_in_graphs() {
+    let multicast = ("STRAGGLAR_MULTICAST", "1");
+    let counting = ("STRAGGLAR_EMU_COUNT_LAUNCHES", "1");
+    for (graphs, late) in [(false, None), (true, None), (false, Some("1,2"))] {
+        let mut extra = vec![multicast, counting, ("STRAGGLAR_EMU_MULTICAST", "1")];
+        if graphs {
+            extra.push(("LOOPBACK_GRAPHS", "1"));
+        }
+        if let Some(late) = late {
+            extra.extend([("LOOPBACK_LATE_RANK", late), ("LOOPBACK_LATE_US", "3000")]);
+        }
+        let (text, log) = run_checked(
+            &["4"],
+            &engine_with("stragglar", &extra),
+            ": 100 calls checked",
+        );
+        assert!(
+            log.contains("multicast region formed"),
+            "graphs {graphs}: {text}\n{log}"
+        );
+        // Every process stores its probe's pattern; the straggler of each StragglAR call (one
+        // rank when nobody is late) stores every complete chunk.
+        let mut stores = multimem_stores(&log);
+        stores.sort_unstable();
+        assert_eq!(stores.len(), 4, "graphs {graphs}: {log}");
+        let beside_probes: u64 = stores.iter().map(|n| n - 1).sum();
+        assert!(
+            stores[0] >= 1 && beside_probes > 1000,
+            "graphs {graphs}, late {late:?}: multimem stores per process {stores:?}"
+        );
+        if late.is_none() {
+            assert_eq!(stores[..3], [1, 1, 1], "one straggler: {stores:?}");
+        }
+    }
+    let on = ("STRAGGLAR_EMU_MULTICAST", "1");
+    for (env, cause) in [
+        (vec![], "rank 0 could not offer multicast"),
+        // The switch's multicast objects all taken (by NCCL's NVLS, say).
+        (
+            vec![on, ("STRAGGLAR_EMU_MULTICAST_OBJECTS", "0")],
+            "rank 0 could not create the multicast object",
+        ),
+        // Declined after the object was made: no rank may be left blocked in a bind.
+        (
+            vec![on, ("STRAGGLAR_EMU_FAIL", "cuMulticastAddDevice@2")],
+            "rank 2 could not join the multicast object",
+        ),
+    ] {
+        let mut env = env;
+        env.extend([multicast, counting]);
+        let (text, log) = run_checked(
+            &["4"],
+            &engine_with("stragglar", &env),
+            ": 100 calls checked",
+        );
+        assert!(
+            log.contains(&format!("no multicast region: {cause}")),
+            "{env:?}: {text}\n{log}"
+        );
+        // No call stored through multicast (a formed-then-declined team's probes may have).
+        assert!(
+            multimem_stores(&log).iter().all(|&n| n <= 1),
+            "{env:?}: {log}"
+        );
+    }
+}
+
 /// Each process's launches of `kernel`, from the emulated driver's lines at exit
 /// (`STRAGGLAR_EMU_COUNT_LAUNCHES=1`), in the order the processes exited.
 fn launches_of(stderr: &str, kernel: &str) -> Vec<u64> {

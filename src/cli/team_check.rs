@@ -26,6 +26,15 @@ pub enum Trial {
     Processes,
 }
 
+/// Whether the engine would use multicast, as the doctor's line ends.
+fn engine_use() -> &'static str {
+    if crate::config::get().multicast {
+        "STRAGGLAR_MULTICAST=1: the GPU engine forms a team per communicator and finishes StragglAR by one multicast; experimental, not yet run on an NVSwitch server"
+    } else {
+        "the GPU engine uses it only with STRAGGLAR_MULTICAST=1, off until it has run on an NVSwitch server"
+    }
+}
+
 /// The doctor's multicast line for a machine with `gpus` GPUs.
 pub fn multicast_line(gpus: usize, trial: Trial) -> String {
     let has = Device::open(0)
@@ -36,7 +45,8 @@ pub fn multicast_line(gpus: usize, trial: Trial) -> String {
             return match has {
                 false => "GPU 0 has none (it needs an NVSwitch system, Hopper or later)".into(),
                 true => format!(
-                    "GPU 0 has it; `stragglar doctor --multicast` forms a team of the {gpus} GPU(s) (the engine does not use multicast yet)"
+                    "GPU 0 has it; `stragglar doctor --multicast` forms a team of the {gpus} GPU(s) ({})",
+                    engine_use()
                 ),
             }
         }
@@ -53,7 +63,8 @@ pub fn multicast_line(gpus: usize, trial: Trial) -> String {
     match outcome {
         Ok(formed) => {
             format!(
-                "{formed} bound and mapped, then given up (the engine does not use multicast yet)"
+                "{formed} bound and mapped, then given up ({})",
+                engine_use()
             )
         }
         Err(why) => format!("no team of the {gpus} GPU(s): {why}"),

@@ -36,6 +36,16 @@ impl Shape {
         }
     }
 
+    /// The same choice with StragglAR finished by one multicast (`Algorithm::Multicast`,
+    /// unpipelined) when `multicast`; any other shape unchanged.
+    pub fn finished_by_multicast(mut self, multicast: bool) -> Shape {
+        if multicast && self.algorithm == Algorithm::Stragglar {
+            self.algorithm = Algorithm::Multicast;
+            self.pieces = 1;
+        }
+        self
+    }
+
     /// The same shape with each chunk cut into `pieces` pieces when it is StragglAR (other
     /// algorithms stay unpipelined).
     pub fn with_pieces(mut self, pieces: usize) -> Shape {

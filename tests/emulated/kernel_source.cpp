@@ -7,6 +7,7 @@
 #include "stragglar_allreduce.cu"
 #include "weak_memory.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <new>
 
@@ -96,7 +97,10 @@ uint32_t emu_strong_loaded(const void* p, uint32_t value) {
 
 /* A multimem store: refused (false) where `p` is no multicast address; with weak memory, held
  * back until a release or the block's end, as a plain store. */
+std::atomic<uint64_t> g_multimem_stores{0};
+
 bool emu_multimem_store(void* p, const void* src, uint32_t n) {
+  g_multimem_stores.fetch_add(1, std::memory_order_relaxed);
   if (!t_weak) return emu::multicast_store(p, src, n);
   if (!emu::is_multicast_address(p, n)) return false;
   t_weak->store_multicast(sg_self.thread, p, src, n);
@@ -127,6 +131,8 @@ const emu::KernelSpec kSpecs[] = {
 }  // namespace
 
 namespace emu {
+
+uint64_t multimem_stores() { return g_multimem_stores.load(std::memory_order_relaxed); }
 
 const KernelSpec* kernel_specs(size_t* count) {
   *count = sizeof(kSpecs) / sizeof(kSpecs[0]);

@@ -71,6 +71,9 @@ bool multicast_store(void* p, const void* src, uint32_t n);
 /* Whether `n` bytes at `p` lie inside an accessible multicast mapping of this process (vmm.cpp):
  * where a multimem store may go. */
 bool is_multicast_address(const void* p, uint32_t n);
+/* Multimem stores the kernels of this process made so far (printed with the launch counts,
+ * STRAGGLAR_EMU_COUNT_LAUNCHES=1). */
+uint64_t multimem_stores();
 
 /* Sharing a GPU between processes (sharing.cpp): a block calls block_started before it runs
  * (which waits for its process's turn on the device), wait_for_turn whenever it resumes after

@@ -271,6 +271,9 @@ void print_launches() {
     uint64_t n = g_launches[i].load();
     if (n) fprintf(stderr, "emulated CUDA driver: %llu launches of %s\n", (unsigned long long)n, specs[i].name);
   }
+  if (uint64_t n = emu::multimem_stores()) {
+    fprintf(stderr, "emulated CUDA driver: %llu multimem stores\n", (unsigned long long)n);
+  }
 }
 
 /* STRAGGLAR_EMU_KERNEL_FAULT=NAME@N: the Nth launch (from 1) of kernel NAME in this process

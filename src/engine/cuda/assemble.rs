@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::comm::{Baseline, CommParts, CudaComm, OrderingEvents};
 use super::driver::{Device, Kernels, PeerMapping};
 use super::grid::THREADS;
+use super::multicast::region::{form_region, Region};
 use super::nvls::nccl_would_run_nvls;
 use super::peers::{connect, tickets_are_atomic};
 use super::rank::{Control, CudaRank, RankConfig};
@@ -53,6 +54,9 @@ pub struct Assembly<'a> {
     pub label: String,
     /// Where the engine publishes its designation (the rank, or -1).
     pub designated: Arc<AtomicI64>,
+    /// Whether to form a multicast region once the setup passed (`STRAGGLAR_MULTICAST`, one of
+    /// the settings every rank agrees on, so every rank tries alike).
+    pub multicast: bool,
 }
 
 /// Assembles this rank's engine: `Ok` when every rank of the communicator is eligible, else
@@ -126,11 +130,15 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
         }
     };
     // The final verdict was Eligible on every rank, so this rank's steps all succeeded.
-    let (Ok(rank), Some(ordering)) = (rank, ordering) else {
+    let (Ok(mut rank), Some(ordering)) = (rank, ordering) else {
         return Err(SetupError::Exchange(
             "the verdict was Eligible without this rank's engine".into(),
         ));
     };
+    let multicast = assembly
+        .multicast
+        .then(|| multicast_region(&assembly, exchange, &mut rank, &joined.records))
+        .flatten();
     let policy = match assembly.baseline {
         Baseline::Nccl => with_setup_facts(assembly.policy, &joined.records),
         Baseline::Ring => assembly.policy,
@@ -147,7 +155,50 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
         designated: assembly.designated,
         label: assembly.label,
         ordering,
+        multicast,
     }))
+}
+
+/// Forms the communicator's multicast region (every rank calls this after a setup every rank
+/// passed, so the team's protocol runs on all of them), and points this rank's launches at it;
+/// `None`, logged with the cause every rank agreed on, when the team declined.
+fn multicast_region<X: Exchange>(
+    assembly: &Assembly,
+    exchange: &mut X,
+    rank: &mut CudaRank,
+    records: &[SetupRecord],
+) -> Option<Region> {
+    let kernels = Arc::clone(rank.kernels());
+    let formed = form_region(
+        exchange,
+        assembly.device,
+        &kernels.multicast_probe,
+        records,
+        assembly.rank,
+        assembly.max_bytes,
+    );
+    match formed {
+        Ok(region) => {
+            rank.use_multicast(region.launch_view());
+            if assembly.rank == 0 {
+                log::info!(
+                    "{}: multicast region formed ({} bytes per parity on every rank): StragglAR finishes by one multicast",
+                    assembly.label,
+                    region.parity_bytes
+                );
+            }
+            Some(region)
+        }
+        Err(declined) => {
+            if assembly.rank == 0 {
+                log::warn!(
+                    "{}: STRAGGLAR_MULTICAST=1, but no multicast region: {declined}; StragglAR runs point to point",
+                    assembly.label
+                );
+            }
+            None
+        }
+    }
 }
 
 /// How long a refused setup waits for its peers to close their mappings of this rank's

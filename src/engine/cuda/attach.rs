@@ -108,6 +108,7 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
         baseline: Baseline::Nccl,
         label: call.label(),
         designated: watch.designated.clone(),
+        multicast: config.multicast,
     };
     let mut exchange = NcclExchange {
         device: &device,

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use super::args::Operands;
 use super::driver::{self, Capture, Device, Event, PeerMapping};
 use super::growth::{grow, growth_target, Growth};
+use super::multicast::region::Region;
 use super::rank::{CallError, Control, CudaRank, GraphCounts, Ticket, TimedRecord, OVERDUE_CALLS};
 use super::sizing::arena_for;
 use super::staging::ArenaLayout;
@@ -112,6 +113,9 @@ pub struct CommParts {
     /// How log lines name the communicator ("communicator 0x...").
     pub label: String,
     pub ordering: OrderingEvents,
+    /// The multicast region the team formed at setup, if any: StragglAR then finishes by one
+    /// multicast.
+    pub multicast: Option<Region>,
 }
 
 /// The two events that order a communicator's launches: eager launches', and captured
@@ -183,6 +187,9 @@ pub struct CudaComm {
     /// their device state). Replays and eager calls are ordered by the caller's streams.
     captured_last: Event,
     captured_stream: Option<(u64, cudaStream_t)>,
+    /// The multicast region, if the team formed (declared last: dropped after every other
+    /// part, the rank's staging and its synchronisation included).
+    multicast: Option<Region>,
 }
 
 // SAFETY: the raw stream handles are only compared and passed back to the driver, which lets
@@ -220,7 +227,14 @@ impl CudaComm {
             pipelined: Default::default(),
             last_stream: std::ptr::null_mut(),
             captured_stream: None,
+            multicast: parts.multicast,
         }
+    }
+
+    /// The plan `shape` (a choice of the policy) runs as: StragglAR finished by one multicast
+    /// where this communicator has a multicast region.
+    fn finished(&self, shape: Shape) -> Shape {
+        shape.finished_by_multicast(self.multicast.is_some())
     }
 
     /// Whether the policy prices NCCL as NVLS (the setup's records said NCCL would run it).
@@ -403,7 +417,10 @@ impl CudaComm {
             (Some(straggler), _) => {
                 self.announce_pieces(bytes, decision.pieces);
                 Some((
-                    Shape::of_choice(ranks, straggler, operands.dtype).with_pieces(decision.pieces),
+                    self.finished(
+                        Shape::of_choice(ranks, straggler, operands.dtype)
+                            .with_pieces(decision.pieces),
+                    ),
                     Ran::Stragglar { straggler },
                 ))
             }
@@ -720,7 +737,8 @@ impl CudaComm {
         for pieces in policy.pieces_up_to(self.max_bytes) {
             let mut plans = Vec::with_capacity(ranks + 1);
             for choice in 0..=ranks {
-                let shape = Shape::of_choice(ranks, choice, operands.dtype).with_pieces(pieces);
+                let shape = self
+                    .finished(Shape::of_choice(ranks, choice, operands.dtype).with_pieces(pieces));
                 match self.plans.lowered(shape) {
                     Ok(plan) => plans.push(plan.clone()),
                     Err(why) => {

@@ -32,6 +32,9 @@ pub struct Sizing<'a> {
     /// Whether our own Ring runs the baseline's eager calls (its arena must fit then; where NCCL
     /// runs them, only graph replays run Ring, where it fits, and StragglAR where not).
     pub ring_runs_eagerly: bool,
+    /// Whether StragglAR may finish by one multicast (`STRAGGLAR_MULTICAST`): its plans must fit
+    /// too, beside the point-to-point ones a declined team leaves.
+    pub multicast: bool,
 }
 
 impl Sizing<'_> {
@@ -41,6 +44,7 @@ impl Sizing<'_> {
             max_bytes: crate::config::get().buffer_bytes,
             dtypes: &EVERY_WIDTH,
             ring_runs_eagerly: false,
+            multicast: crate::config::get().multicast,
         }
     }
 }
@@ -78,6 +82,14 @@ pub fn layout(
         for straggler in 0..ranks {
             fit(
                 Shape::of_choice(ranks, straggler, DataType::U8).with_pieces(pieces),
+                true,
+            )?;
+        }
+    }
+    if sizing.multicast {
+        for straggler in 0..ranks {
+            fit(
+                Shape::of_choice(ranks, straggler, DataType::U8).finished_by_multicast(true),
                 true,
             )?;
         }

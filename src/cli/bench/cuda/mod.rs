@@ -111,6 +111,8 @@ impl Setup {
             dtypes: &options.dtypes,
             // The baseline is our Ring (where NCCL cannot run) when the policy may pick it.
             ring_runs_eagerly: auto || algorithm == Algorithm::Ring,
+            // The bench's engine forms no multicast region.
+            multicast: false,
         };
         let layout = layout(&mut plans, &policy, blocks, sizing)?;
         if layout.arena_bytes > options.buffer_bytes as u64 {
@@ -160,6 +162,7 @@ impl Setup {
             baseline: Baseline::Ring,
             label: format!("bench rank {rank}"),
             designated: Arc::new(AtomicI64::new(-1)),
+            multicast: false,
         }
     }
 }

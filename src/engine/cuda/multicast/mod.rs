@@ -4,4 +4,5 @@
 
 pub mod fds;
 pub mod local;
+pub mod region;
 pub mod team;

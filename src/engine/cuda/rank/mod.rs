@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::arena::GrownArena;
-use super::args::{LaunchSite, Operands};
+use super::args::{LaunchSite, MulticastRegion, Operands};
 use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::failure::FailureWord;
 use super::staging::{ArenaLayout, StagingLayout};
@@ -97,6 +97,8 @@ pub struct CudaRank {
     /// The plans graph launches choose among, by pieces per chunk of their StragglAR plans,
     /// once uploaded.
     choices: Vec<(usize, ChoiceTables)>,
+    /// The communicator's multicast region as this rank's launches see it, once formed.
+    multicast: Option<MulticastRegion>,
 }
 
 impl CudaRank {
@@ -146,6 +148,7 @@ impl CudaRank {
             blobs: Vec::new(),
             graph_board: 0,
             choices: Vec::new(),
+            multicast: None,
         })
     }
 
@@ -183,6 +186,17 @@ impl CudaRank {
     /// The GPU this rank runs on.
     pub fn device(&self) -> &Arc<Device> {
         &self.device
+    }
+
+    /// Our kernels on this rank's GPU.
+    pub fn kernels(&self) -> &Arc<Kernels> {
+        &self.kernels
+    }
+
+    /// From now on this rank's launches carry the communicator's multicast region (formed
+    /// alike on every rank, before any call).
+    pub fn use_multicast(&mut self, region: MulticastRegion) {
+        self.multicast = Some(region);
     }
 
     /// This rank's index in the communicator.
@@ -502,9 +516,7 @@ impl CudaRank {
             threads: self.config.threads,
             timeout_ns: self.timeout_ns(),
             ordered_reads: self.config.ordered_reads,
-            // The engine forms no multicast region yet: a multicast plan's pushes go reader by
-            // reader.
-            multicast: None,
+            multicast: self.multicast,
         })
     }
 }

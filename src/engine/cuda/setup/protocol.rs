@@ -171,7 +171,7 @@ mod protocol_tests {
                             rank,
                             n,
                             &identity,
-                            [7; 8],
+                            [7; 9],
                             [rank as u8; 64],
                             layout,
                         );
@@ -244,8 +244,15 @@ mod protocol_tests {
             blocks: 3,
             ranks: 2,
         };
-        let r = SetupRecord::ready(1, 2, &identity, [1, 2, 3, 4, 5, 6, 7, 8], [8; 64], layout)
-            .with_failure_word("/stragglar-fail-77-3");
+        let r = SetupRecord::ready(
+            1,
+            2,
+            &identity,
+            [1, 2, 3, 4, 5, 6, 7, 8, 9],
+            [8; 64],
+            layout,
+        )
+        .with_failure_word("/stragglar-fail-77-3");
         let bytes = record_bytes(&r);
         assert_eq!(bytes.len(), SETUP_RECORD_BYTES);
         assert!(std::mem::size_of::<SetupRecord>() <= SETUP_RECORD_BYTES);
@@ -292,7 +299,7 @@ mod finish_tests {
             blocks: 1,
             ranks: 1,
         };
-        let mine = SetupRecord::ready(0, 1, &identity, [0; 8], [0; 64], layout);
+        let mine = SetupRecord::ready(0, 1, &identity, [0; 9], [0; 64], layout);
         assert!(
             run_setup(&mut Solo, &mut Solo, &mine, Devices::OnePerRank, |_, _| {
                 true

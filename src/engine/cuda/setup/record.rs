@@ -8,7 +8,7 @@ use crate::engine::cuda::staging::StagingLayout;
 /// `SetupRecord::magic`: "SGSU".
 pub const SETUP_MAGIC: u32 = 0x5347_5355;
 /// `SetupRecord::version` of this layout.
-pub const SETUP_VERSION: u32 = 3;
+pub const SETUP_VERSION: u32 = 4;
 
 /// Bytes each rank contributes to the first all-gather: its record, zero-padded. Fixed across
 /// versions (magic and version first), so ranks of builds whose records differ still gather
@@ -23,7 +23,7 @@ pub fn build_id() -> u64 {
 
 /// The settings whose values must agree on every rank (a rank that disagrees would take
 /// another path and hang the job), in the order of `SetupRecord::settings`.
-pub const AGREED_SETTINGS: [&str; 8] = [
+pub const AGREED_SETTINGS: [&str; SETTINGS] = [
     "STRAGGLAR_ENABLE",
     "STRAGGLAR_BUFFER_BYTES",
     "STRAGGLAR_MIN_BYTES",
@@ -32,7 +32,11 @@ pub const AGREED_SETTINGS: [&str; 8] = [
     "STRAGGLAR_STRAGGLER",
     "STRAGGLAR_GPU_ENGINE",
     "STRAGGLAR_PIPELINE",
+    "STRAGGLAR_MULTICAST",
 ];
+
+/// How many settings must agree (the length of `SetupRecord::settings`).
+pub const SETTINGS: usize = 9;
 
 /// Why a rank could not take part (0 in `SetupRecord::failure` means it could).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +88,7 @@ pub struct SetupRecord {
     /// The GPU's UUID.
     pub device_uuid: [u8; 16],
     /// A hash of each of [`AGREED_SETTINGS`]' effective values.
-    pub settings: [u64; 8],
+    pub settings: [u64; SETTINGS],
     /// The staging allocation's IPC handle.
     pub staging_handle: [u8; 64],
     /// The staging layout: arena bytes, values, blocks.
@@ -191,7 +195,7 @@ impl Identity {
 }
 
 /// The hashes of [`AGREED_SETTINGS`]' effective values in `config`.
-pub fn settings_of(config: &crate::config::Config) -> [u64; 8] {
+pub fn settings_of(config: &crate::config::Config) -> [u64; SETTINGS] {
     [
         setting_hash(if config.enabled { "1" } else { "0" }),
         setting_hash(&config.buffer_bytes.to_string()),
@@ -201,6 +205,7 @@ pub fn settings_of(config: &crate::config::Config) -> [u64; 8] {
         setting_hash(&format!("{:?}", config.straggler)),
         setting_hash(if config.gpu_engine { "1" } else { "0" }),
         setting_hash(&config.pipeline.to_string()),
+        setting_hash(if config.multicast { "1" } else { "0" }),
     ]
 }
 
@@ -226,7 +231,7 @@ impl SetupRecord {
         rank: usize,
         ranks: usize,
         identity: &Identity,
-        settings: [u64; 8],
+        settings: [u64; SETTINGS],
         staging_handle: [u8; 64],
         layout: StagingLayout,
     ) -> SetupRecord {
@@ -261,7 +266,7 @@ impl SetupRecord {
             host: [0; 64],
             boot_id: [0; 40],
             device_uuid: [0; 16],
-            settings: [0; 8],
+            settings: [0; SETTINGS],
             staging_handle: [0; 64],
             layout: [0; 3],
             build: build_id(),
@@ -407,7 +412,7 @@ pub(super) fn record_from(bytes: &[u8]) -> SetupRecord {
     let host = take(64).try_into().expect("64 bytes");
     let boot_id = take(40).try_into().expect("40 bytes");
     let device_uuid = take(16).try_into().expect("16 bytes");
-    let mut settings = [0u64; 8];
+    let mut settings = [0u64; SETTINGS];
     for w in &mut settings {
         *w = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
     }
@@ -461,7 +466,7 @@ mod tests {
                     r,
                     n,
                     &identity,
-                    [1, 2, 3, 4, 5, 6, 7, 8],
+                    [1, 2, 3, 4, 5, 6, 7, 8, 9],
                     [r as u8; 64],
                     layout(),
                 )
@@ -596,7 +601,7 @@ mod tests {
         assert_eq!(field::<4>("abcdef"), *b"abcd");
         assert_eq!(field::<4>("ab"), [b'a', b'b', 0, 0]);
         assert_ne!(setting_hash("256M"), setting_hash("128M"));
-        assert_eq!(std::mem::size_of::<SetupRecord>(), 352);
+        assert_eq!(std::mem::size_of::<SetupRecord>(), 360);
         assert!(std::mem::size_of::<SetupRecord>() <= SETUP_RECORD_BYTES);
     }
 }
