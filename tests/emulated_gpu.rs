@@ -772,7 +772,7 @@ fn multimem_stores(stderr: &str) -> Vec<u64> {
 /// multicast, the ranks form their region once the setup passed, and StragglAR's calls finish
 /// with the straggler's multimem stores into every rank (thousands, beside each process's one
 /// probe store of the team), every element of every call right on every rank, eagerly, in
-/// graph replays, and with the late rank moving from rank 1 to rank 2 halfway. Where the GPUs
+/// graph replays, with the late rank moving from rank 1 to rank 2 halfway, and at 8 ranks. Where the GPUs
 /// have no multicast, the machine's multicast objects are all taken, or a rank cannot join the
 /// object another made, every rank declines alike with the cause named, and the calls run point
 /// to point, right, with no call's multimem store.
@@ -811,6 +811,26 @@ fn stragglar_finishes_by_one_multicast_where_the_gpus_have_it_eager_and_in_graph
             assert_eq!(stores[..3], [1, 1, 1], "one straggler: {stores:?}");
         }
     }
+    // Eight ranks: seven complete chunks a call through the one region.
+    let (out, _) = run_ranks(
+        &["8"],
+        &engine_with(
+            "stragglar",
+            &[multicast, counting, ("STRAGGLAR_EMU_MULTICAST", "1")],
+        ),
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .matches(": 100 calls checked")
+            .count(),
+        8,
+        "{}",
+        support::describe(&out)
+    );
+    assert!(log.contains("multicast region formed"), "{log}");
+    assert!(multimem_stores(&log).iter().sum::<u64>() > 1000, "{log}");
     let on = ("STRAGGLAR_EMU_MULTICAST", "1");
     for (env, cause) in [
         (vec![], "rank 0 could not offer multicast"),

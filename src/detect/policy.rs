@@ -5,7 +5,7 @@
 use super::estimate::ClassTimes;
 use super::pipeline::Pipeline;
 use super::rule::Detector;
-use crate::schedule::model::{stragglar_rounds, Link, Nvls, Times};
+use crate::schedule::model::{stragglar_rounds, Link, Multicast, Nvls, Times};
 
 /// `STRAGGLAR_ALGO`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +73,9 @@ pub struct Policy {
     /// How the model prices the baseline before it is measured: Ring, or NCCL's NVLS where
     /// NCCL would run it (see [`Policy::with_nvls_baseline`]).
     nvls: Option<Nvls>,
+    /// Whether StragglAR finishes by one multicast (a communicator with a multicast region):
+    /// then the model prices it so, unpipelined (see [`Policy::with_multicast`]).
+    multicast: Option<Multicast>,
     /// How deep StragglAR's calls are pipelined (`STRAGGLAR_PIPELINE`).
     pipeline: Pipeline,
     /// Post-arrival rounds of our schedule for `ranks` (`R(n)`), computed once.
@@ -95,6 +98,7 @@ impl Policy {
             straggler,
             link,
             nvls: None,
+            multicast: None,
             pipeline: Pipeline::Pieces(1),
             pieces_memo: Default::default(),
             rounds: if ranks >= 2 {
@@ -114,6 +118,15 @@ impl Policy {
         self
     }
 
+    /// The same policy for a communicator whose StragglAR finishes by one multicast
+    /// (`multicast` prices the stores): the model's lead is multicast StragglAR's, and calls
+    /// are never pipelined (one broadcast needs no pieces).
+    pub fn with_multicast(mut self, multicast: Multicast) -> Self {
+        self.multicast = Some(multicast);
+        self.pieces_memo = Default::default();
+        self
+    }
+
     /// The same policy, pipelining StragglAR's calls as `pipeline` says.
     pub fn with_pipeline(mut self, pipeline: Pipeline) -> Self {
         self.pipeline = pipeline;
@@ -129,6 +142,9 @@ impl Policy {
     /// Pieces per chunk of a StragglAR call of `bytes` (1: the plain schedule): the same for
     /// every call of a size class, on every rank. Worked out once per class.
     pub fn pieces(&self, bytes: usize) -> usize {
+        if self.multicast.is_some() {
+            return 1;
+        }
         let class = super::classes::size_class(bytes) as usize;
         *self.pieces_memo.by_class[class]
             .get_or_init(|| self.pipeline.pieces(self.ranks, bytes, self.link))
@@ -138,6 +154,9 @@ impl Policy {
     /// model's depth (`STRAGGLAR_PIPELINE=auto`): twice the model's, within what the schedule
     /// allows; a fixed depth is never refined.
     pub fn depth_cap(&self, bytes: usize) -> usize {
+        if self.multicast.is_some() {
+            return 1;
+        }
         match self.pipeline {
             Pipeline::Auto => (2 * self.pieces(bytes)).clamp(1, Pipeline::most_pieces(self.ranks)),
             Pipeline::Pieces(_) => self.pieces(bytes),
@@ -188,15 +207,21 @@ impl Policy {
             return None;
         }
         let mut times = Times::new(self.ranks, self.rounds, bytes as f64, self.link);
+        let nvls = self
+            .nvls
+            .and_then(|nvls| nvls.time(self.ranks, bytes as f64, self.link));
+        if let Some(multicast) = self.multicast {
+            let baseline = nvls.unwrap_or(times.ring);
+            return multicast
+                .times(self.ranks, bytes as f64, self.link)
+                .break_even(baseline);
+        }
         let pieces = self.pieces(bytes);
         if pieces > 1 {
             // The pipelined schedule after arrival: R_k rounds of M / ((n-1) k).
             let piece = bytes as f64 / ((self.ranks - 1) * pieces) as f64;
             times.stragglar_post = self.link.rounds(self.rounds_with(pieces), piece);
         }
-        let nvls = self
-            .nvls
-            .and_then(|nvls| nvls.time(self.ranks, bytes as f64, self.link));
         match nvls {
             // max(D, T_RS) + T_post = D + T_nvls, as for Ring (see `Times::with_delay`).
             Some(baseline) => (times.stragglar_post < baseline)
@@ -452,6 +477,45 @@ mod tests {
             sixteen.clone().with_nvls_baseline(nvls).break_even(bytes),
             sixteen.break_even(bytes)
         );
+    }
+
+    /// A communicator whose StragglAR finishes by one multicast is priced by the multicast
+    /// model (against NVLS where NCCL runs it, Ring otherwise) and never pipelined.
+    #[test]
+    fn a_multicast_finish_is_priced_by_its_own_model_and_never_pipelined() {
+        let link = Link {
+            alpha: 3e-6,
+            bandwidth: 370e9,
+        };
+        let nvls = Nvls {
+            ratio: Nvls::PUBLISHED_RATIO,
+        };
+        let multicast = Multicast {
+            ratio: Multicast::ASSUMED_RATIO,
+        };
+        let plain = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, link)
+            .with_pipeline(Pipeline::Auto)
+            .with_nvls_baseline(nvls);
+        let finished = plain.clone().with_multicast(multicast);
+        let bytes = 1 << 30;
+        let m = bytes as f64;
+        let modelled = multicast.times(8, m, link);
+        assert_eq!(
+            finished.break_even(bytes),
+            modelled.break_even(nvls.time(8, m, link).unwrap())
+        );
+        // One broadcast after arrival is shorter than NVLS, so some lead makes it win; it needs
+        // a longer one than the pipelined point-to-point schedule (its gather comes first).
+        assert!(modelled.post < nvls.time(8, m, link).unwrap());
+        assert!(finished.break_even(bytes).unwrap() > plain.break_even(bytes).unwrap());
+        let ring = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, link);
+        assert_eq!(
+            ring.clone().with_multicast(multicast).break_even(bytes),
+            modelled.break_even(Times::new(8, stragglar_rounds(8, 1), m, link).ring)
+        );
+        assert!(plain.pieces_up_to(bytes).len() > 1);
+        assert_eq!(finished.pieces(bytes), 1);
+        assert_eq!(finished.pieces_up_to(bytes), vec![1]);
     }
 
     #[test]

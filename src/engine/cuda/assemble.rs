@@ -23,6 +23,7 @@ use super::sizing::with_setup_facts;
 use super::staging::StagingLayout;
 use crate::detect::policy::Policy;
 use crate::plan::PlanCache;
+use crate::schedule::model::Multicast;
 
 /// What one rank's engine is assembled from.
 pub struct Assembly<'a> {
@@ -142,6 +143,13 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
     let policy = match assembly.baseline {
         Baseline::Nccl => with_setup_facts(assembly.policy, &joined.records),
         Baseline::Ring => assembly.policy,
+    };
+    // StragglAR finishes by one multicast: the model prices that, at the assumed store rate.
+    let policy = match &multicast {
+        Some(_) => policy.with_multicast(Multicast {
+            ratio: Multicast::ASSUMED_RATIO,
+        }),
+        None => policy,
     };
     Ok(CudaComm::new(CommParts {
         rank,
