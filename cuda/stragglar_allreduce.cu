@@ -1261,6 +1261,8 @@ struct sg_host_multicast {
 };
 static sg_host_multicast sg_multicasts[16];
 static pthread_mutex_t sg_multicasts_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Multimem stores the harness wrote, into any object (a test reads it). */
+static uint64_t sg_host_multimem_stores;
 
 /* Registers a multicast object over `count` members (each `bytes` long; count at most
  * SG_MAX_OPERANDS) at the addresses [base, base + bytes), or with `count` 0 removes the one at
@@ -1299,6 +1301,7 @@ static bool sg_host_multimem_store(void* p, const void* src, uint32_t n) {
   for (const sg_host_multicast& m : sg_multicasts) {
     if (m.count == 0 || at < m.base || at + n > m.base + m.bytes) continue;
     for (uint32_t i = 0; i < m.count; ++i) memcpy((void*)(m.members[i] + (at - m.base)), src, n);
+    sg_host_multimem_stores += 1;
     found = true;
     break;
   }
@@ -1406,6 +1409,14 @@ extern "C" void stragglar_emulate_half(uint32_t brain, const uint16_t* bits, flo
     widened[i] = brain ? sg_bf16_to_f32(bits[i]) : sg_f16_to_f32(bits[i]);
     narrowed[i] = brain ? sg_f32_to_bf16(floats[i]) : sg_f32_to_f16(floats[i]);
   }
+}
+
+/* How many multimem stores the OS-thread harness wrote so far (see sg_host_multimem_store). */
+extern "C" uint64_t stragglar_emulate_multimem_stores(void) {
+  pthread_mutex_lock(&sg_multicasts_lock);
+  const uint64_t stores = sg_host_multimem_stores;
+  pthread_mutex_unlock(&sg_multicasts_lock);
+  return stores;
 }
 
 /* How many turns were handed on out of order so far (see sg_serve). */

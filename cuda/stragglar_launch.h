@@ -425,8 +425,8 @@ typedef struct RawLaunch {
    */
   uint64_t multicast_own[2];
   /**
-   * Bytes of each parity's multicast region, the same on every rank. A call whose values
-   * for it do not fit keeps them in the arenas, alike on every rank.
+   * Bytes of each parity's multicast region, the same on every rank. A value whose slot
+   * would end past it is kept in the arenas instead, alike on every rank.
    */
   uint64_t multicast_bytes;
 } RawLaunch;

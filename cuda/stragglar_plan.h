@@ -89,7 +89,8 @@ typedef struct RawPlanHeader {
    */
   uint32_t value_count;
   /**
-   * Arena slots this rank uses (its kept produced values).
+   * Slots of this rank's values that are kept (its own, and those it pushes); a multicast
+   * plan's arenas span every pushed value's slot besides (see `Lowered`).
    */
   uint32_t slot_count;
   /**

@@ -98,6 +98,9 @@ struct Kernel {
     /// `stragglar_emulate_multicast`: registers (or, with no members, removes) a multicast
     /// object of the OS-thread harness.
     multicast: MulticastFn,
+    /// `stragglar_emulate_multimem_stores`: multimem stores the harness wrote so far, in every
+    /// test of this binary.
+    multimem_stores: unsafe extern "C" fn() -> u64,
     scratch_bytes: usize,
 }
 
@@ -244,6 +247,12 @@ fn kernel() -> &'static Kernel {
             multicast: unsafe {
                 std::mem::transmute::<*mut c_void, MulticastFn>(symbol(
                     "stragglar_emulate_multicast",
+                ))
+            },
+            // SAFETY: as above.
+            multimem_stores: unsafe {
+                std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(symbol(
+                    "stragglar_emulate_multimem_stores",
                 ))
             },
             // SAFETY: a plain function without arguments.
@@ -1297,14 +1306,20 @@ fn every_type_and_op_matches_the_interpreter_bit_for_bit() {
 /// Multicast StragglAR's plans on the kernel: each owner's ReduceScatter chunk pushed into the
 /// straggler, the straggler's complete chunks pushed into every early rank, rank by rank through
 /// the peer mappings, or, with a multicast region, by multimem stores (whose addresses fault on
-/// any plain access) into every rank's region, where the call's values fit it (a region of 4 KiB
-/// holds the small calls' only): every type and op at 4 ranks, 2 to 8 ranks with odd counts and
-/// misaligned buffers, bit for bit as the interpreter on every rank.
+/// any plain access) into every rank's region, each value that fits it (a region of 4 KiB holds
+/// the first values of a 1000-element call, all of a small one, and the rest go rank by rank):
+/// every type and op at 4 ranks, 2 to 8 ranks with odd counts and misaligned buffers, bit for
+/// bit as the interpreter on every rank; multimem stores made with a region, none without.
 #[test]
 fn multicast_plans_push_their_values_and_match_the_interpreter_bit_for_bit() {
     let mut cache = PlanCache::default();
     let mut seed = 9000;
+    let stores = || {
+        // SAFETY: a plain function without arguments.
+        unsafe { (kernel().multimem_stores)() }
+    };
     for region in [None, Some(ARENA_BYTES), Some(4096)] {
+        let before = stores();
         let mut comm = Comm::new(4, 3, 4);
         if let Some(bytes) = region {
             comm.bind_multicast(bytes);
@@ -1356,6 +1371,12 @@ fn multicast_plans_push_their_values_and_match_the_interpreter_bit_for_bit() {
                 check(&mut comm, &mut cache, &case);
             }
         }
+        let made = stores() - before;
+        assert_eq!(
+            made > 0,
+            region.is_some(),
+            "{made} multimem stores, region {region:?}"
+        );
     }
 }
 

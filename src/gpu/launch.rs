@@ -140,8 +140,8 @@ pub struct RawLaunch {
     /// This rank's own address of its memory in each parity's multicast region (plain loads
     /// read what the multicast stores wrote there).
     pub multicast_own: [u64; 2],
-    /// Bytes of each parity's multicast region, the same on every rank. A call whose values
-    /// for it do not fit keeps them in the arenas, alike on every rank.
+    /// Bytes of each parity's multicast region, the same on every rank. A value whose slot
+    /// would end past it is kept in the arenas instead, alike on every rank.
     pub multicast_bytes: u64,
 }
 

@@ -46,7 +46,8 @@ pub struct RawPlanHeader {
     pub source_count: u32,
     /// Values of all ranks together.
     pub value_count: u32,
-    /// Arena slots this rank uses (its kept produced values).
+    /// Slots of this rank's values that are kept (its own, and those it pushes); a multicast
+    /// plan's arenas span every pushed value's slot besides (see `Lowered`).
     pub slot_count: u32,
     /// The first of the slots that hold values pushed to several readers (numbered last, one
     /// after another: see `Lowered`), which a launch with a multicast arena

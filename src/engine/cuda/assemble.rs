@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::comm::{Baseline, CommParts, CudaComm, OrderingEvents};
 use super::driver::{Device, Kernels, PeerMapping};
 use super::grid::THREADS;
-use super::multicast::region::{form_region, Region};
+use super::multicast::region::{self, form_region, Region};
 use super::nvls::nccl_would_run_nvls;
 use super::peers::{connect, tickets_are_atomic};
 use super::rank::{Control, CudaRank, RankConfig};
@@ -136,8 +136,7 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
             "the verdict was Eligible without this rank's engine".into(),
         ));
     };
-    let multicast = assembly
-        .multicast
+    let multicast = (assembly.multicast && region::useful(assembly.ranks))
         .then(|| multicast_region(&assembly, exchange, &mut rank, &joined.records))
         .flatten();
     let policy = match assembly.baseline {
