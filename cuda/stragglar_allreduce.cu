@@ -196,7 +196,12 @@ SG_DEVICE void sg_publish_to_readers(const sg_call* call, uint32_t value, uint32
   const bool aliased = sg_in_multicast(call, v, &region_offset);
   for (uint32_t i = (SG_THREAD + threads - first % threads) % threads; i < v->reader_count;
        i += threads) {
+    /* (A planted bug, built only by the mutation runs of docs/EMULATED-GPU.md, drops it.) */
+#ifndef STRAGGLAR_MUTANT_NO_ALIAS_FENCE
     if (aliased) sg_fence_proxy_alias();
+#else
+    (void)aliased;
+#endif
     if (readers[i] < plan->ranks) {
       sg_store_release(sg_inbox(call, readers[i], rank, value), call->flag);
     }

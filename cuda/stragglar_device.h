@@ -74,6 +74,9 @@ struct sg_host_thread {
    * every member's memory bound there; false when `p` is no multicast address of this
    * process (null otherwise: no multicast). */
   bool (*multimem_store)(void* p, const void* src, uint32_t n);
+  /* Fiber harness, weak memory: fence.proxy.alias by the calling thread (the multimem stores
+   * ordered before it may then land at a release; null otherwise). */
+  void (*proxy_fence)(void);
 };
 extern thread_local sg_host_thread sg_self;
 
@@ -228,8 +231,11 @@ SG_DEVICE void sg_multimem_store16(void* p, sg_vec16 v, SG_CALL_SITE) {
 }
 /* fence.proxy.alias: orders this thread's accesses through one virtual address of memory
  * (a multicast address) against those through another (the same bytes' own address). The host
- * has one address per byte, so nothing to order. */
-SG_DEVICE void sg_fence_proxy_alias(void) {}
+ * has one address per byte; the emulated GPU's weak memory lets a block's multimem stores land
+ * at a release only once a fence ordered them (weak_memory.h). */
+SG_DEVICE void sg_fence_proxy_alias(void) {
+  if (sg_self.proxy_fence) sg_self.proxy_fence();
+}
 /* `dst` is a register's worth in the kernels (a held store never covers it). */
 SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) {
   if (sg_self.weak_load)

@@ -1472,22 +1472,21 @@ fn the_arenas_grow_at_the_calls_that_need_them_alike_on_every_rank() {
     rank_2_killed_fails_its_peers_at(&growing("6", &[("STRAGGLAR_TIMEOUT_MS", "2000")]), "1");
 }
 
-/// Four ranks on the engine with the planted bug `mutant`: every call right with
-/// `STRAGGLAR_EMU_WEAK_MEMORY=weaker` (the machine without the check), wrong elements on every
-/// run with the whole weak memory on.
-fn planted_bug_passes_only_with_weaker_memory(mutant: &str, weaker: &str) {
+/// Four ranks on the engine with the planted bug `mutant` (and `extra` variables): every call
+/// right with `STRAGGLAR_EMU_WEAK_MEMORY=weaker` (the machine without the check), wrong elements
+/// on every run with the whole weak memory on.
+fn planted_bug_passes_only_with_weaker_memory(mutant: &str, weaker: &str, extra: &[(&str, &str)]) {
     let path = format!(
         "LD_LIBRARY_PATH={}",
         variant_path(&["--build-mutant", mutant])
     );
     for (weak_memory, passes) in [(weaker, true), ("1", false)] {
-        let mut env = engine_with(
-            "stragglar",
-            &[
-                ("STRAGGLAR_TIMEOUT_MS", "2000"),
-                ("STRAGGLAR_EMU_WEAK_MEMORY", weak_memory),
-            ],
-        );
+        let mut variables = vec![
+            ("STRAGGLAR_TIMEOUT_MS", "2000"),
+            ("STRAGGLAR_EMU_WEAK_MEMORY", weak_memory),
+        ];
+        variables.extend_from_slice(extra);
+        let mut env = engine_with("stragglar", &variables);
         let every: Vec<String> = (0..4).map(|r| format!("LOOPBACK_ENV_{r}")).collect();
         env.extend(every.iter().map(|key| (key.as_str(), path.as_str())));
         let (out, _) = run_ranks(&["4"], &env);
@@ -1514,7 +1513,27 @@ fn weak_memory_holds_back_the_data_a_flag_without_a_release_announces() {
     // kernel emulation saw it): the release store that publishes a block's data to its reader
     // made relaxed. With the kernels' plain stores held back until a release, the reader finds
     // the flag before the data and combines what the staging held before.
-    planted_bug_passes_only_with_weaker_memory("RELAXED_RELEASE", "0");
+    planted_bug_passes_only_with_weaker_memory("RELAXED_RELEASE", "0", &[]);
+}
+
+#[test]
+fn multimem_stores_land_at_a_release_only_once_an_alias_fence_ordered_them() {
+    // The planted bug's ranks fail and spin to their deadline: not beside a test that times
+    // calls.
+    let _timing = timing();
+    // Multicast StragglAR with the writer's fence.proxy.alias dropped: the straggler's flag
+    // release no longer orders its multimem stores before the readers' loads through their own
+    // addresses. The machine without weak memory lands every store at once and passes it; with
+    // weak memory a release lands only the multimem stores a fence ordered, so the readers find
+    // the flag before the data.
+    planted_bug_passes_only_with_weaker_memory(
+        "NO_ALIAS_FENCE",
+        "0",
+        &[
+            ("STRAGGLAR_MULTICAST", "1"),
+            ("STRAGGLAR_EMU_MULTICAST", "1"),
+        ],
+    );
 }
 
 #[test]
@@ -1528,7 +1547,7 @@ fn stale_loads_expose_a_reader_whose_acquire_is_missing() {
     // before the flag; but nothing orders the reader's loads after the writer's stores, and
     // with stale loads a load the reader's view does not cover returns what the staging held
     // before (the value of two calls ago, or the poison of a fresh allocation).
-    planted_bug_passes_only_with_weaker_memory("RELAXED_FLAG", "stores");
+    planted_bug_passes_only_with_weaker_memory("RELAXED_FLAG", "stores", &[]);
 }
 
 #[test]

@@ -114,6 +114,7 @@ void emu_weak_load(void* dst, const void* p, uint32_t n) {
   t_weak->load(sg_self.thread, dst, p, n);
 }
 void emu_release(const void* p) { t_weak->release(sg_self.thread, p); }
+void emu_proxy_fence() { t_weak->proxy_fence(sg_self.thread); }
 void emu_acquired(const void* p) { t_weak->acquired(sg_self.thread, p); }
 
 const emu::KernelSpec kSpecs[] = {
@@ -172,6 +173,7 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
       sg_self.weak_load = emu_weak_load;
       sg_self.release = emu_release;
       sg_self.acquired = emu_acquired;
+      sg_self.proxy_fence = emu_proxy_fence;
     }
     run_fibers(threads, syncing, body, on_switch, &run, seeded);
     t_weak = nullptr;
@@ -179,6 +181,7 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
     sg_self.weak_load = nullptr;
     sg_self.release = nullptr;
     sg_self.acquired = nullptr;
+    sg_self.proxy_fence = nullptr;
   }
   t_choices = nullptr;
   sg_self.fiber_sync = nullptr;

@@ -64,6 +64,7 @@ void WeakMemory::hold(uint32_t thread, void* at, const void* src, uint32_t bytes
   h.bytes = bytes;
   h.stored_at = now;
   h.multicast = multicast;
+  h.fenced = false;
   memcpy(h.value, src, bytes);
   if (!multicast) count(h, 1);
   own_[thread].push_back(h);
@@ -100,10 +101,30 @@ void WeakMemory::after_barrier(uint32_t thread) {
 }
 
 void WeakMemory::release(uint32_t thread, const void* word) {
-  land(block_, block_.size());
+  land_released(block_);
   if (thread >= own_.size()) return;
-  land(own_[thread], own_[thread].size());
+  land_released(own_[thread]);
   note_release(word, view_[thread]);
+}
+
+void WeakMemory::proxy_fence(uint32_t thread) {
+  for (Held& h : block_) h.fenced = true;
+  if (thread < own_.size()) {
+    for (Held& h : own_[thread]) h.fenced = true;
+  }
+}
+
+void WeakMemory::land_released(std::vector<Held>& held) {
+  std::vector<Held> kept;
+  for (const Held& h : held) {
+    if (h.multicast && !h.fenced) {
+      kept.push_back(h);
+      continue;
+    }
+    land_now(h.at, h.value, h.bytes, h.stored_at, h.multicast);
+    if (!h.multicast) count(h, -1);
+  }
+  held.swap(kept);
 }
 
 void WeakMemory::acquired(uint32_t thread, const void* word) {

@@ -15,7 +15,10 @@
  * Relaxed and volatile stores are never held, so a flag published without a release overtakes
  * the data it should publish, as on a GPU. Seeded (STRAGGLAR_EMU_SEED), the block's held stores
  * may also land early, in order, at a strong access. Multimem stores (multimem.st.relaxed) are
- * held back as plain stores are, and land into every member's memory.
+ * held back as plain stores are, and land into every member's memory, but a release lands only
+ * those a fence.proxy.alias ordered first: PTX orders a store through a multicast address
+ * before loads through a member's own address of the bytes only with an alias fence on the
+ * path, so a flag released without one announces data that has not landed.
  *
  * Stale loads. Each thread has a view: a time on the history's clock (memory.cpp) before which
  * every store made is visible to it. A store is stamped when it is made; device memory keeps,
@@ -77,9 +80,13 @@ class WeakMemory {
   void at_barrier(uint32_t thread);
   /* `thread` passed the block barrier: it sees what every thread of the block saw there. */
   void after_barrier(uint32_t thread);
-  /* `thread` releases to the word at `word`: the block's held stores land, then its own, and
-   * the word publishes the thread's view. */
+  /* `thread` releases to the word at `word`: the block's held stores land, then its own (of
+   * the multimem stores, those a proxy fence ordered), and the word publishes the thread's
+   * view. */
   void release(uint32_t thread, const void* word);
+  /* `thread` made a fence.proxy.alias: the multimem stores the block holds and its own are
+   * ordered for the next release. */
+  void proxy_fence(uint32_t thread);
   /* `thread` acquired the word at `word`: its view takes in what the word's releases
    * published. */
   void acquired(uint32_t thread, const void* word);
@@ -94,6 +101,8 @@ class WeakMemory {
     uint64_t stored_at;
     /* A multimem store: `at` is a multicast address, landing writes every member. */
     bool multicast;
+    /* A multimem store a proxy fence ordered: a release lets it land. */
+    bool fenced;
     unsigned char value[16];
   };
 
@@ -110,6 +119,9 @@ class WeakMemory {
                        bool multicast);
   /* Lets held[from, to) land, in order. */
   void land(std::vector<Held>& held, size_t to);
+  /* Lets everything in `held` that a release may publish land, in order (the plain stores and
+   * the fenced multimem stores); the rest stays held. */
+  void land_released(std::vector<Held>& held);
   void land_everything();
 
   std::vector<std::vector<Held>> own_;
