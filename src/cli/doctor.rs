@@ -130,7 +130,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let cap = config.staging_cap;
     match crate::engine::cuda::sizing::footprint(8) {
         Ok(f) => {
-            let largest = f.control + f.arenas_buffer;
+            let largest = f.control + f.arenas_buffer + f.multicast_region;
             println!(
                 "  staging:   {} MiB per rank of an 8-rank communicator, and arenas grown at the first calls StragglAR runs: {} MiB for calls of {} MiB, {} MiB for calls of {} MiB (STRAGGLAR_BUFFER_BYTES), {} MiB at most if grown one step at a time",
                 f.control >> 20,
@@ -140,7 +140,13 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
                 config.buffer_bytes >> 20,
                 f.arenas_stepwise >> 20,
             );
-            let stepwise = f.control + f.arenas_stepwise;
+            if f.multicast_region > 0 {
+                println!(
+                    "             and a multicast region of {} MiB formed at setup (STRAGGLAR_MULTICAST=1)",
+                    f.multicast_region >> 20
+                );
+            }
+            let stepwise = f.control + f.arenas_stepwise + f.multicast_region;
             println!(
                 "             cap {} MiB per device (STRAGGLAR_STAGING_CAP), room for {} with arenas for the largest calls ({} if grown one step at a time)",
                 cap >> 20,

@@ -4,6 +4,7 @@
 
 use super::grid::MAX_BLOCKS;
 use super::growth::growth_target;
+use super::multicast::region;
 use super::setup::SetupRecord;
 use super::staging::{ArenaLayout, StagingLayout};
 use crate::detect::policy::Policy;
@@ -130,6 +131,9 @@ pub struct Footprint {
     /// Every arena kept when calls grow one step at a time from the smallest growth to the
     /// buffer: the most a communicator ever holds beside `control`.
     pub arenas_stepwise: u64,
+    /// The multicast region formed at setup with `STRAGGLAR_MULTICAST=1` (both parities, before
+    /// the driver's granularity rounds it up), or 0.
+    pub multicast_region: u64,
 }
 
 /// The [`Footprint`] of one rank of an `n`-rank job communicator under the configuration.
@@ -152,11 +156,16 @@ pub fn footprint(ranks: usize) -> Result<Footprint, String> {
         staged = growth_target(staged + 1, staged, buffer);
         stepwise += arenas(staged)?;
     }
+    let multicast = crate::config::get().multicast && region::useful(ranks);
     Ok(Footprint {
         control,
         arenas_16m: arenas(buffer.min(16 << 20))?,
         arenas_buffer: arenas(buffer)?,
         arenas_stepwise: stepwise,
+        multicast_region: match multicast {
+            true => 2 * region::parity_bytes(ranks, buffer) as u64,
+            false => 0,
+        },
     })
 }
 
