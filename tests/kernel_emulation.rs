@@ -194,67 +194,32 @@ fn kernel() -> &'static Kernel {
         let scratch: unsafe extern "C" fn() -> u64 =
             // SAFETY: the symbol has this signature in stragglar_allreduce.cu.
             unsafe { std::mem::transmute(symbol("stragglar_emulate_scratch_bytes")) };
+        // The exported function `$name`, as `$ty`.
+        macro_rules! export {
+            ($ty:ty, $name:literal) => {
+                // SAFETY: each symbol named below has this signature in stragglar_allreduce.cu.
+                unsafe { std::mem::transmute::<*mut c_void, $ty>(symbol($name)) }
+            };
+        }
         Kernel {
-            // SAFETY: the symbol has this signature in stragglar_allreduce.cu.
-            apply: unsafe {
-                std::mem::transmute::<*mut c_void, ApplyFn>(symbol(
-                    "stragglar_emulate_apply_thread",
-                ))
-            },
-            // SAFETY: as above.
-            ticket: unsafe {
-                std::mem::transmute::<*mut c_void, TicketFn>(symbol("stragglar_emulate_ticket"))
-            },
-            // SAFETY: as above.
-            ticket_end: unsafe {
-                std::mem::transmute::<*mut c_void, TicketFn>(symbol("stragglar_emulate_ticket_end"))
-            },
-            // SAFETY: as above.
-            rule: unsafe {
-                std::mem::transmute::<*mut c_void, RuleFn>(symbol("stragglar_emulate_rule"))
-            },
-            // SAFETY: as above.
-            graph_call: unsafe {
-                std::mem::transmute::<*mut c_void, GraphCallFn>(symbol(
-                    "stragglar_emulate_graph_call",
-                ))
-            },
-            // SAFETY: as above.
-            served_out_of_order: unsafe {
-                std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(symbol(
-                    "stragglar_emulate_served_out_of_order",
-                ))
-            },
-            // SAFETY: as above.
-            half: unsafe {
-                std::mem::transmute::<*mut c_void, HalfFn>(symbol("stragglar_emulate_half"))
-            },
-            // SAFETY: as above.
-            layout: unsafe {
-                std::mem::transmute::<*mut c_void, LayoutFn>(symbol("stragglar_emulate_layout"))
-            },
-            // SAFETY: as above.
-            thread: unsafe {
-                std::mem::transmute::<*mut c_void, ThreadFn>(symbol("stragglar_emulate_thread"))
-            },
-            // SAFETY: as above.
-            plan_threads: unsafe {
-                std::mem::transmute::<*mut c_void, PlanThreadsFn>(symbol(
-                    "stragglar_emulate_plan_threads",
-                ))
-            },
-            // SAFETY: as above.
-            multicast: unsafe {
-                std::mem::transmute::<*mut c_void, MulticastFn>(symbol(
-                    "stragglar_emulate_multicast",
-                ))
-            },
-            // SAFETY: as above.
-            multimem_stores: unsafe {
-                std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> u64>(symbol(
-                    "stragglar_emulate_multimem_stores",
-                ))
-            },
+            apply: export!(ApplyFn, "stragglar_emulate_apply_thread"),
+            ticket: export!(TicketFn, "stragglar_emulate_ticket"),
+            ticket_end: export!(TicketFn, "stragglar_emulate_ticket_end"),
+            rule: export!(RuleFn, "stragglar_emulate_rule"),
+            graph_call: export!(GraphCallFn, "stragglar_emulate_graph_call"),
+            served_out_of_order: export!(
+                unsafe extern "C" fn() -> u64,
+                "stragglar_emulate_served_out_of_order"
+            ),
+            half: export!(HalfFn, "stragglar_emulate_half"),
+            layout: export!(LayoutFn, "stragglar_emulate_layout"),
+            thread: export!(ThreadFn, "stragglar_emulate_thread"),
+            plan_threads: export!(PlanThreadsFn, "stragglar_emulate_plan_threads"),
+            multicast: export!(MulticastFn, "stragglar_emulate_multicast"),
+            multimem_stores: export!(
+                unsafe extern "C" fn() -> u64,
+                "stragglar_emulate_multimem_stores"
+            ),
             // SAFETY: a plain function without arguments.
             scratch_bytes: unsafe { scratch() } as usize,
         }

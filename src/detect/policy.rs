@@ -445,17 +445,21 @@ mod tests {
         assert_eq!(fixed.choose(&late, Some(&times), 1 << 20), Choice::Baseline);
     }
 
+    /// An NVSwitch GPU's link as NCCL's Ring reaches it (3 us, 370 GB/s), and NVLS at NCCL's
+    /// published ratio.
+    const SWITCH_LINK: Link = Link {
+        alpha: 3e-6,
+        bandwidth: 370e9,
+    };
+    const PUBLISHED_NVLS: Nvls = Nvls {
+        ratio: Nvls::PUBLISHED_RATIO,
+    };
+
     /// Priced against NVLS (as NCCL runs on an 8-GPU NVSwitch server) the model needs a
     /// longer lead than against Ring, and above 8 ranks it keeps Ring's price.
     #[test]
     fn an_nvls_baseline_needs_a_longer_lead() {
-        let link = Link {
-            alpha: 3e-6,
-            bandwidth: 370e9,
-        };
-        let nvls = Nvls {
-            ratio: Nvls::PUBLISHED_RATIO,
-        };
+        let (link, nvls) = (SWITCH_LINK, PUBLISHED_NVLS);
         let ring = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, link);
         let switch = ring.clone().with_nvls_baseline(nvls);
         assert!(!ring.nvls_baseline() && switch.nvls_baseline());
@@ -483,13 +487,7 @@ mod tests {
     /// model (against NVLS where NCCL runs it, Ring otherwise) and never pipelined.
     #[test]
     fn a_multicast_finish_is_priced_by_its_own_model_and_never_pipelined() {
-        let link = Link {
-            alpha: 3e-6,
-            bandwidth: 370e9,
-        };
-        let nvls = Nvls {
-            ratio: Nvls::PUBLISHED_RATIO,
-        };
+        let (link, nvls) = (SWITCH_LINK, PUBLISHED_NVLS);
         let multicast = Multicast {
             ratio: Multicast::ASSUMED_RATIO,
         };
