@@ -772,7 +772,9 @@ fn multimem_stores(stderr: &str) -> Vec<u64> {
 /// multicast, the ranks form their region once the setup passed, and StragglAR's calls finish
 /// with the straggler's multimem stores into every rank (thousands, beside each process's one
 /// probe store of the team), every element of every call right on every rank, eagerly, in
-/// graph replays, with the late rank moving from rank 1 to rank 2 halfway, and at 8 ranks. Where the GPUs
+/// graph replays, and at 8 ranks; with rank 1 late, then rank 2 (60 ms), the straggler moves
+/// with the designation, from the last rank (nobody designated yet): two or three processes
+/// store. Where the GPUs
 /// have no multicast, the machine's multicast objects are all taken, or a rank cannot join the
 /// object another made, every rank declines alike with the cause named, and the calls run point
 /// to point, right, with no call's multimem store.
@@ -780,13 +782,19 @@ fn multimem_stores(stderr: &str) -> Vec<u64> {
 fn stragglar_finishes_by_one_multicast_where_the_gpus_have_it_eager_and_in_graphs() {
     let multicast = ("STRAGGLAR_MULTICAST", "1");
     let counting = ("STRAGGLAR_EMU_COUNT_LAUNCHES", "1");
+    // The late ranks' hold-backs are detected: not beside a test that times calls.
+    let _timing = timing();
     for (graphs, late) in [(false, None), (true, None), (false, Some("1,2"))] {
         let mut extra = vec![multicast, counting, ("STRAGGLAR_EMU_MULTICAST", "1")];
         if graphs {
             extra.push(("LOOPBACK_GRAPHS", "1"));
         }
         if let Some(late) = late {
-            extra.extend([("LOOPBACK_LATE_RANK", late), ("LOOPBACK_LATE_US", "3000")]);
+            extra.extend([
+                ("LOOPBACK_FIXED", "1"),
+                ("LOOPBACK_LATE_RANK", late),
+                ("LOOPBACK_LATE_US", "60000"),
+            ]);
         }
         let (text, log) = run_checked(
             &["4"],
@@ -802,14 +810,12 @@ fn stragglar_finishes_by_one_multicast_where_the_gpus_have_it_eager_and_in_graph
         let mut stores = multimem_stores(&log);
         stores.sort_unstable();
         assert_eq!(stores.len(), 4, "graphs {graphs}: {log}");
-        let beside_probes: u64 = stores.iter().map(|n| n - 1).sum();
+        let stragglers = stores.iter().filter(|&&n| n > 1000).count();
+        let expected = if late.is_some() { 2..=3 } else { 1..=1 };
         assert!(
-            stores[0] >= 1 && beside_probes > 1000,
+            stores[0] >= 1 && expected.contains(&stragglers),
             "graphs {graphs}, late {late:?}: multimem stores per process {stores:?}"
         );
-        if late.is_none() {
-            assert_eq!(stores[..3], [1, 1, 1], "one straggler: {stores:?}");
-        }
     }
     // Eight ranks: seven complete chunks a call through the one region.
     let (out, _) = run_ranks(
