@@ -34,7 +34,8 @@ pub enum BenchAlgo {
     /// The per-call policy: StragglAR with the detected straggler when it wins, else Ring.
     Auto,
     /// Multicast StragglAR with `--straggler` (the host engine only: its link model serves a
-    /// multicast send's readers for the price of one send).
+    /// multicast send's readers for the price of one send; the bench's GPU ranks share one GPU,
+    /// where no multicast team forms).
     Multicast,
 }
 
@@ -376,7 +377,7 @@ impl BenchOptions {
                 return fail("--backend cuda takes no --jitter-us, --fault, --link-gbs or --baseline-link-gbs (host-engine emulations; --delay-us delays the late rank on the GPU)".into());
             }
             if self.algo == BenchAlgo::Multicast {
-                return fail("--algo multicast runs on the host engine only: the GPU kernels have no multicast stores yet".into());
+                return fail("--algo multicast runs on the host engine only: the bench's GPU ranks share GPU 0, and a multicast team needs a GPU per rank (a job's communicators run it with STRAGGLAR_MULTICAST=1)".into());
             }
         } else if self.bandwidth || self.graph || self.unordered_reads {
             return fail(
