@@ -162,6 +162,12 @@ SG_DEVICE uint32_t* sg_inbox(const sg_call* call, uint32_t reader, uint32_t owne
   return (uint32_t*)call->peers[reader].flags[call->parity] + word;
 }
 
+/* Value `v` of rank `r` in the plan's value table. */
+SG_DEVICE const RawValue* sg_value(const sg_call* call, uint32_t r, uint32_t v) {
+  const uint32_t* bases = sg_at<uint32_t>(call->plan, call->plan->value_bases_at);
+  return sg_at<RawValue>(call->plan, call->plan->values_at) + bases[r] + v;
+}
+
 /* Whether this launch keeps value `v` in its multicast region (RawLaunch::multicast_arena):
  * pushed to several readers, with a region whose parity holds the value's slot, which every
  * rank decides alike (the same blob tables, count and region size). Then `*offset` is where
@@ -186,8 +192,7 @@ SG_DEVICE bool sg_in_multicast(const sg_call* call, const RawValue* v, uint64_t*
 SG_DEVICE void sg_publish_to_readers(const sg_call* call, uint32_t value, uint32_t first) {
   const RawPlanHeader* plan = call->plan;
   const uint32_t rank = call->args->rank;
-  const uint32_t* bases = sg_at<uint32_t>(plan, plan->value_bases_at);
-  const RawValue* v = sg_at<RawValue>(plan, plan->values_at) + bases[rank] + value;
+  const RawValue* v = sg_value(call, rank, value);
   const uint32_t* readers = sg_at<uint32_t>(plan, plan->readers_at) + v->first_reader;
   const uint32_t threads = SG_THREADS;
   /* A value pushed through the multicast address reaches its readers' own addresses of those
@@ -347,12 +352,6 @@ SG_DEVICE bool sg_ordered(const sg_call* call, const RawStep* step) {
 SG_DEVICE void sg_publish(const sg_call* call, uint32_t value) {
   sg_block_sync();
   sg_publish_to_readers(call, value, 0);
-}
-
-/* Value `v` of rank `r` in the plan's value table. */
-SG_DEVICE const RawValue* sg_value(const sg_call* call, uint32_t r, uint32_t v) {
-  const uint32_t* bases = sg_at<uint32_t>(call->plan, call->plan->value_bases_at);
-  return sg_at<RawValue>(call->plan, call->plan->values_at) + bases[r] + v;
 }
 
 /* Where a kept value lies in an arena: its chunk's place in IN, or its slot. */

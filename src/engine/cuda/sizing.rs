@@ -87,7 +87,8 @@ pub fn layout(
             )?;
         }
     }
-    if sizing.multicast {
+    // Only a communicator that can form a region runs multicast plans.
+    if sizing.multicast && region::useful(ranks) {
         for straggler in 0..ranks {
             fit(
                 Shape::of_choice(ranks, straggler, DataType::U8).finished_by_multicast(true),
