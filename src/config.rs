@@ -8,6 +8,7 @@ use once_cell::sync::OnceCell;
 
 use crate::detect::pipeline::Pipeline;
 use crate::detect::policy::{AlgoMode, StragglerMode};
+use crate::detect::MulticastMode;
 use crate::logging::{self, Level};
 
 /// One `STRAGGLAR_*` setting, declared once: its variable, its default and meaning (for
@@ -129,9 +130,15 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "STRAGGLAR_MULTICAST",
         default: "0",
-        meaning: "1 lets the GPU engine finish StragglAR with one NVLink multicast where every GPU has it (experimental: not yet run on an NVSwitch server)",
-        parse: |c, v| switch(&mut c.multicast, v),
-        show: |c| u8::from(c.multicast).to_string(),
+        meaning: "1 lets the GPU engine finish StragglAR with one NVLink multicast where every GPU has it, chosen per size class against the point-to-point finish; always finishes every StragglAR call so (experimental: not yet run on an NVSwitch server)",
+        parse: |c, v| match MulticastMode::parse(v) {
+            Some(mode) => {
+                c.multicast = mode;
+                true
+            }
+            None => false,
+        },
+        show: |c| c.multicast.to_string(),
     },
     Setting {
         name: "STRAGGLAR_ALGO",
@@ -307,9 +314,9 @@ pub struct Config {
     pub timeout_ms: Option<u64>,
     /// `STRAGGLAR_GPU_ENGINE`: whether eligible calls run on the GPU engine.
     pub gpu_engine: bool,
-    /// `STRAGGLAR_MULTICAST`: whether the GPU engine forms a multicast team at setup and runs
-    /// multicast StragglAR on it.
-    pub multicast: bool,
+    /// `STRAGGLAR_MULTICAST`: whether the GPU engine forms a multicast team at setup, and how
+    /// its StragglAR calls choose to finish by multicast on it.
+    pub multicast: MulticastMode,
     /// `STRAGGLAR_ALGO`.
     pub algo: AlgoMode,
     /// `STRAGGLAR_STRAGGLER`.
@@ -345,7 +352,7 @@ impl Default for Config {
             p2p_disabled: false,
             timeout_ms: None,
             gpu_engine: false,
-            multicast: false,
+            multicast: MulticastMode::Off,
             algo: AlgoMode::Auto,
             straggler: StragglerMode::Auto,
             pipeline: Pipeline::Pieces(1),

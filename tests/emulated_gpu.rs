@@ -768,7 +768,7 @@ fn multimem_stores(stderr: &str) -> Vec<u64> {
         .collect()
 }
 
-/// Multicast StragglAR through the library: with `STRAGGLAR_MULTICAST=1` on GPUs that have
+/// Multicast StragglAR through the library: with `STRAGGLAR_MULTICAST=always` on GPUs that have
 /// multicast, the ranks form their region once the setup passed, and StragglAR's calls finish
 /// with the straggler's multimem stores into every rank (thousands, beside each process's one
 /// probe store of the team), every element of every call right on every rank, eagerly, in
@@ -777,10 +777,13 @@ fn multimem_stores(stderr: &str) -> Vec<u64> {
 /// store. Where the GPUs
 /// have no multicast, the machine's multicast objects are all taken, or a rank cannot join the
 /// object another made, every rank declines alike with the cause named, and the calls run point
-/// to point, right, with no call's multimem store.
+/// to point, right, with no call's multimem store. With `STRAGGLAR_MULTICAST=1` the policy
+/// weighs the two finishes per size class: with a straggler 60 ms late the model sends a class's
+/// first StragglAR calls to multicast once the lead is known, and every call is right on every
+/// rank whichever finish ran it.
 #[test]
 fn stragglar_finishes_by_one_multicast_where_the_gpus_have_it_eager_and_in_graphs() {
-    let multicast = ("STRAGGLAR_MULTICAST", "1");
+    let multicast = ("STRAGGLAR_MULTICAST", "always");
     let counting = ("STRAGGLAR_EMU_COUNT_LAUNCHES", "1");
     // The late ranks' hold-backs are detected: not beside a test that times calls.
     let _timing = timing();
@@ -817,6 +820,31 @@ fn stragglar_finishes_by_one_multicast_where_the_gpus_have_it_eager_and_in_graph
             "graphs {graphs}, late {late:?}: multimem stores per process {stores:?}"
         );
     }
+    // Weighed per size class: the late rank is designated within the first calls, so later
+    // classes start on the multicast finish, which rank 0 announces.
+    let (text, log) = run_checked(
+        &["4"],
+        &engine_with(
+            "stragglar",
+            &[
+                ("STRAGGLAR_MULTICAST", "1"),
+                ("STRAGGLAR_EMU_MULTICAST", "1"),
+                counting,
+                ("LOOPBACK_FIXED", "1"),
+                ("LOOPBACK_LATE_RANK", "2"),
+                ("LOOPBACK_LATE_US", "60000"),
+            ],
+        ),
+        ": 100 calls checked",
+    );
+    assert!(
+        log.contains("run finished by one multicast"),
+        "weighed: {text}\n{log}"
+    );
+    assert!(
+        multimem_stores(&log).iter().any(|&n| n > 1000),
+        "weighed: {log}"
+    );
     // Eight ranks: seven complete chunks a call through the one region.
     let (out, _) = run_ranks(
         &["8"],
@@ -1536,7 +1564,7 @@ fn multimem_stores_land_at_a_release_only_once_an_alias_fence_ordered_them() {
         "NO_ALIAS_FENCE",
         "0",
         &[
-            ("STRAGGLAR_MULTICAST", "1"),
+            ("STRAGGLAR_MULTICAST", "always"),
             ("STRAGGLAR_EMU_MULTICAST", "1"),
         ],
     );

@@ -28,7 +28,7 @@ pub enum Trial {
 
 /// Whether the engine would use multicast, as the doctor's line ends.
 fn engine_use() -> &'static str {
-    if crate::config::get().multicast {
+    if crate::config::get().multicast.on() {
         "STRAGGLAR_MULTICAST=1: the GPU engine forms a team per communicator and finishes StragglAR by one multicast; experimental, not yet run on an NVSwitch server"
     } else {
         "the GPU engine uses it only with STRAGGLAR_MULTICAST=1, off until it has run on an NVSwitch server"

@@ -10,6 +10,7 @@
 
 pub mod classes;
 pub mod estimate;
+pub mod finish;
 pub mod pipeline;
 pub mod policy;
 pub mod rule;
@@ -17,6 +18,7 @@ pub mod tally;
 pub mod tracker;
 
 pub use classes::size_class;
+pub use finish::{Finish, MulticastMode};
 pub use policy::{Choice, Policy};
 pub use rule::{ArrivalRecord, Detector, DetectorConfig};
 pub use tally::ArrivalTally;

@@ -3,6 +3,7 @@
 //! the shared records), so every rank makes the same choice.
 
 use super::estimate::ClassTimes;
+use super::finish::Finish;
 use super::pipeline::Pipeline;
 use super::rule::Detector;
 use crate::schedule::model::{stragglar_rounds, Link, Multicast, Nvls, Times};
@@ -28,6 +29,19 @@ pub enum StragglerMode {
     Fixed(usize),
     /// Never designate one.
     Off,
+}
+
+/// The modelled phases of StragglAR with one finish, seconds: everything the straggler's lead
+/// can hide (`pre`), and what follows its arrival (`post`).
+#[derive(Debug, Clone, Copy)]
+struct Phases {
+    pre: f64,
+    post: f64,
+}
+
+/// `seconds` in whole nanoseconds, rounded up (0 below zero, saturating).
+fn whole_ns(seconds: f64) -> u64 {
+    (seconds.max(0.0) * 1e9).ceil().min(u64::MAX as f64) as u64
 }
 
 /// What one call runs.
@@ -73,9 +87,11 @@ pub struct Policy {
     /// How the model prices the baseline before it is measured: Ring, or NCCL's NVLS where
     /// NCCL would run it (see [`Policy::with_nvls_baseline`]).
     nvls: Option<Nvls>,
-    /// Whether StragglAR finishes by one multicast (a communicator with a multicast region):
-    /// then the model prices it so, unpipelined (see [`Policy::with_multicast`]).
+    /// Whether StragglAR may finish by one multicast (a communicator with a multicast region),
+    /// priced so (see [`Policy::with_multicast`]).
     multicast: Option<Multicast>,
+    /// Every StragglAR call finishes by multicast, where it may (`STRAGGLAR_MULTICAST=always`).
+    multicast_only: bool,
     /// How deep StragglAR's calls are pipelined (`STRAGGLAR_PIPELINE`).
     pipeline: Pipeline,
     /// Post-arrival rounds of our schedule for `ranks` (`R(n)`), computed once.
@@ -99,6 +115,7 @@ impl Policy {
             link,
             nvls: None,
             multicast: None,
+            multicast_only: false,
             pipeline: Pipeline::Pieces(1),
             pieces_memo: Default::default(),
             rounds: if ranks >= 2 {
@@ -118,13 +135,30 @@ impl Policy {
         self
     }
 
-    /// The same policy for a communicator whose StragglAR finishes by one multicast
-    /// (`multicast` prices the stores): the model's lead is multicast StragglAR's, and calls
-    /// are never pipelined (one broadcast needs no pieces).
+    /// The same policy for a communicator whose StragglAR may also finish by one multicast
+    /// (`multicast` prices the stores): the model then weighs both finishes
+    /// ([`Policy::model_finish`]), and StragglAR wins from the shorter of their break-evens.
     pub fn with_multicast(mut self, multicast: Multicast) -> Self {
         self.multicast = Some(multicast);
-        self.pieces_memo = Default::default();
         self
+    }
+
+    /// The same policy, finishing every StragglAR call by multicast where
+    /// [`Policy::with_multicast`] says it may (`STRAGGLAR_MULTICAST=always`): the point-to-point
+    /// finish is neither modelled nor probed.
+    pub fn multicast_only(mut self) -> Self {
+        self.multicast_only = true;
+        self
+    }
+
+    /// Whether StragglAR may finish by one multicast (see [`Policy::with_multicast`]).
+    pub fn multicast(&self) -> bool {
+        self.multicast.is_some()
+    }
+
+    /// Whether every StragglAR call finishes by multicast (see [`Policy::multicast_only`]).
+    pub fn finishes_by_multicast_only(&self) -> bool {
+        self.multicast_only && self.multicast.is_some()
     }
 
     /// The same policy, pipelining StragglAR's calls as `pipeline` says.
@@ -142,9 +176,6 @@ impl Policy {
     /// Pieces per chunk of a StragglAR call of `bytes` (1: the plain schedule): the same for
     /// every call of a size class, on every rank. Worked out once per class.
     pub fn pieces(&self, bytes: usize) -> usize {
-        if self.multicast.is_some() {
-            return 1;
-        }
         let class = super::classes::size_class(bytes) as usize;
         *self.pieces_memo.by_class[class]
             .get_or_init(|| self.pipeline.pieces(self.ranks, bytes, self.link))
@@ -154,9 +185,6 @@ impl Policy {
     /// model's depth (`STRAGGLAR_PIPELINE=auto`): twice the model's, within what the schedule
     /// allows; a fixed depth is never refined.
     pub fn depth_cap(&self, bytes: usize) -> usize {
-        if self.multicast.is_some() {
-            return 1;
-        }
         match self.pipeline {
             Pipeline::Auto => (2 * self.pieces(bytes)).clamp(1, Pipeline::most_pieces(self.ranks)),
             Pipeline::Pieces(_) => self.pieces(bytes),
@@ -180,6 +208,17 @@ impl Policy {
         }
     }
 
+    /// Every finish a StragglAR call of at most `max_bytes` may run: the depths of
+    /// [`Policy::pieces_up_to`], and the multicast finish where the communicator has it.
+    pub fn finishes_up_to(&self, max_bytes: usize) -> Vec<Finish> {
+        if self.finishes_by_multicast_only() {
+            return vec![Finish::Multicast];
+        }
+        let point_to_point = self.pieces_up_to(max_bytes).into_iter().map(Finish::Pieces);
+        let multicast = self.multicast.map(|_| Finish::Multicast);
+        point_to_point.chain(multicast).collect()
+    }
+
     /// Post-arrival rounds of our schedule with `pieces` pieces per chunk (`R_k(n)`).
     fn rounds_with(&self, pieces: usize) -> usize {
         if pieces == 1 {
@@ -201,40 +240,112 @@ impl Policy {
     }
 
     /// The smallest lead (seconds) from which StragglAR beats the baseline for `bytes`, per
-    /// the model; `None` when it never does (n = 3, or no faster after arrival).
+    /// the model, with whichever finish needs the shorter lead; `None` when it never does (n =
+    /// 3, or no faster after arrival).
     pub fn break_even(&self, bytes: usize) -> Option<f64> {
+        if self.finishes_by_multicast_only() {
+            return self.break_even_of(bytes, Finish::Multicast);
+        }
+        let point_to_point = self.break_even_of(bytes, Finish::Pieces(self.pieces(bytes)));
+        let multicast = self.break_even_of(bytes, Finish::Multicast);
+        match (point_to_point, multicast) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// [`Policy::break_even`] of StragglAR finished by `finish`; `None` also for a multicast
+    /// finish this communicator does not have.
+    pub fn break_even_of(&self, bytes: usize, finish: Finish) -> Option<f64> {
         if self.ranks < 3 {
             return None;
         }
-        let mut times = Times::new(self.ranks, self.rounds, bytes as f64, self.link);
-        let nvls = self
-            .nvls
-            .and_then(|nvls| nvls.time(self.ranks, bytes as f64, self.link));
-        if let Some(multicast) = self.multicast {
-            let baseline = nvls.unwrap_or(times.ring);
-            return multicast
-                .times(self.ranks, bytes as f64, self.link)
-                .break_even(baseline);
+        let phases = self.phases(bytes, finish)?;
+        let baseline = self.baseline_time(bytes);
+        (phases.post < baseline).then(|| (phases.pre + phases.post - baseline).max(0.0))
+    }
+
+    /// The finish the model expects fastest for a StragglAR call of `bytes` whose straggler
+    /// leads by `lead_ns` (`max(D, T_pre) + T_post`, the smaller; the point-to-point one on a
+    /// tie, or where the communicator has no multicast region). With no lead known yet, the
+    /// finish that wins from the shorter lead.
+    pub fn model_finish(&self, bytes: usize, lead_ns: Option<u64>) -> Finish {
+        let point_to_point = Finish::Pieces(self.pieces(bytes));
+        if self.finishes_by_multicast_only() {
+            return Finish::Multicast;
         }
-        let pieces = self.pieces(bytes);
-        if pieces > 1 {
-            // The pipelined schedule after arrival: R_k rounds of M / ((n-1) k).
-            let piece = bytes as f64 / ((self.ranks - 1) * pieces) as f64;
-            times.stragglar_post = self.link.rounds(self.rounds_with(pieces), piece);
+        if self.multicast.is_none() || self.ranks < 3 {
+            return point_to_point;
         }
-        match nvls {
-            // max(D, T_RS) + T_post = D + T_nvls, as for Ring (see `Times::with_delay`).
-            Some(baseline) => (times.stragglar_post < baseline)
-                .then(|| (times.reduce_scatter + times.stragglar_post - baseline).max(0.0)),
-            None => times.with_delay(0.0).break_even,
+        let faster = match lead_ns {
+            Some(lead) => {
+                let completion = |finish| {
+                    self.phases(bytes, finish)
+                        .map(|p| (lead as f64 * 1e-9).max(p.pre) + p.post)
+                };
+                completion(Finish::Multicast) < completion(point_to_point)
+            }
+            None => {
+                let lead = |finish| self.break_even_of(bytes, finish).unwrap_or(f64::INFINITY);
+                lead(Finish::Multicast) < lead(point_to_point)
+            }
+        };
+        match faster {
+            true => Finish::Multicast,
+            false => point_to_point,
         }
+    }
+
+    /// The modelled phases of StragglAR finished by `finish` for `bytes` (`None`: a multicast
+    /// finish without a multicast region, or fewer than 3 ranks).
+    fn phases(&self, bytes: usize, finish: Finish) -> Option<Phases> {
+        if self.ranks < 3 {
+            return None;
+        }
+        let m = bytes as f64;
+        match finish {
+            Finish::Multicast => {
+                let times = self.multicast?.times(self.ranks, m, self.link);
+                Some(Phases {
+                    pre: times.pre(),
+                    post: times.post,
+                })
+            }
+            Finish::Pieces(pieces) => {
+                let times = Times::new(self.ranks, self.rounds, m, self.link);
+                let pieces = pieces.max(1);
+                // The pipelined schedule after arrival: R_k rounds of M / ((n-1) k).
+                let piece = m / ((self.ranks - 1) * pieces) as f64;
+                Some(Phases {
+                    pre: times.reduce_scatter,
+                    post: match pieces {
+                        1 => times.stragglar_post,
+                        k => self.link.rounds(self.rounds_with(k), piece),
+                    },
+                })
+            }
+        }
+    }
+
+    /// The baseline's modelled time once every rank has arrived: NCCL's NVLS where the policy
+    /// prices it so, else Ring.
+    fn baseline_time(&self, bytes: usize) -> f64 {
+        let m = bytes as f64;
+        self.nvls
+            .and_then(|nvls| nvls.time(self.ranks, m, self.link))
+            .unwrap_or_else(|| Times::new(self.ranks, self.rounds, m, self.link).ring)
     }
 
     /// [`Policy::break_even`] in whole nanoseconds, rounded up: the lead a call of `bytes`
     /// needs, compared with the recorded leads as integers (as the device twin compares them).
     pub fn break_even_ns(&self, bytes: usize) -> Option<u64> {
-        self.break_even(bytes)
-            .map(|seconds| (seconds.max(0.0) * 1e9).ceil().min(u64::MAX as f64) as u64)
+        self.break_even(bytes).map(whole_ns)
+    }
+
+    /// [`Policy::break_even_of`] in whole nanoseconds, rounded up (see
+    /// [`Policy::break_even_ns`]).
+    pub fn break_even_ns_of(&self, bytes: usize, finish: Finish) -> Option<u64> {
+        self.break_even_of(bytes, finish).map(whole_ns)
     }
 
     /// `STRAGGLAR_ALGO` as this policy applies it.
@@ -483,10 +594,12 @@ mod tests {
         );
     }
 
-    /// A communicator whose StragglAR finishes by one multicast is priced by the multicast
-    /// model (against NVLS where NCCL runs it, Ring otherwise) and never pipelined.
+    /// A communicator whose StragglAR may finish by one multicast prices that finish by the
+    /// multicast model (against NVLS where NCCL runs it, Ring otherwise) beside the
+    /// point-to-point one: StragglAR wins from the shorter break-even, and the model's finish
+    /// is the one that completes first at the straggler's lead.
     #[test]
-    fn a_multicast_finish_is_priced_by_its_own_model_and_never_pipelined() {
+    fn a_multicast_finish_is_weighed_against_the_point_to_point_one() {
         let (link, nvls) = (SWITCH_LINK, PUBLISHED_NVLS);
         let multicast = Multicast {
             ratio: Multicast::ASSUMED_RATIO,
@@ -494,26 +607,66 @@ mod tests {
         let plain = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, link)
             .with_pipeline(Pipeline::Auto)
             .with_nvls_baseline(nvls);
-        let finished = plain.clone().with_multicast(multicast);
+        let both = plain.clone().with_multicast(multicast);
+        assert!(!plain.multicast() && both.multicast());
         let bytes = 1 << 30;
         let m = bytes as f64;
         let modelled = multicast.times(8, m, link);
+        let baseline = nvls.time(8, m, link).unwrap();
         assert_eq!(
-            finished.break_even(bytes),
-            modelled.break_even(nvls.time(8, m, link).unwrap())
+            both.break_even_of(bytes, Finish::Multicast),
+            modelled.break_even(baseline)
         );
+        assert_eq!(plain.break_even_of(bytes, Finish::Multicast), None);
         // One broadcast after arrival is shorter than NVLS, so some lead makes it win; it needs
-        // a longer one than the pipelined point-to-point schedule (its gather comes first).
-        assert!(modelled.post < nvls.time(8, m, link).unwrap());
-        assert!(finished.break_even(bytes).unwrap() > plain.break_even(bytes).unwrap());
-        let ring = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, link);
+        // a longer one than the pipelined point-to-point schedule (its gather comes first), so
+        // StragglAR wins from the point-to-point break-even.
+        let pieces = both.pieces(bytes);
+        assert!(pieces > 1, "still pipelined: {pieces}");
+        let point_to_point = both.break_even_of(bytes, Finish::Pieces(pieces)).unwrap();
+        let by_multicast = both.break_even_of(bytes, Finish::Multicast).unwrap();
+        assert!(modelled.post < baseline);
+        assert!(
+            point_to_point < by_multicast,
+            "{point_to_point} {by_multicast}"
+        );
+        assert_eq!(both.break_even(bytes), Some(point_to_point));
+        assert_eq!(plain.break_even(bytes), Some(point_to_point));
+        // The model's finish: point to point while the lead is short (or unknown), one
+        // multicast once the lead hides the gather too (its post-arrival time is shorter).
+        let ns = |seconds: f64| Some((seconds * 1e9) as u64);
+        assert_eq!(both.model_finish(bytes, None), Finish::Pieces(pieces));
         assert_eq!(
-            ring.clone().with_multicast(multicast).break_even(bytes),
+            both.model_finish(bytes, ns(by_multicast)),
+            Finish::Pieces(pieces)
+        );
+        assert_eq!(
+            both.model_finish(bytes, ns(modelled.pre() + 1e-3)),
+            Finish::Multicast
+        );
+        assert_eq!(plain.model_finish(bytes, ns(1.0)), Finish::Pieces(pieces));
+        // `STRAGGLAR_MULTICAST=always`: the multicast finish alone, where the region formed.
+        let only = both.clone().multicast_only();
+        assert!(only.finishes_by_multicast_only());
+        assert!(!plain.clone().multicast_only().finishes_by_multicast_only());
+        assert_eq!(only.model_finish(bytes, None), Finish::Multicast);
+        assert_eq!(only.break_even(bytes), Some(by_multicast));
+        assert_eq!(only.finishes_up_to(bytes), [Finish::Multicast]);
+        // Against Ring.
+        let ring =
+            Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, link).with_multicast(multicast);
+        assert_eq!(
+            ring.break_even_of(bytes, Finish::Multicast),
             modelled.break_even(Times::new(8, stragglar_rounds(8, 1), m, link).ring)
         );
-        assert!(plain.pieces_up_to(bytes).len() > 1);
-        assert_eq!(finished.pieces(bytes), 1);
-        assert_eq!(finished.pieces_up_to(bytes), vec![1]);
+        // Every finish a call may run: each depth, then the multicast one.
+        let finishes = both.finishes_up_to(bytes);
+        assert_eq!(finishes.last(), Some(&Finish::Multicast));
+        assert_eq!(finishes.len(), plain.pieces_up_to(bytes).len() + 1);
+        assert_eq!(
+            plain.finishes_up_to(bytes).last(),
+            Some(&Finish::Pieces(finishes.len() - 1))
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::classes::size_class;
 use super::estimate::ClassTimes;
+use super::finish::Finish;
 use super::pipeline::Pipeline;
 use super::policy::{Choice, Policy};
 use super::rule::{ArrivalRecord, Detector, DetectorConfig};
@@ -23,12 +24,11 @@ struct Pending {
     stragglar: bool,
 }
 
-/// What the next call runs: the algorithm, and the pipeline depth (pieces per chunk) if it runs
-/// StragglAR.
+/// What the next call runs: the algorithm, and how StragglAR finishes if it runs StragglAR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     pub choice: Choice,
-    pub pieces: usize,
+    pub finish: Finish,
 }
 
 /// What feeding one record changed.
@@ -79,9 +79,9 @@ pub const REMEASURE_AFTER: u64 = super::estimate::MAX_AGE / 2;
 struct Untimed {
     class: u32,
     stragglar: bool,
-    /// Its pipeline depth (pieces per chunk) when it ran StragglAR.
-    depth: usize,
-    /// It ran a depth other than its class's (a probe of another depth).
+    /// Its finish when it ran StragglAR.
+    finish: Finish,
+    /// It ran a finish other than its class's (a probe of another).
     probe: bool,
     /// The class's call before it ran the other algorithm: its time says how the switch went,
     /// not how the algorithm runs, and is not kept (see `estimate`). Per class, so that
@@ -136,11 +136,11 @@ impl Tracker {
         self.decide_call(bytes).choice
     }
 
-    /// [`Tracker::decide`], with the pipeline depth the call runs if it runs StragglAR.
+    /// [`Tracker::decide`], with the finish the call runs if it runs StragglAR.
     pub fn decide_call(&mut self, bytes: usize) -> Decision {
         let choice = self.peek(bytes);
-        let pieces = self.track_call(bytes, choice);
-        Decision { choice, pieces }
+        let finish = self.track_call(bytes, choice);
+        Decision { choice, finish }
     }
 
     /// Tracks the next call, of `bytes`, whose choice was made elsewhere (a fixed algorithm):
@@ -149,39 +149,70 @@ impl Tracker {
         self.track_call(bytes, choice);
     }
 
-    /// [`Tracker::track`], returning the pipeline depth (pieces per chunk) the call runs if
-    /// it runs StragglAR: the class's depth, which starts as the policy's and, with
-    /// `STRAGGLAR_PIPELINE=auto` on a measuring tracker, is refined by probing neighbouring
-    /// depths (`ClassTimes::depth_for_next`). The same on every rank.
-    pub fn track_call(&mut self, bytes: usize, choice: Choice) -> usize {
+    /// [`Tracker::track`], returning the finish the call runs if it runs StragglAR: the
+    /// class's, which starts at its first StragglAR call as the model's for the straggler's
+    /// lead then ([`Policy::model_finish`]) and, on a measuring tracker, is refined by probing other
+    /// finishes (`ClassTimes::finish_for_next`): neighbouring depths with
+    /// `STRAGGLAR_PIPELINE=auto`, the other kind where the policy can finish by multicast. The
+    /// same on every rank.
+    pub fn track_call(&mut self, bytes: usize, choice: Choice) -> Finish {
         debug_assert!(self.due().is_none(), "a due record was not fed");
         let class = size_class(bytes);
         let ranks = self.ranks;
-        self.detectors
+        let detector = self
+            .detectors
             .entry(class)
             .or_insert_with(|| Detector::new(ranks, DetectorConfig::default()));
         let stragglar = matches!(choice, Choice::Stragglar { .. });
         self.pending.push_back(Pending { class, stragglar });
-        let refine = self.measuring && self.policy.pipeline() == Pipeline::Auto;
         let times = self.times.entry(class).or_default();
-        times.set_depth(self.policy.pieces(bytes));
-        let depth = match (stragglar, refine) {
-            (true, true) => times.depth_for_next(self.policy.depth_cap(bytes)),
-            _ => times.depth(),
+        if let Some(rank) = choice.straggler().filter(|_| times.depth() == 0) {
+            // The class's first StragglAR call: a straggler is known by then where the policy
+            // chose it, and with it the lead the model weighs the finishes at.
+            let first = self
+                .policy
+                .model_finish(bytes, detector.median_lead_ns(rank));
+            times.start(self.policy.pieces(bytes), first);
+        }
+        let most = (self.policy.pipeline() == Pipeline::Auto).then(|| self.policy.depth_cap(bytes));
+        let finish = match (stragglar, self.measuring) {
+            _ if self.policy.finishes_by_multicast_only() => Finish::Multicast,
+            (true, true) => times.finish_for_next(most, self.policy.multicast()),
+            _ => times.finish(),
         };
-        let after_switch = times.switches(stragglar, depth);
-        let probe = stragglar && depth != times.depth();
-        times.count_at(stragglar, depth);
+        let after_switch = times.switches(stragglar, finish);
+        let probe = stragglar && finish != times.finish();
+        times.count_at(stragglar, finish);
         if self.measuring {
             self.untimed.push_back(Untimed {
                 class,
                 stragglar,
-                depth,
+                finish,
                 probe,
                 after_switch,
             });
         }
-        depth
+        finish
+    }
+
+    /// The finish the StragglAR calls of the size class of `bytes` run now, probes aside: what
+    /// a call captured into a CUDA graph runs. Before the class's first StragglAR call, the
+    /// model's for the lead of its straggler. The same on every rank at the same call.
+    pub fn class_finish(&self, bytes: usize) -> Finish {
+        match self
+            .times
+            .get(&size_class(bytes))
+            .filter(|t| t.depth() != 0)
+        {
+            Some(times) => times.finish(),
+            None => self.with_class(bytes, |detector, _| {
+                let lead = self
+                    .policy
+                    .straggler(detector)
+                    .and_then(|rank| detector.median_lead_ns(rank));
+                self.policy.model_finish(bytes, lead)
+            }),
+        }
     }
 
     /// The choice [`Tracker::decide`] would make for a call of `bytes`, without tracking a
@@ -237,12 +268,12 @@ impl Tracker {
             .times
             .get_mut(&call.class)
             .expect("a tracked call created its class's times");
-        // A call that ran the class's depth before the class adopted another (its time comes
-        // `lag` calls later) measured the old depth but is no probe of it: not kept, so that
-        // the old depth's late times cannot take the class straight back.
-        let stale = call.stragglar && !call.probe && call.depth != times.depth();
+        // A call that ran the class's finish before the class adopted another (its time comes
+        // `lag` calls later) measured the old finish but is no probe of it: not kept, so that
+        // the old finish's late times cannot take the class straight back.
+        let stale = call.stragglar && !call.probe && call.finish != times.finish();
         if !call.after_switch && !stale {
-            times.add_at(call.stragglar, call.depth, post_ns);
+            times.add_at(call.stragglar, call.finish, post_ns);
         }
         true
     }
@@ -324,9 +355,9 @@ impl Tracker {
                         samples.taken()
                     ),
                 };
-            let depth = match times.depth() {
-                0 | 1 => String::new(),
-                k => format!("{k} pieces per chunk, "),
+            let depth = match times.finish() {
+                Finish::Pieces(0 | 1) => String::new(),
+                finish => format!("{finish}, "),
             };
             out += &format!(
                 "# sizes 2^{class} B, {} calls: StragglAR {:.1}% ({depth}{}), baseline {:.1}% ({})\n",
@@ -676,9 +707,9 @@ mod tests {
         for _ in 0..600 {
             for (t, seen) in ranks.iter_mut().zip(&mut depths) {
                 let decision = t.decide_call(bytes);
-                seen.push(decision.pieces);
+                seen.push(decision.finish.pieces());
                 t.feed(record(0));
-                t.feed_time(Some(time(decision.pieces)));
+                t.feed_time(Some(time(decision.finish.pieces())));
             }
         }
         assert_eq!(depths[0], depths[1]);
@@ -689,9 +720,77 @@ mod tests {
         assert!(ranks[0].table(&[]).contains("2 pieces per chunk"));
         let mut fixed = Tracker::new(policy(Pipeline::Pieces(5)), 8, 1).measuring();
         for _ in 0..200 {
-            assert_eq!(fixed.decide_call(bytes).pieces, 5);
+            assert_eq!(fixed.decide_call(bytes).finish, Finish::Pieces(5));
             fixed.feed(record(0));
             fixed.feed_time(Some(time(5)));
+        }
+    }
+
+    /// Where StragglAR may finish by multicast, a class's first finish is the model's at its
+    /// straggler's lead, and measurement moves it: two trackers fed the same times probe the
+    /// same finishes on the same calls and settle on the faster, which a graph capture then
+    /// runs (`class_finish`).
+    #[test]
+    fn measurement_chooses_between_the_multicast_and_point_to_point_finishes_alike() {
+        use crate::schedule::model::Multicast;
+        let bytes = 1 << 20;
+        let policy = Policy::new(8, AlgoMode::Stragglar, StragglerMode::Fixed(7), LINK)
+            .with_multicast(Multicast { ratio: 1.0 });
+        let late = |lead_ns| ArrivalRecord {
+            last_rank: 7,
+            lead_ns: Some(lead_ns),
+        };
+        let point_to_point = Finish::Pieces(1);
+        // Before any record the model's finish is the point-to-point one (it wins from a
+        // shorter lead); a lead that hides the gather makes the model finish by multicast.
+        let mut fresh = Tracker::new(policy.clone(), 8, 1).measuring();
+        assert_eq!(fresh.class_finish(bytes), point_to_point);
+        for _ in 0..40 {
+            fresh.track(bytes, Choice::Baseline);
+            fresh.feed(late(10_000_000_000));
+            fresh.feed_time(None);
+        }
+        assert_eq!(fresh.class_finish(bytes), Finish::Multicast, "10 s of lead");
+        assert_eq!(fresh.class_times(size_class(bytes)).unwrap().depth(), 0);
+        // Measured: the point-to-point finish 20% faster, whatever the model said.
+        let time = |finish: Finish| match finish {
+            Finish::Multicast => 6_000_000,
+            Finish::Pieces(_) => 5_000_000,
+        };
+        let mut ranks: Vec<Tracker> = (0..2).map(|_| fresh.clone()).collect();
+        let mut finishes = vec![Vec::new(); 2];
+        for _ in 0..3 * super::super::estimate::EXPLORE_EVERY {
+            for (t, seen) in ranks.iter_mut().zip(&mut finishes) {
+                let decision = t.decide_call(bytes);
+                seen.push(decision.finish);
+                t.feed(late(10_000_000_000));
+                t.feed_time(Some(time(decision.finish)));
+            }
+        }
+        assert_eq!(finishes[0], finishes[1]);
+        assert_eq!(finishes[0][0], Finish::Multicast, "the model's first");
+        assert_eq!(finishes[0].last(), Some(&point_to_point));
+        assert_eq!(ranks[0].class_finish(bytes), point_to_point);
+        let switched = finishes[0].iter().position(|&f| f == point_to_point);
+        assert_eq!(
+            switched,
+            Some(64 + 33 - 40),
+            "the first probe, at class call 97"
+        );
+        // `STRAGGLAR_MULTICAST=always`: every call finishes by multicast, measured or not.
+        let mut only = Tracker::new(policy.clone().multicast_only(), 8, 1).measuring();
+        for _ in 0..200 {
+            assert_eq!(only.decide_call(bytes).finish, Finish::Multicast);
+            only.feed(late(1_000));
+            only.feed_time(Some(time(Finish::Multicast)));
+        }
+        // Without a multicast region nothing finishes by multicast, whatever the lead.
+        let plain = Policy::new(8, AlgoMode::Stragglar, StragglerMode::Fixed(7), LINK);
+        let mut t = Tracker::new(plain, 8, 1).measuring();
+        for _ in 0..200 {
+            assert_eq!(t.decide_call(bytes).finish, point_to_point);
+            t.feed(late(10_000_000_000));
+            t.feed_time(Some(time(point_to_point)));
         }
     }
 

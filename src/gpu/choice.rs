@@ -13,7 +13,7 @@
 use crate::detect::estimate::{EXPLORE_AT, EXPLORE_EVERY, MARGIN_PARTS, MAX_AGE, SAMPLES_KEPT};
 use crate::detect::policy::{AlgoMode, Policy, StragglerMode};
 use crate::detect::rule::{DetectorConfig, MAX_WINDOW};
-use crate::detect::size_class;
+use crate::detect::{size_class, Finish};
 
 use super::arrival::{RawArrivalNote, RawBoardSlot, RawRingEntry, BOARD_SLOTS, RING_ENTRIES};
 
@@ -121,6 +121,16 @@ impl RawRule {
             },
             size_class: size_class(bytes),
             measuring: 0,
+        }
+    }
+
+    /// The rule `policy` applies, with the default detector, to a call of `bytes` whose
+    /// StragglAR plans are finished by `finish` (a graph launch runs one finish): the lead it
+    /// needs is that finish's.
+    pub fn of_finish(policy: &Policy, bytes: usize, finish: Finish) -> RawRule {
+        RawRule {
+            break_even_ns: policy.break_even_ns_of(bytes, finish).unwrap_or(RULE_NEVER),
+            ..Self::new(policy, bytes)
         }
     }
 

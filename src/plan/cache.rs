@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use super::{chunk_range, lower_structure, Lowered, Plan};
+use crate::detect::Finish;
 use crate::reduce::DataType;
 use crate::schedule::{verify, Algorithm, PlanRequest};
 
@@ -36,14 +37,19 @@ impl Shape {
         }
     }
 
-    /// The same choice with StragglAR finished by one multicast (`Algorithm::Multicast`,
-    /// unpipelined) when `multicast`; any other shape unchanged.
-    pub fn finished_by_multicast(mut self, multicast: bool) -> Shape {
-        if multicast && self.algorithm == Algorithm::Stragglar {
-            self.algorithm = Algorithm::Multicast;
-            self.pieces = 1;
+    /// The same choice with StragglAR finished by `finish`: point to point, its chunks cut
+    /// into pieces, or by one multicast (`Algorithm::Multicast`, unpipelined); any other shape
+    /// unchanged.
+    pub fn with_finish(mut self, finish: Finish) -> Shape {
+        match finish {
+            Finish::Pieces(pieces) => self.with_pieces(pieces),
+            Finish::Multicast if self.algorithm == Algorithm::Stragglar => {
+                self.algorithm = Algorithm::Multicast;
+                self.pieces = 1;
+                self
+            }
+            Finish::Multicast => self,
         }
-        self
     }
 
     /// The same shape with each chunk cut into `pieces` pieces when it is StragglAR (other

@@ -6,7 +6,7 @@ use super::data;
 use super::ending::RankFailure;
 use super::options::{BenchAlgo, BenchOptions};
 use super::report::{RankHalf, RankSize};
-use crate::detect::{ArrivalRecord, Choice, Observed, Policy, Tracker};
+use crate::detect::{ArrivalRecord, Choice, MulticastMode, Observed, Policy, Tracker};
 use crate::engine::host::comm::CallRecord;
 use crate::engine::host::runner::{all_reduce, layout_for};
 use crate::engine::host::segment::SegmentLayout;
@@ -14,6 +14,7 @@ use crate::engine::host::{Buffers, EngineError, HostComm, HostCommConfig};
 use crate::plan::{PlanCache, Shape};
 use crate::reduce::{ReduceOp, Scale};
 
+use crate::schedule::model::Multicast;
 use crate::schedule::Algorithm;
 
 /// One placement (out-of-place or in-place) of one size, as one rank measured it.
@@ -97,15 +98,15 @@ fn ring_shape(options: &BenchOptions) -> Shape {
 }
 
 /// The segment layout every rank uses (identical everywhere: derived from the options only).
-/// It fits StragglAR (with any straggler: relabelling changes no size, with every pipeline
-/// depth a size of the run may use, measurement's refinements included) and Ring.
+/// It fits StragglAR (with any straggler: relabelling changes no size, with every finish a size
+/// of the run may use, measurement's refinements included) and Ring.
 pub fn layout(options: &BenchOptions) -> Result<SegmentLayout, String> {
     let max_bytes = options.sizes().into_iter().max().unwrap_or(0) as usize;
     let max_count = max_bytes / options.dtype.size();
     let mut shapes: Vec<Shape> = bench_policy(options)
-        .pieces_up_to(max_bytes)
+        .finishes_up_to(max_bytes)
         .into_iter()
-        .map(|pieces| stragglar_shape(options, options.ranks - 1, pieces))
+        .map(|finish| stragglar_shape(options, options.ranks - 1, 1).with_finish(finish))
         .collect();
     shapes.push(ring_shape(options));
     if options.algo == BenchAlgo::Multicast {
@@ -121,16 +122,28 @@ pub fn layout(options: &BenchOptions) -> Result<SegmentLayout, String> {
 
 /// The policy of the run: `STRAGGLAR_ALGO` and `STRAGGLAR_STRAGGLER` steer it as in the
 /// library, on the link the model assumes here, with `--pipeline`'s depth (refined by
-/// measurement under `auto`).
+/// measurement under `auto`). Under `--algo auto` with `STRAGGLAR_MULTICAST=1` and 3 ranks or
+/// more, StragglAR may also finish by one multicast (the host engine's links serve a multicast
+/// send's readers for the price of one send), which the policy weighs and measures.
 fn bench_policy(options: &BenchOptions) -> Policy {
     let config = crate::config::get();
-    Policy::new(
+    let policy = Policy::new(
         options.ranks,
         config.algo,
         config.straggler,
         options.model_link(),
     )
-    .with_pipeline(options.pipeline)
+    .with_pipeline(options.pipeline);
+    match (
+        options.algo == BenchAlgo::Auto && options.ranks >= 3,
+        config.multicast,
+    ) {
+        (true, MulticastMode::Weighed) => policy.with_multicast(Multicast { ratio: 1.0 }),
+        (true, MulticastMode::Always) => policy
+            .with_multicast(Multicast { ratio: 1.0 })
+            .multicast_only(),
+        _ => policy,
+    }
 }
 
 /// How each call's algorithm is chosen: fixed by `--algo`, or by the policy from the arrival
@@ -167,22 +180,24 @@ impl Chooser {
     /// The shape of the next call, of `bytes`; `recorded` when the call will leave an arrival
     /// record (every call with elements), which is then tracked.
     fn shape(&mut self, options: &BenchOptions, bytes: usize, recorded: bool) -> Shape {
-        let (choice, pieces) = match (self.fixed, recorded) {
+        let (choice, finish) = match (self.fixed, recorded) {
             (Some(choice), true) => (choice, self.tracker.track_call(bytes, choice)),
             (None, true) => {
                 let decision = self.tracker.decide_call(bytes);
-                (decision.choice, decision.pieces)
+                (decision.choice, decision.finish)
             }
             (fixed, false) => (
                 fixed.unwrap_or_else(|| self.tracker.peek(bytes)),
-                self.tracker.policy().pieces(bytes),
+                self.tracker.class_finish(bytes),
             ),
         };
         match choice {
             Choice::Stragglar { straggler } if self.multicast => {
                 multicast_shape(options, straggler)
             }
-            Choice::Stragglar { straggler } => stragglar_shape(options, straggler, pieces),
+            Choice::Stragglar { straggler } => {
+                stragglar_shape(options, straggler, 1).with_finish(finish)
+            }
             Choice::Baseline => ring_shape(options),
         }
     }

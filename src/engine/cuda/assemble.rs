@@ -22,6 +22,7 @@ use super::setup::{
 use super::sizing::with_setup_facts;
 use super::staging::StagingLayout;
 use crate::detect::policy::Policy;
+use crate::detect::MulticastMode;
 use crate::plan::PlanCache;
 use crate::schedule::model::Multicast;
 
@@ -55,9 +56,10 @@ pub struct Assembly<'a> {
     pub label: String,
     /// Where the engine publishes its designation (the rank, or -1).
     pub designated: Arc<AtomicI64>,
-    /// Whether to form a multicast region once the setup passed (`STRAGGLAR_MULTICAST`, one of
-    /// the settings every rank agrees on, so every rank tries alike).
-    pub multicast: bool,
+    /// Whether to form a multicast region once the setup passed, and how StragglAR's calls
+    /// then finish (`STRAGGLAR_MULTICAST`, one of the settings every rank agrees on, so every
+    /// rank tries alike).
+    pub multicast: MulticastMode,
 }
 
 /// Assembles this rank's engine: `Ok` when every rank of the communicator is eligible, else
@@ -136,19 +138,22 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
             "the verdict was Eligible without this rank's engine".into(),
         ));
     };
-    let multicast = (assembly.multicast && region::useful(assembly.ranks))
+    let multicast = (assembly.multicast.on() && region::useful(assembly.ranks))
         .then(|| multicast_region(&assembly, exchange, &mut rank, &joined.records))
         .flatten();
     let policy = match assembly.baseline {
         Baseline::Nccl => with_setup_facts(assembly.policy, &joined.records),
         Baseline::Ring => assembly.policy,
     };
-    // StragglAR finishes by one multicast: the model prices that, at the assumed store rate.
-    let policy = match &multicast {
-        Some(_) => policy.with_multicast(Multicast {
-            ratio: Multicast::ASSUMED_RATIO,
-        }),
-        None => policy,
+    // StragglAR may finish by one multicast: the model prices that, at the assumed store rate,
+    // and the policy weighs it against the point-to-point finish (unless told to always use it).
+    let assumed = Multicast {
+        ratio: Multicast::ASSUMED_RATIO,
+    };
+    let policy = match (&multicast, assembly.multicast) {
+        (Some(_), MulticastMode::Always) => policy.with_multicast(assumed).multicast_only(),
+        (Some(_), _) => policy.with_multicast(assumed),
+        (None, _) => policy,
     };
     Ok(CudaComm::new(CommParts {
         rank,

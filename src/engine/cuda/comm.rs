@@ -26,7 +26,7 @@ use super::staging::ArenaLayout;
 use crate::detect::policy::{Choice, Policy};
 use crate::detect::tally::RankArrivals;
 use crate::detect::tracker::Decision;
-use crate::detect::Tracker;
+use crate::detect::{Finish, Tracker};
 use crate::gpu::arrival::RING_ENTRIES;
 use crate::gpu::choice::RawRule;
 use crate::gpu::launch::STATUS_ABORTED;
@@ -113,7 +113,7 @@ pub struct CommParts {
     /// How log lines name the communicator ("communicator 0x...").
     pub label: String,
     pub ordering: OrderingEvents,
-    /// The multicast region the team formed at setup, if any: StragglAR then finishes by one
+    /// The multicast region the team formed at setup, if any: StragglAR may then finish by one
     /// multicast.
     pub multicast: Option<Region>,
 }
@@ -176,9 +176,9 @@ pub struct CudaComm {
     growth_refused: bool,
     /// Peers' grown arenas, open until the peers are released.
     grown_mappings: Vec<PeerMapping>,
-    /// (size class, pieces per chunk) pairs whose first pipelined StragglAR call was
-    /// announced.
-    pipelined: std::collections::HashSet<(u32, usize)>,
+    /// (size class, finish) pairs whose first StragglAR call was announced (the plain
+    /// point-to-point finish is not).
+    finishes_run: std::collections::HashSet<(u32, Finish)>,
     /// Orders this communicator's launches across the caller's streams.
     last: Event,
     last_stream: cudaStream_t,
@@ -187,9 +187,10 @@ pub struct CudaComm {
     /// their device state). Replays and eager calls are ordered by the caller's streams.
     captured_last: Event,
     captured_stream: Option<(u64, cudaStream_t)>,
-    /// The multicast region, if the team formed (declared last: dropped after every other
-    /// part, the rank's staging and its synchronisation included).
-    multicast: Option<Region>,
+    /// The multicast region, if the team formed: held only to be dropped last, after every
+    /// other part, the rank's staging and its synchronisation included (the launches address
+    /// it through the rank's copy of its view; the policy knows it is there).
+    _multicast: Option<Region>,
 }
 
 // SAFETY: the raw stream handles are only compared and passed back to the driver, which lets
@@ -224,17 +225,11 @@ impl CudaComm {
             staged_bytes: parts.staged_bytes,
             growth_refused: false,
             grown_mappings: Vec::new(),
-            pipelined: Default::default(),
+            finishes_run: Default::default(),
             last_stream: std::ptr::null_mut(),
             captured_stream: None,
-            multicast: parts.multicast,
+            _multicast: parts.multicast,
         }
-    }
-
-    /// The plan `shape` (a choice of the policy) runs as: StragglAR finished by one multicast
-    /// where this communicator has a multicast region.
-    fn finished(&self, shape: Shape) -> Shape {
-        shape.finished_by_multicast(self.multicast.is_some())
     }
 
     /// Whether the policy prices NCCL as NVLS (the setup's records said NCCL would run it).
@@ -323,13 +318,14 @@ impl CudaComm {
         driver::relaxed_capture_mode(|| unsafe { self.eager(operands, stream) })
     }
 
-    /// Says at INFO the first time a size class runs StragglAR pipelined `pieces` deep (the
-    /// policy's depth, or one that measurement probes or adopts).
-    fn announce_pieces(&mut self, bytes: usize, pieces: usize) {
+    /// Says at INFO the first time a size class runs StragglAR finished by `finish` other than
+    /// the plain point-to-point schedule (the model's finish, or one that measurement probes
+    /// or adopts).
+    fn announce_finish(&mut self, bytes: usize, finish: Finish) {
         let class = crate::detect::size_class(bytes);
-        if pieces > 1 && self.pipelined.insert((class, pieces)) {
+        if finish != Finish::Pieces(1) && self.finishes_run.insert((class, finish)) {
             log::info!(
-                "{}: StragglAR calls of sizes 2^{class} B run pipelined, {pieces} pieces per chunk",
+                "{}: StragglAR calls of sizes 2^{class} B run finished by {finish}",
                 self.label
             );
         }
@@ -408,19 +404,16 @@ impl CudaComm {
         let decision = match above_staging {
             false => self.tracker.decide_call(bytes),
             true => Decision {
-                pieces: self.tracker.track_call(bytes, Choice::Baseline),
+                finish: self.tracker.track_call(bytes, Choice::Baseline),
                 choice: Choice::Baseline,
             },
         };
         let ranks = self.tracker.policy().ranks();
         let run = match (decision.choice.straggler(), self.baseline) {
             (Some(straggler), _) => {
-                self.announce_pieces(bytes, decision.pieces);
+                self.announce_finish(bytes, decision.finish);
                 Some((
-                    self.finished(
-                        Shape::of_choice(ranks, straggler, operands.dtype)
-                            .with_pieces(decision.pieces),
-                    ),
+                    Shape::of_choice(ranks, straggler, operands.dtype).with_finish(decision.finish),
                     Ran::Stragglar { straggler },
                 ))
             }
@@ -668,10 +661,10 @@ impl CudaComm {
         if !self.rank.has_choices() {
             return Err(Decline::CapturingBeforeSetup);
         }
-        let pieces = policy.pieces(bytes);
+        let finish = self.tracker.class_finish(bytes);
         if let Err(e) = self
             .rank
-            .choices_fit(operands.count, operands.dtype, pieces)
+            .choices_fit(operands.count, operands.dtype, finish)
         {
             // The arenas grow at eager calls only (a capture allocates nothing): the call stays
             // on NCCL, alike on every rank (the arenas are agreed).
@@ -683,7 +676,7 @@ impl CudaComm {
             }
             return Err(Decline::AboveStaging);
         }
-        let rule = RawRule::new(policy, bytes).measuring();
+        let rule = RawRule::of_finish(policy, bytes, finish).measuring();
         let raw = stream.cast();
         let id = match capture {
             Capture::Id(id) => Some(id),
@@ -704,7 +697,7 @@ impl CudaComm {
             // SAFETY: the caller's capturing stream; `last` is this communicator's event.
             unsafe { self.last.wait_external(raw) }?;
             // SAFETY: as the caller vouches.
-            unsafe { self.rank.all_reduce_graph(operands, raw, rule, pieces) }?;
+            unsafe { self.rank.all_reduce_graph(operands, raw, rule, finish) }?;
             // SAFETY: as above.
             unsafe { self.last.record_external(raw) }?;
             if let Some(id) = id {
@@ -723,8 +716,9 @@ impl CudaComm {
     }
 
     /// Uploads, at the communicator's first call outside capture, every plan a graph launch
-    /// may pick (StragglAR with each straggler, and Ring), for every size and every pipeline
-    /// depth a call up to [`CommParts::max_bytes`] may run: capture allocates nothing, and
+    /// may pick (StragglAR with each straggler, and Ring), for every size and every finish a
+    /// call up to [`CommParts::max_bytes`] may run (each pipeline depth, and the multicast
+    /// finish where the communicator has a region): capture allocates nothing, and
     /// eager calls use the same blobs. Done alike on every rank: the plans follow from the
     /// rank count and the settings. If they cannot be built, captured calls stay on NCCL.
     fn prepare_choices(&mut self, operands: Operands) -> Result<(), CallError> {
@@ -734,11 +728,10 @@ impl CudaComm {
         let policy = self.tracker.policy();
         let ranks = policy.ranks();
         let mut sets = Vec::new();
-        for pieces in policy.pieces_up_to(self.max_bytes) {
+        for finish in policy.finishes_up_to(self.max_bytes) {
             let mut plans = Vec::with_capacity(ranks + 1);
             for choice in 0..=ranks {
-                let shape = self
-                    .finished(Shape::of_choice(ranks, choice, operands.dtype).with_pieces(pieces));
+                let shape = Shape::of_choice(ranks, choice, operands.dtype).with_finish(finish);
                 match self.plans.lowered(shape) {
                     Ok(plan) => plans.push(plan.clone()),
                     Err(why) => {
@@ -749,11 +742,11 @@ impl CudaComm {
                     }
                 }
             }
-            sets.push((pieces, plans));
+            sets.push((finish, plans));
         }
-        for (pieces, plans) in &sets {
+        for (finish, plans) in &sets {
             let plans: Vec<&Lowered> = plans.iter().collect();
-            self.rank.prepare_choices(&plans, *pieces)?;
+            self.rank.prepare_choices(&plans, *finish)?;
         }
         Ok(())
     }

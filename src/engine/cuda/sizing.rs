@@ -8,6 +8,7 @@ use super::multicast::region;
 use super::setup::SetupRecord;
 use super::staging::{ArenaLayout, StagingLayout};
 use crate::detect::policy::Policy;
+use crate::detect::Finish;
 use crate::plan::{PlanCache, Shape};
 use crate::reduce::DataType;
 use crate::schedule::model::{Link, Nvls};
@@ -45,7 +46,7 @@ impl Sizing<'_> {
             max_bytes: crate::config::get().buffer_bytes,
             dtypes: &EVERY_WIDTH,
             ring_runs_eagerly: false,
-            multicast: crate::config::get().multicast,
+            multicast: crate::config::get().multicast.on(),
         }
     }
 }
@@ -91,7 +92,7 @@ pub fn layout(
     if sizing.multicast && region::useful(ranks) {
         for straggler in 0..ranks {
             fit(
-                Shape::of_choice(ranks, straggler, DataType::U8).finished_by_multicast(true),
+                Shape::of_choice(ranks, straggler, DataType::U8).with_finish(Finish::Multicast),
                 true,
             )?;
         }
@@ -157,7 +158,7 @@ pub fn footprint(ranks: usize) -> Result<Footprint, String> {
         staged = growth_target(staged + 1, staged, buffer);
         stepwise += arenas(staged)?;
     }
-    let multicast = crate::config::get().multicast && region::useful(ranks);
+    let multicast = crate::config::get().multicast.on() && region::useful(ranks);
     Ok(Footprint {
         control,
         arenas_16m: arenas(buffer.min(16 << 20))?,

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use super::options::{BenchAlgo, BenchOptions, RanksAs};
 use super::report::{combine, RankSize, Report, Row};
 use crate::detect::policy::{AlgoMode, Policy, StragglerMode};
+use crate::detect::MulticastMode;
 use crate::engine::cuda::assemble::{assemble, Assembly};
 use crate::engine::cuda::comm::{Baseline, CudaComm};
 use crate::engine::cuda::driver::{Device, GpuError, Kernel, Kernels, Stream};
@@ -162,7 +163,7 @@ impl Setup {
             baseline: Baseline::Ring,
             label: format!("bench rank {rank}"),
             designated: Arc::new(AtomicI64::new(-1)),
-            multicast: false,
+            multicast: MulticastMode::Off,
         }
     }
 }

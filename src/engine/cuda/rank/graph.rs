@@ -2,6 +2,7 @@
 //! the launch whose replays choose on the GPU, and what they chose.
 
 use super::{CallError, CudaRank};
+use crate::detect::Finish;
 use crate::engine::cuda::args::Operands;
 use crate::engine::cuda::driver::DeviceMemory;
 use crate::gpu::choice::{RawGraphState, RawRule};
@@ -39,12 +40,12 @@ impl CudaRank {
         !self.choices.is_empty()
     }
 
-    /// Uploads every plan a graph launch whose StragglAR plans cut chunks into `pieces` may
+    /// Uploads every plan a graph launch whose StragglAR plans are finished by `finish` may
     /// pick, for every size, and their tables: `plans[s]` is StragglAR with straggler `s`,
     /// `plans[ranks]` Ring. One allocation and one copy for the whole set; once per rank and
-    /// `pieces` (later calls do nothing). Not during graph capture.
-    pub fn prepare_choices(&mut self, plans: &[&Lowered], pieces: usize) -> Result<(), CallError> {
-        if self.choices.iter().any(|(k, _)| *k == pieces) {
+    /// `finish` (later calls do nothing). Not during graph capture.
+    pub fn prepare_choices(&mut self, plans: &[&Lowered], finish: Finish) -> Result<(), CallError> {
+        if self.choices.iter().any(|(f, _)| *f == finish) {
             return Ok(());
         }
         let ranks = self.config.ranks;
@@ -89,7 +90,7 @@ impl CudaRank {
         }
         let stragglar = plans[..ranks].iter().map(|p| p.need()).collect();
         self.choices.push((
-            pieces,
+            finish,
             ChoiceTables {
                 ring_last: memory.ptr + ring_last as u64,
                 straggler_last: memory.ptr + straggler_last as u64,
@@ -101,29 +102,29 @@ impl CudaRank {
         Ok(())
     }
 
-    /// `Ok` when every StragglAR plan with `pieces` pieces per chunk a graph launch may pick is
-    /// uploaded and fits the staging at `count` elements of `dtype` (the same answer on every
-    /// rank: the staging layout is agreed).
+    /// `Ok` when every StragglAR plan finished by `finish` a graph launch may pick is uploaded
+    /// and fits the staging at `count` elements of `dtype` (the same answer on every rank: the
+    /// staging layout is agreed).
     pub fn choices_fit(
         &self,
         count: usize,
         dtype: DataType,
-        pieces: usize,
+        finish: Finish,
     ) -> Result<(), CallError> {
-        self.fitting_choices(count, dtype, pieces).map(|_| ())
+        self.fitting_choices(count, dtype, finish).map(|_| ())
     }
 
-    /// The uploaded choices of `pieces`, when every StragglAR plan fits at `count` elements of
+    /// The uploaded choices of `finish`, when every StragglAR plan fits at `count` elements of
     /// `dtype`.
     fn fitting_choices(
         &self,
         count: usize,
         dtype: DataType,
-        pieces: usize,
+        finish: Finish,
     ) -> Result<&ChoiceTables, CallError> {
-        let Some((_, choices)) = self.choices.iter().find(|(k, _)| *k == pieces) else {
+        let Some((_, choices)) = self.choices.iter().find(|(f, _)| *f == finish) else {
             return Err(CallError::Unfit(format!(
-                "the plans with {pieces} pieces per chunk must be prepared before graph capture (no allocation while capturing)"
+                "the plans finished by {finish} must be prepared before graph capture (no allocation while capturing)"
             )));
         };
         for &need in &choices.stragglar {
@@ -135,8 +136,8 @@ impl CudaRank {
     /// Queues one AllReduce captured into a graph: each replay numbers itself, records its
     /// arrival on the graph board, feeds the device detector of its size class and runs the
     /// plan `rule` picks from the records (see `crate::gpu::choice`), with no host involved:
-    /// StragglAR with `pieces` pieces per chunk, or the baseline. `prepare_choices` must have
-    /// uploaded the plans of `pieces`. The baseline is Ring where it fits the
+    /// StragglAR finished by `finish`, or the baseline. `prepare_choices` must have uploaded the
+    /// plans of `finish`. The baseline is Ring where it fits the
     /// staging at this size, StragglAR with the last rank as the straggler above (the staging
     /// is sized for StragglAR: Ring's single-assignment arena is 2.6 times the message at 8
     /// ranks, StragglAR's 1.7). A call without elements queues nothing (on every rank alike).
@@ -149,11 +150,11 @@ impl CudaRank {
         operands: Operands,
         stream: cudarc::driver::sys::CUstream,
         rule: RawRule,
-        pieces: usize,
+        finish: Finish,
     ) -> Result<(), CallError> {
         self.fail_fast()?;
         let (count, dtype) = (operands.count, operands.dtype);
-        let choices = self.fitting_choices(count, dtype, pieces)?;
+        let choices = self.fitting_choices(count, dtype, finish)?;
         if count == 0 {
             return Ok(());
         }

@@ -94,9 +94,9 @@ pub struct CudaRank {
     blobs: Vec<DeviceMemory>,
     /// Rank 0's graph board as this rank addresses it, once connected.
     graph_board: u64,
-    /// The plans graph launches choose among, by pieces per chunk of their StragglAR plans,
-    /// once uploaded.
-    choices: Vec<(usize, ChoiceTables)>,
+    /// The plans graph launches choose among, by the finish of their StragglAR plans, once
+    /// uploaded.
+    choices: Vec<(crate::detect::Finish, ChoiceTables)>,
     /// The communicator's multicast region as this rank's launches see it, once formed.
     multicast: Option<MulticastRegion>,
 }

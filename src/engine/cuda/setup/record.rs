@@ -205,7 +205,7 @@ pub fn settings_of(config: &crate::config::Config) -> [u64; SETTINGS] {
         setting_hash(&format!("{:?}", config.straggler)),
         setting_hash(if config.gpu_engine { "1" } else { "0" }),
         setting_hash(&config.pipeline.to_string()),
-        setting_hash(if config.multicast { "1" } else { "0" }),
+        setting_hash(&config.multicast.to_string()),
     ]
 }
 
