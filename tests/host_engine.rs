@@ -330,6 +330,56 @@ fn multicast_stragglar_is_exact_across_processes() {
     }
 }
 
+/// Under `--algo auto` with `STRAGGLAR_MULTICAST` set, the measured policy may finish StragglAR
+/// by multicast: forced (`always`) every StragglAR call of the class does, and the report says
+/// so; weighed (`1`) the class starts on the model's finish and probes the other, and every
+/// element stays right whichever ran. Unset, nothing finishes by multicast.
+#[test]
+fn the_measured_policy_weighs_the_multicast_finish_on_the_host_engine() {
+    let args = [
+        "--ranks",
+        "5",
+        "--algo",
+        "auto",
+        "--late-rank",
+        "4",
+        "--delay-us",
+        "5000",
+        "-b",
+        "64K",
+        "-e",
+        "64K",
+        "-n",
+        "50",
+        "-w",
+        "2",
+    ];
+    for (setting, multicast) in [("always", Some(true)), ("1", None), ("0", Some(false))] {
+        let out = run(stragglar()
+            .arg("bench")
+            .args(args)
+            .env("STRAGGLAR_MULTICAST", setting));
+        assert!(out.status.success(), "{setting}: {}", describe(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("wrong elements and rank disagreements: 0"),
+            "{setting}: {text}"
+        );
+        let class = text
+            .lines()
+            .find(|l| l.starts_with("# sizes 2^17 B,"))
+            .unwrap_or_else(|| panic!("{setting}: no class line: {text}"));
+        assert!(!class.contains("StragglAR 0.0%"), "{setting}: {class}");
+        if let Some(multicast) = multicast {
+            assert_eq!(
+                class.contains("one multicast"),
+                multicast,
+                "{setting}: {class}"
+            );
+        }
+    }
+}
+
 #[test]
 fn bad_arguments_are_usage_errors() {
     for args in [
