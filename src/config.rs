@@ -582,6 +582,11 @@ mod tests {
         let mut unchanged = config.clone();
         assert!(!(SETTINGS[0].parse)(&mut unchanged, "maybe"));
         assert_eq!(unchanged, config);
+        let (always, _) = parse(&[("STRAGGLAR_MULTICAST", "always")]);
+        assert_eq!(always.multicast, MulticastMode::Always);
+        let (bad, notices) = parse(&[("STRAGGLAR_MULTICAST", "yes")]);
+        assert_eq!(bad.multicast, MulticastMode::Off);
+        assert!(!notices.iter().any(|n| matches!(n, Notice::Set { .. })));
     }
 
     #[test]

@@ -142,7 +142,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
             );
             if f.multicast_region > 0 {
                 println!(
-                    "             and a multicast region of {} MiB formed at setup (STRAGGLAR_MULTICAST=1)",
+                    "             and a multicast region of {} MiB formed at setup (STRAGGLAR_MULTICAST on)",
                     f.multicast_region >> 20
                 );
             }

@@ -29,9 +29,9 @@ pub enum Trial {
 /// Whether the engine would use multicast, as the doctor's line ends.
 fn engine_use() -> &'static str {
     if crate::config::get().multicast.on() {
-        "STRAGGLAR_MULTICAST=1: the GPU engine forms a team per communicator and finishes StragglAR by one multicast; experimental, not yet run on an NVSwitch server"
+        "STRAGGLAR_MULTICAST on: the GPU engine forms a team per communicator and may finish StragglAR by one multicast; experimental, not yet run on an NVSwitch server"
     } else {
-        "the GPU engine uses it only with STRAGGLAR_MULTICAST=1, off until it has run on an NVSwitch server"
+        "the GPU engine uses it only with STRAGGLAR_MULTICAST=1 or always, off until it has run on an NVSwitch server"
     }
 }
 

@@ -193,8 +193,12 @@ fn multicast_region<X: Exchange>(
         Ok(region) => {
             rank.use_multicast(region.launch_view());
             if assembly.rank == 0 {
+                let finish = match assembly.multicast {
+                    MulticastMode::Always => "every StragglAR call finishes by one multicast",
+                    _ => "StragglAR may finish by one multicast, chosen per size class",
+                };
                 log::info!(
-                    "{}: multicast region formed ({} bytes per parity on every rank): StragglAR finishes by one multicast",
+                    "{}: multicast region formed ({} bytes per parity on every rank): {finish}",
                     assembly.label,
                     region.parity_bytes
                 );
@@ -204,8 +208,9 @@ fn multicast_region<X: Exchange>(
         Err(declined) => {
             if assembly.rank == 0 {
                 log::warn!(
-                    "{}: STRAGGLAR_MULTICAST=1, but no multicast region: {declined}; StragglAR runs point to point",
-                    assembly.label
+                    "{}: STRAGGLAR_MULTICAST={}, but no multicast region: {declined}; StragglAR runs point to point",
+                    assembly.label,
+                    assembly.multicast
                 );
             }
             None

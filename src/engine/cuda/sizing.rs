@@ -133,7 +133,7 @@ pub struct Footprint {
     /// Every arena kept when calls grow one step at a time from the smallest growth to the
     /// buffer: the most a communicator ever holds beside `control`.
     pub arenas_stepwise: u64,
-    /// The multicast region formed at setup with `STRAGGLAR_MULTICAST=1` (both parities, before
+    /// The multicast region formed at setup with `STRAGGLAR_MULTICAST` on (both parities, before
     /// the driver's granularity rounds it up), or 0.
     pub multicast_region: u64,
 }
