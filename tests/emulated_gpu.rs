@@ -774,10 +774,10 @@ fn multimem_stores(stderr: &str) -> Vec<u64> {
 /// probe store of the team), every element of every call right on every rank, eagerly, in
 /// graph replays, and at 8 ranks; with rank 1 late, then rank 2 (60 ms), the straggler moves
 /// with the designation, from the last rank (nobody designated yet): two or three processes
-/// store. Where the GPUs
-/// have no multicast, the machine's multicast objects are all taken, or a rank cannot join the
-/// object another made, every rank declines alike with the cause named, and the calls run point
-/// to point, right, with no call's multimem store. With `STRAGGLAR_MULTICAST=1` the policy
+/// store. Where the GPUs have no multicast, the machine's multicast objects are all taken, a
+/// rank's staging cap has no room for the region as the driver rounds it, or a rank cannot join
+/// the object another made, every rank declines alike with the cause named, and the calls run
+/// point to point, right, with no call's multimem store. With `STRAGGLAR_MULTICAST=1` the policy
 /// weighs the two finishes per size class: with a straggler 60 ms late the model sends a class's
 /// first StragglAR calls to multicast once the lead is known, and every call is right on every
 /// rank whichever finish ran it.
@@ -872,6 +872,12 @@ fn stragglar_finishes_by_one_multicast_where_the_gpus_have_it_eager_and_in_graph
         (
             vec![on, ("STRAGGLAR_EMU_MULTICAST_OBJECTS", "0")],
             "rank 0 could not create the multicast object",
+        ),
+        // Rank 1's cap holds its 2 MiB of staging and the region as asked (two parities of 1 MiB
+        // and 256 B), not as the driver allocates it (rounded up to 4 MiB at its granularity).
+        (
+            vec![on, ("LOOPBACK_ENV_1", "STRAGGLAR_STAGING_CAP=5M")],
+            "rank 1 could not count the team's memory against STRAGGLAR_STAGING_CAP",
         ),
         // Declined after the object was made: no rank may be left blocked in a bind.
         (

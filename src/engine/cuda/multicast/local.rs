@@ -62,6 +62,7 @@ pub fn team_of_local_gpus(gpus: usize, bytes: usize) -> Result<Formed, String> {
                         socket,
                         deadline,
                         probe: &loaded.kernels.multicast_probe,
+                        counted: false,
                     };
                     form(&mut exchange, device, &request).map(|team| team.bytes)
                 })
@@ -113,6 +114,7 @@ pub fn rank_of_process_team(
         socket,
         deadline: Instant::now() + CHECK_DEADLINE,
         probe: &loaded.kernels.multicast_probe,
+        counted: false,
     };
     form(&mut exchange, &device, &request)
         .map(|team| team.bytes)

@@ -9,9 +9,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::team::{decline, form, Declined, Team, TeamRequest};
+use super::team::{form, Declined, Team, TeamRequest};
 use crate::engine::cuda::args::MulticastRegion;
-use crate::engine::cuda::budget::Reservation;
 use crate::engine::cuda::driver::{Device, Kernel};
 use crate::engine::cuda::setup::{Exchange, SetupRecord};
 use crate::plan::slot_bytes;
@@ -32,11 +31,11 @@ pub fn parity_bytes(ranks: usize, max_bytes: usize) -> usize {
 
 /// A formed region, with the team that holds its memory (unmapped when dropped, after the
 /// communicator's kernels: the engine drops it last), counted against `STRAGGLAR_STAGING_CAP`
-/// while it lives.
+/// while it lives (the team counts the memory the driver allocates, rounded up to its
+/// granularity).
 pub struct Region {
     pub team: Team,
     pub parity_bytes: usize,
-    _reserved: Reservation,
 }
 
 /// Whether a communicator of `ranks` ranks has a use for a region: multicast StragglAR pushes
@@ -72,8 +71,9 @@ fn socket_name(records: &[SetupRecord]) -> String {
 /// Forms the communicator's region through the setup's exchange, after a setup every rank
 /// passed (so every rank calls this, with the same `records` and `max_bytes`): the same outcome
 /// on every rank, as the team's protocol makes it. A rank whose device's staging cap has no room
-/// for the region's memory (`STRAGGLAR_STAGING_CAP`, beside the arenas) says so and declines
-/// through the protocol's first all-gather, so every rank declines with it.
+/// for the region's memory as the driver rounds it (`STRAGGLAR_STAGING_CAP`, beside the arenas)
+/// says so and declines at the team's count step, before anything is made, so every rank
+/// declines with it.
 pub fn form_region<E: Exchange>(
     exchange: &mut E,
     device: &Arc<Device>,
@@ -84,13 +84,6 @@ pub fn form_region<E: Exchange>(
 ) -> Result<Region, Declined> {
     let ranks = records.len();
     let parity_bytes = parity_bytes(ranks, max_bytes);
-    let reserved = match Reservation::try_take(device.ordinal, 2 * parity_bytes as u64) {
-        Ok(reserved) => reserved,
-        Err(over) => {
-            log::warn!("rank {rank}: no multicast region: {over}");
-            return Err(decline(exchange));
-        }
-    };
     let socket = socket_name(records);
     let request = TeamRequest {
         rank,
@@ -99,13 +92,10 @@ pub fn form_region<E: Exchange>(
         socket: &socket,
         deadline: Instant::now() + FORM_DEADLINE,
         probe,
+        counted: true,
     };
     let team = form(exchange, device, &request)?;
-    Ok(Region {
-        team,
-        parity_bytes,
-        _reserved: reserved,
-    })
+    Ok(Region { team, parity_bytes })
 }
 
 #[cfg(test)]

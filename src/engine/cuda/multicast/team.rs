@@ -4,21 +4,24 @@
 //!
 //! The driver makes the order strict: `cuMulticastBindMem` and `cuMemMap` of the object block
 //! until every device the object was created for has been added, so a rank that gave up after
-//! the create would hang its peers inside the driver. Hence six steps, each ended by an
+//! the create would hang its peers inside the driver. Hence seven steps, each ended by an
 //! all-gather of one status per rank that every rank makes whatever happened locally, and no
 //! step begins unless every rank finished the one before:
 //!
 //! 1. **probe**: multicast and POSIX-fd handles supported, and both granularities (the size is
 //!    rounded up to a multiple of every rank's);
-//! 2. **create**: rank 0 listens on the team's socket, creates the object and exports its fd;
-//! 3. **join**: rank 0 passes the fd to every peer (`fds`), each peer imports it, and every rank
+//! 2. **count**: where the request says so, every rank counts the rounded size against its
+//!    device's `STRAGGLAR_STAGING_CAP`, for the team's life (the size the driver allocates, not
+//!    the size asked for);
+//! 3. **create**: rank 0 listens on the team's socket, creates the object and exports its fd;
+//! 4. **join**: rank 0 passes the fd to every peer (`fds`), each peer imports it, and every rank
 //!    adds its own device;
-//! 4. **bind**: every rank allocates its memory, binds it and maps both the object and its
-//!    memory; no bind can block, since step 3 confirmed every add;
-//! 5. **store**: every rank's probe kernel (`ncclStragglarMulticastProbe`) stores a 16-byte
+//! 5. **bind**: every rank allocates its memory, binds it and maps both the object and its
+//!    memory; no bind can block, since step 4 confirmed every add;
+//! 6. **store**: every rank's probe kernel (`ncclStragglarMulticastProbe`) stores a 16-byte
 //!    pattern of the team's token and its rank through the object into its slot of every
 //!    member's memory;
-//! 6. **check**: once every probe finished, every rank finds every rank's pattern, bit for bit,
+//! 7. **check**: once every probe finished, every rank finds every rank's pattern, bit for bit,
 //!    in its own memory.
 //!
 //! A local failure (an error, a panic, a missing driver symbol) is logged by the rank that met
@@ -33,6 +36,7 @@ use std::time::Instant;
 use cudarc::driver::sys::CUdevice_attribute;
 
 use super::fds::{receive, FdServer};
+use crate::engine::cuda::budget::Reservation;
 use crate::engine::cuda::driver::{Device, Kernel};
 use crate::engine::cuda::setup::Exchange;
 use crate::engine::cuda::vmm::{
@@ -44,6 +48,7 @@ use crate::gpu::launch::RawMulticastProbe;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     Probe,
+    Count,
     Create,
     Join,
     Bind,
@@ -56,6 +61,9 @@ impl Step {
     fn failure(self) -> &'static str {
         match self {
             Step::Probe => "offer multicast (a GPU without it, or without POSIX-fd memory handles)",
+            Step::Count => {
+                "count the team's memory against STRAGGLAR_STAGING_CAP (no room beside its staging)"
+            }
             Step::Create => "create the multicast object",
             Step::Join => "join the multicast object (receive its fd, import it, add its GPU)",
             Step::Bind => "bind its memory to the multicast object and map it",
@@ -98,6 +106,8 @@ pub struct Team {
     _memory: Physical,
     /// Bytes per rank (the request rounded up to every rank's granularity).
     pub bytes: usize,
+    /// `bytes` counted against the device's staging cap, where the request asked for it.
+    _counted: Option<Reservation>,
 }
 
 /// What a team is asked for.
@@ -106,6 +116,10 @@ pub struct TeamRequest<'a> {
     pub ranks: usize,
     /// Bytes of memory per rank, before rounding up to the granularity.
     pub bytes: usize,
+    /// Whether the team's memory, rounded up, counts against the device's
+    /// `STRAGGLAR_STAGING_CAP` for the team's life (the engine's region does; a one-off check
+    /// does not). A rank without room declines, and every rank with it.
+    pub counted: bool,
     /// The abstract socket name rank 0 serves the fd on: the same on every rank, unique on the
     /// host per team (for instance from the communicator's unique id).
     pub socket: &'a str,
@@ -234,7 +248,19 @@ pub fn form<E: Exchange>(
         probed.unwrap_or([0; 2]),
     )?;
     let size = team_bytes(request.bytes, &granularities);
-    // 2. Create (rank 0), the socket listening before any peer looks for it.
+    // 2. Count: the rounded size, before anything is made.
+    let counted = attempt(rank, Step::Count, || match request.counted {
+        true => {
+            let bytes = size.ok_or("the size overflows")?;
+            Reservation::try_take(device.ordinal, bytes as u64)
+                .map(Some)
+                .map_err(|over| over.to_string())
+        }
+        false => Ok(None),
+    });
+    gather(exchange, Step::Count, counted.is_some(), [0; 2])?;
+    let counted = counted.flatten();
+    // 3. Create (rank 0), the socket listening before any peer looks for it.
     let created = match rank {
         0 => attempt(rank, Step::Create, || {
             let bytes = size.ok_or("the size overflows")?;
@@ -248,7 +274,7 @@ pub fn form<E: Exchange>(
     };
     gather(exchange, Step::Create, created.is_some(), [0; 2])?;
     let created = created.flatten();
-    // 3. Join: the fd to every peer, every device added.
+    // 4. Join: the fd to every peer, every device added.
     let object = attempt(rank, Step::Join, || {
         let bytes = size.ok_or("the size overflows")?;
         let object = match created {
@@ -269,7 +295,7 @@ pub fn form<E: Exchange>(
         Ok(object)
     });
     gather(exchange, Step::Join, object.is_some(), [0; 2])?;
-    // 4. Bind and map: every device was added, so nothing here blocks.
+    // 5. Bind and map: every device was added, so nothing here blocks.
     let team = object.and_then(|mut object| {
         attempt(rank, Step::Bind, || {
             let bytes = object.bytes;
@@ -283,6 +309,7 @@ pub fn form<E: Exchange>(
                 _object: object,
                 _memory: memory,
                 bytes,
+                _counted: counted,
             })
         })
     });
@@ -291,13 +318,13 @@ pub fn form<E: Exchange>(
         step: Step::Bind,
         rank,
     })?;
-    // 5. Every rank's probe stores its pattern through the object.
+    // 6. Every rank's probe stores its pattern through the object.
     let token = team_token(request.socket);
     let stored = attempt(rank, Step::Store, || {
         store_probe(device, request.probe, &team, rank, token)
     });
     gather(exchange, Step::Store, stored.is_some(), [0; 2])?;
-    // 6. Every probe finished: every pattern must be in every rank's memory.
+    // 7. Every probe finished: every pattern must be in every rank's memory.
     let seen = attempt(rank, Step::Check, || {
         check_probe(&team, request.ranks, token)
     });
