@@ -507,6 +507,57 @@ fn model_leaves_multicast_out_at_ratio_zero() {
     assert!(matches!(row.get("nvls_s"), Json::Number(_)));
 }
 
+/// The policy column: what the library's policy runs on the model as the straggler's lead
+/// grows, at 8 ranks and 1 GiB on the NVSwitch defaults: NCCL's NVLS with no lead, pipelined
+/// point-to-point StragglAR from a short lead, one multicast once the lead hides its gather too;
+/// without multicast priced, point to point; without NVLS, Ring is the baseline.
+#[test]
+fn model_says_which_algorithm_and_finish_the_policy_runs() {
+    let policies = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec![
+            "model",
+            "--ranks",
+            "8",
+            "--bytes",
+            "1G",
+            "--delay-us",
+            "0,2000,5000",
+        ];
+        args.extend_from_slice(extra);
+        args.push("--json");
+        let json = Json::parse(&ok(&args));
+        json.list()
+            .iter()
+            .map(|row| row.get("policy").text().to_string())
+            .collect()
+    };
+    let weighed = policies(&[]);
+    assert_eq!(weighed[0], "nvls");
+    assert!(weighed[1].starts_with("stragglar/"), "{weighed:?}");
+    assert_ne!(weighed[1], "stragglar/1", "pipelined at 1 GiB");
+    assert_eq!(weighed[2], "multicast");
+    let point_to_point = policies(&["--multicast-ratio", "0"]);
+    assert!(
+        point_to_point[2].starts_with("stragglar/"),
+        "{point_to_point:?}"
+    );
+    assert_eq!(policies(&["--nvls-ratio", "0"])[0], "ring");
+    let text = ok(&[
+        "model",
+        "--ranks",
+        "8",
+        "--bytes",
+        "1G",
+        "--delay-us",
+        "5000",
+    ]);
+    assert!(text.lines().next().unwrap().ends_with("policy"), "{text}");
+    assert!(
+        text.lines().nth(1).unwrap().ends_with("multicast"),
+        "{text}"
+    );
+}
+
 #[test]
 fn bad_model_requests_exit_with_status_2() {
     usage_error(&["model", "--ranks", "1"], "between 2 and");

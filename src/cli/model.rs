@@ -3,6 +3,9 @@
 use std::fmt::Write;
 
 use super::args::{parse_bytes, parse_list, Args, UsageError};
+use crate::detect::pipeline::Pipeline;
+use crate::detect::policy::{AlgoMode, StragglerMode};
+use crate::detect::{Finish, Policy};
 use crate::schedule::model::{
     best_pipelining, stragglar_rounds, Completion, Link, Multicast, MulticastTimes, Nvls,
     Pipelining, Times,
@@ -22,6 +25,9 @@ stragglar model [--ranks N,...] [--bytes SIZE,...] [--alpha-us A] [--bandwidth-g
     default 0.741 (NCCL's published NVLS over Ring bandwidth on 8x H100; 0 leaves NVLS out);
     multicast StragglAR is priced with its stores at C x bandwidth, by default 1 (an
     assumption, not a measurement; 0 leaves it out);
+    policy: what the library's policy runs on this model with the straggler D late, under
+    STRAGGLAR_PIPELINE=auto and, where multicast is priced, STRAGGLAR_MULTICAST=1: the baseline
+    (nvls, or ring), stragglar/K (point to point, K pieces per chunk) or multicast;
     --svg also draws, one line per N, the speedup after arrival against size (64K to 4G) and
     the whole call's speedup against the delay, for the first SIZE, over Ring and (dashed)
     over NVLS
@@ -40,6 +46,44 @@ struct Row {
     nvls: Option<f64>,
     /// Multicast StragglAR's phases, where it is priced.
     multicast: Option<MulticastTimes>,
+    /// What the library's policy runs on the model ([`policy_choice`]).
+    policy: String,
+}
+
+/// The policy the library applies on this model to `ranks` ranks: StragglAR on a designated
+/// straggler's lead, the depth the model finds (`STRAGGLAR_PIPELINE=auto`), NCCL priced as NVLS
+/// where `nvls` prices it, and the multicast finish weighed where `multicast` prices it.
+fn model_policy(
+    ranks: usize,
+    link: Link,
+    nvls: Option<Nvls>,
+    multicast: Option<Multicast>,
+) -> Policy {
+    let policy =
+        Policy::new(ranks, AlgoMode::Auto, StragglerMode::Auto, link).with_pipeline(Pipeline::Auto);
+    let policy = match nvls {
+        Some(nvls) => policy.with_nvls_baseline(nvls),
+        None => policy,
+    };
+    match multicast {
+        Some(multicast) => policy.with_multicast(multicast),
+        None => policy,
+    }
+}
+
+/// What `policy` runs for a call of `bytes` whose straggler leads by `delay` seconds: the
+/// baseline (`nvls` or `ring`) below the break-even lead, else StragglAR with the finish the
+/// model expects fastest at that lead (`stragglar/K`, `multicast`).
+fn policy_choice(policy: &Policy, bytes: usize, delay: f64) -> String {
+    let lead_ns = (delay * 1e9).round() as u64;
+    match policy.break_even_ns(bytes) {
+        Some(needed) if lead_ns >= needed => match policy.model_finish(bytes, Some(lead_ns)) {
+            Finish::Multicast => "multicast".into(),
+            Finish::Pieces(k) => format!("stragglar/{k}"),
+        },
+        _ if policy.nvls_baseline() => "nvls".into(),
+        _ => "ring".into(),
+    }
 }
 
 /// The link `--alpha-us` (microseconds per message, default 3) and `--bandwidth-gbs` (GB/s per
@@ -117,6 +161,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
             .validate(Algorithm::Stragglar)
             .map_err(|e| UsageError(e.to_string()))?;
         let rounds = stragglar_rounds(n, 1);
+        let policy = model_policy(n, link, nvls, multicast);
         for &bytes in &sizes {
             let times = Times::new(n, rounds, bytes as f64, link);
             let limit = max_pipeline.min(max_pieces_per_chunk(n));
@@ -135,6 +180,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
                     pipelined,
                     nvls: nvls.and_then(|nvls| nvls.time(n, bytes as f64, link)),
                     multicast: multicast.map(|mc| mc.times(n, bytes as f64, link)),
+                    policy: policy_choice(&policy, bytes as usize, delay),
                 });
             }
         }
@@ -173,7 +219,7 @@ fn opt_ratio(ratio: Option<f64>) -> String {
     ratio.map_or("-".to_string(), |r| format!("{r:.3}"))
 }
 
-const COLUMNS: [&str; 28] = [
+const COLUMNS: [&str; 29] = [
     "n",
     "bytes",
     "delay_us",
@@ -202,6 +248,7 @@ const COLUMNS: [&str; 28] = [
     "speedup_post_mc_nvls",
     "speedup_call_mc_nvls",
     "mc_break_even_nvls_us",
+    "policy",
 ];
 
 /// The multicast columns of a row: its phases, the whole call, and its speedups over NVLS
@@ -288,6 +335,7 @@ fn to_text(rows: &[Row]) -> String {
             opt_ratio(mc.post_over_nvls),
             opt_ratio(mc.call_over_nvls),
             opt_us(mc.break_even_nvls),
+            row.policy.clone(),
         ];
         let _ = writeln!(out, "{}", cells.join("  "));
     }
@@ -317,7 +365,7 @@ fn to_json(rows: &[Row]) -> String {
              \"speedup_pipelined_nvls\": {}, \"speedup_call_nvls\": {}, \
              \"multicast_pre_s\": {}, \"multicast_post_s\": {}, \"multicast_s\": {}, \
              \"speedup_post_multicast_nvls\": {}, \"speedup_call_multicast_nvls\": {}, \
-             \"multicast_break_even_nvls_s\": {}}}",
+             \"multicast_break_even_nvls_s\": {}, \"policy\": \"{}\"}}",
             t.ranks,
             t.bytes as u64,
             json_number(Some(c.delay)),
@@ -346,6 +394,7 @@ fn to_json(rows: &[Row]) -> String {
             json_number(mc.post_over_nvls),
             json_number(mc.call_over_nvls),
             json_number(mc.break_even_nvls),
+            row.policy,
         );
     }
     out.push_str("\n]\n");
