@@ -871,11 +871,14 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
         const uint32_t* flag = sg_inbox(call, a->rank, sources[i].rank, sources[i].value);
         status = sg_wait(call, flag, call->flag, sources[i].rank);
         /* A value its owner pushed through the multicast address is read at this rank's own
-         * address of the bytes: the alias fence orders those loads after the flag's acquire. */
+         * address of the bytes: the alias fence orders those loads after the flag's acquire.
+         * (A planted bug, built only by the mutation runs of docs/EMULATED-GPU.md, drops it.) */
         uint64_t region_offset;
         if (sg_in_multicast(call, sg_value(call, sources[i].rank, sources[i].value),
                             &region_offset)) {
+#ifndef STRAGGLAR_MUTANT_NO_READER_ALIAS_FENCE
           sg_fence_proxy_alias();
+#endif
         }
       } else {
         /* This read is its source's send number `turn`: the sends before it go first. Their

@@ -1577,6 +1577,26 @@ fn multimem_stores_land_at_a_release_only_once_an_alias_fence_ordered_them() {
 }
 
 #[test]
+fn a_reader_sees_multimem_stores_only_after_its_own_alias_fence() {
+    // The planted bug's ranks fail and spin to their deadline: not beside a test that times
+    // calls.
+    let _timing = timing();
+    // Multicast StragglAR with the reader's fence.proxy.alias dropped (the writer's kept): the
+    // reader acquires the owner's flag, then loads the pushed value through its own address of
+    // the bytes, which PTX orders after the multimem stores only through an alias fence. With
+    // stale loads off (`stores`) memory is read as it is and the bug passes; with them on, bytes
+    // a multimem store landed in read what they held before until the reader's own alias fence.
+    planted_bug_passes_only_with_weaker_memory(
+        "NO_READER_ALIAS_FENCE",
+        "stores",
+        &[
+            ("STRAGGLAR_MULTICAST", "always"),
+            ("STRAGGLAR_EMU_MULTICAST", "1"),
+        ],
+    );
+}
+
+#[test]
 fn stale_loads_expose_a_reader_whose_acquire_is_missing() {
     // The planted bug's ranks fail and spin to their deadline: not beside a test that times
     // calls.

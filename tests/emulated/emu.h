@@ -203,9 +203,19 @@ bool is_event(Event* e);
 bool addressable(uint64_t p, size_t bytes);
 
 /* Memory of the virtual memory API (vmm.cpp) mapped at [p, p + bytes) on `device` and made
- * accessible, its shadow (see memory.cpp) at `shadow`: copies, sets and kernels reach it as
- * device memory, scope checks included; cuMemFree and cuIpcGetMemHandle refuse it. */
-void add_mapped_memory(uint64_t p, size_t bytes, int device, uint32_t* shadow);
+ * accessible, its shadow (see memory.cpp) at `shadow` and its history at `history`: copies,
+ * sets and kernels reach it as device memory, scope checks and stale loads included;
+ * cuMemFree and cuIpcGetMemHandle refuse it. */
+void add_mapped_memory(uint64_t p, size_t bytes, int device, uint32_t* shadow, void* history);
+/* The bytes of the history of an allocation of `bytes` (a multiple of 16), which a memfd of
+ * the virtual memory API keeps after its shadow. */
+size_t history_bytes_of(size_t bytes);
+/* Lets a multimem store of `n` bytes (a multiple of 4) from `src` land at `at`, inside the
+ * member allocation whose bytes start at `base` and whose history is at `history`, made at
+ * `stored_at`: written word by word, and remembered as landed through the multicast proxy
+ * (a load sees it only through an alias view that covers it; weak_memory.h). */
+void land_multimem(unsigned char* at, const void* src, uint32_t n, uint64_t stored_at,
+                   const unsigned char* base, void* history);
 /* Forgets the mapping recorded at `p` (nothing if none). */
 void remove_mapped_memory(uint64_t p);
 

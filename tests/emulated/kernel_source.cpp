@@ -101,7 +101,7 @@ std::atomic<uint64_t> g_multimem_stores{0};
 
 bool emu_multimem_store(void* p, const void* src, uint32_t n) {
   g_multimem_stores.fetch_add(1, std::memory_order_relaxed);
-  if (!t_weak) return emu::multicast_store(p, src, n);
+  if (!t_weak) return emu::multicast_store(p, src, n, emu::history_clock());
   if (!emu::is_multicast_address(p, n)) return false;
   t_weak->store_multicast(sg_self.thread, p, src, n);
   return true;

@@ -55,19 +55,22 @@ uint64_t history_clock();
  * memory remembers, per 16 bytes, the last store that landed there, which bytes it wrote and
  * what they held before. */
 void land_store(void* at, const void* src, uint32_t n, uint64_t stored_at);
-/* Copies `n` bytes at `src` into `dst` as a thread whose view is `view` may see them: bytes
- * whose last store was made after `view` read what they held before it. */
-void load_as_of(void* dst, const void* src, uint32_t n, uint64_t view);
+/* Copies `n` bytes at `src` into `dst` as a thread whose view is `view`, and whose alias view
+ * (what a fence.proxy.alias last ordered its loads after) is `alias_view`, may see them: bytes
+ * whose last store was made after `view` (after `alias_view`, for a multimem store landed
+ * through a multicast address) read what they held before it. */
+void load_as_of(void* dst, const void* src, uint32_t n, uint64_t view, uint64_t alias_view);
 /* A release to the word at `word` publishes the releasing thread's `view`; an acquire that
  * reads the word takes the latest view published there (released_view: the clock's now for
  * a word with no history, which is taken to publish everything). */
 void note_release(const void* word, uint64_t view);
 uint64_t released_view(const void* word);
 
-/* A multimem store of `n` bytes at `p` (vmm.cpp): written into the memory every member bound
- * at that offset of the multicast object mapped there, in whichever process it lives; false
- * when `p` is not inside an accessible multicast mapping of this process. */
-bool multicast_store(void* p, const void* src, uint32_t n);
+/* A multimem store of `n` bytes at `p` made at `stored_at` (vmm.cpp): written into the memory
+ * every member bound at that offset of the multicast object mapped there, in whichever process
+ * it lives, and remembered there as landed through the multicast proxy; false when `p` is not
+ * inside an accessible multicast mapping of this process. */
+bool multicast_store(void* p, const void* src, uint32_t n, uint64_t stored_at);
 /* Whether `n` bytes at `p` lie inside an accessible multicast mapping of this process (vmm.cpp):
  * where a multimem store may go. */
 bool is_multicast_address(const void* p, uint32_t n);

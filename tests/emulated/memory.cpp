@@ -46,8 +46,7 @@ struct Region {
   /* Device and Ipc: the shadow (after `bytes` in the mapping, which is twice as long);
    * Mapped: the shadow's own mapping. */
   uint32_t* shadow = nullptr;
-  /* Device and Ipc: the history of each 16 bytes (null for Mapped memory, whose loads are
-   * never stale). */
+  /* Device, Ipc and Mapped: the history of each 16 bytes. */
   struct History* history = nullptr;
 };
 std::mutex* g_mem = new std::mutex();
@@ -73,7 +72,9 @@ struct History {
   uint32_t lock;
   /* The bytes (bit i: byte i) the last store written into them wrote. */
   uint16_t written;
-  uint16_t unused;
+  /* 1: that store was a multimem store, landed through a multicast address: a thread's load
+   * sees it only once a fence.proxy.alias ordered the load after it (its alias view). */
+  uint16_t proxy;
   /* When that store was made (kHistoryClock ns), and the latest view a release to a word
    * among these bytes published. */
   uint64_t stored_at;
@@ -158,12 +159,14 @@ bool pinned(const void* p) {
          (it->second.kind == Kind::Host || it->second.kind == Kind::Registered);
 }
 
-void add_mapped_memory(uint64_t p, size_t bytes, int device, uint32_t* shadow) {
+void add_mapped_memory(uint64_t p, size_t bytes, int device, uint32_t* shadow,
+                       void* history) {
   Region reg;
   reg.bytes = bytes;
   reg.kind = Kind::Mapped;
   reg.device = device;
   reg.shadow = shadow;
+  reg.history = (History*)history;
   std::lock_guard<std::mutex> g(*g_mem);
   add_region(p, reg);
 }
@@ -358,6 +361,7 @@ void land_store(void* at, const void* src, uint32_t n, uint64_t stored_at) {
        * (a load may always return the newest value). */
       memcpy(h->before + first, (const void*)p, bytes);
       h->written = (uint16_t)(((1u << bytes) - 1) << first);
+      h->proxy = 0;
       h->stored_at = stored_at;
       memcpy((void*)p, from, bytes);
     }
@@ -365,7 +369,35 @@ void land_store(void* at, const void* src, uint32_t n, uint64_t stored_at) {
   });
 }
 
-void load_as_of(void* dst, const void* src, uint32_t n, uint64_t view) {
+size_t history_bytes_of(size_t bytes) { return history_bytes(bytes); }
+
+void land_multimem(unsigned char* at, const void* src, uint32_t n, uint64_t stored_at,
+                   const unsigned char* base, void* history) {
+  const unsigned char* from = (const unsigned char*)src;
+  while (n > 0) {
+    const size_t offset = (size_t)(at - base);
+    const uint32_t first = (uint32_t)(offset % kGranule);
+    const uint32_t room = (uint32_t)kGranule - first;
+    const uint32_t bytes = n < room ? n : room;
+    History* h = (History*)history + offset / kGranule;
+    HistoryLock held(h);
+    memcpy(h->before + first, at, bytes);
+    h->written = (uint16_t)(((1u << bytes) - 1) << first);
+    h->proxy = 1;
+    h->stored_at = stored_at;
+    /* Word by word, as the switch writes them: a concurrent reader sees whole words. */
+    for (uint32_t k = 0; k < bytes; k += 4) {
+      uint32_t word;
+      memcpy(&word, from + k, 4);
+      __atomic_store_n((uint32_t*)(at + k), word, __ATOMIC_RELAXED);
+    }
+    at += bytes;
+    from += bytes;
+    n -= bytes;
+  }
+}
+
+void load_as_of(void* dst, const void* src, uint32_t n, uint64_t view, uint64_t alias_view) {
   unsigned char* to = (unsigned char*)dst;
   by_granule((uint64_t)src, n, [&](uint64_t p, uint32_t bytes, History* h) {
     if (!h) {
@@ -374,7 +406,7 @@ void load_as_of(void* dst, const void* src, uint32_t n, uint64_t view) {
       const uint32_t first = (uint32_t)(p % kGranule);
       HistoryLock held(h);
       memcpy(to, (const void*)p, bytes);
-      if (h->stored_at > view) {
+      if (h->stored_at > (h->proxy ? alias_view : view)) {
         for (uint32_t i = 0; i < bytes; ++i)
           if (h->written & (1u << (first + i))) to[i] = h->before[first + i];
       }

@@ -1,6 +1,7 @@
 /* The virtual memory API and multicast objects. A physical allocation (cuMemCreate) or a
  * multicast object (cuMulticastCreate) is a memfd whose first page, its Meta, every process
- * holding it shares; an allocation's bytes follow, then their shadow (see memory.cpp). Shareable
+ * holding it shares; an allocation's bytes follow, then their shadow and their history (see
+ * memory.cpp: stale loads, and multimem stores remembered as landed through the proxy). Shareable
  * handles are real file descriptors (dups of the memfd), passed between processes as a program
  * passes any fd, and imported by reading the Meta behind them.
  *
@@ -109,6 +110,8 @@ struct Mapping {
   bool multicast = false;
   int device = 0;
   uint32_t* shadow = nullptr;
+  /* The history of the mapped bytes (memory.cpp), mapped apart as the shadow is. */
+  void* history = nullptr;
   bool accessible = false;
 };
 
@@ -348,29 +351,42 @@ std::vector<std::map<uint64_t, Mapping>::iterator> tiling(uint64_t p, size_t byt
   return out;
 }
 
-/* Under g_vmm: the bytes of the allocation a binding names, mapped in this process (opened
- * through /proc/<pid>/fd/<fd> of the binding process once, and kept); null if it is gone. */
-unsigned char* binding_memory(const Binding& b) {
-  static std::map<std::pair<int64_t, uint64_t>, unsigned char*>* mapped =
-      new std::map<std::pair<int64_t, uint64_t>, unsigned char*>();
+/* An allocation's bytes and their history, as one process maps them. */
+struct MemberMemory {
+  unsigned char* data = nullptr;
+  void* history = nullptr;
+};
+
+/* Where an allocation of `bytes` keeps its history in its memfd: after its bytes and shadow. */
+off_t history_offset(size_t bytes) { return (off_t)(kMetaBytes + 2 * bytes); }
+
+/* Under g_vmm: the bytes of the allocation a binding names and their history, mapped in this
+ * process (opened through /proc/<pid>/fd/<fd> of the binding process once, and kept); null
+ * data if it is gone. */
+MemberMemory binding_memory(const Binding& b) {
+  static std::map<std::pair<int64_t, uint64_t>, MemberMemory>* mapped =
+      new std::map<std::pair<int64_t, uint64_t>, MemberMemory>();
   const auto key = std::make_pair(b.pid, b.ino);
   auto it = mapped->find(key);
   if (it != mapped->end()) return it->second;
   char path[64];
   snprintf(path, sizeof path, "/proc/%lld/fd/%d", (long long)b.pid, b.fd);
   const int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) return nullptr;
+  if (fd < 0) return {};
   struct stat st;
   Meta meta;
   void* p = MAP_FAILED;
   if (fstat(fd, &st) == 0 && (uint64_t)st.st_ino == b.ino &&
       pread(fd, &meta, sizeof meta, 0) == (ssize_t)sizeof meta && meta.magic == kMetaMagic)
-    p = mmap(nullptr, kMetaBytes + meta.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    p = mmap(nullptr, (size_t)history_offset(meta.bytes) + history_bytes_of(meta.bytes),
+             PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (p == MAP_FAILED) return nullptr;
-  unsigned char* data = (unsigned char*)p + kMetaBytes;
-  (*mapped)[key] = data;
-  return data;
+  if (p == MAP_FAILED) return {};
+  MemberMemory member;
+  member.data = (unsigned char*)p + kMetaBytes;
+  member.history = (unsigned char*)p + history_offset(meta.bytes);
+  (*mapped)[key] = member;
+  return member;
 }
 
 }  // namespace
@@ -383,7 +399,7 @@ bool is_multicast_address(const void* p, uint32_t n) {
          at + n <= it->first + it->second.bytes;
 }
 
-bool multicast_store(void* p, const void* src, uint32_t n) {
+bool multicast_store(void* p, const void* src, uint32_t n, uint64_t stored_at) {
   static const int dropped = [] {
     const char* v = getenv("STRAGGLAR_EMU_MULTICAST_DROP");
     return v && *v ? atoi(v) : -1;
@@ -403,14 +419,10 @@ bool multicast_store(void* p, const void* src, uint32_t n) {
     const Binding& b = meta->bound[i];
     if (offset < b.mc_offset || offset + n > b.mc_offset + b.size || b.device == dropped)
       continue;
-    unsigned char* memory = binding_memory(b);
-    if (!memory) return false;
-    unsigned char* dst = memory + b.mem_offset + (offset - b.mc_offset);
-    for (uint32_t k = 0; k < n; k += 4) {
-      uint32_t word;
-      memcpy(&word, (const unsigned char*)src + k, 4);
-      __atomic_store_n((uint32_t*)(dst + k), word, __ATOMIC_RELAXED);
-    }
+    const MemberMemory memory = binding_memory(b);
+    if (!memory.data) return false;
+    unsigned char* dst = memory.data + b.mem_offset + (offset - b.mc_offset);
+    land_multimem(dst, src, n, stored_at, memory.data, memory.history);
   }
   return true;
 }
@@ -445,7 +457,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   if (r != CUDA_SUCCESS) return r;
   int fd = memfd_create("stragglar-emulated-vmm", MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  if (ftruncate(fd, (off_t)(kMetaBytes + 2 * size)) != 0) {
+  if (ftruncate(fd, history_offset(size) + (off_t)history_bytes_of(size)) != 0) {
     close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -575,11 +587,20 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
       return CUDA_ERROR_OUT_OF_MEMORY;
     void* shadow = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, h->fd,
                         (off_t)(kMetaBytes + h->meta->bytes + offset));
-    if (shadow == MAP_FAILED) {
+    /* Offsets are multiples of the granularity, so the history's is a multiple of a page. */
+    void* history = shadow == MAP_FAILED
+                        ? MAP_FAILED
+                        : mmap(nullptr, history_bytes_of(size), PROT_READ | PROT_WRITE,
+                               MAP_SHARED, h->fd,
+                               history_offset(h->meta->bytes) +
+                                   (off_t)history_bytes_of(offset));
+    if (shadow == MAP_FAILED || history == MAP_FAILED) {
+      if (shadow != MAP_FAILED) munmap(shadow, size);
       restore_reservation(ptr, size);
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
     m.shadow = (uint32_t*)shadow;
+    m.history = history;
   } else {
     watch_multicast_range(ptr, size);
   }
@@ -602,6 +623,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     } else {
       remove_mapped_memory(at);
       munmap(m.shadow, m.bytes);
+      munmap(m.history, history_bytes_of(m.bytes));
       restore_reservation(at, m.bytes);
     }
     const uint64_t handle = m.handle;
@@ -638,7 +660,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
     if (m.multicast) continue; /* its pages stay inaccessible to plain accesses */
     if (mprotect((void*)it->first, m.bytes, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
     remove_mapped_memory(it->first);
-    if (m.accessible) add_mapped_memory(it->first, m.bytes, m.device, m.shadow);
+    if (m.accessible) add_mapped_memory(it->first, m.bytes, m.device, m.shadow, m.history);
   }
   return CUDA_SUCCESS;
 }

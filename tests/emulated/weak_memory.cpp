@@ -30,7 +30,10 @@ bool stale_loads_enabled() {
 }  // namespace
 
 WeakMemory::WeakMemory(uint32_t threads)
-    : own_(threads), view_(threads, history_clock()), lines_(kLines, 0) {}
+    : own_(threads),
+      view_(threads, history_clock()),
+      alias_view_(view_),
+      lines_(kLines, 0) {}
 
 WeakMemory::~WeakMemory() { land_everything(); }
 
@@ -84,12 +87,14 @@ void WeakMemory::before_load(const void* at, uint32_t bytes) {
 void WeakMemory::load(uint32_t thread, void* to, const void* at, uint32_t bytes) {
   before_load(at, bytes);
   const bool stale = stale_loads_enabled() && thread < view_.size();
-  load_as_of(to, at, bytes, stale ? view_[thread] : UINT64_MAX);
+  load_as_of(to, at, bytes, stale ? view_[thread] : UINT64_MAX,
+             stale ? alias_view_[thread] : UINT64_MAX);
 }
 
 void WeakMemory::at_barrier(uint32_t thread) {
   if (thread >= own_.size()) return;
   if (view_[thread] > block_view_) block_view_ = view_[thread];
+  if (alias_view_[thread] > block_alias_view_) block_alias_view_ = alias_view_[thread];
   if (own_[thread].empty()) return;
   std::vector<Held>& mine = own_[thread];
   block_.insert(block_.end(), mine.begin(), mine.end());
@@ -97,7 +102,9 @@ void WeakMemory::at_barrier(uint32_t thread) {
 }
 
 void WeakMemory::after_barrier(uint32_t thread) {
-  if (thread < view_.size() && view_[thread] < block_view_) view_[thread] = block_view_;
+  if (thread >= view_.size()) return;
+  if (view_[thread] < block_view_) view_[thread] = block_view_;
+  if (alias_view_[thread] < block_alias_view_) alias_view_[thread] = block_alias_view_;
 }
 
 void WeakMemory::release(uint32_t thread, const void* word) {
@@ -111,6 +118,7 @@ void WeakMemory::proxy_fence(uint32_t thread) {
   for (Held& h : block_) h.fenced = true;
   if (thread < own_.size()) {
     for (Held& h : own_[thread]) h.fenced = true;
+    if (alias_view_[thread] < view_[thread]) alias_view_[thread] = view_[thread];
   }
 }
 
@@ -151,7 +159,7 @@ void WeakMemory::land_now(void* at, const void* src, uint32_t bytes, uint64_t st
                           bool multicast) {
   if (!multicast) {
     land_store(at, src, bytes, stored_at);
-  } else if (!multicast_store(at, src, bytes)) {
+  } else if (!multicast_store(at, src, bytes, stored_at)) {
     fprintf(stderr, "emulated GPU: a held multimem store to %p landed after its multicast "
             "mapping was gone\n", at);
     abort();

@@ -18,10 +18,15 @@
  * held back as plain stores are, and land into every member's memory, but a release lands only
  * those a fence.proxy.alias ordered first: PTX orders a store through a multicast address
  * before loads through a member's own address of the bytes only with an alias fence on the
- * path, so a flag released without one announces data that has not landed.
+ * path, so a flag released without one announces data that has not landed. The reader needs
+ * one too: bytes a multimem store landed in are remembered as landed through the multicast
+ * proxy, and a thread's plain load sees such a store only once a fence.proxy.alias it made (or
+ * a thread of its block made before a barrier it passed) came after an acquire that covered
+ * the store (its alias view, below); before, the load reads what the bytes held.
  *
  * Stale loads. Each thread has a view: a time on the history's clock (memory.cpp) before which
- * every store made is visible to it. A store is stamped when it is made; device memory keeps,
+ * every store made is visible to it, and an alias view, the view it had at its last alias
+ * fence, for the stores landed through the multicast proxy. A store is stamped when it is made; device memory keeps,
  * per 16 bytes, the last store that landed and what its bytes held before. A plain load
  * (sg_load16_fresh, sg_copy_bytes) of bytes whose last store was made after the thread's view
  * returns what they held before it. The view only moves forward: to the block's start (a
@@ -31,8 +36,8 @@
  * One time for a view is coarser than the memory model's happens-before (a thread may see a
  * store no chain of synchronisation orders before its load, which is always allowed), never
  * finer, so a correct program never reads a stale value here; a reader whose acquire is
- * missing does. Memory with no history (host memory, memory from cuMemCreate, the copy
- * engines' and the host's writes) is always read as it is.
+ * missing does, and so does one whose alias fence is. Memory with no history (host memory, the
+ * copy engines' and the host's writes) is always read as it is.
  *
  * A block's threads are fibers of one OS thread, so nothing here is shared between threads;
  * the history is (memory.cpp locks it). STRAGGLAR_EMU_WEAK_MEMORY=0 turns both off (every
@@ -85,7 +90,8 @@ class WeakMemory {
    * view. */
   void release(uint32_t thread, const void* word);
   /* `thread` made a fence.proxy.alias: the multimem stores the block holds and its own are
-   * ordered for the next release. */
+   * ordered for the next release, and its later loads see the multimem stores its view covers
+   * (its alias view takes its view). */
   void proxy_fence(uint32_t thread);
   /* `thread` acquired the word at `word`: its view takes in what the word's releases
    * published. */
@@ -131,6 +137,11 @@ class WeakMemory {
    * thread's view early, which is allowed). */
   std::vector<uint64_t> view_;
   uint64_t block_view_ = 0;
+  /* Each thread's alias view: the view its last fence.proxy.alias had (a load of bytes a
+   * multimem store landed in sees that store only if this view covers it), and the latest a
+   * thread brought to a block barrier, passed on as the view is. */
+  std::vector<uint64_t> alias_view_;
+  uint64_t block_alias_view_ = 0;
   std::vector<uint32_t> lines_;
   uint64_t held_ = 0;
 };
