@@ -142,7 +142,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
             );
             if f.multicast_region > 0 {
                 println!(
-                    "             and a multicast region of {} MiB formed at setup (STRAGGLAR_MULTICAST on)",
+                    "             and a multicast region of {} MiB formed at setup (STRAGGLAR_MULTICAST on; the driver rounds it up to its granularity)",
                     f.multicast_region >> 20
                 );
             }
