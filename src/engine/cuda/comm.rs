@@ -324,8 +324,12 @@ impl CudaComm {
     fn announce_finish(&mut self, bytes: usize, finish: Finish) {
         let class = crate::detect::size_class(bytes);
         if finish != Finish::Pieces(1) && self.finishes_run.insert((class, finish)) {
+            let how = match finish {
+                Finish::Multicast => "finished by one multicast".to_string(),
+                Finish::Pieces(k) => format!("pipelined, {k} pieces per chunk"),
+            };
             log::info!(
-                "{}: StragglAR calls of sizes 2^{class} B run finished by {finish}",
+                "{}: StragglAR calls of sizes 2^{class} B run {how}",
                 self.label
             );
         }
