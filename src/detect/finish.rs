@@ -7,8 +7,8 @@
 /// The finish of a StragglAR call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Finish {
-    /// The point-to-point schedule, each chunk cut into this many pieces (at least 1; 1: the
-    /// plain schedule).
+    /// The point-to-point schedule, each chunk cut into this many pieces (1: the plain schedule;
+    /// 0, a class's finish before its first StragglAR call, reads as 1 wherever a plan is made).
     Pieces(usize),
     /// One multicast of the straggler's input into every rank's region, after the early ranks'
     /// reduce-scatter and multicast gather (never pipelined).

@@ -2,7 +2,7 @@
 //! time after the straggler's arrival toward the floor `M/B` at the cost of more rounds
 //! (`schedule::model::best_pipelining`). The model's `k` follows from the settings and the call's
 //! size class alone; under `auto`, measurement then refines it per class
-//! (`estimate::ClassTimes::depth_for_next`), from times every rank shares. Either way every rank
+//! (`estimate::ClassTimes::finish_for_next`), from times every rank shares. Either way every rank
 //! runs the same plan.
 
 use super::classes::size_class;

@@ -430,10 +430,14 @@ impl Policy {
                     return Choice::Baseline;
                 };
                 let lead = detector.median_lead_ns(rank);
-                let modelled = matches!(
-                    (self.break_even_ns(bytes), lead),
-                    (Some(needed), Some(lead)) if lead >= needed
-                );
+                // A class that ran StragglAR runs its own finish: the lead that finish needs;
+                // before, the shorter of the finishes' (the one its first call would take).
+                let needed = match measured.filter(|times| times.depth() != 0) {
+                    Some(times) => self.break_even_ns_of(bytes, times.finish()),
+                    None => self.break_even_ns(bytes),
+                };
+                let modelled =
+                    matches!((needed, lead), (Some(needed), Some(lead)) if lead >= needed);
                 let (prefers, explores) = match measured {
                     Some(times) => (
                         times.stragglar_wins().unwrap_or(modelled),
@@ -667,6 +671,36 @@ mod tests {
             plain.finishes_up_to(bytes).last(),
             Some(&Finish::Pieces(finishes.len() - 1))
         );
+    }
+
+    /// Before measurements decide, a class that started on one finish needs that finish's lead:
+    /// a lead between the point-to-point and the multicast break-evens sends a fresh class to
+    /// StragglAR (its first call would finish point to point) and a class on multicast to NCCL.
+    #[test]
+    fn a_started_class_needs_the_lead_of_its_own_finish() {
+        let multicast = Multicast {
+            ratio: Multicast::ASSUMED_RATIO,
+        };
+        let policy = Policy::new(8, AlgoMode::Auto, StragglerMode::Auto, SWITCH_LINK)
+            .with_nvls_baseline(PUBLISHED_NVLS)
+            .with_multicast(multicast);
+        let bytes = 1 << 30;
+        let short = policy.break_even_ns_of(bytes, Finish::Pieces(1)).unwrap();
+        let long = policy.break_even_ns_of(bytes, Finish::Multicast).unwrap();
+        assert!(short < long, "{short} {long}");
+        let between = detector_with(8, 7, (short + long) / 2);
+        let sg = Choice::Stragglar { straggler: 7 };
+        let fresh = ClassTimes::default();
+        assert_eq!(policy.choose(&between, Some(&fresh), bytes), sg);
+        let mut on_multicast = ClassTimes::default();
+        on_multicast.start(1, Finish::Multicast);
+        assert_eq!(
+            policy.choose(&between, Some(&on_multicast), bytes),
+            Choice::Baseline
+        );
+        let mut point_to_point = ClassTimes::default();
+        point_to_point.start(1, Finish::Pieces(1));
+        assert_eq!(policy.choose(&between, Some(&point_to_point), bytes), sg);
     }
 
     #[test]

@@ -179,6 +179,8 @@ pub struct CudaComm {
     /// (size class, finish) pairs whose first StragglAR call was announced (the plain
     /// point-to-point finish is not).
     finishes_run: std::collections::HashSet<(u32, Finish)>,
+    /// The finish each size class's graph launches run, fixed at its first capture.
+    graph_finishes: std::collections::HashMap<u32, Finish>,
     /// Orders this communicator's launches across the caller's streams.
     last: Event,
     last_stream: cudaStream_t,
@@ -226,6 +228,7 @@ impl CudaComm {
             growth_refused: false,
             grown_mappings: Vec::new(),
             finishes_run: Default::default(),
+            graph_finishes: Default::default(),
             last_stream: std::ptr::null_mut(),
             captured_stream: None,
             _multicast: parts.multicast,
@@ -665,7 +668,14 @@ impl CudaComm {
         if !self.rank.has_choices() {
             return Err(Decline::CapturingBeforeSetup);
         }
-        let finish = self.tracker.class_finish(bytes);
+        // Every capture of a size class runs the finish its first capture took: the device keeps
+        // one set of StragglAR times per class, which must be one finish's (alike on every rank:
+        // captures come in the same order everywhere).
+        let class = crate::detect::size_class(bytes);
+        let finish = match self.graph_finishes.get(&class) {
+            Some(&finish) => finish,
+            None => self.tracker.class_finish(bytes),
+        };
         if let Err(e) = self
             .rank
             .choices_fit(operands.count, operands.dtype, finish)
@@ -712,7 +722,10 @@ impl CudaComm {
             Ok(Ran::Captured)
         })();
         match result {
-            Ok(_) => self.captured += 1,
+            Ok(_) => {
+                self.captured += 1;
+                self.graph_finishes.entry(class).or_insert(finish);
+            }
             // Its peers' graphs hold this call: their replays must not wait for this rank.
             Err(_) => self.rank.give_up(),
         }
