@@ -364,14 +364,35 @@ SG_DEVICE uint64_t sg_value_offset(const sg_call* call, const RawValue* value) {
   return offset;
 }
 
+/* Whether this rank's `IN` chunk `value` (one of its own, SLOT_INPUT) is read where it lies in
+ * the caller's input instead of a copy in IN: no other rank reads it (the copy is what peers
+ * read), the launch scales nothing (a scaled chunk is rounded once, by its copy-in, as the
+ * host engine does) and the input is 16-byte aligned (the combines keep their vector loops).
+ * The multicast plan's straggler reads every chunk so, so its copy-in, a whole pass over the
+ * message before its first combine, is gone from the critical path; an early rank reads its
+ * own chunk of the ReduceScatter so. Nothing of the call overwrites the input before its last
+ * read: a rank writes its output chunk c (the same bytes, in place) only once it holds the
+ * complete chunk, after every step that read its own contribution to it (src/plan checks
+ * that every plan reads its IN chunk c before it completes c). Every rank decides alike for
+ * its own chunks; a peer never asks. */
+SG_DEVICE bool sg_input_in_place(const sg_call* call, const RawValue* value) {
+  const RawLaunch* a = call->args;
+  return value->slot == SLOT_INPUT && value->reader_count == 0 && a->has_scale == 0 &&
+         a->input % 16 == 0;
+}
+
 /* Where value `v` of rank `r` lives (IN, or its arena slot), or 0 if it is not kept. A pushed
  * value (RawValue::pushed) lies at its slot in this rank's own arena: its owner wrote it into
  * each reader's, and keeps the copy it pushes from in its own. A reader of one kept in the
- * multicast region reads it in its own memory there. */
+ * multicast region reads it in its own memory there. An own IN chunk that no peer reads may
+ * lie in the caller's input (sg_input_in_place). */
 SG_DEVICE unsigned char* sg_value_at(const sg_call* call, uint32_t r, uint32_t v) {
   const RawValue* value = sg_value(call, r, v);
   if (value->slot == SLOT_NONE) return 0;
   const uint32_t rank = call->args->rank;
+  if (r == rank && sg_input_in_place(call, value)) {
+    return (unsigned char*)call->args->input + sg_value_offset(call, value);
+  }
   uint64_t region_offset;
   if (r != rank && sg_in_multicast(call, value, &region_offset)) {
     return (unsigned char*)call->args->multicast_own[call->parity] + region_offset;
@@ -824,10 +845,12 @@ SG_OUTLINED void sg_push_made(const sg_call* call, const RawValue* v, const unsi
 /* Copies this rank's input into IN, chunk by chunk, scaling it, publishing each slice: two
  * barriers a chunk (thread 0's pointer before it is read, and the publish's), as the barrier of
  * each publish, after the copy, also orders the chunk's reads of the pointer before the next
- * chunk's write of it. Outlined, as sg_step. */
+ * chunk's write of it. A chunk read in place (sg_input_in_place) is skipped: no copy, no
+ * barrier. Outlined, as sg_step. */
 SG_OUTLINED void sg_copy_in(const sg_call* call, sg_step_scratch* s) {
   const RawLaunch* a = call->args;
   for (uint32_t c = 0; c < call->plan->chunk_count; ++c) {
+    if (sg_input_in_place(call, sg_value(call, a->rank, c))) continue;
     uint64_t start, bytes;
     sg_chunk(&call->layout, c, &start, &bytes);
     uint64_t begin, end;

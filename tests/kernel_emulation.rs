@@ -642,6 +642,37 @@ impl Comm {
         }
     }
 
+    /// Fills, in both parities of each rank's arena, the `IN` chunks the kernel reads in the
+    /// caller's input (`in_place[rank]`, see [`chunks_read_in_place`]) with the poison, so that
+    /// [`Comm::assert_not_copied_in`] can tell whether the call copied them.
+    fn poison_chunks_read_in_place(&mut self, plan: &Plan, in_place: &[Vec<usize>]) {
+        for (rank, chunks) in in_place.iter().enumerate() {
+            for parity in 0..2 {
+                let arena = self.layout.arena(parity);
+                let bytes = self.region(rank, arena, ARENA_BYTES);
+                for &c in chunks {
+                    bytes[plan.chunk_bytes(c)].fill(POISON);
+                }
+            }
+        }
+    }
+
+    /// Panics if the call wrote into an `IN` chunk that its rank reads in the caller's input.
+    fn assert_not_copied_in(&mut self, plan: &Plan, in_place: &[Vec<usize>], label: &str) {
+        for (rank, chunks) in in_place.iter().enumerate() {
+            for parity in 0..2 {
+                let arena = self.layout.arena(parity);
+                let bytes = self.region(rank, arena, ARENA_BYTES);
+                for &c in chunks {
+                    assert!(
+                        bytes[plan.chunk_bytes(c)].iter().all(|&b| b == POISON),
+                        "{label}: rank {rank} copied IN chunk {c}, which it reads in place"
+                    );
+                }
+            }
+        }
+    }
+
     /// Panics if a call wrote past the arena bytes `plan` gives a rank (the staging that the
     /// library sizes from the same numbers would end there).
     fn assert_within_arenas(&mut self, plan: &Plan, label: &str) {
@@ -1101,6 +1132,30 @@ struct Case {
     seed: u64,
 }
 
+/// The `IN` chunks of each rank that the kernel reads in the caller's input rather than copy
+/// (`sg_input_in_place`): its own chunks that no other rank's step reads, when the call
+/// scales nothing and the input is 16-byte aligned.
+fn chunks_read_in_place(plan: &Plan, scales: &[Scale], input_aligned: bool) -> Vec<Vec<usize>> {
+    let chunks = plan.chunks.len();
+    (0..plan.ranks)
+        .map(|rank| {
+            if !input_aligned || scales[rank] != Scale::None {
+                return Vec::new();
+            }
+            (0..chunks)
+                .filter(|&c| {
+                    plan.programs.iter().enumerate().all(|(reader, program)| {
+                        reader == rank
+                            || program.steps.iter().all(|step| {
+                                step.reads().0.iter().all(|s| s.rank != rank || s.id != c)
+                            })
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Runs `case` on `comm` and checks every rank against the plan interpreter, bit for bit.
 fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
     let shape = Shape {
@@ -1132,6 +1187,15 @@ fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
     let epoch_before = comm.epoch(0);
     comm.poison_past_arenas(&plan.plan);
     comm.plant_stale_turns(&plan.plan, epoch_before + 1);
+    let aligned = (inputs[0].addr() + case.offset as u64) % 16 == 0;
+    let in_place = chunks_read_in_place(&plan.plan, &scales, aligned);
+    if let (Algorithm::Multicast, Some(s)) = (case.algorithm, plan.plan.straggler) {
+        // The straggler of a multicast plan combines its input where it lies: no copy-in.
+        if aligned && scales[s] == Scale::None {
+            assert_eq!(in_place[s].len(), plan.plan.chunks.len());
+        }
+    }
+    comm.poison_chunks_read_in_place(&plan.plan, &in_place);
     comm.run(
         &plan,
         case.op,
@@ -1156,6 +1220,7 @@ fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
         case.raw
     );
     comm.assert_within_arenas(&plan.plan, &label);
+    comm.assert_not_copied_in(&plan.plan, &in_place, &label);
     comm.assert_every_send_served(&plan.plan, epoch_before + 1, &label);
     // SAFETY: a plain function without arguments.
     let out_of_order = unsafe { (kernel().served_out_of_order)() };

@@ -82,6 +82,36 @@ fn algorithms(ranks: usize) -> Vec<Algorithm> {
     a
 }
 
+/// Panics unless every rank of `plan` reads its own `IN` chunk `c` only before it writes its
+/// output chunk `c`: the GPU kernel reads an `IN` chunk that no peer reads in the caller's
+/// input itself, which an in-place call overwrites chunk by chunk as the outputs are written.
+fn assert_inputs_read_before_their_outputs(plan: &Plan) {
+    let chunks = plan.chunks.len();
+    for (rank, program) in plan.programs.iter().enumerate() {
+        let mut written = vec![false; chunks];
+        for (i, step) in program.steps.iter().enumerate() {
+            for source in step.reads().0 {
+                if source.rank == rank && source.id < chunks {
+                    assert!(
+                        !written[source.id],
+                        "n={} rank {rank}: step {i} reads IN chunk {} after its output was written",
+                        plan.ranks, source.id
+                    );
+                }
+            }
+            match step {
+                Step::Combine {
+                    chunk,
+                    complete: true,
+                    ..
+                }
+                | Step::Copy { chunk, .. } => written[*chunk] = true,
+                _ => {}
+            }
+        }
+    }
+}
+
 #[test]
 fn every_algorithm_and_size_reduces_every_element_exactly() {
     for ranks in 2..=12 {
@@ -89,6 +119,7 @@ fn every_algorithm_and_size_reduces_every_element_exactly() {
             for algorithm in algorithms(ranks) {
                 for count in [0, 1, 3, ranks - 1, 37, 1001] {
                     let plan = plan_for(algorithm, ranks, straggler, count, DataType::I32);
+                    assert_inputs_read_before_their_outputs(&plan);
                     check_exact(&plan, ReduceOp::Sum, (ranks * 1000 + count) as u64);
                 }
             }
@@ -652,6 +683,7 @@ fn pipelined_plans_reduce_every_element_exactly() {
             for count in [0, 1, 3, 37, 1001, 4099] {
                 let plan = lower(&schedule, count, DataType::I32)
                     .unwrap_or_else(|e| panic!("n={ranks} k={pieces}: {e}"));
+                assert_inputs_read_before_their_outputs(&plan);
                 check_exact(
                     &plan,
                     ReduceOp::Sum,
