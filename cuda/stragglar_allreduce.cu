@@ -183,6 +183,14 @@ SG_DEVICE bool sg_in_multicast(const sg_call* call, const RawValue* v, uint64_t*
   return *offset + call->layout.slot_bytes <= a->multicast_bytes;
 }
 
+/* Where own value `v` lies in this launch's multicast region, at its multicast address (a
+ * store there reaches every member's memory), or 0 where the region does not keep it. */
+SG_DEVICE unsigned char* sg_multicast_at(const sg_call* call, const RawValue* v) {
+  uint64_t offset;
+  if (!sg_in_multicast(call, v, &offset)) return 0;
+  return (unsigned char*)call->args->multicast_arena[call->parity] + offset;
+}
+
 /* Every thread of the block, after its barrier: publishes this block's slice of own value
  * `value` to each of its readers (RawValue::first_reader), one release into each reader's
  * inbox, thread `first + j` taking reader j (`first`: the threads busy with other releases),
@@ -383,9 +391,10 @@ SG_DEVICE bool sg_input_in_place(const sg_call* call, const RawValue* value) {
 
 /* Where value `v` of rank `r` lives (IN, or its arena slot), or 0 if it is not kept. A pushed
  * value (RawValue::pushed) lies at its slot in this rank's own arena: its owner wrote it into
- * each reader's, and keeps the copy it pushes from in its own. A reader of one kept in the
- * multicast region reads it in its own memory there. An own IN chunk that no peer reads may
- * lie in the caller's input (sg_input_in_place). */
+ * each reader's, and keeps the copy it pushes from in its own. One kept in the multicast region
+ * lies in this rank's own memory there, for its readers and its owner alike (the owner's
+ * multimem stores write its own copy too). An own IN chunk that no peer reads may lie in the
+ * caller's input (sg_input_in_place). */
 SG_DEVICE unsigned char* sg_value_at(const sg_call* call, uint32_t r, uint32_t v) {
   const RawValue* value = sg_value(call, r, v);
   if (value->slot == SLOT_NONE) return 0;
@@ -394,7 +403,7 @@ SG_DEVICE unsigned char* sg_value_at(const sg_call* call, uint32_t r, uint32_t v
     return (unsigned char*)call->args->input + sg_value_offset(call, value);
   }
   uint64_t region_offset;
-  if (r != rank && sg_in_multicast(call, value, &region_offset)) {
+  if (sg_in_multicast(call, value, &region_offset)) {
     return (unsigned char*)call->args->multicast_own[call->parity] + region_offset;
   }
   const uint32_t holder = value->pushed ? rank : r;
@@ -423,10 +432,17 @@ SG_DEVICE bool sg_aligned16(const unsigned char* const* operands, uint32_t count
   return aligned;
 }
 
-/* Stores one 16-byte vector at byte `at` of up to two destinations. */
-SG_DEVICE void sg_store16_to(unsigned char* out_a, unsigned char* out_b, uint64_t at,
-                             sg_vec16 v) {
-  if (out_a) sg_store16(out_a + at, v);
+/* Stores one 16-byte vector at byte `at` of up to two destinations; `out_a` is a multicast
+ * address where `a_multicast` says so (one multimem store: every member's memory). A flag, not
+ * a third pointer: the data loops have no registers to spare (a third pointer made the step and
+ * the kernel spill, docs/KERNELS.md). */
+SG_DEVICE void sg_store16_to(unsigned char* out_a, unsigned char* out_b, bool a_multicast,
+                             uint64_t at, sg_vec16 v) {
+  if (out_a && a_multicast) {
+    sg_multimem_store16(out_a + at, v);
+  } else if (out_a) {
+    sg_store16(out_a + at, v);
+  }
   if (out_b) sg_store16(out_b + at, v);
 }
 
@@ -463,13 +479,14 @@ SG_DEVICE void sg_pipeline(const typename PASS::context& ctx, uint64_t begin, ui
 }
 
 /* What a plain copy's passes need: the source, the block stride (bytes), the end of the
- * range and up to two destinations. */
+ * range and up to two destinations, the first a multicast address with `a_multicast`. */
 struct sg_copy_ctx {
   const unsigned char* src;
   uint64_t stride;
   uint64_t end;
   unsigned char* out_a;
   unsigned char* out_b;
+  bool a_multicast;
 };
 
 /* One pass of a plain copy: UNROLL vectors a block stride apart (those below the end). */
@@ -489,7 +506,9 @@ struct sg_copy_pass {
   SG_DEVICE void store(const context& c, const buffer& v, uint64_t at) {
     SG_UNROLL
     for (uint32_t j = 0; j < UNROLL; ++j) {
-      if (at + j * c.stride < c.end) sg_store16_to(c.out_a, c.out_b, at + j * c.stride, v[j]);
+      if (at + j * c.stride < c.end) {
+        sg_store16_to(c.out_a, c.out_b, c.a_multicast, at + j * c.stride, v[j]);
+      }
     }
   }
 };
@@ -501,26 +520,30 @@ struct sg_copy_pass {
  * thread, which a read over NVLink needs to approach the link rate (8 x 16 B x 512 threads x
  * 32 blocks: 2 MiB over the default grid). Two buffers of 8 vectors spilled. */
 SG_DEVICE void sg_copy16(const unsigned char* src, uint64_t begin, uint64_t end,
-                         unsigned char* out_a, unsigned char* out_b) {
+                         unsigned char* out_a, unsigned char* out_b, bool a_multicast) {
   sg_copy_ctx c;
   c.src = src;
   c.stride = (uint64_t)SG_THREADS * 16;
   c.end = end;
   c.out_a = out_a;
   c.out_b = out_b;
+  c.a_multicast = a_multicast;
   sg_pipeline<sg_copy_pass<4> >(c, begin, end);
 }
 
 /* A copy of bytes [begin, end) of elements of `elem` bytes from `src` to up to two
  * destinations, any alignment: whole vectors when every pointer allows, the rest element by
- * element. Bytes move unchanged (a NaN keeps its payload), as the host engine's copies.
+ * element. Bytes move unchanged (a NaN keeps its payload), as the host engine's copies. With
+ * `a_multicast`, `out_a` is a multicast address, which only whole vectors may reach: the
+ * caller's promise is that every pointer is aligned and the range whole vectors (sg_step).
  * Outlined, so the kernel's own register pressure never spills into this loop. */
 SG_OUTLINED void sg_copy_elems(const unsigned char* src, uint64_t begin, uint64_t end,
-                             uint32_t elem, unsigned char* out_a, unsigned char* out_b) {
+                               uint32_t elem, unsigned char* out_a, unsigned char* out_b,
+                               bool a_multicast) {
   if (elem == 0 || elem > 8) return; /* a type the kernel does not know (sg_plan_ok refuses it) */
   if (sg_aligned16(&src, 1, out_a, out_b)) {
     const uint64_t vec_end = begin + (end - begin) / 16 * 16;
-    sg_copy16(src, begin, vec_end, out_a, out_b);
+    sg_copy16(src, begin, vec_end, out_a, out_b, a_multicast);
     begin = vec_end;
   }
   const uint64_t stride = (uint64_t)SG_THREADS * elem; /* read once: barriers clobber memory */
@@ -565,8 +588,9 @@ SG_DEVICE typename L::elem sg_result(const sg_math* m, typename L::acc v, bool f
 }
 
 /* What a reduce's passes need: the math, the operands (16-byte aligned, `count` >= 1), the
- * block stride (bytes), the end of the range, up to two destinations, whether the first operand
- * is scaled (by `scalar`) and whether the result is finished. */
+ * block stride (bytes), the end of the range, up to two destinations (the first a multicast
+ * address with `a_multicast`), whether the first operand is scaled (by `scalar`) and whether
+ * the result is finished. */
 template <class L>
 struct sg_reduce_ctx {
   sg_math math; /* by value: the loop reads it from registers, not the caller's copy */
@@ -576,6 +600,7 @@ struct sg_reduce_ctx {
   uint64_t end;
   unsigned char* out_a;
   unsigned char* out_b;
+  bool a_multicast;
   bool scale;
   typename L::acc scalar;
   bool finish;
@@ -613,7 +638,7 @@ struct sg_reduce_pass {
         }
         out.e[k] = sg_result<L, OP>(&c.math, v, c.finish);
       }
-      sg_store16_to(c.out_a, c.out_b, at + p * c.stride, out.v);
+      sg_store16_to(c.out_a, c.out_b, c.a_multicast, at + p * c.stride, out.v);
     }
   }
 };
@@ -652,7 +677,7 @@ SG_DEVICE void sg_reduce_batched_at(const sg_reduce_ctx<L>& c, uint64_t at) {
   sg_lanes<L> out;
   SG_UNROLL
   for (uint32_t k = 0; k < LANES; ++k) out.e[k] = sg_result<L, OP>(&c.math, acc[k], c.finish);
-  sg_store16_to(c.out_a, c.out_b, at, out.v);
+  sg_store16_to(c.out_a, c.out_b, c.a_multicast, at, out.v);
 }
 
 /* The vector core of every combine, for lane L and op OP fixed at compile time (the runtime
@@ -666,7 +691,7 @@ SG_DEVICE void sg_reduce_batched_at(const sg_reduce_ctx<L>& c, uint64_t at) {
 template <class L, uint32_t OP, uint32_t POSITIONS, uint32_t BATCH, bool ONE_BATCH>
 SG_DEVICE void sg_reduce16(const sg_math* m, const unsigned char* const* operands, uint32_t count,
                            uint64_t begin, uint64_t end, unsigned char* out_a,
-                           unsigned char* out_b, bool scale, bool finish) {
+                           unsigned char* out_b, bool a_multicast, bool scale, bool finish) {
   typedef typename L::elem E;
   sg_reduce_ctx<L> c;
   c.math = *m;
@@ -676,6 +701,7 @@ SG_DEVICE void sg_reduce16(const sg_math* m, const unsigned char* const* operand
   c.end = end;
   c.out_a = out_a;
   c.out_b = out_b;
+  c.a_multicast = a_multicast;
   c.scale = scale;
   c.scalar = scale ? L::widen(*(const E*)m->scale) : typename L::acc();
   c.finish = finish;
@@ -735,7 +761,7 @@ SG_DEVICE void sg_reduce_elems(const sg_math* m, const unsigned char* const* ope
 template <class L, uint32_t OP>
 SG_OUTLINED void sg_apply(const sg_math math, const unsigned char* const* operands,
                           uint32_t count, uint64_t begin, uint64_t end, unsigned char* out_a,
-                          unsigned char* out_b, bool scale, bool finish) {
+                          unsigned char* out_b, bool a_multicast, bool scale, bool finish) {
   /* `math` comes by value: a pointer to the caller's copy would pin the caller's call state in
    * local memory across the call. */
   const sg_math* m = &math;
@@ -743,19 +769,19 @@ SG_OUTLINED void sg_apply(const sg_math math, const unsigned char* const* operan
   if (sg_aligned16(operands, count, out_a, out_b)) {
     vec_end = begin + (end - begin) / 16 * 16;
     if (OP == OP_SUM && count == 1) { /* sg_apply_typed sends every single operand here */
-      sg_reduce16<L, OP, 4, 1, true>(m, operands, count, begin, vec_end, out_a, out_b, scale,
-                                     finish);
+      sg_reduce16<L, OP, 4, 1, true>(m, operands, count, begin, vec_end, out_a, out_b, a_multicast,
+                                     scale, finish);
     } else if (count == 2) {
-      sg_reduce16<L, OP, 2, 2, true>(m, operands, count, begin, vec_end, out_a, out_b, scale,
-                                     finish);
+      sg_reduce16<L, OP, 2, 2, true>(m, operands, count, begin, vec_end, out_a, out_b, a_multicast,
+                                     scale, finish);
     } else if (count <= 4) {
-      sg_reduce16<L, OP, 1, 4, true>(m, operands, count, begin, vec_end, out_a, out_b, scale,
-                                     finish);
+      sg_reduce16<L, OP, 1, 4, true>(m, operands, count, begin, vec_end, out_a, out_b, a_multicast,
+                                     scale, finish);
     } else {
       /* A pull of up to 8 operands (an early rank's 7 at 8 ranks) loads every one of them
        * before any combining; more take batches of 8. */
-      sg_reduce16<L, OP, 1, 8, false>(m, operands, count, begin, vec_end, out_a, out_b, scale,
-                                      finish);
+      sg_reduce16<L, OP, 1, 8, false>(m, operands, count, begin, vec_end, out_a, out_b, a_multicast,
+                                      scale, finish);
     }
   }
   sg_reduce_elems<L, OP>(m, operands, count, vec_end, end, out_a, out_b, scale, finish);
@@ -766,35 +792,43 @@ SG_OUTLINED void sg_apply(const sg_math math, const unsigned char* const* operan
 template <class L>
 SG_DEVICE void sg_apply_typed(const sg_math* m, const unsigned char* const* operands,
                               uint32_t count, uint64_t begin, uint64_t end, unsigned char* out_a,
-                              unsigned char* out_b, bool scale, bool finish) {
+                              unsigned char* out_b, bool a_multicast, bool scale, bool finish) {
   const uint32_t op = count == 1 ? (uint32_t)OP_SUM : m->op;
   switch (op) {
     case OP_PROD:
-      sg_apply<L, OP_PROD>(*m, operands, count, begin, end, out_a, out_b, scale, finish);
+      sg_apply<L, OP_PROD>(*m, operands, count, begin, end, out_a, out_b, a_multicast, scale,
+                           finish);
       break;
     case OP_MAX:
-      sg_apply<L, OP_MAX>(*m, operands, count, begin, end, out_a, out_b, scale, finish);
+      sg_apply<L, OP_MAX>(*m, operands, count, begin, end, out_a, out_b, a_multicast, scale,
+                          finish);
       break;
     case OP_MIN:
-      sg_apply<L, OP_MIN>(*m, operands, count, begin, end, out_a, out_b, scale, finish);
+      sg_apply<L, OP_MIN>(*m, operands, count, begin, end, out_a, out_b, a_multicast, scale,
+                          finish);
       break;
     default:
-      sg_apply<L, OP_SUM>(*m, operands, count, begin, end, out_a, out_b, scale, finish);
+      sg_apply<L, OP_SUM>(*m, operands, count, begin, end, out_a, out_b, a_multicast, scale,
+                          finish);
       break;
   }
 }
 
-SG_DEVICE void sg_apply_any(const sg_math* m, const sg_step_scratch* s, uint32_t operands, uint64_t begin,
-                            uint64_t end, unsigned char* out_a, unsigned char* out_b, bool scale,
-                            bool finish) {
+/* A step's element-wise work over bytes [begin, end): a copy or a combine of the scratch's
+ * `operands` into up to two destinations, the first a multicast address with `a_multicast`
+ * (then every pointer is aligned and the range whole vectors: see sg_step). */
+SG_DEVICE void sg_apply_any(const sg_math* m, const sg_step_scratch* s, uint32_t operands,
+                            uint64_t begin, uint64_t end, unsigned char* out_a,
+                            unsigned char* out_b, bool a_multicast, bool scale, bool finish) {
   /* A plain copy moves bytes, whatever the type (as the host engine's copies do), so a NaN keeps
    * its payload; everything else goes through the lanes. */
   if (operands == 1 && !scale && !finish) {
-    sg_copy_elems(s->operands[0], begin, end, sg_elem_size(m->dt), out_a, out_b);
+    sg_copy_elems(s->operands[0], begin, end, sg_elem_size(m->dt), out_a, out_b, a_multicast);
     return;
   }
   SG_WITH_LANE(m->dt, L,
-               sg_apply_typed<L>(m, s->operands, operands, begin, end, out_a, out_b, scale, finish));
+               sg_apply_typed<L>(m, s->operands, operands, begin, end, out_a, out_b, a_multicast,
+                                 scale, finish));
 }
 
 /* Every thread of the block, after a barrier that follows the writes of `from` (this rank's
@@ -825,7 +859,7 @@ SG_DEVICE void sg_push(const sg_call* call, const RawValue* v, const unsigned ch
     if (readers[i] >= plan->ranks) continue; /* a damaged blob's reader: no rank */
     out[filled++] = (unsigned char*)call->peers[readers[i]].arena[call->parity] + offset;
     if (filled == 2 || i + 1 == v->reader_count) {
-      sg_copy16(from, begin, stop, out[0], out[1]);
+      sg_copy16(from, begin, stop, out[0], out[1], false);
       out[1] = 0;
       filled = 0;
     }
@@ -862,7 +896,7 @@ SG_OUTLINED void sg_copy_in(const sg_call* call, sg_step_scratch* s) {
     sg_block_sync();
 #endif
     unsigned char* slot = sg_value_at(call, a->rank, c);
-    sg_apply_any(&call->math, s, 1, begin, end, slot, 0, a->has_scale != 0, false);
+    sg_apply_any(&call->math, s, 1, begin, end, slot, 0, false, a->has_scale != 0, false);
     sg_publish(call, c);
   }
 }
@@ -909,6 +943,13 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
         status = sg_wait(call, sg_turn_word(call, a->rank, sources[source].rank),
                          sg_served(call->flag, step->turn), SG_ANY_PEER);
       }
+    } else if (i < count) {
+      /* An own value kept in the multicast region was written through the multicast address:
+       * read at this rank's own address, it needs the alias fence as a peer's does. */
+      uint64_t region_offset;
+      if (sg_in_multicast(call, sg_value(call, a->rank, sources[i].value), &region_offset)) {
+        sg_fence_proxy_alias();
+      }
     }
     if (i < count) s->operands[i] = sg_value_at(call, sources[i].rank, sources[i].value);
     s->waits[i] = status;
@@ -924,12 +965,23 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
   unsigned char* own = sg_value_at(call, a->rank, step->out_value);
   unsigned char* output = step->complete ? (unsigned char*)a->output + start : 0;
   bool finish = step->kind == STEP_COMBINE && step->complete;
+  /* A value kept in the multicast region goes out through it from the data loop itself: each
+   * vector is stored through the multicast address (reaching this rank's copy and every
+   * reader's) from the registers it was computed in, with no second pass over the value and no
+   * barrier before one, where the loop stores the whole slice by vectors. Otherwise (a partial
+   * last vector, a misaligned buffer) and for a value pushed rank by rank, the owner's copy is
+   * written, then pushed from. */
+  unsigned char* multicast =
+      own ? sg_multicast_at(call, sg_value(call, a->rank, step->out_value)) : 0;
+  const bool fused = multicast != 0 && (end - begin) % 16 == 0 &&
+                     sg_aligned16(s->operands, step->source_count, output, 0);
   /* A partial nobody reads needs no work, but its turn is still served. */
   if (own || output) {
-    sg_apply_any(&call->math, s, step->source_count, begin, end, own, output, false, finish);
+    sg_apply_any(&call->math, s, step->source_count, begin, end, fused ? multicast : own, output,
+                 fused, false, finish);
   }
   const RawValue* made = sg_value(call, a->rank, step->out_value);
-  if (own && made->pushed) sg_push_made(call, made, own, begin, end);
+  if (own && made->pushed && !fused) sg_push_made(call, made, own, begin, end);
   /* NO_READER (the source's last send) is no rank; neither is a damaged blob's reader. */
   bool serves = sg_ordered(call, step) && step->next_reader < plan->ranks;
   if (!serves && !own) return STATUS_OK;
@@ -1239,7 +1291,7 @@ SG_DEVICE void sg_apply_probe(const RawApply* a, sg_scratch* s) {
   uint64_t begin, end;
   sg_slice(a->bytes, SG_BLOCK, SG_BLOCKS, &begin, &end);
   sg_apply_any(&math, &s->step[0], operands, begin, end, (unsigned char*)a->output, 0, false,
-               false);
+               false, false);
 }
 
 /* The peer probe (RawPeerProbe): by the first thread alone, over every peer in turn, the GPU's

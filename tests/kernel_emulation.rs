@@ -1340,6 +1340,8 @@ fn every_type_and_op_matches_the_interpreter_bit_for_bit() {
 /// the first values of a 1000-element call, all of a small one, and the rest go rank by rank):
 /// every type and op at 4 ranks, 2 to 8 ranks with odd counts and misaligned buffers, bit for
 /// bit as the interpreter on every rank; multimem stores made with a region, none without.
+/// With a region that holds every value, each 16-byte unit of each value pushed to several
+/// readers goes through it exactly once, whether the data loop stored it or the push after it.
 #[test]
 fn multicast_plans_push_their_values_and_match_the_interpreter_bit_for_bit() {
     let mut cache = PlanCache::default();
@@ -1347,6 +1349,28 @@ fn multicast_plans_push_their_values_and_match_the_interpreter_bit_for_bit() {
     let stores = || {
         // SAFETY: a plain function without arguments.
         unsafe { (kernel().multimem_stores)() }
+    };
+    // Multimem stores a call of `case` makes with a region that holds all its values.
+    let units_multicast = |cache: &mut PlanCache, case: &Case| -> u64 {
+        let shape = Shape {
+            algorithm: case.algorithm,
+            ranks: case.ranks,
+            straggler: case.straggler,
+            dtype: case.dtype,
+            pieces: case.pieces,
+        };
+        let plan = planned(cache, shape, case.count).plan;
+        let delivery = plan.delivery.as_ref().expect("a multicast plan");
+        let mut units = 0;
+        for (rank, values) in delivery.pushed_to.iter().enumerate() {
+            for (value, readers) in values.iter().enumerate() {
+                if readers.len() >= 2 {
+                    let chunk = plan.programs[rank].values[value].chunk;
+                    units += plan.chunk_bytes(chunk).len().div_ceil(16) as u64;
+                }
+            }
+        }
+        units
     };
     for region in [None, Some(ARENA_BYTES), Some(4096)] {
         let before = stores();
@@ -1370,7 +1394,15 @@ fn multicast_plans_push_their_values_and_match_the_interpreter_bit_for_bit() {
                     raw: false,
                     seed,
                 };
+                let call_before = stores();
                 check(&mut comm, &mut cache, &case);
+                if region == Some(ARENA_BYTES) {
+                    assert_eq!(
+                        stores() - call_before,
+                        units_multicast(&mut cache, &case),
+                        "{dtype:?} {op:?}: multimem stores of one call"
+                    );
+                }
             }
         }
         for ranks in [2usize, 3, 5, 8] {
