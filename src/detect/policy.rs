@@ -389,32 +389,41 @@ impl Policy {
         measured: Option<&ClassTimes>,
         bytes: usize,
     ) -> Choice {
-        self.choose_exploring(detector, measured, bytes, true)
+        self.choose_exploring(detector, measured, bytes, true, None)
     }
 
     /// Whether StragglAR is what the policy prefers for a call of `bytes` on what was
     /// observed before it: [`Policy::choose`] with the class's explorations left aside. A
     /// graph capture goes by it: its replays all run what it captured, and none of them is an
-    /// exploration.
+    /// exploration. `pinned`: the finish the replays will run, where the class's graphs have one
+    /// already (fixed at its first capture); the lead must then pay for that finish, and
+    /// StragglAR times the class measured on another finish say nothing of it.
     pub fn prefers_stragglar(
         &self,
         detector: &Detector,
         measured: Option<&ClassTimes>,
         bytes: usize,
+        pinned: Option<Finish>,
     ) -> bool {
+        let measured = match pinned {
+            Some(finish) => measured.filter(|t| t.depth() == 0 || t.finish() == finish),
+            None => measured,
+        };
         matches!(
-            self.choose_exploring(detector, measured, bytes, false),
+            self.choose_exploring(detector, measured, bytes, false, pinned),
             Choice::Stragglar { .. }
         )
     }
 
-    /// [`Policy::choose`], running the class's exploration calls only where `explore`.
+    /// [`Policy::choose`], running the class's exploration calls only where `explore`, and
+    /// pricing StragglAR with `finish` where given.
     fn choose_exploring(
         &self,
         detector: &Detector,
         measured: Option<&ClassTimes>,
         bytes: usize,
         explore: bool,
+        finish: Option<Finish>,
     ) -> Choice {
         if self.ranks < 2 {
             return Choice::Baseline;
@@ -432,9 +441,10 @@ impl Policy {
                 let lead = detector.median_lead_ns(rank);
                 // A class that ran StragglAR runs its own finish: the lead that finish needs;
                 // before, the shorter of the finishes' (the one its first call would take).
-                let needed = match measured.filter(|times| times.depth() != 0) {
-                    Some(times) => self.break_even_ns_of(bytes, times.finish()),
-                    None => self.break_even_ns(bytes),
+                let needed = match (finish, measured.filter(|times| times.depth() != 0)) {
+                    (Some(finish), _) => self.break_even_ns_of(bytes, finish),
+                    (None, Some(times)) => self.break_even_ns_of(bytes, times.finish()),
+                    (None, None) => self.break_even_ns(bytes),
                 };
                 let modelled =
                     matches!((needed, lead), (Some(needed), Some(lead)) if lead >= needed);
@@ -701,6 +711,17 @@ mod tests {
         let mut point_to_point = ClassTimes::default();
         point_to_point.start(1, Finish::Pieces(1));
         assert_eq!(policy.choose(&between, Some(&point_to_point), bytes), sg);
+        // A capture goes by the finish its class's graphs were pinned to, whatever the class
+        // runs now: the lead between the two break-evens pays for one and not the other.
+        let prefers = |times: &ClassTimes, pinned| {
+            policy.prefers_stragglar(&between, Some(times), bytes, pinned)
+        };
+        assert!(prefers(&point_to_point, None));
+        assert!(!prefers(&point_to_point, Some(Finish::Multicast)));
+        assert!(!prefers(&on_multicast, None));
+        assert!(prefers(&on_multicast, Some(Finish::Pieces(1))));
+        assert!(prefers(&fresh, Some(Finish::Pieces(1))));
+        assert!(!prefers(&fresh, Some(Finish::Multicast)));
     }
 
     #[test]

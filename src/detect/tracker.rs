@@ -224,11 +224,13 @@ impl Tracker {
     }
 
     /// Whether the policy prefers StragglAR for a call of `bytes` on the records and times fed
-    /// so far, explorations aside ([`Policy::prefers_stragglar`]), without tracking a call:
-    /// what a call captured into a CUDA graph goes by. The same on every rank at the same call.
-    pub fn prefers_stragglar(&self, bytes: usize) -> bool {
+    /// so far, explorations aside, priced with the finish `pinned` where the class's graphs
+    /// have one ([`Policy::prefers_stragglar`]), without tracking a call: what a call
+    /// captured into a CUDA graph goes by. The same on every rank at the same call.
+    pub fn prefers_stragglar(&self, bytes: usize, pinned: Option<Finish>) -> bool {
         self.with_class(bytes, |detector, measured| {
-            self.policy.prefers_stragglar(detector, measured, bytes)
+            self.policy
+                .prefers_stragglar(detector, measured, bytes, pinned)
         })
     }
 
@@ -510,7 +512,7 @@ mod tests {
             while let Some(k) = t.due() {
                 t.feed(record(k));
             }
-            let prefers = t.prefers_stragglar(bytes);
+            let prefers = t.prefers_stragglar(bytes, None);
             let calls = t.calls();
             let choice = t.decide(bytes);
             assert_eq!(t.calls(), calls + 1, "asking tracks no call");
@@ -528,7 +530,10 @@ mod tests {
             first_preferred.is_some_and(|c| c >= 32),
             "{first_preferred:?}"
         );
-        assert!(!tracker(1).prefers_stragglar(bytes), "nothing designated");
+        assert!(
+            !tracker(1).prefers_stragglar(bytes, None),
+            "nothing designated"
+        );
     }
 
     #[test]

@@ -661,21 +661,20 @@ impl CudaComm {
             return Ok(Err(CallError::Failed(STATUS_ABORTED)));
         }
         let bytes = operands.count * operands.dtype.size();
-        if self.baseline == Baseline::Nccl && !self.tracker.prefers_stragglar(bytes) {
+        // Every capture of a size class runs the finish its first capture took: the device keeps
+        // one set of StragglAR times per class, which must be one finish's (alike on every rank:
+        // captures come in the same order everywhere). Whether to leave NCCL is asked of that
+        // finish too.
+        let class = crate::detect::size_class(bytes);
+        let pinned = self.graph_finishes.get(&class).copied();
+        if self.baseline == Baseline::Nccl && !self.tracker.prefers_stragglar(bytes, pinned) {
             return Err(Decline::PolicyNccl);
         }
         let policy = self.tracker.policy();
         if !self.rank.has_choices() {
             return Err(Decline::CapturingBeforeSetup);
         }
-        // Every capture of a size class runs the finish its first capture took: the device keeps
-        // one set of StragglAR times per class, which must be one finish's (alike on every rank:
-        // captures come in the same order everywhere).
-        let class = crate::detect::size_class(bytes);
-        let finish = match self.graph_finishes.get(&class) {
-            Some(&finish) => finish,
-            None => self.tracker.class_finish(bytes),
-        };
+        let finish = pinned.unwrap_or_else(|| self.tracker.class_finish(bytes));
         if let Err(e) = self
             .rank
             .choices_fit(operands.count, operands.dtype, finish)
