@@ -39,7 +39,8 @@
 #      every rank bitwise equal to the others, in place and out of place
 #      the same under CUDA graph capture and replay (--graph)
 #      the straggler policy found on the GPU, eagerly and in graph replays (--algo auto)
-#   6. ranks as processes over CUDA IPC on the same GPU (MPS if it can be started)
+#   6. ranks as processes over CUDA IPC on the same GPU (MPS if it can be started), and again
+#      with one hardware queue per process (CUDA_DEVICE_MAX_CONNECTIONS=1)
 #   7. sweeps: 8 ranks, 1K..256M, StragglAR and Ring (host time per call), and unordered reads
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -601,6 +602,19 @@ processes() {
   [ "$failures" = 0 ]
 }
 step "processes over CUDA IPC: n=2,3,4 (MPS: $([ "$MPS_STARTED" = 1 ] && echo on || echo off))" processes.log processes
+# One hardware queue per process (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron-style jobs set):
+# every stream of a rank shares one queue, whose work starts in the order it was queued, so a
+# kernel of ours that spun for work queued behind it would hang here; eager calls, then graph
+# replays choosing on the GPU. The emulated machine models the queues; this holds the engine
+# to the real ones.
+one_queue() {
+  CUDA_DEVICE_MAX_CONNECTIONS=1 sg bench --backend cuda --ranks-as processes --ranks 3 \
+    -d float,bfloat16 -o sum,max -b 1 -e 64K -f 16 -n 2 -w 1 --straggler 2 \
+    --timeout-ms 60000 || return 1
+  CUDA_DEVICE_MAX_CONNECTIONS=1 sg bench --backend cuda --ranks-as processes --ranks 3 --graph \
+    --algo auto -d float -o sum -b 1K -e 64K -f 8 -n 4 -w 1 --timeout-ms 60000
+}
+step "one hardware queue per process: 3 processes, eager and graph" one-queue.log one_queue
 if [ "$MPS_STARTED" = 1 ]; then
   timeout 10 sh -c 'echo quit | nvidia-cuda-mps-control' || true
   sleep 2

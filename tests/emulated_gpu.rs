@@ -497,6 +497,18 @@ fn bench_ranks_as_processes_run_through_ipc_eager_and_in_graphs() {
         &["--ranks-as", "processes", "--graph", "--algo", "auto"],
         &[],
     ));
+    // Each process keeps the hardware queues its environment gives it (one, as Megatron-style
+    // jobs set), where ranks as threads must raise them: eager calls and replays still run.
+    for extra in [&[][..], &["--graph"][..]] {
+        let args = [&["--ranks-as", "processes"][..], extra].concat();
+        let out = bench(&args, &[("CUDA_DEVICE_MAX_CONNECTIONS", "1")]);
+        assert_clean_bench(&out);
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("raised to"),
+            "{}",
+            support::describe(&out)
+        );
+    }
     assert_clean_bench(&bench(
         &[
             "--ranks-as",

@@ -60,6 +60,7 @@ fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
         "kernel bandwidth vs cuMemcpyDtoD",
         "fixed cost per step and per call",
         "processes over CUDA IPC: n=2,3,4",
+        "one hardware queue per process: 3 processes, eager and graph",
         "PyTorch LD_PRELOAD, world size 1",
         "observe mode, 4 PyTorch ranks on one GPU (real NCCL), rank 2 late",
     ] {

@@ -251,16 +251,19 @@ impl Rows<'_> {
 
 /// Runs `stragglar bench --backend cuda`; exit status 1 on any wrong element or failure.
 pub fn run(options: &BenchOptions) -> i32 {
-    // Every rank's stream needs its own hardware queue: with the driver's default of 8, two
-    // ranks' streams could share one, and a captured graph of one rank would queue its later
-    // calls ahead of a peer's first. Set before the driver initialises.
-    // A smaller preset value (some container images export 1) is raised, with a note.
+    // Ranks as threads: every rank's stream needs its own hardware queue: with the driver's
+    // default of 8, two ranks' streams could share one, and a captured graph of one rank would
+    // queue its later calls ahead of a peer's first. Set before the driver initialises. A
+    // smaller preset value (some container images export 1) is raised, with a note. Ranks as
+    // processes each have a context of their own, as a job's ranks do: a preset value is kept
+    // (1, as Megatron-style jobs set, runs the engine on one hardware queue per rank).
     const CONNECTIONS: u32 = MAX_CONNECTIONS;
     let preset = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok();
-    if preset
-        .as_deref()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .is_none_or(|v| v < CONNECTIONS)
+    if options.ranks_as == RanksAs::Threads
+        && preset
+            .as_deref()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .is_none_or(|v| v < CONNECTIONS)
     {
         if let Some(v) = preset {
             eprintln!("# CUDA_DEVICE_MAX_CONNECTIONS={v} raised to {CONNECTIONS}: every rank's stream needs its own hardware queue");
