@@ -380,9 +380,9 @@ SG_DEVICE uint64_t sg_value_offset(const sg_call* call, const RawValue* value) {
  * message before its first combine, is gone from the critical path; an early rank reads its
  * own chunk of the ReduceScatter so. Nothing of the call overwrites the input before its last
  * read: a rank writes its output chunk c (the same bytes, in place) only once it holds the
- * complete chunk, after every step that read its own contribution to it (src/plan checks
- * that every plan reads its IN chunk c before it completes c). Every rank decides alike for
- * its own chunks; a peer never asks. */
+ * complete chunk, after every step that read its own contribution to it (the lowering refuses
+ * a plan that reads its IN chunk c after writing output chunk c: LowerError::
+ * ReadsInputAfterOutput). Every rank decides alike for its own chunks; a peer never asks. */
 SG_DEVICE bool sg_input_in_place(const sg_call* call, const RawValue* value) {
   const RawLaunch* a = call->args;
   return value->slot == SLOT_INPUT && value->reader_count == 0 && a->has_scale == 0 &&
@@ -393,8 +393,9 @@ SG_DEVICE bool sg_input_in_place(const sg_call* call, const RawValue* value) {
  * value (RawValue::pushed) lies at its slot in this rank's own arena: its owner wrote it into
  * each reader's, and keeps the copy it pushes from in its own. One kept in the multicast region
  * lies in this rank's own memory there, for its readers and its owner alike (the owner's
- * multimem stores write its own copy too). An own IN chunk that no peer reads may lie in the
- * caller's input (sg_input_in_place). */
+ * multimem stores write its own copy too; an owner never reads a value it pushes, which the
+ * lowering refuses). An own IN chunk that no peer reads may lie in the caller's input
+ * (sg_input_in_place). */
 SG_DEVICE unsigned char* sg_value_at(const sg_call* call, uint32_t r, uint32_t v) {
   const RawValue* value = sg_value(call, r, v);
   if (value->slot == SLOT_NONE) return 0;
@@ -436,10 +437,18 @@ SG_DEVICE bool sg_aligned16(const unsigned char* const* operands, uint32_t count
  * address where `a_multicast` says so (one multimem store: every member's memory). A flag, not
  * a third pointer: the data loops have no registers to spare (a third pointer made the step and
  * the kernel spill, docs/KERNELS.md). */
+#ifdef STRAGGLAR_HOST_EMULATION
+/* Multimem stores the data loops made (a test tells them from the pushes after a step by it). */
+static uint64_t sg_loop_multimem_stores = 0;
+#endif
+
 SG_DEVICE void sg_store16_to(unsigned char* out_a, unsigned char* out_b, bool a_multicast,
                              uint64_t at, sg_vec16 v) {
   if (out_a && a_multicast) {
     sg_multimem_store16(out_a + at, v);
+#ifdef STRAGGLAR_HOST_EMULATION
+    __atomic_fetch_add(&sg_loop_multimem_stores, 1, __ATOMIC_RELAXED);
+#endif
   } else if (out_a) {
     sg_store16(out_a + at, v);
   }
@@ -943,13 +952,6 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
         status = sg_wait(call, sg_turn_word(call, a->rank, sources[source].rank),
                          sg_served(call->flag, step->turn), SG_ANY_PEER);
       }
-    } else if (i < count) {
-      /* An own value kept in the multicast region was written through the multicast address:
-       * read at this rank's own address, it needs the alias fence as a peer's does. */
-      uint64_t region_offset;
-      if (sg_in_multicast(call, sg_value(call, a->rank, sources[i].value), &region_offset)) {
-        sg_fence_proxy_alias();
-      }
     }
     if (i < count) s->operands[i] = sg_value_at(call, sources[i].rank, sources[i].value);
     s->waits[i] = status;
@@ -974,7 +976,7 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
   unsigned char* multicast =
       own ? sg_multicast_at(call, sg_value(call, a->rank, step->out_value)) : 0;
   const bool fused = multicast != 0 && (end - begin) % 16 == 0 &&
-                     sg_aligned16(s->operands, step->source_count, output, 0);
+                     sg_aligned16(s->operands, step->source_count, output, multicast);
   /* A partial nobody reads needs no work, but its turn is still served. */
   if (own || output) {
     sg_apply_any(&call->math, s, step->source_count, begin, end, fused ? multicast : own, output,
@@ -1499,6 +1501,11 @@ extern "C" uint64_t stragglar_emulate_multimem_stores(void) {
   const uint64_t stores = sg_host_multimem_stores;
   pthread_mutex_unlock(&sg_multicasts_lock);
   return stores;
+}
+
+/* How many of them the data loops made (see sg_store16_to). */
+extern "C" uint64_t stragglar_emulate_loop_multimem_stores(void) {
+  return __atomic_load_n(&sg_loop_multimem_stores, __ATOMIC_RELAXED);
 }
 
 /* How many turns were handed on out of order so far (see sg_serve). */

@@ -614,7 +614,7 @@ one_queue() {
   CUDA_DEVICE_MAX_CONNECTIONS=1 sg bench --backend cuda --ranks-as processes --ranks 3 --graph \
     --algo auto -d float -o sum -b 1K -e 64K -f 8 -n 4 -w 1 --timeout-ms 60000
 }
-step "one hardware queue per process: 3 processes, eager and graph" one-queue.log one_queue
+step "one hardware queue per process: 3 processes, eager and graph (MPS: $([ "$MPS_STARTED" = 1 ] && echo on || echo off))" one-queue.log one_queue
 if [ "$MPS_STARTED" = 1 ]; then
   timeout 10 sh -c 'echo quit | nvidia-cuda-mps-control' || true
   sleep 2

@@ -101,6 +101,8 @@ struct Kernel {
     /// `stragglar_emulate_multimem_stores`: multimem stores the harness wrote so far, in every
     /// test of this binary.
     multimem_stores: unsafe extern "C" fn() -> u64,
+    /// `stragglar_emulate_loop_multimem_stores`: of those, the ones the data loops made.
+    loop_multimem_stores: unsafe extern "C" fn() -> u64,
     scratch_bytes: usize,
 }
 
@@ -219,6 +221,10 @@ fn kernel() -> &'static Kernel {
             multimem_stores: export!(
                 unsafe extern "C" fn() -> u64,
                 "stragglar_emulate_multimem_stores"
+            ),
+            loop_multimem_stores: export!(
+                unsafe extern "C" fn() -> u64,
+                "stragglar_emulate_loop_multimem_stores"
             ),
             // SAFETY: a plain function without arguments.
             scratch_bytes: unsafe { scratch() } as usize,
@@ -1156,16 +1162,22 @@ fn chunks_read_in_place(plan: &Plan, scales: &[Scale], input_aligned: bool) -> V
         .collect()
 }
 
+impl Case {
+    /// The plan cache's key of this case's plan.
+    fn shape(&self) -> Shape {
+        Shape {
+            algorithm: self.algorithm,
+            ranks: self.ranks,
+            straggler: self.straggler,
+            dtype: self.dtype,
+            pieces: self.pieces,
+        }
+    }
+}
+
 /// Runs `case` on `comm` and checks every rank against the plan interpreter, bit for bit.
 fn check(comm: &mut Comm, cache: &mut PlanCache, case: &Case) {
-    let shape = Shape {
-        algorithm: case.algorithm,
-        ranks: case.ranks,
-        straggler: case.straggler,
-        dtype: case.dtype,
-        pieces: case.pieces,
-    };
-    let plan = planned(cache, shape, case.count);
+    let plan = planned(cache, case.shape(), case.count);
     let bytes = case.count * case.dtype.size();
     let data: Vec<Vec<u8>> = (0..case.ranks)
         .map(|r| input(case.dtype, case.op, r, case.count, case.seed, case.raw))
@@ -1350,16 +1362,13 @@ fn multicast_plans_push_their_values_and_match_the_interpreter_bit_for_bit() {
         // SAFETY: a plain function without arguments.
         unsafe { (kernel().multimem_stores)() }
     };
+    let loop_stores = || {
+        // SAFETY: a plain function without arguments.
+        unsafe { (kernel().loop_multimem_stores)() }
+    };
     // Multimem stores a call of `case` makes with a region that holds all its values.
     let units_multicast = |cache: &mut PlanCache, case: &Case| -> u64 {
-        let shape = Shape {
-            algorithm: case.algorithm,
-            ranks: case.ranks,
-            straggler: case.straggler,
-            dtype: case.dtype,
-            pieces: case.pieces,
-        };
-        let plan = planned(cache, shape, case.count).plan;
+        let plan = planned(cache, case.shape(), case.count).plan;
         let delivery = plan.delivery.as_ref().expect("a multicast plan");
         let mut units = 0;
         for (rank, values) in delivery.pushed_to.iter().enumerate() {
@@ -1394,14 +1403,23 @@ fn multicast_plans_push_their_values_and_match_the_interpreter_bit_for_bit() {
                     raw: false,
                     seed,
                 };
-                let call_before = stores();
+                let (call_before, loop_before) = (stores(), loop_stores());
                 check(&mut comm, &mut cache, &case);
                 if region == Some(ARENA_BYTES) {
-                    assert_eq!(
-                        stores() - call_before,
-                        units_multicast(&mut cache, &case),
-                        "{dtype:?} {op:?}: multimem stores of one call"
-                    );
+                    let units = units_multicast(&mut cache, &case);
+                    let from_loops = loop_stores() - loop_before;
+                    let label = format!("{dtype:?} {op:?}, {} elements", case.count);
+                    assert_eq!(stores() - call_before, units, "{label}: multimem stores");
+                    // Aligned buffers: the data loops store every whole slice; only a slice
+                    // ending in a partial vector (the message's last) is pushed afterwards.
+                    if case.count * dtype.size() % 16 == 0 {
+                        assert_eq!(from_loops, units, "{label}: stored by the loops");
+                    } else {
+                        assert!(
+                            0 < from_loops && from_loops < units,
+                            "{label}: {from_loops}"
+                        );
+                    }
                 }
             }
         }

@@ -396,8 +396,9 @@ impl Policy {
     /// observed before it: [`Policy::choose`] with the class's explorations left aside. A
     /// graph capture goes by it: its replays all run what it captured, and none of them is an
     /// exploration. `pinned`: the finish the replays will run, where the class's graphs have one
-    /// already (fixed at its first capture); the lead must then pay for that finish, and
-    /// StragglAR times the class measured on another finish say nothing of it.
+    /// already (fixed at its first capture); the lead must then pay for that finish, and a
+    /// class whose StragglAR times were measured on another finish is priced on the model
+    /// alone (its baseline times set aside with them: the comparison needs both).
     pub fn prefers_stragglar(
         &self,
         detector: &Detector,
@@ -722,6 +723,23 @@ mod tests {
         assert!(prefers(&on_multicast, Some(Finish::Pieces(1))));
         assert!(prefers(&fresh, Some(Finish::Pieces(1))));
         assert!(!prefers(&fresh, Some(Finish::Multicast)));
+        // Times measured on another finish say nothing of the pinned one: a class whose
+        // multicast calls beat NCCL, at a lead too short for the point-to-point finish, does
+        // not capture a graph pinned to point to point; unpinned, its measurements decide.
+        let short_lead = detector_with(8, 7, short / 2);
+        let mut measured = ClassTimes::default();
+        measured.start(1, Finish::Multicast);
+        for _ in 0..8 {
+            measured.add(true, 1_000_000);
+            measured.add(false, 2_000_000);
+            measured.decided += 1;
+        }
+        assert_eq!(measured.stragglar_wins(), Some(true));
+        let prefers_short =
+            |pinned| policy.prefers_stragglar(&short_lead, Some(&measured), bytes, pinned);
+        assert!(prefers_short(None));
+        assert!(prefers_short(Some(Finish::Multicast)));
+        assert!(!prefers_short(Some(Finish::Pieces(1))));
     }
 
     #[test]

@@ -32,6 +32,13 @@ pub enum LowerError {
     NoOwner { chunk: usize },
     /// Some rank ends without the complete value of some chunk.
     Incomplete { rank: usize, chunk: usize },
+    /// A rank reads its own `IN` chunk after writing that chunk's output: the GPU kernel reads
+    /// an `IN` chunk that no peer reads in the caller's input, which an in-place call has then
+    /// overwritten.
+    ReadsInputAfterOutput { rank: usize, chunk: usize },
+    /// A rank reads a value it pushes into its readers: the GPU kernel keeps such a value in
+    /// the multicast region, where the owner's own reads are not ordered after its stores.
+    ReadsOwnPushedValue { rank: usize, chunk: usize },
 }
 
 impl fmt::Display for LowerError {
@@ -50,6 +57,13 @@ impl fmt::Display for LowerError {
             ),
             LowerError::Incomplete { rank, chunk } => {
                 write!(f, "rank {rank} ends without the complete chunk {chunk}")
+            }
+            LowerError::ReadsInputAfterOutput { rank, chunk } => write!(
+                f,
+                "rank {rank} reads its input chunk {chunk} after writing that chunk's output"
+            ),
+            LowerError::ReadsOwnPushedValue { rank, chunk } => {
+                write!(f, "rank {rank} reads its own pushed value of chunk {chunk}")
             }
         }
     }
@@ -343,6 +357,7 @@ impl Lowering {
                 return Err(LowerError::Incomplete { rank, chunk });
             }
         }
+        check_reads(&self.programs, self.chunks, &self.pushed_to)?;
         // DefaultHasher::new() uses fixed keys: the same value in every process.
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (&self.programs, &self.reads, self.multicast).hash(&mut hasher);
@@ -372,6 +387,40 @@ impl Lowering {
         lowered.need = lowered.compute_need(self.sends.iter().copied().max().unwrap_or(0));
         Ok(lowered)
     }
+}
+
+/// Checks what the GPU kernel relies on when it reads: every rank reads its own `IN` chunk `c`
+/// only before it writes its output chunk `c` (a complete combine or a copy of chunk `c`), and
+/// no rank reads a value it pushes (`pushed_to[rank][value]` non-empty).
+pub(super) fn check_reads(
+    programs: &[RankProgram],
+    chunks: usize,
+    pushed_to: &[Vec<Vec<usize>>],
+) -> Result<(), LowerError> {
+    for (rank, program) in programs.iter().enumerate() {
+        let mut written = vec![false; chunks];
+        for step in &program.steps {
+            for source in step.reads().0.iter().filter(|s| s.rank == rank) {
+                let chunk = program.values[source.id].chunk;
+                if source.id < chunks && written[source.id] {
+                    return Err(LowerError::ReadsInputAfterOutput { rank, chunk });
+                }
+                if !pushed_to[rank][source.id].is_empty() {
+                    return Err(LowerError::ReadsOwnPushedValue { rank, chunk });
+                }
+            }
+            match step {
+                Step::Combine {
+                    chunk,
+                    complete: true,
+                    ..
+                }
+                | Step::Copy { chunk, .. } => written[*chunk] = true,
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A schedule lowered to per-rank programs, for any count: the steps and values, without the

@@ -255,8 +255,9 @@ pub fn run(options: &BenchOptions) -> i32 {
     // default of 8, two ranks' streams could share one, and a captured graph of one rank would
     // queue its later calls ahead of a peer's first. Set before the driver initialises. A
     // smaller preset value (some container images export 1) is raised, with a note. Ranks as
-    // processes each have a context of their own, as a job's ranks do: a preset value is kept
-    // (1, as Megatron-style jobs set, runs the engine on one hardware queue per rank).
+    // processes are processes of their own, as a job's ranks are, each reading the variable
+    // for itself: a preset value is kept (1, as Megatron-style jobs set, runs the engine on one
+    // hardware queue per rank).
     const CONNECTIONS: u32 = MAX_CONNECTIONS;
     let preset = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok();
     if options.ranks_as == RanksAs::Threads
