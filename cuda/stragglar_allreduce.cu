@@ -433,15 +433,15 @@ SG_DEVICE bool sg_aligned16(const unsigned char* const* operands, uint32_t count
   return aligned;
 }
 
-/* Stores one 16-byte vector at byte `at` of up to two destinations; `out_a` is a multicast
- * address where `a_multicast` says so (one multimem store: every member's memory). A flag, not
- * a third pointer: the data loops have no registers to spare (a third pointer made the step and
- * the kernel spill, docs/KERNELS.md). */
 #ifdef STRAGGLAR_HOST_EMULATION
 /* Multimem stores the data loops made (a test tells them from the pushes after a step by it). */
 static uint64_t sg_loop_multimem_stores = 0;
 #endif
 
+/* Stores one 16-byte vector at byte `at` of up to two destinations; `out_a` is a multicast
+ * address where `a_multicast` says so (one multimem store: every member's memory). A flag, not
+ * a third pointer: the data loops have no registers to spare (a third pointer made the step and
+ * the kernel spill, docs/KERNELS.md). */
 SG_DEVICE void sg_store16_to(unsigned char* out_a, unsigned char* out_b, bool a_multicast,
                              uint64_t at, sg_vec16 v) {
   if (out_a && a_multicast) {
@@ -973,6 +973,8 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
    * barrier before one, where the loop stores the whole slice by vectors. Otherwise (a partial
    * last vector, a misaligned buffer) and for a value pushed rank by rank, the owner's copy is
    * written, then pushed from. */
+  /* The value's table entry is looked up again after the data loop, not kept across it: kept,
+   * it made the kernel spill on sm_90 (ptxas). */
   unsigned char* multicast =
       own ? sg_multicast_at(call, sg_value(call, a->rank, step->out_value)) : 0;
   const bool fused = multicast != 0 && (end - begin) % 16 == 0 &&
