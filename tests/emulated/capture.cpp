@@ -15,7 +15,10 @@ namespace emu {
 namespace {
 uint64_t g_next_capture = 1;
 std::vector<Capture*>* g_captures = new std::vector<Capture*>(); /* active ones */
-std::set<Graph*>* g_graphs = new std::set<Graph*>();
+std::set<Graph*>* g_graphs = new std::set<Graph*>();  /* ended captures */
+std::set<Graph*>* g_bodies = new std::set<Graph*>();  /* conditional nodes' bodies */
+std::set<NodeRef*>* g_node_refs = new std::set<NodeRef*>();
+std::set<Condition*>* g_conditions = new std::set<Condition*>();
 std::map<GraphExec*, std::shared_ptr<GraphExec>>* g_execs =
     new std::map<GraphExec*, std::shared_ptr<GraphExec>>();
 
@@ -54,10 +57,20 @@ bool joined(const Graph& g, const std::vector<size_t>& roots, const std::vector<
  * after another in it. Seeded, each node runs on a thread of its own once its dependencies
  * have finished, the ready ones started in a random order after random delays (below 100 us),
  * so independent branches run at the same time, as on a GPU. */
+void run_nodes(const std::vector<Node>& nodes, uint64_t launch);
+
+/* Runs one node: its work, or its child graph, or (a conditional node) its body when its
+ * handle's value is nonzero as it starts. */
+void run_node(const Node& n, uint64_t launch) {
+  if (n.run) n.run();
+  if (!n.body) return;
+  if (n.condition && n.condition->value.load(std::memory_order_acquire) == 0) return;
+  run_nodes(n.body->nodes, launch);
+}
+
 void run_nodes(const std::vector<Node>& nodes, uint64_t launch) {
   if (!schedule_seed()) {
-    for (const Node& n : nodes)
-      if (n.run) n.run();
+    for (const Node& n : nodes) run_node(n, launch);
     return;
   }
   Rng choices = rng_for(kChoiceGraph, launch, 0);
@@ -82,7 +95,7 @@ void run_nodes(const std::vector<Node>& nodes, uint64_t launch) {
       running.emplace_back([&, i, delay_us] {
         struct timespec t = {0, (long)delay_us * 1000};
         nanosleep(&t, nullptr);
-        if (nodes[i].run) nodes[i].run();
+        run_node(nodes[i], launch);
         std::lock_guard<std::mutex> g(m);
         finished[i] = true;
         done++;
@@ -95,7 +108,140 @@ void run_nodes(const std::vector<Node>& nodes, uint64_t launch) {
   l.unlock();
   for (std::thread& t : running) t.join();
 }
+
+/* The handle of node `i` of `g`, made on first use. */
+CUgraphNode ref_of(Graph* g, size_t i) {
+  if (g->refs.size() < g->nodes.size()) g->refs.resize(g->nodes.size());
+  if (!g->refs[i]) {
+    g->refs[i].reset(new NodeRef{g, i});
+    g_node_refs->insert(g->refs[i].get());
+  }
+  return (CUgraphNode)g->refs[i].get();
+}
+
+/* The node a handle names, or null (never made, destroyed, or of a destroyed graph). */
+NodeRef* node_of(CUgraphNode h) {
+  NodeRef* r = (NodeRef*)h;
+  if (!r || !g_node_refs->count(r) || r->graph->nodes[r->index].removed) return nullptr;
+  return r;
+}
+
+/* A graph nodes may be added to: an ended capture, a conditional body, or the graph of a
+ * capture in progress (cuStreamGetCaptureInfo gives it out for that). */
+Graph* writable_graph(CUgraph h) {
+  Graph* g = (Graph*)h;
+  if (!g) return nullptr;
+  if (g_graphs->count(g) || g_bodies->count(g)) return g;
+  for (Capture* c : *g_captures)
+    if (c->graph == g) return g;
+  return nullptr;
+}
+
+/* The graph `g`'s node indices of the handles `deps[0..n)`, or false when one is not a node
+ * of `g`. */
+bool indices_in(Graph* g, const CUgraphNode* deps, size_t n, std::vector<size_t>* out) {
+  if (n != 0 && !deps) return false;
+  for (size_t i = 0; i < n; ++i) {
+    NodeRef* r = node_of(deps[i]);
+    if (!r || r->graph != g) return false;
+    out->push_back(r->index);
+  }
+  return true;
+}
+
+/* Whether a conditional body may hold every node of `nodes` (kernel, empty, child graph,
+ * memset, memcpy and conditional nodes, child graphs checked through). */
+bool fits_a_body(const std::vector<Node>& nodes) {
+  for (const Node& n : nodes) {
+    if (n.removed) continue;
+    switch (n.type) {
+      case CU_GRAPH_NODE_TYPE_KERNEL:
+      case CU_GRAPH_NODE_TYPE_EMPTY:
+      case CU_GRAPH_NODE_TYPE_MEMSET:
+      case CU_GRAPH_NODE_TYPE_MEMCPY:
+      case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+        break;
+      case CU_GRAPH_NODE_TYPE_GRAPH:
+        if (!fits_a_body(n.body->nodes)) return false;
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
+bool has_conditional(const std::vector<Node>& nodes) {
+  for (const Node& n : nodes) {
+    if (n.removed) continue;
+    if (n.type == CU_GRAPH_NODE_TYPE_CONDITIONAL) return true;
+    if (n.type == CU_GRAPH_NODE_TYPE_GRAPH && has_conditional(n.body->nodes)) return true;
+  }
+  return false;
+}
+
+/* The event nodes of `nodes` and of their child graphs (conditional bodies hold none). */
+void event_nodes(const std::vector<Node>& nodes, std::vector<const Node*>* out) {
+  for (const Node& n : nodes) {
+    if (n.wait_external || n.record_external) out->push_back(&n);
+    if (n.type == CU_GRAPH_NODE_TYPE_GRAPH) event_nodes(n.body->nodes, out);
+  }
+}
+
+/* Forgets the handles of `g`'s nodes and of its conditional bodies'. */
+void forget_graph(Graph* g) {
+  for (auto& r : g->refs)
+    if (r) g_node_refs->erase(r.get());
+  for (Node& n : g->nodes) {
+    if (n.condition && n.body) {
+      g_bodies->erase(n.body.get());
+      forget_graph(n.body.get());
+    }
+  }
+}
+
+/* Adds node `n` to `g` after `deps` and gives out its handle. */
+CUresult add(Graph* g, const CUgraphNode* deps, size_t count, Node n, CUgraphNode* out) {
+  if (!indices_in(g, deps, count, &n.deps)) return CUDA_ERROR_INVALID_VALUE;
+  if (g->is_body && !fits_a_body({n})) return CUDA_ERROR_NOT_SUPPORTED;
+  g->nodes.push_back(std::move(n));
+  *out = ref_of(g, g->nodes.size() - 1);
+  return CUDA_SUCCESS;
+}
+
+/* Whether the edge data of an edge is the default (a full dependency), the only kind
+ * modelled. */
+bool default_edges(const CUgraphEdgeData* edges, size_t n) {
+  if (!edges) return true;
+  for (size_t i = 0; i < n; ++i)
+    if (edges[i].from_port != 0 || edges[i].to_port != 0 || edges[i].type != 0) return false;
+  return true;
+}
+
+/* The handles `list` of node indices of `g` into `out[0..*count)` (cuGraphGetNodes' rule: a
+ * null `out` asks for the count; entries past the list are null). */
+CUresult give_nodes(Graph* g, const std::vector<size_t>& list, CUgraphNode* out, size_t* count) {
+  if (!count) return CUDA_ERROR_INVALID_VALUE;
+  if (out) {
+    for (size_t i = 0; i < *count; ++i) out[i] = i < list.size() ? ref_of(g, list[i]) : nullptr;
+  }
+  *count = list.size();
+  return CUDA_SUCCESS;
+}
 }  // namespace
+
+void set_conditional(uint64_t handle, unsigned value) {
+  Condition* c = (Condition*)handle;
+  {
+    std::lock_guard<std::mutex> g(capture_lock());
+    if (!g_conditions->count(c)) {
+      fprintf(stderr, "emulated GPU: cudaGraphSetConditional with handle %#llx, which the driver never made\n",
+              (unsigned long long)handle);
+      abort();
+    }
+  }
+  c->value.store(value, std::memory_order_release);
+}
 
 /* The calling thread's capture mode (cuThreadExchangeStreamCaptureMode). */
 thread_local CUstreamCaptureMode t_thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
@@ -121,11 +267,12 @@ bool unsafe_call_forbidden() {
   return forbidden;
 }
 
-void capture_node(Stream* s, std::function<void()> run) {
+void capture_node(Stream* s, std::function<void()> run, CUgraphNodeType type) {
   Graph* g = s->capture->graph;
   Node n;
   n.deps = s->tail;
   n.run = std::move(run);
+  n.type = type;
   g->nodes.push_back(std::move(n));
   s->tail.assign(1, g->nodes.size() - 1);
 }
@@ -194,6 +341,7 @@ CUresult cuStreamEndCapture(CUstream hs, CUgraph* out) {
     g_graphs->insert(c->graph);
     *out = (CUgraph)c->graph;
   } else {
+    forget_graph(c->graph);
     delete c->graph;
   }
   c->graph = nullptr;
@@ -248,10 +396,12 @@ CUresult cuStreamGetCaptureInfo_v3(CUstream hs, CUstreamCaptureStatus* status, c
   *status = c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
   if (id) *id = c->id;
   if (graph) *graph = (CUgraph)c->graph;
-  /* Node handles are not modelled: callers get the count and no list. */
-  if (deps) *deps = nullptr;
+  /* The nodes later work on the stream will depend on, valid until the next call. */
+  s->tail_handles.clear();
+  for (size_t n : s->tail) s->tail_handles.push_back(ref_of(c->graph, n));
+  if (deps) *deps = s->tail_handles.empty() ? nullptr : s->tail_handles.data();
   if (edges) *edges = nullptr;
-  if (count) *count = 0;
+  if (count) *count = s->tail_handles.size();
   return CUDA_SUCCESS;
 }
 
@@ -271,6 +421,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph hg, unsigned long
   if (!graph || !g_graphs->count(graph)) return CUDA_ERROR_INVALID_HANDLE;
   auto exec = std::make_shared<GraphExec>();
   exec->nodes = graph->nodes;
+  exec->conditions = graph->conditions;
   (*g_execs)[exec.get()] = exec;
   *out = (CUgraphExec)exec.get();
   return CUDA_SUCCESS;
@@ -291,17 +442,23 @@ CUresult cuGraphLaunch(CUgraphExec he, CUstream hs) {
    * records, as of this launch. */
   std::vector<std::pair<Stream*, uint64_t>> deps;
   if (exec->last_launch.first) deps.push_back(exec->last_launch);
-  for (const Node& n : exec->nodes) {
-    Event* e = n.wait_external;
+  std::vector<const Node*> events;
+  event_nodes(exec->nodes, &events);
+  for (const Node* n : events) {
+    Event* e = n->wait_external;
     if (e && is_event(e) && !e->capture && e->stream) deps.push_back({e->stream, e->seq});
   }
   static uint64_t graph_launches = 0; /* under the driver lock */
   const uint64_t launch = ++graph_launches;
-  r = enqueue_locked(s, std::move(deps), [exec, launch] { run_nodes(exec->nodes, launch); });
+  r = enqueue_locked(s, std::move(deps), [exec, launch] {
+    for (Condition* c : exec->conditions)
+      if (c->assign_default) c->value.store(c->default_value, std::memory_order_relaxed);
+    run_nodes(exec->nodes, launch);
+  });
   if (r != CUDA_SUCCESS) return r;
   exec->last_launch = {s, s->enqueued};
-  for (const Node& n : exec->nodes) {
-    Event* e = n.record_external;
+  for (const Node* n : events) {
+    Event* e = n->record_external;
     if (!e || !is_event(e)) continue;
     e->capture = nullptr;
     e->nodes.clear();
@@ -318,6 +475,7 @@ CUresult cuGraphDestroy(CUgraph hg) {
   Graph* graph = (Graph*)hg;
   if (!graph || !g_graphs->count(graph)) return CUDA_ERROR_INVALID_HANDLE;
   g_graphs->erase(graph);
+  forget_graph(graph);
   delete graph;
   return CUDA_SUCCESS;
 }
@@ -330,6 +488,233 @@ CUresult cuGraphExecDestroy(CUgraphExec he) {
   if (it == g_execs->end()) return CUDA_ERROR_INVALID_HANDLE;
   g_execs->erase(it); /* a launch still queued keeps its own reference */
   return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------ building graphs by hand ---- */
+
+CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph hg, CUcontext ctx,
+                                        unsigned int default_value, unsigned int flags) {
+  EMU_FAULT("cuGraphConditionalHandleCreate");
+  EMU_REQUIRE_INIT();
+  if (!out || (flags & ~CU_GRAPH_COND_ASSIGN_DEFAULT) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!is_context((Context*)ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard<std::mutex> g(capture_lock());
+  Graph* graph = writable_graph(hg);
+  if (!graph) return CUDA_ERROR_INVALID_VALUE;
+  Condition* c = new Condition();
+  c->default_value = default_value;
+  c->assign_default = (flags & CU_GRAPH_COND_ASSIGN_DEFAULT) != 0;
+  c->value.store(default_value);
+  graph->conditions.push_back(c);
+  g_conditions->insert(c);
+  *out = (CUgraphConditionalHandle)c;
+  return CUDA_SUCCESS;
+}
+
+/* An empty node, or a conditional IF node with one body (the body's handle into
+ * `phGraph_out[0]`); other types through this call are not modelled. */
+CUresult cuGraphAddNode_v2(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                           const CUgraphEdgeData* edges, size_t count, CUgraphNodeParams* params) {
+  EMU_FAULT("cuGraphAddNode_v2");
+  EMU_REQUIRE_INIT();
+  if (!out || !params) return CUDA_ERROR_INVALID_VALUE;
+  if (!default_edges(edges, count)) return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard<std::mutex> g(capture_lock());
+  Graph* graph = writable_graph(hg);
+  if (!graph) return CUDA_ERROR_INVALID_VALUE;
+  Node n;
+  n.type = params->type;
+  if (params->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
+    CUDA_CONDITIONAL_NODE_PARAMS& p = params->conditional;
+    Condition* c = (Condition*)p.handle;
+    bool own = false;
+    for (Condition* mine : graph->conditions) own = own || mine == c;
+    if (!own || !p.phGraph_out) return CUDA_ERROR_INVALID_VALUE;
+    if (p.type != CU_GRAPH_COND_TYPE_IF || p.size != 1) return CUDA_ERROR_NOT_SUPPORTED;
+    n.condition = c;
+    n.body = std::make_shared<Graph>();
+    n.body->is_body = true;
+  } else if (params->type != CU_GRAPH_NODE_TYPE_EMPTY) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  std::shared_ptr<Graph> body = n.body;
+  CUresult r = add(graph, deps, count, std::move(n), out);
+  if (r == CUDA_SUCCESS && body) {
+    g_bodies->insert(body.get());
+    params->conditional.phGraph_out[0] = (CUgraph)body.get();
+  }
+  return r;
+}
+
+CUresult cuGraphAddNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t count,
+                        CUgraphNodeParams* params) {
+  EMU_FAULT("cuGraphAddNode");
+  return cuGraphAddNode_v2(out, hg, deps, nullptr, count, params);
+}
+
+/* A child graph node: a copy of `child` (which may hold no conditional node, the real
+ * driver's rule) runs in its place at every launch. */
+CUresult cuGraphAddChildGraphNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                                  size_t count, CUgraph hchild) {
+  EMU_FAULT("cuGraphAddChildGraphNode");
+  EMU_REQUIRE_INIT();
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(capture_lock());
+  Graph* graph = writable_graph(hg);
+  Graph* child = (Graph*)hchild;
+  if (!graph || !child || !g_graphs->count(child) || child == graph) return CUDA_ERROR_INVALID_VALUE;
+  if (has_conditional(child->nodes)) return CUDA_ERROR_INVALID_VALUE;
+  Node n;
+  n.type = CU_GRAPH_NODE_TYPE_GRAPH;
+  n.body = std::make_shared<Graph>();
+  n.body->nodes = child->nodes;
+  return add(graph, deps, count, std::move(n), out);
+}
+
+static CUresult add_event_node(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                               size_t count, CUevent he, bool wait) {
+  if (!out) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(capture_lock());
+  Graph* graph = writable_graph(hg);
+  Event* e = (Event*)he;
+  if (!graph || !e || !is_event(e)) return CUDA_ERROR_INVALID_VALUE;
+  Node n;
+  n.type = wait ? CU_GRAPH_NODE_TYPE_WAIT_EVENT : CU_GRAPH_NODE_TYPE_EVENT_RECORD;
+  (wait ? n.wait_external : n.record_external) = e;
+  return add(graph, deps, count, std::move(n), out);
+}
+
+CUresult cuGraphAddEventWaitNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                                 size_t count, CUevent e) {
+  EMU_FAULT("cuGraphAddEventWaitNode");
+  EMU_REQUIRE_INIT();
+  return add_event_node(out, hg, deps, count, e, true);
+}
+
+CUresult cuGraphAddEventRecordNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                                   size_t count, CUevent e) {
+  EMU_FAULT("cuGraphAddEventRecordNode");
+  EMU_REQUIRE_INIT();
+  return add_event_node(out, hg, deps, count, e, false);
+}
+
+CUresult cuGraphGetNodes(CUgraph hg, CUgraphNode* out, size_t* count) {
+  EMU_FAULT("cuGraphGetNodes");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(capture_lock());
+  Graph* graph = writable_graph(hg);
+  if (!graph) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<size_t> list;
+  for (size_t i = 0; i < graph->nodes.size(); ++i)
+    if (!graph->nodes[i].removed) list.push_back(i);
+  return give_nodes(graph, list, out, count);
+}
+
+CUresult cuGraphNodeGetType(CUgraphNode h, CUgraphNodeType* type) {
+  EMU_FAULT("cuGraphNodeGetType");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(capture_lock());
+  NodeRef* r = node_of(h);
+  if (!r || !type) return CUDA_ERROR_INVALID_VALUE;
+  *type = r->graph->nodes[r->index].type;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphNodeGetDependencies(CUgraphNode h, CUgraphNode* out, size_t* count) {
+  EMU_FAULT("cuGraphNodeGetDependencies");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(capture_lock());
+  NodeRef* r = node_of(h);
+  if (!r) return CUDA_ERROR_INVALID_VALUE;
+  return give_nodes(r->graph, r->graph->nodes[r->index].deps, out, count);
+}
+
+CUresult cuGraphNodeGetDependentNodes(CUgraphNode h, CUgraphNode* out, size_t* count) {
+  EMU_FAULT("cuGraphNodeGetDependentNodes");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(capture_lock());
+  NodeRef* r = node_of(h);
+  if (!r) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<size_t> list;
+  const std::vector<Node>& nodes = r->graph->nodes;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (size_t d : nodes[i].deps)
+      if (d == r->index && !nodes[i].removed) list.push_back(i);
+  return give_nodes(r->graph, list, out, count);
+}
+
+static CUresult event_of_node(CUgraphNode h, CUevent* out, bool wait) {
+  std::lock_guard<std::mutex> g(capture_lock());
+  NodeRef* r = node_of(h);
+  if (!r || !out) return CUDA_ERROR_INVALID_VALUE;
+  const Node& n = r->graph->nodes[r->index];
+  Event* e = wait ? n.wait_external : n.record_external;
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  *out = (CUevent)e;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphEventWaitNodeGetEvent(CUgraphNode h, CUevent* out) {
+  EMU_FAULT("cuGraphEventWaitNodeGetEvent");
+  EMU_REQUIRE_INIT();
+  return event_of_node(h, out, true);
+}
+
+CUresult cuGraphEventRecordNodeGetEvent(CUgraphNode h, CUevent* out) {
+  EMU_FAULT("cuGraphEventRecordNodeGetEvent");
+  EMU_REQUIRE_INIT();
+  return event_of_node(h, out, false);
+}
+
+/* Removes a node and its edges (kept as an empty node with no edges, so indices stay). */
+CUresult cuGraphDestroyNode(CUgraphNode h) {
+  EMU_FAULT("cuGraphDestroyNode");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(capture_lock());
+  NodeRef* r = node_of(h);
+  if (!r) return CUDA_ERROR_INVALID_VALUE;
+  Graph* graph = r->graph;
+  Node& n = graph->nodes[r->index];
+  if (n.condition && n.body) {
+    g_bodies->erase(n.body.get());
+    forget_graph(n.body.get());
+  }
+  n = Node();
+  n.removed = true;
+  for (Node& other : graph->nodes) {
+    std::vector<size_t> kept;
+    for (size_t d : other.deps)
+      if (d != r->index) kept.push_back(d);
+    other.deps.swap(kept);
+  }
+  return CUDA_SUCCESS;
+}
+
+/* Sets (CU_STREAM_SET_CAPTURE_DEPENDENCIES) or adds to (CU_STREAM_ADD_CAPTURE_DEPENDENCIES)
+ * the nodes later work captured on the stream depends on. */
+CUresult cuStreamUpdateCaptureDependencies_v2(CUstream hs, CUgraphNode* deps,
+                                              const CUgraphEdgeData* edges, size_t count,
+                                              unsigned int flags) {
+  EMU_FAULT("cuStreamUpdateCaptureDependencies_v2");
+  if (flags != CU_STREAM_ADD_CAPTURE_DEPENDENCIES && flags != CU_STREAM_SET_CAPTURE_DEPENDENCIES)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!default_edges(edges, count)) return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard<std::mutex> g(capture_lock());
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(hs, &s);
+  if (r != CUDA_SUCCESS) return r;
+  if (!s->capture) return CUDA_ERROR_ILLEGAL_STATE;
+  std::vector<size_t> nodes;
+  if (!indices_in(s->capture->graph, deps, count, &nodes)) return CUDA_ERROR_INVALID_VALUE;
+  if (flags == CU_STREAM_SET_CAPTURE_DEPENDENCIES) s->tail.clear();
+  for (size_t n : nodes) s->tail.push_back(n);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamUpdateCaptureDependencies(CUstream hs, CUgraphNode* deps, size_t count,
+                                           unsigned int flags) {
+  EMU_FAULT("cuStreamUpdateCaptureDependencies");
+  return cuStreamUpdateCaptureDependencies_v2(hs, deps, nullptr, count, flags);
 }
 
 }  // extern "C"

@@ -116,14 +116,17 @@ struct Stream {
   /* Capture state, guarded by the global capture lock. */
   Capture* capture = nullptr;
   std::vector<size_t> tail; /* the capture's nodes later work on this stream depends on */
+  /* The handles of `tail` cuStreamGetCaptureInfo last gave out (valid until the next call). */
+  std::vector<CUgraphNode> tail_handles;
 };
 
 bool is_stream(Stream* s);
 /* The stream a handle names (0 and CU_STREAM_LEGACY: the current context's legacy stream;
  * CU_STREAM_PER_THREAD is treated as the legacy stream too), or an error. */
 CUresult resolve_stream(CUstream h, Stream** out);
-/* Under the driver lock: queues `run` on `s`, or records it as a node when `s` captures. */
-CUresult submit(Stream* s, std::function<void()> run);
+/* Under the driver lock: queues `run` on `s`, or records it as a node of type `type` when `s`
+ * captures. */
+CUresult submit(Stream* s, std::function<void()> run, CUgraphNodeType type);
 /* Under the driver lock: queues `run` on `s` after the ops `deps` name (stream, op number). */
 CUresult enqueue_locked(Stream* s, std::vector<std::pair<Stream*, uint64_t>> deps,
                         std::function<void()> run);
@@ -139,23 +142,61 @@ CUresult run_synchronously(std::function<void()> run);
 
 /* ------------------------------------------------------------------ capture -------------- */
 
-/* One recorded node: its dependencies (earlier nodes of the same graph) and its work. */
+/* A conditional handle (cuGraphConditionalHandleCreate): the value an IF node reads when it
+ * starts, set by a kernel of the same launch (cudaGraphSetConditional) and, with
+ * CU_GRAPH_COND_ASSIGN_DEFAULT, reset to its default at each launch's start. One value per
+ * handle, shared by every instantiation of its graph (the real driver keeps one per exec). */
+struct Condition {
+  unsigned default_value = 0;
+  bool assign_default = false;
+  std::atomic<unsigned> value{0};
+};
+/* Under no lock: sets the value of the conditional handle `handle` (the device side of
+ * cudaGraphSetConditional, called by a kernel); a handle the driver never made aborts the
+ * process, as a kernel's wild store would fault on a GPU. */
+void set_conditional(uint64_t handle, unsigned value);
+
 struct Event;
+struct Graph;
+/* One recorded node: its dependencies (earlier nodes of the same graph), its type and its work. */
 struct Node {
   std::vector<size_t> deps;
   std::function<void()> run;
-  /* An external event node (captured with CU_EVENT_WAIT_EXTERNAL or CU_EVENT_RECORD_EXTERNAL):
-   * each launch waits for the event's latest record at the time of the launch, or records the
-   * event (the emulation records it at the launch's end, after every node: a stronger order
-   * than the node's own place, never a weaker one). */
+  CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+  /* An event node (captured with CU_EVENT_WAIT_EXTERNAL or CU_EVENT_RECORD_EXTERNAL, or added
+   * with cuGraphAddEventWaitNode / cuGraphAddEventRecordNode): each launch waits for the
+   * event's latest record at the time of the launch, or records the event (the emulation
+   * records it at the launch's end, after every node: a stronger order than the node's own
+   * place, never a weaker one). */
   Event* wait_external = nullptr;
   Event* record_external = nullptr;
+  /* A child graph node's copy of its graph, or a conditional node's body. */
+  std::shared_ptr<Graph> body;
+  /* A conditional (IF) node: runs `body` when the handle's value is nonzero as it starts. */
+  Condition* condition = nullptr;
+  /* Destroyed (cuGraphDestroyNode): an empty node with no edges, kept for the indices. */
+  bool removed = false;
 };
+struct NodeRef;
 struct Graph {
   std::vector<Node> nodes;
+  /* A conditional node's body: holds only kernel, empty, child graph, memset, memcpy and
+   * conditional nodes (the real driver's rule), and cannot be destroyed on its own. */
+  bool is_body = false;
+  /* Conditional handles made on this graph (never freed, as events): reset at each launch of
+   * an instantiation. */
+  std::vector<Condition*> conditions;
+  /* Handles of nodes, made when first given out (index i's at refs[i]). */
+  std::vector<std::unique_ptr<NodeRef>> refs;
+};
+/* What a CUgraphNode points to. */
+struct NodeRef {
+  Graph* graph;
+  size_t index;
 };
 struct GraphExec {
   std::vector<Node> nodes; /* in creation order, which is a topological order */
+  std::vector<Condition*> conditions;
   /* Its latest launch (stream, op number): the next launch waits for it to end, on any stream,
    * as a graph exec never runs concurrently with itself. */
   std::pair<Stream*, uint64_t> last_launch{nullptr, 0};
@@ -177,8 +218,8 @@ std::mutex& capture_lock();
  * context, IPC) from this thread, by its capture mode; if so, every capture that forbids it is
  * invalidated, as the real driver does. */
 bool unsafe_call_forbidden();
-/* Under capture_lock: records `run` as a node of the capture `s` belongs to. */
-void capture_node(Stream* s, std::function<void()> run);
+/* Under capture_lock: records `run` as a node of type `type` of the capture `s` belongs to. */
+void capture_node(Stream* s, std::function<void()> run, CUgraphNodeType type);
 bool is_graph_exec(GraphExec* g);
 
 /* ------------------------------------------------------------------ events --------------- */

@@ -55,6 +55,13 @@ void body(void* arg, uint32_t thread) {
     case emu::KernelId::MulticastProbe:
       sg_multicast_probe((const RawMulticastProbe*)run->params);
       break;
+    case emu::KernelId::SetBranch: {
+      /* cuda/stragglar_branch.ptx: thread 0 sets the handle to the word's value. */
+      uint64_t args[2];
+      memcpy(args, run->params, sizeof args);
+      if (SG_THREAD == 0) emu::set_conditional(args[0], *(const uint32_t*)args[1]);
+      break;
+    }
     case emu::KernelId::Fault:
       /* The self-test's kernel that writes to address 0 on a GPU: here it faults only when
        * STRAGGLAR_EMU_KERNEL_FAULT says so (kernels.cpp). */
@@ -127,6 +134,7 @@ const emu::KernelSpec kSpecs[] = {
     {"ncclStragglarMulticastProbe", emu::KernelId::MulticastProbe, sizeof(RawMulticastProbe),
      1024},
     {"ncclStragglarFault", emu::KernelId::Fault, sizeof(uint64_t), 1024},
+    {"ncclStragglarSetBranch", emu::KernelId::SetBranch, 2 * sizeof(uint64_t), 1024},
 };
 
 }  // namespace

@@ -15,8 +15,12 @@ enum class KernelId {
   ApplyProbe,
   PeerProbe,
   MulticastProbe,
-  Fault
+  Fault,
+  SetBranch
 };
+
+/* The device side of cudaGraphSetConditional (capture.cpp). */
+void set_conditional(uint64_t handle, unsigned value);
 
 /* A kernel of cuda/ (or the driver self-test's) the emulated GPU can run: its entry name, its one parameter's size in
  * bytes, and the most threads a block may have (its __launch_bounds__, else 1024). */

@@ -351,7 +351,7 @@ CUresult cuLaunchKernel(CUfunction hf, unsigned int gx, unsigned int gy, unsigne
       return;
     }
     run_kernel(spec, device, gx, bx, bytes, launch);
-  });
+  }, CU_GRAPH_NODE_TYPE_KERNEL);
   if (submitted == CUDA_SUCCESS) count_launch(spec);
   return submitted;
 }

@@ -730,12 +730,13 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 
 /* ------------------------------------------------------------------ copies and sets ------ */
 
-static CUresult async_on(CUstream hs, std::function<void()> run) {
+static CUresult async_on(CUstream hs, std::function<void()> run,
+                         CUgraphNodeType type = CU_GRAPH_NODE_TYPE_MEMCPY) {
   std::lock_guard<std::mutex> g(capture_lock());
   Stream* s = nullptr;
   CUresult r = resolve_stream(hs, &s);
   if (r != CUDA_SUCCESS) return r;
-  return submit(s, std::move(run));
+  return submit(s, std::move(run), type);
 }
 
 #define EMU_DEVICE_RANGE(p, n) \
@@ -787,8 +788,8 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream hs)
     std::lock_guard<std::mutex> g(capture_lock());
     CUresult r = resolve_stream(hs, &s);
     if (r != CUDA_SUCCESS) return r;
-    if (s->capture) return submit(s, [=] { memcpy(dst, (const void*)src, n); });
-    r = submit(s, [=] { memcpy(dst, (const void*)src, n); });
+    if (s->capture) return submit(s, [=] { memcpy(dst, (const void*)src, n); }, CU_GRAPH_NODE_TYPE_MEMCPY);
+    r = submit(s, [=] { memcpy(dst, (const void*)src, n); }, CU_GRAPH_NODE_TYPE_MEMCPY);
     if (r != CUDA_SUCCESS) return r;
     seq = s->enqueued;
   }
@@ -836,7 +837,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t count, CUstrea
   EMU_FAULT("cuMemsetD8Async");
   EMU_REQUIRE_INIT();
   EMU_DEVICE_RANGE(dst, count);
-  return async_on(hs, [=] { memset((void*)dst, v, count); });
+  return async_on(hs, [=] { memset((void*)dst, v, count); }, CU_GRAPH_NODE_TYPE_MEMSET);
 }
 
 CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t count, CUstream hs) {
@@ -844,7 +845,7 @@ CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t count, CUstr
   EMU_REQUIRE_INIT();
   if (dst % 2 != 0) return CUDA_ERROR_INVALID_VALUE;
   EMU_DEVICE_RANGE(dst, count * 2);
-  return async_on(hs, [=] { fill<uint16_t>(dst, v, count); });
+  return async_on(hs, [=] { fill<uint16_t>(dst, v, count); }, CU_GRAPH_NODE_TYPE_MEMSET);
 }
 
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t count, CUstream hs) {
@@ -852,7 +853,7 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t count, CUstrea
   EMU_REQUIRE_INIT();
   if (dst % 4 != 0) return CUDA_ERROR_INVALID_VALUE;
   EMU_DEVICE_RANGE(dst, count * 4);
-  return async_on(hs, [=] { fill<uint32_t>(dst, v, count); });
+  return async_on(hs, [=] { fill<uint32_t>(dst, v, count); }, CU_GRAPH_NODE_TYPE_MEMSET);
 }
 
 }  // extern "C"

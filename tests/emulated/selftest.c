@@ -1,8 +1,9 @@
 /* The driver semantics the GPU engine relies on, checked against whichever libcuda.so.1 the
  * loader finds: the emulated one in CI (scripts/emulated-gpu.sh), the real one in
- * scripts/gpu-check.sh, so the emulation is held to the real driver. Its only kernel is
- * ncclStragglarDelay, given as PTX (a spin on %globaltimer; the emulated driver runs its host
- * build of the same kernel). Checks that only the emulation promises (bad handles answer an
+ * scripts/gpu-check.sh, so the emulation is held to the real driver. Its kernels are given as
+ * PTX (ncclStragglarDelay, a spin on %globaltimer; the engine's branch kernel,
+ * cuda/stragglar_branch.ptx; the probes below), and the emulated driver runs its host build
+ * of each. Checks that only the emulation promises (bad handles answer an
  * error, injected faults) run only on the emulated GPU.
  *
  * usage: selftest              (prints one line per check, then "N passed, N failed")
@@ -484,6 +485,137 @@ static int a_graph_launched_on_two_streams_runs_once_at_a_time(void) {
   CHECK(cuStreamDestroy(origin));
   CHECK(cuStreamDestroy(a));
   CHECK(cuStreamDestroy(b));
+  return 1;
+}
+
+/* The engine's branch kernel (cuda/stragglar_branch.ptx), built into this program: it sets a
+ * conditional handle to a word's value. */
+__asm__(".section .rodata\n"
+        ".global stragglar_branch_ptx\n"
+        "stragglar_branch_ptx:\n"
+        ".incbin \"cuda/stragglar_branch.ptx\"\n"
+        ".byte 0\n"
+        ".previous\n");
+extern const char stragglar_branch_ptx[];
+
+/* A graph `*out` captured apart on a stream of its own: a set of `word` to `value`, after a
+ * host function when `host` (what a conditional body may not hold). */
+static int captured_apart(CUdeviceptr word, unsigned value, int host, CUgraph* out) {
+  static int ran;
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  if (host) CHECK(cuLaunchHostFunc(s, count_up, &ran));
+  CHECK(cuMemsetD32Async(word, value, 1, s));
+  CHECK(cuStreamEndCapture(s, out));
+  CHECK(cuStreamDestroy(s));
+  return 1;
+}
+
+/* What the engine builds for a captured ncclAllReduce whose baseline is NCCL (CUDA 12.3 on):
+ * the branch kernel sets a handle made on the capture's graph from a word, an IF node added
+ * after it through the capture's dependencies runs its body (a graph captured apart, added as
+ * a child graph node) only at the replays where the word was 1, and the handle goes back to
+ * its default at every launch. A body refuses a child graph with a host node (now or at
+ * instantiation), and the nodes of a graph read back with their types and edges. */
+static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
+  int version = 0;
+  CHECK(cuDriverGetVersion(&version));
+  if (version < 12030) return 2;
+  CUmodule module;
+  CUfunction branch;
+  CHECK(cuModuleLoadData(&module, stragglar_branch_ptx));
+  CHECK(cuModuleGetFunction(&branch, module, "ncclStragglarSetBranch"));
+  CUcontext ctx;
+  CHECK(cuCtxGetCurrent(&ctx));
+  uint32_t* words;
+  CUdeviceptr dwords;
+  CHECK(cuMemHostAlloc((void**)&words, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+  CHECK(cuMemHostGetDevicePointer(&dwords, words, 0));
+  CUgraph apart, with_host;
+  if (!captured_apart(dwords + 4, 7, 0, &apart) || !captured_apart(dwords + 8, 9, 1, &with_host))
+    return 0;
+  /* Read back: one memset node; a host node, then a memset after it. */
+  CUgraphNode nodes[4];
+  size_t count = 4;
+  CHECK(cuGraphGetNodes(with_host, nodes, &count));
+  EXPECT(count == 2);
+  CUgraphNodeType first, second;
+  CHECK(cuGraphNodeGetType(nodes[0], &first));
+  CHECK(cuGraphNodeGetType(nodes[1], &second));
+  EXPECT(first == CU_GRAPH_NODE_TYPE_HOST && second == CU_GRAPH_NODE_TYPE_MEMSET);
+  CUgraphNode dep = NULL;
+  size_t deps = 1;
+  CHECK(cuGraphNodeGetDependencies(nodes[1], &dep, &deps));
+  EXPECT(deps == 1 && dep == nodes[0]);
+
+  CUstream s;
+  CUgraph graph, captured, body;
+  CUgraphExec exec;
+  CUgraphConditionalHandle handle;
+  CUstreamCaptureStatus status;
+  const CUgraphNode* tail;
+  size_t tail_count;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(cuStreamGetCaptureInfo_v2(s, &status, NULL, &captured, NULL, NULL));
+  CHECK(cuGraphConditionalHandleCreate(&handle, captured, ctx, 0, CU_GRAPH_COND_ASSIGN_DEFAULT));
+  uint64_t args[2] = {handle, (uint64_t)dwords};
+  void* params[] = {args};
+  CHECK(cuLaunchKernel(branch, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
+  CHECK(cuStreamGetCaptureInfo_v2(s, &status, NULL, &captured, &tail, &tail_count));
+  EXPECT(tail_count == 1);
+  CUgraphNodeParams cond;
+  memset(&cond, 0, sizeof cond);
+  cond.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  cond.conditional.handle = handle;
+  cond.conditional.type = CU_GRAPH_COND_TYPE_IF;
+  cond.conditional.size = 1;
+  cond.conditional.phGraph_out = &body;
+  cond.conditional.ctx = ctx;
+  CUgraphNode if_node, child;
+  CHECK(cuGraphAddNode(&if_node, captured, tail, tail_count, &cond));
+  CHECK(cuGraphAddChildGraphNode(&child, body, NULL, 0, apart));
+  CHECK(cuStreamUpdateCaptureDependencies(s, &if_node, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+  CHECK(cuMemsetD32Async(dwords + 12, 5, 1, s));
+  CHECK(cuStreamEndCapture(s, &graph));
+  CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
+  const uint32_t turns[] = {1, 0, 1, 1, 0};
+  for (unsigned i = 0; i < sizeof turns / sizeof turns[0]; ++i) {
+    words[0] = turns[i];
+    words[1] = 0;
+    words[3] = 0;
+    CHECK(cuGraphLaunch(exec, s));
+    CHECK(cuStreamSynchronize(s));
+    EXPECT(words[1] == (turns[i] ? 7u : 0u));
+    EXPECT(words[3] == 5);
+  }
+
+  /* A body takes no host node, whether refused when added or when instantiated. */
+  CUgraph refusing, refusing_body;
+  CUgraphConditionalHandle other;
+  CUgraphNode other_if, host_child;
+  CUgraphExec refused_exec;
+  CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK(cuStreamGetCaptureInfo_v2(s, &status, NULL, &captured, NULL, NULL));
+  CHECK(cuGraphConditionalHandleCreate(&other, captured, ctx, 1, CU_GRAPH_COND_ASSIGN_DEFAULT));
+  cond.conditional.handle = other;
+  cond.conditional.phGraph_out = &refusing_body;
+  CHECK(cuGraphAddNode(&other_if, captured, NULL, 0, &cond));
+  CUresult added = cuGraphAddChildGraphNode(&host_child, refusing_body, NULL, 0, with_host);
+  CHECK(cuStreamUpdateCaptureDependencies(s, &other_if, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+  CHECK(cuStreamEndCapture(s, &refusing));
+  if (added == CUDA_SUCCESS) {
+    EXPECT(cuGraphInstantiateWithFlags(&refused_exec, refusing, 0) != CUDA_SUCCESS);
+  }
+  CHECK(cuGraphDestroy(refusing));
+  CHECK(cuGraphExecDestroy(exec));
+  CHECK(cuGraphDestroy(graph));
+  CHECK(cuGraphDestroy(apart));
+  CHECK(cuGraphDestroy(with_host));
+  CHECK(cuStreamDestroy(s));
+  CHECK(cuMemFreeHost(words));
+  CHECK(cuModuleUnload(module));
   return 1;
 }
 
@@ -1131,6 +1263,8 @@ int main(int argc, char** argv) {
       external_event_nodes_order_replays_and_eager_work);
   run("a graph launched on two streams runs once at a time",
       a_graph_launched_on_two_streams_runs_once_at_a_time);
+  run("a conditional node runs its body when a kernel says so (CUDA 12.3 on)",
+      a_conditional_node_runs_its_body_when_a_kernel_says_so);
   run("cuMemFree waits for the context's work", memory_free_waits_for_the_contexts_work);
   run("IPC maps memory across processes", ipc_check);
   run("one hardware queue makes streams wait for each other",

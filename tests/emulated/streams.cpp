@@ -143,11 +143,11 @@ CUresult resolve_stream(CUstream h, Stream** out) {
 }
 
 /* Under the driver lock. */
-CUresult submit(Stream* s, std::function<void()> run) {
+CUresult submit(Stream* s, std::function<void()> run, CUgraphNodeType type) {
   if (!s->ctx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   if (s->capture) {
     if (s->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    capture_node(s, std::move(run));
+    capture_node(s, std::move(run), type);
     return CUDA_SUCCESS;
   }
   return enqueue_locked(s, {}, std::move(run));
@@ -306,7 +306,20 @@ CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void* data) {
   Stream* s = nullptr;
   CUresult r = resolve_stream(h, &s);
   if (r != CUDA_SUCCESS) return r;
-  return submit(s, [fn, data] { fn(data); });
+  return submit(s, [fn, data] { fn(data); }, CU_GRAPH_NODE_TYPE_HOST);
+}
+
+/* Not in the real driver: the loopback NCCL's kernels. `fn(data)` runs in stream order like a
+ * host function, but a capture records it as a kernel node, as it records NCCL's kernels (so
+ * a conditional body may hold it). */
+CUresult cuEmuLaunchNative(CUstream h, CUhostFn fn, void* data) {
+  EMU_FAULT("cuEmuLaunchNative");
+  if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> g(*g_driver);
+  Stream* s = nullptr;
+  CUresult r = resolve_stream(h, &s);
+  if (r != CUDA_SUCCESS) return r;
+  return submit(s, [fn, data] { fn(data); }, CU_GRAPH_NODE_TYPE_KERNEL);
 }
 
 CUresult cuEventCreate(CUevent* ph, unsigned int flags) {
@@ -347,7 +360,7 @@ static CUresult record_event(CUevent h, CUstream hs, bool external) {
   if (s->capture) {
     if (s->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     if (external) {
-      capture_node(s, {});
+      capture_node(s, {}, CU_GRAPH_NODE_TYPE_EVENT_RECORD);
       s->capture->graph->nodes.back().record_external = e;
       return CUDA_SUCCESS;
     }
@@ -452,7 +465,7 @@ CUresult cuStreamWaitEvent(CUstream hs, CUevent he, unsigned int flags) {
     /* An event wait node: every launch of the graph waits for the event's latest record as of
      * that launch. */
     if (s->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    capture_node(s, {});
+    capture_node(s, {}, CU_GRAPH_NODE_TYPE_WAIT_EVENT);
     s->capture->graph->nodes.back().wait_external = e;
     return CUDA_SUCCESS;
   }

@@ -1,8 +1,9 @@
 /* A loopback NCCL for the emulated GPU: a libnccl.so.2 whose ranks are processes of one host.
  * Ranks meet through a shared-memory segment named in the unique id; every collective is a host
- * function queued on the caller's stream (so it runs in stream order and is captured into graphs
- * like a kernel), which moves data through the emulated device memory (host memory) and the
- * segment's per-rank exchange slots, one chunk at a time. A peer process that dies, or a peer
+ * function queued on the caller's stream (so it runs in stream order), captured into graphs as
+ * a kernel node between two event nodes, as NCCL's kernels are (queue_work, launch); it moves
+ * data through the emulated device memory (host memory) and the segment's per-rank exchange
+ * slots, one chunk at a time. A peer process that dies, or a peer
  * that aborts, fails the collective with an error (ncclCommGetAsyncError) instead of a hang.
  *
  * Only the emulated GPU can use it: its device pointers must be host addresses. */
@@ -115,6 +116,10 @@ struct ncclComm {
   std::condition_variable turn;
   uint64_t issued = 0;   /* under `order` */
   uint64_t executed = 0; /* under `order` */
+  /* NCCL's graph-mixing event (NCCL_GRAPH_MIXING_SUPPORT, on by default): recorded after every
+   * eager collective; a captured one is put between a wait node and a record node on it, as
+   * NCCL orders captured work after its uncaptured work. Made at the first collective. */
+  CUevent serial = nullptr; /* under `order` */
 
   unsigned char* slot(int r) const {
     return (unsigned char*)seg + (sizeof(Segment) + 4095) / 4096 * 4096 + (size_t)r * kSlotBytes;
@@ -479,7 +484,49 @@ struct Deferred {
 thread_local int group_depth = 0;
 thread_local std::vector<Deferred> group_calls;
 
-/* Queues `call` on `stream` as a host function (its turn numbered now, if eager). */
+/* Whether captured collectives are bracketed by event nodes, as NCCL's are by default
+ * (NCCL_GRAPH_MIXING_SUPPORT=0 turns it off, as in NCCL). */
+bool graph_mixing() {
+  static const bool on = [] {
+    const char* v = getenv("NCCL_GRAPH_MIXING_SUPPORT");
+    return !(v && strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+/* Adds an event node on `event` (a wait, or a record) after what `stream`'s capture has so
+ * far, and makes it what later captured work depends on: what NCCL does around its captured
+ * kernels. */
+bool add_event_node(cudaStream_t stream, CUevent event, bool wait) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUgraph graph = nullptr;
+  const CUgraphNode* deps = nullptr;
+  size_t count = 0;
+  CUgraphNode node = nullptr;
+  if (cuStreamGetCaptureInfo_v2((CUstream)stream, &status, NULL, &graph, &deps, &count) !=
+      CUDA_SUCCESS)
+    return false;
+  CUresult r = wait ? cuGraphAddEventWaitNode(&node, graph, deps, count, event)
+                    : cuGraphAddEventRecordNode(&node, graph, deps, count, event);
+  return r == CUDA_SUCCESS &&
+         cuStreamUpdateCaptureDependencies((CUstream)stream, &node, 1,
+                                           CU_STREAM_SET_CAPTURE_DEPENDENCIES) == CUDA_SUCCESS;
+}
+
+/* Queues the collective's work on `stream`: eager, a host function; captured, a kernel node
+ * where the emulated driver can record one (LOOPBACK_NCCL_HOST_NODES=1 keeps a host node, as
+ * a network proxy's would be). */
+CUresult queue_work(cudaStream_t stream, Call* k) {
+  static auto native = (CUresult(*)(CUstream, CUhostFn, void*))dlsym(RTLD_DEFAULT, "cuEmuLaunchNative");
+  static const bool host_nodes = [] {
+    const char* v = getenv("LOOPBACK_NCCL_HOST_NODES");
+    return v && strcmp(v, "1") == 0;
+  }();
+  if (k->captured && native && !host_nodes) return native((CUstream)stream, run_call, k);
+  return cuLaunchHostFunc((CUstream)stream, run_call, k);
+}
+
+/* Queues `call` on `stream` (its turn numbered now, if eager). */
 ncclResult_t launch(ncclComm* c, Call call, cudaStream_t stream) {
   /* Asked through cuStreamGetCaptureInfo_v2, a name the engine does not use, so that a fault
    * injected into the engine's capture query (cuStreamIsCapturing) leaves NCCL working. */
@@ -492,15 +539,32 @@ ncclResult_t launch(ncclComm* c, Call call, cudaStream_t stream) {
   call.comm = c;
   call.captured = capturing != CU_STREAM_CAPTURE_STATUS_NONE;
   std::lock_guard<std::mutex> g(c->order);
+  if (graph_mixing() && !c->serial && cuEventCreate(&c->serial, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    c->serial = nullptr;
+    set_error("cuEventCreate failed");
+    return ncclUnhandledCudaError;
+  }
+  if (call.captured && c->serial && !add_event_node(stream, c->serial, true)) {
+    set_error("adding the graph-mixing wait node failed");
+    return ncclUnhandledCudaError;
+  }
   if (!call.captured) call.seq = c->issued;
   Call* k = new Call(call);
-  if (cuLaunchHostFunc((CUstream)stream, run_call, k) != CUDA_SUCCESS) {
+  if (queue_work(stream, k) != CUDA_SUCCESS) {
     delete k;
     /* Later eager calls would wait for this one's turn for ever: the comm fails instead. */
-    if (!call.captured) fail(c, ncclUnhandledCudaError, "cuLaunchHostFunc failed");
+    if (!call.captured) fail(c, ncclUnhandledCudaError, "queueing the collective failed");
     return ncclUnhandledCudaError;
   }
   if (!call.captured) c->issued++;
+  if (c->serial) {
+    const bool recorded = call.captured ? add_event_node(stream, c->serial, false)
+                                        : cuEventRecord(c->serial, (CUstream)stream) == CUDA_SUCCESS;
+    if (!recorded) {
+      set_error("recording the graph-mixing event failed");
+      return ncclUnhandledCudaError;
+    }
+  }
   return ncclSuccess;
 }
 
