@@ -1054,6 +1054,13 @@ SG_DEVICE const RawPlanHeader* sg_graph_plan(const RawLaunch* a, uint32_t* choic
   return (const RawPlanHeader*)((const uint64_t*)a->plans)[*choice];
 }
 
+/* Whether a graph call takes its baseline as NCCL's captured work (`nccl_baseline`): the
+ * baseline's entry of its table is empty. Every block of every rank computes the same. */
+SG_DEVICE bool sg_nccl_turn(const RawLaunch* a, const RawPlanHeader* plan, uint32_t choice) {
+  return a->graph != 0 && a->nccl_baseline != 0 && sg_graph_ok(a) && plan == 0 &&
+         choice == a->rule.ranks;
+}
+
 /* Recomputes the verdict of class `fed`'s next call after its detector or times changed:
  * the other half of it when it is this call's class (this call reads its own half), else both
  * (no call of it runs). */
@@ -1201,6 +1208,12 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   }
   const RawPlanHeader* plan = (const RawPlanHeader*)a->plan;
   if (a->graph != 0) plan = sg_graph_plan(a, &choice);
+  /* A graph call that takes a baseline of NCCL's captured work runs no plan: the branch
+   * kernel after this one reads the turn and has the conditional node run NCCL's work. */
+  const bool nccl_turn = sg_nccl_turn(a, plan, choice);
+  if (SG_BLOCK == 0 && SG_THREAD == 0 && a->graph != 0 && a->nccl_baseline != 0) {
+    sg_store_volatile(&((RawGraphState*)a->graph)->nccl_turn, nccl_turn ? 1u : 0u);
+  }
   sg_call call;
   call.args = a;
   call.plan = plan;
@@ -1225,11 +1238,11 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   call.parity = (uint32_t)(epoch & 1);
   call.flag = (uint32_t)((epoch - 1) % 0xffffffffull) + 1;
   uint32_t status = STATUS_OK;
-  if (!sg_plan_ok(a, call.plan)) {
+  if (!nccl_turn && !sg_plan_ok(a, call.plan)) {
     if (SG_THREAD == 0) sg_fail(&call, STATUS_BAD_PLAN);
     status = STATUS_BAD_PLAN;
   }
-  for (uint32_t i = 0; status == STATUS_OK && i < call.plan->step_count; ++i) {
+  for (uint32_t i = 0; status == STATUS_OK && !nccl_turn && i < call.plan->step_count; ++i) {
     const RawStep* steps = sg_at<RawStep>(call.plan, call.plan->steps_at);
     sg_step_scratch* half = &s->step[i & 1];
     if (steps[i].kind == STEP_COPY_IN) {
@@ -1245,7 +1258,8 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
     if (sg_atomic_add((uint32_t*)a->finished_blocks, 1) == a->blocks - 1) {
       sg_store_volatile((uint32_t*)a->finished_blocks, 0);
       sg_store_volatile((uint32_t*)a->finished_blocks + 1, 0);
-      if (a->graph != 0 && sg_graph_ok(a)) {
+      if (a->graph != 0 && sg_graph_ok(a) && !nccl_turn) {
+        /* (NCCL's turn ends after this kernel: its post-arrival time stays unmeasured.) */
         RawGraphState* g = (RawGraphState*)a->graph;
         sg_note_finished((uint64_t)g->notes, g->calls);
       } else if (a->graph == 0 && a->arrival.board != 0) {

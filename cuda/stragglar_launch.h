@@ -384,7 +384,13 @@ typedef struct RawLaunch {
    * soon as their value is published. Identical on every rank.
    */
   uint32_t ordered_reads;
-  uint32_t reserved;
+  /**
+   * Graph launches: 1 when the baseline is NCCL's own captured work, in a conditional node
+   * after this launch and the branch kernel (`plans[ranks]` is then 0): a call that takes
+   * the baseline runs no plan, and leaves 1 in `RawGraphState::nccl_turn` for the branch
+   * kernel (0 when it runs StragglAR). 0: the baseline is `plans[ranks]`.
+   */
+  uint32_t nccl_baseline;
   /**
    * The arrival record of this call: `board` nonzero has the last warp of block 0 run
    * `RawTicket`'s protocol alongside the plan (the grid stays `blocks`); 0 takes none.
@@ -810,7 +816,12 @@ typedef struct RawGraphState {
    * for the baseline), for the host's report; 0 before the first.
    */
   uint32_t last_choice;
-  uint32_t reserved;
+  /**
+   * Launches with NCCL as the baseline (`RawLaunch::nccl_baseline`): 1 when the current
+   * graph call takes the baseline, so NCCL's captured work runs, 0 when it runs StragglAR;
+   * written by block 0 of the AllReduce kernel, read by the branch kernel after it.
+   */
+  uint32_t nccl_turn;
   /**
    * Graph calls on StragglAR and on the baseline so far (written by the arrival thread).
    */

@@ -1752,13 +1752,80 @@ fn first_calls_beside_another_threads_global_capture_leave_it_whole() {
     }
 }
 
+/// What each rank's destroy report says its graph replays chose (one line per rank).
+fn replay_choices(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter_map(|l| {
+            l.split_once("their replays chose on the GPU: ")
+                .map(|(_, c)| c)
+        })
+        .collect()
+}
+
+/// The loopback ranks' settings of a graph captured after 80 eager calls with rank 2 20 ms
+/// late (StragglAR ran at the captured size, so the arenas hold it), then `replays` replays
+/// with rank 2 late for the first half and nobody late after.
+fn late_then_on_time<'a>(
+    replays: &'a str,
+    extra: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("LOOPBACK_REPLAYS", replays),
+        ("LOOPBACK_WARMUP", "80"),
+        ("LOOPBACK_LATE_RANK", "2,-1"),
+        ("LOOPBACK_LATE_US", "20000"),
+    ];
+    env.extend_from_slice(extra);
+    engine_with("auto", &env)
+}
+
 #[test]
-fn a_call_captured_with_no_straggler_designated_stays_on_nccl_on_every_rank() {
-    // Under auto, nobody late: the policy prefers NCCL for the call when it is captured, so
-    // the graph holds NCCL's work (NVLS where NCCL runs it), not our kernel choosing between
-    // StragglAR and our Ring on every replay.
-    let env = engine_with("auto", &[("LOOPBACK_REPLAYS", "40")]);
+fn graph_replays_choose_between_stragglar_and_nccls_own_work_alike_on_every_rank() {
+    let _timing = timing();
+    // The graph holds our kernel, the branch kernel and NCCL's own work behind a conditional
+    // node. The device's detector starts from nothing: the first replays run NCCL's work (our
+    // kernel runs no plan then, so a body that did not run would leave the output unreduced,
+    // which the check sees), then StragglAR with rank 2 once the graph's records designate
+    // it, then NCCL's work again once rank 2 is on time, alike on every rank.
+    let env = late_then_on_time("160", &[]);
+    let (_, log) = run_checked(&["4"], &env, ": 160 replays checked");
+    assert!(
+        log.contains("graph replays choose between StragglAR and NCCL's own captured work"),
+        "{log}"
+    );
+    let choices = replay_choices(&log);
+    assert_eq!(choices.len(), 4, "{log}");
+    assert!(choices.iter().all(|c| *c == choices[0]), "{log}");
+    let (counts, last) = choices[0].split_once("; ").unwrap();
+    assert_eq!(last, "the last on the baseline", "{log}");
+    assert!(counts.ends_with("the baseline (NCCL's own work)"), "{log}");
+    let numbers: Vec<u64> = counts
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        numbers.len() == 2 && numbers[0] > 0 && numbers[1] > 0 && numbers[0] + numbers[1] == 160,
+        "{log}"
+    );
+}
+
+#[test]
+fn on_a_driver_without_conditional_nodes_a_call_captured_with_nobody_late_stays_on_nccl() {
+    // A CUDA 12.2 driver (R535) has no conditional nodes: under auto with nobody late the
+    // policy prefers NCCL for the call when it is captured, so the graph holds NCCL's work
+    // (NVLS where NCCL runs it), not our kernel choosing between StragglAR and our Ring.
+    let env = engine_with(
+        "auto",
+        &[
+            ("LOOPBACK_REPLAYS", "40"),
+            ("STRAGGLAR_EMU_DRIVER_VERSION", "12020"),
+        ],
+    );
     let (text, log) = run_checked(&["4"], &env, ": 40 replays checked");
+    assert!(
+        log.contains("graph replays choose between StragglAR and our Ring: rank 0 cannot"),
+        "{log}"
+    );
     assert!(!log.contains("calls captured into graphs"), "{log}");
     // The three eager calls took tickets; the captured one went to NCCL as the policy's.
     let stats = designations(&text);
@@ -1766,6 +1833,20 @@ fn a_call_captured_with_no_straggler_designated_stays_on_nccl_on_every_rank() {
         stats.len() == 4 && stats.iter().all(|s| *s == "-1, 0 on StragglAR, 4 on NCCL"),
         "{text}"
     );
+}
+
+#[test]
+fn nccls_work_a_conditional_body_cannot_hold_is_captured_as_it_is() {
+    let _timing = timing();
+    // NCCL's captured work with a host node (as a network proxy's would be) cannot go behind
+    // a conditional node: it is added to the graph as it is, and every replay runs NCCL.
+    let env = late_then_on_time("40", &[("LOOPBACK_NCCL_HOST_NODES", "1")]);
+    let (_, log) = run_checked(&["4"], &env, ": 40 replays checked");
+    assert!(
+        log.contains("replays NCCL's work only: NCCL's captured work holds a host node"),
+        "{log}"
+    );
+    assert!(!log.contains("calls captured into graphs"), "{log}");
 }
 
 #[test]
@@ -1794,13 +1875,7 @@ fn graph_replays_follow_the_late_rank_as_it_moves_alike_on_every_rank() {
         "{}",
         support::describe(&out)
     );
-    let choices: Vec<&str> = log
-        .lines()
-        .filter_map(|l| {
-            l.split_once("their replays chose on the GPU: ")
-                .map(|(_, c)| c)
-        })
-        .collect();
+    let choices = replay_choices(&log);
     assert_eq!(choices.len(), 4, "{}", support::describe(&out));
     assert!(
         choices.iter().all(|c| *c == choices[0]),

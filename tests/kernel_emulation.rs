@@ -948,6 +948,7 @@ impl Comm {
                     self.graph_board(),
                     rule,
                     &operands,
+                    false,
                 )
             })
             .collect()

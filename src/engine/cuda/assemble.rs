@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::branch::Branch;
 use super::comm::{Baseline, CommParts, CudaComm, OrderingEvents};
 use super::driver::{Device, Kernels, PeerMapping};
 use super::grid::THREADS;
@@ -138,6 +139,7 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
             "the verdict was Eligible without this rank's engine".into(),
         ));
     };
+    agree_on_branch(&assembly, &mut rank, &joined.records);
     let multicast = (assembly.multicast.on() && region::useful(assembly.ranks))
         .then(|| multicast_region(&assembly, exchange, &mut rank, &joined.records))
         .flatten();
@@ -169,6 +171,31 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
         ordering,
         multicast,
     }))
+}
+
+/// Keeps NCCL's work behind conditional nodes only where every rank's record says it can put
+/// it there: a rank whose graphs held NCCL's work where its peers' held our Ring would leave
+/// both waiting. Said once, by rank 0.
+fn agree_on_branch(assembly: &Assembly, rank: &mut CudaRank, records: &[SetupRecord]) {
+    if assembly.baseline != Baseline::Nccl {
+        return;
+    }
+    let unable = records.iter().position(|r| r.branch != 1);
+    if unable.is_some() {
+        rank.set_branch(None);
+    }
+    if assembly.rank == 0 {
+        match unable {
+            None => log::info!(
+                "{}: graph replays choose between StragglAR and NCCL's own captured work (conditional graph nodes)",
+                assembly.label
+            ),
+            Some(r) => log::info!(
+                "{}: graph replays choose between StragglAR and our Ring: rank {r} cannot put NCCL's captured work behind a conditional node (its log at DEBUG says why)",
+                assembly.label
+            ),
+        }
+    }
 }
 
 /// Forms the communicator's multicast region (every rank calls this after a setup every rank
@@ -254,9 +281,17 @@ fn local_part(
     config: RankConfig,
 ) -> (Result<CudaRank, LocalFailure>, SetupRecord) {
     let (rank, ranks) = (assembly.rank, assembly.ranks);
-    let made = assembly.kernels.and_then(|kernels| {
+    let mut made = assembly.kernels.and_then(|kernels| {
         CudaRank::new(assembly.device, kernels, config).map_err(|_| LocalFailure::NoMemory)
     });
+    // Graph replays may take NCCL's own work as their baseline where the driver can put it
+    // behind a conditional node (every rank must: see `assemble`).
+    if let (Ok(r), Baseline::Nccl) = (&mut made, assembly.baseline) {
+        match Branch::load(assembly.device) {
+            Ok(branch) => r.set_branch(Some(branch)),
+            Err(why) => log::debug!("{}: no conditional graph nodes here: {why}", assembly.label),
+        }
+    }
     let record = match &made {
         Err(why) => SetupRecord::failed(rank, ranks, *why),
         Ok(r) => match (assembly.device.uuid(), r.staging().ipc_handle()) {
@@ -271,7 +306,9 @@ fn local_part(
                 )
                 .with_failure_word(r.failure_word().name());
                 match assembly.baseline {
-                    Baseline::Nccl => record.with_nvls(nccl_would_run_nvls(assembly.device)),
+                    Baseline::Nccl => record
+                        .with_nvls(nccl_would_run_nvls(assembly.device))
+                        .with_branch(r.has_branch()),
                     Baseline::Ring => record,
                 }
             }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::args::Operands;
+use super::branch::{BranchError, NcclWork};
 use super::driver::{self, Capture, Device, Event, PeerMapping};
 use super::growth::{grow, growth_target, Growth};
 use super::multicast::region::Region;
@@ -87,6 +88,9 @@ pub enum Ran {
     Ticketed { above_staging: bool },
     /// Captured into a graph as a graph launch, which chooses its plan at every replay.
     Captured,
+    /// NCCL's own work captured into the graph as it is (it could not go behind a
+    /// conditional node): every replay runs NCCL.
+    CapturedNccl,
 }
 
 /// Everything a connected communicator is made of.
@@ -166,6 +170,9 @@ pub struct CudaComm {
     order_pending: Option<cudaStream_t>,
     /// Calls captured into graphs as graph launches.
     captured: u64,
+    /// NCCL's work of captured calls, captured apart (`super::branch`): kept as long as the
+    /// communicator, since the caller's graphs hold copies of it.
+    nccl_work: Vec<NcclWork>,
     /// The plans graph launches choose among could not be built: captured calls stay on NCCL.
     unbuildable: bool,
     /// See [`CommParts::max_bytes`].
@@ -222,6 +229,7 @@ impl CudaComm {
             ticket_awaits_nccl: None,
             order_pending: None,
             captured: 0,
+            nccl_work: Vec::new(),
             unbuildable: false,
             max_bytes: parts.max_bytes,
             staged_bytes: parts.staged_bytes,
@@ -290,14 +298,18 @@ impl CudaComm {
 
     /// Runs one call of `operands` on `stream`. `Err(Decline)` leaves it untouched for NCCL;
     /// `Ok(Err(_))` is a failure of this rank, whose peers are told (its failure word).
+    /// `nccl` makes the same call to NCCL on the stream it is given (a capture may take NCCL's
+    /// work into the graph itself).
     ///
     /// # Safety
     /// NCCL's contract for `ncclAllReduce`: the buffers hold `count` elements on this device
-    /// (whenever a captured graph is replayed, too), and `stream` is a live stream of it.
+    /// (whenever a captured graph is replayed, too), and `stream` is a live stream of it;
+    /// `nccl` queues only work of this device.
     pub unsafe fn all_reduce(
         &mut self,
         operands: Operands,
         stream: cudaStream_t,
+        nccl: &dyn Fn(cudaStream_t) -> ResultCode,
     ) -> Result<Result<Ran, CallError>, Decline> {
         // SAFETY: the caller's stream of this device.
         let capture = match unsafe { driver::capture_of(self.rank.device(), stream.cast()) } {
@@ -311,7 +323,7 @@ impl CudaComm {
         };
         if capture != Capture::None {
             // SAFETY: as the caller vouches.
-            return unsafe { self.capture(operands, stream, capture) };
+            return unsafe { self.capture(operands, stream, capture, nccl) };
         }
         // An eager call may allocate (growth, plan uploads), map peers' memory and read
         // events: beside another thread's capture in the global mode (PyTorch's default) the
@@ -638,13 +650,19 @@ impl CudaComm {
     }
 
     /// Captures one call into the caller's graph as a graph launch, whose every replay chooses
-    /// its plan on the GPU from the records of earlier replays (`crate::gpu::choice`). It stays
-    /// on NCCL (captured as usual, so its replays run NCCL's work: NVLS where NCCL runs it)
-    /// when NCCL is the baseline and the policy does not prefer StragglAR for this call now
-    /// (no straggler designated for its size, or a lead that does not pay; under a fixed
-    /// `STRAGGLAR_ALGO=stragglar` it always does), or when the plans are not uploaded (no
-    /// allocation while capturing; they are, from the first call outside capture on). Both
-    /// follow from the settings and the eager calls so far: the same on every rank.
+    /// its plan on the GPU from the records of earlier replays (`crate::gpu::choice`).
+    ///
+    /// Where every rank can put NCCL's work behind a conditional node (`super::branch`: CUDA
+    /// 12.3 on, NCCL the baseline), the replays choose between StragglAR and NCCL's own work
+    /// for the call, captured apart here ([`CudaComm::capture_or_nccl`]). Otherwise the
+    /// baseline of the replays is our Ring, and the call stays on NCCL (captured as usual, so
+    /// its replays run NCCL's work: NVLS where NCCL runs it) when NCCL is the baseline and the
+    /// policy does not prefer StragglAR for this call now (no straggler designated for its
+    /// size, or a lead that does not pay; under a fixed `STRAGGLAR_ALGO=stragglar` it always
+    /// does). Either way it stays on NCCL when the plans are not uploaded (no allocation while
+    /// capturing; they are, from the first call outside capture on) or do not fit the arenas.
+    /// All of it follows from the settings, the setup and the eager calls so far: the same on
+    /// every rank.
     ///
     /// # Safety
     /// As [`CudaComm::all_reduce`].
@@ -653,6 +671,7 @@ impl CudaComm {
         operands: Operands,
         stream: cudaStream_t,
         capture: Capture,
+        nccl: &dyn Fn(cudaStream_t) -> ResultCode,
     ) -> Result<Result<Ran, CallError>, Decline> {
         if self.rank.control().aborted() {
             // A rank given up captures nothing: NCCL captured here while its peers captured our
@@ -667,7 +686,11 @@ impl CudaComm {
         // finish too.
         let class = crate::detect::size_class(bytes);
         let pinned = self.graph_finishes.get(&class).copied();
-        if self.baseline == Baseline::Nccl && !self.tracker.prefers_stragglar(bytes, pinned) {
+        let branch = self.baseline == Baseline::Nccl && self.rank.has_branch();
+        if self.baseline == Baseline::Nccl
+            && !branch
+            && !self.tracker.prefers_stragglar(bytes, pinned)
+        {
             return Err(Decline::PolicyNccl);
         }
         let policy = self.tracker.policy();
@@ -689,46 +712,122 @@ impl CudaComm {
             }
             return Err(Decline::AboveStaging);
         }
-        let rule = RawRule::of_finish(policy, bytes, finish).measuring();
-        let raw = stream.cast();
+        let rule = RawRule::of_finish(policy, bytes, finish);
         let id = match capture {
             Capture::Id(id) => Some(id),
             _ => None,
         };
-        let result = (|| -> Result<Ran, CallError> {
-            if let (Some(id), Some((previous, other))) = (id, self.captured_stream) {
-                if previous == id && other != stream {
-                    // SAFETY: the caller's capturing stream; the event was recorded in this
-                    // capture.
-                    unsafe { self.captured_last.wait_on(raw) }?;
-                }
-            }
-            // Every replay follows this communicator's latest launch as of the replay (an
-            // eager call, another replay) and is what the next eager launch follows: the
-            // graph's own event nodes, no kernel waiting on another stream's. Eager calls and
-            // replays share the epoch and its parity, so two of them must never overlap.
-            // SAFETY: the caller's capturing stream; `last` is this communicator's event.
-            unsafe { self.last.wait_external(raw) }?;
+        let result = if branch {
+            // NCCL's turn is not timed on the GPU (it ends after our kernels): the device rule
+            // goes by the model's break-even, without measured times.
             // SAFETY: as the caller vouches.
-            unsafe { self.rank.all_reduce_graph(operands, raw, rule, finish) }?;
-            // SAFETY: as above.
-            unsafe { self.last.record_external(raw) }?;
-            if let Some(id) = id {
-                // SAFETY: as above.
-                unsafe { self.captured_last.record_raw(raw) }?;
-                self.captured_stream = Some((id, stream));
+            unsafe { self.capture_or_nccl(operands, stream, id, rule, finish, nccl) }
+        } else {
+            let raw = stream.cast();
+            // SAFETY: as the caller vouches.
+            unsafe {
+                self.captured_in_order(stream, id, |rank| {
+                    rank.all_reduce_graph(operands, raw, rule.measuring(), finish)
+                })
             }
-            Ok(Ran::Captured)
-        })();
+        };
         match result {
-            Ok(_) => {
+            Ok(Ran::Captured) => {
                 self.captured += 1;
                 self.graph_finishes.entry(class).or_insert(finish);
             }
+            Ok(_) => {}
             // Its peers' graphs hold this call: their replays must not wait for this rank.
             Err(_) => self.rank.give_up(),
         }
         Ok(result)
+    }
+
+    /// Captures NCCL's work for the call apart and, where it can go behind a conditional node,
+    /// a graph launch whose replays choose between StragglAR and that work; otherwise the work
+    /// as it is (logged once), and every replay of it runs NCCL.
+    ///
+    /// # Safety
+    /// As [`CudaComm::all_reduce`].
+    unsafe fn capture_or_nccl(
+        &mut self,
+        operands: Operands,
+        stream: cudaStream_t,
+        id: Option<u64>,
+        rule: RawRule,
+        finish: Finish,
+        nccl: &dyn Fn(cudaStream_t) -> ResultCode,
+    ) -> Result<Ran, CallError> {
+        // SAFETY: `nccl` queues this call's NCCL work on this device, as the caller vouches.
+        let mut work = match unsafe { self.rank.capture_nccl_apart(nccl) } {
+            Ok(work) => work,
+            Err(BranchError::Nccl(code)) => return Err(CallError::Nccl(code)),
+            Err(BranchError::Gpu(e)) => return Err(e.into()),
+        };
+        let raw = stream.cast();
+        let ran = match work.qualified() {
+            Ok(hoisted) => {
+                let work = &work;
+                // SAFETY: as the caller vouches; `work` is this call's.
+                unsafe {
+                    self.captured_in_order(stream, id, |rank| {
+                        rank.all_reduce_graph_or_nccl(operands, raw, rule, finish, work, &hoisted)
+                    })
+                }
+                .map(|_| Ran::Captured)
+            }
+            Err(why) => {
+                static SAID: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !SAID.swap(true, Ordering::Relaxed) {
+                    log::info!(
+                        "{}: a captured ncclAllReduce replays NCCL's work only: {why} (logged once)",
+                        self.label
+                    );
+                }
+                // SAFETY: the caller's capturing stream.
+                unsafe { self.rank.capture_nccl_plain(raw, &work) }.map(|_| Ran::CapturedNccl)
+            }
+        };
+        self.nccl_work.push(work);
+        ran
+    }
+
+    /// Captures `launch`'s work on `stream` between the communicator's ordering events: after
+    /// its latest launch as of each replay (an eager call, another replay), before its next
+    /// one, and after its previous captured launch on another stream of the same capture.
+    ///
+    /// # Safety
+    /// `stream` is the caller's capturing stream of this device.
+    unsafe fn captured_in_order(
+        &mut self,
+        stream: cudaStream_t,
+        id: Option<u64>,
+        launch: impl FnOnce(&mut CudaRank) -> Result<(), CallError>,
+    ) -> Result<Ran, CallError> {
+        let raw = stream.cast();
+        if let (Some(id), Some((previous, other))) = (id, self.captured_stream) {
+            if previous == id && other != stream {
+                // SAFETY: the caller's capturing stream; the event was recorded in this
+                // capture.
+                unsafe { self.captured_last.wait_on(raw) }?;
+            }
+        }
+        // Every replay follows this communicator's latest launch as of the replay (an
+        // eager call, another replay) and is what the next eager launch follows: the
+        // graph's own event nodes, no kernel waiting on another stream's. Eager calls and
+        // replays share the epoch and its parity, so two of them must never overlap.
+        // SAFETY: the caller's capturing stream; `last` is this communicator's event.
+        unsafe { self.last.wait_external(raw) }?;
+        launch(&mut self.rank)?;
+        // SAFETY: as above.
+        unsafe { self.last.record_external(raw) }?;
+        if let Some(id) = id {
+            // SAFETY: as above.
+            unsafe { self.captured_last.record_raw(raw) }?;
+            self.captured_stream = Some((id, stream));
+        }
+        Ok(Ran::Captured)
     }
 
     /// Uploads, at the communicator's first call outside capture, every plan a graph launch
@@ -913,8 +1012,12 @@ impl CudaComm {
                     }
                     None => "the last on the baseline".into(),
                 };
+                let baseline = match self.rank.has_branch() {
+                    true => "NCCL's own work",
+                    false => "Ring where it fits the staging",
+                };
                 log::info!(
-                    "{}: {} calls captured into graphs; their replays chose on the GPU: {} StragglAR, {} the baseline (Ring where it fits the staging); {last}",
+                    "{}: {} calls captured into graphs; their replays chose on the GPU: {} StragglAR, {} the baseline ({baseline}); {last}",
                     self.label,
                     self.captured,
                     counts.stragglar,

@@ -121,6 +121,11 @@ impl Device {
         self.device
     }
 
+    /// The device's primary context, for the driver calls that name one.
+    pub fn context(&self) -> sys::CUcontext {
+        self.context
+    }
+
     /// A device attribute.
     pub fn attribute(&self, attribute: sys::CUdevice_attribute) -> Result<i32, GpuError> {
         // SAFETY: a valid device handle and attribute enum.

@@ -23,7 +23,7 @@ use super::driver;
 use super::rank::{status_text, CallError, Control};
 use super::watch::SetupWatch;
 use crate::gpu::launch::{STATUS_ABORTED, STATUS_OK};
-use crate::nccl::types::{ncclComm_t, ResultCode};
+use crate::nccl::types::{cudaStream_t, ncclComm_t, ResultCode};
 
 pub use super::call::EngineCall;
 
@@ -192,10 +192,23 @@ pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
         return Err(Decline::SetupRefused);
     };
     let comm = &mut ready.comm;
+    // NCCL's same call on another stream (a capture may take NCCL's work into the graph). On
+    // a nonblocking communicator NCCL may still be queueing it when it returns: its state
+    // settles before the capture of that stream may end.
+    let nccl = |stream: cudaStream_t| {
+        // SAFETY: a stream of the communicator's device, which the caller still holds.
+        let mut code = unsafe { nccl_all_reduce(call, stream) };
+        while code == ResultCode::IN_PROGRESS && !entry.watch.forgotten() {
+            std::thread::sleep(Duration::from_micros(50));
+            code = crate::nccl::real::async_state(call.comm);
+        }
+        code
+    };
     // SAFETY: NCCL's contract for the caller's ncclAllReduce: its buffers hold `count`
-    // elements on the communicator's device, and the stream is a live stream of it.
+    // elements on the communicator's device, and the stream is a live stream of it; `nccl`
+    // makes the same call on a stream of that device.
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-        comm.all_reduce(call.operands(), call.stream)
+        comm.all_reduce(call.operands(), call.stream, &nccl)
     }));
     let served = match ran {
         Err(_) => {
@@ -229,6 +242,11 @@ pub fn all_reduce(call: &EngineCall) -> Result<Served, Decline> {
                 above_staging,
             })
         }
+        // Its replays run NCCL's work only (counted as NCCL's, as a call the policy forwards).
+        Ok(Ok(Ok(Ran::CapturedNccl))) => Ok(Served::Nccl {
+            code: ResultCode::SUCCESS,
+            above_staging: false,
+        }),
         Ok(Ok(Ok(_))) => Ok(Served::Stragglar(ResultCode::SUCCESS)),
     };
     if entry.watch.forgotten() {
@@ -252,8 +270,17 @@ fn forward_ticketed(call: &EngineCall, entry: &Entry) -> ResultCode {
         );
         return CallError::Failed(STATUS_ABORTED).nccl_code();
     }
-    // SAFETY: the caller's own arguments, passed to NCCL unchanged, on the communicator the
-    // caller still holds (NCCL's contract: no call after its destroy returned).
+    // SAFETY: the caller's own stream, of the communicator the caller still holds (NCCL's
+    // contract: no call after its destroy returned).
+    unsafe { nccl_all_reduce(call, call.stream) }
+}
+
+/// The caller's call, its arguments passed to the real NCCL unchanged, on `stream`.
+///
+/// # Safety
+/// `stream` is a live stream of the communicator's device, and the communicator is live.
+unsafe fn nccl_all_reduce(call: &EngineCall, stream: cudaStream_t) -> ResultCode {
+    // SAFETY: NCCL's own contract, which the caller's call met and the caller vouches for.
     unsafe {
         crate::nccl::real::all_reduce(
             call.send as *const std::ffi::c_void,
@@ -262,7 +289,7 @@ fn forward_ticketed(call: &EngineCall, entry: &Entry) -> ResultCode {
             call.nccl_dtype,
             call.nccl_op,
             call.comm,
-            call.stream,
+            stream,
         )
     }
 }

@@ -6,6 +6,7 @@ pub mod arena;
 pub mod args;
 pub mod assemble;
 pub mod attach;
+pub mod branch;
 pub mod budget;
 pub mod call;
 pub mod comm;

@@ -141,12 +141,14 @@ pub fn scale_of(dtype: DataType, op: ReduceOp, ranks: usize, rank: usize) -> Sca
 /// The buffers hold `count` elements on this device until the streams are synchronised (and
 /// the graphs replayed).
 unsafe fn run_call(l: &mut Local, operands: Operands) -> Result<(), Box<dyn Error>> {
+    // The bench's communicators have Ring as their baseline: NCCL is never asked for.
+    let no_nccl = |_| crate::nccl::types::ResultCode::INVALID_USAGE;
     // SAFETY: as the caller vouches; the stream is the rank's own.
-    match unsafe { l.comm.all_reduce(operands, l.stream.raw.cast()) } {
+    match unsafe { l.comm.all_reduce(operands, l.stream.raw.cast(), &no_nccl) } {
         Ok(Ok(Ran::Stragglar { straggler })) => l.choices.eager(Some(straggler)),
         Ok(Ok(Ran::Ring)) => l.choices.eager(None),
         Ok(Ok(Ran::Captured)) => {}
-        Ok(Ok(Ran::Ticketed { .. })) => {
+        Ok(Ok(Ran::Ticketed { .. } | Ran::CapturedNccl)) => {
             return Err("the engine handed a call to NCCL, which the bench has not".into())
         }
         Ok(Err(e)) => return Err(Box::new(e)),

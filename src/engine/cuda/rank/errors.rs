@@ -15,6 +15,8 @@ pub enum CallError {
     Unfit(String),
     /// A kernel of this rank gave up (a `STATUS_*`); the communicator is unusable.
     Failed(u32),
+    /// NCCL's own call, made by the engine (its work captured apart for a graph), failed.
+    Nccl(ResultCode),
 }
 
 impl CallError {
@@ -26,6 +28,7 @@ impl CallError {
             CallError::Failed(STATUS_PEER_FAILED) => ResultCode::REMOTE_ERROR,
             CallError::Failed(STATUS_BAD_PLAN) => ResultCode::INTERNAL_ERROR,
             CallError::Failed(_) => ResultCode::SYSTEM_ERROR,
+            CallError::Nccl(code) => *code,
         }
     }
 }
@@ -36,6 +39,7 @@ impl std::fmt::Display for CallError {
             CallError::Gpu(e) => write!(f, "{e}"),
             CallError::Unfit(why) => write!(f, "{why}"),
             CallError::Failed(status) => write!(f, "{}", status_text(*status)),
+            CallError::Nccl(code) => write!(f, "NCCL returned {} for the call it captured", code.0),
         }
     }
 }

@@ -4,21 +4,23 @@
 use super::{CallError, CudaRank};
 use crate::detect::Finish;
 use crate::engine::cuda::args::Operands;
-use crate::engine::cuda::driver::DeviceMemory;
+use crate::engine::cuda::branch::{Branch, BranchError, Hoisted, NcclWork};
+use crate::engine::cuda::driver::{DeviceMemory, GpuError};
 use crate::gpu::choice::{RawGraphState, RawRule};
 use crate::plan::{ArenaNeed, Lowered};
 use crate::reduce::DataType;
 
 /// The plans graph launches choose among, for every size, in one allocation: the blobs, then
-/// two tables of `u64[ranks + 1]` blob addresses, StragglAR with straggler `s` at `s` and the
-/// baseline last: Ring in one, StragglAR with the last rank as the straggler in the other (for
-/// sizes where Ring does not fit the staging).
+/// three tables of `u64[ranks + 1]` blob addresses, StragglAR with straggler `s` at `s` and the
+/// baseline last: Ring in one, StragglAR with the last rank as the straggler in another (for
+/// sizes where Ring does not fit the staging), and none (0: NCCL's captured work) in the third.
 pub(super) struct ChoiceTables {
     /// Keeps the blobs and tables alive.
     _memory: DeviceMemory,
-    /// Device addresses of the two tables.
+    /// Device addresses of the three tables.
     ring_last: u64,
     straggler_last: u64,
+    nccl_last: u64,
     /// What each StragglAR plan and Ring need of the staging.
     stragglar: Vec<ArenaNeed>,
     ring: ArenaNeed,
@@ -72,7 +74,9 @@ impl CudaRank {
         }
         let ring_last = end;
         let straggler_last = ring_last + 8 * (ranks + 1);
-        let mut bytes = vec![0u8; straggler_last + 8 * (ranks + 1)];
+        let nccl_last = straggler_last + 8 * (ranks + 1);
+        // The NCCL table's entries are StragglAR's, then 0 (left as zeroed).
+        let mut bytes = vec![0u8; nccl_last + 8 * (ranks + 1)];
         let memory = DeviceMemory::for_upload(&self.device, bytes.len())?;
         let address = |choice: usize| memory.ptr + offsets[choice] as u64;
         for (choice, (blob, &at)) in blobs.iter().zip(&offsets).enumerate() {
@@ -82,6 +86,10 @@ impl CudaRank {
             let baseline = if choice == ranks { ranks - 1 } else { choice };
             let entry = straggler_last + 8 * choice;
             bytes[entry..entry + 8].copy_from_slice(&address(baseline).to_le_bytes());
+            if choice < ranks {
+                let entry = nccl_last + 8 * choice;
+                bytes[entry..entry + 8].copy_from_slice(&address(choice).to_le_bytes());
+            }
         }
         memory.upload(&bytes)?;
         // Eager calls of these plans use the same blobs (no second upload).
@@ -94,6 +102,7 @@ impl CudaRank {
             ChoiceTables {
                 ring_last: memory.ptr + ring_last as u64,
                 straggler_last: memory.ptr + straggler_last as u64,
+                nccl_last: memory.ptr + nccl_last as u64,
                 _memory: memory,
                 stragglar,
                 ring: plans[ranks].need(),
@@ -163,7 +172,9 @@ impl CudaRank {
         } else {
             choices.straggler_last
         };
-        let args = self.site()?.graph(table, self.graph_board, rule, &operands);
+        let args = self
+            .site()?
+            .graph(table, self.graph_board, rule, &operands, false);
         // SAFETY: every address in `args` is live device memory of this rank (staging with its
         // graph state, plan table and blobs, peer table, host words, rank 0's mapped graph
         // board) or the caller's buffers, which the caller vouches for.
@@ -172,6 +183,101 @@ impl CudaRank {
                 .all_reduce
                 .launch(stream, self.config.blocks, self.config.threads, &args)
         }?;
+        Ok(())
+    }
+
+    /// Whether graph replays can take NCCL's captured work as their baseline (every rank can
+    /// put it behind a conditional node).
+    pub fn has_branch(&self) -> bool {
+        self.branch.is_some()
+    }
+
+    /// Gives this rank what puts NCCL's work behind a conditional node, or takes it away
+    /// (alike on every rank: the setup's records decide).
+    pub fn set_branch(&mut self, branch: Option<Branch>) {
+        self.branch = branch;
+    }
+
+    /// Captures what `nccl` queues for this call apart (see `super::super::branch`): the work
+    /// for [`CudaRank::all_reduce_graph_or_nccl`].
+    ///
+    /// # Safety
+    /// `nccl` queues this call's NCCL work, of this device, on the stream it is given.
+    pub unsafe fn capture_nccl_apart(
+        &self,
+        nccl: &dyn Fn(crate::nccl::types::cudaStream_t) -> crate::nccl::types::ResultCode,
+    ) -> Result<NcclWork, BranchError> {
+        let Some(branch) = &self.branch else {
+            return Err(BranchError::Gpu(GpuError {
+                call: "cuGraphConditionalHandleCreate",
+                detail: "this rank has no conditional graph nodes".into(),
+            }));
+        };
+        // SAFETY: as the caller vouches.
+        unsafe { branch.capture_apart(&self.device, nccl) }
+    }
+
+    /// Queues a captured AllReduce whose replays choose, on the GPU as [`all_reduce_graph`]'s
+    /// do, between StragglAR finished by `finish` and NCCL's own `work` for the call (behind a
+    /// conditional node, with the event nodes `hoisted` out of it around).
+    ///
+    /// [`all_reduce_graph`]: CudaRank::all_reduce_graph
+    ///
+    /// # Safety
+    /// As [`CudaRank::all_reduce_graph`]; `work` is this call's NCCL work.
+    pub unsafe fn all_reduce_graph_or_nccl(
+        &mut self,
+        operands: Operands,
+        stream: cudarc::driver::sys::CUstream,
+        rule: RawRule,
+        finish: Finish,
+        work: &NcclWork,
+        hoisted: &Hoisted,
+    ) -> Result<(), CallError> {
+        self.fail_fast()?;
+        let (count, dtype) = (operands.count, operands.dtype);
+        let table = self.fitting_choices(count, dtype, finish)?.nccl_last;
+        let args = self
+            .site()?
+            .graph(table, self.graph_board, rule, &operands, true);
+        let turn = self.staging.ptr
+            + self.config.layout.graph()
+            + std::mem::offset_of!(RawGraphState, nccl_turn) as u64;
+        let branch = self
+            .branch
+            .as_ref()
+            .ok_or_else(|| CallError::Unfit("no conditional nodes here".into()))?;
+        let (kernel, blocks, threads) = (
+            &self.kernels.all_reduce,
+            self.config.blocks,
+            self.config.threads,
+        );
+        // SAFETY: the caller's capturing stream of this device; `turn` is in this rank's
+        // staging, written by every launch of `args` (nccl_baseline); every address in `args`
+        // is live memory of this rank or the caller's buffers, as in `all_reduce_graph`.
+        unsafe {
+            branch.capture_behind(&self.device, stream, work, hoisted, turn, || {
+                kernel.launch(stream, blocks, threads, &args)
+            })
+        }?;
+        Ok(())
+    }
+
+    /// Adds NCCL's `work` for a call to `stream`'s capture as it is.
+    ///
+    /// # Safety
+    /// `stream` is the caller's capturing stream of this device.
+    pub unsafe fn capture_nccl_plain(
+        &self,
+        stream: cudarc::driver::sys::CUstream,
+        work: &NcclWork,
+    ) -> Result<(), CallError> {
+        let branch = self
+            .branch
+            .as_ref()
+            .ok_or_else(|| CallError::Unfit("no conditional nodes here".into()))?;
+        // SAFETY: as the caller vouches.
+        unsafe { branch.capture_plain(&self.device, stream, work) }?;
         Ok(())
     }
 

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use super::arena::GrownArena;
 use super::args::{LaunchSite, MulticastRegion, Operands};
+use super::branch::Branch;
 use super::driver::{Device, DeviceMemory, GpuError, HostWords, Kernels};
 use super::failure::FailureWord;
 use super::staging::{ArenaLayout, StagingLayout};
@@ -99,6 +100,9 @@ pub struct CudaRank {
     choices: Vec<(crate::detect::Finish, ChoiceTables)>,
     /// The communicator's multicast region as this rank's launches see it, once formed.
     multicast: Option<MulticastRegion>,
+    /// What puts NCCL's captured work behind a conditional node, where every rank can
+    /// (`super::branch`): graph replays then take NCCL as their baseline.
+    branch: Option<Branch>,
 }
 
 impl CudaRank {
@@ -149,6 +153,7 @@ impl CudaRank {
             graph_board: 0,
             choices: Vec::new(),
             multicast: None,
+            branch: None,
         })
     }
 

@@ -8,7 +8,7 @@ use crate::engine::cuda::staging::StagingLayout;
 /// `SetupRecord::magic`: "SGSU".
 pub const SETUP_MAGIC: u32 = 0x5347_5355;
 /// `SetupRecord::version` of this layout.
-pub const SETUP_VERSION: u32 = 4;
+pub const SETUP_VERSION: u32 = 5;
 
 /// Bytes each rank contributes to the first all-gather: its record, zero-padded. Fixed across
 /// versions (magic and version first), so ranks of builds whose records differ still gather
@@ -98,6 +98,10 @@ pub struct SetupRecord {
     /// The name of the shared memory holding the writer's failure word (NUL-padded; empty in
     /// a failed record), which its peers map (`crate::engine::cuda::failure`).
     pub failure_word: [u8; 48],
+    /// 1 when this rank can put NCCL's captured work behind a conditional node
+    /// (`crate::engine::cuda::branch`), else 0: graph replays take NCCL as their baseline
+    /// only where every rank can.
+    pub branch: u32,
 }
 
 /// Why the communicator stays on NCCL, the same on every rank.
@@ -250,6 +254,7 @@ impl SetupRecord {
             layout: [layout.arena_bytes, layout.values, layout.blocks],
             build: build_id(),
             failure_word: [0; 48],
+            branch: 0,
         }
     }
 
@@ -271,6 +276,7 @@ impl SetupRecord {
             layout: [0; 3],
             build: build_id(),
             failure_word: [0; 48],
+            branch: 0,
         }
     }
 
@@ -284,6 +290,13 @@ impl SetupRecord {
     pub fn failure_word_name(&self) -> String {
         let end = self.failure_word.iter().position(|&b| b == 0).unwrap_or(48);
         String::from_utf8_lossy(&self.failure_word[..end]).into_owned()
+    }
+
+    /// The same record, stating whether this rank can put NCCL's captured work behind a
+    /// conditional node.
+    pub fn with_branch(mut self, branch: bool) -> SetupRecord {
+        self.branch = u32::from(branch);
+        self
     }
 
     /// The same record, stating whether NCCL would run NVLS on this rank.
@@ -393,6 +406,7 @@ pub(super) fn record_bytes(record: &SetupRecord) -> Vec<u8> {
     }
     out.extend_from_slice(&record.build.to_le_bytes());
     out.extend_from_slice(&record.failure_word);
+    out.extend_from_slice(&record.branch.to_le_bytes());
     out.resize(SETUP_RECORD_BYTES, 0);
     out
 }
@@ -423,6 +437,7 @@ pub(super) fn record_from(bytes: &[u8]) -> SetupRecord {
     }
     let build = u64::from_le_bytes(take(8).try_into().expect("8 bytes"));
     let failure_word = take(48).try_into().expect("48 bytes");
+    let branch = u32::from_le_bytes(take(4).try_into().expect("4 bytes"));
     SetupRecord {
         magic: u32s[0],
         version: u32s[1],
@@ -438,6 +453,7 @@ pub(super) fn record_from(bytes: &[u8]) -> SetupRecord {
         layout,
         build,
         failure_word,
+        branch,
     }
 }
 
@@ -601,7 +617,7 @@ mod tests {
         assert_eq!(field::<4>("abcdef"), *b"abcd");
         assert_eq!(field::<4>("ab"), [b'a', b'b', 0, 0]);
         assert_ne!(setting_hash("256M"), setting_hash("128M"));
-        assert_eq!(std::mem::size_of::<SetupRecord>(), 360);
+        assert_eq!(std::mem::size_of::<SetupRecord>(), 368);
         assert!(std::mem::size_of::<SetupRecord>() <= SETUP_RECORD_BYTES);
     }
 }

@@ -1,0 +1,494 @@
+//! NCCL's own captured work as the baseline of graph replays (CUDA 12.3 on). A captured
+//! `ncclAllReduce` becomes three things in the caller's graph: our AllReduce kernel, which at
+//! every replay chooses StragglAR (and runs it) or NCCL's turn (and runs nothing); the branch
+//! kernel (`cuda/stragglar_branch.ptx`), which sets a conditional handle to that choice; and an
+//! IF node whose body is NCCL's work for the call, captured apart on a stream of our own. The
+//! choice is the device's, from records every rank shares, so every rank takes the same branch.
+//!
+//! A body holds only kernel, empty, child graph, memset, memcpy and conditional nodes. NCCL
+//! brackets its captured kernels with a wait on an event of its own and a record of it (its
+//! graph-mixing support, on by default), which a body may not hold: a wait that depends on
+//! nothing is moved before our kernel, and a record nothing depends on after the IF node (both
+//! then happen at every replay, NCCL's turn or not, which only adds order). Work with any other
+//! node (a network proxy's host node, an event in the middle, a child graph) does not
+//! [qualify](NcclWork::qualified): it is added as it is, and that call's replays run NCCL.
+
+use std::ffi::c_uint;
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::driver::{check, Device, GpuError, Kernel, Stream};
+use crate::nccl::types::{cudaStream_t, ResultCode};
+
+/// The branch kernel, as PTX the driver compiles when it loads it (and resolves its
+/// device-runtime call in): NUL-terminated, as `cuModuleLoadData` takes text.
+const BRANCH_PTX: &str = concat!(include_str!("../../../cuda/stragglar_branch.ptx"), "\0");
+/// Its entry point: one argument, `[u64 handle, u64 address of the u32 turn word]`.
+const BRANCH_KERNEL: &str = "ncclStragglarSetBranch";
+/// The first driver with conditional nodes: CUDA 12.3.
+const FIRST_DRIVER: i32 = 12030;
+
+type HandleCreate =
+    unsafe extern "C" fn(*mut u64, sys::CUgraph, sys::CUcontext, c_uint, c_uint) -> sys::CUresult;
+type AddNode = unsafe extern "C" fn(
+    *mut sys::CUgraphNode,
+    sys::CUgraph,
+    *const sys::CUgraphNode,
+    usize,
+    *mut sys::CUgraphNodeParams,
+) -> sys::CUresult;
+type AddChild = unsafe extern "C" fn(
+    *mut sys::CUgraphNode,
+    sys::CUgraph,
+    *const sys::CUgraphNode,
+    usize,
+    sys::CUgraph,
+) -> sys::CUresult;
+type GetNodes =
+    unsafe extern "C" fn(sys::CUgraph, *mut sys::CUgraphNode, *mut usize) -> sys::CUresult;
+/// The node's type as a plain number: a newer driver may name types this build does not know.
+type NodeType = unsafe extern "C" fn(sys::CUgraphNode, *mut c_uint) -> sys::CUresult;
+type NodeEdges =
+    unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNode, *mut usize) -> sys::CUresult;
+type NodeEvent = unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUevent) -> sys::CUresult;
+type DestroyNode = unsafe extern "C" fn(sys::CUgraphNode) -> sys::CUresult;
+type UpdateDeps =
+    unsafe extern "C" fn(sys::CUstream, *mut sys::CUgraphNode, usize, c_uint) -> sys::CUresult;
+type GraphDestroy = unsafe extern "C" fn(sys::CUgraph) -> sys::CUresult;
+type BeginCapture = unsafe extern "C" fn(sys::CUstream, c_uint) -> sys::CUresult;
+type EndCapture = unsafe extern "C" fn(sys::CUstream, *mut sys::CUgraph) -> sys::CUresult;
+type WaitEvent = unsafe extern "C" fn(sys::CUstream, sys::CUevent, c_uint) -> sys::CUresult;
+type RecordEvent = unsafe extern "C" fn(sys::CUevent, sys::CUstream, c_uint) -> sys::CUresult;
+type CaptureInfo = unsafe extern "C" fn(
+    sys::CUstream,
+    *mut c_uint,
+    *mut u64,
+    *mut sys::CUgraph,
+    *mut *const sys::CUgraphNode,
+    *mut usize,
+) -> sys::CUresult;
+
+/// The driver's entry points for graphs built by hand, looked up once by their names of
+/// CUDA 12.x (later drivers keep exporting them); `None` where one is missing.
+struct Api {
+    handle_create: HandleCreate,
+    add_node: AddNode,
+    add_child: AddChild,
+    get_nodes: GetNodes,
+    node_type: NodeType,
+    dependencies: NodeEdges,
+    dependents: NodeEdges,
+    waited_event: NodeEvent,
+    recorded_event: NodeEvent,
+    destroy_node: DestroyNode,
+    update_dependencies: UpdateDeps,
+    graph_destroy: GraphDestroy,
+    begin_capture: BeginCapture,
+    end_capture: EndCapture,
+    wait_event: WaitEvent,
+    record_event: RecordEvent,
+    capture_info: CaptureInfo,
+}
+
+fn api() -> Option<&'static Api> {
+    static API: std::sync::OnceLock<Option<Api>> = std::sync::OnceLock::new();
+    API.get_or_init(|| {
+        // SAFETY: the driver library is loaded (a device was opened); each symbol is read with
+        // the signature the CUDA 12 headers give that name.
+        unsafe {
+            let lib = sys::culib();
+            macro_rules! entry {
+                ($name:literal) => {
+                    *lib.get(concat!($name, "\0").as_bytes()).ok()?
+                };
+            }
+            Some(Api {
+                handle_create: entry!("cuGraphConditionalHandleCreate"),
+                add_node: entry!("cuGraphAddNode"),
+                add_child: entry!("cuGraphAddChildGraphNode"),
+                get_nodes: entry!("cuGraphGetNodes"),
+                node_type: entry!("cuGraphNodeGetType"),
+                dependencies: entry!("cuGraphNodeGetDependencies"),
+                dependents: entry!("cuGraphNodeGetDependentNodes"),
+                waited_event: entry!("cuGraphEventWaitNodeGetEvent"),
+                recorded_event: entry!("cuGraphEventRecordNodeGetEvent"),
+                destroy_node: entry!("cuGraphDestroyNode"),
+                update_dependencies: entry!("cuStreamUpdateCaptureDependencies"),
+                graph_destroy: entry!("cuGraphDestroy"),
+                begin_capture: entry!("cuStreamBeginCapture_v2"),
+                end_capture: entry!("cuStreamEndCapture"),
+                wait_event: entry!("cuStreamWaitEvent"),
+                record_event: entry!("cuEventRecordWithFlags"),
+                capture_info: entry!("cuStreamGetCaptureInfo_v2"),
+            })
+        }
+    })
+    .as_ref()
+}
+
+/// What a rank needs to put NCCL's work behind a conditional node: the driver's entry points,
+/// the branch kernel, and a stream of its own to capture NCCL's work on.
+pub struct Branch {
+    api: &'static Api,
+    kernel: Kernel,
+    stream: Stream,
+}
+
+impl Branch {
+    /// Loads the branch kernel on `device` where the driver has conditional nodes; `Err` says
+    /// why not (a driver before CUDA 12.3, R535's included, a missing entry point, a module
+    /// the driver refuses).
+    pub fn load(device: &Arc<Device>) -> Result<Branch, String> {
+        let (major, minor) = crate::gpu::probe::driver_cuda_version()
+            .ok_or("the driver does not say its CUDA version")?;
+        if major * 1000 + minor * 10 < FIRST_DRIVER {
+            return Err(format!(
+                "the driver is CUDA {major}.{minor}; conditional graph nodes need 12.3"
+            ));
+        }
+        let api = api().ok_or("the driver lacks an entry point of conditional graph nodes")?;
+        let kernel = Kernel::load(device, BRANCH_PTX.as_bytes(), BRANCH_KERNEL)
+            .map_err(|e| e.to_string())?;
+        let stream = Stream::new(device).map_err(|e| e.to_string())?;
+        Ok(Branch {
+            api,
+            kernel,
+            stream,
+        })
+    }
+
+    /// Captures what `nccl` queues on this rank's own stream into a graph of its own, in the
+    /// relaxed capture mode (the caller's capture, in any mode, is left as it is).
+    ///
+    /// # Safety
+    /// `nccl` must queue only work of this device's context on the stream it is given.
+    pub unsafe fn capture_apart(
+        &self,
+        device: &Arc<Device>,
+        nccl: &dyn Fn(cudaStream_t) -> ResultCode,
+    ) -> Result<NcclWork, BranchError> {
+        let _current = device.current()?;
+        let relaxed = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED as c_uint;
+        // SAFETY: our own live stream, not capturing.
+        check("cuStreamBeginCapture", unsafe {
+            (self.api.begin_capture)(self.stream.raw, relaxed)
+        })?;
+        let code = nccl(self.stream.raw.cast());
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: the capture begun above, ended once whatever NCCL did.
+        let ended = check("cuStreamEndCapture", unsafe {
+            (self.api.end_capture)(self.stream.raw, &mut graph)
+        });
+        let work = NcclWork {
+            api: self.api,
+            device: device.clone(),
+            graph,
+        };
+        ended?;
+        if code != ResultCode::SUCCESS {
+            return Err(BranchError::Nccl(code));
+        }
+        Ok(work)
+    }
+
+    /// Adds to `stream`'s capture, after what it holds: a wait on each of `hoisted`'s waits,
+    /// then `launch` (our AllReduce kernel, which leaves the turn at `turn`), the branch kernel
+    /// and an IF node whose body runs `work`, then a record of each of `hoisted`'s records;
+    /// later work captured on `stream` follows the last of them.
+    ///
+    /// # Safety
+    /// `stream` is the caller's capturing stream of `device`; `turn` is a word of this device
+    /// that every launch `launch` queues writes.
+    pub unsafe fn capture_behind(
+        &self,
+        device: &Device,
+        stream: sys::CUstream,
+        work: &NcclWork,
+        hoisted: &Hoisted,
+        turn: u64,
+        launch: impl FnOnce() -> Result<(), GpuError>,
+    ) -> Result<(), GpuError> {
+        let _current = device.current()?;
+        let external_wait = sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as c_uint;
+        for &event in &hoisted.waits {
+            // SAFETY: the caller's capturing stream; NCCL's live event.
+            check("cuStreamWaitEvent", unsafe {
+                (self.api.wait_event)(stream, event, external_wait)
+            })?;
+        }
+        // SAFETY: the caller's capturing stream.
+        let (graph, _) = unsafe { self.capture_point(stream) }?;
+        let mut handle = 0u64;
+        let assign_default = sys::CU_GRAPH_COND_ASSIGN_DEFAULT;
+        // SAFETY: the capture's own graph and this device's context.
+        check("cuGraphConditionalHandleCreate", unsafe {
+            (self.api.handle_create)(&mut handle, graph, device.context(), 0, assign_default)
+        })?;
+        launch()?;
+        let args = [handle, turn];
+        // SAFETY: the handle was made on this capture's graph; `turn` is this device's word.
+        unsafe { self.kernel.launch(stream, 1, 32, &args) }?;
+        // SAFETY: as above.
+        let (graph, tail) = unsafe { self.capture_point(stream) }?;
+        // SAFETY: an all-zero parameter block is valid; the fields read are set below.
+        let mut params: sys::CUgraphNodeParams = unsafe { std::mem::zeroed() };
+        params.type_ = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL;
+        let mut body: sys::CUgraph = std::ptr::null_mut();
+        params.__bindgen_anon_1.conditional = sys::CUDA_CONDITIONAL_NODE_PARAMS {
+            handle,
+            type_: sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_IF,
+            size: 1,
+            phGraph_out: &mut body,
+            ctx: device.context(),
+        };
+        let mut conditional: sys::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: the capture's graph and its current dependencies; `params` outlives the call.
+        check("cuGraphAddNode", unsafe {
+            (self.api.add_node)(
+                &mut conditional,
+                graph,
+                tail.as_ptr(),
+                tail.len(),
+                &mut params,
+            )
+        })?;
+        let mut child: sys::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: the body the driver just made; `work.graph` is a graph of this context.
+        check("cuGraphAddChildGraphNode", unsafe {
+            (self.api.add_child)(&mut child, body, std::ptr::null(), 0, work.graph)
+        })?;
+        let set = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES;
+        // SAFETY: the caller's capturing stream; the node is of its capture's graph.
+        check("cuStreamUpdateCaptureDependencies", unsafe {
+            (self.api.update_dependencies)(stream, &mut conditional, 1, set as c_uint)
+        })?;
+        let external_record = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as c_uint;
+        for &event in &hoisted.records {
+            // SAFETY: as the waits above.
+            check("cuEventRecordWithFlags", unsafe {
+                (self.api.record_event)(event, stream, external_record)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Adds `work` to `stream`'s capture as it is (a child graph node after what the capture
+    /// holds), for work that does not qualify for a body.
+    ///
+    /// # Safety
+    /// `stream` is the caller's capturing stream of `device`.
+    pub unsafe fn capture_plain(
+        &self,
+        device: &Device,
+        stream: sys::CUstream,
+        work: &NcclWork,
+    ) -> Result<(), GpuError> {
+        let _current = device.current()?;
+        // SAFETY: the caller's capturing stream.
+        let (graph, tail) = unsafe { self.capture_point(stream) }?;
+        let mut child: sys::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: the capture's graph and dependencies; `work.graph` is of this context.
+        check("cuGraphAddChildGraphNode", unsafe {
+            (self.api.add_child)(&mut child, graph, tail.as_ptr(), tail.len(), work.graph)
+        })?;
+        let set = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES;
+        // SAFETY: as above.
+        check("cuStreamUpdateCaptureDependencies", unsafe {
+            (self.api.update_dependencies)(stream, &mut child, 1, set as c_uint)
+        })
+    }
+
+    /// The graph of `stream`'s capture and the nodes its next work would depend on.
+    ///
+    /// # Safety
+    /// `stream` is a capturing stream of the current context.
+    unsafe fn capture_point(
+        &self,
+        stream: sys::CUstream,
+    ) -> Result<(sys::CUgraph, Vec<sys::CUgraphNode>), GpuError> {
+        let mut status: c_uint = 0;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        let mut nodes: *const sys::CUgraphNode = std::ptr::null();
+        let mut count = 0usize;
+        // SAFETY: as the caller vouches; every output points at a local.
+        check("cuStreamGetCaptureInfo", unsafe {
+            (self.api.capture_info)(
+                stream,
+                &mut status,
+                std::ptr::null_mut(),
+                &mut graph,
+                &mut nodes,
+                &mut count,
+            )
+        })?;
+        let tail = if nodes.is_null() || count == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the driver gives out `count` handles at `nodes`, valid until the next call.
+            unsafe { std::slice::from_raw_parts(nodes, count) }.to_vec()
+        };
+        Ok((graph, tail))
+    }
+}
+
+/// Why NCCL's work could not be captured apart.
+#[derive(Debug)]
+pub enum BranchError {
+    /// The driver refused a step of the capture.
+    Gpu(GpuError),
+    /// NCCL's own call failed (its code, which the caller returns).
+    Nccl(ResultCode),
+}
+
+impl From<GpuError> for BranchError {
+    fn from(e: GpuError) -> Self {
+        BranchError::Gpu(e)
+    }
+}
+
+/// NCCL's work for one call, captured apart: a graph of this rank's, destroyed with it. Kept
+/// as long as the communicator (see `CudaComm`): a child graph node is a copy, but what NCCL
+/// attached to the graph it captured is kept with that graph.
+pub struct NcclWork {
+    api: &'static Api,
+    device: Arc<Device>,
+    graph: sys::CUgraph,
+}
+
+// SAFETY: a CUgraph may be used from any thread, one at a time (the owner's `&mut`).
+unsafe impl Send for NcclWork {}
+
+/// The event nodes moved out of NCCL's work: waits to put before our kernel, records after the
+/// IF node.
+#[derive(Debug, Default)]
+pub struct Hoisted {
+    waits: Vec<sys::CUevent>,
+    records: Vec<sys::CUevent>,
+}
+
+impl NcclWork {
+    /// Readies the work for a conditional body: moves its edge event nodes out (see the module
+    /// doc) and returns them, or says which node keeps it out of a body (the work is then left
+    /// as captured).
+    pub fn qualified(&mut self) -> Result<Hoisted, String> {
+        let api = self.api;
+        let _current = self.device.current().map_err(|e| e.to_string())?;
+        // SAFETY: our own graph; the counts bound every read.
+        let nodes = unsafe { self.nodes() }.map_err(|e| e.to_string())?;
+        let mut hoisted = Hoisted::default();
+        let mut moved = Vec::new();
+        for &node in &nodes {
+            let mut kind: c_uint = 0;
+            // SAFETY: a node of our graph.
+            check("cuGraphNodeGetType", unsafe {
+                (api.node_type)(node, &mut kind)
+            })
+            .map_err(|e| e.to_string())?;
+            let edges = |f: NodeEdges| -> Result<usize, String> {
+                let mut count = 0usize;
+                // SAFETY: a null list asks for the count only.
+                check("cuGraphNodeGet{Dependencies,DependentNodes}", unsafe {
+                    f(node, std::ptr::null_mut(), &mut count)
+                })
+                .map_err(|e| e.to_string())?;
+                Ok(count)
+            };
+            use sys::CUgraphNodeType as T;
+            let event = |f: NodeEvent| -> Result<sys::CUevent, String> {
+                let mut event: sys::CUevent = std::ptr::null_mut();
+                // SAFETY: an event node of our graph.
+                check("cuGraphEvent*NodeGetEvent", unsafe { f(node, &mut event) })
+                    .map_err(|e| e.to_string())?;
+                Ok(event)
+            };
+            match kind {
+                k if [
+                    T::CU_GRAPH_NODE_TYPE_KERNEL,
+                    T::CU_GRAPH_NODE_TYPE_EMPTY,
+                    T::CU_GRAPH_NODE_TYPE_MEMSET,
+                    T::CU_GRAPH_NODE_TYPE_MEMCPY,
+                ]
+                .iter()
+                .any(|&t| t as c_uint == k) => {}
+                k if k == T::CU_GRAPH_NODE_TYPE_WAIT_EVENT as c_uint
+                    && edges(api.dependencies)? == 0 =>
+                {
+                    hoisted.waits.push(event(api.waited_event)?);
+                    moved.push(node);
+                }
+                k if k == T::CU_GRAPH_NODE_TYPE_EVENT_RECORD as c_uint
+                    && edges(api.dependents)? == 0 =>
+                {
+                    hoisted.records.push(event(api.recorded_event)?);
+                    moved.push(node);
+                }
+                k => {
+                    return Err(format!(
+                        "NCCL's captured work holds {}, which a conditional body cannot",
+                        node_kind(k)
+                    ))
+                }
+            }
+        }
+        for node in moved {
+            // SAFETY: a node of our graph, destroyed once.
+            check("cuGraphDestroyNode", unsafe { (api.destroy_node)(node) })
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(hoisted)
+    }
+
+    /// The graph's nodes.
+    ///
+    /// # Safety
+    /// The work's context must be current.
+    unsafe fn nodes(&self) -> Result<Vec<sys::CUgraphNode>, GpuError> {
+        let mut count = 0usize;
+        // SAFETY: a null list asks for the count.
+        check("cuGraphGetNodes", unsafe {
+            (self.api.get_nodes)(self.graph, std::ptr::null_mut(), &mut count)
+        })?;
+        let mut nodes = vec![std::ptr::null_mut(); count];
+        // SAFETY: room for `count` handles.
+        check("cuGraphGetNodes", unsafe {
+            (self.api.get_nodes)(self.graph, nodes.as_mut_ptr(), &mut count)
+        })?;
+        nodes.truncate(count);
+        Ok(nodes)
+    }
+}
+
+/// A node type as the CUDA documentation names it, for the log.
+fn node_kind(kind: c_uint) -> String {
+    let name = match kind {
+        0 => "a kernel node",
+        1 => "a memcpy node",
+        2 => "a memset node",
+        3 => "a host node",
+        4 => "a child graph node",
+        5 => "an empty node",
+        6 => "an event wait node with dependencies",
+        7 => "an event record node with dependents",
+        8 => "an external semaphore signal node",
+        9 => "an external semaphore wait node",
+        10 => "a memory allocation node",
+        11 => "a memory free node",
+        12 => "a batched memory operation node",
+        13 => "a conditional node",
+        _ => return format!("a node of type {kind}"),
+    };
+    name.into()
+}
+
+impl Drop for NcclWork {
+    fn drop(&mut self) {
+        if self.graph.is_null() {
+            return;
+        }
+        if let Ok(_current) = self.device.current() {
+            // SAFETY: our graph, destroyed once.
+            let _ = unsafe { (self.api.graph_destroy)(self.graph) };
+        }
+    }
+}
