@@ -1836,17 +1836,29 @@ fn on_a_driver_without_conditional_nodes_a_call_captured_with_nobody_late_stays_
 }
 
 #[test]
-fn nccls_work_a_conditional_body_cannot_hold_is_captured_as_it_is() {
+fn nccls_work_a_conditional_node_cannot_hold_is_captured_as_it_is() {
     let _timing = timing();
     // NCCL's captured work with a host node (as a network proxy's would be) cannot go behind
-    // a conditional node: it is added to the graph as it is, and every replay runs NCCL.
-    let env = late_then_on_time("40", &[("LOOPBACK_NCCL_HOST_NODES", "1")]);
-    let (_, log) = run_checked(&["4"], &env, ": 40 replays checked");
-    assert!(
-        log.contains("replays NCCL's work only: NCCL's captured work holds a host node"),
-        "{log}"
-    );
-    assert!(!log.contains("calls captured into graphs"), "{log}");
+    // a conditional node, nor can any work where the driver refuses the node: it is added to
+    // the graph as it is, and every replay runs NCCL.
+    for (setting, cause) in [
+        (
+            ("LOOPBACK_NCCL_HOST_NODES", "1"),
+            "NCCL's captured work holds a host node",
+        ),
+        (
+            ("STRAGGLAR_EMU_FAIL", "cuGraphAddNode"),
+            "cuGraphAddNode failed",
+        ),
+    ] {
+        let env = late_then_on_time("40", &[setting]);
+        let (_, log) = run_checked(&["4"], &env, ": 40 replays checked");
+        assert!(
+            log.contains(&format!("replays NCCL's work only: {cause}")),
+            "{log}"
+        );
+        assert!(!log.contains("calls captured into graphs"), "{log}");
+    }
 }
 
 #[test]

@@ -53,8 +53,8 @@ bool joined(const Graph& g, const std::vector<size_t>& roots, const std::vector<
     if (!seen[n]) return false;
   return true;
 }
-/* Runs a graph launch's nodes. Creation order is a topological order: unseeded, they run one
- * after another in it. Seeded, each node runs on a thread of its own once its dependencies
+/* Runs a graph launch's nodes. Unseeded, they run one after another in a topological order
+ * (creation order where it is one). Seeded, each node runs on a thread of its own once its dependencies
  * have finished, the ready ones started in a random order after random delays (below 100 us),
  * so independent branches run at the same time, as on a GPU. */
 void run_nodes(const std::vector<Node>& nodes, uint64_t launch);
@@ -68,9 +68,29 @@ void run_node(const Node& n, uint64_t launch) {
   run_nodes(n.body->nodes, launch);
 }
 
+/* The nodes in a topological order: each after its dependencies, ties in creation order
+ * (creation order is not always one: cuGraphAddDependencies may add an edge to an older
+ * node). */
+std::vector<size_t> topological(const std::vector<Node>& nodes) {
+  std::vector<size_t> order;
+  std::vector<bool> placed(nodes.size(), false);
+  while (order.size() < nodes.size()) {
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (placed[i]) continue;
+      bool met = true;
+      for (size_t d : nodes[i].deps) met = met && placed[d];
+      if (!met) continue;
+      placed[i] = true;
+      order.push_back(i);
+      break;
+    }
+  }
+  return order;
+}
+
 void run_nodes(const std::vector<Node>& nodes, uint64_t launch) {
   if (!schedule_seed()) {
-    for (const Node& n : nodes) run_node(n, launch);
+    for (size_t i : topological(nodes)) run_node(nodes[i], launch);
     return;
   }
   Rng choices = rng_for(kChoiceGraph, launch, 0);
@@ -664,6 +684,34 @@ CUresult cuGraphEventRecordNodeGetEvent(CUgraphNode h, CUevent* out) {
   EMU_FAULT("cuGraphEventRecordNodeGetEvent");
   EMU_REQUIRE_INIT();
   return event_of_node(h, out, false);
+}
+
+/* Adds the edges from[i] -> to[i] (each `to` then waits for its `from`); an edge that would
+ * close a cycle is refused. */
+CUresult cuGraphAddDependencies(CUgraph hg, const CUgraphNode* from, const CUgraphNode* to,
+                                size_t count) {
+  EMU_FAULT("cuGraphAddDependencies");
+  EMU_REQUIRE_INIT();
+  std::lock_guard<std::mutex> g(capture_lock());
+  Graph* graph = writable_graph(hg);
+  std::vector<size_t> a, b;
+  if (!graph || !indices_in(graph, from, count, &a) || !indices_in(graph, to, count, &b))
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; ++i) {
+    /* A cycle: `from` already depends, through its dependencies, on `to`. */
+    std::vector<size_t> todo{a[i]};
+    std::vector<bool> seen(graph->nodes.size(), false);
+    while (!todo.empty()) {
+      size_t n = todo.back();
+      todo.pop_back();
+      if (n == b[i]) return CUDA_ERROR_INVALID_VALUE;
+      if (seen[n]) continue;
+      seen[n] = true;
+      for (size_t d : graph->nodes[n].deps) todo.push_back(d);
+    }
+    graph->nodes[b[i]].deps.push_back(a[i]);
+  }
+  return CUDA_SUCCESS;
 }
 
 /* Removes a node and its edges (kept as an empty node with no edges, so indices stay). */

@@ -195,7 +195,7 @@ struct NodeRef {
   size_t index;
 };
 struct GraphExec {
-  std::vector<Node> nodes; /* in creation order, which is a topological order */
+  std::vector<Node> nodes; /* in creation order (run in a topological order) */
   std::vector<Condition*> conditions;
   /* Its latest launch (stream, op number): the next launch waits for it to end, on any stream,
    * as a graph exec never runs concurrently with itself. */

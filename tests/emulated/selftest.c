@@ -513,10 +513,10 @@ static int captured_apart(CUdeviceptr word, unsigned value, int host, CUgraph* o
 }
 
 /* What the engine builds for a captured ncclAllReduce whose baseline is NCCL (CUDA 12.3 on):
- * the branch kernel sets a handle made on the capture's graph from a word, an IF node added
- * after it through the capture's dependencies runs its body (a graph captured apart, added as
- * a child graph node) only at the replays where the word was 1, and the handle goes back to
- * its default at every launch. A body refuses a child graph with a host node (now or at
+ * the branch kernel sets a handle made on the capture's graph from a word, and an IF node
+ * (made before the kernel, then given the kernel as its dependency, and made what later
+ * captured work depends on) runs its body (a graph captured apart, added as a child graph
+ * node) only at the replays where the word was 1. A body refuses a child graph with a host node (now or at
  * instantiation), and the nodes of a graph read back with their types and edges. */
 static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   int version = 0;
@@ -557,14 +557,11 @@ static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   const CUgraphNode* tail;
   size_t tail_count;
   CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  /* As the engine builds it: the IF node and its body first, with no dependency, then the
+   * kernel that sets the handle, then the edge from that kernel to the IF node. */
   CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
   CHECK(cuStreamGetCaptureInfo_v2(s, &status, NULL, &captured, NULL, NULL));
   CHECK(cuGraphConditionalHandleCreate(&handle, captured, ctx, 0, CU_GRAPH_COND_ASSIGN_DEFAULT));
-  uint64_t args[2] = {handle, (uint64_t)dwords};
-  void* params[] = {args};
-  CHECK(cuLaunchKernel(branch, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
-  CHECK(cuStreamGetCaptureInfo_v2(s, &status, NULL, &captured, &tail, &tail_count));
-  EXPECT(tail_count == 1);
   CUgraphNodeParams cond;
   memset(&cond, 0, sizeof cond);
   cond.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
@@ -574,8 +571,14 @@ static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   cond.conditional.phGraph_out = &body;
   cond.conditional.ctx = ctx;
   CUgraphNode if_node, child;
-  CHECK(cuGraphAddNode(&if_node, captured, tail, tail_count, &cond));
+  CHECK(cuGraphAddNode(&if_node, captured, NULL, 0, &cond));
   CHECK(cuGraphAddChildGraphNode(&child, body, NULL, 0, apart));
+  uint64_t args[2] = {handle, (uint64_t)dwords};
+  void* params[] = {args};
+  CHECK(cuLaunchKernel(branch, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
+  CHECK(cuStreamGetCaptureInfo_v2(s, &status, NULL, &captured, &tail, &tail_count));
+  EXPECT(tail_count == 1);
+  CHECK(cuGraphAddDependencies(captured, tail, &if_node, 1));
   CHECK(cuStreamUpdateCaptureDependencies(s, &if_node, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
   CHECK(cuMemsetD32Async(dwords + 12, 5, 1, s));
   CHECK(cuStreamEndCapture(s, &graph));

@@ -53,6 +53,12 @@ type NodeEdges =
     unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUgraphNode, *mut usize) -> sys::CUresult;
 type NodeEvent = unsafe extern "C" fn(sys::CUgraphNode, *mut sys::CUevent) -> sys::CUresult;
 type DestroyNode = unsafe extern "C" fn(sys::CUgraphNode) -> sys::CUresult;
+type AddEdges = unsafe extern "C" fn(
+    sys::CUgraph,
+    *const sys::CUgraphNode,
+    *const sys::CUgraphNode,
+    usize,
+) -> sys::CUresult;
 type UpdateDeps =
     unsafe extern "C" fn(sys::CUstream, *mut sys::CUgraphNode, usize, c_uint) -> sys::CUresult;
 type GraphDestroy = unsafe extern "C" fn(sys::CUgraph) -> sys::CUresult;
@@ -82,6 +88,7 @@ struct Api {
     waited_event: NodeEvent,
     recorded_event: NodeEvent,
     destroy_node: DestroyNode,
+    add_dependencies: AddEdges,
     update_dependencies: UpdateDeps,
     graph_destroy: GraphDestroy,
     begin_capture: BeginCapture,
@@ -114,6 +121,7 @@ fn api() -> Option<&'static Api> {
                 waited_event: entry!("cuGraphEventWaitNodeGetEvent"),
                 recorded_event: entry!("cuGraphEventRecordNodeGetEvent"),
                 destroy_node: entry!("cuGraphDestroyNode"),
+                add_dependencies: entry!("cuGraphAddDependencies"),
                 update_dependencies: entry!("cuStreamUpdateCaptureDependencies"),
                 graph_destroy: entry!("cuGraphDestroy"),
                 begin_capture: entry!("cuStreamBeginCapture_v2"),
@@ -195,7 +203,10 @@ impl Branch {
     /// Adds to `stream`'s capture, after what it holds: a wait on each of `hoisted`'s waits,
     /// then `launch` (our AllReduce kernel, which leaves the turn at `turn`), the branch kernel
     /// and an IF node whose body runs `work`, then a record of each of `hoisted`'s records;
-    /// later work captured on `stream` follows the last of them.
+    /// later work captured on `stream` follows the last of them. The IF node and its body are
+    /// made first: where the driver refuses them, `work` is added as it is instead (between
+    /// the waits and the records) and `launch` is not called. `Ok(true)` when the IF node holds
+    /// the work.
     ///
     /// # Safety
     /// `stream` is the caller's capturing stream of `device`; `turn` is a word of this device
@@ -208,7 +219,7 @@ impl Branch {
         hoisted: &Hoisted,
         turn: u64,
         launch: impl FnOnce() -> Result<(), GpuError>,
-    ) -> Result<(), GpuError> {
+    ) -> Result<Result<(), String>, GpuError> {
         let _current = device.current()?;
         let external_wait = sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as c_uint;
         for &event in &hoisted.waits {
@@ -219,18 +230,56 @@ impl Branch {
         }
         // SAFETY: the caller's capturing stream.
         let (graph, _) = unsafe { self.capture_point(stream) }?;
-        let mut handle = 0u64;
-        let assign_default = sys::CU_GRAPH_COND_ASSIGN_DEFAULT;
         // SAFETY: the capture's own graph and this device's context.
-        check("cuGraphConditionalHandleCreate", unsafe {
-            (self.api.handle_create)(&mut handle, graph, device.context(), 0, assign_default)
-        })?;
+        let made = unsafe { self.conditional_with(device, graph, work) };
+        let (handle, mut conditional) = match made {
+            Ok(made) => made,
+            Err(refused) => {
+                // SAFETY: as above.
+                unsafe { self.capture_plain(device, stream, work) }?;
+                // SAFETY: as above.
+                unsafe { self.record_all(stream, hoisted) }?;
+                return Ok(Err(refused.to_string()));
+            }
+        };
         launch()?;
         let args = [handle, turn];
         // SAFETY: the handle was made on this capture's graph; `turn` is this device's word.
         unsafe { self.kernel.launch(stream, 1, 32, &args) }?;
         // SAFETY: as above.
         let (graph, tail) = unsafe { self.capture_point(stream) }?;
+        let to = vec![conditional; tail.len()];
+        // SAFETY: nodes of the capture's graph, `tail.len()` edges.
+        check("cuGraphAddDependencies", unsafe {
+            (self.api.add_dependencies)(graph, tail.as_ptr(), to.as_ptr(), tail.len())
+        })?;
+        let set = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES;
+        // SAFETY: the caller's capturing stream; the node is of its capture's graph.
+        check("cuStreamUpdateCaptureDependencies", unsafe {
+            (self.api.update_dependencies)(stream, &mut conditional, 1, set as c_uint)
+        })?;
+        // SAFETY: as above.
+        unsafe { self.record_all(stream, hoisted) }?;
+        Ok(Ok(()))
+    }
+
+    /// A conditional handle made on `graph` (reset to 0 at each launch) and an IF node of it,
+    /// with no dependency yet, whose body holds `work`. Nothing is left in `graph` on failure.
+    ///
+    /// # Safety
+    /// `graph` is the graph of a capture in progress on this context, which is current.
+    unsafe fn conditional_with(
+        &self,
+        device: &Device,
+        graph: sys::CUgraph,
+        work: &NcclWork,
+    ) -> Result<(u64, sys::CUgraphNode), GpuError> {
+        let mut handle = 0u64;
+        let assign_default = sys::CU_GRAPH_COND_ASSIGN_DEFAULT;
+        // SAFETY: as the caller vouches.
+        check("cuGraphConditionalHandleCreate", unsafe {
+            (self.api.handle_create)(&mut handle, graph, device.context(), 0, assign_default)
+        })?;
         // SAFETY: an all-zero parameter block is valid; the fields read are set below.
         let mut params: sys::CUgraphNodeParams = unsafe { std::mem::zeroed() };
         params.type_ = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL;
@@ -243,29 +292,31 @@ impl Branch {
             ctx: device.context(),
         };
         let mut conditional: sys::CUgraphNode = std::ptr::null_mut();
-        // SAFETY: the capture's graph and its current dependencies; `params` outlives the call.
+        // SAFETY: as the caller vouches; `params` and `body` outlive the call.
         check("cuGraphAddNode", unsafe {
-            (self.api.add_node)(
-                &mut conditional,
-                graph,
-                tail.as_ptr(),
-                tail.len(),
-                &mut params,
-            )
+            (self.api.add_node)(&mut conditional, graph, std::ptr::null(), 0, &mut params)
         })?;
         let mut child: sys::CUgraphNode = std::ptr::null_mut();
         // SAFETY: the body the driver just made; `work.graph` is a graph of this context.
-        check("cuGraphAddChildGraphNode", unsafe {
+        let added = check("cuGraphAddChildGraphNode", unsafe {
             (self.api.add_child)(&mut child, body, std::ptr::null(), 0, work.graph)
-        })?;
-        let set = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES;
-        // SAFETY: the caller's capturing stream; the node is of its capture's graph.
-        check("cuStreamUpdateCaptureDependencies", unsafe {
-            (self.api.update_dependencies)(stream, &mut conditional, 1, set as c_uint)
-        })?;
+        });
+        if let Err(e) = added {
+            // SAFETY: the node made above, destroyed once (its body with it).
+            let _ = unsafe { (self.api.destroy_node)(conditional) };
+            return Err(e);
+        }
+        Ok((handle, conditional))
+    }
+
+    /// Records each of `hoisted`'s records on `stream` (external: at every replay).
+    ///
+    /// # Safety
+    /// `stream` is a capturing stream of the current context.
+    unsafe fn record_all(&self, stream: sys::CUstream, hoisted: &Hoisted) -> Result<(), GpuError> {
         let external_record = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as c_uint;
         for &event in &hoisted.records {
-            // SAFETY: as the waits above.
+            // SAFETY: as the caller vouches; NCCL's live event.
             check("cuEventRecordWithFlags", unsafe {
                 (self.api.record_event)(event, stream, external_record)
             })?;

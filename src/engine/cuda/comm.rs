@@ -765,17 +765,29 @@ impl CudaComm {
             Err(BranchError::Gpu(e)) => return Err(e.into()),
         };
         let raw = stream.cast();
-        let ran = match work.qualified() {
+        let behind = match work.qualified() {
             Ok(hoisted) => {
                 let work = &work;
+                let mut behind = Ok(());
                 // SAFETY: as the caller vouches; `work` is this call's.
                 unsafe {
                     self.captured_in_order(stream, id, |rank| {
-                        rank.all_reduce_graph_or_nccl(operands, raw, rule, finish, work, &hoisted)
+                        behind = rank.all_reduce_graph_or_nccl(
+                            operands, raw, rule, finish, work, &hoisted,
+                        )?;
+                        Ok(())
                     })
-                }
-                .map(|_| Ran::Captured)
+                }?;
+                behind
             }
+            Err(why) => {
+                // SAFETY: the caller's capturing stream.
+                unsafe { self.rank.capture_nccl_plain(raw, &work) }?;
+                Err(why)
+            }
+        };
+        let ran = match behind {
+            Ok(()) => Ran::Captured,
             Err(why) => {
                 static SAID: std::sync::atomic::AtomicBool =
                     std::sync::atomic::AtomicBool::new(false);
@@ -785,12 +797,11 @@ impl CudaComm {
                         self.label
                     );
                 }
-                // SAFETY: the caller's capturing stream.
-                unsafe { self.rank.capture_nccl_plain(raw, &work) }.map(|_| Ran::CapturedNccl)
+                Ran::CapturedNccl
             }
         };
         self.nccl_work.push(work);
-        ran
+        Ok(ran)
     }
 
     /// Captures `launch`'s work on `stream` between the communicator's ordering events: after

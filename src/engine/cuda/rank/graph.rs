@@ -219,7 +219,8 @@ impl CudaRank {
 
     /// Queues a captured AllReduce whose replays choose, on the GPU as [`all_reduce_graph`]'s
     /// do, between StragglAR finished by `finish` and NCCL's own `work` for the call (behind a
-    /// conditional node, with the event nodes `hoisted` out of it around).
+    /// conditional node, with the event nodes `hoisted` out of it around). `Ok(Err(why))`: the
+    /// driver refused the conditional node, and `work` was captured as it is instead.
     ///
     /// [`all_reduce_graph`]: CudaRank::all_reduce_graph
     ///
@@ -233,7 +234,7 @@ impl CudaRank {
         finish: Finish,
         work: &NcclWork,
         hoisted: &Hoisted,
-    ) -> Result<(), CallError> {
+    ) -> Result<Result<(), String>, CallError> {
         self.fail_fast()?;
         let (count, dtype) = (operands.count, operands.dtype);
         let table = self.fitting_choices(count, dtype, finish)?.nccl_last;
@@ -255,12 +256,12 @@ impl CudaRank {
         // SAFETY: the caller's capturing stream of this device; `turn` is in this rank's
         // staging, written by every launch of `args` (nccl_baseline); every address in `args`
         // is live memory of this rank or the caller's buffers, as in `all_reduce_graph`.
-        unsafe {
+        let behind = unsafe {
             branch.capture_behind(&self.device, stream, work, hoisted, turn, || {
                 kernel.launch(stream, blocks, threads, &args)
             })
         }?;
-        Ok(())
+        Ok(behind)
     }
 
     /// Adds NCCL's `work` for a call to `stream`'s capture as it is.
