@@ -165,6 +165,19 @@ fn doctor_says_the_gpus_are_emulated() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("driver:    present, 3 GPU(s)"), "{text}");
     assert!(text.contains("GPU 2:     Stragglar emulated GPU"), "{text}");
+    // Conditional graph nodes from CUDA 12.3 on (the branch kernel loads), not on R535's 12.2.
+    assert!(
+        text.contains("graphs:    replays choose between StragglAR and NCCL's own captured work"),
+        "{text}"
+    );
+    let out = support::run(
+        emulated(&[stragglar(), "doctor"]).env("STRAGGLAR_EMU_DRIVER_VERSION", "12020"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("graphs:    replays choose between StragglAR and our Ring (the driver is CUDA 12.2; conditional graph nodes need 12.3)"),
+        "{text}"
+    );
 }
 
 /// `stragglar doctor --multicast[-processes]` forms a multicast team of every GPU through the

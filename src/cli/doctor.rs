@@ -99,6 +99,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     if let Driver::Devices(n) = gpu.driver {
         if n > 0 {
             println!("  multicast: {}", multicast_line(n as usize, trial));
+            println!("  graphs:    {}", graphs_line());
         }
     }
     let mut cached = false;
@@ -171,6 +172,21 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
 /// on (`STRAGGLAR_GPU_ENGINE`), and an NVRTC that can build kernels the driver loads is found
 /// (the kernel cache is keyed by NVRTC's version, so even cached kernels need it).
 /// What the library does here: `kernels` when NVRTC can build them or the cache holds them.
+/// What graph replays choose between on GPU 0 (a communicator needs every rank to say yes).
+fn graphs_line() -> String {
+    use crate::engine::cuda::{branch::Branch, driver::Device};
+    match Device::open(0)
+        .map_err(|e| e.to_string())
+        .and_then(|d| Branch::load(&d))
+    {
+        Ok(_) => {
+            "replays choose between StragglAR and NCCL's own captured work (conditional nodes)"
+                .into()
+        }
+        Err(why) => format!("replays choose between StragglAR and our Ring ({why})"),
+    }
+}
+
 fn engine_verdict(gpus: bool, engine: bool, kernels: bool) -> &'static str {
     match (gpus, engine, kernels) {
         (false, _, _) => "no usable GPU: every call is forwarded to the real NCCL",
