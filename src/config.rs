@@ -141,6 +141,13 @@ pub const SETTINGS: &[Setting] = &[
         show: |c| c.multicast.to_string(),
     },
     Setting {
+        name: "STRAGGLAR_GRAPH_NCCL",
+        default: "1",
+        meaning: "1 lets CUDA graph replays of the GPU engine choose between StragglAR and NCCL's own captured work, behind a conditional node (CUDA 12.3 drivers on; such a graph cannot be nested as a child graph); 0 chooses between StragglAR and our Ring, as older drivers do",
+        parse: |c, v| switch(&mut c.graph_nccl, v),
+        show: |c| u8::from(c.graph_nccl).to_string(),
+    },
+    Setting {
         name: "STRAGGLAR_ALGO",
         default: "auto",
         meaning: "auto (StragglAR when a straggler is designated and the model says it wins), stragglar, or nccl",
@@ -317,6 +324,9 @@ pub struct Config {
     /// `STRAGGLAR_MULTICAST`: whether the GPU engine forms a multicast team at setup, and how
     /// its StragglAR calls choose to finish by multicast on it.
     pub multicast: MulticastMode,
+    /// `STRAGGLAR_GRAPH_NCCL`: whether graph replays may take NCCL's own captured work as their
+    /// baseline, behind a conditional node (where every rank's driver has them).
+    pub graph_nccl: bool,
     /// `STRAGGLAR_ALGO`.
     pub algo: AlgoMode,
     /// `STRAGGLAR_STRAGGLER`.
@@ -353,6 +363,7 @@ impl Default for Config {
             timeout_ms: None,
             gpu_engine: false,
             multicast: MulticastMode::Off,
+            graph_nccl: true,
             algo: AlgoMode::Auto,
             straggler: StragglerMode::Auto,
             pipeline: Pipeline::Pieces(1),
@@ -544,6 +555,7 @@ mod tests {
             ("STRAGGLAR_TIMEOUT_MS", "1500"),
             ("STRAGGLAR_GPU_ENGINE", "1"),
             ("STRAGGLAR_MULTICAST", "1"),
+            ("STRAGGLAR_GRAPH_NCCL", "0"),
             ("STRAGGLAR_ALGO", "nccl"),
             ("STRAGGLAR_STRAGGLER", "3"),
             ("STRAGGLAR_PIPELINE", "auto"),

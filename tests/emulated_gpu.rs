@@ -1823,51 +1823,73 @@ fn graph_replays_choose_between_stragglar_and_nccls_own_work_alike_on_every_rank
 }
 
 #[test]
-fn on_a_driver_without_conditional_nodes_a_call_captured_with_nobody_late_stays_on_nccl() {
-    // A CUDA 12.2 driver (R535) has no conditional nodes: under auto with nobody late the
-    // policy prefers NCCL for the call when it is captured, so the graph holds NCCL's work
-    // (NVLS where NCCL runs it), not our kernel choosing between StragglAR and our Ring.
-    let env = engine_with(
-        "auto",
-        &[
-            ("LOOPBACK_REPLAYS", "40"),
-            ("STRAGGLAR_EMU_DRIVER_VERSION", "12020"),
-        ],
-    );
-    let (text, log) = run_checked(&["4"], &env, ": 40 replays checked");
-    assert!(
-        log.contains("graph replays choose between StragglAR and our Ring: rank 0 cannot"),
-        "{log}"
-    );
-    assert!(!log.contains("calls captured into graphs"), "{log}");
-    // The three eager calls took tickets; the captured one went to NCCL as the policy's.
-    let stats = designations(&text);
-    assert!(
-        stats.len() == 4 && stats.iter().all(|s| *s == "-1, 0 on StragglAR, 4 on NCCL"),
-        "{text}"
-    );
+fn without_conditional_nodes_a_call_captured_with_nobody_late_stays_on_nccl() {
+    // A CUDA 12.2 driver (R535) has no conditional nodes, and STRAGGLAR_GRAPH_NCCL=0 turns
+    // them off: under auto with nobody late the policy prefers NCCL for the call when it is
+    // captured, so the graph holds NCCL's work (NVLS where NCCL runs it), not our kernel
+    // choosing between StragglAR and our Ring.
+    for setting in [
+        ("STRAGGLAR_EMU_DRIVER_VERSION", "12020"),
+        ("STRAGGLAR_GRAPH_NCCL", "0"),
+    ] {
+        let env = engine_with("auto", &[("LOOPBACK_REPLAYS", "40"), setting]);
+        let (text, log) = run_checked(&["4"], &env, ": 40 replays checked");
+        assert!(
+            log.contains("graph replays choose between StragglAR and our Ring: rank 0 cannot"),
+            "{log}"
+        );
+        assert!(!log.contains("calls captured into graphs"), "{log}");
+        // The three eager calls took tickets; the captured one went to NCCL as the policy's.
+        let stats = designations(&text);
+        assert!(
+            stats.len() == 4 && stats.iter().all(|s| *s == "-1, 0 on StragglAR, 4 on NCCL"),
+            "{text}"
+        );
+    }
 }
 
 #[test]
-fn nccls_work_a_conditional_node_cannot_hold_is_captured_as_it_is() {
+fn nccls_work_a_conditional_node_cannot_hold_is_captured_as_it_is_on_every_rank() {
     let _timing = timing();
     // NCCL's captured work with a host node (as a network proxy's would be) cannot go behind
     // a conditional node, nor can any work where the driver refuses the node: it is added to
-    // the graph as it is, and every replay runs NCCL.
-    for (setting, cause) in [
+    // the graph as it is, and every replay runs NCCL. Where that is so on one rank only, the
+    // ranks' votes make every rank do the same (a graph of NCCL's work alone beside peers'
+    // graphs of our kernel would hang them all).
+    for (setting, own, peers) in [
         (
             ("LOOPBACK_NCCL_HOST_NODES", "1"),
+            "NCCL's captured work holds a host node",
             "NCCL's captured work holds a host node",
         ),
         (
             ("STRAGGLAR_EMU_FAIL", "cuGraphAddNode"),
             "cuGraphAddNode failed",
+            "cuGraphAddNode failed",
+        ),
+        (
+            ("LOOPBACK_ENV_2", "LOOPBACK_NCCL_HOST_NODES=1"),
+            "NCCL's captured work holds a host node",
+            "rank 2 cannot put its NCCL work behind a conditional node",
+        ),
+        (
+            ("LOOPBACK_ENV_1", "STRAGGLAR_EMU_FAIL=cuGraphAddNode"),
+            "cuGraphAddNode failed",
+            "rank 1 cannot put its NCCL work behind a conditional node",
         ),
     ] {
         let env = late_then_on_time("40", &[setting]);
         let (_, log) = run_checked(&["4"], &env, ": 40 replays checked");
+        let causes: Vec<&str> = log
+            .lines()
+            .filter_map(|l| l.split_once("replays NCCL's work only: ").map(|(_, c)| c))
+            .collect();
+        assert_eq!(causes.len(), 4, "{log}");
+        assert!(causes.iter().any(|c| c.starts_with(own)), "{log}");
         assert!(
-            log.contains(&format!("replays NCCL's work only: {cause}")),
+            causes
+                .iter()
+                .all(|c| c.starts_with(own) || c.starts_with(peers)),
             "{log}"
         );
         assert!(!log.contains("calls captured into graphs"), "{log}");

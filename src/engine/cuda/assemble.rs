@@ -191,7 +191,7 @@ fn agree_on_branch(assembly: &Assembly, rank: &mut CudaRank, records: &[SetupRec
                 assembly.label
             ),
             Some(r) => log::info!(
-                "{}: graph replays choose between StragglAR and our Ring: rank {r} cannot put NCCL's captured work behind a conditional node (its log at DEBUG says why)",
+                "{}: graph replays choose between StragglAR and our Ring: rank {r} cannot put NCCL's captured work behind a conditional node (STRAGGLAR_GRAPH_NCCL=0 there, or its log at DEBUG says why)",
                 assembly.label
             ),
         }
@@ -286,7 +286,8 @@ fn local_part(
     });
     // Graph replays may take NCCL's own work as their baseline where the driver can put it
     // behind a conditional node (every rank must: see `assemble`).
-    if let (Ok(r), Baseline::Nccl) = (&mut made, assembly.baseline) {
+    let wanted = crate::config::get().graph_nccl;
+    if let (Ok(r), Baseline::Nccl, true) = (&mut made, assembly.baseline, wanted) {
         match Branch::load(assembly.device) {
             Ok(branch) => r.set_branch(Some(branch)),
             Err(why) => log::debug!("{}: no conditional graph nodes here: {why}", assembly.label),

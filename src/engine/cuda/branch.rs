@@ -5,13 +5,16 @@
 //! IF node whose body is NCCL's work for the call, captured apart on a stream of our own. The
 //! choice is the device's, from records every rank shares, so every rank takes the same branch.
 //!
-//! A body holds only kernel, empty, child graph, memset, memcpy and conditional nodes. NCCL
+//! A body holds only kernel, empty, child graph, memset, memcpy and conditional nodes (memsets
+//! and memcpys of device memory only); NCCL's work qualifies with kernel and empty nodes. NCCL
 //! brackets its captured kernels with a wait on an event of its own and a record of it (its
 //! graph-mixing support, on by default), which a body may not hold: a wait that depends on
 //! nothing is moved before our kernel, and a record nothing depends on after the IF node (both
 //! then happen at every replay, NCCL's turn or not, which only adds order). Work with any other
-//! node (a network proxy's host node, an event in the middle, a child graph) does not
-//! [qualify](NcclWork::qualified): it is added as it is, and that call's replays run NCCL.
+//! node (a network proxy's host node, an event in the middle, a child graph, a copy) does not
+//! [qualify](NcclWork::qualified): it is added as it is, and that call's replays run NCCL. So
+//! is every rank's work where one rank's does not qualify (or its driver refused the node):
+//! the ranks vote on each capture (`super::rank`).
 
 use std::ffi::c_uint;
 use std::sync::Arc;
@@ -74,6 +77,17 @@ type CaptureInfo = unsafe extern "C" fn(
     *mut *const sys::CUgraphNode,
     *mut usize,
 ) -> sys::CUresult;
+/// `cuStreamGetCaptureInfo_v3` (CUDA 12.3 on): as `_v2` with the edges' data before the count
+/// (`_v2` refuses to describe dependencies whose edges carry data, e.g. programmatic ones).
+type CaptureInfoV3 = unsafe extern "C" fn(
+    sys::CUstream,
+    *mut c_uint,
+    *mut u64,
+    *mut sys::CUgraph,
+    *mut *const sys::CUgraphNode,
+    *mut *const sys::CUgraphEdgeData,
+    *mut usize,
+) -> sys::CUresult;
 
 /// The driver's entry points for graphs built by hand, looked up once by their names of
 /// CUDA 12.x (later drivers keep exporting them); `None` where one is missing.
@@ -96,6 +110,7 @@ struct Api {
     wait_event: WaitEvent,
     record_event: RecordEvent,
     capture_info: CaptureInfo,
+    capture_info_v3: Option<CaptureInfoV3>,
 }
 
 fn api() -> Option<&'static Api> {
@@ -129,6 +144,10 @@ fn api() -> Option<&'static Api> {
                 wait_event: entry!("cuStreamWaitEvent"),
                 record_event: entry!("cuEventRecordWithFlags"),
                 capture_info: entry!("cuStreamGetCaptureInfo_v2"),
+                capture_info_v3: lib
+                    .get::<CaptureInfoV3>(b"cuStreamGetCaptureInfo_v3\0")
+                    .ok()
+                    .map(|f| *f),
             })
         }
     })
@@ -200,26 +219,20 @@ impl Branch {
         Ok(work)
     }
 
-    /// Adds to `stream`'s capture, after what it holds: a wait on each of `hoisted`'s waits,
-    /// then `launch` (our AllReduce kernel, which leaves the turn at `turn`), the branch kernel
-    /// and an IF node whose body runs `work`, then a record of each of `hoisted`'s records;
-    /// later work captured on `stream` follows the last of them. The IF node and its body are
-    /// made first: where the driver refuses them, `work` is added as it is instead (between
-    /// the waits and the records) and `launch` is not called. `Ok(true)` when the IF node holds
-    /// the work.
+    /// This rank's part of putting `work` behind a conditional node on `stream`'s capture,
+    /// before anything else of the call is captured: a wait on each of `hoisted`'s waits, then
+    /// an IF node (with no dependency yet) whose body holds `work`, and its handle. `Ok(Err)`:
+    /// the driver refused the node or its body, and nothing of them is left.
     ///
     /// # Safety
-    /// `stream` is the caller's capturing stream of `device`; `turn` is a word of this device
-    /// that every launch `launch` queues writes.
-    pub unsafe fn capture_behind(
+    /// `stream` is the caller's capturing stream of `device`.
+    pub unsafe fn begin(
         &self,
         device: &Device,
         stream: sys::CUstream,
         work: &NcclWork,
         hoisted: &Hoisted,
-        turn: u64,
-        launch: impl FnOnce() -> Result<(), GpuError>,
-    ) -> Result<Result<(), String>, GpuError> {
+    ) -> Result<Result<Conditional, GpuError>, GpuError> {
         let _current = device.current()?;
         let external_wait = sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as c_uint;
         for &event in &hoisted.waits {
@@ -231,24 +244,35 @@ impl Branch {
         // SAFETY: the caller's capturing stream.
         let (graph, _) = unsafe { self.capture_point(stream) }?;
         // SAFETY: the capture's own graph and this device's context.
-        let made = unsafe { self.conditional_with(device, graph, work) };
-        let (handle, mut conditional) = match made {
-            Ok(made) => made,
-            Err(refused) => {
-                // SAFETY: as above.
-                unsafe { self.capture_plain(device, stream, work) }?;
-                // SAFETY: as above.
-                unsafe { self.record_all(stream, hoisted) }?;
-                return Ok(Err(refused.to_string()));
-            }
-        };
+        Ok(unsafe { self.conditional_with(device, graph, work) })
+    }
+
+    /// Completes what [`Branch::begin`] began, once every rank made its part: `launch` (our
+    /// AllReduce kernel, which leaves the turn at `turn`) and the branch kernel after what the
+    /// capture holds, the IF node after them, then a record of each of `hoisted`'s records;
+    /// later work captured on `stream` follows the last of them.
+    ///
+    /// # Safety
+    /// As [`Branch::begin`], with its `conditional`; `turn` is a word of this device that
+    /// every launch `launch` queues writes.
+    pub unsafe fn complete(
+        &self,
+        device: &Device,
+        stream: sys::CUstream,
+        conditional: Conditional,
+        hoisted: &Hoisted,
+        turn: u64,
+        launch: impl FnOnce() -> Result<(), GpuError>,
+    ) -> Result<(), GpuError> {
+        let _current = device.current()?;
         launch()?;
-        let args = [handle, turn];
+        let args = [conditional.handle, turn];
         // SAFETY: the handle was made on this capture's graph; `turn` is this device's word.
         unsafe { self.kernel.launch(stream, 1, 32, &args) }?;
-        // SAFETY: as above.
+        // SAFETY: as the caller vouches.
         let (graph, tail) = unsafe { self.capture_point(stream) }?;
-        let to = vec![conditional; tail.len()];
+        let mut node = conditional.node;
+        let to = vec![node; tail.len()];
         // SAFETY: nodes of the capture's graph, `tail.len()` edges.
         check("cuGraphAddDependencies", unsafe {
             (self.api.add_dependencies)(graph, tail.as_ptr(), to.as_ptr(), tail.len())
@@ -256,11 +280,23 @@ impl Branch {
         let set = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES;
         // SAFETY: the caller's capturing stream; the node is of its capture's graph.
         check("cuStreamUpdateCaptureDependencies", unsafe {
-            (self.api.update_dependencies)(stream, &mut conditional, 1, set as c_uint)
+            (self.api.update_dependencies)(stream, &mut node, 1, set as c_uint)
         })?;
         // SAFETY: as above.
-        unsafe { self.record_all(stream, hoisted) }?;
-        Ok(Ok(()))
+        unsafe { self.record_all(stream, hoisted) }
+    }
+
+    /// Removes what [`Branch::begin`] made when a peer could not make its part (its IF node
+    /// and body; the waits stay, in front of the work added as it is instead).
+    ///
+    /// # Safety
+    /// `device`'s context made `conditional`, in a capture still in progress.
+    pub unsafe fn remove(&self, device: &Device, conditional: Conditional) -> Result<(), GpuError> {
+        let _current = device.current()?;
+        // SAFETY: the node made by `begin`, destroyed once (its body with it).
+        check("cuGraphDestroyNode", unsafe {
+            (self.api.destroy_node)(conditional.node)
+        })
     }
 
     /// A conditional handle made on `graph` (reset to 0 at each launch) and an IF node of it,
@@ -273,7 +309,7 @@ impl Branch {
         device: &Device,
         graph: sys::CUgraph,
         work: &NcclWork,
-    ) -> Result<(u64, sys::CUgraphNode), GpuError> {
+    ) -> Result<Conditional, GpuError> {
         let mut handle = 0u64;
         let assign_default = sys::CU_GRAPH_COND_ASSIGN_DEFAULT;
         // SAFETY: as the caller vouches.
@@ -306,14 +342,21 @@ impl Branch {
             let _ = unsafe { (self.api.destroy_node)(conditional) };
             return Err(e);
         }
-        Ok((handle, conditional))
+        Ok(Conditional {
+            handle,
+            node: conditional,
+        })
     }
 
     /// Records each of `hoisted`'s records on `stream` (external: at every replay).
     ///
     /// # Safety
     /// `stream` is a capturing stream of the current context.
-    unsafe fn record_all(&self, stream: sys::CUstream, hoisted: &Hoisted) -> Result<(), GpuError> {
+    pub unsafe fn record_all(
+        &self,
+        stream: sys::CUstream,
+        hoisted: &Hoisted,
+    ) -> Result<(), GpuError> {
         let external_record = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as c_uint;
         for &event in &hoisted.records {
             // SAFETY: as the caller vouches; NCCL's live event.
@@ -362,16 +405,29 @@ impl Branch {
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         let mut nodes: *const sys::CUgraphNode = std::ptr::null();
         let mut count = 0usize;
-        // SAFETY: as the caller vouches; every output points at a local.
+        let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
+        // SAFETY: as the caller vouches; every output points at a local. (The edges' data is
+        // not kept: the nodes added after them depend on them fully, which orders no less.)
         check("cuStreamGetCaptureInfo", unsafe {
-            (self.api.capture_info)(
-                stream,
-                &mut status,
-                std::ptr::null_mut(),
-                &mut graph,
-                &mut nodes,
-                &mut count,
-            )
+            match self.api.capture_info_v3 {
+                Some(v3) => v3(
+                    stream,
+                    &mut status,
+                    std::ptr::null_mut(),
+                    &mut graph,
+                    &mut nodes,
+                    &mut edges,
+                    &mut count,
+                ),
+                None => (self.api.capture_info)(
+                    stream,
+                    &mut status,
+                    std::ptr::null_mut(),
+                    &mut graph,
+                    &mut nodes,
+                    &mut count,
+                ),
+            }
         })?;
         let tail = if nodes.is_null() || count == 0 {
             Vec::new()
@@ -409,6 +465,12 @@ pub struct NcclWork {
 
 // SAFETY: a CUgraph may be used from any thread, one at a time (the owner's `&mut`).
 unsafe impl Send for NcclWork {}
+
+/// An IF node made on a capture's graph, with no dependency yet, and its handle.
+pub struct Conditional {
+    handle: u64,
+    node: sys::CUgraphNode,
+}
 
 /// The event nodes moved out of NCCL's work: waits to put before our kernel, records after the
 /// IF node.
@@ -454,14 +516,10 @@ impl NcclWork {
                 Ok(event)
             };
             match kind {
-                k if [
-                    T::CU_GRAPH_NODE_TYPE_KERNEL,
-                    T::CU_GRAPH_NODE_TYPE_EMPTY,
-                    T::CU_GRAPH_NODE_TYPE_MEMSET,
-                    T::CU_GRAPH_NODE_TYPE_MEMCPY,
-                ]
-                .iter()
-                .any(|&t| t as c_uint == k) => {}
+                // (Memsets and memcpys are left out too: a body takes them only on device
+                // or device-mapped memory, which a refusal at instantiation would tell.)
+                k if k == T::CU_GRAPH_NODE_TYPE_KERNEL as c_uint
+                    || k == T::CU_GRAPH_NODE_TYPE_EMPTY as c_uint => {}
                 k if k == T::CU_GRAPH_NODE_TYPE_WAIT_EVENT as c_uint
                     && edges(api.dependencies)? == 0 =>
                 {

@@ -170,9 +170,13 @@ pub struct CudaComm {
     order_pending: Option<cudaStream_t>,
     /// Calls captured into graphs as graph launches.
     captured: u64,
-    /// NCCL's work of captured calls, captured apart (`super::branch`): kept as long as the
-    /// communicator, since the caller's graphs hold copies of it.
+    /// NCCL's work of captured calls, captured apart (`super::branch`): kept until the
+    /// communicator goes (the caller's graphs hold copies of it), and dropped before NCCL's
+    /// own teardown of it, whose wait for its captured work would otherwise never end.
     nccl_work: Vec<NcclWork>,
+    /// Captures that put NCCL's work behind a conditional node (or tried to), numbered alike
+    /// on every rank: the round of each one's vote.
+    branch_captures: u32,
     /// The plans graph launches choose among could not be built: captured calls stay on NCCL.
     unbuildable: bool,
     /// See [`CommParts::max_bytes`].
@@ -230,6 +234,7 @@ impl CudaComm {
             order_pending: None,
             captured: 0,
             nccl_work: Vec::new(),
+            branch_captures: 0,
             unbuildable: false,
             max_bytes: parts.max_bytes,
             staged_bytes: parts.staged_bytes,
@@ -241,6 +246,13 @@ impl CudaComm {
             captured_stream: None,
             _multicast: parts.multicast,
         }
+    }
+
+    /// Destroys NCCL's work captured apart for graphs (the caller's graphs keep their copies):
+    /// before NCCL's own teardown of the communicator, which waits for what its captured work
+    /// holds to be released.
+    pub fn release_nccl_work(&mut self) {
+        self.nccl_work.clear();
     }
 
     /// Whether the policy prices NCCL as NVLS (the setup's records said NCCL would run it).
@@ -765,27 +777,20 @@ impl CudaComm {
             Err(BranchError::Gpu(e)) => return Err(e.into()),
         };
         let raw = stream.cast();
-        let behind = match work.qualified() {
-            Ok(hoisted) => {
-                let work = &work;
-                let mut behind = Ok(());
-                // SAFETY: as the caller vouches; `work` is this call's.
-                unsafe {
-                    self.captured_in_order(stream, id, |rank| {
-                        behind = rank.all_reduce_graph_or_nccl(
-                            operands, raw, rule, finish, work, &hoisted,
-                        )?;
-                        Ok(())
-                    })
-                }?;
-                behind
-            }
-            Err(why) => {
-                // SAFETY: the caller's capturing stream.
-                unsafe { self.rank.capture_nccl_plain(raw, &work) }?;
-                Err(why)
-            }
-        };
+        let qualified = work.qualified();
+        self.branch_captures += 1;
+        let capture = self.branch_captures;
+        let work_ref = &work;
+        let mut behind = Ok(());
+        // SAFETY: as the caller vouches; `work` is this call's.
+        unsafe {
+            self.captured_in_order(stream, id, |rank| {
+                behind = rank.all_reduce_graph_or_nccl(
+                    operands, raw, rule, finish, work_ref, &qualified, capture,
+                )?;
+                Ok(())
+            })
+        }?;
         let ran = match behind {
             Ok(()) => Ran::Captured,
             Err(why) => {

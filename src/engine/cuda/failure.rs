@@ -11,8 +11,9 @@
 //! is over: nothing is left in `/dev/shm` unless a process dies during its setup.
 //!
 //! The same page holds, for the hosts alone, the word saying the rank released its peers'
-//! staging, and its part of the arenas' growth (`super::growth`): two round words and an IPC
-//! handle, written by the owner, read by every peer.
+//! staging, its part of the arenas' growth (`super::growth`): two round words and an IPC
+//! handle, and its vote on each graph capture of NCCL's work behind a conditional node
+//! (`super::rank`), written by the owner, read by every peer.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -24,10 +25,11 @@ use super::driver::{Device, HostRegistration};
 const PAGE: usize = 4096;
 
 /// Word indices in the page: the failure word, the release word, then the growth's two round
-/// words and its handle (16 words, at a 64-byte boundary).
+/// words, the capture vote, and the growth's handle (16 words, at a 64-byte boundary).
 const RELEASED: usize = 1;
 const OFFERED: usize = 16;
 const REACHED: usize = 17;
+const CAPTURE_VOTE: usize = 18;
 const HANDLE: usize = 32;
 
 /// Failure words this process has created: the next name's counter.
@@ -185,14 +187,35 @@ impl FailureWord {
 
     /// Says whether this rank reached every peer's new arenas of growth `growth`.
     pub fn reach_growth(&self, growth: u32, reached: bool) {
-        let word = growth << 1 | u32::from(reached);
-        self.host_word(REACHED).store(word, Ordering::Release);
+        self.say(REACHED, growth, reached);
     }
 
     /// Whether the rank reached every peer's new arenas of growth `growth`, once it said.
     pub fn growth_reached(&self, growth: u32) -> Option<bool> {
-        let word = self.host_word(REACHED).load(Ordering::Acquire);
-        (word >> 1 == growth).then_some(word & 1 == 1)
+        self.said(REACHED, growth)
+    }
+
+    /// Says whether this rank can put NCCL's work of its graph capture number `capture` behind
+    /// a conditional node.
+    pub fn vote_capture(&self, capture: u32, behind: bool) {
+        self.say(CAPTURE_VOTE, capture, behind);
+    }
+
+    /// What the rank voted on its capture number `capture`, once it did.
+    pub fn capture_vote(&self, capture: u32) -> Option<bool> {
+        self.said(CAPTURE_VOTE, capture)
+    }
+
+    /// Writes round `round`'s yes or no into word `index` (rounds below 2^31).
+    fn say(&self, index: usize, round: u32, yes: bool) {
+        self.host_word(index)
+            .store(round << 1 | u32::from(yes), Ordering::Release);
+    }
+
+    /// Round `round`'s answer in word `index`, once written.
+    fn said(&self, index: usize, round: u32) -> Option<bool> {
+        let word = self.host_word(index).load(Ordering::Acquire);
+        (word >> 1 == round).then_some(word & 1 == 1)
     }
 
     /// Says, in the word beside the failure word, that the rank has closed its mappings of

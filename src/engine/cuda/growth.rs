@@ -153,7 +153,7 @@ fn nobody_failed(rank: &CudaRank) -> Result<(), CallError> {
 /// What `read` finds in every rank's page (this rank's own included), once each has written
 /// it: polls until then, and fails when a rank's failure word is set (every rank's is looked
 /// at on every pass), this rank's abort word is raised, or `deadline` passes.
-fn wait_for_every_rank<T>(
+pub(super) fn wait_for_every_rank<T>(
     rank: &CudaRank,
     deadline: Option<Instant>,
     read: impl Fn(&FailureWord) -> Option<T>,

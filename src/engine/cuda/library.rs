@@ -84,6 +84,7 @@ static ABANDONED: Lazy<Mutex<Vec<Abandoned>>> = Lazy::new(Default::default);
 /// [`sweep_abandoned`], once no rank can touch it.
 fn abandon(mut ready: Attached) {
     ready.comm.abort();
+    ready.comm.release_nccl_work();
     ABANDONED.lock().push(Abandoned {
         ready,
         released: false,
@@ -453,6 +454,7 @@ pub fn forget(comm: ncclComm_t, abort: bool) {
     let State::Ready(mut ready) = std::mem::replace(&mut *state, State::Refused) else {
         return;
     };
+    ready.comm.release_nccl_work();
     let deadline = Instant::now() + DRAIN;
     ready.comm.drain(deadline);
     // `drain` waited for this rank's own kernels and released the peers' staging. Its own is

@@ -6,6 +6,7 @@ use crate::detect::Finish;
 use crate::engine::cuda::args::Operands;
 use crate::engine::cuda::branch::{Branch, BranchError, Hoisted, NcclWork};
 use crate::engine::cuda::driver::{DeviceMemory, GpuError};
+use crate::engine::cuda::growth::wait_for_every_rank;
 use crate::gpu::choice::{RawGraphState, RawRule};
 use crate::plan::{ArenaNeed, Lowered};
 use crate::reduce::DataType;
@@ -219,21 +220,28 @@ impl CudaRank {
 
     /// Queues a captured AllReduce whose replays choose, on the GPU as [`all_reduce_graph`]'s
     /// do, between StragglAR finished by `finish` and NCCL's own `work` for the call (behind a
-    /// conditional node, with the event nodes `hoisted` out of it around). `Ok(Err(why))`: the
-    /// driver refused the conditional node, and `work` was captured as it is instead.
+    /// conditional node, with the event nodes `qualified` hoisted out of it around), when every
+    /// rank can: each makes its IF node and body first and votes on it in its page
+    /// (`super::super::failure`), for the communicator's graph capture number `capture`
+    /// (numbered alike on every rank from 1). Where a rank cannot (its work does not qualify,
+    /// `qualified` says why, or its driver refused the node), every rank adds its `work` as it
+    /// is instead, and `Ok(Err(why))` says why: a rank whose graph held NCCL's work alone while
+    /// its peers' held our kernel would hang them both.
     ///
     /// [`all_reduce_graph`]: CudaRank::all_reduce_graph
     ///
     /// # Safety
     /// As [`CudaRank::all_reduce_graph`]; `work` is this call's NCCL work.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn all_reduce_graph_or_nccl(
-        &mut self,
+        &self,
         operands: Operands,
         stream: cudarc::driver::sys::CUstream,
         rule: RawRule,
         finish: Finish,
         work: &NcclWork,
-        hoisted: &Hoisted,
+        qualified: &Result<Hoisted, String>,
+        capture: u32,
     ) -> Result<Result<(), String>, CallError> {
         self.fail_fast()?;
         let (count, dtype) = (operands.count, operands.dtype);
@@ -248,38 +256,59 @@ impl CudaRank {
             .branch
             .as_ref()
             .ok_or_else(|| CallError::Unfit("no conditional nodes here".into()))?;
+        let made = match qualified {
+            // SAFETY: the caller's capturing stream of this device.
+            Ok(hoisted) => unsafe { branch.begin(&self.device, stream, work, hoisted) }?
+                .map_err(|e| e.to_string()),
+            Err(why) => Err(why.clone()),
+        };
+        self.failure_word().vote_capture(capture, made.is_ok());
+        let deadline = self
+            .timeout()
+            .and_then(|t| std::time::Instant::now().checked_add(t));
+        let votes = wait_for_every_rank(self, deadline, |word| word.capture_vote(capture))?;
         let (kernel, blocks, threads) = (
             &self.kernels.all_reduce,
             self.config.blocks,
             self.config.threads,
         );
-        // SAFETY: the caller's capturing stream of this device; `turn` is in this rank's
-        // staging, written by every launch of `args` (nccl_baseline); every address in `args`
-        // is live memory of this rank or the caller's buffers, as in `all_reduce_graph`.
-        let behind = unsafe {
-            branch.capture_behind(&self.device, stream, work, hoisted, turn, || {
-                kernel.launch(stream, blocks, threads, &args)
-            })
-        }?;
-        Ok(behind)
-    }
-
-    /// Adds NCCL's `work` for a call to `stream`'s capture as it is.
-    ///
-    /// # Safety
-    /// `stream` is the caller's capturing stream of this device.
-    pub unsafe fn capture_nccl_plain(
-        &self,
-        stream: cudarc::driver::sys::CUstream,
-        work: &NcclWork,
-    ) -> Result<(), CallError> {
-        let branch = self
-            .branch
-            .as_ref()
-            .ok_or_else(|| CallError::Unfit("no conditional nodes here".into()))?;
-        // SAFETY: as the caller vouches.
-        unsafe { branch.capture_plain(&self.device, stream, work) }?;
-        Ok(())
+        match (made, votes.iter().position(|&behind| !behind)) {
+            (Ok(conditional), None) => {
+                let Ok(hoisted) = qualified else {
+                    unreachable!("a conditional is made only for qualified work")
+                };
+                // SAFETY: the caller's capturing stream of this device, and the conditional
+                // `begin` made there; `turn` is in this rank's staging, written by every launch
+                // of `args` (nccl_baseline); every address in `args` is live memory of this rank
+                // or the caller's buffers, as in `all_reduce_graph`.
+                unsafe {
+                    branch.complete(&self.device, stream, conditional, hoisted, turn, || {
+                        kernel.launch(stream, blocks, threads, &args)
+                    })
+                }?;
+                Ok(Ok(()))
+            }
+            (made, refused) => {
+                let why = match (&made, refused) {
+                    (Err(why), _) => why.clone(),
+                    (Ok(_), r) => format!(
+                        "rank {} cannot put its NCCL work behind a conditional node",
+                        r.unwrap_or(self.config.rank)
+                    ),
+                };
+                if let Ok(conditional) = made {
+                    // SAFETY: made by `begin` in this capture.
+                    unsafe { branch.remove(&self.device, conditional) }?;
+                }
+                // SAFETY: the caller's capturing stream.
+                unsafe { branch.capture_plain(&self.device, stream, work) }?;
+                if let Ok(hoisted) = qualified {
+                    // SAFETY: as above.
+                    unsafe { branch.record_all(stream, hoisted) }?;
+                }
+                Ok(Err(why))
+            }
+        }
     }
 
     /// What this rank's graph launches chose so far, as its GPU counted them; `None` when the
