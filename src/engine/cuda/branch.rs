@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::driver::{check, Device, GpuError, Kernel, Stream};
+use super::driver::{capture_point, check, Device, GpuError, Kernel, Stream};
 use crate::nccl::types::{cudaStream_t, ResultCode};
 
 /// The branch kernel, as PTX the driver compiles when it loads it (and resolves its
@@ -69,26 +69,6 @@ type BeginCapture = unsafe extern "C" fn(sys::CUstream, c_uint) -> sys::CUresult
 type EndCapture = unsafe extern "C" fn(sys::CUstream, *mut sys::CUgraph) -> sys::CUresult;
 type WaitEvent = unsafe extern "C" fn(sys::CUstream, sys::CUevent, c_uint) -> sys::CUresult;
 type RecordEvent = unsafe extern "C" fn(sys::CUevent, sys::CUstream, c_uint) -> sys::CUresult;
-type CaptureInfo = unsafe extern "C" fn(
-    sys::CUstream,
-    *mut c_uint,
-    *mut u64,
-    *mut sys::CUgraph,
-    *mut *const sys::CUgraphNode,
-    *mut usize,
-) -> sys::CUresult;
-/// `cuStreamGetCaptureInfo_v3` (CUDA 12.3 on): as `_v2` with the edges' data before the count
-/// (`_v2` refuses to describe dependencies whose edges carry data, e.g. programmatic ones).
-type CaptureInfoV3 = unsafe extern "C" fn(
-    sys::CUstream,
-    *mut c_uint,
-    *mut u64,
-    *mut sys::CUgraph,
-    *mut *const sys::CUgraphNode,
-    *mut *const sys::CUgraphEdgeData,
-    *mut usize,
-) -> sys::CUresult;
-
 /// The driver's entry points for graphs built by hand, looked up once by their names of
 /// CUDA 12.x (later drivers keep exporting them); `None` where one is missing.
 struct Api {
@@ -109,8 +89,6 @@ struct Api {
     end_capture: EndCapture,
     wait_event: WaitEvent,
     record_event: RecordEvent,
-    capture_info: CaptureInfo,
-    capture_info_v3: Option<CaptureInfoV3>,
 }
 
 fn api() -> Option<&'static Api> {
@@ -143,11 +121,6 @@ fn api() -> Option<&'static Api> {
                 end_capture: entry!("cuStreamEndCapture"),
                 wait_event: entry!("cuStreamWaitEvent"),
                 record_event: entry!("cuEventRecordWithFlags"),
-                capture_info: entry!("cuStreamGetCaptureInfo_v2"),
-                capture_info_v3: lib
-                    .get::<CaptureInfoV3>(b"cuStreamGetCaptureInfo_v3\0")
-                    .ok()
-                    .map(|f| *f),
             })
         }
     })
@@ -242,7 +215,7 @@ impl Branch {
             })?;
         }
         // SAFETY: the caller's capturing stream.
-        let (graph, _) = unsafe { self.capture_point(stream) }?;
+        let (graph, _) = unsafe { capture_point(device, stream) }?;
         // SAFETY: the capture's own graph and this device's context.
         Ok(unsafe { self.conditional_with(device, graph, work) })
     }
@@ -270,7 +243,7 @@ impl Branch {
         // SAFETY: the handle was made on this capture's graph; `turn` is this device's word.
         unsafe { self.kernel.launch(stream, 1, 32, &args) }?;
         // SAFETY: as the caller vouches.
-        let (graph, tail) = unsafe { self.capture_point(stream) }?;
+        let (graph, tail) = unsafe { capture_point(device, stream) }?;
         let mut node = conditional.node;
         let to = vec![node; tail.len()];
         // SAFETY: nodes of the capture's graph, `tail.len()` edges.
@@ -380,7 +353,7 @@ impl Branch {
     ) -> Result<(), GpuError> {
         let _current = device.current()?;
         // SAFETY: the caller's capturing stream.
-        let (graph, tail) = unsafe { self.capture_point(stream) }?;
+        let (graph, tail) = unsafe { capture_point(device, stream) }?;
         let mut child: sys::CUgraphNode = std::ptr::null_mut();
         // SAFETY: the capture's graph and dependencies; `work.graph` is of this context.
         check("cuGraphAddChildGraphNode", unsafe {
@@ -391,51 +364,6 @@ impl Branch {
         check("cuStreamUpdateCaptureDependencies", unsafe {
             (self.api.update_dependencies)(stream, &mut child, 1, set as c_uint)
         })
-    }
-
-    /// The graph of `stream`'s capture and the nodes its next work would depend on.
-    ///
-    /// # Safety
-    /// `stream` is a capturing stream of the current context.
-    unsafe fn capture_point(
-        &self,
-        stream: sys::CUstream,
-    ) -> Result<(sys::CUgraph, Vec<sys::CUgraphNode>), GpuError> {
-        let mut status: c_uint = 0;
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        let mut nodes: *const sys::CUgraphNode = std::ptr::null();
-        let mut count = 0usize;
-        let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
-        // SAFETY: as the caller vouches; every output points at a local. (The edges' data is
-        // not kept: the nodes added after them depend on them fully, which orders no less.)
-        check("cuStreamGetCaptureInfo", unsafe {
-            match self.api.capture_info_v3 {
-                Some(v3) => v3(
-                    stream,
-                    &mut status,
-                    std::ptr::null_mut(),
-                    &mut graph,
-                    &mut nodes,
-                    &mut edges,
-                    &mut count,
-                ),
-                None => (self.api.capture_info)(
-                    stream,
-                    &mut status,
-                    std::ptr::null_mut(),
-                    &mut graph,
-                    &mut nodes,
-                    &mut count,
-                ),
-            }
-        })?;
-        let tail = if nodes.is_null() || count == 0 {
-            Vec::new()
-        } else {
-            // SAFETY: the driver gives out `count` handles at `nodes`, valid until the next call.
-            unsafe { std::slice::from_raw_parts(nodes, count) }.to_vec()
-        };
-        Ok((graph, tail))
     }
 }
 

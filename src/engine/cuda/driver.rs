@@ -1050,6 +1050,56 @@ pub unsafe fn capture_of(device: &Device, stream: sys::CUstream) -> Result<Captu
     })
 }
 
+/// The graph of `stream`'s capture and the nodes its next captured work would depend on
+/// (`_v3` where the driver has it: `_v2` refuses to describe dependencies whose edges carry
+/// data, e.g. programmatic ones; that data is not kept, and nodes added after them depend on
+/// them fully, which orders no less).
+///
+/// # Safety
+/// `stream` must be a capturing stream of `device`'s context.
+pub unsafe fn capture_point(
+    device: &Device,
+    stream: sys::CUstream,
+) -> Result<(sys::CUgraph, Vec<sys::CUgraphNode>), GpuError> {
+    let _current = device.current()?;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let mut nodes: *const sys::CUgraphNode = std::ptr::null();
+    let mut edges: *const sys::CUgraphEdgeData = std::ptr::null();
+    let mut count = 0usize;
+    let (graph_out, nodes_out) = (
+        (&mut graph as *mut sys::CUgraph).cast::<c_void>(),
+        (&mut nodes as *mut *const sys::CUgraphNode).cast::<c_void>(),
+    );
+    let edges_out = (&mut edges as *mut *const sys::CUgraphEdgeData).cast::<c_void>();
+    let none = std::ptr::null_mut();
+    // SAFETY: as the caller vouches; every output points at a local of the type the versioned
+    // name writes.
+    let r = unsafe {
+        match capture_info() {
+            CaptureInfo::V3(f) => f(
+                stream,
+                &mut status,
+                none,
+                graph_out,
+                nodes_out,
+                edges_out,
+                &mut count,
+            ),
+            CaptureInfo::V2(f) => f(stream, &mut status, none, graph_out, nodes_out, &mut count),
+            CaptureInfo::Missing => sys::CUresult::CUDA_ERROR_NOT_FOUND,
+        }
+    };
+    check("cuStreamGetCaptureInfo", r)?;
+    let tail = if nodes.is_null() || count == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the driver gives out `count` handles at `nodes`, valid until the next call.
+        unsafe { std::slice::from_raw_parts(nodes, count) }.to_vec()
+    };
+    Ok((graph, tail))
+}
+
 /// Copies `bytes` from `src` to `dst` on `stream` (device to device), asynchronously.
 ///
 /// # Safety
