@@ -25,14 +25,12 @@
 //! below four thirds of the last arenas.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::arena::GrownArena;
 use super::driver::{Device, PeerMapping};
-use super::failure::FailureWord;
 use super::rank::{CallError, CudaRank};
 use super::staging::ArenaLayout;
-use crate::gpu::launch::{STATUS_ABORTED, STATUS_PEER_FAILED, STATUS_TIMEOUT};
 
 /// The smallest size of call the arenas grow to hold (bytes).
 pub const MIN_GROWTH_BYTES: usize = 1 << 20;
@@ -74,7 +72,7 @@ pub fn grow(
     let deadline = rank.timeout().and_then(|t| Instant::now().checked_add(t));
     // A rank already given up, or whose peer failed, allocates nothing: its caller gives it
     // up, and its peers waiting for its offer see its failure word.
-    nobody_failed(rank)?;
+    rank.nobody_failed()?;
     // Round 1: this rank's new arenas, offered to the peers (or why not).
     let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         GrownArena::allocate(&device, arenas)
@@ -89,7 +87,7 @@ pub fn grow(
     };
     rank.failure_word()
         .offer_growth(growth, handle.as_ref().ok());
-    let offers = wait_for_every_rank(rank, deadline, |word| word.growth_offer(growth));
+    let offers = rank.wait_for_every_rank(deadline, |word| word.growth_offer(growth));
     // From here on, this rank's new arenas stay with it whatever happens (never freed mid-job).
     let own = arena.as_ref().map(GrownArena::ptr);
     if let Some(arena) = arena {
@@ -110,7 +108,7 @@ pub fn grow(
         _ => None,
     };
     rank.failure_word().reach_growth(growth, bases.is_some());
-    let reached = wait_for_every_rank(rank, deadline, |word| word.growth_reached(growth))?;
+    let reached = rank.wait_for_every_rank(deadline, |word| word.growth_reached(growth))?;
     if let (Some(bases), None) = (&bases, reached.iter().position(|&r| !r)) {
         rank.grow_into(arenas, bases)?;
         return Ok(Growth::Grown);
@@ -124,59 +122,6 @@ pub fn grow(
         ),
     };
     Ok(Growth::Refused { why })
-}
-
-/// `Err` when this rank was aborted or failed, or a peer failed (its failure word).
-fn nobody_failed(rank: &CudaRank) -> Result<(), CallError> {
-    if rank.control().aborted() {
-        return Err(CallError::Failed(STATUS_ABORTED));
-    }
-    for r in 0..rank.ranks() {
-        let word = match r == rank.index() {
-            true => Some(rank.failure_word()),
-            false => rank.peer_failure(r),
-        };
-        match word.map(FailureWord::get) {
-            None => {
-                return Err(CallError::Unfit(format!(
-                    "rank {r}'s failure word is not mapped"
-                )))
-            }
-            Some(0) => {}
-            Some(status) if r == rank.index() => return Err(CallError::Failed(status)),
-            Some(_) => return Err(CallError::Failed(STATUS_PEER_FAILED)),
-        }
-    }
-    Ok(())
-}
-
-/// What `read` finds in every rank's page (this rank's own included), once each has written
-/// it: polls until then, and fails when a rank's failure word is set (every rank's is looked
-/// at on every pass), this rank's abort word is raised, or `deadline` passes.
-pub(super) fn wait_for_every_rank<T>(
-    rank: &CudaRank,
-    deadline: Option<Instant>,
-    read: impl Fn(&FailureWord) -> Option<T>,
-) -> Result<Vec<T>, CallError> {
-    let me = rank.index();
-    let mut pause = Duration::from_micros(20);
-    loop {
-        nobody_failed(rank)?;
-        let found: Option<Vec<T>> = (0..rank.ranks())
-            .map(|r| match r == me {
-                true => read(rank.failure_word()),
-                false => rank.peer_failure(r).and_then(&read),
-            })
-            .collect();
-        if let Some(found) = found {
-            return Ok(found);
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(CallError::Failed(STATUS_TIMEOUT));
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(1));
-    }
 }
 
 /// Opens every peer's new arenas from `handles` (this rank's own, at `own`, is not opened) into

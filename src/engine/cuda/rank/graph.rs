@@ -6,7 +6,6 @@ use crate::detect::Finish;
 use crate::engine::cuda::args::Operands;
 use crate::engine::cuda::branch::{Branch, BranchError, Hoisted, NcclWork};
 use crate::engine::cuda::driver::{DeviceMemory, GpuError};
-use crate::engine::cuda::growth::wait_for_every_rank;
 use crate::gpu::choice::{RawGraphState, RawRule};
 use crate::plan::{ArenaNeed, Lowered};
 use crate::reduce::DataType;
@@ -266,7 +265,7 @@ impl CudaRank {
         let deadline = self
             .timeout()
             .and_then(|t| std::time::Instant::now().checked_add(t));
-        let votes = wait_for_every_rank(self, deadline, |word| word.capture_vote(capture))?;
+        let votes = self.wait_for_every_rank(deadline, |word| word.capture_vote(capture))?;
         let (kernel, blocks, threads) = (
             &self.kernels.all_reduce,
             self.config.blocks,

@@ -4,6 +4,7 @@
 //! eager AllReduce. Its arrival records and tickets are in `records`, its graph launches in
 //! `graph`, why a call fails in `errors`.
 
+mod agreement;
 mod control;
 mod errors;
 mod graph;
