@@ -299,14 +299,19 @@ CUresult cuCtxSynchronize(void) {
   return (CUresult)c->fault.load();
 }
 
-CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void* data) {
-  EMU_FAULT("cuLaunchHostFunc");
+/* Queues `fn(data)` on stream `h`, in stream order; a capture records it as a node of `type`. */
+static CUresult queue_host_work(CUstream h, CUhostFn fn, void* data, CUgraphNodeType type) {
   if (!fn) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard<std::mutex> g(*g_driver);
   Stream* s = nullptr;
   CUresult r = resolve_stream(h, &s);
   if (r != CUDA_SUCCESS) return r;
-  return submit(s, [fn, data] { fn(data); }, CU_GRAPH_NODE_TYPE_HOST);
+  return submit(s, [fn, data] { fn(data); }, type);
+}
+
+CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void* data) {
+  EMU_FAULT("cuLaunchHostFunc");
+  return queue_host_work(h, fn, data, CU_GRAPH_NODE_TYPE_HOST);
 }
 
 /* Not in the real driver: the loopback NCCL's kernels. `fn(data)` runs in stream order like a
@@ -314,12 +319,7 @@ CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void* data) {
  * a conditional body may hold it). */
 CUresult cuEmuLaunchNative(CUstream h, CUhostFn fn, void* data) {
   EMU_FAULT("cuEmuLaunchNative");
-  if (!fn) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard<std::mutex> g(*g_driver);
-  Stream* s = nullptr;
-  CUresult r = resolve_stream(h, &s);
-  if (r != CUDA_SUCCESS) return r;
-  return submit(s, [fn, data] { fn(data); }, CU_GRAPH_NODE_TYPE_KERNEL);
+  return queue_host_work(h, fn, data, CU_GRAPH_NODE_TYPE_KERNEL);
 }
 
 CUresult cuEventCreate(CUevent* ph, unsigned int flags) {
