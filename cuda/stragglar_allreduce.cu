@@ -255,8 +255,9 @@ SG_DEVICE uint64_t sg_poll_word(const uint64_t* p) { return sg_load_relaxed64(p)
  * clock (a bounded delay to notice a failure, whatever one poll costs). */
 #define SG_WATCH_NS 4096ull
 
-/* A flag (32 bits) or a turn word (64 bits) read with acquire at system scope. (A planted bug,
- * built only by the mutation runs of docs/EMULATED-GPU.md, reads the flag relaxed instead.) */
+/* A flag (32 bits) or a turn word (64 bits) read with acquire at system scope. (Planted bugs,
+ * built only by the mutation runs of docs/EMULATED-GPU.md, read the flag or the turn word
+ * relaxed instead.) */
 SG_DEVICE uint32_t sg_load_word(const uint32_t* p) {
 #ifdef STRAGGLAR_MUTANT_RELAXED_FLAG
   return sg_load_volatile(p);
@@ -264,7 +265,13 @@ SG_DEVICE uint32_t sg_load_word(const uint32_t* p) {
   return sg_load_acquire(p);
 #endif
 }
-SG_DEVICE uint64_t sg_load_word(const uint64_t* p) { return sg_load_acquire64(p); }
+SG_DEVICE uint64_t sg_load_word(const uint64_t* p) {
+#ifdef STRAGGLAR_MUTANT_RELAXED_TURN
+  return sg_load_relaxed64(p);
+#else
+  return sg_load_acquire64(p);
+#endif
+}
 
 /* The calling thread waits until `flag` (written by rank `peer`, or by any rank: SG_ANY_PEER)
  * holds `want`: it polls relaxed and, once the word holds it, reads it again with acquire (the

@@ -70,6 +70,11 @@ struct sg_host_thread {
   void (*weak_load)(void* dst, const void* p, uint32_t n);
   void (*release)(const void* p);
   void (*acquired)(const void* p);
+  /* Fiber harness, weak memory: a release store of `bytes` bytes to `p` (after `release`),
+   * checked against the word's last release store: the emulated driver ends the run if
+   * nothing orders the two (a GPU may land them in either order). */
+  void (*release_store)(const void* p, uint32_t bytes, const char* op, const char* file,
+                        int line);
   /* Fiber harness: a multimem store of `n` bytes to the multicast address `p`, written into
    * every member's memory bound there; false when `p` is no multicast address of this
    * process (null otherwise: no multicast). */
@@ -112,6 +117,12 @@ SG_DEVICE void sg_strong(const void* p, uint32_t bytes, sg_scope scope, const ch
 SG_DEVICE void sg_emu_release(const void* p) {
   if (sg_self.release) sg_self.release(p);
 }
+/* A release store to `p` of `bytes` bytes, after sg_emu_release: the emulated driver checks
+ * that the word's last release store is ordered before it. */
+SG_DEVICE void sg_emu_release_store(const void* p, uint32_t bytes, const char* op,
+                                    const char* file, int line) {
+  if (sg_self.release_store) sg_self.release_store(p, bytes, op, file, line);
+}
 /* An acquire or acq_rel atomic read `p`: the thread sees what its releases published. */
 SG_DEVICE void sg_emu_acquired(const void* p) {
   if (sg_self.acquired) sg_self.acquired(p);
@@ -152,12 +163,14 @@ SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   __atomic_store_n(p, v, __ATOMIC_RELAXED);
 #else
   sg_emu_release(p);
+  sg_emu_release_store(p, 4, "st.release.sys.u32", file, line);
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 #endif
 }
 SG_DEVICE void sg_store_release64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
   sg_strong(p, 8, SG_RELEASE_SCOPE, "st.release.sys.u64", file, line);
   sg_emu_release(p);
+  sg_emu_release_store(p, 8, "st.release.sys.u64", file, line);
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p, SG_CALL_SITE) {

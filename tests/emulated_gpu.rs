@@ -1636,6 +1636,64 @@ fn stale_loads_expose_a_reader_whose_acquire_is_missing() {
 }
 
 #[test]
+fn a_turn_handed_on_without_its_acquire_is_reported_as_unordered_stores() {
+    // The planted bug's ranks fail and spin to their deadline: not beside a test that times
+    // calls.
+    let _timing = timing();
+    // A planted bug no data check can see: the acquire with which a reader reads its turn word
+    // made relaxed. A source's readers hand its turns on through one another's turn words, so
+    // a word is written by several ranks in a call, and only the chain of acquires orders
+    // those stores: without it a GPU may land a later turn's store first and leave an older
+    // turn in the word. The data stays right (every send has a slot of its own), so the
+    // machine without weak memory passes it; with weak memory, the vector clocks of the
+    // coherence check find the second store unordered and end the run naming it. On 8 ranks:
+    // on 4, every turn word has one writer a call (each source's readers come round in the
+    // same order), so nothing can land out of order there.
+    //
+    // The kernels as they are pass the same check on 8 ranks: no two of their release stores
+    // to one word are unordered.
+    let (out, _) = run_ranks(
+        &["8"],
+        &engine_with("stragglar", &[("STRAGGLAR_TIMEOUT_MS", "2000")]),
+    );
+    assert_every_call_on_the_engine(&out, 8);
+    let path = format!(
+        "LD_LIBRARY_PATH={}",
+        variant_path(&["--build-mutant", "RELAXED_TURN"])
+    );
+    for (weak_memory, reported) in [("0", false), ("1", true)] {
+        let mut env = engine_with(
+            "stragglar",
+            &[
+                ("STRAGGLAR_TIMEOUT_MS", "2000"),
+                ("STRAGGLAR_EMU_WEAK_MEMORY", weak_memory),
+            ],
+        );
+        let every: Vec<String> = (0..8).map(|r| format!("LOOPBACK_ENV_{r}")).collect();
+        env.extend(every.iter().map(|key| (key.as_str(), path.as_str())));
+        let (out, _) = run_ranks(&["8"], &env);
+        if !reported {
+            assert_every_call_on_the_engine(&out, 8);
+            continue;
+        }
+        assert!(!out.status.success(), "{}", support::describe(&out));
+        let log = String::from_utf8_lossy(&out.stderr);
+        let report = log
+            .lines()
+            .find(|l| l.starts_with("emulated GPU: unordered stores: "))
+            .unwrap_or_else(|| panic!("{}", support::describe(&out)));
+        assert!(
+            report.contains("st.release.sys.u64 at cuda/stragglar_allreduce.cu:"),
+            "{report}"
+        );
+        assert!(
+            report.contains("is not ordered before this one by any chain of releases"),
+            "{report}"
+        );
+    }
+}
+
+#[test]
 fn a_panic_inside_the_gpu_engine_gives_the_rank_up_and_releases_its_peers() {
     // Rank 1's driver lacks cuStreamWaitEvent, which the engine first uses at its first call
     // (ordering it after the communicator's last launch): cudarc panics there. Before, the

@@ -123,6 +123,10 @@ void emu_weak_load(void* dst, const void* p, uint32_t n) {
 void emu_release(const void* p) { t_weak->release(sg_self.thread, p); }
 void emu_proxy_fence() { t_weak->proxy_fence(sg_self.thread); }
 void emu_acquired(const void* p) { t_weak->acquired(sg_self.thread, p); }
+void emu_release_store(const void* p, uint32_t bytes, const char* op, const char* file,
+                       int line) {
+  t_weak->release_store(p, bytes, op, file, line);
+}
 
 const emu::KernelSpec kSpecs[] = {
     {"ncclStragglarAllReduce", emu::KernelId::AllReduce, sizeof(RawLaunch), MAX_THREADS},
@@ -174,13 +178,14 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
   t_choices = seeded;
   {
     /* Whatever the block still holds lands when it ends (with `weak`). */
-    WeakMemory weak(threads);
+    WeakMemory weak(threads, device);
     if (weak_memory_enabled()) {
       t_weak = &weak;
       sg_self.weak_store = emu_weak_store;
       sg_self.weak_load = emu_weak_load;
       sg_self.release = emu_release;
       sg_self.acquired = emu_acquired;
+      sg_self.release_store = emu_release_store;
       sg_self.proxy_fence = emu_proxy_fence;
     }
     run_fibers(threads, syncing, body, on_switch, &run, seeded);
@@ -189,6 +194,7 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
     sg_self.weak_load = nullptr;
     sg_self.release = nullptr;
     sg_self.acquired = nullptr;
+    sg_self.release_store = nullptr;
     sg_self.proxy_fence = nullptr;
   }
   t_choices = nullptr;

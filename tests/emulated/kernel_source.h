@@ -70,6 +70,23 @@ void load_as_of(void* dst, const void* src, uint32_t n, uint64_t view, uint64_t 
 void note_release(const void* word, uint64_t view);
 uint64_t released_view(const void* word);
 
+/* The coherence check (weak_memory.h): vector clocks over agents, an agent being a device
+ * (modulo kOrderAgents; devices that share an agent count as ordered), each entry the history
+ * clock's time of the latest event of that agent the clock's holder is ordered after.
+ * publish_order: a release to the word at `word` publishes `clock`; take_order: an acquire of
+ * it joins what its releases published into `clock` (a word with no record, such as host
+ * memory, is taken to publish everything so far); check_store_order: device `device`, whose
+ * block's clock is `clock`, makes a release store of `bytes` bytes at `word` (op, file and
+ * line name it): if the last release store to one of its 4-byte words was made by another
+ * agent at a time `clock` does not cover, nothing orders the two and a GPU may let them land
+ * in either order, so the process ends naming both; then the store is recorded, at
+ * clock[its agent]. Device memory with no record (from cuMemCreate) is not checked. */
+constexpr uint32_t kOrderAgents = 16;
+void publish_order(const void* word, const uint64_t* clock);
+void take_order(const void* word, uint64_t* clock);
+void check_store_order(const void* word, uint32_t bytes, const uint64_t* clock, int device,
+                       const char* op, const char* file, int line);
+
 /* A multimem store of `n` bytes at `p` made at `stored_at` (vmm.cpp): written into the memory
  * every member bound at that offset of the multicast object mapped there, in whichever process
  * it lives, and remembered there as landed through the multicast proxy; false when `p` is not

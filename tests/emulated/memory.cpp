@@ -48,6 +48,8 @@ struct Region {
   uint32_t* shadow = nullptr;
   /* Device, Ipc and Mapped: the history of each 16 bytes. */
   struct History* history = nullptr;
+  /* Device and Ipc: the order of the strong stores to each 16 bytes (null for Mapped). */
+  struct StoreOrder* order = nullptr;
 };
 std::mutex* g_mem = new std::mutex();
 std::map<uint64_t, Region>* g_regions = new std::map<uint64_t, Region>();
@@ -85,16 +87,37 @@ struct History {
 static_assert(sizeof(History) == 40, "a history record is 40 bytes");
 constexpr size_t kGranule = 16;
 
+/* The order of the release stores to 16 bytes of device memory, for the coherence check
+ * (weak_memory.h): what the releases to them published, and who stored each 4-byte word
+ * last. Guarded by the granule's History lock. Only the records of words a kernel released
+ * to are ever touched, so the pages behind them stay unallocated elsewhere. */
+struct StoreOrder {
+  /* The latest vector clock a release to a word among these bytes published (per agent: ns of
+   * the history clock; 0: nothing). */
+  uint64_t published[kOrderAgents];
+  /* Per 4-byte word: when its last release store was made, and by which agent (plus 1; 0:
+   * none yet). */
+  uint64_t stored_at[4];
+  uint8_t stored_by[4];
+  uint32_t unused;
+};
+static_assert(sizeof(StoreOrder) == 8 * kOrderAgents + 40, "a store-order record's size");
+
 /* The bytes of a device allocation's history (its bytes are a multiple of a page). */
 size_t history_bytes(size_t bytes) { return bytes / kGranule * sizeof(History); }
+/* The bytes of its store-order records. */
+size_t order_bytes(size_t bytes) { return bytes / kGranule * sizeof(StoreOrder); }
 
 /* The length of a device allocation's mapping: its bytes, its shadow, one page of importers
- * (Importers), then its history. */
+ * (Importers), its history, then its store-order records. */
 size_t mapped_bytes(size_t bytes) {
-  return 2 * bytes + (size_t)sysconf(_SC_PAGESIZE) + history_bytes(bytes);
+  return 2 * bytes + (size_t)sysconf(_SC_PAGESIZE) + history_bytes(bytes) + order_bytes(bytes);
 }
 History* history_of(void* base, size_t bytes) {
   return (History*)((char*)base + 2 * bytes + (size_t)sysconf(_SC_PAGESIZE));
+}
+StoreOrder* order_of(void* base, size_t bytes) {
+  return (StoreOrder*)((char*)history_of(base, bytes) + history_bytes(bytes));
 }
 
 /* The processes that map a device allocation through IPC (a slot each, 0 when free), in the
@@ -200,15 +223,19 @@ const char* scope_name(int scope) {
   return scope == 0 ? ".cta" : scope == 1 ? ".gpu" : ".sys";
 }
 
+/* What memory `seen` is, for a report: "<kind> device N" follows. */
+const char* kind_of(const Seen& seen) {
+  return seen.region.kind == Kind::Host         ? "host memory (cuMemHostAlloc) mapped by"
+         : seen.region.kind == Kind::Registered ? "host memory (cuMemHostRegister) mapped by"
+         : seen.region.kind == Kind::Ipc        ? "device memory, opened through IPC, of"
+         : seen.region.kind == Kind::Mapped
+             ? "device memory (cuMemCreate), mapped at cuMemMap, of"
+             : "device memory of";
+}
+
 [[noreturn]] void scope_violation(const char* op, int scope, const char* file, int line,
                                   int device, uint64_t at, const Seen& seen, uint32_t shadow) {
-  const char* kind = seen.region.kind == Kind::Host ? "host memory (cuMemHostAlloc) mapped by"
-                     : seen.region.kind == Kind::Registered
-                         ? "host memory (cuMemHostRegister) mapped by"
-                     : seen.region.kind == Kind::Ipc ? "device memory, opened through IPC, of"
-                     : seen.region.kind == Kind::Mapped
-                         ? "device memory (cuMemCreate), mapped at cuMemMap, of"
-                         : "device memory of";
+  const char* kind = kind_of(seen);
   char touched[96] = "";
   if (shadow)
     snprintf(touched, sizeof touched, ", which devices 0x%x access (0x%x narrower than .sys)",
@@ -430,6 +457,95 @@ uint64_t released_view(const void* word) {
   return h->released;
 }
 
+namespace {
+/* The history and store-order records of the 16 bytes holding `at`, and its region; both
+ * records null where `at` has no store order (host memory, memory from cuMemCreate). */
+struct Ordered {
+  History* history;
+  StoreOrder* order;
+  const Seen* seen;
+};
+Ordered ordered_at(uint64_t at) {
+  const Seen* seen = lookup(at, 1);
+  if (!seen || !seen->region.order || !seen->region.history) return {nullptr, nullptr, seen};
+  const uint64_t granule = (at - seen->base) / kGranule;
+  return {&seen->region.history[granule], &seen->region.order[granule], seen};
+}
+
+/* Two release stores to one word that no chain of releases and acquires orders: ends the
+ * process, naming the word and both stores. */
+[[noreturn]] void unordered_stores(const char* op, const char* file, int line, int device,
+                                   uint64_t at, const Seen& seen, uint32_t earlier_agent,
+                                   uint64_t earlier_at, uint64_t now) {
+  char text[768];
+  const int n = snprintf(
+      text, sizeof text,
+      "emulated GPU: unordered stores: %s at %s:%d by device %d, to the word at offset 0x%llx "
+      "of %zu bytes of %s device %d: the release store device %u (mod %u) made to it %llu ns "
+      "earlier is not ordered before this one by any chain of releases and acquires, so a GPU "
+      "may let this one land first and leave the older value in the word\n",
+      op, file, line, device, (unsigned long long)(at - seen.base), seen.region.bytes,
+      kind_of(seen), seen.region.device, earlier_agent, kOrderAgents,
+      (unsigned long long)(now > earlier_at ? now - earlier_at : 0));
+  if (n > 0) (void)!write(2, text, (size_t)n < sizeof text ? (size_t)n : sizeof text - 1);
+  abort();
+}
+}  // namespace
+
+void publish_order(const void* word, const uint64_t* clock) {
+  const Ordered o = ordered_at((uint64_t)word);
+  if (!o.order) return;
+  HistoryLock held(o.history);
+  for (uint32_t a = 0; a < kOrderAgents; ++a)
+    if (clock[a] > o.order->published[a]) o.order->published[a] = clock[a];
+}
+
+void take_order(const void* word, uint64_t* clock) {
+  const Ordered o = ordered_at((uint64_t)word);
+  if (!o.order) {
+    /* A word with no record (host memory) is taken to publish everything so far, as
+     * released_view does. */
+    const uint64_t now = history_clock();
+    for (uint32_t a = 0; a < kOrderAgents; ++a)
+      if (clock[a] < now) clock[a] = now;
+    return;
+  }
+  HistoryLock held(o.history);
+  for (uint32_t a = 0; a < kOrderAgents; ++a)
+    if (o.order->published[a] > clock[a]) clock[a] = o.order->published[a];
+}
+
+void check_store_order(const void* word, uint32_t bytes, const uint64_t* clock, int device,
+                       const char* op, const char* file, int line) {
+  const uint64_t at = (uint64_t)word;
+  const Ordered o = ordered_at(at);
+  if (!o.order || bytes == 0) return;
+  const uint32_t agent = (uint32_t)device % kOrderAgents;
+  const uint32_t first = (uint32_t)(at % kGranule) / 4;
+  const uint32_t last = (uint32_t)((at + bytes - 1) % kGranule) / 4;
+  uint32_t earlier_agent = 0;
+  uint64_t earlier_at = 0;
+  bool unordered = false;
+  {
+    HistoryLock held(o.history);
+    for (uint32_t w = first; w <= last && w < 4; ++w) {
+      const uint8_t by = o.order->stored_by[w];
+      if (by != 0 && by - 1u != agent && clock[by - 1] < o.order->stored_at[w]) {
+        unordered = true;
+        earlier_agent = by - 1u;
+        earlier_at = o.order->stored_at[w];
+      }
+      o.order->stored_by[w] = (uint8_t)(agent + 1);
+      o.order->stored_at[w] = clock[agent];
+    }
+  }
+  /* Reported with the record's lock released: the peers may still take it while this
+   * process ends. */
+  if (unordered)
+    unordered_stores(op, file, line, device, at, *o.seen, earlier_agent, earlier_at,
+                     history_clock());
+}
+
 }  // namespace emu
 
 using namespace emu;
@@ -476,6 +592,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytes) {
   reg.ino = (uint64_t)st.st_ino;
   reg.shadow = (uint32_t*)((char*)p + size);
   reg.history = history_of(p, size);
+  reg.order = order_of(p, size);
   {
     std::lock_guard<std::mutex> g(*g_mem);
     add_region((uint64_t)p, reg);
@@ -693,6 +810,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* dptr, CUipcMemHandle handle, unsigne
   reg.opened = 1;
   reg.shadow = (uint32_t*)((char*)p + h.bytes);
   reg.history = history_of(p, h.bytes);
+  reg.order = order_of(p, h.bytes);
   int64_t* importers = importers_of(p, h.bytes);
   for (int i = 0; i < kImporterSlots; ++i) {
     int64_t free_slot = 0;

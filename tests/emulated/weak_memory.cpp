@@ -29,11 +29,15 @@ bool stale_loads_enabled() {
 }
 }  // namespace
 
-WeakMemory::WeakMemory(uint32_t threads)
+WeakMemory::WeakMemory(uint32_t threads, int device)
     : own_(threads),
       view_(threads, history_clock()),
       alias_view_(view_),
-      lines_(kLines, 0) {}
+      lines_(kLines, 0),
+      device_(device) {
+  const uint64_t start = view_.empty() ? history_clock() : view_[0];
+  for (uint64_t& entry : order_) entry = start;
+}
 
 WeakMemory::~WeakMemory() { land_everything(); }
 
@@ -112,6 +116,13 @@ void WeakMemory::release(uint32_t thread, const void* word) {
   if (thread >= own_.size()) return;
   land_released(own_[thread]);
   note_release(word, view_[thread]);
+  order_[(uint32_t)device_ % kOrderAgents] = history_clock();
+  publish_order(word, order_);
+}
+
+void WeakMemory::release_store(const void* word, uint32_t bytes, const char* op,
+                               const char* file, int line) {
+  check_store_order(word, bytes, order_, device_, op, file, line);
 }
 
 void WeakMemory::proxy_fence(uint32_t thread) {
@@ -139,6 +150,7 @@ void WeakMemory::acquired(uint32_t thread, const void* word) {
   if (thread >= view_.size()) return;
   const uint64_t published = released_view(word);
   if (published > view_[thread]) view_[thread] = published;
+  take_order(word, order_);
 }
 
 void WeakMemory::land_early(Rng& choices) {

@@ -39,6 +39,19 @@
  * missing does, and so does one whose alias fence is. Memory with no history (host memory, the
  * copy engines' and the host's writes) is always read as it is.
  *
+ * Coherence. A GPU keeps the stores to one word in one order, but where nothing orders two
+ * stores made by different agents, either may come last: a word written by several ranks in
+ * turn (a turn word) keeps the right value only if each writer's store is ordered after the
+ * one before it by a chain of releases and acquires. Each block keeps a vector clock over
+ * agents (a device each, kernel_source.h), every entry at the block's start being the time it
+ * started (what came before a launch is ordered before it); a release sets the block's own
+ * entry to now and publishes the clock at its word, an acquire joins what the word's releases
+ * published. A release store to a word whose last release store another agent made at a time
+ * the block's clock does not cover ends the process naming both (check_store_order). The
+ * block is one agent and a device's blocks share one, which is coarser than the memory model
+ * (it may miss a race between two blocks of one device), never finer, so a correct program is
+ * never reported. Relaxed and volatile stores and atomic read-modify-writes are not checked.
+ *
  * A block's threads are fibers of one OS thread, so nothing here is shared between threads;
  * the history is (memory.cpp locks it). STRAGGLAR_EMU_WEAK_MEMORY=0 turns both off (every
  * store lands at once, every load reads memory), STRAGGLAR_EMU_WEAK_MEMORY=stores the stale
@@ -50,6 +63,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernel_source.h"
 #include "schedule.h"
 
 namespace emu {
@@ -59,7 +73,8 @@ bool weak_memory_enabled();
 
 class WeakMemory {
  public:
-  explicit WeakMemory(uint32_t threads);
+  /* A block of `threads` threads on device `device`, starting now. */
+  WeakMemory(uint32_t threads, int device);
   WeakMemory(const WeakMemory&) = delete;
   WeakMemory& operator=(const WeakMemory&) = delete;
   /* Lets everything still held land. */
@@ -94,8 +109,12 @@ class WeakMemory {
    * (its alias view takes its view). */
   void proxy_fence(uint32_t thread);
   /* `thread` acquired the word at `word`: its view takes in what the word's releases
-   * published. */
+   * published, and so does the block's vector clock. */
   void acquired(uint32_t thread, const void* word);
+  /* A release store of `bytes` bytes at `word` (after `release` to it): ends the process if
+   * the word's last release store is not ordered before it (the coherence check above). */
+  void release_store(const void* word, uint32_t bytes, const char* op, const char* file,
+                     int line);
   /* Seeded: a random number of the block's oldest held stores land. */
   void land_early(Rng& choices);
 
@@ -144,6 +163,9 @@ class WeakMemory {
   uint64_t block_alias_view_ = 0;
   std::vector<uint32_t> lines_;
   uint64_t held_ = 0;
+  /* The device the block runs on, and the block's vector clock (the coherence check). */
+  int device_;
+  uint64_t order_[kOrderAgents];
 };
 
 }  // namespace emu
