@@ -838,6 +838,7 @@ SG_DEVICE void sg_apply_any(const sg_math* m, const sg_step_scratch* s, uint32_t
                             unsigned char* out_b, bool a_multicast, bool scale, bool finish) {
   /* A plain copy moves bytes, whatever the type (as the host engine's copies do), so a NaN keeps
    * its payload; everything else goes through the lanes. */
+  sg_shared_access();
   if (operands == 1 && !scale && !finish) {
     sg_copy_elems(s->operands[0], begin, end, sg_elem_size(m->dt), out_a, out_b, a_multicast);
     return;
@@ -905,7 +906,10 @@ SG_OUTLINED void sg_copy_in(const sg_call* call, sg_step_scratch* s) {
     sg_chunk(&call->layout, c, &start, &bytes);
     uint64_t begin, end;
     sg_call_slice(call, bytes, &begin, &end);
-    if (SG_THREAD == 0) s->operands[0] = (const unsigned char*)a->input + start;
+    if (SG_THREAD == 0) {
+      sg_shared_access();
+      s->operands[0] = (const unsigned char*)a->input + start;
+    }
 #ifndef STRAGGLAR_MUTANT_UNSYNCED_OPERAND
     /* (A planted bug, built only by the mutation runs of docs/EMULATED-GPU.md, drops this
      * barrier: the block's threads may read the pointer before thread 0 wrote it.) */
@@ -960,6 +964,7 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
                          sg_served(call->flag, step->turn), SG_ANY_PEER);
       }
     }
+    sg_shared_access();
     if (i < count) s->operands[i] = sg_value_at(call, sources[i].rank, sources[i].value);
     s->waits[i] = status;
   }
@@ -968,6 +973,7 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
 #ifndef STRAGGLAR_MUTANT_NO_BARRIER_AFTER_WAITS
   sg_block_sync();
 #endif
+  sg_shared_access();
   for (uint32_t i = 0; i < waits; ++i) {
     if (s->waits[i] != STATUS_OK) return s->waits[i];
   }
@@ -1238,8 +1244,13 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
    * GPU at the least. (By hardware index, two GPUs that dispatch in different orders can each
    * hold only blocks whose partners wait, unstarted, on the other.) The grid's last block
    * resets the claims with the finished count, before the next launch can start. */
-  if (SG_THREAD == 0) s->plan_block = sg_atomic_add((uint32_t*)a->finished_blocks + 1, 1);
+  if (SG_THREAD == 0) {
+    const uint32_t claimed = sg_atomic_add((uint32_t*)a->finished_blocks + 1, 1);
+    sg_shared_access();
+    s->plan_block = claimed;
+  }
   sg_block_sync();
+  sg_shared_access();
   call.block = s->plan_block;
   uint64_t epoch = sg_load_acquire64((const uint64_t*)a->epoch) + 1;
   call.parity = (uint32_t)(epoch & 1);
@@ -1309,6 +1320,7 @@ SG_DEVICE void sg_apply_probe(const RawApply* a, sg_scratch* s) {
   math.scale = 0;
   uint32_t operands = a->operand_count < APPLY_MAX_OPERANDS ? a->operand_count : APPLY_MAX_OPERANDS;
   if (SG_THREAD == 0) {
+    sg_shared_access();
     for (uint32_t i = 0; i < operands; ++i)
       s->step[0].operands[i] = (const unsigned char*)a->operands[i];
   }

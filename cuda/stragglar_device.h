@@ -79,6 +79,9 @@ struct sg_host_thread {
    * every member's memory bound there; false when `p` is no multicast address of this
    * process (null otherwise: no multicast). */
   bool (*multimem_store)(void* p, const void* src, uint32_t n);
+  /* Fiber harness: the calling thread is about to access the block's shared memory (a write,
+   * or a pass that reads it); seeded, it may be switched out first (null otherwise). */
+  void (*shared_access)(void);
   /* Fiber harness, weak memory: fence.proxy.alias by the calling thread (the multimem stores
    * ordered before it may then land at a release; null otherwise). */
   void (*proxy_fence)(void);
@@ -216,6 +219,11 @@ SG_DEVICE void sg_pause(void) {
     sg_self.fiber_pause();
   else
     sched_yield();
+}
+/* Before a write to the block's shared memory, or a pass that reads it: a seeded schedule may
+ * switch the thread out there (no-op on the GPU and in the OS-thread harness). */
+SG_DEVICE void sg_shared_access(void) {
+  if (sg_self.shared_access) sg_self.shared_access();
 }
 SG_DEVICE sg_vec16 sg_load16_fresh(const void* p) {
   sg_vec16 v;
@@ -372,6 +380,7 @@ SG_DEVICE uint64_t sg_now_ns(void) {
   return t;
 }
 SG_DEVICE void sg_pause(void) { __nanosleep(64); }
+SG_DEVICE void sg_shared_access(void) {}
 SG_DEVICE sg_vec16 sg_load16_fresh(const void* p) {
   sg_vec16 v;
   asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"

@@ -98,6 +98,12 @@ void emu_strong_access(const void* p, uint32_t bytes, int scope, const char* op,
   if (t_choices && t_choices->one_in(4)) emu::fiber_pause();
 }
 
+/* Seeded scheduling: a thread about to access the block's shared memory may let the block's
+ * other threads run first. */
+void emu_shared_access(void) {
+  if (t_choices && t_choices->one_in(4)) emu_pause();
+}
+
 uint32_t emu_strong_loaded(const void* p, uint32_t value) {
   return emu::loaded_by(p, value, sg_self.device);
 }
@@ -176,6 +182,7 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
   Rng choices = rng_for(kChoiceFibers, launch, block);
   Rng* seeded = schedule_seed() ? &choices : nullptr;
   t_choices = seeded;
+  sg_self.shared_access = seeded ? emu_shared_access : nullptr;
   {
     /* Whatever the block still holds lands when it ends (with `weak`). */
     WeakMemory weak(threads, device);
@@ -198,6 +205,7 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
     sg_self.proxy_fence = nullptr;
   }
   t_choices = nullptr;
+  sg_self.shared_access = nullptr;
   sg_self.fiber_sync = nullptr;
   sg_self.fiber_pause = nullptr;
   sg_self.strong_access = nullptr;
