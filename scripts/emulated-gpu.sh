@@ -15,6 +15,11 @@
 #                                                          planted bug STRAGGLAR_MUTANT_NAME of
 #                                                          docs/EMULATED-GPU.md; prints its
 #                                                          directory, likewise)
+#        scripts/emulated-gpu.sh --build-loopback-ranks   (the loopback NCCL and
+#                                                          tests/c/loopback_ranks.c linked
+#                                                          against it alone, libstragglar.so to
+#                                                          be preloaded: what gpu-check runs on
+#                                                          a real driver; prints the directory)
 #
 # What it proves and what it does not: the host code, the driver calls and the kernel source run
 # as a whole (streams, events, capture, IPC between processes, the kernels' protocol), with real
@@ -126,6 +131,25 @@ if [ "${1:-}" = "--build-without" ]; then
   if nm -D --defined-only "$dir/libcuda.so.1" | grep -qw "$2"; then
     echo "emulated-gpu: $dir/libcuda.so.1 still exports $2" >&2
     exit 1
+  fi
+  echo "$dir"
+  exit 0
+fi
+# The loopback NCCL beside the rank program of the tests, linked against it alone: on a GPU
+# machine (gpu-check) both load the real libcuda.so.1, and libstragglar.so comes in by
+# LD_PRELOAD, so the library's whole path runs there with ranks as processes of one host.
+# Prints its directory.
+if [ "${1:-}" = "--build-loopback-ranks" ]; then
+  dir="$OUT/loopback-ranks"
+  mkdir -p "$dir"
+  cp "$OUT/libnccl.so.2" "$dir/libnccl.so.2.tmp"
+  mv "$dir/libnccl.so.2.tmp" "$dir/libnccl.so.2"
+  if [ ! -f "$dir/loopback_ranks" ] || [ tests/c/loopback_ranks.c -nt "$dir/loopback_ranks" ] ||
+    [ include/nccl.h -nt "$dir/loopback_ranks" ]; then
+    cc -std=c11 -O2 -Wall -Werror -I include -I "$NV/cuda_runtime/include" \
+      tests/c/loopback_ranks.c -o "$dir/loopback_ranks.tmp" -L "$dir" -l:libnccl.so.2 \
+      -L "$OUT" -lcuda -pthread -ldl
+    mv "$dir/loopback_ranks.tmp" "$dir/loopback_ranks"
   fi
   echo "$dir"
   exit 0

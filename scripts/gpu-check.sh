@@ -2,8 +2,9 @@
 # The GPU self-check: one prepared run on a machine with one GPU (an H200 in mind), no network
 # and no Rust toolchain. Prepare here first (`scripts/gpu-check.sh --prepare`: the release build,
 # the emulated GPU's driver self-test and our kernels compiled for sm_90 into a kernel cache),
-# carry target/release/stragglar, target/release/libstragglar.so, target/emulated-gpu/selftest
-# and target/gpu-check-kernels, and run this there: it uses the machine's own PyTorch and NCCL,
+# carry target/release/stragglar, target/release/libstragglar.so, target/emulated-gpu/selftest,
+# target/gpu-check-kernels and target/gpu-check-loopback (the loopback NCCL and the tests' rank
+# program, which load the real driver there), and run this there: it uses the machine's own PyTorch and NCCL,
 # and its NVRTC only if the carried kernels do not match the GPU. Finishes within BUDGET_S
 # seconds (450: under 8 minutes); prints one summary table last. In OUT it leaves only
 # summary.txt and gpu-check-logs.tar.gz (every log, each cut to its first 192 KiB and last
@@ -19,7 +20,8 @@
 # when the whole check's BUDGET_S is spent: a step cut short shows CUT, later steps SKIPPED.
 # Environment: STRAGGLAR_BIN, STRAGGLAR_LIB (the carried binaries, default target/release/),
 # STRAGGLAR_SELFTEST (default target/emulated-gpu/selftest), STRAGGLAR_KERNELS (the carried
-# kernel cache, default target/gpu-check-kernels), PYTHON (python3, the one with PyTorch), OUT
+# kernel cache, default target/gpu-check-kernels), STRAGGLAR_LOOPBACK (the carried loopback NCCL
+# and rank program, default target/gpu-check-loopback), PYTHON (python3, the one with PyTorch), OUT
 # (where the summary and the logs go), RUN_LIMIT_S, BUDGET_S.
 #
 # What it checks, the quick and most telling first (a budget cut ends the list):
@@ -40,7 +42,10 @@
 #      the same under CUDA graph capture and replay (--graph)
 #      the straggler policy found on the GPU, eagerly and in graph replays (--algo auto)
 #   6. ranks as processes over CUDA IPC on the same GPU (MPS if it can be started), and again
-#      with one hardware queue per process (CUDA_DEVICE_MAX_CONNECTIONS=1)
+#      with one hardware queue per process (CUDA_DEVICE_MAX_CONNECTIONS=1); the library's whole
+#      path (setup through a communicator, tickets, the policy) with 4 processes on the GPU under
+#      the loopback NCCL (STRAGGLAR_TEST_SHARED_GPU=1), and the stream and host time a call the
+#      engine forwards to NCCL costs, engine on against off
 #   7. sweeps: 8 ranks, 1K..256M, StragglAR and Ring (host time per call), and unordered reads
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +66,7 @@ BIN="${STRAGGLAR_BIN:-target/release/stragglar}"
 LIB="${STRAGGLAR_LIB:-target/release/libstragglar.so}"
 SELFTEST="${STRAGGLAR_SELFTEST:-target/emulated-gpu/selftest}"
 KERNELS="${STRAGGLAR_KERNELS:-target/gpu-check-kernels}"
+LOOPBACK="${STRAGGLAR_LOOPBACK:-target/gpu-check-loopback}"
 # The architecture the carried kernels are built for: the H100's and H200's.
 PREPARED_ARCH=sm_90
 PYTHON="${PYTHON:-python3}"
@@ -74,8 +80,11 @@ if [ "$PREPARE" = 1 ]; then
   wheels_cu12
   LD_LIBRARY_PATH="$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     STRAGGLAR_CACHE_DIR="$KERNELS" "$BIN" kernels --arch "$PREPARED_ARCH" --cache
+  built_loopback=$(scripts/emulated-gpu.sh --build-loopback-ranks)
+  rm -rf "$LOOPBACK"
+  cp -r "$built_loopback" "$LOOPBACK"
   set +e
-  echo "carry: $BIN $LIB $SELFTEST $KERNELS"
+  echo "carry: $BIN $LIB $SELFTEST $KERNELS $LOOPBACK"
   DRY=1
 fi
 
@@ -216,6 +225,11 @@ if [ -x "$SELFTEST" ]; then
   input "driver self-test" 1 "$SELFTEST"
 else
   input "driver self-test" 0 "$SELFTEST: scripts/emulated-gpu.sh --build, then carry it"
+fi
+if [ -x "$LOOPBACK/loopback_ranks" ] && [ -f "$LOOPBACK/libnccl.so.2" ]; then
+  input "loopback NCCL and rank program" 1 "$LOOPBACK"
+else
+  input "loopback NCCL and rank program" 0 "$LOOPBACK: scripts/gpu-check.sh --prepare, then carry it"
 fi
 # The carried kernels match these sources when the binary finds their cache entry.
 kernels_carried() { # arch
@@ -615,6 +629,56 @@ one_queue() {
     --algo auto -d float -o sum -b 1K -e 64K -f 8 -n 4 -w 1 --timeout-ms 60000
 }
 step "one hardware queue per process: 3 processes, eager and graph (MPS: $([ "$MPS_STARTED" = 1 ] && echo on || echo off))" one-queue.log one_queue
+
+# The library's own path, which the bench above leaves out: ranks as processes joining through
+# a communicator (the loopback NCCL: ranks are processes of this host, its collectives run on
+# the host), the engine's setup over IPC, tickets, the policy and teardown, with every rank on
+# this one GPU (STRAGGLAR_TEST_SHARED_GPU=1, for tests only: the grid sized so that every
+# rank's blocks stay resident), libstragglar.so preloaded. usage: loopback_ranks ARGS... (with
+# the run's settings in the environment)
+loopback_ranks() {
+  local dir
+  dir=$(realpath "$LOOPBACK")
+  LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LD_PRELOAD="$(realpath "$LIB")" \
+    STRAGGLAR_NCCL_LIB="$dir/libnccl.so.2" STRAGGLAR_TEST_SHARED_GPU=1 LOOPBACK_DEVICE=0 \
+    STRAGGLAR_MIN_BYTES=0 STRAGGLAR_TIMEOUT_MS=30000 limited "$dir/loopback_ranks" "$@"
+}
+#    Every call on StragglAR, each checked element by element on every rank.
+whole_path() {
+  local run="$OUT/whole-path-run.log" status on_engine
+  STRAGGLAR_GPU_ENGINE=1 STRAGGLAR_ALGO=stragglar STRAGGLAR_BUFFER_BYTES=1M STRAGGLAR_DEBUG=INFO \
+    loopback_ranks 4 >"$run" 2>&1
+  status=$?
+  grep -v " STRAGGLAR INFO " "$run" | tail -n 12
+  on_engine=$(grep -c "100 calls, 100 on StragglAR, 0 on NCCL" "$run")
+  echo "# whole path: $on_engine of 4 ranks ran their 100 calls on the engine, every element checked"
+  [ "$status" = 0 ] && [ "$on_engine" = 4 ]
+}
+step "the library's whole path: 4 processes on the GPU, loopback NCCL (MPS: $([ "$MPS_STARTED" = 1 ] && echo on || echo off))" whole-path.log whole_path
+#    What a call the engine forwards to NCCL costs the stream (target: at most 2 us more than
+#    with the engine off) and the host: 1000 calls of 16 KiB with nobody late, each timed
+#    between events recorded on the caller's stream just before and after it (loopback NCCL's
+#    own work included, alike in both runs), the medians over the ranks of each rank's median.
+medians() { # "host" or "stream", log: the median over ranks of each rank's median, in ns
+  sed -n "s/.*: $1 time per call over [0-9]* calls: median \([0-9]*\) ns.*/\1/p" "$2" | sort -n |
+    awk '{ m[NR] = $1 } END { if (NR == 0) exit 1; print m[int((NR + 1) / 2)] }'
+}
+forwarded_cost() {
+  local engine run stream host forwarded
+  local -a line=()
+  for engine in 0 1; do
+    run="$OUT/forwarded-$engine.log"
+    STRAGGLAR_GPU_ENGINE=$engine LOOPBACK_FIXED=1 LOOPBACK_CALLS=1000 LOOPBACK_HOST_TIMES=1 \
+      LOOPBACK_STREAM_TIMES=1 loopback_ranks 4 >"$run" 2>&1 || { tail -n 12 "$run"; return 1; }
+    stream=$(medians stream "$run") && host=$(medians host "$run") || { tail -n 12 "$run"; return 1; }
+    forwarded=$(sed -n 's/.*, \([0-9]*\) on NCCL$/\1/p' "$run" | awk '{ s += $1 } END { print s + 0 }')
+    echo "engine $engine: stream $stream ns, host $host ns, $forwarded of 4000 calls on NCCL"
+    line+=("$stream" "$host" "$forwarded")
+  done
+  echo "# forwarded: stream time per call engine off $((line[0] / 1000)).$(((line[0] % 1000) / 100)) us, on $((line[3] / 1000)).$(((line[3] % 1000) / 100)) us, difference $((line[3] - line[0])) ns (target <= 2000); host time off $((line[1] / 1000)).$(((line[1] % 1000) / 100)) us, on $((line[4] / 1000)).$(((line[4] % 1000) / 100)) us; on NCCL: ${line[5]} of 4000 calls (4 processes, one GPU, loopback NCCL)"
+}
+step "forwarded calls' cost, engine on vs off: 4 processes, loopback NCCL (MPS: $([ "$MPS_STARTED" = 1 ] && echo on || echo off))" forwarded.log forwarded_cost
+measured "  a forwarded call's stream and host time" forwarded.log '# forwarded: ' '# forwarded: '
 if [ "$MPS_STARTED" = 1 ]; then
   timeout 10 sh -c 'echo quit | nvidia-cuda-mps-control' || true
   sleep 2

@@ -148,6 +148,13 @@ pub const SETTINGS: &[Setting] = &[
         show: |c| u8::from(c.graph_nccl).to_string(),
     },
     Setting {
+        name: "STRAGGLAR_TEST_SHARED_GPU",
+        default: "0",
+        meaning: "for tests only: 1 lets the ranks of a communicator share one GPU on the GPU engine (its grid then sized so that every rank's blocks stay resident), as a one-GPU machine's checks need; a job's ranks need a GPU each; the same on every rank",
+        parse: |c, v| switch(&mut c.shared_gpu, v),
+        show: |c| u8::from(c.shared_gpu).to_string(),
+    },
+    Setting {
         name: "STRAGGLAR_ALGO",
         default: "auto",
         meaning: "auto (StragglAR when a straggler is designated and the model says it wins), stragglar, or nccl",
@@ -327,6 +334,9 @@ pub struct Config {
     /// `STRAGGLAR_GRAPH_NCCL`: whether graph replays may take NCCL's own captured work as their
     /// baseline, behind a conditional node (where every rank's driver has them).
     pub graph_nccl: bool,
+    /// `STRAGGLAR_TEST_SHARED_GPU` (tests only): the ranks of a communicator may share a GPU
+    /// on the GPU engine.
+    pub shared_gpu: bool,
     /// `STRAGGLAR_ALGO`.
     pub algo: AlgoMode,
     /// `STRAGGLAR_STRAGGLER`.
@@ -364,6 +374,7 @@ impl Default for Config {
             gpu_engine: false,
             multicast: MulticastMode::Off,
             graph_nccl: true,
+            shared_gpu: false,
             algo: AlgoMode::Auto,
             straggler: StragglerMode::Auto,
             pipeline: Pipeline::Pieces(1),
@@ -556,6 +567,7 @@ mod tests {
             ("STRAGGLAR_GPU_ENGINE", "1"),
             ("STRAGGLAR_MULTICAST", "1"),
             ("STRAGGLAR_GRAPH_NCCL", "0"),
+            ("STRAGGLAR_TEST_SHARED_GPU", "1"),
             ("STRAGGLAR_ALGO", "nccl"),
             ("STRAGGLAR_STRAGGLER", "3"),
             ("STRAGGLAR_PIPELINE", "auto"),

@@ -103,6 +103,18 @@ fn logs_go_to_the_debug_file_with_host_and_pid_expanded() {
 }
 
 #[test]
+fn doctor_names_the_test_setting_that_lets_ranks_share_a_gpu() {
+    let (out, _) = doctor(&[]);
+    assert!(!out.contains("sharing:"), "{out}");
+    let (out, _) = doctor(&[("STRAGGLAR_TEST_SHARED_GPU", "1")]);
+    assert!(
+        out.contains("sharing:   STRAGGLAR_TEST_SHARED_GPU=1, for tests only"),
+        "{out}"
+    );
+    assert!(out.contains("a job's ranks need a GPU each"), "{out}");
+}
+
+#[test]
 fn doctor_says_plainly_when_there_is_no_gpu() {
     let (out, _) = doctor(&[]);
     let no_driver = !Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1").exists()

@@ -1636,6 +1636,44 @@ fn stale_loads_expose_a_reader_whose_acquire_is_missing() {
 }
 
 #[test]
+fn ranks_sharing_one_gpu_run_the_engine_only_where_a_test_setting_lets_them() {
+    // Time-sliced processes on one GPU are slow to meet: not beside a test that times calls.
+    let _timing = timing();
+    // A job's ranks need a GPU each: four ranks on GPU 0 stay on NCCL, every rank saying why
+    // alike (and every call still right).
+    let on_gpu_0 = ("LOOPBACK_DEVICE", "0");
+    // Every rank said `why` (at least once) and ran its 100 calls on NCCL.
+    let every_call_on_nccl = |env: &[(&str, &str)], why: &str| {
+        let (out, _) = run_ranks(&["4"], env);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}", support::describe(&out));
+        assert!(log.matches(why).count() >= 4, "{}", support::describe(&out));
+        assert_eq!(
+            log.matches("100 calls, 0 on StragglAR, 100 on NCCL")
+                .count(),
+            4,
+            "{}",
+            support::describe(&out)
+        );
+    };
+    every_call_on_nccl(
+        &engine_with("stragglar", &[on_gpu_0]),
+        "StragglAR stays off: ranks 0 and 1 share one GPU",
+    );
+    // STRAGGLAR_TEST_SHARED_GPU=1 (for a one-GPU machine's checks) lets them share it, the
+    // grid sized so that every rank's blocks stay resident: the library's whole path runs,
+    // the processes taking turns on the GPU.
+    let shared = ("STRAGGLAR_TEST_SHARED_GPU", "1");
+    let (out, _) = run_ranks(&["4"], &engine_with("stragglar", &[on_gpu_0, shared]));
+    assert_every_call_on_the_engine(&out, 4);
+    // Too few multiprocessors for four resident grids: every rank declines alike.
+    every_call_on_nccl(
+        &engine_with("stragglar", &[on_gpu_0, shared, ("STRAGGLAR_EMU_SMS", "4")]),
+        "4 ranks sharing one GPU need 5 multiprocessors",
+    );
+}
+
+#[test]
 fn a_turn_handed_on_without_its_acquire_is_reported_as_unordered_stores() {
     // The planted bug's ranks fail and spin to their deadline: not beside a test that times
     // calls.

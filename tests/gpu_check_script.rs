@@ -6,12 +6,25 @@ mod support;
 use std::process::Command;
 
 /// The inputs a device run needs, as `--prepare` makes them: the binaries of this build, the
-/// emulated GPU's driver self-test, and a kernel cache holding sm_90's entry of these sources.
+/// emulated GPU's driver self-test, a kernel cache holding sm_90's entry of these sources, and
+/// the loopback NCCL with the tests' rank program.
 fn prepared(cmd: &mut Command) -> &mut Command {
     let built =
         support::run(Command::new(support::root().join("scripts/emulated-gpu.sh")).arg("--build"));
     assert!(built.status.success(), "{}", support::describe(&built));
     let emulated = String::from_utf8(built.stdout).unwrap().trim().to_owned();
+    let loopback = support::run(
+        Command::new(support::root().join("scripts/emulated-gpu.sh")).arg("--build-loopback-ranks"),
+    );
+    assert!(
+        loopback.status.success(),
+        "{}",
+        support::describe(&loopback)
+    );
+    let loopback = String::from_utf8(loopback.stdout)
+        .unwrap()
+        .trim()
+        .to_owned();
     let kernels = support::real_kernels(std::path::Path::new(env!("CARGO_BIN_EXE_stragglar")))
         .unwrap_or_else(|e| panic!("{e}"));
     cmd.env("STRAGGLAR_BIN", env!("CARGO_BIN_EXE_stragglar"))
@@ -21,6 +34,7 @@ fn prepared(cmd: &mut Command) -> &mut Command {
             std::path::Path::new(&emulated).join("selftest"),
         )
         .env("STRAGGLAR_KERNELS", kernels.cache)
+        .env("STRAGGLAR_LOOPBACK", loopback)
 }
 
 #[test]
@@ -48,6 +62,7 @@ fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
         "input: libstragglar.so ",
         "input: driver self-test ",
         "input: kernels (sm_90, these sources) ",
+        "input: loopback NCCL and rank program ",
         "doctor",
         "kernels carried, built here for sm_90",
         "multicast team (doctor --multicast)",
@@ -61,6 +76,8 @@ fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
         "fixed cost per step and per call",
         "processes over CUDA IPC: n=2,3,4",
         "one hardware queue per process: 3 processes, eager and graph",
+        "the library's whole path: 4 processes on the GPU, loopback NCCL",
+        "forwarded calls' cost, engine on vs off: 4 processes, loopback NCCL",
         "PyTorch LD_PRELOAD, world size 1",
         "observe mode, 4 PyTorch ranks on one GPU (real NCCL), rank 2 late",
     ] {
@@ -70,8 +87,8 @@ fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
     assert!(!summary.contains("MISSING"), "{summary}");
 }
 
-/// A missing binary, self-test or kernel cache (or one of other sources) fails the dry run,
-/// each named in its row.
+/// A missing binary, self-test, kernel cache (or one of other sources) or loopback kit fails
+/// the dry run, each named in its row.
 #[test]
 fn the_dry_run_fails_on_a_missing_input() {
     let empty = support::scratch("gpu-check-no-kernels");
@@ -95,6 +112,11 @@ fn the_dry_run_fails_on_a_missing_input() {
             "STRAGGLAR_KERNELS",
             empty.to_str().unwrap(),
             "input: kernels (sm_90, these sources) ",
+        ),
+        (
+            "STRAGGLAR_LOOPBACK",
+            empty.to_str().unwrap(),
+            "input: loopback NCCL and rank program ",
         ),
     ] {
         let mut cmd = Command::new(support::root().join("scripts/gpu-check.sh"));

@@ -128,6 +128,9 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         "  verdict:   {}",
         engine_verdict(gpus, config.gpu_engine, nvrtc_usable || cached)
     );
+    if config.shared_gpu {
+        println!("  sharing:   STRAGGLAR_TEST_SHARED_GPU=1, for tests only: the ranks of a communicator may share one GPU (each rank's grid shrunk so that all stay resident); a job's ranks need a GPU each");
+    }
     let cap = config.staging_cap;
     match crate::engine::cuda::sizing::footprint(8) {
         Ok(f) => {

@@ -21,12 +21,14 @@
  *   with LOOPBACK_SPLIT on the two communicators split from it (even and odd ranks), with
  *   LOOPBACK_GROUPS each call inside a group of its own with an AllReduce of the same input
  *   beside it (two collectives a group); with LOOPBACK_HOST_TIMES each rank prints
- *   the median and 90th percentile host time of its eager calls; LOOPBACK_HOSTNAME=NAME (through
+ *   the median and 90th percentile host time of its eager calls, with LOOPBACK_STREAM_TIMES
+ *   their stream time (events recorded just before and after each call); LOOPBACK_HOSTNAME=NAME (through
  *   LOOPBACK_ENV_<r>) runs a rank under another host name; LOOPBACK_MIXED=N: eager calls
  *   and graph replays on two streams, not waited for in between (see run_mixed); LOOPBACK_GROW=N:
  *   float sums of growing sizes up to 7 MiB, the first N eager (see run_growing);
  *   LOOPBACK_CAPTURE_BESIDE: the first calls beside another thread's capture (see
- *   run_capture_beside). Each rank
+ *   run_capture_beside); LOOPBACK_DEVICE=D puts every rank on device D (ranks sharing one GPU,
+ *   with STRAGGLAR_TEST_SHARED_GPU=1 on the GPU engine). Each rank
  *   that finishes prints its stragglarGetStats (the designated straggler,
  *   calls on StragglAR and on NCCL).
  * Built twice by tests/emulated_gpu.rs: linked against libstragglar, and linked against the
@@ -751,23 +753,26 @@ static int run_collectives(int rank, int nranks, ncclComm_t comm, CUstream strea
 }
 
 /* Host time of each eager ncclAllReduce call (the call alone: the stream is drained after it,
- * untimed), for LOOPBACK_HOST_TIMES. */
+ * untimed), for LOOPBACK_HOST_TIMES; the stream time of each (between events recorded on the
+ * stream just before and just after it), for LOOPBACK_STREAM_TIMES. */
 enum { MAX_TIMED = 100000 };
 static long long host_ns[MAX_TIMED];
+static long long stream_ns[MAX_TIMED];
 
 static int by_value(const void* a, const void* b) {
   long long x = *(const long long*)a, y = *(const long long*)b;
   return (x > y) - (x < y);
 }
 
-/* LOOPBACK_HOST_TIMES: the median and 90th percentile of the host time per call, leaving out
- * the first 8 calls (the engine's setup runs in the first). */
-static void print_host_times(int rank, long long* ns, int calls) {
+/* LOOPBACK_HOST_TIMES and LOOPBACK_STREAM_TIMES: the median and 90th percentile of the
+ * (`what`: host or stream) time per call, leaving out the first 8 calls (the engine's setup
+ * runs in the first). */
+static void print_times(int rank, const char* what, long long* ns, int calls) {
   int n = (calls < MAX_TIMED ? calls : MAX_TIMED) - 8;
   if (n < 1) return;
   qsort(ns + 8, (size_t)n, sizeof *ns, by_value);
-  printf("rank %d: host time per call over %d calls: median %lld ns, p90 %lld ns\n", rank, n,
-         ns[8 + n / 2], ns[8 + n * 9 / 10]);
+  printf("rank %d: %s time per call over %d calls: median %lld ns, p90 %lld ns\n", rank, what,
+         n, ns[8 + n / 2], ns[8 + n * 9 / 10]);
 }
 
 static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int kill_at) {
@@ -782,7 +787,9 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
   CUstream stream;
   CUdeviceptr send, recv;
   CU(cuInit(0));
-  CU(cuDeviceGet(&dev, rank));
+  /* LOOPBACK_DEVICE: every rank on that device (ranks sharing one GPU), else rank r on r. */
+  const char* on = getenv("LOOPBACK_DEVICE");
+  CU(cuDeviceGet(&dev, on ? atoi(on) : rank));
   CU(cuDevicePrimaryCtxRetain(&ctx, dev));
   CU(cuCtxSetCurrent(ctx));
   CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
@@ -837,6 +844,12 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     return run_replays(rank, nranks, comm, stream, send, recv, atoi(getenv("LOOPBACK_REPLAYS")));
   static unsigned char host[MAX_COUNT * 8];
   const int graphs = getenv("LOOPBACK_GRAPHS") != NULL;
+  const int stream_times = getenv("LOOPBACK_STREAM_TIMES") != NULL;
+  CUevent marks[2];
+  if (stream_times) {
+    CU(cuEventCreate(&marks[0], CU_EVENT_DEFAULT));
+    CU(cuEventCreate(&marks[1], CU_EVENT_DEFAULT));
+  }
   const long abort_after_ms = getenv("LOOPBACK_ABORT_AFTER_MS") ? atol(getenv("LOOPBACK_ABORT_AFTER_MS")) : 0;
   const int fixed = getenv("LOOPBACK_FIXED") != NULL;
   const char* late = getenv("LOOPBACK_LATE_RANK");
@@ -875,14 +888,20 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
       cuGraphDestroy(graph);
     } else {
       struct timespec before, after;
+      if (stream_times) CU(cuEventRecord(marks[0], stream));
       clock_gettime(CLOCK_MONOTONIC, &before);
       nr = ncclAllReduce((const void*)send, (void*)out, count, t, op, comm, stream);
       clock_gettime(CLOCK_MONOTONIC, &after);
+      if (stream_times) CU(cuEventRecord(marks[1], stream));
       if (i < MAX_TIMED)
         host_ns[i] = (after.tv_sec - before.tv_sec) * 1000000000LL + (after.tv_nsec - before.tv_nsec);
       /* The watchdog watches the call a killed peer never joins (and those after it), not a
        * first call that a loaded machine may make slow. */
       cr = drain(stream, comm, kill_rank >= 0 && i < kill_at ? 0 : abort_after_ms, rank, i);
+      float ms = 0;
+      if (stream_times && cr == CUDA_SUCCESS && i < MAX_TIMED &&
+          cuEventElapsedTime(&ms, marks[0], marks[1]) == CUDA_SUCCESS)
+        stream_ns[i] = (long long)(ms * 1e6);
     }
     if (cr == CUDA_ERROR_LAUNCH_TIMEOUT) {
       printf("rank %d: error at call %d: aborted\n", rank, i);
@@ -907,7 +926,8 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     }
   }
   print_stats(rank, comm);
-  if (getenv("LOOPBACK_HOST_TIMES") && !graphs) print_host_times(rank, host_ns, CALLS);
+  if (getenv("LOOPBACK_HOST_TIMES") && !graphs) print_times(rank, "host", host_ns, CALLS);
+  if (stream_times && !graphs) print_times(rank, "stream", stream_ns, CALLS);
   /* LOOPBACK_NO_DESTROY: the process exits with its communicator alive, as scripts that never
    * destroy their process group do. */
   if (!getenv("LOOPBACK_NO_DESTROY")) ncclCommDestroy(comm);

@@ -10,7 +10,7 @@ use super::comm::{Baseline, CudaComm, Decline};
 use super::driver;
 use super::exchange::NcclExchange;
 use super::gpus;
-use super::grid::{blocks_for, MIN_BLOCKS};
+use super::grid::{blocks_for, shared_gpu_blocks, MIN_BLOCKS};
 use super::peers::IpcAccess;
 use super::setup::{Devices, LocalFailure, SetupError};
 use super::sizing::{layout, policy, Sizing};
@@ -73,7 +73,13 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
     });
     let config = crate::config::get();
     let policy = policy(call.ranks);
-    let blocks = blocks_for(sms as u32, config.buffer_bytes, call.ranks);
+    let (blocks, grid) = grid_of(sms as u32, config, call.ranks);
+    if let Err(why) = &grid {
+        log::warn!(
+            "{}: {why}: this rank joins the setup as failed",
+            call.label()
+        );
+    }
     let mut plans = PlanCache::default();
     // Flags for every plan up to STRAGGLAR_BUFFER_BYTES, but arenas of no size: they grow at
     // the first calls StragglAR runs (`super::growth`), so a job whose calls stay on NCCL holds
@@ -86,6 +92,7 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
     };
     let reservation = Reservation::take(ordinal, layout.allocation_bytes());
     let kernels = stream_state
+        .and(grid.map_err(|_| LocalFailure::TooFewMultiprocessors))
         .and(loaded.as_ref().map_err(|_| LocalFailure::NoKernels))
         .map(|loaded| &loaded.kernels)
         .and_then(|kernels| match reservation {
@@ -104,7 +111,10 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
         staged_bytes: 0,
         timeout: config.timeout_ms.map(std::time::Duration::from_millis),
         ordered_reads: true,
-        devices: Devices::OnePerRank,
+        devices: match config.shared_gpu {
+            true => Devices::MayShare,
+            false => Devices::OnePerRank,
+        },
         baseline: Baseline::Nccl,
         label: call.label(),
         designated: watch.designated.clone(),
@@ -175,5 +185,20 @@ fn open_trace(call: &EngineCall) -> Option<crate::trace::TraceWriter> {
             );
             None
         }
+    }
+}
+
+/// The plan blocks of each rank on a GPU of `sms` multiprocessors: [`blocks_for`] with a GPU
+/// per rank, or, where the ranks may share one (`STRAGGLAR_TEST_SHARED_GPU`, tests only), as
+/// many as keep every rank's grid resident at once ([`shared_gpu_blocks`], all `ranks` taken
+/// to share it), and `Err` when even one block each cannot (the rank then joins the setup as
+/// failed, with [`MIN_BLOCKS`] for its layout).
+fn grid_of(sms: u32, config: &crate::config::Config, ranks: usize) -> (u32, Result<(), String>) {
+    if !config.shared_gpu {
+        return (blocks_for(sms, config.buffer_bytes, ranks), Ok(()));
+    }
+    match shared_gpu_blocks(sms, ranks) {
+        Ok(blocks) => (blocks, Ok(())),
+        Err(why) => (MIN_BLOCKS, Err(why)),
     }
 }

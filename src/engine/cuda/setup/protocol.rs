@@ -117,7 +117,7 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
 
 #[cfg(test)]
 mod protocol_tests {
-    use super::super::record::{Identity, LocalFailure};
+    use super::super::record::{Identity, LocalFailure, SETTINGS};
     use super::*;
     use crate::engine::cuda::exchange::ThreadExchange;
     use crate::engine::cuda::staging::StagingLayout;
@@ -171,7 +171,7 @@ mod protocol_tests {
                             rank,
                             n,
                             &identity,
-                            [7; 9],
+                            [7; SETTINGS],
                             [rank as u8; 64],
                             layout,
                         );
@@ -248,7 +248,7 @@ mod protocol_tests {
             1,
             2,
             &identity,
-            [1, 2, 3, 4, 5, 6, 7, 8, 9],
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
             [8; 64],
             layout,
         )
@@ -264,7 +264,7 @@ mod protocol_tests {
 
 #[cfg(test)]
 mod finish_tests {
-    use super::super::record::Identity;
+    use super::super::record::{Identity, SETTINGS};
     use super::*;
     use crate::engine::cuda::staging::StagingLayout;
 
@@ -299,7 +299,7 @@ mod finish_tests {
             blocks: 1,
             ranks: 1,
         };
-        let mine = SetupRecord::ready(0, 1, &identity, [0; 9], [0; 64], layout);
+        let mine = SetupRecord::ready(0, 1, &identity, [0; SETTINGS], [0; 64], layout);
         assert!(
             run_setup(&mut Solo, &mut Solo, &mine, Devices::OnePerRank, |_, _| {
                 true

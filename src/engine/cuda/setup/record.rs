@@ -8,7 +8,7 @@ use crate::engine::cuda::staging::StagingLayout;
 /// `SetupRecord::magic`: "SGSU".
 pub const SETUP_MAGIC: u32 = 0x5347_5355;
 /// `SetupRecord::version` of this layout.
-pub const SETUP_VERSION: u32 = 5;
+pub const SETUP_VERSION: u32 = 6;
 
 /// Bytes each rank contributes to the first all-gather: its record, zero-padded. Fixed across
 /// versions (magic and version first), so ranks of builds whose records differ still gather
@@ -33,10 +33,11 @@ pub const AGREED_SETTINGS: [&str; SETTINGS] = [
     "STRAGGLAR_GPU_ENGINE",
     "STRAGGLAR_PIPELINE",
     "STRAGGLAR_MULTICAST",
+    "STRAGGLAR_TEST_SHARED_GPU",
 ];
 
 /// How many settings must agree (the length of `SetupRecord::settings`).
-pub const SETTINGS: usize = 9;
+pub const SETTINGS: usize = 10;
 
 /// Why a rank could not take part (0 in `SetupRecord::failure` means it could).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +53,9 @@ pub enum LocalFailure {
     NoIpc = 4,
     /// The driver could not say whether the caller's stream captures.
     NoStreamState = 5,
+    /// The GPU has too few multiprocessors for every rank sharing it to keep its grid
+    /// resident (`STRAGGLAR_TEST_SHARED_GPU`).
+    TooFewMultiprocessors = 6,
 }
 
 impl LocalFailure {
@@ -63,6 +67,7 @@ impl LocalFailure {
             3 => "no staging (the allocation failed or exceeds STRAGGLAR_STAGING_CAP)",
             4 => "cuIpcGetMemHandle failed",
             5 => "the driver could not say whether its stream captures",
+            6 => "too few multiprocessors for the ranks sharing its GPU to stay resident",
             _ => "a failure this build does not know",
         }
     }
@@ -143,7 +148,7 @@ impl Verdict {
                 format!("ranks {first} and {other} are on different hosts")
             }
             Verdict::SharedDevice { first, other } => {
-                format!("ranks {first} and {other} share one GPU")
+                format!("ranks {first} and {other} share one GPU (a job's ranks need a GPU each; STRAGGLAR_TEST_SHARED_GPU=1 lets tests share one)")
             }
             Verdict::SettingDiffers { rank, setting } => {
                 format!("{setting} differs between rank 0 and rank {rank}")
@@ -210,6 +215,7 @@ pub fn settings_of(config: &crate::config::Config) -> [u64; SETTINGS] {
         setting_hash(if config.gpu_engine { "1" } else { "0" }),
         setting_hash(&config.pipeline.to_string()),
         setting_hash(&config.multicast.to_string()),
+        setting_hash(if config.shared_gpu { "1" } else { "0" }),
     ]
 }
 
@@ -482,7 +488,7 @@ mod tests {
                     r,
                     n,
                     &identity,
-                    [1, 2, 3, 4, 5, 6, 7, 8, 9],
+                    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
                     [r as u8; 64],
                     layout(),
                 )
@@ -617,7 +623,7 @@ mod tests {
         assert_eq!(field::<4>("abcdef"), *b"abcd");
         assert_eq!(field::<4>("ab"), [b'a', b'b', 0, 0]);
         assert_ne!(setting_hash("256M"), setting_hash("128M"));
-        assert_eq!(std::mem::size_of::<SetupRecord>(), 368);
+        assert_eq!(std::mem::size_of::<SetupRecord>(), 376);
         assert!(std::mem::size_of::<SetupRecord>() <= SETUP_RECORD_BYTES);
     }
 }
