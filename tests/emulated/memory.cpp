@@ -13,7 +13,9 @@
  * through IPC: its exporter's cuMemFree while one of them still runs ends the process too.
  * Behind that page lies the allocation's history (stale loads, weak_memory.h): per 16 bytes,
  * when the last kernel store to them was made, which of them it wrote and what they held
- * before, and the latest release made to a word among them. */
+ * before, and the latest release made to a word among them; behind the history, their store
+ * order (the coherence check, weak_memory.h): the vector clock the releases to them published
+ * and, per 4-byte word, who made its last release store and when. */
 #include "emu.h"
 #include "kernel_source.h"
 
@@ -69,8 +71,8 @@ void remove_region(std::map<uint64_t, Region>::iterator it) {
 /* What kernel stores and releases did to 16 bytes of device memory, for loads that may
  * return an older value (weak_memory.h). Shared by every process mapping the allocation. */
 struct History {
-  /* Taken (1) while the bytes and this record change together: a spin lock, held for a copy
-   * of at most 16 bytes. */
+  /* The holder's pid while the bytes and this record change together (0: free): a spin lock,
+   * held for a copy of at most 16 bytes (HistoryLock). */
   uint32_t lock;
   /* The bytes (bit i: byte i) the last store written into them wrote. */
   uint16_t written;
@@ -89,8 +91,8 @@ constexpr size_t kGranule = 16;
 
 /* The order of the release stores to 16 bytes of device memory, for the coherence check
  * (weak_memory.h): what the releases to them published, and who stored each 4-byte word
- * last. Guarded by the granule's History lock. Only the records of words a kernel released
- * to are ever touched, so the pages behind them stay unallocated elsewhere. */
+ * last. Guarded by the granule's History lock. Only the records of words a kernel releases
+ * to or acquires are ever touched, so the pages behind the data stay unallocated. */
 struct StoreOrder {
   /* The latest vector clock a release to a word among these bytes published (per agent: ns of
    * the history clock; 0: nothing). */
@@ -342,11 +344,25 @@ History* history_at(uint64_t at) {
   return &seen->region.history[(at - seen->base) / kGranule];
 }
 
-/* Holds a history record and its bytes still; never held across a fiber switch. */
+/* Holds a history record and its bytes still; never held across a fiber switch. The lock word
+ * holds the holder's pid: a process that ended holding it (a kernel's report aborts its
+ * process, whose other blocks may hold one) leaves it to be taken over, so that its peers reach
+ * their deadlines rather than spin here for ever. */
 class HistoryLock {
  public:
   explicit HistoryLock(History* h) : h_(h) {
-    while (__atomic_exchange_n(&h_->lock, 1u, __ATOMIC_ACQUIRE) != 0) sched_yield();
+    static const uint32_t me = (uint32_t)getpid();
+    for (uint32_t spins = 1;; ++spins) {
+      uint32_t holder = 0;
+      if (__atomic_compare_exchange_n(&h_->lock, &holder, me, false, __ATOMIC_ACQUIRE,
+                                      __ATOMIC_RELAXED))
+        return;
+      if (spins % 4096 == 0 && holder != me && !running(holder) &&
+          __atomic_compare_exchange_n(&h_->lock, &holder, me, false, __ATOMIC_ACQUIRE,
+                                      __ATOMIC_RELAXED))
+        return;
+      sched_yield();
+    }
   }
   ~HistoryLock() { __atomic_store_n(&h_->lock, 0u, __ATOMIC_RELEASE); }
   HistoryLock(const HistoryLock&) = delete;

@@ -49,13 +49,17 @@
  * published. A release store to a word whose last release store another agent made at a time
  * the block's clock does not cover ends the process naming both (check_store_order). The
  * block is one agent and a device's blocks share one, which is coarser than the memory model
- * (it may miss a race between two blocks of one device), never finer, so a correct program is
- * never reported. Relaxed and volatile stores and atomic read-modify-writes are not checked.
+ * (it may miss a race between two blocks of one device), never finer: two release stores it
+ * reports are unordered on a GPU too. (Unordered release stores to one word are a defect only
+ * where the word's last value matters, as it does for every such word of the engine's: a word
+ * two agents may store to in either order must use a relaxed store or an atomic.) Relaxed and
+ * volatile stores and atomic read-modify-writes are not checked; an acquire of a word a host
+ * or copy-engine write made joins nothing.
  *
  * A block's threads are fibers of one OS thread, so nothing here is shared between threads;
- * the history is (memory.cpp locks it). STRAGGLAR_EMU_WEAK_MEMORY=0 turns both off (every
- * store lands at once, every load reads memory), STRAGGLAR_EMU_WEAK_MEMORY=stores the stale
- * loads only. */
+ * the history is (memory.cpp locks it). STRAGGLAR_EMU_WEAK_MEMORY=0 turns all three off (every
+ * store lands at once, every load reads memory, no store's order is checked),
+ * STRAGGLAR_EMU_WEAK_MEMORY=stores the stale loads only. */
 #ifndef STRAGGLAR_EMU_WEAK_MEMORY_H_
 #define STRAGGLAR_EMU_WEAK_MEMORY_H_
 
