@@ -22,7 +22,9 @@
  *   LOOPBACK_GROUPS each call inside a group of its own with an AllReduce of the same input
  *   beside it (two collectives a group); with LOOPBACK_HOST_TIMES each rank prints
  *   the median and 90th percentile host time of its eager calls, with LOOPBACK_STREAM_TIMES
- *   their stream time (events recorded just before and after each call); LOOPBACK_HOSTNAME=NAME (through
+ *   their stream time (events recorded just before and after each call); LOOPBACK_BUSY=B:US
+ *   launches a kernel of B blocks spinning US microseconds on a stream of its own before each
+ *   eager call (the application's kernel holding multiprocessors); LOOPBACK_HOSTNAME=NAME (through
  *   LOOPBACK_ENV_<r>) runs a rank under another host name; LOOPBACK_MIXED=N: eager calls
  *   and graph replays on two streams, not waited for in between (see run_mixed); LOOPBACK_GROW=N:
  *   float sums of growing sizes up to 7 MiB, the first N eager (see run_growing);
@@ -752,6 +754,45 @@ static int run_collectives(int rank, int nranks, ncclComm_t comm, CUstream strea
   return 0;
 }
 
+/* LOOPBACK_BUSY=BLOCKS:US: a kernel of the application's own holding BLOCKS multiprocessors for
+ * US microseconds, launched on a stream of its own just before each eager call (PTX, so a real
+ * GPU compiles it too; the emulated driver binds the entry to its delay kernel, which holds a
+ * multiprocessor per block while it runs). */
+static const char kBusyPtx[] =
+    ".version 6.0\n.target sm_60\n.address_size 64\n"
+    ".visible .entry ncclStragglarDelay(.param .u64 ns)\n{\n"
+    "  .reg .u64 %rd<5>;\n  .reg .pred %p;\n"
+    "  ld.param.u64 %rd1, [ns];\n  mov.u64 %rd2, %globaltimer;\n"
+    "WAIT:\n  mov.u64 %rd3, %globaltimer;\n  sub.u64 %rd4, %rd3, %rd2;\n"
+    "  setp.lt.u64 %p, %rd4, %rd1;\n  @%p bra WAIT;\n  ret;\n}\n";
+
+struct busy {
+  CUfunction kernel;
+  CUstream stream;
+  unsigned blocks;
+  unsigned long long ns;
+};
+
+/* Reads LOOPBACK_BUSY into `b`: 0 when unset, 1 when set and ready, -1 on a bad value. */
+static int busy_setup(struct busy* b) {
+  const char* v = getenv("LOOPBACK_BUSY");
+  if (!v) return 0;
+  unsigned long long us = 0;
+  if (sscanf(v, "%u:%llu", &b->blocks, &us) != 2 || b->blocks == 0) return -1;
+  b->ns = us * 1000;
+  CUmodule module;
+  if (cuModuleLoadData(&module, kBusyPtx) != CUDA_SUCCESS ||
+      cuModuleGetFunction(&b->kernel, module, "ncclStragglarDelay") != CUDA_SUCCESS ||
+      cuStreamCreate(&b->stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+    return -1;
+  return 1;
+}
+
+static CUresult busy_launch(struct busy* b) {
+  void* params[] = {&b->ns};
+  return cuLaunchKernel(b->kernel, b->blocks, 1, 1, 32, 1, 1, 0, b->stream, params, NULL);
+}
+
 /* Host time of each eager ncclAllReduce call (the call alone: the stream is drained after it,
  * untimed), for LOOPBACK_HOST_TIMES; the stream time of each (between events recorded on the
  * stream just before and just after it), for LOOPBACK_STREAM_TIMES. */
@@ -845,6 +886,12 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
   static unsigned char host[MAX_COUNT * 8];
   const int graphs = getenv("LOOPBACK_GRAPHS") != NULL;
   const int stream_times = getenv("LOOPBACK_STREAM_TIMES") != NULL;
+  struct busy busy;
+  const int busy_on = busy_setup(&busy);
+  if (busy_on < 0) {
+    fprintf(stderr, "rank %d: LOOPBACK_BUSY=BLOCKS:US could not be set up\n", rank);
+    return 2;
+  }
   CUevent marks[2];
   if (stream_times) {
     CU(cuEventCreate(&marks[0], CU_EVENT_DEFAULT));
@@ -888,6 +935,7 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
       cuGraphDestroy(graph);
     } else {
       struct timespec before, after;
+      if (busy_on) CU(busy_launch(&busy));
       if (stream_times) CU(cuEventRecord(marks[0], stream));
       clock_gettime(CLOCK_MONOTONIC, &before);
       nr = ncclAllReduce((const void*)send, (void*)out, count, t, op, comm, stream);
