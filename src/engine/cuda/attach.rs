@@ -73,13 +73,15 @@ pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline
     });
     let config = crate::config::get();
     let policy = policy(call.ranks);
-    let (blocks, grid) = grid_of(sms as u32, config, call.ranks);
+    let grid = grid_of(sms as u32, config, call.ranks);
     if let Err(why) = &grid {
         log::warn!(
             "{}: {why}: this rank joins the setup as failed",
             call.label()
         );
     }
+    // A rank that fails here still sizes a layout (its record's), from the smallest grid.
+    let blocks = *grid.as_ref().unwrap_or(&MIN_BLOCKS);
     let mut plans = PlanCache::default();
     // Flags for every plan up to STRAGGLAR_BUFFER_BYTES, but arenas of no size: they grow at
     // the first calls StragglAR runs (`super::growth`), so a job whose calls stay on NCCL holds
@@ -191,14 +193,10 @@ fn open_trace(call: &EngineCall) -> Option<crate::trace::TraceWriter> {
 /// The plan blocks of each rank on a GPU of `sms` multiprocessors: [`blocks_for`] with a GPU
 /// per rank, or, where the ranks may share one (`STRAGGLAR_TEST_SHARED_GPU`, tests only), as
 /// many as keep every rank's grid resident at once ([`shared_gpu_blocks`], all `ranks` taken
-/// to share it), and `Err` when even one block each cannot (the rank then joins the setup as
-/// failed, with [`MIN_BLOCKS`] for its layout).
-fn grid_of(sms: u32, config: &crate::config::Config, ranks: usize) -> (u32, Result<(), String>) {
-    if !config.shared_gpu {
-        return (blocks_for(sms, config.buffer_bytes, ranks), Ok(()));
-    }
-    match shared_gpu_blocks(sms, ranks) {
-        Ok(blocks) => (blocks, Ok(())),
-        Err(why) => (MIN_BLOCKS, Err(why)),
+/// to share it), `Err` when even one block each cannot.
+fn grid_of(sms: u32, config: &crate::config::Config, ranks: usize) -> Result<u32, String> {
+    match config.shared_gpu {
+        true => shared_gpu_blocks(sms, ranks),
+        false => Ok(blocks_for(sms, config.buffer_bytes, ranks)),
     }
 }
