@@ -10,7 +10,8 @@
  *  - block b covers the same bytes of every chunk on every rank (the grid is fixed per
  *    communicator), and waits only on block b's flags, so no block ever waits for a sibling:
  *    co-residency of the grid is not needed for progress within a rank; a launch that records
- *    its arrival runs the protocol in block 0's last warp, outside the plan's barriers;
+ *    its arrival runs the protocol in the last warp of plan block 0 (the first block each GPU
+ *    starts), outside the plan's barriers;
  *  - every wait polls the abort word, the awaited peer's failure word and this rank's own, and
  *    gives up after timeout_ns (when nonzero), writing a STATUS_* code instead of hanging;
  *  - the epoch lives in device memory and is advanced by the last block to finish, so a
@@ -144,9 +145,8 @@ SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint6
 }
 
 /* This block's bytes [begin, end) of a chunk of `bytes` in `call`: its plan block's share (see
- * sg_slice). Whichever plan block hardware block 0 claims runs it with one warp fewer when the
- * launch records its arrival (that warp's): up to 1/16 more work per thread there, where giving
- * plan block 0 a smaller share would land on a full block as often as not. */
+ * sg_slice), equal for every plan block. Plan block 0 runs it with one warp fewer when the
+ * launch records its arrival (that warp's): up to 1/16 more work per thread there. */
 SG_DEVICE void sg_call_slice(const sg_call* call, uint64_t bytes, uint64_t* begin,
                              uint64_t* end) {
   sg_slice(bytes, call->block, call->args->blocks, begin, end);
@@ -1018,7 +1018,7 @@ SG_OUTLINED uint32_t sg_step(const sg_call* call, sg_step_scratch* s, const RawS
 }
 
 /* Whether a launch may run `plan`: the blob is one of this rank's, of this layout, the
- * launch's type is one the kernel knows, and block 0 can spare the arrival warp it needs. */
+ * launch's type is one the kernel knows, and plan block 0 can spare the arrival warp it needs. */
 SG_DEVICE bool sg_plan_ok(const RawLaunch* a, const RawPlanHeader* plan) {
   /* Every rank splits chunks among blocks by `a->threads` (sg_call_slice): it must be the
    * block's size, in whole warps, with room for the arrival warp when there is one. */
@@ -1162,14 +1162,15 @@ SG_DEVICE void sg_graph_finish(const RawLaunch* a) {
   sg_store_release64(&g->calls, g->calls + 1);
 }
 
-/* The threads of block `block` (of `block_dim`) that run the plan and meet at its barriers:
- * all of them, but in block 0 of a launch that records its arrival, all but the last warp
- * (SG_ARRIVAL_LANES threads), whose first thread runs the arrival protocol beside the plan.
- * Arrival work is one thread's spinning: a warp of block 0 does it, where a block of its own
- * would hold a whole multiprocessor (the kernel's registers fill one). A block too small to
- * spare the warp keeps every thread (sg_plan_ok then refuses the launch). */
-SG_DEVICE uint32_t sg_plan_threads(const RawLaunch* a, uint32_t block, uint32_t block_dim) {
-  if (block != 0 || !sg_has_arrival(a) || block_dim <= SG_ARRIVAL_LANES) return block_dim;
+/* The threads of the block running plan block `plan_block` (of `block_dim` threads) that run
+ * the plan and meet at its barriers: all of them, but in plan block 0 of a launch that
+ * records its arrival, all but the last warp (SG_ARRIVAL_LANES threads), whose first thread
+ * runs the arrival protocol beside the plan. Arrival work is one thread's spinning: a warp of
+ * plan block 0 does it, where a block of its own would hold a whole multiprocessor (the
+ * kernel's registers fill one). A block too small to spare the warp keeps every thread
+ * (sg_plan_ok then refuses the launch). */
+SG_DEVICE uint32_t sg_plan_threads(const RawLaunch* a, uint32_t plan_block, uint32_t block_dim) {
+  if (plan_block != 0 || !sg_has_arrival(a) || block_dim <= SG_ARRIVAL_LANES) return block_dim;
   return block_dim - SG_ARRIVAL_LANES;
 }
 
@@ -1200,18 +1201,42 @@ SG_OUTLINED void sg_arrival_work(const RawLaunch* a, uint32_t lane, uint32_t lan
   sg_graph_finish(a);
 }
 
-/* The kernel body, shared by the GPU entry point and the host emulation. Blocks
- * 0..blocks-1 run the plan; when the launch records its arrival, the last warp of block 0
- * does that instead (and, in a graph launch, feeds the device's detector): sg_plan_threads. */
+/* The kernel body, shared by the GPU entry point and the host emulation. The blocks run plan
+ * blocks 0..blocks-1, claimed in the order they start; when the launch records its arrival,
+ * the last warp of the block running plan block 0 does that instead (and, in a graph launch,
+ * feeds the device's detector): sg_plan_threads. */
 SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
-  uint32_t choice = 0;
-  const uint32_t plan_threads = sg_plan_threads(a, SG_BLOCK, SG_BLOCK_DIM);
+  /* The plan block is claimed in the order the blocks start, not taken from the hardware index:
+   * the blocks resident on a GPU are then always plan blocks 0..k-1, whatever order the GPU
+   * dispatches them in and however few multiprocessors other work leaves free. Plan block b
+   * of a rank waits only on plan block b of its peers, and the arrival warp (whose lead waits
+   * for every rank's ticket) rides in plan block 0, the first block each GPU starts: so the
+   * resident blocks of any two GPUs always include matching ones, every rank's ticket is
+   * taken by its first resident block, and every call progresses with one multiprocessor
+   * free per GPU at the least. (By hardware index, two GPUs that dispatch in different orders
+   * can each hold only blocks whose partners wait, unstarted, on the other; and an arrival
+   * warp in hardware block 0 can hold a GPU's one free multiprocessor waiting for the ticket
+   * of a rank whose block 0 waits, undispatched, behind plan blocks that need this GPU's.)
+   * The grid's last block resets the claims with the finished count, before the next launch
+   * can start. The whole block meets once after the claim, the arrival warp included. */
+  if (SG_THREAD == 0) {
+    const uint32_t claimed = sg_atomic_add((uint32_t*)a->finished_blocks + 1, 1);
+    sg_shared_access();
+    s->plan_block = claimed;
+  }
+  sg_block_sync_all();
+  sg_shared_access();
+  const uint32_t plan_block = s->plan_block;
+  const uint32_t plan_threads = sg_plan_threads(a, plan_block, SG_BLOCK_DIM);
   sg_set_threads(plan_threads);
   if (SG_THREAD >= plan_threads) {
     sg_arrival_work(a, SG_THREAD - plan_threads, SG_BLOCK_DIM - plan_threads);
+    sg_emu_arrival_done();
     return;
   }
-  if (SG_BLOCK == 0 && SG_THREAD == 0) {
+  if (sg_has_arrival(a)) sg_emu_await_arrival();
+  uint32_t choice = 0;
+  if (plan_block == 0 && SG_THREAD == 0) {
     if (a->graph != 0 && sg_graph_ok(a)) {
       RawGraphState* g = (RawGraphState*)a->graph;
       sg_note_started((uint64_t)g->notes, g->calls);
@@ -1224,7 +1249,7 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   /* A graph call that takes a baseline of NCCL's captured work runs no plan: the branch
    * kernel after this one reads the turn and has the conditional node run NCCL's work. */
   const bool nccl_turn = sg_nccl_turn(a, plan, choice);
-  if (SG_BLOCK == 0 && SG_THREAD == 0 && a->graph != 0 && a->nccl_baseline != 0) {
+  if (plan_block == 0 && SG_THREAD == 0 && a->graph != 0 && a->nccl_baseline != 0) {
     sg_store_volatile(&((RawGraphState*)a->graph)->nccl_turn, nccl_turn ? 1u : 0u);
   }
   sg_call call;
@@ -1236,22 +1261,7 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   call.math.dt = (uint32_t)a->datatype;
   call.math.scale = a->scale;
   call.layout = sg_layout_of(a->count, sg_elem_size(call.math.dt), plan ? plan->chunk_count : 1);
-  /* The plan block is claimed in the order the blocks start, not taken from the hardware index:
-   * the blocks resident on a GPU are then always plan blocks 0..k-1, whatever order the GPU
-   * dispatches them in and however few multiprocessors other work leaves free. Plan block b
-   * of a rank waits only on plan block b of its peers, so the resident blocks of any two GPUs
-   * always include matching ones and every call progresses, with one multiprocessor free per
-   * GPU at the least. (By hardware index, two GPUs that dispatch in different orders can each
-   * hold only blocks whose partners wait, unstarted, on the other.) The grid's last block
-   * resets the claims with the finished count, before the next launch can start. */
-  if (SG_THREAD == 0) {
-    const uint32_t claimed = sg_atomic_add((uint32_t*)a->finished_blocks + 1, 1);
-    sg_shared_access();
-    s->plan_block = claimed;
-  }
-  sg_block_sync();
-  sg_shared_access();
-  call.block = s->plan_block;
+  call.block = plan_block;
   uint64_t epoch = sg_load_acquire64((const uint64_t*)a->epoch) + 1;
   call.parity = (uint32_t)(epoch & 1);
   call.flag = (uint32_t)((epoch - 1) % 0xffffffffull) + 1;
@@ -1428,22 +1438,27 @@ static bool sg_host_multimem_store(void* p, const void* src, uint32_t n) {
   return found;
 }
 
-/* The threads of block `block` of a launch that meet at its barrier: the harness's barrier
- * is for this many (the others run the arrival work, see sg_plan_threads). */
-extern "C" uint32_t stragglar_emulate_plan_threads(const RawLaunch* args, uint32_t block) {
-  return sg_plan_threads(args, block, args->threads);
+/* The threads of the block running plan block `plan_block` of a launch that meet at its plan
+ * barrier (the others run the arrival work, see sg_plan_threads). */
+extern "C" uint32_t stragglar_emulate_plan_threads(const RawLaunch* args, uint32_t plan_block) {
+  return sg_plan_threads(args, plan_block, args->threads);
 }
 
 /* Runs one emulated GPU thread of block `block` (the harness starts `threads` OS threads per
- * block, all sharing `scratch`; `barrier` is for stragglar_emulate_plan_threads of them). */
+ * block, all sharing `scratch`; `barriers` are two: for all of them, and for
+ * stragglar_emulate_plan_threads(args, 0) of them). With `arrival_gate` (shared by the rank's
+ * threads, zero at the start; or null) the plan threads wait after the claim until the
+ * arrival work returned. */
 extern "C" void stragglar_emulate_thread(const RawLaunch* args, uint32_t block, uint32_t thread,
-                                         pthread_barrier_t* barrier, void* scratch) {
+                                         pthread_barrier_t* barriers, void* scratch,
+                                         const uint32_t* arrival_gate) {
   sg_self.block = block;
   sg_self.blocks = args->blocks;
   sg_self.thread = thread;
   sg_self.threads = args->threads;
   sg_self.block_dim = args->threads;
-  sg_self.barrier = barrier;
+  sg_self.barrier = barriers;
+  sg_self.arrival_gate = arrival_gate;
   sg_self.multimem_store = sg_host_multimem_store;
   sg_all_reduce(args, (sg_scratch*)scratch);
 }
@@ -1459,6 +1474,7 @@ extern "C" void stragglar_emulate_apply_thread(const RawApply* args, uint32_t bl
   sg_self.threads = threads;
   sg_self.block_dim = threads;
   sg_self.barrier = barrier;
+  sg_self.arrival_gate = nullptr;
   sg_apply_probe(args, (sg_scratch*)scratch);
 }
 
@@ -1552,7 +1568,7 @@ extern "C" uint64_t stragglar_emulate_served_out_of_order(void) {
 extern "C" uint64_t stragglar_emulate_scratch_bytes(void) { return sizeof(sg_scratch); }
 #else
 /* One 512-thread block per SM, as NCCL's kernels: the grid is the plan's blocks (the arrival
- * protocol runs in a warp of block 0), and the register budget (up to 128 per thread) keeps
+ * protocol runs in a warp of plan block 0), and the register budget (up to 128 per thread) keeps
  * 8 loads in flight per thread in the data loops without spilling (docs/KERNELS.md). */
 SG_GLOBAL void __launch_bounds__(MAX_THREADS, 1) ncclStragglarAllReduce(RawLaunch args) {
   __shared__ sg_scratch scratch;

@@ -46,8 +46,17 @@ struct sg_host_thread {
   /* `threads`: the block's threads that run the plan and meet at sg_block_sync (sg_set_threads);
    * `block_dim`: every thread the harness runs in the block. */
   uint32_t block, blocks, thread, threads, block_dim;
-  pthread_barrier_t* barrier; /* OS-thread harness: one per emulated block */
-  void (*fiber_sync)(void);   /* fiber harness: the block barrier (null otherwise) */
+  /* OS-thread harness, per emulated block: barrier[0] for all `block_dim` threads, barrier[1]
+   * (the AllReduce kernel's) for the plan threads of a block that has an arrival warp. */
+  pthread_barrier_t* barrier;
+  /* OS-thread harness: nonzero once the rank's arrival work returned; while it is zero the
+   * plan threads wait after the claim (null: they never wait). A test's way to have the
+   * arrival thread run to its end before any data is read. */
+  const uint32_t* arrival_gate;
+  void (*fiber_sync)(void);     /* fiber harness: the plan barrier (null otherwise) */
+  void (*fiber_sync_all)(void); /* fiber harness: the whole block's barrier */
+  /* Fiber harness: the plan barrier is for the block's first `threads` threads from now on. */
+  void (*fiber_set_syncing)(uint32_t threads);
   void (*fiber_pause)(void);  /* fiber harness: lets the block's other fibers run */
   /* Fiber harness: the device the block runs on, and the emulated driver's check of each
    * strong (synchronising) access's scope against the agents that touch the word (null
@@ -131,11 +140,28 @@ SG_DEVICE void sg_emu_acquired(const void* p) {
   if (sg_self.acquired) sg_self.acquired(p);
 }
 
+/* The plan barrier: the block's SG_THREADS threads that run the plan. */
 SG_DEVICE void sg_block_sync(void) {
   if (sg_self.fiber_sync)
     sg_self.fiber_sync();
   else
-    pthread_barrier_wait(sg_self.barrier);
+    pthread_barrier_wait(&sg_self.barrier[sg_self.threads == sg_self.block_dim ? 0 : 1]);
+}
+/* Every thread of the block (__syncthreads). */
+SG_DEVICE void sg_block_sync_all(void) {
+  if (sg_self.fiber_sync_all)
+    sg_self.fiber_sync_all();
+  else
+    pthread_barrier_wait(&sg_self.barrier[0]);
+}
+/* The arrival work returned (opens the OS-thread harness's gate; no-op on the GPU). */
+SG_DEVICE void sg_emu_arrival_done(void) {
+  if (sg_self.arrival_gate) __atomic_store_n((uint32_t*)sg_self.arrival_gate, 1, __ATOMIC_RELEASE);
+}
+/* A plan thread waits at the OS-thread harness's gate, if any (no-op on the GPU). */
+SG_DEVICE void sg_emu_await_arrival(void) {
+  if (!sg_self.arrival_gate) return;
+  while (!__atomic_load_n(sg_self.arrival_gate, __ATOMIC_ACQUIRE)) sched_yield();
 }
 SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_SYS, "ld.acquire.sys.u32", file, line);
@@ -269,10 +295,14 @@ SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) {
 #define SG_BLOCK_DIM (sg_self.block_dim)
 #define SG_BLOCK (sg_self.block)
 #define SG_BLOCKS (sg_self.blocks)
-/* The emulation's warp is one thread: the arrival "warp" of block 0 is its last thread. */
+/* The emulation's warp is one thread: the arrival "warp" of plan block 0 is its last thread. */
 #define SG_ARRIVAL_LANES 1u
-/* Sets SG_THREADS for the calling thread (each emulated thread has its own copy). */
-SG_DEVICE void sg_set_threads(uint32_t threads) { sg_self.threads = threads; }
+/* Sets SG_THREADS for the calling thread (each emulated thread has its own copy; every thread
+ * of the block sets the same count, right after a whole-block barrier). */
+SG_DEVICE void sg_set_threads(uint32_t threads) {
+  sg_self.threads = threads;
+  if (sg_self.fiber_set_syncing) sg_self.fiber_set_syncing(threads);
+}
 
 #else
 /* ---------------------------------------------------------------- GPU (NVRTC) ------------- */
@@ -297,6 +327,11 @@ SG_DEVICE void sg_set_threads(uint32_t threads) {
 SG_DEVICE void sg_block_sync(void) {
   asm volatile("bar.sync 1, %0;" ::"r"(sg_block_threads) : "memory");
 }
+/* Every thread of the block (barrier 0). */
+SG_DEVICE void sg_block_sync_all(void) { __syncthreads(); }
+/* Hooks of the OS-thread harness's gate (see sg_host_thread::arrival_gate): none here. */
+SG_DEVICE void sg_emu_arrival_done(void) {}
+SG_DEVICE void sg_emu_await_arrival(void) {}
 SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -462,7 +497,7 @@ SG_DEVICE void sg_store_bytes(void* dst, const void* src, uint32_t n) {
 #define SG_THREADS (sg_block_threads)
 #define SG_BLOCK_DIM (blockDim.x)
 #define SG_BLOCK (blockIdx.x)
-/* The arrival warp of block 0 (see sg_plan_threads). */
+/* The arrival warp of plan block 0 (see sg_plan_threads). */
 #define SG_ARRIVAL_LANES WARP_THREADS
 #define SG_BLOCKS (gridDim.x)
 #endif

@@ -45,9 +45,9 @@
 
 /**
  * The threads of a GPU warp. A launch that records its arrival gives the protocol the last
- * warp of block 0 (one working thread), not a block of its own, so block 0's plan runs on the
- * block's other warps: a GPU launch has a multiple of `WARP_THREADS` threads, at least two
- * warps of them.
+ * warp of plan block 0 (one working thread; the first block each GPU starts), not a block of
+ * its own, so plan block 0 runs on the block's other warps: a GPU launch has a multiple of
+ * `WARP_THREADS` threads, at least two warps of them.
  */
 #define WARP_THREADS 32
 
@@ -392,12 +392,10 @@ typedef struct RawLaunch {
    */
   uint32_t nccl_baseline;
   /**
-   * The arrival record of this call: `board` nonzero has the last warp of block 0 run
+   * The arrival record of this call: `board` nonzero has the last warp of plan block 0 run
    * `RawTicket`'s protocol alongside the plan (the grid stays `blocks`); 0 takes none.
-   * Identical on every rank (the protocol needs every rank's ticket, and block 0's smaller
-   * share of each chunk depends on it). A
-   * graph launch always records its arrival, and reads only `board` (rank 0's graph board)
-   * and `ranks` here.
+   * Identical on every rank (the protocol needs every rank's ticket). A graph launch always
+   * records its arrival, and reads only `board` (rank 0's graph board) and `ranks` here.
    */
   struct RawArrival arrival;
   /**
@@ -649,7 +647,7 @@ typedef struct RawArrivalNote {
   uint64_t arrived_at;
   /**
    * The tag of the latest AllReduce kernel this rank started, and its `%globaltimer` then
-   * (block 0's start): the call's start when the arrival thread took its ticket after the
+   * (plan block 0's start): the call's start when the arrival thread took its ticket after the
    * plan had begun (or even finished): its protocol first waits for earlier calls' records.
    */
   uint64_t started;
@@ -819,7 +817,7 @@ typedef struct RawGraphState {
   /**
    * Launches with NCCL as the baseline (`RawLaunch::nccl_baseline`): 1 when the current
    * graph call takes the baseline, so NCCL's captured work runs, 0 when it runs StragglAR;
-   * written by block 0 of the AllReduce kernel, read by the branch kernel after it.
+   * written by plan block 0 of the AllReduce kernel, read by the branch kernel after it.
    */
   uint32_t nccl_turn;
   /**

@@ -943,21 +943,18 @@ fn launches_of(stderr: &str, kernel: &str) -> Vec<u64> {
         .collect()
 }
 
-/// 4 ranks on the engine, each launching a kernel of its own before every call: `busy` blocks
-/// spinning `us` microseconds on another stream, each holding a multiprocessor of the 32 while it
-/// runs. The run's output.
-fn beside_a_busy_kernel(busy: &str) -> Output {
-    let (out, _) = run_ranks(
-        &["4"],
-        &engine_with(
-            "stragglar",
-            &[
-                ("LOOPBACK_BUSY", busy),
-                ("STRAGGLAR_EMU_COUNT_LAUNCHES", "1"),
-                ("STRAGGLAR_TIMEOUT_MS", "2000"),
-            ],
-        ),
-    );
+/// 4 ranks on the engine, each launching a kernel of its own (`LOOPBACK_BUSY`, "BLOCKS:US[:K]":
+/// BLOCKS blocks spinning US microseconds on another stream, each holding a multiprocessor of
+/// the 32 while it runs, before every call, or once before call K), with `extra` variables.
+/// The run's output.
+fn beside_a_busy_kernel(busy: &str, extra: &[(&str, &str)]) -> Output {
+    let mut env = vec![
+        ("LOOPBACK_BUSY", busy),
+        ("STRAGGLAR_EMU_COUNT_LAUNCHES", "1"),
+        ("STRAGGLAR_TIMEOUT_MS", "2000"),
+    ];
+    env.extend_from_slice(extra);
+    let (out, _) = run_ranks(&["4"], &engine_with("stragglar", &env));
     out
 }
 
@@ -969,7 +966,7 @@ fn the_engine_progresses_beside_an_application_kernel_holding_all_but_two_multip
     // The application's own kernel on another stream holds 30 of the 32 multiprocessors for
     // 2 ms before every call: our grid (8 blocks) gets the other two until it ends, and the
     // claimed plan blocks keep every call progressing there.
-    let out = beside_a_busy_kernel("30:2000");
+    let out = beside_a_busy_kernel("30:2000", &[]);
     assert_every_call_on_the_engine(&out, 4);
     let log = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -981,12 +978,17 @@ fn the_engine_progresses_beside_an_application_kernel_holding_all_but_two_multip
 }
 
 #[test]
-#[ignore = "fails today: with one multiprocessor free (the rest held longer than the deadline), the block holding the arrival warp waits on its peers' tickets while holding it, so calls give up at STRAGGLAR_TIMEOUT_MS or stall (a hang without one); owned by \"The GPU engine costs nothing when NCCL runs, and survives what a real job does\""]
 fn the_engine_progresses_beside_an_application_kernel_holding_all_but_one_multiprocessor() {
     let _timing = timing();
-    // As above with 31 of the 32 held, for 3 s: longer than the deadline.
-    let out = beside_a_busy_kernel("31:3000000");
-    assert_every_call_on_the_engine(&out, 4);
+    // As above with 31 of the 32 held, for 3 s from before call 10 (the engine set up and
+    // running): longer than the deadline, and dozens of calls (each block of our grid in turn
+    // on the one multiprocessor left) run beside it. Seeded, each GPU starts the blocks in an
+    // order of its own: with the arrival warp in hardware block 0 (before it moved to plan
+    // block 0), seeds 2 and 3 stalled a call past the deadline.
+    for seed in ["1", "2", "3", "5"] {
+        let out = beside_a_busy_kernel("31:3000000:10", &[("STRAGGLAR_EMU_SEED", seed)]);
+        assert_every_call_on_the_engine(&out, 4);
+    }
 }
 
 #[test]

@@ -32,10 +32,18 @@ use stragglar::plan::{PlanCache, Shape};
 use stragglar::reduce::{DataType, ReduceOp, Scale};
 use stragglar::schedule::Algorithm;
 
-/// `stragglar_emulate_thread`: one GPU thread of the AllReduce kernel.
-type ThreadFn =
-    unsafe extern "C" fn(*const RawLaunch, u32, u32, *mut libc::pthread_barrier_t, *mut c_void);
-/// `stragglar_emulate_plan_threads`: the threads of a block that meet at its barrier.
+/// `stragglar_emulate_thread`: one GPU thread of the AllReduce kernel (its block's two
+/// barriers, its scratch, and the rank's arrival gate or null).
+type ThreadFn = unsafe extern "C" fn(
+    *const RawLaunch,
+    u32,
+    u32,
+    *mut libc::pthread_barrier_t,
+    *mut c_void,
+    *const u32,
+);
+/// `stragglar_emulate_plan_threads`: the threads of the block running a plan block that meet
+/// at its plan barrier.
 type PlanThreadsFn = unsafe extern "C" fn(*const RawLaunch, u32) -> u32;
 /// `stragglar_emulate_apply_thread`: one GPU thread of the bandwidth probe.
 type ApplyFn = unsafe extern "C" fn(
@@ -866,8 +874,9 @@ impl Comm {
     /// Runs `launches[r]` for each rank `r` in `launched` as `grid` blocks; the late rank (if
     /// any) launches once the others took their ticket of `hold` (board, call), or after its
     /// delay alone when the launches take no ticket. With `arrival_first`, the late rank's
-    /// arrival thread (block 0's last) runs to its end before its other threads start: as the
-    /// last arrival it waits for nobody, and whatever it writes is in place before they read.
+    /// arrival thread (plan block 0's last) runs to its end before its other threads go past
+    /// the claim: as the last arrival it waits for nobody, and whatever it writes is in place
+    /// before they read.
     fn execute(
         &mut self,
         launches: &[RawLaunch],
@@ -878,16 +887,20 @@ impl Comm {
     ) {
         let k = kernel();
         let late = self.late.take();
+        // Opened by the late rank's arrival thread when it returns (with `arrival_first`).
+        let gate = AtomicU32::new(0);
+        let gate = &gate;
         scoped(|scope| {
-            let launch_rank = |r: usize| {
+            let launch_rank = |r: usize, gated: bool| {
                 for block in 0..grid {
                     let launch = &launches[r];
                     let threads = self.threads;
-                    scope.spawn(move || emulate_block(k, launch, block, threads));
+                    let gate = gated.then_some(gate);
+                    scope.spawn(move || emulate_threads(k, launch, block, threads, gate));
                 }
             };
             for &r in launched.iter().filter(|&&r| Some(r) != late.map(|l| l.0)) {
-                launch_rank(r);
+                launch_rank(r, false);
             }
             if let Some((r, delay)) = late.filter(|l| launched.contains(&l.0)) {
                 match hold {
@@ -896,21 +909,7 @@ impl Comm {
                     }
                     None => std::thread::sleep(delay),
                 }
-                if arrival_first {
-                    emulate_threads(k, &launches[r], 0, self.threads, Threads::Arrival);
-                    for block in 0..grid {
-                        let launch = &launches[r];
-                        let threads = self.threads;
-                        let which = if block == 0 {
-                            Threads::Plan
-                        } else {
-                            Threads::All
-                        };
-                        scope.spawn(move || emulate_threads(k, launch, block, threads, which));
-                    }
-                } else {
-                    launch_rank(r);
-                }
+                launch_rank(r, arrival_first);
             }
         });
     }
@@ -996,61 +995,61 @@ fn blob_words(plan: &Lowered, rank: usize) -> Vec<u64> {
         .collect()
 }
 
-/// Runs one block: `threads` OS threads sharing a barrier and the block's scratch.
+/// Runs one block: `threads` OS threads sharing the block's barriers and scratch.
 fn emulate_block(k: &Kernel, launch: &RawLaunch, block: u32, threads: u32) {
-    emulate_threads(k, launch, block, threads, Threads::All)
+    emulate_threads(k, launch, block, threads, None)
 }
 
-/// Which threads of a block [`emulate_threads`] runs.
-#[derive(Clone, Copy, PartialEq)]
-enum Threads {
-    All,
-    /// The arrival threads alone (block 0's last, when the launch records its arrival).
-    Arrival,
-    /// Every thread but the arrival threads.
-    Plan,
-}
-
-/// Runs threads of one block (see [`Threads`]): OS threads sharing a barrier, for the threads
-/// that run the plan (the arrival threads never wait at it), and the block's scratch.
-fn emulate_threads(k: &Kernel, launch: &RawLaunch, block: u32, threads: u32, which: Threads) {
+/// Runs the `threads` threads of one block as OS threads sharing its two barriers (every
+/// thread; the plan threads of the block with the arrival warp) and its scratch; with `gate`
+/// (the rank's, zero until its arrival thread returns), its plan threads wait at it after the
+/// claim.
+fn emulate_threads(
+    k: &Kernel,
+    launch: &RawLaunch,
+    block: u32,
+    threads: u32,
+    gate: Option<&AtomicU32>,
+) {
     // SAFETY: a live launch; the function only reads it.
-    let planned = unsafe { (k.plan_threads)(launch, block) };
+    let planned = unsafe { (k.plan_threads)(launch, 0) };
     assert!(
         planned >= 1 && planned <= threads,
         "{planned} of {threads} threads"
     );
-    let mut barrier = std::mem::MaybeUninit::<libc::pthread_barrier_t>::uninit();
-    // SAFETY: initialising a barrier we own, for the threads that run the plan.
-    let rc = unsafe { libc::pthread_barrier_init(barrier.as_mut_ptr(), std::ptr::null(), planned) };
-    assert_eq!(rc, 0);
+    let mut barriers = [std::mem::MaybeUninit::<libc::pthread_barrier_t>::uninit(); 2];
+    for (barrier, count) in barriers.iter_mut().zip([threads, planned]) {
+        // SAFETY: initialising a barrier we own.
+        let rc =
+            unsafe { libc::pthread_barrier_init(barrier.as_mut_ptr(), std::ptr::null(), count) };
+        assert_eq!(rc, 0);
+    }
     let scratch = Aligned::new(k.scratch_bytes);
     let scratch_addr = scratch.addr() as usize;
-    let barrier_addr = barrier.as_mut_ptr() as usize;
-    let range = match which {
-        Threads::All => 0..threads,
-        Threads::Arrival => planned..threads,
-        Threads::Plan => 0..planned,
-    };
+    let barriers_addr = barriers.as_mut_ptr() as usize;
+    let gate_addr = gate.map_or(0, |g| g.as_ptr() as usize);
     scoped(|scope| {
-        for thread in range {
+        for thread in 0..threads {
             scope.spawn(move || {
-                // SAFETY: the launch, barrier and scratch outlive every thread of this scope;
-                // the kernel body is the code under test.
+                // SAFETY: the launch, barriers, scratch and gate outlive every thread of this
+                // scope; the kernel body is the code under test.
                 unsafe {
                     (k.thread)(
                         launch,
                         block,
                         thread,
-                        barrier_addr as *mut libc::pthread_barrier_t,
+                        barriers_addr as *mut libc::pthread_barrier_t,
                         scratch_addr as *mut c_void,
+                        gate_addr as *const u32,
                     )
                 }
             });
         }
     });
-    // SAFETY: every participant has left the barrier.
-    unsafe { libc::pthread_barrier_destroy(barrier.as_mut_ptr()) };
+    for barrier in &mut barriers {
+        // SAFETY: every participant has left the barrier.
+        unsafe { libc::pthread_barrier_destroy(barrier.as_mut_ptr()) };
+    }
     drop(scratch);
 }
 

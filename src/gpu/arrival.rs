@@ -105,7 +105,7 @@ pub struct RawArrivalNote {
     /// Its `%globaltimer` at that ticket (nanoseconds).
     pub arrived_at: u64,
     /// The tag of the latest AllReduce kernel this rank started, and its `%globaltimer` then
-    /// (block 0's start): the call's start when the arrival thread took its ticket after the
+    /// (plan block 0's start): the call's start when the arrival thread took its ticket after the
     /// plan had begun (or even finished): its protocol first waits for earlier calls' records.
     pub started: u64,
     pub started_at: u64,

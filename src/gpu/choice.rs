@@ -248,7 +248,7 @@ pub struct RawGraphState {
     pub last_choice: u32,
     /// Launches with NCCL as the baseline (`RawLaunch::nccl_baseline`): 1 when the current
     /// graph call takes the baseline, so NCCL's captured work runs, 0 when it runs StragglAR;
-    /// written by block 0 of the AllReduce kernel, read by the branch kernel after it.
+    /// written by plan block 0 of the AllReduce kernel, read by the branch kernel after it.
     pub nccl_turn: u32,
     /// Graph calls on StragglAR and on the baseline so far (written by the arrival thread).
     pub on_stragglar: u64,

@@ -27,9 +27,9 @@ pub const OP_PREMULSUM: u32 = 5;
 pub const MAX_THREADS: u32 = 512;
 
 /// The threads of a GPU warp. A launch that records its arrival gives the protocol the last
-/// warp of block 0 (one working thread), not a block of its own, so block 0's plan runs on the
-/// block's other warps: a GPU launch has a multiple of `WARP_THREADS` threads, at least two
-/// warps of them.
+/// warp of plan block 0 (one working thread; the first block each GPU starts), not a block of
+/// its own, so plan block 0 runs on the block's other warps: a GPU launch has a multiple of
+/// `WARP_THREADS` threads, at least two warps of them.
 pub const WARP_THREADS: u32 = 32;
 
 /// `RawLaunch::status` values a kernel writes when it gives up (0 means no error).
@@ -117,12 +117,10 @@ pub struct RawLaunch {
     /// the baseline runs no plan, and leaves 1 in `RawGraphState::nccl_turn` for the branch
     /// kernel (0 when it runs StragglAR). 0: the baseline is `plans[ranks]`.
     pub nccl_baseline: u32,
-    /// The arrival record of this call: `board` nonzero has the last warp of block 0 run
+    /// The arrival record of this call: `board` nonzero has the last warp of plan block 0 run
     /// `RawTicket`'s protocol alongside the plan (the grid stays `blocks`); 0 takes none.
-    /// Identical on every rank (the protocol needs every rank's ticket, and block 0's smaller
-    /// share of each chunk depends on it). A
-    /// graph launch always records its arrival, and reads only `board` (rank 0's graph board)
-    /// and `ranks` here.
+    /// Identical on every rank (the protocol needs every rank's ticket). A graph launch always
+    /// records its arrival, and reads only `board` (rank 0's graph board) and `ranks` here.
     pub arrival: RawArrival,
     /// `RawGraphState*`, this rank's, in device memory: nonzero makes this a graph launch, whose
     /// call number, arrival record and plan come from device memory (see `super::choice`); 0

@@ -22,9 +22,10 @@
  *   LOOPBACK_GROUPS each call inside a group of its own with an AllReduce of the same input
  *   beside it (two collectives a group); with LOOPBACK_HOST_TIMES each rank prints
  *   the median and 90th percentile host time of its eager calls, with LOOPBACK_STREAM_TIMES
- *   their stream time (events recorded just before and after each call); LOOPBACK_BUSY=B:US
+ *   their stream time (events recorded just before and after each call); LOOPBACK_BUSY=B:US[:K]
  *   launches a kernel of B blocks spinning US microseconds on a stream of its own before each
- *   eager call (the application's kernel holding multiprocessors); LOOPBACK_HOSTNAME=NAME (through
+ *   eager call, or with K once, before call K (the application's kernel holding
+ *   multiprocessors); LOOPBACK_HOSTNAME=NAME (through
  *   LOOPBACK_ENV_<r>) runs a rank under another host name; LOOPBACK_MIXED=N: eager calls
  *   and graph replays on two streams, not waited for in between (see run_mixed); LOOPBACK_GROW=N:
  *   float sums of growing sizes up to 7 MiB, the first N eager (see run_growing);
@@ -754,8 +755,9 @@ static int run_collectives(int rank, int nranks, ncclComm_t comm, CUstream strea
   return 0;
 }
 
-/* LOOPBACK_BUSY=BLOCKS:US: a kernel of the application's own holding BLOCKS multiprocessors for
- * US microseconds, launched on a stream of its own just before each eager call (PTX, so a real
+/* LOOPBACK_BUSY=BLOCKS:US[:K]: a kernel of the application's own holding BLOCKS multiprocessors
+ * for US microseconds, launched on a stream of its own just before each eager call, or only
+ * before call K (PTX, so a real
  * GPU compiles it too; the emulated driver binds the entry to its delay kernel, which holds a
  * multiprocessor per block while it runs). */
 static const char kBusyPtx[] =
@@ -771,6 +773,7 @@ struct busy {
   CUstream stream;
   unsigned blocks;
   unsigned long long ns;
+  int once_at; /* the one eager call it precedes, or -1: every one */
 };
 
 /* Reads LOOPBACK_BUSY into `b`: 0 when unset, 1 when set and ready, -1 on a bad value. */
@@ -778,7 +781,9 @@ static int busy_setup(struct busy* b) {
   const char* v = getenv("LOOPBACK_BUSY");
   if (!v) return 0;
   unsigned long long us = 0;
-  if (sscanf(v, "%u:%llu", &b->blocks, &us) != 2 || b->blocks == 0) return -1;
+  b->once_at = -1;
+  const int fields = sscanf(v, "%u:%llu:%d", &b->blocks, &us, &b->once_at);
+  if (fields < 2 || b->blocks == 0 || (fields == 3 && b->once_at < 0)) return -1;
   b->ns = us * 1000;
   CUmodule module;
   if (cuModuleLoadData(&module, kBusyPtx) != CUDA_SUCCESS ||
@@ -889,7 +894,7 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
   struct busy busy;
   const int busy_on = busy_setup(&busy);
   if (busy_on < 0) {
-    fprintf(stderr, "rank %d: LOOPBACK_BUSY=BLOCKS:US could not be set up\n", rank);
+    fprintf(stderr, "rank %d: LOOPBACK_BUSY=BLOCKS:US[:K] could not be set up\n", rank);
     return 2;
   }
   CUevent marks[2];
@@ -935,7 +940,7 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
       cuGraphDestroy(graph);
     } else {
       struct timespec before, after;
-      if (busy_on) CU(busy_launch(&busy));
+      if (busy_on && (busy.once_at < 0 || busy.once_at == i)) CU(busy_launch(&busy));
       if (stream_times) CU(cuEventRecord(marks[0], stream));
       clock_gettime(CLOCK_MONOTONIC, &before);
       nr = ncclAllReduce((const void*)send, (void*)out, count, t, op, comm, stream);

@@ -63,7 +63,9 @@ namespace emu {
 namespace {
 constexpr size_t kStackBytes = 64 * 1024;
 
-enum State : uint8_t { Runnable, AtBarrier, Done };
+/* AtBarrier: at the plan barrier (the first `syncing_below` fibers'); AtBarrierAll: at the
+ * whole block's. */
+enum State : uint8_t { Runnable, AtBarrier, AtBarrierAll, Done };
 
 struct Block {
   uint32_t threads = 0;
@@ -77,6 +79,8 @@ struct Block {
   uint32_t syncing_below = 0;
   uint32_t syncing = 0;
   uint32_t arrived = 0;
+  /* Fibers waiting at the whole block's barrier. */
+  uint32_t arrived_all = 0;
   uint32_t current = 0;
   bool progressed = false;
   void* scheduler_sp = nullptr;
@@ -129,6 +133,11 @@ void fiber_main(Block* b) {
   b->body(b->arg, me);
   b->state[me] = Done;
   b->live--;
+  if (b->arrived_all > 0) {
+    fprintf(stderr, "emulated GPU: thread %u returned while %u threads wait at the block barrier\n",
+            me, b->arrived_all);
+    abort();
+  }
   if (me < b->syncing_below) {
     /* A GPU's named barrier with a count waits for that many threads: one that returned while
      * the others wait there never comes, and the block hangs. Stop here instead. */
@@ -156,6 +165,12 @@ void idle(uint32_t rounds) {
 
 void fiber_sync() {
   Block* b = t_block;
+  if (b->arrived_all > 0) {
+    fprintf(stderr,
+            "emulated GPU: thread %u reached the plan barrier while %u wait at the block's\n",
+            b->current, b->arrived_all);
+    abort();
+  }
   if (b->syncing < b->syncing_below) {
     /* A thread of the barrier returned: a GPU's counted barrier would wait for it forever. */
     fprintf(stderr, "emulated GPU: a barrier thread returned before thread %u's barrier\n",
@@ -167,6 +182,39 @@ void fiber_sync() {
   b->progressed = true;
   if (b->arrived == b->syncing) release_barrier(b);
   to_scheduler(b);
+}
+
+void fiber_sync_all() {
+  Block* b = t_block;
+  if (b->live != b->threads || b->arrived > 0) {
+    /* A thread that returned, or threads held at the plan barrier, never reach this one. */
+    fprintf(stderr, "emulated GPU: thread %u reached the block barrier, which %u returned and %u "
+            "plan-barrier threads never reach\n", b->current, b->threads - b->live, b->arrived);
+    abort();
+  }
+  b->state[b->current] = AtBarrierAll;
+  b->progressed = true;
+  if (++b->arrived_all == b->threads) {
+    for (uint32_t i = 0; i < b->threads; ++i)
+      if (b->state[i] == AtBarrierAll) b->state[i] = Runnable;
+    b->arrived_all = 0;
+  }
+  to_scheduler(b);
+}
+
+void fiber_set_syncing(uint32_t syncing) {
+  Block* b = t_block;
+  const uint32_t below = syncing < b->threads ? syncing : b->threads;
+  if (below == b->syncing_below) return;
+  if (b->arrived > 0) {
+    fprintf(stderr, "emulated GPU: the plan barrier's count changed while %u threads wait there\n",
+            b->arrived);
+    abort();
+  }
+  uint32_t returned = 0;
+  for (uint32_t i = 0; i < below; ++i) returned += b->state[i] == Done;
+  b->syncing_below = below;
+  b->syncing = below - returned;
 }
 
 void fiber_pause() { to_scheduler(t_block); }

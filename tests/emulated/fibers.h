@@ -12,7 +12,7 @@ namespace emu {
 
 /* Runs `threads` fibers on the calling thread, fiber i calling body(arg, i) after
  * on_switch(arg, i) (and on_switch again each time it is resumed), until every fiber returned.
- * Inside a body, fiber_sync() is the block barrier of the first `syncing` fibers (the others
+ * Inside a body, fiber_sync() is the plan barrier of the first `syncing` fibers (the others
  * never take part: a warp doing other work; one of them returning while others wait there
  * aborts, as the GPU's counted barrier would hang) and
  * fiber_pause() lets the others run; when every fiber only pauses, the OS thread yields and
@@ -22,6 +22,12 @@ namespace emu {
 void run_fibers(uint32_t threads, uint32_t syncing, void (*body)(void* arg, uint32_t thread),
                 void (*on_switch)(void* arg, uint32_t thread), void* arg, Rng* order);
 void fiber_sync();
+/* The whole block's barrier (__syncthreads): every fiber, none of them returned, none held at
+ * the plan barrier (either aborts: the GPU would hang). */
+void fiber_sync_all();
+/* From now on the plan barrier (fiber_sync) is for the first `syncing` fibers (every fiber
+ * sets the same count, with nobody waiting there). */
+void fiber_set_syncing(uint32_t syncing);
 void fiber_pause();
 
 }  // namespace emu

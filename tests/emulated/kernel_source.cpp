@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <ctime>
 #include <new>
 
 namespace {
@@ -21,10 +22,18 @@ struct BlockRun {
 
 void on_switch(void*, uint32_t thread) { sg_self.thread = thread; }
 
+/* The application's delay kernel: holds its multiprocessor for `ns` and touches nothing, so it
+ * sleeps rather than spins (a spinning block per multiprocessor held would starve the
+ * emulated blocks beside it of the host's few cores, which a GPU's would not). */
 void delay_body(uint64_t ns) {
   if (SG_THREAD != 0) return;
-  uint64_t start = sg_now_ns();
-  while (sg_now_ns() - start < ns) sg_pause();
+  const uint64_t start = sg_now_ns();
+  for (uint64_t now = start; now - start < ns; now = sg_now_ns()) {
+    const uint64_t left = ns - (now - start);
+    const uint64_t nap = left < 1000000 ? left : 1000000;
+    struct timespec t = {0, (long)nap};
+    nanosleep(&t, nullptr);
+  }
 }
 
 void body(void* arg, uint32_t thread) {
@@ -76,6 +85,13 @@ void emu_sync(void) {
   const uint32_t me = sg_self.thread;
   if (t_weak) t_weak->at_barrier(me);
   emu::fiber_sync();
+  emu::wait_for_turn(sg_self.device);
+  if (t_weak) t_weak->after_barrier(me);
+}
+void emu_sync_all(void) {
+  const uint32_t me = sg_self.thread;
+  if (t_weak) t_weak->at_barrier(me);
+  emu::fiber_sync_all();
   emu::wait_for_turn(sg_self.device);
   if (t_weak) t_weak->after_barrier(me);
 }
@@ -169,16 +185,15 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
   sg_self.threads = threads;
   sg_self.block_dim = threads;
   sg_self.barrier = nullptr;
+  sg_self.arrival_gate = nullptr;
   sg_self.fiber_sync = emu_sync;
+  sg_self.fiber_sync_all = emu_sync_all;
+  sg_self.fiber_set_syncing = emu::fiber_set_syncing;
   sg_self.fiber_pause = emu_pause;
   sg_self.device = device;
   sg_self.strong_access = emu_strong_access;
   sg_self.strong_loaded = emu_strong_loaded;
   sg_self.multimem_store = emu_multimem_store;
-  /* The AllReduce kernel's arrival warp (block 0's last threads) never meets the others. */
-  const uint32_t syncing = k->id == emu::KernelId::AllReduce
-                               ? sg_plan_threads((const RawLaunch*)params, block, threads)
-                               : threads;
   Rng choices = rng_for(kChoiceFibers, launch, block);
   Rng* seeded = schedule_seed() ? &choices : nullptr;
   t_choices = seeded;
@@ -195,7 +210,9 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
       sg_self.release_store = emu_release_store;
       sg_self.proxy_fence = emu_proxy_fence;
     }
-    run_fibers(threads, syncing, body, on_switch, &run, seeded);
+    /* Every thread meets at the plan barrier until the kernel says otherwise (the AllReduce
+     * kernel's arrival warp leaves it, sg_set_threads). */
+    run_fibers(threads, threads, body, on_switch, &run, seeded);
     t_weak = nullptr;
     sg_self.weak_store = nullptr;
     sg_self.weak_load = nullptr;
@@ -207,6 +224,8 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
   t_choices = nullptr;
   sg_self.shared_access = nullptr;
   sg_self.fiber_sync = nullptr;
+  sg_self.fiber_sync_all = nullptr;
+  sg_self.fiber_set_syncing = nullptr;
   sg_self.fiber_pause = nullptr;
   sg_self.strong_access = nullptr;
   sg_self.strong_loaded = nullptr;

@@ -38,7 +38,7 @@ pub struct LaunchSite {
     pub status: u64,
     pub rank: u32,
     pub ranks: u32,
-    /// The plan's blocks (the whole grid) and threads per block (block 0's last warp records
+    /// The plan's blocks (the whole grid) and threads per block (plan block 0's last warp records
     /// the arrival of a call that takes a ticket).
     pub blocks: u32,
     pub threads: u32,

@@ -33,7 +33,7 @@ pub fn blocks_for(sms: u32, buffer_bytes: usize, ranks: usize) -> u32 {
 /// The plan blocks of each rank when `ranks` ranks share one GPU of `sms` multiprocessors
 /// (the bench): every rank's blocks must be resident at once (they wait on each other's
 /// flags), one per multiprocessor (the AllReduce kernel's registers fill one; each rank's
-/// arrival protocol runs in a warp of its block 0), with one delay kernel (`--delay-us`)
+/// arrival protocol runs in a warp of its plan block 0), with one delay kernel (`--delay-us`)
 /// beside them. Too many ranks for the GPU is an error: a grid that cannot be resident would
 /// wait forever.
 pub fn shared_gpu_blocks(sms: u32, ranks: usize) -> Result<u32, String> {
@@ -75,7 +75,7 @@ mod tests {
         assert!(shared_gpu_blocks(8, 8).is_err());
         for sms in [58, 72, 108, 114, 132] {
             for ranks in 1..=64 {
-                // Every rank's plan blocks (its arrival warp in block 0) and one delay kernel,
+                // Every rank's plan blocks (its arrival warp in plan block 0) and one delay kernel,
                 // one block per multiprocessor; or an error when even one block cannot fit.
                 match shared_gpu_blocks(sms, ranks) {
                     Ok(b) => assert!(b >= 1 && ranks as u32 * b < sms, "{ranks} on {sms}"),

@@ -487,7 +487,7 @@ impl CudaRank {
             self.arrival(ticket, collect),
             &operands,
         );
-        // The arrival protocol, if this call records its arrival, runs in block 0's last warp.
+        // The arrival protocol, if this call records its arrival, runs in plan block 0's last warp.
         let grid = self.config.blocks;
         // SAFETY: every address in `args` is live device memory of this rank (staging, plan,
         // peer table, host words, rank 0's mapped board) or the caller's buffers, which the
