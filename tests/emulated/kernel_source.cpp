@@ -81,20 +81,16 @@ void body(void* arg, uint32_t thread) {
 /* The running block's held-back stores (null: weak memory is off). */
 thread_local emu::WeakMemory* t_weak = nullptr;
 
-void emu_sync(void) {
+/* A block barrier (`wait`: the plan's or the whole block's), with the held stores it orders. */
+void emu_barrier(void (*wait)()) {
   const uint32_t me = sg_self.thread;
   if (t_weak) t_weak->at_barrier(me);
-  emu::fiber_sync();
+  wait();
   emu::wait_for_turn(sg_self.device);
   if (t_weak) t_weak->after_barrier(me);
 }
-void emu_sync_all(void) {
-  const uint32_t me = sg_self.thread;
-  if (t_weak) t_weak->at_barrier(me);
-  emu::fiber_sync_all();
-  emu::wait_for_turn(sg_self.device);
-  if (t_weak) t_weak->after_barrier(me);
-}
+void emu_sync(void) { emu_barrier(emu::fiber_sync); }
+void emu_sync_all(void) { emu_barrier(emu::fiber_sync_all); }
 void emu_pause(void) {
   emu::fiber_pause();
   emu::wait_for_turn(sg_self.device);
