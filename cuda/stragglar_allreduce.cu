@@ -146,7 +146,7 @@ SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint6
 
 /* This block's bytes [begin, end) of a chunk of `bytes` in `call`: its plan block's share (see
  * sg_slice), equal for every plan block. Plan block 0 runs it with one warp fewer when the
- * launch records its arrival (that warp's): up to 1/16 more work per thread there. */
+ * launch records its arrival (that warp's): 1/15 more work per thread there at 512 threads. */
 SG_DEVICE void sg_call_slice(const sg_call* call, uint64_t bytes, uint64_t* begin,
                              uint64_t* end) {
   sg_slice(bytes, call->block, call->args->blocks, begin, end);
@@ -1218,7 +1218,7 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
    * warp in hardware block 0 can hold a GPU's one free multiprocessor waiting for the ticket
    * of a rank whose block 0 waits, undispatched, behind plan blocks that need this GPU's.)
    * The grid's last block resets the claims with the finished count, before the next launch
-   * can start. The whole block meets once after the claim, the arrival warp included. */
+   * can start. The whole block meets after the claim, the arrival warp included. */
   if (SG_THREAD == 0) {
     const uint32_t claimed = sg_atomic_add((uint32_t*)a->finished_blocks + 1, 1);
     sg_shared_access();

@@ -716,17 +716,27 @@ fn four_rank_processes_allreduce_through_the_loopback_nccl_eager_nonblocking_and
 /// Every call progresses however few multiprocessors other work leaves free and whatever order
 /// each GPU dispatches its blocks in: each block claims its plan block as it starts, so the
 /// blocks resident on any GPU are plan blocks 0..k-1 and always meet their partners on the
-/// others. Seeded, every emulated GPU dispatches in an order of its own; at 8 multiprocessors
-/// (the grid), 7 (one fewer) and 2 (the least: the block holding the arrival warp waits on its
-/// peers' tickets, so a second one must run the plan), eagerly and in graph replays. By
-/// hardware index (before), 2 and 3 multiprocessors hung every seed tried at the first call.
+/// others, and the arrival warp rides in plan block 0, the first to start. Seeded, every
+/// emulated GPU dispatches in an order of its own; at 8 multiprocessors (the grid), 7 (one
+/// fewer), 2 and 1, eagerly and in graph replays (the loopback NCCL's collectives, which the
+/// setup uses, then hold one multiprocessor instead of two). By hardware index (before), 2 and
+/// 3 multiprocessors hung every seed tried at the first call.
 #[test]
-fn the_engine_progresses_with_two_multiprocessors_free_in_any_dispatch_order() {
-    for (sms, graphs) in [("8", false), ("7", false), ("2", false), ("2", true)] {
+fn the_engine_progresses_with_one_multiprocessor_free_in_any_dispatch_order() {
+    let configs = [
+        ("8", false),
+        ("7", false),
+        ("2", false),
+        ("2", true),
+        ("1", false),
+        ("1", true),
+    ];
+    for (sms, graphs) in configs {
         let mut extra = vec![
             ("STRAGGLAR_EMU_SMS", sms),
             ("STRAGGLAR_EMU_SEED", "1"),
             ("STRAGGLAR_TIMEOUT_MS", "30000"),
+            ("LOOPBACK_NCCL_SMS", "1"),
         ];
         if graphs {
             extra.push(("LOOPBACK_GRAPHS", "1"));
@@ -988,6 +998,13 @@ fn the_engine_progresses_beside_an_application_kernel_holding_all_but_one_multip
     for seed in ["1", "2", "3", "5"] {
         let out = beside_a_busy_kernel("31:3000000:10", &[("STRAGGLAR_EMU_SEED", seed)]);
         assert_every_call_on_the_engine(&out, 4);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            launches_of(&log, "ncclStragglarDelay"),
+            [1, 1, 1, 1],
+            "{}",
+            support::describe(&out)
+        );
     }
 }
 

@@ -310,7 +310,7 @@ struct Comm {
     abort: Aligned,
     timeout_ns: u64,
     calls: u64,
-    /// Whether launches record arrivals (block 0's last thread), and the next ticketed call.
+    /// Whether launches record arrivals (plan block 0's last thread), and the next ticketed call.
     ticketing: bool,
     arrivals: std::cell::Cell<u64>,
     /// Records `0..collected` are collected by launches already run (as `CudaRank` counts).
@@ -487,8 +487,8 @@ impl Comm {
         self.memory[0].staging.addr() + self.layout.board()
     }
 
-    /// Blocks per launch: the plan's (a launch that records its arrival does it in block 0's
-    /// last thread).
+    /// Blocks per launch: the plan's (a launch that records its arrival does it in plan block
+    /// 0's last thread).
     fn grid(&self) -> u32 {
         self.blocks
     }
@@ -1016,6 +1016,11 @@ fn emulate_threads(
     assert!(
         planned >= 1 && planned <= threads,
         "{planned} of {threads} threads"
+    );
+    // A gate opens only when an arrival thread returns: a block with none would wait forever.
+    assert!(
+        gate.is_none() || planned < threads,
+        "a gated launch without an arrival thread"
     );
     let mut barriers = [std::mem::MaybeUninit::<libc::pthread_barrier_t>::uninit(); 2];
     for (barrier, count) in barriers.iter_mut().zip([threads, planned]) {
@@ -1958,7 +1963,7 @@ fn ranks_run_ahead_without_a_barrier_between_calls() {
 fn ranks_run_ahead_at_two_to_four_ranks_with_reads_ordered_or_not() {
     for ranks in 2..=4 {
         for ordered_reads in [true, false] {
-            // Three threads: block 0 has two for the plan beside its arrival thread, and a
+            // Three threads: plan block 0 has two for the plan beside its arrival thread, and a
             // read's flag and turn are waited for by two threads.
             run_ahead(ranks, 3, 8, ordered_reads, |call| call % 3 == 1);
         }
@@ -2111,7 +2116,7 @@ fn calls_nccl_runs_name_their_last_rank_and_the_sample_measures_their_lead() {
     // rank; the measured calls' leads (span minus post) are about the delay and their posts
     // NCCL's time; the others carry no lead and no post, and nobody waited for them. A lead
     // holds the OS's lateness in running one rank's end kernel, so a rare call may read short:
-    // the leads' median must be the delay's, and every lead sane.
+    // at most one lead may be under half the delay, and every lead must be sane.
     let ranks = 4;
     let calls = 60u64;
     let delay = Duration::from_millis(10);
@@ -2150,8 +2155,8 @@ fn calls_nccl_runs_name_their_last_rank_and_the_sample_measures_their_lead() {
         (3..collected as usize / 2).contains(&measured),
         "{measured} of {collected} measured"
     );
-    leads.sort();
-    assert!(leads[measured / 2] >= delay / 2, "leads {leads:?}");
+    let short = leads.iter().filter(|&&lead| lead < delay / 2).count();
+    assert!(short <= 1, "leads {leads:?}");
     for r in 0..ranks {
         assert_eq!(comm.status(r), STATUS_OK);
     }
