@@ -955,9 +955,10 @@ fn launches_of(stderr: &str, kernel: &str) -> Vec<u64> {
 
 /// 4 ranks on the engine, each launching a kernel of its own (`LOOPBACK_BUSY`, "BLOCKS:US[:K]":
 /// BLOCKS blocks spinning US microseconds on another stream, each holding a multiprocessor of
-/// the 32 while it runs, before every call, or once before call K), with `extra` variables.
-/// The run's output.
-fn beside_a_busy_kernel(busy: &str, extra: &[(&str, &str)]) -> Output {
+/// the 32 while it runs, before every call, or once before call K), with `extra` variables:
+/// every call must run on the engine, and each rank must have launched that kernel
+/// `busy_launches` times.
+fn assert_every_call_beside_a_busy_kernel(busy: &str, busy_launches: u64, extra: &[(&str, &str)]) {
     let mut env = vec![
         ("LOOPBACK_BUSY", busy),
         ("STRAGGLAR_EMU_COUNT_LAUNCHES", "1"),
@@ -965,7 +966,14 @@ fn beside_a_busy_kernel(busy: &str, extra: &[(&str, &str)]) -> Output {
     ];
     env.extend_from_slice(extra);
     let (out, _) = run_ranks(&["4"], &engine_with("stragglar", &env));
-    out
+    assert_every_call_on_the_engine(&out, 4);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        launches_of(&log, "ncclStragglarDelay"),
+        [busy_launches; 4],
+        "{}",
+        support::describe(&out)
+    );
 }
 
 #[test]
@@ -976,15 +984,7 @@ fn the_engine_progresses_beside_an_application_kernel_holding_all_but_two_multip
     // The application's own kernel on another stream holds 30 of the 32 multiprocessors for
     // 2 ms before every call: our grid (8 blocks) gets the other two until it ends, and the
     // claimed plan blocks keep every call progressing there.
-    let out = beside_a_busy_kernel("30:2000", &[]);
-    assert_every_call_on_the_engine(&out, 4);
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        launches_of(&log, "ncclStragglarDelay"),
-        [100, 100, 100, 100],
-        "{}",
-        support::describe(&out)
-    );
+    assert_every_call_beside_a_busy_kernel("30:2000", 100, &[]);
 }
 
 #[test]
@@ -996,15 +996,7 @@ fn the_engine_progresses_beside_an_application_kernel_holding_all_but_one_multip
     // order of its own: with the arrival warp in hardware block 0 (before it moved to plan
     // block 0), seeds 2 and 3 stalled a call past the deadline.
     for seed in ["1", "2", "3", "5"] {
-        let out = beside_a_busy_kernel("31:3000000:10", &[("STRAGGLAR_EMU_SEED", seed)]);
-        assert_every_call_on_the_engine(&out, 4);
-        let log = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            launches_of(&log, "ncclStragglarDelay"),
-            [1, 1, 1, 1],
-            "{}",
-            support::describe(&out)
-        );
+        assert_every_call_beside_a_busy_kernel("31:3000000:10", 1, &[("STRAGGLAR_EMU_SEED", seed)]);
     }
 }
 

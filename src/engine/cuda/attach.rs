@@ -195,8 +195,9 @@ fn open_trace(call: &EngineCall) -> Option<crate::trace::TraceWriter> {
 /// many as keep every rank's grid resident at once ([`shared_gpu_blocks`], all `ranks` taken
 /// to share it), `Err` when even one block each cannot.
 fn grid_of(sms: u32, config: &crate::config::Config, ranks: usize) -> Result<u32, String> {
-    match config.shared_gpu {
-        true => shared_gpu_blocks(sms, ranks),
-        false => Ok(blocks_for(sms, config.buffer_bytes, ranks)),
+    if config.shared_gpu {
+        shared_gpu_blocks(sms, ranks)
+    } else {
+        Ok(blocks_for(sms, config.buffer_bytes, ranks))
     }
 }
