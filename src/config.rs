@@ -141,6 +141,19 @@ pub const SETTINGS: &[Setting] = &[
         show: |c| c.multicast.to_string(),
     },
     Setting {
+        name: "STRAGGLAR_MULTICAST_OBJECTS",
+        default: "16",
+        meaning: "the most NVLink multicast objects the GPU engine holds at once on this host, over every process of this user (one per communicator with a multicast team); the switch's others stay NCCL's NVLS's (an HGX H100/H200 switch has 128)",
+        parse: |c, v| match v.parse::<usize>() {
+            Ok(n) => {
+                c.multicast_objects = n;
+                true
+            }
+            Err(_) => false,
+        },
+        show: |c| c.multicast_objects.to_string(),
+    },
+    Setting {
         name: "STRAGGLAR_GRAPH_NCCL",
         default: "1",
         meaning: "1 lets CUDA graph replays of the GPU engine choose between StragglAR and NCCL's own captured work, behind a conditional node (CUDA 12.3 drivers on; such a graph cannot be nested as a child graph); 0 chooses between StragglAR and our Ring, as older drivers do",
@@ -309,6 +322,11 @@ pub const DEFAULT_MIN_BYTES: usize = 64 << 10;
 /// and tensor-parallel ones), 5% of an 80 GB GPU.
 pub const DEFAULT_STAGING_CAP: u64 = 4 << 30;
 
+/// Default of `STRAGGLAR_MULTICAST_OBJECTS`: 16 on a host, one per communicator with a team (a
+/// job's tensor-, data- and context-parallel groups of 8 GPUs need a handful), leaving 112 of an
+/// HGX H100/H200 switch's 128 to NCCL's NVLS.
+pub const DEFAULT_MULTICAST_OBJECTS: usize = 16;
+
 /// The effective configuration of this process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -331,6 +349,9 @@ pub struct Config {
     /// `STRAGGLAR_MULTICAST`: whether the GPU engine forms a multicast team at setup, and how
     /// its StragglAR calls choose to finish by multicast on it.
     pub multicast: MulticastMode,
+    /// `STRAGGLAR_MULTICAST_OBJECTS`: multicast objects the GPU engine may hold at once on this
+    /// host, over every process of the user.
+    pub multicast_objects: usize,
     /// `STRAGGLAR_GRAPH_NCCL`: whether graph replays may take NCCL's own captured work as their
     /// baseline, behind a conditional node (where every rank's driver has them).
     pub graph_nccl: bool,
@@ -373,6 +394,7 @@ impl Default for Config {
             timeout_ms: None,
             gpu_engine: false,
             multicast: MulticastMode::Off,
+            multicast_objects: DEFAULT_MULTICAST_OBJECTS,
             graph_nccl: true,
             shared_gpu: false,
             algo: AlgoMode::Auto,
@@ -566,6 +588,7 @@ mod tests {
             ("STRAGGLAR_TIMEOUT_MS", "1500"),
             ("STRAGGLAR_GPU_ENGINE", "1"),
             ("STRAGGLAR_MULTICAST", "1"),
+            ("STRAGGLAR_MULTICAST_OBJECTS", "3"),
             ("STRAGGLAR_GRAPH_NCCL", "0"),
             ("STRAGGLAR_TEST_SHARED_GPU", "1"),
             ("STRAGGLAR_ALGO", "nccl"),

@@ -189,6 +189,7 @@ fn doctor_says_the_gpus_are_emulated() {
 #[test]
 fn a_multicast_team_forms_on_every_gpu_or_every_rank_declines_alike() {
     built();
+    let _slots = sharing_multicast_slots();
     let multicast_line = |flag: &str, env: &[(&str, &str)]| {
         let out = support::run(emulated(&[stragglar(), "doctor", flag]).envs(env.iter().copied()));
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -259,6 +260,35 @@ fn a_multicast_team_forms_on_every_gpu_or_every_rank_declines_alike() {
     let out = support::run(&mut emulated(&[stragglar(), "doctor"]));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("multicast: GPU 0 has none"), "{text}");
+    // The region's footprint (two parities of 3 MiB's chunks at 8 ranks: 6 MiB asked for) as
+    // the driver allocates it, at GPU 0's granularities (multicast and memory: 8 MiB here), and
+    // the engine's objects on the host against their cap.
+    let region = [
+        ("STRAGGLAR_MULTICAST", "1"),
+        ("STRAGGLAR_BUFFER_BYTES", "3M"),
+    ];
+    let out = support::run(
+        emulated(&[stragglar(), "doctor"])
+            .envs(region)
+            .env(on.0, on.1),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("a multicast region of 8 MiB formed at setup (STRAGGLAR_MULTICAST on; rounded up to GPU 0's granularity)"),
+        "{text}"
+    );
+    // (Other tests' teams may hold some of the 16 meanwhile.)
+    assert!(
+        text.contains("the engine's multicast objects on this host: ")
+            && text.contains(" of 16 in use (STRAGGLAR_MULTICAST_OBJECTS)"),
+        "{text}"
+    );
+    let out = support::run(emulated(&[stragglar(), "doctor"]).envs(region));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("a multicast region of 6 MiB formed at setup (STRAGGLAR_MULTICAST on; before the driver rounds it up"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -642,6 +672,15 @@ fn timing() -> std::sync::MutexGuard<'static, ()> {
     TIMING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The engine counts its multicast objects on the host (`STRAGGLAR_MULTICAST_OBJECTS`, in one
+/// directory for the user): the tests that form teams share it (read), and the one that caps it
+/// at one object holds it alone (write), so no other test's team takes that one object.
+static MULTICAST_SLOTS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn sharing_multicast_slots() -> std::sync::RwLockReadGuard<'static, ()> {
+    MULTICAST_SLOTS.read().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Each rank's stragglarGetStats line from loopback_ranks: "designated D, N on StragglAR, M on
 /// NCCL" after the rank's prefix.
 fn designations(text: &str) -> Vec<&str> {
@@ -818,6 +857,7 @@ fn multimem_stores(stderr: &str) -> Vec<u64> {
 /// rank whichever finish ran it.
 #[test]
 fn stragglar_finishes_by_one_multicast_where_the_gpus_have_it_eager_and_in_graphs() {
+    let _slots = sharing_multicast_slots();
     let multicast = ("STRAGGLAR_MULTICAST", "always");
     let counting = ("STRAGGLAR_EMU_COUNT_LAUNCHES", "1");
     // The late ranks' hold-backs are detected: not beside a test that times calls.
@@ -937,6 +977,52 @@ fn stragglar_finishes_by_one_multicast_where_the_gpus_have_it_eager_and_in_graph
             "{env:?}: {log}"
         );
     }
+}
+
+/// The engine's multicast objects on a host stay within `STRAGGLAR_MULTICAST_OBJECTS`, which
+/// leaves the switch's others to NCCL's NVLS: capped at one, of two communicators over the same
+/// 4 ranks the first to set up forms its team and the second is declined on every rank, naming
+/// the cap, and both run every call right (point to point where declined); at 0, no team forms.
+#[test]
+fn the_engine_holds_no_more_multicast_objects_on_a_host_than_its_cap() {
+    let _alone = MULTICAST_SLOTS.write().unwrap_or_else(|e| e.into_inner());
+    let multicast = [
+        ("STRAGGLAR_MULTICAST", "always"),
+        ("STRAGGLAR_EMU_MULTICAST", "1"),
+    ];
+    let mut env = engine_with("stragglar", &multicast);
+    env.extend([
+        ("STRAGGLAR_MULTICAST_OBJECTS", "1"),
+        ("LOOPBACK_TWO_COMMS", "1"),
+    ]);
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert_eq!(
+        text.matches(": 100 calls checked on each of 2 communicators")
+            .count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    assert_eq!(log.matches("multicast region formed").count(), 1, "{log}");
+    assert!(
+        log.contains("no multicast region: rank 0 could not create the multicast object"),
+        "{log}"
+    );
+    assert!(
+        log.contains("all 1 of the engine's multicast objects on this host are in use"),
+        "{log}"
+    );
+    let mut env = engine_with("stragglar", &multicast);
+    env.push(("STRAGGLAR_MULTICAST_OBJECTS", "0"));
+    let (text, log) = run_checked(&["4"], &env, ": 100 calls checked");
+    assert!(
+        log.contains("no multicast region: rank 0 could not create the multicast object")
+            && log.contains("STRAGGLAR_MULTICAST_OBJECTS is 0"),
+        "{text}\n{log}"
+    );
 }
 
 /// Each process's launches of `kernel`, from the emulated driver's lines at exit
@@ -1640,6 +1726,7 @@ fn weak_memory_holds_back_the_data_a_flag_without_a_release_announces() {
 
 #[test]
 fn multimem_stores_land_at_a_release_only_once_an_alias_fence_ordered_them() {
+    let _slots = sharing_multicast_slots();
     // The planted bug's ranks fail and spin to their deadline: not beside a test that times
     // calls.
     let _timing = timing();
@@ -1660,6 +1747,7 @@ fn multimem_stores_land_at_a_release_only_once_an_alias_fence_ordered_them() {
 
 #[test]
 fn a_reader_sees_multimem_stores_only_after_its_own_alias_fence() {
+    let _slots = sharing_multicast_slots();
     // The planted bug's ranks fail and spin to their deadline: not beside a test that times
     // calls.
     let _timing = timing();

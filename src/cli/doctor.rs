@@ -133,7 +133,18 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     }
     let cap = config.staging_cap;
     match crate::engine::cuda::sizing::footprint(8) {
-        Ok(f) => {
+        Ok(mut f) => {
+            // The region as the driver allocates it, where GPU 0 can say its granularity.
+            let rounded = (f.multicast_region > 0 && gpus)
+                .then(|| crate::engine::cuda::driver::Device::open(0).ok())
+                .flatten()
+                .and_then(|d| {
+                    let bytes = usize::try_from(f.multicast_region).ok()?;
+                    crate::engine::cuda::multicast::team::bytes_on(&d, 8, bytes).ok()
+                });
+            if let Some(bytes) = rounded {
+                f.multicast_region = bytes as u64;
+            }
             let largest = f.control + f.arenas_buffer + f.multicast_region;
             println!(
                 "  staging:   {} MiB per rank of an 8-rank communicator, and arenas grown at the first calls StragglAR runs: {} MiB for calls of {} MiB, {} MiB for calls of {} MiB (STRAGGLAR_BUFFER_BYTES), {} MiB at most if grown one step at a time",
@@ -145,8 +156,12 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
                 f.arenas_stepwise >> 20,
             );
             if f.multicast_region > 0 {
+                let rounding = match rounded {
+                    Some(_) => "rounded up to GPU 0's granularity",
+                    None => "before the driver rounds it up to its granularity: no GPU with multicast here to ask",
+                };
                 println!(
-                    "             and a multicast region of {} MiB formed at setup (STRAGGLAR_MULTICAST on; the driver rounds it up to its granularity)",
+                    "             and a multicast region of {} MiB formed at setup (STRAGGLAR_MULTICAST on; {rounding})",
                     f.multicast_region >> 20
                 );
             }
@@ -166,7 +181,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     println!();
     println!("settings (STRAGGLAR_*)");
     for ((name, value), doc) in config.effective().into_iter().zip(SETTINGS) {
-        println!("  {name:<22} {value:<28} {}", doc.meaning);
+        println!("  {name:<27} {value:<28} {}", doc.meaning);
     }
     Ok(0)
 }

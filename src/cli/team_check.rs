@@ -9,6 +9,7 @@ use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPO
 
 use crate::engine::cuda::driver::Device;
 use crate::engine::cuda::multicast::local::{rank_of_process_team, team_of_local_gpus};
+use crate::engine::cuda::multicast::slots;
 
 /// The hidden subcommand one rank of a process team runs: `__multicast-rank DIR RANK RANKS
 /// SOCKET`; it prints `formed BYTES` or `declined CAUSE`.
@@ -26,12 +27,17 @@ pub enum Trial {
     Processes,
 }
 
-/// Whether the engine would use multicast, as the doctor's line ends.
-fn engine_use() -> &'static str {
-    if crate::config::get().multicast.on() {
-        "STRAGGLAR_MULTICAST on: the GPU engine forms a team per communicator and may finish StragglAR by one multicast; experimental, not yet run on an NVSwitch server"
+/// Whether the engine would use multicast, and how many of its multicast objects this host
+/// holds, as the doctor's line ends.
+fn engine_use() -> String {
+    let config = crate::config::get();
+    let cap = config.multicast_objects;
+    let held = slots::in_use(&slots::host_dir(), cap);
+    let objects = format!("the engine's multicast objects on this host: {held} of {cap} in use (STRAGGLAR_MULTICAST_OBJECTS)");
+    if config.multicast.on() {
+        format!("STRAGGLAR_MULTICAST on: the GPU engine forms a team per communicator and may finish StragglAR by one multicast; experimental, not yet run on an NVSwitch server; {objects}")
     } else {
-        "the GPU engine uses it only with STRAGGLAR_MULTICAST=1 or always, off until it has run on an NVSwitch server"
+        format!("the GPU engine uses it only with STRAGGLAR_MULTICAST=1 or always, off until it has run on an NVSwitch server; {objects}")
     }
 }
 

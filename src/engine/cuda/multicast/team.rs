@@ -13,7 +13,9 @@
 //! 2. **count**: where the request says so, every rank counts the rounded size against its
 //!    device's `STRAGGLAR_STAGING_CAP`, for the team's life (the size the driver allocates, not
 //!    the size asked for);
-//! 3. **create**: rank 0 listens on the team's socket, creates the object and exports its fd;
+//! 3. **create**: rank 0 takes one of the host's slots for the engine's multicast objects
+//!    (`STRAGGLAR_MULTICAST_OBJECTS`, `slots`), listens on the team's socket, creates the
+//!    object and exports its fd;
 //! 4. **join**: rank 0 passes the fd to every peer (`fds`), each peer imports it, and every rank
 //!    adds its own device;
 //! 5. **bind**: every rank allocates its memory, binds it and maps both the object and its
@@ -36,6 +38,7 @@ use std::time::Instant;
 use cudarc::driver::sys::CUdevice_attribute;
 
 use super::fds::{receive, FdServer};
+use super::slots::{self, ObjectSlot};
 use crate::engine::cuda::budget::Reservation;
 use crate::engine::cuda::driver::{Device, Kernel};
 use crate::engine::cuda::setup::Exchange;
@@ -64,7 +67,9 @@ impl Step {
             Step::Count => {
                 "count the team's memory against STRAGGLAR_STAGING_CAP (no room beside its staging)"
             }
-            Step::Create => "create the multicast object",
+            Step::Create => {
+                "create the multicast object (a slot under STRAGGLAR_MULTICAST_OBJECTS, the object, its fd)"
+            }
             Step::Join => "join the multicast object (receive its fd, import it, add its GPU)",
             Step::Bind => "bind its memory to the multicast object and map it",
             Step::Store => "store through the multicast object (its probe kernel)",
@@ -108,6 +113,8 @@ pub struct Team {
     pub bytes: usize,
     /// `bytes` counted against the device's staging cap, where the request asked for it.
     _counted: Option<Reservation>,
+    /// The creator's slot among the host's multicast objects, released after the object.
+    _slot: Option<ObjectSlot>,
 }
 
 /// What a team is asked for.
@@ -222,6 +229,13 @@ fn team_bytes(bytes: usize, granularities: &[[u64; 2]]) -> Option<usize> {
     bytes.max(1).checked_next_multiple_of(unit)
 }
 
+/// The bytes per GPU a team of `ranks` GPUs like `device` would bind for a request of `bytes`:
+/// rounded up to its granularities (what `stragglar doctor` reports), or why it has none.
+pub fn bytes_on(device: &Device, ranks: usize, bytes: usize) -> Result<usize, String> {
+    let granularities = probe(device, ranks)?;
+    team_bytes(bytes, &[granularities]).ok_or_else(|| "the size overflows".into())
+}
+
 /// Takes this rank's part in a team it cannot even try (its GPU or kernels unavailable): the
 /// first all-gather, failing, so its peers decline at once instead of waiting for it.
 pub fn decline<E: Exchange>(exchange: &mut E) -> Declined {
@@ -264,11 +278,12 @@ pub fn form<E: Exchange>(
     let created = match rank {
         0 => attempt(rank, Step::Create, || {
             let bytes = size.ok_or("the size overflows")?;
+            let slot = slots::take(&slots::host_dir(), crate::config::get().multicast_objects)?;
             let server = FdServer::bind(request.socket).map_err(|e| e.to_string())?;
             let object =
                 MulticastObject::create(device, ranks as u32, bytes).map_err(|e| e.to_string())?;
             let fd = object.export().map_err(|e| e.to_string())?;
-            Ok(Some((server, object, fd)))
+            Ok(Some((slot, server, object, fd)))
         }),
         _ => Some(None),
     };
@@ -277,26 +292,28 @@ pub fn form<E: Exchange>(
     // 4. Join: the fd to every peer, every device added.
     let object = attempt(rank, Step::Join, || {
         let bytes = size.ok_or("the size overflows")?;
-        let object = match created {
-            Some((server, object, fd)) => {
+        let (object, slot) = match created {
+            // (Bound slot first, so dropped last, after the object, on an error below.)
+            Some((slot, server, object, fd)) => {
                 server
                     .serve(std::os::fd::AsFd::as_fd(&fd), ranks - 1, request.deadline)
                     .map_err(|e| format!("passing the fd to the peers: {e}"))?;
-                object
+                (object, Some(slot))
             }
             None => {
                 let fd = receive(request.socket, request.deadline)
                     .map_err(|e| format!("receiving the fd from rank 0: {e}"))?;
-                MulticastObject::import(device, std::os::fd::AsFd::as_fd(&fd), bytes)
-                    .map_err(|e| e.to_string())?
+                let object = MulticastObject::import(device, std::os::fd::AsFd::as_fd(&fd), bytes)
+                    .map_err(|e| e.to_string())?;
+                (object, None)
             }
         };
         object.add_device().map_err(|e| e.to_string())?;
-        Ok(object)
+        Ok((object, slot))
     });
     gather(exchange, Step::Join, object.is_some(), [0; 2])?;
     // 5. Bind and map: every device was added, so nothing here blocks.
-    let team = object.and_then(|mut object| {
+    let team = object.and_then(|(mut object, slot)| {
         attempt(rank, Step::Bind, || {
             let bytes = object.bytes;
             let memory = Physical::create(device, bytes).map_err(|e| e.to_string())?;
@@ -310,6 +327,7 @@ pub fn form<E: Exchange>(
                 _memory: memory,
                 bytes,
                 _counted: counted,
+                _slot: slot,
             })
         })
     });

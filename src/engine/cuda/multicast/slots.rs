@@ -1,0 +1,167 @@
+//! Our multicast objects on this host, counted over every process of every job of this user, so
+//! that the engine never takes more than `STRAGGLAR_MULTICAST_OBJECTS` of the NVSwitch's
+//! multicast objects. The switch has few (128 on an HGX H100/H200 board, as reported by NCCL's
+//! users), NCCL's NVLS takes its own from the same pool for each communicator it runs on, and
+//! NCCL has been seen to fail a job outright when none was left. The engine's own objects stay
+//! within the cap, and a team that would go beyond it is declined on every rank alike (the
+//! create step fails) while NCCL keeps the rest.
+//!
+//! A slot is a file `object-K` (`K` below the cap) in a directory on the host's shared memory
+//! file system, held under an exclusive `flock` for as long as the object lives: the lock goes
+//! with its process, so a crashed job leaves no slot taken, and two processes (or two opens in
+//! one process) never hold the same slot.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Where the processes of this user count their multicast objects: the shared memory file
+/// system, which NCCL's own shared-memory transport needs the ranks of a host to share.
+pub fn host_dir() -> PathBuf {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from(format!("/dev/shm/stragglar-multicast-{uid}"))
+}
+
+/// One multicast object counted against the cap, until dropped (the lock is released when the
+/// file closes).
+#[derive(Debug)]
+pub struct ObjectSlot {
+    _file: File,
+    /// Which slot, below the cap.
+    pub index: usize,
+}
+
+/// Takes a free slot of the `cap` in `dir` (made if absent, for this user only), or says why
+/// none was taken: all `cap` held, or the directory unusable.
+pub fn take(dir: &Path, cap: usize) -> Result<ObjectSlot, String> {
+    if cap == 0 {
+        return Err(
+            "STRAGGLAR_MULTICAST_OBJECTS is 0: the engine makes no multicast object".into(),
+        );
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("counting multicast objects in {}: {e}", dir.display()))?;
+    for index in 0..cap {
+        let path = dir.join(format!("object-{index}"));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| format!("counting multicast objects in {}: {e}", path.display()))?;
+        // SAFETY: the descriptor is open (owned by `file`, which outlives the call); flock only
+        // reads its arguments.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if locked == 0 {
+            return Ok(ObjectSlot { _file: file, index });
+        }
+        let error = std::io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(format!("locking {}: {error}", path.display()));
+        }
+    }
+    Err(format!(
+        "all {cap} of the engine's multicast objects on this host are in use (STRAGGLAR_MULTICAST_OBJECTS; the switch's others stay NCCL's)"
+    ))
+}
+
+/// How many of the `cap` slots in `dir` are held now (by any process, this one included):
+/// each is tried and, if free, let go at once.
+pub fn in_use(dir: &Path, cap: usize) -> usize {
+    (0..cap)
+        .filter(|index| {
+            let Ok(file) = File::open(dir.join(format!("object-{index}"))) else {
+                return false;
+            };
+            // SAFETY: the descriptor is open (owned by `file`, which outlives the call); flock
+            // only reads its arguments. The lock, if taken, goes when `file` closes.
+            let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+            locked != 0
+        })
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "stragglar-slots-{name}-{}-{}",
+            std::process::id(),
+            crate::clock::now_ns()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn a_slot_is_held_until_dropped_and_the_cap_is_never_passed() {
+        let dir = scratch("cap");
+        let first = take(&dir, 2).unwrap();
+        let second = take(&dir, 2).unwrap();
+        assert_ne!(first.index, second.index);
+        let refused = take(&dir, 2).unwrap_err();
+        assert!(
+            refused.contains("all 2 of the engine's multicast objects"),
+            "{refused}"
+        );
+        drop(first);
+        assert_eq!(in_use(&dir, 2), 1);
+        let again = take(&dir, 2).unwrap();
+        assert_eq!(again.index, 0);
+        assert_eq!(in_use(&dir, 2), 2);
+        assert!(take(&dir, 0).unwrap_err().contains("is 0"));
+        drop((second, again));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Another process's lock counts, and goes when that process ends (killed, as a crashed
+    /// job would be).
+    #[test]
+    fn another_process_holding_a_slot_counts_until_it_dies() {
+        let dir = scratch("process");
+        std::fs::create_dir_all(&dir).unwrap();
+        let held = dir.join("object-0");
+        let mut holder = Command::new("flock")
+            .args(["--exclusive", "--no-fork"])
+            .arg(&held)
+            .args(["sleep", "60"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("util-linux's flock");
+        // Until the holder has its lock, slot 0 may still be free: wait for it to be taken.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            match take(&dir, 1) {
+                Err(why) => {
+                    assert!(why.contains("all 1 of"), "{why}");
+                    break;
+                }
+                Ok(slot) => {
+                    drop(slot);
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "flock never took its lock"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
+        }
+        assert_eq!(take(&dir, 2).unwrap().index, 1);
+        assert_eq!(in_use(&dir, 2), 1);
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        assert_eq!(in_use(&dir, 2), 0);
+        assert_eq!(take(&dir, 1).unwrap().index, 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
