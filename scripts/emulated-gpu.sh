@@ -53,10 +53,10 @@ cd "$ROOT"
 . scripts/wheels.sh
 wheels_cu12 >&2
 
-OUT="$ROOT/target/emulated-gpu"
-DRIVER="$OUT/libcuda.so.1"
+BUILD="$ROOT/target/emulated-gpu"
+DRIVER="$BUILD/libcuda.so.1"
 SOURCES=(tests/emulated/*.cpp tests/emulated/*.h tests/emulated/exports.map cuda/*)
-mkdir -p "$OUT"
+mkdir -p "$BUILD"
 stale() {
   [ ! -f "$1" ] && return 0
   for source in "${SOURCES[@]}" scripts/emulated-gpu.sh; do
@@ -66,7 +66,7 @@ stale() {
 }
 # One build at a time (tests run this script from several threads at once); the lock is
 # released before the command runs.
-exec 9>"$OUT/.build.lock"
+exec 9>"$BUILD/.build.lock"
 flock 9
 if stale "$DRIVER"; then
   echo "emulated-gpu: building $DRIVER" >&2
@@ -75,20 +75,20 @@ if stale "$DRIVER"; then
     -Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,--version-script=tests/emulated/exports.map \
     tests/emulated/*.cpp -o "$DRIVER.tmp"
   mv "$DRIVER.tmp" "$DRIVER"
-  ln -sf libcuda.so.1 "$OUT/libcuda.so"
+  ln -sf libcuda.so.1 "$BUILD/libcuda.so"
 fi
 NCCL_SOURCES=(tests/emulated/nccl/* include/nccl.h)
-if stale "$OUT/libnccl.so.2" || [ -n "$(find "${NCCL_SOURCES[@]}" -newer "$OUT/libnccl.so.2")" ]; then
-  echo "emulated-gpu: building $OUT/libnccl.so.2 (the loopback NCCL)" >&2
+if stale "$BUILD/libnccl.so.2" || [ -n "$(find "${NCCL_SOURCES[@]}" -newer "$BUILD/libnccl.so.2")" ]; then
+  echo "emulated-gpu: building $BUILD/libnccl.so.2 (the loopback NCCL)" >&2
   c++ -std=c++17 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Werror -Wno-unused-parameter \
     -I "$NV/cuda_runtime/include" -I include -Wl,-soname,libnccl.so.2 -Wl,--no-undefined \
     -Wl,--version-script=tests/emulated/nccl/exports.map tests/emulated/nccl/loopback.cpp \
-    -o "$OUT/libnccl.so.2.tmp" -L "$OUT" -lcuda -lrt
-  mv "$OUT/libnccl.so.2.tmp" "$OUT/libnccl.so.2"
+    -o "$BUILD/libnccl.so.2.tmp" -L "$BUILD" -lcuda -lrt
+  mv "$BUILD/libnccl.so.2.tmp" "$BUILD/libnccl.so.2"
 fi
-if stale "$OUT/selftest" || [ tests/emulated/selftest.c -nt "$OUT/selftest" ]; then
+if stale "$BUILD/selftest" || [ tests/emulated/selftest.c -nt "$BUILD/selftest" ]; then
   cc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I "$NV/cuda_runtime/include" \
-    tests/emulated/selftest.c -o "$OUT/selftest" -L "$OUT" -lcuda
+    tests/emulated/selftest.c -o "$BUILD/selftest" -L "$BUILD" -lcuda
 fi
 
 # A variant of the driver in directory $1, built with the version script $2 and any further
@@ -111,7 +111,7 @@ build_variant() {
 if [ "${1:-}" = "--build-mutant" ]; then
   [ "$#" -eq 2 ] && [[ $2 =~ ^[A-Z0-9_]+$ ]] || { echo "usage: $0 --build-mutant NAME" >&2; exit 2; }
   grep -q "STRAGGLAR_MUTANT_$2\b" cuda/* || { echo "emulated-gpu: no mutant $2 in cuda/" >&2; exit 2; }
-  dir="$OUT/mutant-$2"
+  dir="$BUILD/mutant-$2"
   mkdir -p "$dir"
   build_variant "$dir" tests/emulated/exports.map "-DSTRAGGLAR_MUTANT_$2"
   echo "$dir"
@@ -122,7 +122,7 @@ fi
 # what a panic inside the engine does. Prints its directory.
 if [ "${1:-}" = "--build-without" ]; then
   [ "$#" -eq 2 ] && [[ $2 =~ ^cu[A-Za-z0-9_]+$ ]] || { echo "usage: $0 --build-without cuNAME" >&2; exit 2; }
-  dir="$OUT/without-$2"
+  dir="$BUILD/without-$2"
   mkdir -p "$dir"
   printf '{\n  global: cu*;\n  local: %s; *;\n};\n' "$2" > "$dir/exports.map.new"
   cmp -s "$dir/exports.map.new" "$dir/exports.map" || mv "$dir/exports.map.new" "$dir/exports.map"
@@ -140,15 +140,15 @@ fi
 # LD_PRELOAD, so the library's whole path runs there with ranks as processes of one host.
 # Prints its directory.
 if [ "${1:-}" = "--build-loopback-ranks" ]; then
-  dir="$OUT/loopback-ranks"
+  dir="$BUILD/loopback-ranks"
   mkdir -p "$dir"
-  cp "$OUT/libnccl.so.2" "$dir/libnccl.so.2.tmp"
+  cp "$BUILD/libnccl.so.2" "$dir/libnccl.so.2.tmp"
   mv "$dir/libnccl.so.2.tmp" "$dir/libnccl.so.2"
   if [ ! -f "$dir/loopback_ranks" ] || [ tests/c/loopback_ranks.c -nt "$dir/loopback_ranks" ] ||
     [ include/nccl.h -nt "$dir/loopback_ranks" ]; then
     cc -std=c11 -O2 -Wall -Werror -I include -I "$NV/cuda_runtime/include" \
       tests/c/loopback_ranks.c -o "$dir/loopback_ranks.tmp" -L "$dir" -l:libnccl.so.2 \
-      -L "$OUT" -lcuda -pthread -ldl
+      -L "$BUILD" -lcuda -pthread -ldl
     mv "$dir/loopback_ranks.tmp" "$dir/loopback_ranks"
   fi
   echo "$dir"
@@ -157,16 +157,16 @@ fi
 exec 9>&-
 
 if [ "${STRAGGLAR_EMU_NO_NVRTC:-0}" = 1 ]; then
-  export LD_LIBRARY_PATH="$OUT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$BUILD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
-  export LD_LIBRARY_PATH="$OUT:$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$BUILD:$NV/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-export STRAGGLAR_CACHE_DIR="${STRAGGLAR_CACHE_DIR:-$OUT/kernels}"
+export STRAGGLAR_CACHE_DIR="${STRAGGLAR_CACHE_DIR:-$BUILD/kernels}"
 # One machine per run: processes of this run share its GPUs (time slices, MPS), runs beside it
 # do not.
 export STRAGGLAR_EMU_MACHINE="${STRAGGLAR_EMU_MACHINE:-$$-$(date +%s%N)}"
 if [ "${1:-}" = "--build" ]; then
-  echo "$OUT"
+  echo "$BUILD"
   exit 0
 fi
 if [ "$#" -eq 0 ]; then

@@ -10,12 +10,14 @@
 # summary.txt and gpu-check-logs.tar.gz (every log, each cut to its first 192 KiB and last
 # 64 KiB: at most 16 MiB for the 64 logs a run may write).
 #
-# usage: scripts/gpu-check.sh [--dry-run] [--quick] [--prepare]
+# usage: scripts/gpu-check.sh [--dry-run] [--quick] [--prepare] [--only REGEX]
 #   --dry-run  check the inputs (binaries, self-test, kernels of the current sources) and print
 #              every step without running anything (works on any machine); fails on a missing
 #              or stale input
 #   --quick    fewer world sizes, types and ops (a minute or two)
 #   --prepare  on the build machine: build and fill the inputs, then run the dry run
+#   --only REGEX  run only the steps whose names match REGEX (bash's =~), the others marked
+#              UNSELECTED: a rerun of the rows that failed, in what is left of a window
 # Each run of the binary (and the PyTorch check) is stopped after RUN_LIMIT_S seconds (240), or
 # when the whole check's BUDGET_S is spent: a step cut short shows CUT, later steps SKIPPED.
 # Environment: STRAGGLAR_BIN, STRAGGLAR_LIB (the carried binaries, default target/release/),
@@ -45,7 +47,8 @@
 #      with one hardware queue per process (CUDA_DEVICE_MAX_CONNECTIONS=1); the library's whole
 #      path (setup through a communicator, tickets, the policy) with 4 processes on the GPU under
 #      the loopback NCCL (STRAGGLAR_TEST_SHARED_GPU=1), and the stream and host time a call the
-#      engine forwards to NCCL costs, engine on against off
+#      engine forwards to NCCL costs, engine on against off; eager calls and graph replays
+#      mixed on two streams; a rank killed mid-run, its peers released by the deadline
 #   7. sweeps: 8 ranks, 1K..256M, StragglAR and Ring (host time per call), and unordered reads
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,13 +56,24 @@ cd "$(dirname "$0")/.."
 DRY=0
 QUICK=0
 PREPARE=0
-for arg in "$@"; do
-  case "$arg" in
+ONLY=""
+usage() {
+  echo "usage: scripts/gpu-check.sh [--dry-run] [--quick] [--prepare] [--only REGEX]" >&2
+  exit 2
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
     --dry-run) DRY=1 ;;
     --quick) QUICK=1 ;;
     --prepare) PREPARE=1 ;;
-    *) echo "usage: scripts/gpu-check.sh [--dry-run] [--quick] [--prepare]" >&2; exit 2 ;;
+    --only)
+      [ $# -ge 2 ] && [ -n "$2" ] || usage
+      ONLY="$2"
+      shift
+      ;;
+    *) usage ;;
   esac
+  shift
 done
 
 BIN="${STRAGGLAR_BIN:-target/release/stragglar}"
@@ -144,6 +158,10 @@ host_cost() { measured "$1" "$2" '# host time to queue one eager call' '): '; }
 step() {
   local name="$1" log="$2"
   shift 2
+  if [ -n "$ONLY" ] && ! [[ "$name" =~ $ONLY ]]; then
+    record "$name" UNSELECTED "not matched by --only"
+    return 0
+  fi
   # No row may come from an earlier run's log.
   if [ "$DRY" = 0 ]; then rm -f "$OUT/$log"; fi
   printf '\n== %s\n$ %s\n' "$name" "$*"
@@ -641,7 +659,8 @@ loopback_ranks() {
   dir=$(realpath "$LOOPBACK")
   LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LD_PRELOAD="$(realpath "$LIB")" \
     STRAGGLAR_NCCL_LIB="$dir/libnccl.so.2" STRAGGLAR_TEST_SHARED_GPU=1 LOOPBACK_DEVICE=0 \
-    STRAGGLAR_MIN_BYTES=0 STRAGGLAR_TIMEOUT_MS=30000 limited "$dir/loopback_ranks" "$@"
+    STRAGGLAR_MIN_BYTES=0 STRAGGLAR_TIMEOUT_MS="${STRAGGLAR_TIMEOUT_MS:-30000}" \
+    limited "$dir/loopback_ranks" "$@"
 }
 #    Every call on StragglAR, each checked element by element on every rank.
 whole_path() {
@@ -679,6 +698,36 @@ forwarded_cost() {
 }
 step "forwarded calls' cost, engine on vs off: 4 processes, loopback NCCL (MPS: $([ "$MPS_STARTED" = 1 ] && echo on || echo off))" forwarded.log forwarded_cost
 measured "  a forwarded call's stream and host time" forwarded.log '# forwarded: ' '# forwarded: '
+#    A soak mixing the engine's eager calls and graph replays of one communicator: each round an
+#    eager call not waited for on one stream (rank 1 late to it), then a replay of a captured call
+#    on another, both checked; the two must never overlap on the GPU with the same flags.
+SOAK_ROUNDS=200
+if [ "$QUICK" = 1 ]; then SOAK_ROUNDS=40; fi
+mixed_soak() {
+  local run="$OUT/mixed-soak-run.log" status checked
+  STRAGGLAR_GPU_ENGINE=1 STRAGGLAR_ALGO=stragglar STRAGGLAR_BUFFER_BYTES=1M \
+    LOOPBACK_MIXED=$SOAK_ROUNDS loopback_ranks 4 >"$run" 2>&1
+  status=$?
+  tail -n 12 "$run"
+  checked=$(grep -c ": $SOAK_ROUNDS mixed rounds checked" "$run")
+  echo "# mixed soak: $checked of 4 ranks checked $SOAK_ROUNDS rounds of an eager call and a replay"
+  [ "$status" = 0 ] && [ "$checked" = 4 ]
+}
+step "eager calls and graph replays mixed: 4 processes, $SOAK_ROUNDS rounds, loopback NCCL" mixed-soak.log mixed_soak
+#    A rank that never arrives: rank 2 is killed before call 30, and every other rank's call
+#    must give up by the deadline (5 s), report the error and abort its communicator, on the
+#    engine (the GPU's waits watch the deadline and the failure words), not hang.
+never_arrives() {
+  local run="$OUT/never-arrives-run.log" status failed
+  STRAGGLAR_GPU_ENGINE=1 STRAGGLAR_ALGO=stragglar STRAGGLAR_BUFFER_BYTES=1M \
+    STRAGGLAR_TIMEOUT_MS=5000 loopback_ranks 4 2 30 >"$run" 2>&1
+  status=$?
+  tail -n 12 "$run"
+  failed=$(grep -c "^rank [013]: error at call 30" "$run")
+  echo "# never arrives: $failed of the 3 other ranks failed call 30 and aborted (exit $status)"
+  [ "$status" = 0 ] && [ "$failed" = 3 ]
+}
+step "a rank that never arrives: 4 processes, rank 2 killed, a 5 s deadline" never-arrives.log never_arrives
 if [ "$MPS_STARTED" = 1 ]; then
   timeout 10 sh -c 'echo quit | nvidia-cuda-mps-control' || true
   sleep 2

@@ -78,6 +78,8 @@ fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
         "one hardware queue per process: 3 processes, eager and graph",
         "the library's whole path: 4 processes on the GPU, loopback NCCL",
         "forwarded calls' cost, engine on vs off: 4 processes, loopback NCCL",
+        "eager calls and graph replays mixed: 4 processes, 200 rounds, loopback NCCL",
+        "a rank that never arrives: 4 processes, rank 2 killed, a 5 s deadline",
         "PyTorch LD_PRELOAD, world size 1",
         "observe mode, 4 PyTorch ranks on one GPU (real NCCL), rank 2 late",
     ] {
@@ -85,6 +87,62 @@ fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
     }
     assert!(!summary.contains("FAIL") && !summary.contains("PENDING"));
     assert!(!summary.contains("MISSING"), "{summary}");
+}
+
+/// A rehearsal on the emulated machine (one GPU, as the device has) of the rows that run the
+/// library's own path under the loopback NCCL, selected with `--only`: each runs and passes as
+/// it would on the real driver (the step functions, their settings and the lines they parse),
+/// the forwarded cost is measured (emulated: its numbers mean nothing), and every row not
+/// selected is marked so and left unrun.
+#[test]
+fn the_library_rows_pass_on_the_emulated_machine_and_only_runs_the_rows_it_names() {
+    let out_dir = support::scratch("gpu-check-emulated");
+    let mut cmd = Command::new(support::root().join("scripts/emulated-gpu.sh"));
+    cmd.args([
+        "scripts/gpu-check.sh",
+        "--quick",
+        "--only",
+        "kernels carried|whole path|forwarded|mixed|never arrives",
+    ])
+    .env("OUT", &out_dir)
+    .env("STRAGGLAR_EMU_GPUS", "1");
+    let out = support::run(prepared(&mut cmd));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    let summary = stdout
+        .split("== gpu-check summary")
+        .nth(1)
+        .expect("a summary table");
+    for row in [
+        "kernels carried, built here for sm_90",
+        "the library's whole path: 4 processes on the GPU, loopback NCCL",
+        "forwarded calls' cost, engine on vs off",
+        "eager calls and graph replays mixed: 4 processes, 40 rounds, loopback NCCL",
+        "a rank that never arrives: 4 processes, rank 2 killed, a 5 s deadline",
+    ] {
+        let line = summary
+            .lines()
+            .find(|l| l.starts_with(row))
+            .unwrap_or_else(|| panic!("{row} missing from:\n{summary}"));
+        assert!(
+            line.contains(" PASS "),
+            "{line}\n{}",
+            support::describe(&out)
+        );
+    }
+    assert!(
+        summary.contains("a forwarded call's stream and host time")
+            && summary.contains("on NCCL: 4000 of 4000 calls"),
+        "{summary}"
+    );
+    for unselected in ["doctor", "multicast team", "CUDA graph capture and replay"] {
+        let line = summary
+            .lines()
+            .find(|l| l.starts_with(unselected))
+            .unwrap_or_else(|| panic!("{unselected} missing from:\n{summary}"));
+        assert!(line.contains("UNSELECTED"), "{line}");
+    }
+    assert!(!stdout.contains("\n== doctor\n"), "{stdout}");
 }
 
 /// A missing binary, self-test, kernel cache (or one of other sources) or loopback kit fails
