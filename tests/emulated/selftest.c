@@ -412,6 +412,181 @@ static int capture_modes_decide_what_is_refused(void) {
   return 1;
 }
 
+/* What a global capture refuses, call by call: each call is made by the capturing thread during
+ * a capture of its own begun in the global mode (on a stream the call does not use), and is
+ * either refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, the capture then ending
+ * INVALIDATED) or allowed (the capture then ends with its graph). The table is the emulated
+ * driver's whole list of refused calls, and the calls it allows that the engine may make during
+ * a capture: run against a real driver, a row that answers otherwise fails the check, naming
+ * the call, so the list is the real driver's once gpu-check has passed on a GPU. */
+static CUmemAllocationProp device_memory(int device, int shareable);
+
+struct capture_probe_resources {
+  CUstream other;
+  CUevent done;
+  CUdeviceptr device, freed;
+  void* pinned;
+  void* registered; /* pageable, registered before the capture */
+  void* to_register; /* pageable, page-aligned */
+  void* pageable;
+  int vmm;
+};
+
+enum capture_probe {
+  PROBE_MEM_ALLOC,
+  PROBE_MEM_FREE,
+  PROBE_MEM_ALLOC_HOST,
+  PROBE_MEM_HOST_ALLOC,
+  PROBE_MEM_FREE_HOST,
+  PROBE_MEM_HOST_REGISTER,
+  PROBE_MEM_HOST_UNREGISTER,
+  PROBE_MEMCPY_HTOD,
+  PROBE_MEMCPY_DTOH,
+  PROBE_MEMCPY_DTOD,
+  PROBE_MEMSET_D8,
+  PROBE_MEMSET_D32,
+  PROBE_STREAM_SYNCHRONIZE,
+  PROBE_STREAM_QUERY,
+  PROBE_EVENT_SYNCHRONIZE,
+  PROBE_EVENT_QUERY,
+  PROBE_CTX_SYNCHRONIZE,
+  PROBE_MEM_CREATE,
+  /* allowed from here on */
+  PROBE_MEM_GET_INFO,
+  PROBE_STREAM_CREATE,
+  PROBE_EVENT_CREATE,
+  PROBE_HOST_DEVICE_POINTER,
+  PROBE_IPC_GET_HANDLE,
+  PROBE_COUNT
+};
+#define PROBE_FIRST_ALLOWED PROBE_MEM_GET_INFO
+
+static const char* const kCaptureProbeNames[PROBE_COUNT] = {
+    "cuMemAlloc", "cuMemFree", "cuMemAllocHost", "cuMemHostAlloc", "cuMemFreeHost",
+    "cuMemHostRegister", "cuMemHostUnregister", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpyDtoD",
+    "cuMemsetD8", "cuMemsetD32", "cuStreamSynchronize", "cuStreamQuery", "cuEventSynchronize",
+    "cuEventQuery", "cuCtxSynchronize", "cuMemCreate", "cuMemGetInfo", "cuStreamCreate",
+    "cuEventCreate", "cuMemHostGetDevicePointer", "cuIpcGetMemHandle"};
+
+/* Makes call `which` with `r`'s resources; whatever it made is released again (after the
+ * capture, by the caller, through `made`). */
+static CUresult capture_probe_call(int which, struct capture_probe_resources* r, void** made,
+                                   CUdeviceptr* made_device, CUstream* made_stream,
+                                   CUevent* made_event) {
+  char bytes[64] = {0};
+  switch (which) {
+    case PROBE_MEM_ALLOC: return cuMemAlloc(made_device, 4096);
+    case PROBE_MEM_FREE: return cuMemFree(r->freed);
+    case PROBE_MEM_ALLOC_HOST: return cuMemAllocHost(made, 4096);
+    case PROBE_MEM_HOST_ALLOC: return cuMemHostAlloc(made, 4096, 0);
+    case PROBE_MEM_FREE_HOST: return cuMemFreeHost(r->pinned);
+    case PROBE_MEM_HOST_REGISTER: return cuMemHostRegister(r->to_register, 4096, 0);
+    case PROBE_MEM_HOST_UNREGISTER: return cuMemHostUnregister(r->registered);
+    case PROBE_MEMCPY_HTOD: return cuMemcpyHtoD(r->device, bytes, sizeof bytes);
+    case PROBE_MEMCPY_DTOH: return cuMemcpyDtoH(bytes, r->device, sizeof bytes);
+    case PROBE_MEMCPY_DTOD: return cuMemcpyDtoD(r->device + 64, r->device, 64);
+    case PROBE_MEMSET_D8: return cuMemsetD8(r->device, 1, 64);
+    case PROBE_MEMSET_D32: return cuMemsetD32(r->device, 1, 16);
+    case PROBE_STREAM_SYNCHRONIZE: return cuStreamSynchronize(r->other);
+    case PROBE_STREAM_QUERY: return cuStreamQuery(r->other);
+    case PROBE_EVENT_SYNCHRONIZE: return cuEventSynchronize(r->done);
+    case PROBE_EVENT_QUERY: return cuEventQuery(r->done);
+    case PROBE_CTX_SYNCHRONIZE: return cuCtxSynchronize();
+    case PROBE_MEM_CREATE: {
+      if (!r->vmm) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* as expected: skipped */
+      CUmemAllocationProp prop = device_memory(0, 0);
+      size_t granularity = 0;
+      CUresult g = cuMemGetAllocationGranularity(&granularity, &prop,
+                                                 CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      if (g != CUDA_SUCCESS) return g;
+      CUmemGenericAllocationHandle handle;
+      CUresult c = cuMemCreate(&handle, granularity, &prop, 0);
+      if (c == CUDA_SUCCESS) cuMemRelease(handle);
+      return c;
+    }
+    case PROBE_MEM_GET_INFO: {
+      size_t free_bytes, total;
+      return cuMemGetInfo(&free_bytes, &total);
+    }
+    case PROBE_STREAM_CREATE: return cuStreamCreate(made_stream, CU_STREAM_NON_BLOCKING);
+    case PROBE_EVENT_CREATE: return cuEventCreate(made_event, CU_EVENT_DISABLE_TIMING);
+    case PROBE_HOST_DEVICE_POINTER: {
+      CUdeviceptr mapped;
+      return cuMemHostGetDevicePointer(&mapped, r->pinned, 0);
+    }
+    case PROBE_IPC_GET_HANDLE: {
+      CUipcMemHandle handle;
+      return cuIpcGetMemHandle(&handle, r->device);
+    }
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+static int a_global_capture_refuses_exactly_the_unsafe_calls(void) {
+  struct capture_probe_resources r;
+  memset(&r, 0, sizeof r);
+  CUstream s;
+  int wrong = 0;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&r.other, CU_STREAM_NON_BLOCKING));
+  CHECK(cuEventCreate(&r.done, CU_EVENT_DISABLE_TIMING));
+  CHECK(cuEventRecord(r.done, r.other));
+  CHECK(cuStreamSynchronize(r.other));
+  CHECK(cuMemAlloc(&r.device, 4096));
+  CHECK(cuDeviceGetAttribute(&r.vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+  long page = sysconf(_SC_PAGESIZE);
+  EXPECT(posix_memalign(&r.registered, (size_t)page, 4096) == 0);
+  EXPECT(posix_memalign(&r.to_register, (size_t)page, 4096) == 0);
+  CHECK(cuMemHostRegister(r.registered, 4096, 0));
+  for (int which = 0; which < PROBE_COUNT; ++which) {
+    /* What a refused call would have released, made again for each row that releases it. */
+    if (!r.freed) CHECK(cuMemAlloc(&r.freed, 4096));
+    if (!r.pinned) CHECK(cuMemHostAlloc(&r.pinned, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    void* made = NULL;
+    CUdeviceptr made_device = 0;
+    CUstream made_stream = NULL;
+    CUevent made_event = NULL;
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUresult got = capture_probe_call(which, &r, &made, &made_device, &made_stream, &made_event);
+    CUgraph graph = NULL;
+    CUresult ended = cuStreamEndCapture(s, &graph);
+    if (graph) CHECK(cuGraphDestroy(graph));
+    const int refused = which < PROBE_FIRST_ALLOWED;
+    const CUresult want = refused ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+    const CUresult want_end = refused ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+    const int skipped = which == PROBE_MEM_CREATE && !r.vmm;
+    if (!skipped && (got != want || ended != want_end)) {
+      const char *got_name = "?", *end_name = "?";
+      cuGetErrorName(got, &got_name);
+      cuGetErrorName(ended, &end_name);
+      fprintf(stderr, "  %s during a global capture: %s, the capture ending %s (expected %s)\n",
+              kCaptureProbeNames[which], got_name, end_name, refused ? "refused" : "allowed");
+      wrong++;
+    }
+    /* Undo what an allowed (or wrongly allowed) call did. */
+    if (got == CUDA_SUCCESS) {
+      if (which == PROBE_MEM_FREE) r.freed = 0;
+      if (which == PROBE_MEM_FREE_HOST) r.pinned = NULL;
+      if (which == PROBE_MEM_HOST_REGISTER) CHECK(cuMemHostUnregister(r.to_register));
+      if (which == PROBE_MEM_HOST_UNREGISTER) CHECK(cuMemHostRegister(r.registered, 4096, 0));
+    }
+    if (made) CHECK(cuMemFreeHost(made));
+    if (made_device) CHECK(cuMemFree(made_device));
+    if (made_stream) CHECK(cuStreamDestroy(made_stream));
+    if (made_event) CHECK(cuEventDestroy(made_event));
+  }
+  CHECK(cuMemHostUnregister(r.registered));
+  free(r.registered);
+  free(r.to_register);
+  if (r.freed) CHECK(cuMemFree(r.freed));
+  if (r.pinned) CHECK(cuMemFreeHost(r.pinned));
+  CHECK(cuMemFree(r.device));
+  CHECK(cuEventDestroy(r.done));
+  CHECK(cuStreamDestroy(r.other));
+  CHECK(cuStreamDestroy(s));
+  return wrong == 0;
+}
+
 /* External event nodes: a graph captured with an event wait node (CU_EVENT_WAIT_EXTERNAL)
  * waits, at each launch, for the event's latest record as of that launch (eager work on
  * another stream); a record node (CU_EVENT_RECORD_EXTERNAL) records the event at each launch,
@@ -888,7 +1063,12 @@ static int stale_handles_are_errors(void) {
   EXPECT(cuEventRecord(e, 0) == CUDA_ERROR_INVALID_HANDLE);
   EXPECT(cuMemFree((CUdeviceptr)16) == CUDA_ERROR_INVALID_VALUE);
   EXPECT(cuMemcpyHtoD((CUdeviceptr)16, &s, 8) == CUDA_ERROR_INVALID_VALUE);
-  /* A primary context released to zero is destroyed: using it is an error. */
+  /* A primary context released to zero is destroyed: using it is an error. (Shown on a second
+   * GPU, whose context the check may destroy: a machine of one GPU, as the device has, checks
+   * the rest only.) */
+  int gpus = 0;
+  CHECK(cuDeviceGetCount(&gpus));
+  if (gpus < 2) return 1;
   CUdevice other;
   CUcontext ctx, current;
   CHECK(cuCtxGetCurrent(&current));
@@ -1262,6 +1442,8 @@ int main(int argc, char** argv) {
   run("an unjoined fork fails the capture", an_unjoined_fork_fails_the_capture);
   run("capture refuses what crosses it", capture_refuses_what_crosses_it);
   run("capture modes decide what is refused", capture_modes_decide_what_is_refused);
+  run("a global capture refuses exactly the unsafe calls",
+      a_global_capture_refuses_exactly_the_unsafe_calls);
   run("external event nodes order replays and eager work",
       external_event_nodes_order_replays_and_eager_work);
   run("a graph launched on two streams runs once at a time",
