@@ -1341,6 +1341,20 @@ SG_DEVICE void sg_apply_probe(const RawApply* a, sg_scratch* s) {
                false, false);
 }
 
+/* The pointer chase (RawChase): thread 0 of block 0 alone loads `hops` words in turn, each
+ * the offset of the next, with the flag polls' system-scope relaxed load, so no load can
+ * start before the one before it returned; it starts where `at` says and leaves there the
+ * offset it ended at. */
+SG_DEVICE void sg_chase(const RawChase* c) {
+  if (SG_THREAD != 0 || SG_BLOCK != 0) return;
+  const unsigned char* ring = (const unsigned char*)c->ring;
+  uint64_t* at = (uint64_t*)c->at;
+  uint64_t offset = sg_load_relaxed64(at);
+  for (uint64_t i = 0; i < c->hops; ++i)
+    offset = sg_load_relaxed64((const uint64_t*)(ring + offset));
+  sg_store_relaxed64(at, offset);
+}
+
 /* The peer probe (RawPeerProbe): by the first thread alone, over every peer in turn, the GPU's
  * own acquire load, system-scope atomic add and load of this rank's probe word in the peer's
  * staging, which the copy engine left holding the token; the verdict is released last. */
@@ -1582,6 +1596,8 @@ SG_GLOBAL void ncclStragglarTicketEnd(RawTicket args) { sg_ticket_end(&args); }
 SG_GLOBAL void ncclStragglarPeerProbe(RawPeerProbe args) { sg_peer_probe(&args); }
 
 SG_GLOBAL void ncclStragglarMulticastProbe(RawMulticastProbe args) { sg_multicast_probe(&args); }
+
+SG_GLOBAL void ncclStragglarChase(RawChase args) { sg_chase(&args); }
 
 /* `stragglar bench` only: holds its stream for `ns` nanoseconds of %globaltimer, so that a rank
  * sharing a GPU with its peers arrives late on the device, not just on the host. */

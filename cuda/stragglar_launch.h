@@ -544,6 +544,30 @@ typedef struct RawMulticastProbe {
 } RawMulticastProbe;
 
 /**
+ * The pointer chase (`ncclStragglarChase`, one thread of one block): `hops` dependent loads
+ * through a ring of byte offsets, each the system-scope relaxed load the kernels poll flags
+ * with, so each waits for the one before it: its time over `hops` is one load's latency. It
+ * starts at the offset in `at` and leaves there the offset it ended at, so that launches one
+ * after the other go on around the ring (a fresh word each time, on a ring larger than the
+ * L2), and the host checks it against its own walk of the ring.
+ */
+typedef struct RawChase {
+  /**
+   * The ring: 8-byte words, each the byte offset (from `ring`) of the next word to load.
+   */
+  uint64_t ring;
+  /**
+   * `uint64_t`, device memory: the offset of the first word to load (8-byte aligned), then
+   * the offset the chase ended at.
+   */
+  uint64_t at;
+  /**
+   * Loads to make, one after the other.
+   */
+  uint64_t hops;
+} RawChase;
+
+/**
  * The ticket kernel (`ncclStragglarTicket`, one thread): the arrival record of a call that
  * goes to NCCL, so the policy keeps seeing arrivals while it forwards. It waits for nobody (no
  * loop in its code: `tests/nvrtc.rs`): it publishes what this rank noted of its previous call,

@@ -34,6 +34,8 @@
 #   3. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%), for
 #      float, half and bfloat16 (the halves within 10% of float, their device conversions
 #      checked against src/reduce)
+#      one load's latency (pointer chase, L2 and HBM) and the rate against the grid (the bytes
+#      in flight the code keeps, by Little's law)
 #      the fixed cost of a step (target <= 2 us) and of a call, fitted over Ring at n = 2..8
 #   4. PyTorch under LD_PRELOAD with world size 1: interception active, AllReduce right, no crash;
 #      observe mode with 4 PyTorch ranks on the one GPU (the real NCCL), the late one named;
@@ -338,6 +340,16 @@ for t in float half bfloat16; do
     measured "  $t: the device's cvt against src/reduce" "bandwidth-$t.log" '# conversions: ' '# conversions: '
   fi
 done
+
+# 3a. Latency and bytes in flight: one load's latency by a pointer chase (a 1 MiB ring in the
+#     L2, a 256 MiB one in HBM), then the copy and the reduce of 2 on 256 MiB at 1 block, 2, 4
+#     .. two per SM and the AllReduce grid, with the reads each keeps in flight by Little's law
+#     (rate x latency): how many blocks the code needs to reach its rate. One GPU: L2 and HBM,
+#     not NVLink (the row says so); the bench's own AllReduce after it is one small call.
+step "latency and bytes in flight (pointer chase, grid sweep)" "latency.log" \
+  sg bench --backend cuda --ranks 2 --latency -b 256M -e 256M -n 10 -w 1 --buffer-bytes 1G \
+  --timeout-ms 60000
+measured "  latency and bytes in flight" "latency.log" '# latency summary: ' '# latency summary: '
 
 # 3b. Fixed costs: Ring on 1 KiB (the data moves in no time), each rank's calls captured into a
 #     graph and replayed (no host in the timing), at 2, 4, 6 and 8 ranks sharing the GPU. The time

@@ -458,6 +458,40 @@ fn bench_bandwidth_checks_the_device_conversions_before_its_rates() {
     }
 }
 
+/// `--latency`: the pointer chase ends where the host's walk of its ring does (the bench fails
+/// otherwise), and the grid sweep has a row per grid from 1 block to two per SM, the AllReduce
+/// grid marked, each saying what it measures on one GPU. The figures mean nothing here.
+#[test]
+fn bench_latency_chases_its_rings_and_sweeps_the_grid() {
+    let out = bench(&["--latency", "-b", "1M", "-e", "1M", "-n", "1"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert!(text.contains("1 MiB ring (in the L2)"), "{text}");
+    assert!(text.contains("256 MiB ring (in memory)"), "{text}");
+    let grids: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("# rate against the grid"))
+        .skip(2)
+        .take_while(|l| !l.starts_with("# latency summary"))
+        .map(|l| l.trim_start_matches('#').split_whitespace().next().unwrap())
+        .collect();
+    // The emulated GPU's 32 SMs: 1, 2, 4 .. 64 blocks; the AllReduce grid (8) among them.
+    assert_eq!(grids, ["1", "2", "4", "8", "16", "32", "64"], "{text}");
+    assert!(text.contains("KiB  (the AllReduce grid)"), "{text}");
+    let summary = text
+        .lines()
+        .find(|l| l.starts_with("# latency summary: "))
+        .unwrap_or_else(|| panic!("no summary:\n{text}"));
+    assert!(
+        summary.contains("at the AllReduce grid (8 blocks)"),
+        "{summary}"
+    );
+    assert!(
+        summary.ends_with("(one GPU: L2 and HBM, not NVLink)"),
+        "{summary}"
+    );
+}
+
 #[test]
 fn bench_svg_and_json_report_each_type_and_op() {
     let dir = support::scratch("emulated-bench-svg");

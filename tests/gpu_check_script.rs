@@ -73,6 +73,7 @@ fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
         "straggler policy on the GPU: 4 ranks, rank 3 late",
         "policy in graph replays, on the GPU: 4 ranks, rank 3 late",
         "kernel bandwidth vs cuMemcpyDtoD",
+        "latency and bytes in flight (pointer chase, grid sweep)",
         "fixed cost per step and per call",
         "processes over CUDA IPC: n=2,3,4",
         "one hardware queue per process: 3 processes, eager and graph",

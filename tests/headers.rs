@@ -12,7 +12,7 @@ use stragglar::gpu::arrival::{RawArrivalNote, RawBoardSlot, RawRingEntry, RawTic
 use stragglar::gpu::choice::{
     RawClassState, RawClassTimes, RawDetector, RawGraphState, RawRule, RawSamples,
 };
-use stragglar::gpu::launch::{RawLaunch, RawMulticastProbe, RawPeer, RawPeerProbe};
+use stragglar::gpu::launch::{RawChase, RawLaunch, RawMulticastProbe, RawPeer, RawPeerProbe};
 use stragglar::nccl::types::{ncclConfig_t, ncclUniqueId};
 use stragglar::plan::{RawPlanHeader, RawSource, RawStep, RawValue};
 
@@ -231,6 +231,7 @@ fn generate_launch_h() -> String {
         "RawApply",
         "RawPeerProbe",
         "RawMulticastProbe",
+        "RawChase",
         "RawTicket",
         "RawBoardSlot",
         "RawRingEntry",
@@ -270,6 +271,7 @@ fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
             "RawMulticastProbe",
             std::mem::size_of::<RawMulticastProbe>(),
         ),
+        ("RawChase", std::mem::size_of::<RawChase>()),
         ("RawTicket", std::mem::size_of::<RawTicket>()),
         ("RawBoardSlot", std::mem::size_of::<RawBoardSlot>()),
         ("RawRingEntry", std::mem::size_of::<RawRingEntry>()),

@@ -390,6 +390,7 @@ fn bad_arguments_are_usage_errors() {
         vec!["--backend", "cuda", "--jitter-us", "5"],
         vec!["--graph"],
         vec!["--bandwidth"],
+        vec!["--latency"],
         vec!["-o", "all"],
         vec!["--algo", "bogus"],
         vec!["--late-rank", "1,x"],

@@ -9,6 +9,7 @@ mod kernels;
 pub mod model;
 pub mod plan;
 mod report;
+mod rng;
 mod run;
 mod soak;
 mod team_check;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::args::{parse_bytes, Args, UsageError};
 use super::bench::data;
+use super::rng::Rng;
 use crate::engine::host::link::LinkModel;
 use crate::engine::host::runner::{all_reduce, layout_for};
 use crate::engine::host::segment::SegmentLayout;
@@ -22,22 +23,6 @@ const CALLS_PER_COMM: usize = 40;
 const SOAK_STAGING: usize = 16 << 20;
 /// How often a long soak reports progress on stderr.
 const PROGRESS_EVERY: Duration = Duration::from_secs(60);
-
-/// A deterministic generator every rank runs in step (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// One call's parameters, drawn identically on every rank.
 #[derive(Debug, Clone, Copy)]
@@ -152,7 +137,7 @@ fn run_comm(
                     }
                 };
                 let mut cache = PlanCache::default();
-                let mut rng = Rng(seed ^ comm_index.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
+                let mut rng = Rng::new(seed ^ comm_index.wrapping_mul(0xd1b5_4a32_d192_ed03));
                 // Reused across calls: fresh multi-megabyte buffers would page-fault each time.
                 let (mut input, mut output) = (Vec::new(), Vec::new());
                 for i in 0..calls as u64 {
@@ -239,7 +224,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     let start = Instant::now();
     let (mut done, mut wrong, mut elements, mut disagreements, mut failures) =
         (0u64, 0u64, 0u64, 0u64, Vec::new());
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let mut comm_index = 0;
     // Resuming: the communicators before `from_call` are drawn (so every later one is the same
     // as in a run from the start) but not run.

@@ -20,6 +20,8 @@ pub const APPLY_PROBE_KERNEL: &str = "ncclStragglarApplyProbe";
 pub const PEER_PROBE_KERNEL: &str = "ncclStragglarPeerProbe";
 /// The multicast probe's entry point (`RawMulticastProbe`).
 pub const MULTICAST_PROBE_KERNEL: &str = "ncclStragglarMulticastProbe";
+/// `stragglar bench --latency`'s pointer chase (`RawChase`).
+pub const CHASE_KERNEL: &str = "ncclStragglarChase";
 
 /// The sources, in include order: `(file name, text)`.
 pub const SOURCES: [(&str, &str); 7] = [

@@ -212,6 +212,24 @@ pub struct RawMulticastProbe {
     pub rank: u32,
 }
 
+/// The pointer chase (`ncclStragglarChase`, one thread of one block): `hops` dependent loads
+/// through a ring of byte offsets, each the system-scope relaxed load the kernels poll flags
+/// with, so each waits for the one before it: its time over `hops` is one load's latency. It
+/// starts at the offset in `at` and leaves there the offset it ended at, so that launches one
+/// after the other go on around the ring (a fresh word each time, on a ring larger than the
+/// L2), and the host checks it against its own walk of the ring.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawChase {
+    /// The ring: 8-byte words, each the byte offset (from `ring`) of the next word to load.
+    pub ring: u64,
+    /// `uint64_t`, device memory: the offset of the first word to load (8-byte aligned), then
+    /// the offset the chase ended at.
+    pub at: u64,
+    /// Loads to make, one after the other.
+    pub hops: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,5 +241,6 @@ mod tests {
         assert_eq!(std::mem::size_of::<RawApply>(), 96);
         assert_eq!(std::mem::size_of::<RawPeerProbe>(), 40);
         assert_eq!(std::mem::size_of::<RawMulticastProbe>(), 16);
+        assert_eq!(std::mem::size_of::<RawChase>(), 24);
     }
 }

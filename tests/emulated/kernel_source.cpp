@@ -64,6 +64,9 @@ void body(void* arg, uint32_t thread) {
     case emu::KernelId::MulticastProbe:
       sg_multicast_probe((const RawMulticastProbe*)run->params);
       break;
+    case emu::KernelId::Chase:
+      sg_chase((const RawChase*)run->params);
+      break;
     case emu::KernelId::SetBranch: {
       /* cuda/stragglar_branch.ptx: thread 0 sets the handle to the word's value. */
       uint64_t args[2];
@@ -155,6 +158,7 @@ const emu::KernelSpec kSpecs[] = {
     {"ncclStragglarPeerProbe", emu::KernelId::PeerProbe, sizeof(RawPeerProbe), 1024},
     {"ncclStragglarMulticastProbe", emu::KernelId::MulticastProbe, sizeof(RawMulticastProbe),
      1024},
+    {"ncclStragglarChase", emu::KernelId::Chase, sizeof(RawChase), 1024},
     {"ncclStragglarFault", emu::KernelId::Fault, sizeof(uint64_t), 1024},
     {"ncclStragglarSetBranch", emu::KernelId::SetBranch, 2 * sizeof(uint64_t), 1024},
 };

@@ -15,6 +15,7 @@ enum class KernelId {
   ApplyProbe,
   PeerProbe,
   MulticastProbe,
+  Chase,
   Fault,
   SetBranch
 };

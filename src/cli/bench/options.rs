@@ -113,6 +113,9 @@ pub struct BenchOptions {
     pub backend: Backend,
     /// `--bandwidth` (CUDA backend): first measure the kernels against the device's copy rate.
     pub bandwidth: bool,
+    /// `--latency` (CUDA backend): first measure one load's latency (a pointer chase) and the
+    /// kernels' rate against their blocks (the bytes in flight they keep).
+    pub latency: bool,
     /// `--graph` (CUDA backend): the timed calls are captured once into a CUDA graph per rank
     /// and replayed, and the replayed results are checked too. With `--algo auto` they are
     /// graph launches, whose replays choose their plan on the GPU.
@@ -169,7 +172,7 @@ stragglar bench [-b SIZE] [-e SIZE] [-i SIZE | -f F] [-n ITERS] [-w WARMUP] [-c 
                 [--late-every K] [--delay-us D] [--jitter-us J] [--link-gbs G]
                 [--link-latency-us A] [--baseline-link-gbs G] [--buffer-bytes B] [--timeout-ms T]
                 [--fault ACTION@PHASE[:CALL]] [--fault-rank R]
-                [--bandwidth] [--graph] [--unordered-reads]
+                [--bandwidth] [--latency] [--graph] [--unordered-reads]
     nccl-tests' all_reduce_perf on the host engine (default: 8 processes over shared memory)
     or on the GPU engine (--backend cuda: every rank on GPU 0), every element checked; the
     late rank arrives D us late on every call; --link-gbs emulates links on the host
@@ -179,7 +182,9 @@ stragglar bench [-b SIZE] [-e SIZE] [-i SIZE | -f F] [-n ITERS] [-w WARMUP] [-c 
     --algo multicast runs multicast StragglAR (host engine: a multicast send's readers share
     the sender's emulated port);
     -a: each row's time is rank 0's (0), the average over ranks (1, default), the fastest
-    rank's (2) or the slowest's (3); -J writes the rows as JSON; --bandwidth, --graph and --unordered-reads need cuda
+    rank's (2) or the slowest's (3); -J writes the rows as JSON; --bandwidth (the kernels
+    against cuMemcpyDtoD), --latency (a pointer chase and the kernels' rate against their
+    blocks), --graph and --unordered-reads need cuda
 ";
 
 impl BenchOptions {
@@ -246,6 +251,7 @@ impl BenchOptions {
             }
         };
         let bandwidth = args.flag(&["--bandwidth"]);
+        let latency = args.flag(&["--latency"]);
         let graph = args.flag(&["--graph"]);
         let unordered_reads = args.flag(&["--unordered-reads"]);
         let ranks: usize = args.parsed(&["--ranks"], "a rank count")?.unwrap_or(8);
@@ -344,6 +350,7 @@ impl BenchOptions {
             ranks_as,
             backend,
             bandwidth,
+            latency,
             graph,
             unordered_reads,
             algo,
@@ -379,9 +386,9 @@ impl BenchOptions {
             if self.algo == BenchAlgo::Multicast {
                 return fail("--algo multicast runs on the host engine only: the bench's GPU ranks share GPU 0, and a multicast team needs a GPU per rank (a job's communicators run it with STRAGGLAR_MULTICAST=1)".into());
             }
-        } else if self.bandwidth || self.graph || self.unordered_reads {
+        } else if self.bandwidth || self.latency || self.graph || self.unordered_reads {
             return fail(
-                "--bandwidth, --graph and --unordered-reads are about GPU kernels: use them with --backend cuda"
+                "--bandwidth, --latency, --graph and --unordered-reads are about GPU kernels: use them with --backend cuda"
                     .into(),
             );
         } else if self.ops.len() > 1 || self.dtypes.len() > 1 {

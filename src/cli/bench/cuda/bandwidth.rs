@@ -1,9 +1,10 @@
 //! `--bandwidth`: the kernels' element-wise code (the bandwidth probe kernel) against the
 //! device's own `cuMemcpyDtoD` on the same bytes.
 
+use super::timing::Timer;
 use super::{GpuKernels, THREADS};
 use crate::cli::bench::options::BenchOptions;
-use crate::engine::cuda::driver::{copy_async, DeviceMemory, Event, GpuError, Stream};
+use crate::engine::cuda::driver::{copy_async, DeviceMemory, GpuError};
 use crate::engine::cuda::grid::blocks_for;
 use crate::gpu::kernels::{op_code, APPLY_PROBE_KERNEL};
 use crate::gpu::launch::RawApply;
@@ -24,21 +25,9 @@ pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), S
         .map(|_| DeviceMemory::zeroed(&gpu.device, bytes))
         .collect::<Result<Vec<_>, _>>()
         .map_err(err)?;
-    let stream = Stream::new(&gpu.device).map_err(err)?;
-    let (start, end) = (
-        Event::new(&gpu.device).map_err(err)?,
-        Event::new(&gpu.device).map_err(err)?,
-    );
+    let timer = Timer::new(gpu).map_err(err)?;
     let iters = options.iters.max(5);
-    let time = |work: &dyn Fn() -> Result<(), GpuError>| -> Result<f64, GpuError> {
-        work()?;
-        start.record(&stream)?;
-        for _ in 0..iters {
-            work()?;
-        }
-        end.record(&stream)?;
-        Ok(start.elapsed_ms(&end)? as f64 * 1e-3 / iters as f64)
-    };
+    let time = |work: &dyn Fn() -> Result<(), GpuError>| timer.per_run(iters, work);
     if let dtype @ (DataType::F16 | DataType::Bf16) = options.dtypes[0] {
         let checked = super::conversions::check(
             gpu,
@@ -52,8 +41,9 @@ pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), S
     }
     let copy_rate = {
         // SAFETY: both buffers hold `bytes` bytes and outlive the synchronised timing.
-        let t = time(&|| unsafe { copy_async(&stream, buffers[0].ptr, buffers[1].ptr, bytes) })
-            .map_err(err)?;
+        let t =
+            time(&|| unsafe { copy_async(&timer.stream, buffers[0].ptr, buffers[1].ptr, bytes) })
+                .map_err(err)?;
         2.0 * bytes as f64 / t / 1e9
     };
     println!(
@@ -72,19 +62,9 @@ pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), S
         println!("#   {grid}: {blocks} x {THREADS} threads");
         let mut shares = Vec::new();
         for k in [1usize, 2, operands] {
-            let mut args = RawApply {
-                output: buffers[0].ptr,
-                bytes: bytes as u64,
-                operand_count: k as u32,
-                op: op_code(ReduceOp::Sum),
-                datatype: options.dtypes[0].nccl_code(),
-                ..Default::default()
-            };
-            for (slot, b) in args.operands.iter_mut().zip(&buffers[1..]) {
-                *slot = b.ptr;
-            }
+            let args = apply_args(&buffers, k, options.dtypes[0], bytes);
             // SAFETY: every operand and the output hold `bytes` bytes and outlive the timing.
-            let t = time(&|| unsafe { gpu.probe.launch(stream.raw, blocks, THREADS, &args) })
+            let t = time(&|| unsafe { gpu.probe.launch(timer.stream.raw, blocks, THREADS, &args) })
                 .map_err(err)?;
             let rate = (k + 1) as f64 * bytes as f64 / t / 1e9;
             let what = if k == 1 {
@@ -103,4 +83,26 @@ pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), S
         summary.join("; ")
     );
     Ok(())
+}
+
+/// The bandwidth probe's arguments: the sum into `buffers[0]` of the `operands` buffers after
+/// it (one operand: a copy), over `bytes` of `dtype`.
+pub(super) fn apply_args(
+    buffers: &[DeviceMemory],
+    operands: usize,
+    dtype: DataType,
+    bytes: usize,
+) -> RawApply {
+    let mut args = RawApply {
+        output: buffers[0].ptr,
+        bytes: bytes as u64,
+        operand_count: operands as u32,
+        op: op_code(ReduceOp::Sum),
+        datatype: dtype.nccl_code(),
+        ..Default::default()
+    };
+    for (slot, b) in args.operands.iter_mut().zip(&buffers[1..=operands]) {
+        *slot = b.ptr;
+    }
+    args
 }

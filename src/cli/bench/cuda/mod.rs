@@ -10,7 +10,9 @@
 mod bandwidth;
 mod conversions;
 pub mod ipc;
+mod latency;
 mod local;
+mod timing;
 
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::AtomicI64;
@@ -32,7 +34,7 @@ use crate::engine::cuda::setup::{Devices, SetupError};
 use crate::engine::cuda::sizing::NVSWITCH_LINK;
 use crate::engine::cuda::sizing::{layout, Sizing};
 use crate::engine::cuda::staging::StagingLayout;
-use crate::gpu::kernels::{APPLY_PROBE_KERNEL, DELAY_KERNEL};
+use crate::gpu::kernels::{APPLY_PROBE_KERNEL, CHASE_KERNEL, DELAY_KERNEL};
 use crate::plan::PlanCache;
 use crate::reduce::{DataType, ReduceOp};
 use crate::schedule::Algorithm;
@@ -46,6 +48,8 @@ pub struct GpuKernels {
     /// The late rank's device-side delay (`--delay-us`).
     pub delay: Kernel,
     pub probe: Kernel,
+    /// `--latency`'s pointer chase.
+    pub chase: Kernel,
     pub arch: String,
 }
 
@@ -57,12 +61,14 @@ pub fn open_gpu() -> Result<GpuKernels, String> {
     let gpu = |e: GpuError| e.to_string();
     let probe = Kernel::load(&device, &loaded.cubin, APPLY_PROBE_KERNEL).map_err(gpu)?;
     let delay = Kernel::load(&device, &loaded.cubin, DELAY_KERNEL).map_err(gpu)?;
+    let chase = Kernel::load(&device, &loaded.cubin, CHASE_KERNEL).map_err(gpu)?;
     Ok(GpuKernels {
         kernels: loaded.kernels.clone(),
         arch: loaded.arch.clone(),
         device,
         delay,
         probe,
+        chase,
     })
 }
 
@@ -307,7 +313,7 @@ pub fn run(options: &BenchOptions) -> i32 {
 }
 
 /// The run's setup, and the machine it runs on in words for the header; the kernels' rates
-/// first with `--bandwidth`.
+/// first with `--bandwidth`, the latencies and rates against the grid with `--latency`.
 fn preamble(options: &BenchOptions, gpu: &GpuKernels) -> Result<(Setup, String), String> {
     let err = |e: GpuError| e.to_string();
     let sms = gpu.device.sm_count().map_err(err)? as u32;
@@ -320,6 +326,9 @@ fn preamble(options: &BenchOptions, gpu: &GpuKernels) -> Result<(Setup, String),
     );
     if options.bandwidth {
         bandwidth::table(options, gpu, sms)?;
+    }
+    if options.latency {
+        latency::table(options, gpu, sms)?;
     }
     Ok((setup, machine))
 }
