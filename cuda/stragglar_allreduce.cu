@@ -132,24 +132,41 @@ SG_DEVICE const T* sg_at(const RawPlanHeader* plan, uint64_t offset) {
   return (const T*)((const unsigned char*)plan + offset);
 }
 
-/* Bytes [begin, end) of a chunk of `chunk_bytes` that block `b` of `blocks` covers: an equal
- * share of whole 16-byte units, the same split on every rank; the last block's range may end
- * in a partial unit. Units times blocks stay far below 2^64 (2^40 units, 2^10 blocks). */
-SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint64_t* begin,
-                        uint64_t* end) {
+/* Bytes [begin, end) of a chunk of `chunk_bytes` in shares `[from, to)` of `shares`: whole
+ * 16-byte units, the same split on every rank; the range ending at the last share may end in
+ * a partial unit. Units times shares stay far below 2^64 (2^40 units, 2^20 shares). */
+SG_DEVICE void sg_share(uint64_t chunk_bytes, uint64_t from, uint64_t to, uint64_t shares,
+                        uint64_t* begin, uint64_t* end) {
   const uint64_t units = (chunk_bytes + 15) / 16;
-  *begin = blocks == 0 ? 0 : units * b / blocks * 16;
-  uint64_t e = blocks == 0 ? 0 : units * (b + 1) / blocks * 16; /* no blocks: nothing to cover */
+  *begin = shares == 0 ? 0 : units * from / shares * 16;
+  uint64_t e = shares == 0 ? 0 : units * to / shares * 16; /* no shares: nothing to cover */
   *end = e < chunk_bytes ? e : chunk_bytes;
   if (*begin > *end) *begin = *end;
 }
 
-/* This block's bytes [begin, end) of a chunk of `bytes` in `call`: its plan block's share (see
- * sg_slice), equal for every plan block. Plan block 0 runs it with one warp fewer when the
- * launch records its arrival (that warp's): 1/15 more work per thread there at 512 threads. */
+/* Bytes [begin, end) of a chunk of `chunk_bytes` that block `b` of `blocks` covers: an equal
+ * share (the bandwidth probe's split). */
+SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint64_t* begin,
+                        uint64_t* end) {
+  sg_share(chunk_bytes, b, (uint64_t)b + 1, blocks, begin, end);
+}
+
+/* This block's bytes [begin, end) of a chunk of `bytes` in `call`: shared out in proportion to
+ * the threads each plan block moves data with, counted alike on every rank and every launch
+ * from the communicator's fixed `blocks` and `threads`: plan block 0 counts the arrival warp's
+ * threads (SG_ARRIVAL_LANES) out, whether this launch records its arrival or not. A launch
+ * that records it (the default) then has no block slower than the rest, where equal shares
+ * gave plan block 0's 15 warps of 512 threads 1/15 more work per thread; one that does not
+ * leaves plan block 0 that warp's share idle (1/16 of a block's work spread over the others:
+ * 0.2% more each at 32 blocks). `blocks` is the running grid's size, so at least 1. */
 SG_DEVICE void sg_call_slice(const sg_call* call, uint64_t bytes, uint64_t* begin,
                              uint64_t* end) {
-  sg_slice(bytes, call->block, call->args->blocks, begin, end);
+  const uint64_t threads = call->args->threads;
+  const uint64_t b = call->block;
+  const uint64_t spare = threads > SG_ARRIVAL_LANES ? SG_ARRIVAL_LANES : 0;
+  const uint64_t from = b == 0 ? 0 : b * threads - spare;
+  sg_share(bytes, from, (b + 1) * threads - spare, call->args->blocks * threads - spare, begin,
+           end);
 }
 
 /* The flag of this block's slice of value `value` of rank `owner` in the inbox of rank
