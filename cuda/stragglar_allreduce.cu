@@ -1366,9 +1366,9 @@ SG_DEVICE void sg_chase(const RawChase* c) {
   if (SG_THREAD != 0 || SG_BLOCK != 0) return;
   const unsigned char* ring = (const unsigned char*)c->ring;
   uint64_t* at = (uint64_t*)c->at;
+  const uint64_t hops = c->hops;
   uint64_t offset = sg_load_relaxed64(at);
-  for (uint64_t i = 0; i < c->hops; ++i)
-    offset = sg_load_relaxed64((const uint64_t*)(ring + offset));
+  for (uint64_t i = 0; i < hops; ++i) offset = sg_load_relaxed64((const uint64_t*)(ring + offset));
   sg_store_relaxed64(at, offset);
 }
 

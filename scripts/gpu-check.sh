@@ -17,7 +17,10 @@
 #   --quick    fewer world sizes, types and ops (a minute or two)
 #   --prepare  on the build machine: build and fill the inputs, then run the dry run
 #   --only REGEX  run only the steps whose names match REGEX (bash's =~), the others marked
-#              UNSELECTED: a rerun of the rows that failed, in what is left of a window
+#              UNSELECTED (the kernels' step always runs: the others need its cache): a rerun
+#              of the rows that failed, in what is left of a window; fails if none matches;
+#              its summary and archive are named summary-only-DATE.txt and
+#              gpu-check-logs-only-DATE.tar.gz, beside an earlier run's
 # Each run of the binary (and the PyTorch check) is stopped after RUN_LIMIT_S seconds (240), or
 # when the whole check's BUDGET_S is spent: a step cut short shows CUT, later steps SKIPPED.
 # Environment: STRAGGLAR_BIN, STRAGGLAR_LIB (the carried binaries, default target/release/),
@@ -77,6 +80,18 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+if [ -n "$ONLY" ]; then
+  [[ "" =~ $ONLY ]]
+  if [ $? -eq 2 ]; then
+    echo "gpu-check: --only '$ONLY' is not a valid regular expression" >&2
+    usage
+  fi
+fi
+# A rerun with --only keeps an earlier run's summary and logs: its own are named apart.
+NAMED=""
+if [ -n "$ONLY" ]; then NAMED="-only-$(date +%Y%m%d-%H%M%S)"; fi
+# Steps --only selected (the kernels' step aside, which always runs).
+SELECTED=0
 
 BIN="${STRAGGLAR_BIN:-target/release/stragglar}"
 LIB="${STRAGGLAR_LIB:-target/release/libstragglar.so}"
@@ -160,10 +175,16 @@ host_cost() { measured "$1" "$2" '# host time to queue one eager call' '): '; }
 step() {
   local name="$1" log="$2"
   shift 2
-  if [ -n "$ONLY" ] && ! [[ "$name" =~ $ONLY ]]; then
-    record "$name" UNSELECTED "not matched by --only"
-    return 0
-  fi
+  case "$name" in
+    "kernels carried"* | "kernels compile"*) ;; # every later step needs its kernel cache
+    *)
+      if [ -n "$ONLY" ] && ! [[ "$name" =~ $ONLY ]]; then
+        record "$name" UNSELECTED "not matched by --only"
+        return 0
+      fi
+      SELECTED=$((SELECTED + 1))
+      ;;
+  esac
   # No row may come from an earlier run's log.
   if [ "$DRY" = 0 ]; then rm -f "$OUT/$log"; fi
   printf '\n== %s\n$ %s\n' "$name" "$*"
@@ -341,11 +362,12 @@ for t in float half bfloat16; do
   fi
 done
 
-# 3a. Latency and bytes in flight: one load's latency by a pointer chase (a 1 MiB ring in the
-#     L2, a 256 MiB one in HBM), then the copy and the reduce of 2 on 256 MiB at 1 block, 2, 4
-#     .. two per SM and the AllReduce grid, with the reads each keeps in flight by Little's law
-#     (rate x latency): how many blocks the code needs to reach its rate. One GPU: L2 and HBM,
-#     not NVLink (the row says so); the bench's own AllReduce after it is one small call.
+# 3a. Latency and bytes in flight: one load's latency by a pointer chase (a ring in the L2,
+#     one of four times the L2 in HBM), then the copy and the reduce of 2 on 256 MiB at 1 block,
+#     2, 4 .. two per SM and the AllReduce grid, with the reads each keeps in flight by
+#     Little's law (rate x unloaded latency, an estimate): how many blocks the code needs to
+#     reach its rate. One GPU: L2 and HBM, not NVLink (the row says so). The bench's own
+#     AllReduce after it runs 2 ranks at 256 MiB (a few seconds).
 step "latency and bytes in flight (pointer chase, grid sweep)" "latency.log" \
   sg bench --backend cuda --ranks 2 --latency -b 256M -e 256M -n 10 -w 1 --buffer-bytes 1G \
   --timeout-ms 60000
@@ -729,15 +751,19 @@ step "eager calls and graph replays mixed: 4 processes, $SOAK_ROUNDS rounds, loo
 #    A rank that never arrives: rank 2 is killed before call 30, and every other rank's call
 #    must give up by the deadline (5 s), report the error and abort its communicator, on the
 #    engine (the GPU's waits watch the deadline and the failure words), not hang.
+#    The whole run (setup, 30 calls, the wait) must end within NEVER_ARRIVES_S (60) seconds:
+#    ranks released by the deadline, not by the run limit.
+NEVER_ARRIVES_S=60
 never_arrives() {
-  local run="$OUT/never-arrives-run.log" status failed
+  local run="$OUT/never-arrives-run.log" status failed started=$SECONDS took
   STRAGGLAR_GPU_ENGINE=1 STRAGGLAR_ALGO=stragglar STRAGGLAR_BUFFER_BYTES=1M \
     STRAGGLAR_TIMEOUT_MS=5000 loopback_ranks 4 2 30 >"$run" 2>&1
   status=$?
+  took=$((SECONDS - started))
   tail -n 12 "$run"
   failed=$(grep -c "^rank [013]: error at call 30" "$run")
-  echo "# never arrives: $failed of the 3 other ranks failed call 30 and aborted (exit $status)"
-  [ "$status" = 0 ] && [ "$failed" = 3 ]
+  echo "# never arrives: $failed of the 3 other ranks failed call 30 and aborted (exit $status) in $took s (at most $NEVER_ARRIVES_S)"
+  [ "$status" = 0 ] && [ "$failed" = 3 ] && [ "$took" -le "$NEVER_ARRIVES_S" ]
 }
 step "a rank that never arrives: 4 processes, rank 2 killed, a 5 s deadline" never-arrives.log never_arrives
 if [ "$MPS_STARTED" = 1 ]; then
@@ -773,13 +799,16 @@ if [ "$DRY" = 0 ]; then
     fi
     rm -f "$log"
   done
-  tar -czf "$OUT/gpu-check-logs.tar.gz" -C "$WORK" logs
+  tar -czf "$OUT/gpu-check-logs$NAMED.tar.gz" -C "$WORK" logs
   rm -rf "$WORK"
 fi
 
 if [ "$DRY" = 1 ]; then
   rm -rf "$WORK"
   if [ "$INPUTS_MISSING" = 1 ]; then FAILED=1; fi
+fi
+if [ -n "$ONLY" ] && [ "$SELECTED" = 0 ]; then
+  record "--only $ONLY" FAIL "matched no step"
 fi
 {
   echo
@@ -788,6 +817,6 @@ fi
   for line in "${SUMMARY[@]}"; do
     echo "$line"
   done
-  if [ "$DRY" = 0 ]; then echo "logs: $OUT/gpu-check-logs.tar.gz (log names as in the rows)"; fi
-} | tee "$OUT/summary.txt"
+  if [ "$DRY" = 0 ]; then echo "logs: $OUT/gpu-check-logs$NAMED.tar.gz (log names as in the rows)"; fi
+} | tee "$OUT/summary$NAMED.txt"
 exit "$FAILED"

@@ -143,13 +143,13 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "STRAGGLAR_MULTICAST_OBJECTS",
         default: "16",
-        meaning: "the most NVLink multicast objects the GPU engine holds at once on this host, over every process of this user (one per communicator with a multicast team); the switch's others stay NCCL's NVLS's (an HGX H100/H200 switch has 128)",
+        meaning: "the most NVLink multicast objects the GPU engine holds at once on this host, over every process of this user (one per communicator with a multicast team; at most 1024); the switch's others stay NCCL's NVLS's (an HGX H100/H200 switch has 128, as NCCL's users report)",
         parse: |c, v| match v.parse::<usize>() {
-            Ok(n) => {
+            Ok(n) if n <= MAX_MULTICAST_OBJECTS => {
                 c.multicast_objects = n;
                 true
             }
-            Err(_) => false,
+            _ => false,
         },
         show: |c| c.multicast_objects.to_string(),
     },
@@ -324,8 +324,12 @@ pub const DEFAULT_STAGING_CAP: u64 = 4 << 30;
 
 /// Default of `STRAGGLAR_MULTICAST_OBJECTS`: 16 on a host, one per communicator with a team (a
 /// job's tensor-, data- and context-parallel groups of 8 GPUs need a handful), leaving 112 of an
-/// HGX H100/H200 switch's 128 to NCCL's NVLS.
+/// HGX H100/H200 switch's 128 (as NCCL's users report) to NCCL's NVLS.
 pub const DEFAULT_MULTICAST_OBJECTS: usize = 16;
+
+/// The largest `STRAGGLAR_MULTICAST_OBJECTS` taken: a GB200 NVL72 rack's switches have about
+/// 1024 (as reported), and every slot is a file the count visits.
+pub const MAX_MULTICAST_OBJECTS: usize = 1024;
 
 /// The effective configuration of this process.
 #[derive(Debug, Clone, PartialEq, Eq)]

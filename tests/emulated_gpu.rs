@@ -22,7 +22,20 @@ fn emulated(args: &[&str]) -> Command {
     if let Ok(seed) = std::env::var("STRAGGLAR_EMU_SEED") {
         cmd.env("STRAGGLAR_EMU_SEED", seed);
     }
+    cmd.env("STRAGGLAR_TEST_MULTICAST_SLOTS", multicast_slots_dir());
     cmd
+}
+
+/// Where this test binary's engines count their multicast objects: apart from any job's or
+/// other test run's on this host (made by the first team, for this user only).
+fn multicast_slots_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        std::env::temp_dir().join(format!(
+            "stragglar-test-multicast-slots-{}",
+            std::process::id()
+        ))
+    })
 }
 
 /// Builds the driver and the self-test once per test binary; the directory holding them.
@@ -460,14 +473,20 @@ fn bench_bandwidth_checks_the_device_conversions_before_its_rates() {
 
 /// `--latency`: the pointer chase ends where the host's walk of its ring does (the bench fails
 /// otherwise), and the grid sweep has a row per grid from 1 block to two per SM, the AllReduce
-/// grid marked, each saying what it measures on one GPU. The figures mean nothing here.
+/// grid marked, each saying what it measures. The figures mean nothing here.
 #[test]
 fn bench_latency_chases_its_rings_and_sweeps_the_grid() {
     let out = bench(&["--latency", "-b", "1M", "-e", "1M", "-n", "1"], &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", support::describe(&out));
-    assert!(text.contains("1 MiB ring (in the L2)"), "{text}");
-    assert!(text.contains("256 MiB ring (in memory)"), "{text}");
+    // The rings from the emulated GPU's 4 MiB of L2: a quarter of it (at most 1 MiB) and four
+    // times it.
+    assert!(text.contains("an L2 of 4096 KiB"), "{text}");
+    assert!(text.contains("   1024 KiB ring (in the L2)"), "{text}");
+    assert!(
+        text.contains("  16384 KiB ring (random loads from memory)"),
+        "{text}"
+    );
     let grids: Vec<&str> = text
         .lines()
         .skip_while(|l| !l.starts_with("# rate against the grid"))
@@ -487,7 +506,8 @@ fn bench_latency_chases_its_rings_and_sweeps_the_grid() {
         "{summary}"
     );
     assert!(
-        summary.ends_with("(one GPU: L2 and HBM, not NVLink)"),
+        // 1 MiB a buffer, under the 4 MiB L2: the rates are said to be the L2's.
+        summary.ends_with("(much of it from the L2: give -e at least 4/3 of the L2 for HBM)"),
         "{summary}"
     );
 }
@@ -714,9 +734,10 @@ fn timing() -> std::sync::MutexGuard<'static, ()> {
     TIMING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The engine counts its multicast objects on the host (`STRAGGLAR_MULTICAST_OBJECTS`, in one
-/// directory for the user): the tests that form teams share it (read), and the one that caps it
-/// at one object holds it alone (write), so no other test's team takes that one object.
+/// The engine counts its multicast objects on the host (`STRAGGLAR_MULTICAST_OBJECTS`, here in
+/// this binary's own directory, `multicast_slots_dir`): the tests that form teams share it
+/// (read), and the one that caps it at one object holds it alone (write), so no other test's
+/// team takes that one object.
 static MULTICAST_SLOTS: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 fn sharing_multicast_slots() -> std::sync::RwLockReadGuard<'static, ()> {

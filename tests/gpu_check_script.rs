@@ -312,3 +312,54 @@ fn cuda_workers_refuse_bad_arguments_and_the_process_mode_fails_cleanly_without_
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--backend cuda:"));
 }
+
+/// `--only` with a pattern bash cannot read is a usage error, and one that matches no step
+/// fails the run (a rerun that ran nothing must not look green); the kernels' step runs
+/// whatever the pattern, every later one needing its cache.
+#[test]
+fn only_refuses_a_bad_pattern_and_fails_when_it_selects_nothing() {
+    let script = support::root().join("scripts/gpu-check.sh");
+    let out_dir = support::scratch("gpu-check-only");
+    let bad = Command::new(&script)
+        .args(["--dry-run", "--only", "(unclosed"])
+        .env("OUT", &out_dir)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "{}", support::describe(&bad));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("not a valid regular expression"),
+        "{}",
+        support::describe(&bad)
+    );
+    let none = Command::new(&script)
+        .args(["--dry-run", "--only", "no step is named this"])
+        .env("OUT", &out_dir)
+        .env("STRAGGLAR_BIN", env!("CARGO_BIN_EXE_stragglar"))
+        .env("STRAGGLAR_LIB", env!("CARGO_BIN_EXE_stragglar"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&none.stdout);
+    assert_eq!(none.status.code(), Some(1), "{stdout}");
+    let summary = stdout
+        .split("== gpu-check summary")
+        .nth(1)
+        .expect("a summary");
+    let row = |name: &str| {
+        summary
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing from:\n{summary}"))
+            .to_owned()
+    };
+    assert!(row("--only no step is named this").contains("matched no step"));
+    assert!(row("kernels carried").contains("DRY-RUN"));
+    assert!(row("doctor").contains("UNSELECTED"));
+    let kept: Vec<String> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        kept.len() == 1 && kept[0].starts_with("summary-only-") && kept[0].ends_with(".txt"),
+        "{kept:?}"
+    );
+}

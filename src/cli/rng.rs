@@ -10,6 +10,7 @@ impl Rng {
         Rng(seed | 1)
     }
 
+    /// The next draw, uniform over `u64`.
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;

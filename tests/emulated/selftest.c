@@ -415,10 +415,12 @@ static int capture_modes_decide_what_is_refused(void) {
 /* What a global capture refuses, call by call: each call is made by the capturing thread during
  * a capture of its own begun in the global mode (on a stream the call does not use), and is
  * either refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, the capture then ending
- * INVALIDATED) or allowed (the capture then ends with its graph). The table is the emulated
- * driver's whole list of refused calls, and the calls it allows that the engine may make during
- * a capture: run against a real driver, a row that answers otherwise fails the check, naming
- * the call, so the list is the real driver's once gpu-check has passed on a GPU. */
+ * INVALIDATED) or allowed (the capture then ends with its graph). The table holds the calls
+ * the engine makes or could make while a job captures, each as the emulated driver answers it
+ * (which also refuses cuIpcOpenMemHandle, cuIpcCloseMemHandle and the synchronous cuMemcpy,
+ * calls the engine never makes then): run against a real driver, a row that answers otherwise
+ * fails the check, naming the call, so the table is the real driver's once gpu-check has
+ * passed on a GPU. */
 static CUmemAllocationProp device_memory(int device, int shareable);
 
 struct capture_probe_resources {
@@ -430,6 +432,8 @@ struct capture_probe_resources {
   void* to_register; /* pageable, page-aligned */
   void* pageable;
   int vmm;
+  /* cuMemCreate's granularity, asked before the capture (a refusal is then cuMemCreate's). */
+  size_t granularity;
 };
 
 enum capture_probe {
@@ -495,12 +499,8 @@ static CUresult capture_probe_call(int which, struct capture_probe_resources* r,
     case PROBE_MEM_CREATE: {
       if (!r->vmm) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* as expected: skipped */
       CUmemAllocationProp prop = device_memory(0, 0);
-      size_t granularity = 0;
-      CUresult g = cuMemGetAllocationGranularity(&granularity, &prop,
-                                                 CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-      if (g != CUDA_SUCCESS) return g;
       CUmemGenericAllocationHandle handle;
-      CUresult c = cuMemCreate(&handle, granularity, &prop, 0);
+      CUresult c = cuMemCreate(&handle, r->granularity, &prop, 0);
       if (c == CUDA_SUCCESS) cuMemRelease(handle);
       return c;
     }
@@ -534,6 +534,11 @@ static int a_global_capture_refuses_exactly_the_unsafe_calls(void) {
   CHECK(cuStreamSynchronize(r.other));
   CHECK(cuMemAlloc(&r.device, 4096));
   CHECK(cuDeviceGetAttribute(&r.vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 0));
+  r.granularity = 0;
+  if (r.vmm) {
+    CUmemAllocationProp prop = device_memory(0, 0);
+    CHECK(cuMemGetAllocationGranularity(&r.granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  }
   long page = sysconf(_SC_PAGESIZE);
   EXPECT(posix_memalign(&r.registered, (size_t)page, 4096) == 0);
   EXPECT(posix_memalign(&r.to_register, (size_t)page, 4096) == 0);

@@ -1,8 +1,9 @@
 //! `--latency`: how long one load takes on the bench's GPU (a pointer chase, through a ring
 //! that stays in the L2 and through one that does not), and the kernels' element-wise code
-//! against the blocks it runs on, from which Little's law gives the bytes the code keeps in
-//! flight: reads per second times one load's latency. On one GPU these are the L2 and HBM, not
-//! NVLink, and the output says so.
+//! against the blocks it runs on, with the reads it keeps in flight estimated by Little's law:
+//! reads per second times one unloaded load's latency (a loaded memory answers later, so this
+//! is an estimate, and says so). On one GPU these are the L2 and HBM, not NVLink, and the
+//! output says so.
 
 use super::bandwidth::apply_args;
 use super::timing::Timer;
@@ -12,12 +13,13 @@ use crate::cli::rng::Rng;
 use crate::engine::cuda::driver::{DeviceMemory, GpuError};
 use crate::engine::cuda::grid::blocks_for;
 use crate::gpu::launch::RawChase;
+use cudarc::driver::sys::CUdevice_attribute;
+use std::cell::Cell;
 
-/// A ring that fits in the L2 of every GPU the kernels are built for (40 MiB from A100 on).
-const L2_RING_BYTES: usize = 1 << 20;
-/// A ring larger than any GPU's L2 (50-126 MiB on H100 to B200), walked once: each load
-/// reaches a word no earlier load touched.
-const MEMORY_RING_BYTES: usize = 256 << 20;
+/// The largest ring chased in the L2 (a quarter of the L2 at most).
+const L2_RING_MAX_BYTES: usize = 1 << 20;
+/// The smallest ring chased in memory (at least four times the L2).
+const MEMORY_RING_MIN_BYTES: usize = 16 << 20;
 /// Dependent loads in the shorter of the two timed chases (the longer makes twice as many;
 /// their difference cancels the launch).
 const HOPS: u64 = 20_000;
@@ -26,10 +28,23 @@ const CHASE_RUNS: usize = 3;
 /// Of the sweep's best rate, the share the fewest blocks reaching it are named for.
 const NEAR_BEST: f64 = 0.9;
 
+/// The ring sizes for a GPU of `l2_bytes` of L2: one of at most a quarter of it (warmed, its
+/// loads hit the L2) and one of at least four times it, powers of two.
+fn ring_bytes(l2_bytes: usize) -> (usize, usize) {
+    let quarter = (l2_bytes / 4).max(4096);
+    let in_l2 = L2_RING_MAX_BYTES.min(1 << quarter.ilog2());
+    let in_memory = (4 * l2_bytes)
+        .max(MEMORY_RING_MIN_BYTES)
+        .next_power_of_two();
+    (in_l2, in_memory)
+}
+
 /// A ring of 8-byte words on the GPU, each the byte offset of the next, in one cycle through
 /// every word in a seeded random order, and the host's copy to walk it.
 struct Ring {
+    /// The host's copy: word i holds the byte offset of word i's successor.
     words: Vec<u64>,
+    /// The GPU's copy.
     memory: DeviceMemory,
     /// `uint64_t` on the GPU: where the chase stands (`RawChase::at`).
     at: DeviceMemory,
@@ -62,8 +77,15 @@ impl Ring {
         })
     }
 
-    /// Queues a chase of `hops` loads on `timer`'s stream from where the last one ended.
-    fn chase(&self, gpu: &GpuKernels, timer: &Timer, hops: u64) -> Result<(), GpuError> {
+    /// Queues a chase of `hops` loads on `timer`'s stream from where the last one ended, and
+    /// counts them in `queued`.
+    fn chase(
+        &self,
+        gpu: &GpuKernels,
+        timer: &Timer,
+        hops: u64,
+        queued: &Cell<u64>,
+    ) -> Result<(), GpuError> {
         let args = RawChase {
             ring: self.memory.ptr,
             at: self.at.ptr,
@@ -71,7 +93,9 @@ impl Ring {
         };
         // SAFETY: the ring and the word `at` live as long as `self`, which outlives the
         // synchronised timing; every offset in the ring lies inside it.
-        unsafe { gpu.chase.launch(timer.stream.raw, 1, 32, &args) }
+        unsafe { gpu.chase.launch(timer.stream.raw, 1, 32, &args) }?;
+        queued.set(queued.get() + hops);
+        Ok(())
     }
 
     /// Walks `hops` loads on the host, as the GPU did.
@@ -86,22 +110,27 @@ impl Ring {
     /// against the host's.
     fn latency_ns(&mut self, gpu: &GpuKernels, timer: &Timer) -> Result<f64, String> {
         let err = |e: GpuError| e.to_string();
+        let queued = Cell::new(0);
         let short = timer
-            .per_run(CHASE_RUNS, &|| self.chase(gpu, timer, HOPS))
+            .per_run(CHASE_RUNS, &|| self.chase(gpu, timer, HOPS, &queued))
             .map_err(err)?;
         let long = timer
-            .per_run(CHASE_RUNS, &|| self.chase(gpu, timer, 2 * HOPS))
+            .per_run(CHASE_RUNS, &|| self.chase(gpu, timer, 2 * HOPS, &queued))
             .map_err(err)?;
-        self.walk((CHASE_RUNS as u64 + 1) * 3 * HOPS);
+        self.walk(queued.get());
         self.check(timer)?;
         Ok((long - short).max(0.0) / HOPS as f64 * 1e9)
     }
 
-    /// Runs once around the whole ring (it is then in whatever cache holds it).
+    /// Runs once around the whole ring and half way round again (it is then in whatever
+    /// cache holds it; the half turn makes the check tell a chase from none: one whole turn of
+    /// the one cycle ends where it began).
     fn warm(&mut self, gpu: &GpuKernels, timer: &Timer) -> Result<(), String> {
-        let hops = self.words.len() as u64;
-        self.chase(gpu, timer, hops).map_err(|e| e.to_string())?;
-        self.walk(hops);
+        let queued = Cell::new(0);
+        let hops = self.words.len() as u64 * 3 / 2;
+        self.chase(gpu, timer, hops, &queued)
+            .map_err(|e| e.to_string())?;
+        self.walk(queued.get());
         self.check(timer)
     }
 
@@ -120,28 +149,41 @@ impl Ring {
     }
 }
 
-/// Prints one load's latency in the L2 and in memory, then the copy's and the reduce of 2's
-/// rate at each grid from 1 block to two per SM (the library's AllReduce grid among them) on
-/// `max_bytes`, with the reads each keeps in flight by Little's law. Ends with one
-/// `# latency summary:` line, which `scripts/gpu-check.sh` puts in its table.
+/// Prints one load's latency in the L2 and in memory (the rings sized from the GPU's L2, the
+/// memory ring's upload flushed from it first), then the copy's and the reduce of 2's rate at
+/// each grid from 1 block to two per SM (the library's AllReduce grid among them) on
+/// `max_bytes`, with the reads each keeps in flight by Little's law (an estimate: the unloaded
+/// latency). Ends with one `# latency summary:` line, which `scripts/gpu-check.sh` puts in its
+/// table.
 pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), String> {
     let err = |e: GpuError| e.to_string();
+    let l2_bytes = gpu
+        .device
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        .map_err(err)?
+        .max(0) as usize;
+    let (l2_ring_bytes, memory_ring_bytes) = ring_bytes(l2_bytes);
     let timer = Timer::new(gpu).map_err(err)?;
-    let mut l2_ring = Ring::new(gpu, L2_RING_BYTES, 0x5eed_0001).map_err(err)?;
+    let mut l2_ring = Ring::new(gpu, l2_ring_bytes, 0x5eed_0001).map_err(err)?;
     l2_ring.warm(gpu, &timer)?;
     let l2_ns = l2_ring.latency_ns(gpu, &timer)?;
     drop(l2_ring);
-    let memory_ns = Ring::new(gpu, MEMORY_RING_BYTES, 0x5eed_0002)
-        .map_err(err)?
-        .latency_ns(gpu, &timer)?;
-    println!("#\n# one load's latency (ld.relaxed.sys, each waiting for the last; one GPU: its L2 and HBM, not NVLink)");
+    let mut memory_ring = Ring::new(gpu, memory_ring_bytes, 0x5eed_0002).map_err(err)?;
+    // The upload went through the L2 and may sit there still: write twice the L2 over it.
+    drop(DeviceMemory::zeroed(&gpu.device, 2 * l2_bytes).map_err(err)?);
+    let memory_ns = memory_ring.latency_ns(gpu, &timer)?;
+    drop(memory_ring);
     println!(
-        "#   {:>4} MiB ring (in the L2)      {l2_ns:>8.0} ns",
-        L2_RING_BYTES >> 20
+        "#\n# one load's latency, unloaded (ld.relaxed.sys, each waiting for the last; an L2 of {} KiB; one GPU: its L2 and HBM, not NVLink)",
+        l2_bytes >> 10
     );
     println!(
-        "#   {:>4} MiB ring (in memory)      {memory_ns:>8.0} ns",
-        MEMORY_RING_BYTES >> 20
+        "#   {:>7} KiB ring (in the L2)                  {l2_ns:>8.0} ns",
+        l2_ring_bytes >> 10
+    );
+    println!(
+        "#   {:>7} KiB ring (random loads from memory)   {memory_ns:>8.0} ns",
+        memory_ring_bytes >> 10
     );
 
     let bytes = (options.max_bytes.max(1 << 20) as usize) / 16 * 16;
@@ -157,11 +199,16 @@ pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), S
         .collect();
     grids.sort_unstable();
     grids.dedup();
+    let from = if 3 * bytes < 4 * l2_bytes {
+        "much of it from the L2: give -e at least 4/3 of the L2 for HBM"
+    } else {
+        "one GPU: HBM, not NVLink"
+    };
     println!(
-        "#\n# rate against the grid on {bytes} B of {} ({THREADS}-thread blocks; GB/s of memory traffic, bytes read + written; one GPU: HBM, not NVLink)",
+        "#\n# rate against the grid on {bytes} B of {} ({THREADS}-thread blocks; GB/s of memory traffic, bytes read + written; {from})",
         dtype.name()
     );
-    println!("#   blocks      copy   reduce of 2   reduce of 2's reads in flight (rate x {memory_ns:.0} ns)");
+    println!("#   blocks      copy   reduce of 2   reduce of 2's reads in flight (~ rate x {memory_ns:.0} ns)");
     let iters = options.iters.max(5);
     let mut reduce_rates = Vec::with_capacity(grids.len());
     for &blocks in &grids {
@@ -199,7 +246,7 @@ pub fn table(options: &BenchOptions, gpu: &GpuKernels, sms: u32) -> Result<(), S
         .position(|&b| b == all_reduce_grid)
         .map_or(0.0, |i| reduce_rates[i]);
     println!(
-        "# latency summary: L2 {l2_ns:.0} ns, memory {memory_ns:.0} ns per dependent load; reduce of 2 at the AllReduce grid ({all_reduce_grid} blocks) {at_grid:.0} GB/s, {:.0} KiB of reads in flight, {:.0}% of its best; {:.0}% of the best from {near_best} blocks (one GPU: L2 and HBM, not NVLink)",
+        "# latency summary: L2 {l2_ns:.0} ns, memory {memory_ns:.0} ns per dependent load (unloaded); reduce of 2 at the AllReduce grid ({all_reduce_grid} blocks) {at_grid:.0} GB/s, ~{:.0} KiB of reads in flight, {:.0}% of its best; {:.0}% of the best from {near_best} blocks ({from})",
         in_flight_kib(at_grid, 2, memory_ns),
         100.0 * at_grid / best.max(f64::MIN_POSITIVE),
         100.0 * NEAR_BEST,
@@ -216,7 +263,17 @@ fn in_flight_kib(rate: f64, operands: usize, latency_ns: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::in_flight_kib;
+    use super::{in_flight_kib, ring_bytes};
+
+    #[test]
+    fn rings_fit_in_the_l2_and_exceed_it_fourfold() {
+        // H100 and H200: 50 MiB of L2.
+        assert_eq!(ring_bytes(50 << 20), (1 << 20, 256 << 20));
+        // The emulated GPU's 4 MiB: the memory ring at its floor, the L2 ring a quarter.
+        assert_eq!(ring_bytes(4 << 20), (1 << 20, 16 << 20));
+        // A GPU that reports no L2: the smallest ring in it, the floor beyond it.
+        assert_eq!(ring_bytes(0), (4096, 16 << 20));
+    }
 
     #[test]
     fn littles_law_counts_the_reads_only() {

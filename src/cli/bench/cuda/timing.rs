@@ -5,12 +5,14 @@ use crate::engine::cuda::driver::{Event, GpuError, Stream};
 
 /// A stream and two events: [`Timer::per_run`] times what a closure queues on the stream.
 pub struct Timer {
+    /// Where the timed work must be queued: the events are recorded on it.
     pub stream: Stream,
     start: Event,
     end: Event,
 }
 
 impl Timer {
+    /// A stream and two timing events on the bench's GPU.
     pub fn new(gpu: &GpuKernels) -> Result<Timer, GpuError> {
         Ok(Timer {
             stream: Stream::new(&gpu.device)?,

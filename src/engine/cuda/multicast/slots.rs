@@ -13,12 +13,25 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Names a directory to count in instead of [`host_dir`], for tests only: tests that cap the
+/// engine's objects count apart from any job or other test run of this user.
+const TEST_DIR_VARIABLE: &str = "STRAGGLAR_TEST_MULTICAST_SLOTS";
+
+/// How long [`take`] waits before trying the slots it found locked once more: `stragglar
+/// doctor` counts by locking each free slot for an instant, which must not cost a job a slot.
+const RETRY_AFTER: Duration = Duration::from_millis(20);
 
 /// Where the processes of this user count their multicast objects: the shared memory file
-/// system, which NCCL's own shared-memory transport needs the ranks of a host to share.
+/// system, which NCCL's own shared-memory transport needs the ranks of a host to share (or the
+/// directory `STRAGGLAR_TEST_MULTICAST_SLOTS` names, in tests).
 pub fn host_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os(TEST_DIR_VARIABLE).filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
     PathBuf::from(format!("/dev/shm/stragglar-multicast-{uid}"))
@@ -30,41 +43,37 @@ pub fn host_dir() -> PathBuf {
 pub struct ObjectSlot {
     _file: File,
     /// Which slot, below the cap.
-    pub index: usize,
+    index: usize,
+}
+
+impl ObjectSlot {
+    /// Which slot, below the cap (the log names it).
+    pub fn index(&self) -> usize {
+        self.index
+    }
 }
 
 /// Takes a free slot of the `cap` in `dir` (made if absent, for this user only), or says why
-/// none was taken: all `cap` held, or the directory unusable.
+/// none was taken: all `cap` held, or the directory unusable (not this user's own directory,
+/// with no access for others). A slot found locked is tried once more after [`RETRY_AFTER`].
 pub fn take(dir: &Path, cap: usize) -> Result<ObjectSlot, String> {
     if cap == 0 {
         return Err(
             "STRAGGLAR_MULTICAST_OBJECTS is 0: the engine makes no multicast object".into(),
         );
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| format!("counting multicast objects in {}: {e}", dir.display()))?;
+    private_dir(dir)?;
+    let mut locked = Vec::new();
     for index in 0..cap {
-        let path = dir.join(format!("object-{index}"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| format!("counting multicast objects in {}: {e}", path.display()))?;
-        // SAFETY: the descriptor is open (owned by `file`, which outlives the call); flock only
-        // reads its arguments.
-        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if locked == 0 {
-            return Ok(ObjectSlot { _file: file, index });
+        match try_slot(dir, index)? {
+            Some(slot) => return Ok(slot),
+            None => locked.push(index),
         }
-        let error = std::io::Error::last_os_error();
-        if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(format!("locking {}: {error}", path.display()));
+    }
+    std::thread::sleep(RETRY_AFTER);
+    for index in locked {
+        if let Some(slot) = try_slot(dir, index)? {
+            return Ok(slot);
         }
     }
     Err(format!(
@@ -72,12 +81,62 @@ pub fn take(dir: &Path, cap: usize) -> Result<ObjectSlot, String> {
     ))
 }
 
+/// Makes `dir` if absent and checks that it is this user's own directory (not a link) that
+/// nobody else may enter: another user's could hold or deny every slot.
+fn private_dir(dir: &Path) -> Result<(), String> {
+    let unusable = |why: String| format!("counting multicast objects in {}: {why}", dir.display());
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| unusable(e.to_string()))?;
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| unusable(e.to_string()))?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if !meta.file_type().is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(unusable(format!(
+            "not a directory of this user's (uid {uid}) with no access for others"
+        )));
+    }
+    Ok(())
+}
+
+/// Slot `index` in `dir`, held from now on, or `None` if another open holds it.
+fn try_slot(dir: &Path, index: usize) -> Result<Option<ObjectSlot>, String> {
+    let path = dir.join(format!("object-{index}"));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|e| format!("counting multicast objects in {}: {e}", path.display()))?;
+    // SAFETY: the descriptor is open (owned by `file`, which outlives the call); flock only
+    // reads its arguments.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if locked == 0 {
+        return Ok(Some(ObjectSlot { _file: file, index }));
+    }
+    let error = std::io::Error::last_os_error();
+    if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(format!("locking {}: {error}", path.display()));
+    }
+    Ok(None)
+}
+
 /// How many of the `cap` slots in `dir` are held now (by any process, this one included):
-/// each is tried and, if free, let go at once.
+/// each is tried and, if free, let go at once ([`take`] tries a slot found locked again, so
+/// this never costs a job one).
 pub fn in_use(dir: &Path, cap: usize) -> usize {
     (0..cap)
         .filter(|index| {
-            let Ok(file) = File::open(dir.join(format!("object-{index}"))) else {
+            let Ok(file) = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(dir.join(format!("object-{index}")))
+            else {
                 return false;
             };
             // SAFETY: the descriptor is open (owned by `file`, which outlives the call); flock
@@ -108,7 +167,7 @@ mod tests {
         let dir = scratch("cap");
         let first = take(&dir, 2).unwrap();
         let second = take(&dir, 2).unwrap();
-        assert_ne!(first.index, second.index);
+        assert_ne!(first.index(), second.index());
         let refused = take(&dir, 2).unwrap_err();
         assert!(
             refused.contains("all 2 of the engine's multicast objects"),
@@ -117,7 +176,7 @@ mod tests {
         drop(first);
         assert_eq!(in_use(&dir, 2), 1);
         let again = take(&dir, 2).unwrap();
-        assert_eq!(again.index, 0);
+        assert_eq!(again.index(), 0);
         assert_eq!(in_use(&dir, 2), 2);
         assert!(take(&dir, 0).unwrap_err().contains("is 0"));
         drop((second, again));
@@ -129,7 +188,7 @@ mod tests {
     #[test]
     fn another_process_holding_a_slot_counts_until_it_dies() {
         let dir = scratch("process");
-        std::fs::create_dir_all(&dir).unwrap();
+        private_dir(&dir).unwrap();
         let held = dir.join("object-0");
         let mut holder = Command::new("flock")
             .args(["--exclusive", "--no-fork"])
@@ -156,12 +215,61 @@ mod tests {
                 }
             }
         }
-        assert_eq!(take(&dir, 2).unwrap().index, 1);
+        assert_eq!(take(&dir, 2).unwrap().index(), 1);
         assert_eq!(in_use(&dir, 2), 1);
         holder.kill().unwrap();
         holder.wait().unwrap();
         assert_eq!(in_use(&dir, 2), 0);
-        assert_eq!(take(&dir, 1).unwrap().index, 0);
+        assert_eq!(take(&dir, 1).unwrap().index(), 0);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `stragglar doctor` counts by locking each free slot for an instant: a job taking the
+    /// last free slot then finds it locked, and must take it on its second look.
+    #[test]
+    fn a_count_by_doctor_costs_no_job_its_slot() {
+        let dir = scratch("probe");
+        private_dir(&dir).unwrap();
+        let probe = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(dir.join("object-0"))
+            .unwrap();
+        // SAFETY: the descriptor is open (owned by `probe`); flock only reads its arguments.
+        let locked = unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+        assert_eq!(locked, 0);
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(RETRY_AFTER / 4);
+            drop(probe);
+        });
+        assert_eq!(take(&dir, 1).unwrap().index(), 0);
+        release.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A directory others may enter, or a link in its place, could let another user hold or
+    /// deny every slot: no slot is taken there.
+    #[test]
+    fn a_directory_others_may_enter_or_a_link_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let open = scratch("open");
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let why = take(&open, 1).unwrap_err();
+        assert!(why.contains("with no access for others"), "{why}");
+        let own = scratch("own");
+        private_dir(&own).unwrap();
+        let link = scratch("link");
+        std::os::unix::fs::symlink(&own, &link).unwrap();
+        let why = take(&link, 1).unwrap_err();
+        assert!(why.contains("not a directory of this user's"), "{why}");
+        assert!(take(&own, 1).is_ok());
+        for dir in [&open, &own] {
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+        std::fs::remove_file(&link).unwrap();
     }
 }

@@ -279,6 +279,10 @@ pub fn form<E: Exchange>(
         0 => attempt(rank, Step::Create, || {
             let bytes = size.ok_or("the size overflows")?;
             let slot = slots::take(&slots::host_dir(), crate::config::get().multicast_objects)?;
+            log::debug!(
+                "multicast team: object slot {} of this host's",
+                slot.index()
+            );
             let server = FdServer::bind(request.socket).map_err(|e| e.to_string())?;
             let object =
                 MulticastObject::create(device, ranks as u32, bytes).map_err(|e| e.to_string())?;
