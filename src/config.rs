@@ -582,6 +582,22 @@ mod tests {
     }
 
     #[test]
+    fn multicast_objects_above_the_largest_pool_fall_back() {
+        let (config, notices) = parse(&[("STRAGGLAR_MULTICAST_OBJECTS", "1025")]);
+        assert_eq!(config.multicast_objects, DEFAULT_MULTICAST_OBJECTS);
+        assert_eq!(
+            notices,
+            vec![Notice::Invalid {
+                name: "STRAGGLAR_MULTICAST_OBJECTS",
+                value: "1025".into(),
+                default: "16"
+            }]
+        );
+        let (config, _) = parse(&[("STRAGGLAR_MULTICAST_OBJECTS", "1024")]);
+        assert_eq!(config.multicast_objects, MAX_MULTICAST_OBJECTS);
+    }
+
+    #[test]
     fn every_shown_value_reads_back() {
         let (config, notices) = parse(&[
             ("STRAGGLAR_ENABLE", "0"),
