@@ -151,22 +151,29 @@ SG_DEVICE void sg_slice(uint64_t chunk_bytes, uint32_t b, uint32_t blocks, uint6
   sg_share(chunk_bytes, b, (uint64_t)b + 1, blocks, begin, end);
 }
 
-/* This block's bytes [begin, end) of a chunk of `bytes` in `call`: shared out in proportion to
- * the threads each plan block moves data with, counted alike on every rank and every launch
- * from the communicator's fixed `blocks` and `threads`: plan block 0 counts the arrival warp's
- * threads (SG_ARRIVAL_LANES) out, whether this launch records its arrival or not. A launch
- * that records it (the default) then has no block slower than the rest, where equal shares
- * gave plan block 0's 15 warps of 512 threads 1/15 more work per thread; one that does not
- * leaves plan block 0 that warp's share idle (1/16 of a block's work spread over the others:
- * 0.2% more each at 32 blocks). `blocks` is the running grid's size, so at least 1. */
+/* Plan block `b`'s bytes [begin, end) of a chunk of `bytes`, the chunk shared out among
+ * `blocks` plan blocks of `threads` threads in proportion to the threads that move its data:
+ * plan block 0 counts `lanes` (its arrival warp) out when it has more than that. `blocks` is at
+ * least 1. */
+SG_DEVICE void sg_block_share(uint64_t bytes, uint64_t b, uint64_t blocks, uint64_t threads,
+                              uint64_t lanes, uint64_t* begin, uint64_t* end) {
+  const uint64_t spare = threads > lanes ? lanes : 0;
+  const uint64_t from = b == 0 ? 0 : b * threads - spare;
+  sg_share(bytes, from, (b + 1) * threads - spare, blocks * threads - spare, begin, end);
+}
+
+/* This block's bytes [begin, end) of a chunk of `bytes` in `call` (sg_block_share), counted
+ * alike on every rank and every launch from the communicator's fixed `blocks` and `threads`:
+ * plan block 0 counts the arrival warp's threads (SG_ARRIVAL_LANES) out, whether this launch
+ * records its arrival or not. A launch that records it (the default) then has no block slower
+ * than the rest, where equal shares gave plan block 0's 15 warps of 512 threads 1/15 more work
+ * per thread; one that does not leaves plan block 0 that warp's share idle (1/16 of a block's
+ * work spread over the others: 0.2% more each at 32 blocks). `blocks` is the running grid's
+ * size, so at least 1. */
 SG_DEVICE void sg_call_slice(const sg_call* call, uint64_t bytes, uint64_t* begin,
                              uint64_t* end) {
-  const uint64_t threads = call->args->threads;
-  const uint64_t b = call->block;
-  const uint64_t spare = threads > SG_ARRIVAL_LANES ? SG_ARRIVAL_LANES : 0;
-  const uint64_t from = b == 0 ? 0 : b * threads - spare;
-  sg_share(bytes, from, (b + 1) * threads - spare, call->args->blocks * threads - spare, begin,
-           end);
+  sg_block_share(bytes, call->block, call->args->blocks, call->args->threads, SG_ARRIVAL_LANES,
+                 begin, end);
 }
 
 /* The flag of this block's slice of value `value` of rank `owner` in the inbox of rank
@@ -1471,6 +1478,14 @@ static bool sg_host_multimem_store(void* p, const void* src, uint32_t n) {
 
 /* The threads of the block running plan block `plan_block` of a launch that meet at its plan
  * barrier (the others run the arrival work, see sg_plan_threads). */
+/* Plan block `b`'s share [out[0], out[1]) of a chunk of `bytes` (sg_block_share), for any
+ * arrival warp's width `lanes` (the GPU's 32, which the emulation's one-thread warps do not
+ * exercise). */
+extern "C" void stragglar_emulate_block_share(uint64_t bytes, uint64_t b, uint64_t blocks,
+                                              uint64_t threads, uint64_t lanes, uint64_t* out) {
+  sg_block_share(bytes, b, blocks, threads, lanes, &out[0], &out[1]);
+}
+
 extern "C" uint32_t stragglar_emulate_plan_threads(const RawLaunch* args, uint32_t plan_block) {
   return sg_plan_threads(args, plan_block, args->threads);
 }

@@ -45,6 +45,9 @@ type ThreadFn = unsafe extern "C" fn(
 /// `stragglar_emulate_plan_threads`: the threads of the block running a plan block that meet
 /// at its plan barrier.
 type PlanThreadsFn = unsafe extern "C" fn(*const RawLaunch, u32) -> u32;
+/// `stragglar_emulate_block_share`: a plan block's bytes `[out[0], out[1])` of a chunk (bytes,
+/// block, blocks, threads, arrival lanes, out).
+type BlockShareFn = unsafe extern "C" fn(u64, u64, u64, u64, u64, *mut u64);
 /// `stragglar_emulate_apply_thread`: one GPU thread of the bandwidth probe.
 type ApplyFn = unsafe extern "C" fn(
     *const RawApply,
@@ -94,6 +97,7 @@ struct Kernel {
     half: HalfFn,
     thread: ThreadFn,
     plan_threads: PlanThreadsFn,
+    block_share: BlockShareFn,
     apply: ApplyFn,
     ticket: TicketFn,
     ticket_end: TicketFn,
@@ -225,6 +229,7 @@ fn kernel() -> &'static Kernel {
             layout: export!(LayoutFn, "stragglar_emulate_layout"),
             thread: export!(ThreadFn, "stragglar_emulate_thread"),
             plan_threads: export!(PlanThreadsFn, "stragglar_emulate_plan_threads"),
+            block_share: export!(BlockShareFn, "stragglar_emulate_block_share"),
             multicast: export!(MulticastFn, "stragglar_emulate_multicast"),
             multimem_stores: export!(
                 unsafe extern "C" fn() -> u64,
@@ -3057,4 +3062,60 @@ fn graph_choices_that_change_at_every_replay_stay_identical_on_every_rank() {
         }
     }
     assert!(changes >= 20, "the choice changed only {changes} times");
+}
+
+/// Every plan block's share of a chunk, for the GPU's 32-lane arrival warp as for the
+/// emulation's one thread: the shares tile the chunk in order (each element in exactly one
+/// block; every boundary but the chunk's end on 16 bytes), and a block's share of whole units
+/// follows its data threads (plan block 0 counts the warp out), within one unit either way.
+#[test]
+fn plan_blocks_share_each_chunk_by_their_data_threads() {
+    let k = kernel();
+    let share = |bytes: u64, b: u64, blocks: u64, threads: u64, lanes: u64| {
+        let mut out = [0u64; 2];
+        // SAFETY: `out` holds the two words the function writes.
+        unsafe { (k.block_share)(bytes, b, blocks, threads, lanes, out.as_mut_ptr()) };
+        (out[0], out[1])
+    };
+    let sizes = (0..=70u64)
+        .chain([255, 4096, 65_535, 1 << 20, (1 << 26) + 7, 1 << 34])
+        .collect::<Vec<_>>();
+    for lanes in [1u64, 32] {
+        for threads in [32u64, 64, 480, 512] {
+            for blocks in [1u64, 2, 3, 8, 27, 32] {
+                for &bytes in &sizes {
+                    let mut next = 0;
+                    let data = |b: u64| {
+                        if b == 0 && threads > lanes {
+                            threads - lanes
+                        } else {
+                            threads
+                        }
+                    };
+                    let weights = blocks * threads - (data(0) != threads) as u64 * lanes;
+                    let units = bytes.div_ceil(16);
+                    for b in 0..blocks {
+                        let (begin, end) = share(bytes, b, blocks, threads, lanes);
+                        let case = format!(
+                            "{bytes} B, block {b} of {blocks}, {threads} threads, {lanes} lanes"
+                        );
+                        assert_eq!(begin, next, "{case}: a gap or an overlap");
+                        assert!(end >= begin && end <= bytes, "{case}: [{begin}, {end})");
+                        assert!(begin % 16 == 0 && (end % 16 == 0 || end == bytes), "{case}");
+                        let ideal = units as f64 * data(b) as f64 / weights as f64;
+                        let got = (end.div_ceil(16) - begin / 16) as f64;
+                        assert!(
+                            (got - ideal).abs() < 1.0 + 1e-9,
+                            "{case}: {got} units, ideally {ideal}"
+                        );
+                        next = end;
+                    }
+                    assert_eq!(
+                        next, bytes,
+                        "{bytes} B over {blocks} blocks: not all covered"
+                    );
+                }
+            }
+        }
+    }
 }
