@@ -137,6 +137,10 @@ fn the_driver_self_test_passes() {
         text.lines().any(|l| l.ends_with(" passed, 0 failed")),
         "{text}"
     );
+    assert!(
+        text.contains("ok, its second GPU's part skipped (one GPU)"),
+        "{text}"
+    );
 }
 
 /// Kernels are found without NVRTC: a job runs on the cache `stragglar kernels --cache`
