@@ -37,6 +37,14 @@ fn prepared(cmd: &mut Command) -> &mut Command {
         .env("STRAGGLAR_LOOPBACK", loopback)
 }
 
+/// The summary table a run printed last: everything after its heading.
+fn summary_of(stdout: &str) -> &str {
+    stdout
+        .split("== gpu-check summary")
+        .nth(1)
+        .expect("a summary table")
+}
+
 #[test]
 fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
     // Run as the README and the device command run it: the script itself, not `bash script`,
@@ -53,10 +61,7 @@ fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let summary = stdout
-        .split("== gpu-check summary")
-        .nth(1)
-        .expect("a summary table");
+    let summary = summary_of(&stdout);
     for check in [
         "input: stragglar ",
         "input: libstragglar.so ",
@@ -110,10 +115,7 @@ fn the_library_rows_pass_on_the_emulated_machine_and_only_runs_the_rows_it_names
     let out = support::run(prepared(&mut cmd));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", support::describe(&out));
-    let summary = stdout
-        .split("== gpu-check summary")
-        .nth(1)
-        .expect("a summary table");
+    let summary = summary_of(&stdout);
     for row in [
         "kernels carried, built here for sm_90",
         "the library's whole path: 4 processes on the GPU, loopback NCCL",
@@ -228,10 +230,7 @@ fn a_spent_budget_skips_every_step_and_still_prints_the_summary() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
-    let summary = stdout
-        .split("== gpu-check summary")
-        .nth(1)
-        .expect("a summary table");
+    let summary = summary_of(&stdout);
     assert!(summary.contains("of a 0 s budget"), "{summary}");
     let rows: Vec<&str> = summary
         .lines()
@@ -340,10 +339,7 @@ fn only_refuses_a_bad_pattern_and_fails_when_it_selects_nothing() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&none.stdout);
     assert_eq!(none.status.code(), Some(1), "{stdout}");
-    let summary = stdout
-        .split("== gpu-check summary")
-        .nth(1)
-        .expect("a summary");
+    let summary = summary_of(&stdout);
     let row = |name: &str| {
         summary
             .lines()
