@@ -1476,8 +1476,6 @@ static bool sg_host_multimem_store(void* p, const void* src, uint32_t n) {
   return found;
 }
 
-/* The threads of the block running plan block `plan_block` of a launch that meet at its plan
- * barrier (the others run the arrival work, see sg_plan_threads). */
 /* Plan block `b`'s share [out[0], out[1]) of a chunk of `bytes` (sg_block_share), for any
  * arrival warp's width `lanes` (the GPU's 32, which the emulation's one-thread warps do not
  * exercise). */
@@ -1486,6 +1484,8 @@ extern "C" void stragglar_emulate_block_share(uint64_t bytes, uint64_t b, uint64
   sg_block_share(bytes, b, blocks, threads, lanes, &out[0], &out[1]);
 }
 
+/* The threads of the block running plan block `plan_block` of a launch that meet at its plan
+ * barrier (the others run the arrival work, see sg_plan_threads). */
 extern "C" uint32_t stragglar_emulate_plan_threads(const RawLaunch* args, uint32_t plan_block) {
   return sg_plan_threads(args, plan_block, args->threads);
 }

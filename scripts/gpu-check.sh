@@ -8,7 +8,7 @@
 # and its NVRTC only if the carried kernels do not match the GPU. Finishes within BUDGET_S
 # seconds (450: under 8 minutes); prints one summary table last. In OUT it leaves only
 # summary.txt and gpu-check-logs.tar.gz (every log, each cut to its first 192 KiB and last
-# 64 KiB: at most 16 MiB for the 64 logs a run may write).
+# 64 KiB: at most 16 MiB for the 64 logs a run may write; named -only-DATE under --only).
 #
 # usage: scripts/gpu-check.sh [--dry-run] [--quick] [--prepare] [--only REGEX]
 #   --dry-run  check the inputs (binaries, self-test, kernels of the current sources) and print
@@ -121,6 +121,15 @@ fi
 
 OUT="${OUT:-${TMPDIR:-/tmp}/stragglar-gpu-check}"
 mkdir -p "$OUT"
+# A run cut short (a window that closed) leaves its logs: they go into this run's archive as
+# earlier-NAME, and no row of this run reads them.
+if [ "$DRY" = 0 ]; then
+  for log in "$OUT"/*.log; do
+    [ -f "$log" ] || continue
+    case "$(basename "$log")" in earlier-*) continue ;; esac
+    mv -f "$log" "$OUT/earlier-$(basename "$log")"
+  done
+fi
 # What the run makes besides its logs (the kernel cache, CUBINs, MPS's directories); removed at
 # the end, so that OUT holds only the summary and the logs' archive.
 WORK="$OUT/work"
@@ -176,7 +185,9 @@ step() {
   local name="$1" log="$2"
   shift 2
   case "$name" in
-    "kernels carried"* | "kernels compile"*) ;; # every later step needs its kernel cache
+    "kernels carried"* | "kernels compile"*) # every later step needs its kernel cache
+      if [ -n "$ONLY" ] && [[ "$name" =~ $ONLY ]]; then SELECTED=$((SELECTED + 1)); fi
+      ;;
     *)
       if [ -n "$ONLY" ] && ! [[ "$name" =~ $ONLY ]]; then
         record "$name" UNSELECTED "not matched by --only"

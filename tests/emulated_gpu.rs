@@ -305,7 +305,10 @@ fn a_multicast_team_forms_on_every_gpu_or_every_rank_declines_alike() {
     // (Other tests' teams may hold some of the 16 meanwhile.)
     assert!(
         text.contains("the engine's multicast objects on this host: ")
-            && text.contains(" of 16 in use (STRAGGLAR_MULTICAST_OBJECTS)"),
+            && text.contains(" of 16 in use (STRAGGLAR_MULTICAST_OBJECTS), counted in ")
+            && text.contains(
+                "(STRAGGLAR_TEST_MULTICAST_SLOTS, for tests only: apart from the host's jobs)"
+            ),
         "{text}"
     );
     let out = support::run(emulated(&[stragglar(), "doctor"]).envs(region));

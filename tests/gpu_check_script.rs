@@ -248,6 +248,20 @@ fn a_spent_budget_skips_every_step_and_still_prints_the_summary() {
         .collect();
     kept.sort();
     assert_eq!(kept, ["gpu-check-logs.tar.gz", "summary.txt"], "{stdout}");
+    // The earlier run's logs are in it, named apart from this run's.
+    let listed = Command::new("tar")
+        .arg("-tzf")
+        .arg(out_dir.join("gpu-check-logs.tar.gz"))
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    for log in [
+        "sweep-stragglar.log",
+        "policy-table.log",
+        "bandwidth-float.log",
+    ] {
+        assert!(listed.contains(&format!("logs/earlier-{log}")), "{listed}");
+    }
 }
 
 #[test]

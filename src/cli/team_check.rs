@@ -33,7 +33,13 @@ fn engine_use() -> String {
     let config = crate::config::get();
     let cap = config.multicast_objects;
     let held = slots::in_use(&slots::host_dir(), cap);
-    let objects = format!("the engine's multicast objects on this host: {held} of {cap} in use (STRAGGLAR_MULTICAST_OBJECTS)");
+    let apart = slots::test_dir().map_or(String::new(), |dir| {
+        format!(
+            ", counted in {} (STRAGGLAR_TEST_MULTICAST_SLOTS, for tests only: apart from the host's jobs)",
+            dir.display()
+        )
+    });
+    let objects = format!("the engine's multicast objects on this host: {held} of {cap} in use (STRAGGLAR_MULTICAST_OBJECTS){apart}");
     if config.multicast.on() {
         format!("STRAGGLAR_MULTICAST on: the GPU engine forms a team per communicator and may finish StragglAR by one multicast; experimental, not yet run on an NVSwitch server; {objects}")
     } else {

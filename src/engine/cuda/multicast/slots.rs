@@ -29,12 +29,20 @@ const RETRY_AFTER: Duration = Duration::from_millis(20);
 /// system, which NCCL's own shared-memory transport needs the ranks of a host to share (or the
 /// directory `STRAGGLAR_TEST_MULTICAST_SLOTS` names, in tests).
 pub fn host_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os(TEST_DIR_VARIABLE).filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
+    if let Some(dir) = test_dir() {
+        return dir;
     }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
     PathBuf::from(format!("/dev/shm/stragglar-multicast-{uid}"))
+}
+
+/// The directory `STRAGGLAR_TEST_MULTICAST_SLOTS` names (tests only), if it is set: the
+/// engine counts there instead of with the host's other jobs, which `stragglar doctor` says.
+pub fn test_dir() -> Option<PathBuf> {
+    std::env::var_os(TEST_DIR_VARIABLE)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
 }
 
 /// One multicast object counted against the cap, until dropped (the lock is released when the
@@ -57,6 +65,12 @@ impl ObjectSlot {
 /// none was taken: all `cap` held, or the directory unusable (not this user's own directory,
 /// with no access for others). A slot found locked is tried once more after [`RETRY_AFTER`].
 pub fn take(dir: &Path, cap: usize) -> Result<ObjectSlot, String> {
+    take_after(dir, cap, || std::thread::sleep(RETRY_AFTER))
+}
+
+/// [`take`], with `pause` run between the first look at every slot and the second at the
+/// slots found locked.
+fn take_after(dir: &Path, cap: usize, pause: impl FnOnce()) -> Result<ObjectSlot, String> {
     if cap == 0 {
         return Err(
             "STRAGGLAR_MULTICAST_OBJECTS is 0: the engine makes no multicast object".into(),
@@ -70,7 +84,7 @@ pub fn take(dir: &Path, cap: usize) -> Result<ObjectSlot, String> {
             None => locked.push(index),
         }
     }
-    std::thread::sleep(RETRY_AFTER);
+    pause();
     for index in locked {
         if let Some(slot) = try_slot(dir, index)? {
             return Ok(slot);
@@ -85,14 +99,16 @@ pub fn take(dir: &Path, cap: usize) -> Result<ObjectSlot, String> {
 /// nobody else may enter: another user's could hold or deny every slot.
 fn private_dir(dir: &Path) -> Result<(), String> {
     let unusable = |why: String| format!("counting multicast objects in {}: {why}", dir.display());
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| unusable(e.to_string()))?;
+    // Only the last component: a missing parent (no /dev/shm) is an error, not made here.
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(unusable(e.to_string()))
+        }
+        _ => {}
+    }
     let meta = std::fs::symlink_metadata(dir).map_err(|e| unusable(e.to_string()))?;
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
     if !meta.file_type().is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
         return Err(unusable(format!(
             "not a directory of this user's (uid {uid}) with no access for others"
@@ -241,12 +257,10 @@ mod tests {
         // SAFETY: the descriptor is open (owned by `probe`); flock only reads its arguments.
         let locked = unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
         assert_eq!(locked, 0);
-        let release = std::thread::spawn(move || {
-            std::thread::sleep(RETRY_AFTER / 4);
-            drop(probe);
-        });
-        assert_eq!(take(&dir, 1).unwrap().index(), 0);
-        release.join().unwrap();
+        // The count ends between the job's two looks.
+        let slot = take_after(&dir, 1, move || drop(probe)).unwrap();
+        assert_eq!(slot.index(), 0);
+        drop(slot);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
