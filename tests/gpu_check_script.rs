@@ -37,6 +37,16 @@ fn prepared(cmd: &mut Command) -> &mut Command {
         .env("STRAGGLAR_LOOPBACK", loopback)
 }
 
+/// The script writing into `out_dir`, with this build's CLI standing in for both binaries and
+/// no other input prepared (runs that never reach a step needing them).
+fn unprepared(out_dir: &std::path::Path) -> Command {
+    let mut cmd = Command::new(support::root().join("scripts/gpu-check.sh"));
+    cmd.env("OUT", out_dir)
+        .env("STRAGGLAR_BIN", env!("CARGO_BIN_EXE_stragglar"))
+        .env("STRAGGLAR_LIB", env!("CARGO_BIN_EXE_stragglar"));
+    cmd
+}
+
 /// The summary table a run printed last: everything after its heading.
 fn summary_of(stdout: &str) -> &str {
     stdout
@@ -221,13 +231,7 @@ fn a_spent_budget_skips_every_step_and_still_prints_the_summary() {
     ] {
         std::fs::write(out_dir.join(log), format!("{line}\n")).unwrap();
     }
-    let out = Command::new(support::root().join("scripts/gpu-check.sh"))
-        .env("OUT", &out_dir)
-        .env("BUDGET_S", "0")
-        .env("STRAGGLAR_BIN", env!("CARGO_BIN_EXE_stragglar"))
-        .env("STRAGGLAR_LIB", env!("CARGO_BIN_EXE_stragglar"))
-        .output()
-        .unwrap();
+    let out = unprepared(&out_dir).env("BUDGET_S", "0").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     let summary = summary_of(&stdout);
@@ -344,11 +348,8 @@ fn only_refuses_a_bad_pattern_and_fails_when_it_selects_nothing() {
         "{}",
         support::describe(&bad)
     );
-    let none = Command::new(&script)
+    let none = unprepared(&out_dir)
         .args(["--dry-run", "--only", "no step is named this"])
-        .env("OUT", &out_dir)
-        .env("STRAGGLAR_BIN", env!("CARGO_BIN_EXE_stragglar"))
-        .env("STRAGGLAR_LIB", env!("CARGO_BIN_EXE_stragglar"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&none.stdout);
