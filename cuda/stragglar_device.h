@@ -84,6 +84,13 @@ struct sg_host_thread {
    * nothing orders the two (a GPU may land them in either order). */
   void (*release_store)(const void* p, uint32_t bytes, const char* op, const char* file,
                         int line);
+  /* Fiber harness, weak memory: the strong accesses (null otherwise: made as C++ atomics). A
+   * strong load of the `n`-byte word at `p` (4 or 8 bytes) may return the value before its
+   * last store, which nothing ordered before the load and the thread has not seen yet; a
+   * strong store or atomic add is recorded as the word's last store (weak_memory.h). */
+  uint64_t (*strong_load)(const void* p, uint32_t n);
+  void (*strong_store)(void* p, const void* src, uint32_t n);
+  uint64_t (*strong_add)(void* p, uint64_t v, uint32_t n);
   /* Fiber harness: a multimem store of `n` bytes to the multicast address `p`, written into
    * every member's memory bound there; false when `p` is no multicast address of this
    * process (null otherwise: no multicast). */
@@ -140,6 +147,26 @@ SG_DEVICE void sg_emu_acquired(const void* p) {
   if (sg_self.acquired) sg_self.acquired(p);
 }
 
+/* The strong access itself, as the emulated driver's weak memory sees it, or a C++ atomic of
+ * `order` (the harnesses without weak memory). */
+template <class W>
+SG_DEVICE W sg_emu_load(const W* p, int order) {
+  if (sg_self.strong_load) return (W)sg_self.strong_load(p, sizeof(W));
+  return __atomic_load_n(p, order);
+}
+template <class W>
+SG_DEVICE void sg_emu_store(W* p, W v, int order) {
+  if (sg_self.strong_store)
+    sg_self.strong_store(p, &v, sizeof(W));
+  else
+    __atomic_store_n(p, v, order);
+}
+template <class W>
+SG_DEVICE W sg_emu_add(W* p, W v) {
+  if (sg_self.strong_add) return (W)sg_self.strong_add(p, v, sizeof(W));
+  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+}
+
 /* The plan barrier: the block's SG_THREADS threads that run the plan. */
 SG_DEVICE void sg_block_sync(void) {
   if (sg_self.fiber_sync)
@@ -165,23 +192,23 @@ SG_DEVICE void sg_emu_await_arrival(void) {
 }
 SG_DEVICE uint32_t sg_load_acquire(const uint32_t* p, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_SYS, "ld.acquire.sys.u32", file, line);
-  const uint32_t v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  const uint32_t v = sg_emu_load(p, __ATOMIC_ACQUIRE);
   sg_emu_acquired(p);
   return sg_self.strong_loaded ? sg_self.strong_loaded(p, v) : v;
 }
 SG_DEVICE uint64_t sg_load_acquire64(const uint64_t* p, SG_CALL_SITE) {
   sg_strong(p, 8, SG_SCOPE_SYS, "ld.acquire.sys.u64", file, line);
-  const uint64_t v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+  const uint64_t v = sg_emu_load(p, __ATOMIC_ACQUIRE);
   sg_emu_acquired(p);
   return v;
 }
 SG_DEVICE uint64_t sg_load_relaxed64(const uint64_t* p, SG_CALL_SITE) {
   sg_strong(p, 8, SG_SCOPE_SYS, "ld.relaxed.sys.u64", file, line);
-  return __atomic_load_n(p, __ATOMIC_RELAXED);
+  return sg_emu_load(p, __ATOMIC_RELAXED);
 }
 SG_DEVICE uint32_t sg_load_relaxed(const uint32_t* p, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_SYS, "ld.relaxed.sys.u32", file, line);
-  return __atomic_load_n(p, __ATOMIC_RELAXED);
+  return sg_emu_load(p, __ATOMIC_RELAXED);
 }
 SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   sg_strong(p, 4, SG_RELEASE_SCOPE, "st.release.sys.u32", file, line);
@@ -189,49 +216,49 @@ SG_DEVICE void sg_store_release(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   /* A planted bug, built by scripts/tsan-emulation.sh (ThreadSanitizer must report it) and by
    * the emulated GPU's weak-memory test (the data it should publish stays held back): x86
    * would order the store anyway. */
-  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+  sg_emu_store(p, v, __ATOMIC_RELAXED);
 #else
   sg_emu_release(p);
   sg_emu_release_store(p, 4, "st.release.sys.u32", file, line);
-  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+  sg_emu_store(p, v, __ATOMIC_RELEASE);
 #endif
 }
 SG_DEVICE void sg_store_release64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
   sg_strong(p, 8, SG_RELEASE_SCOPE, "st.release.sys.u64", file, line);
   sg_emu_release(p);
   sg_emu_release_store(p, 8, "st.release.sys.u64", file, line);
-  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+  sg_emu_store(p, v, __ATOMIC_RELEASE);
 }
 SG_DEVICE uint32_t sg_load_volatile(const uint32_t* p, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_SYS, "ld.volatile.u32", file, line);
-  return __atomic_load_n(p, __ATOMIC_RELAXED);
+  return sg_emu_load(p, __ATOMIC_RELAXED);
 }
 SG_DEVICE void sg_store_volatile(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_SYS, "st.volatile.u32", file, line);
-  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+  sg_emu_store(p, v, __ATOMIC_RELAXED);
 }
 SG_DEVICE void sg_store_relaxed64(uint64_t* p, uint64_t v, SG_CALL_SITE) {
   sg_strong(p, 8, SG_SCOPE_SYS, "st.relaxed.sys.u64", file, line);
-  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+  sg_emu_store(p, v, __ATOMIC_RELAXED);
 }
 SG_DEVICE uint32_t sg_atomic_add(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_GPU, "atom.acq_rel.gpu.add.u32", file, line);
   sg_emu_release(p);
-  const uint32_t old = __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+  const uint32_t old = sg_emu_add(p, v);
   sg_emu_acquired(p);
   return old;
 }
 SG_DEVICE uint32_t sg_atomic_add_sys(uint32_t* p, uint32_t v, SG_CALL_SITE) {
   sg_strong(p, 4, SG_SCOPE_SYS, "atom.acq_rel.sys.add.u32", file, line);
   sg_emu_release(p);
-  const uint32_t old = __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+  const uint32_t old = sg_emu_add(p, v);
   sg_emu_acquired(p);
   return old;
 }
 SG_DEVICE uint64_t sg_atomic_add64_sys(uint64_t* p, uint64_t v, SG_CALL_SITE) {
   sg_strong(p, 8, SG_TICKET_SCOPE, "atom.acq_rel.sys.add.u64", file, line);
   sg_emu_release(p);
-  const uint64_t old = __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+  const uint64_t old = sg_emu_add(p, v);
   sg_emu_acquired(p);
   return old;
 }

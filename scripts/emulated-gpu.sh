@@ -68,14 +68,57 @@ stale() {
 # released before the command runs.
 exec 9>"$BUILD/.build.lock"
 flock 9
-if stale "$DRIVER"; then
+# The driver is linked from an object per source, compiled two at a time. Every object but the
+# kernels' (kernel_source.o, which includes cuda/) lies in $OBJ and serves every variant of the
+# driver; a mutant compiles only its own kernel_source.o, and a driver lacking an export only
+# links again.
+CXXFLAGS=(-std=c++17 -O2 -g -fPIC -pthread -Wall -Wextra -Werror -Wno-unused-parameter
+  -ffp-contract=off -DSTRAGGLAR_HOST_EMULATION -I "$NV/cuda_runtime/include" -I cuda)
+OBJ="$BUILD/obj"
+mkdir -p "$OBJ"
+# Compiles the driver's sources that are stale: each into $OBJ, kernel_source.cpp into $1 with
+# the further flags given.
+compile_driver() {
+  local kernels="$1" failed=0 running=0 source object
+  shift
+  for source in tests/emulated/*.cpp; do
+    object="$OBJ/$(basename "$source" .cpp).o"
+    [ "$source" = tests/emulated/kernel_source.cpp ] && object="$kernels/kernel_source.o"
+    stale "$object" || continue
+    if [ "$running" -ge 2 ]; then
+      wait -n || failed=1
+      running=$((running - 1))
+    fi
+    if [ "$object" = "$kernels/kernel_source.o" ]; then
+      c++ "${CXXFLAGS[@]}" "$@" -c "$source" -o "$object.tmp" && mv "$object.tmp" "$object" &
+    else
+      c++ "${CXXFLAGS[@]}" -c "$source" -o "$object.tmp" && mv "$object.tmp" "$object" &
+    fi
+    running=$((running + 1))
+  done
+  while [ "$running" -gt 0 ]; do
+    wait -n || failed=1
+    running=$((running - 1))
+  done
+  return "$failed"
+}
+# Links $1 (a libcuda.so.1) with the version script $2 and the kernels' object in $3.
+link_driver() {
+  local objects=()
+  for source in tests/emulated/*.cpp; do
+    [ "$source" = tests/emulated/kernel_source.cpp ] || objects+=("$OBJ/$(basename "$source" .cpp).o")
+  done
+  c++ -shared -pthread -Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,--version-script="$2" \
+    "${objects[@]}" "$3/kernel_source.o" -o "$1.tmp"
+  mv "$1.tmp" "$1"
+  ln -sf libcuda.so.1 "$(dirname "$1")/libcuda.so"
+}
+if stale "$DRIVER" || [ -n "$(find "$OBJ" -name '*.o' -newer "$DRIVER")" ]; then
   echo "emulated-gpu: building $DRIVER" >&2
-  c++ -std=c++17 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Werror -Wno-unused-parameter \
-    -ffp-contract=off -DSTRAGGLAR_HOST_EMULATION -I "$NV/cuda_runtime/include" -I cuda \
-    -Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,--version-script=tests/emulated/exports.map \
-    tests/emulated/*.cpp -o "$DRIVER.tmp"
-  mv "$DRIVER.tmp" "$DRIVER"
-  ln -sf libcuda.so.1 "$BUILD/libcuda.so"
+fi
+compile_driver "$OBJ"
+if stale "$DRIVER" || [ -n "$(find "$OBJ" -name '*.o' -newer "$DRIVER")" ]; then
+  link_driver "$DRIVER" tests/emulated/exports.map "$OBJ"
 fi
 NCCL_SOURCES=(tests/emulated/nccl/* include/nccl.h)
 if stale "$BUILD/libnccl.so.2" || [ -n "$(find "${NCCL_SOURCES[@]}" -newer "$BUILD/libnccl.so.2")" ]; then
@@ -91,18 +134,17 @@ if stale "$BUILD/selftest" || [ tests/emulated/selftest.c -nt "$BUILD/selftest" 
     tests/emulated/selftest.c -o "$BUILD/selftest" -L "$BUILD" -lcuda
 fi
 
-# A variant of the driver in directory $1, built with the version script $2 and any further
-# compiler flags.
+# A variant of the driver in directory $1, linked with the version script $2; with further
+# compiler flags, its kernels compiled with them (else the driver's own).
 build_variant() {
-  local dir="$1" map="$2"
+  local dir="$1" map="$2" kernels="$OBJ"
   shift 2
-  if stale "$dir/libcuda.so.1"; then
-    c++ -std=c++17 -O2 -g -fPIC -shared -pthread -Wall -Wextra -Werror -Wno-unused-parameter \
-      -ffp-contract=off -DSTRAGGLAR_HOST_EMULATION -I "$NV/cuda_runtime/include" -I cuda "$@" \
-      -Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,--version-script="$map" \
-      tests/emulated/*.cpp -o "$dir/libcuda.so.1.tmp"
-    mv "$dir/libcuda.so.1.tmp" "$dir/libcuda.so.1"
-    ln -sf libcuda.so.1 "$dir/libcuda.so"
+  if [ "$#" -gt 0 ]; then
+    kernels="$dir"
+    compile_driver "$dir" "$@"
+  fi
+  if stale "$dir/libcuda.so.1" || [ "$kernels/kernel_source.o" -nt "$dir/libcuda.so.1" ]; then
+    link_driver "$dir/libcuda.so.1" "$map" "$kernels"
   fi
 }
 

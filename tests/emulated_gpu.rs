@@ -118,17 +118,33 @@ fn the_driver_self_test_passes() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", support::describe(&out));
     assert!(text.contains("GPU 0: Stragglar emulated GPU"), "{text}");
-    assert!(text.lines().any(|l| l == "21 passed, 0 failed"), "{text}");
+    assert!(text.lines().any(|l| l == "22 passed, 0 failed"), "{text}");
     assert!(
         text.contains("multicast binds and maps wait for every device               skipped"),
         "{text}"
     );
+    // The litmus of strong loads: the reader's first reads of the data its relaxed poll did
+    // not order come back older, and the machine without stale loads fails the check.
+    assert!(
+        text.contains("flag polled relaxed: 3 polls, then the data read 0 0 1 1"),
+        "{text}"
+    );
+    let out = support::run(
+        emulated(&[selftest.to_str().unwrap()]).env("STRAGGLAR_EMU_WEAK_MEMORY", "stores"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{}", support::describe(&out));
+    assert!(
+        text.contains("strong loads may be stale until ordered (emulation only)     FAILED"),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l == "21 passed, 1 failed"), "{text}");
     // With multicast, its check runs too: a bind waits for the last device to be added.
     let out =
         support::run(emulated(&[selftest.to_str().unwrap()]).env("STRAGGLAR_EMU_MULTICAST", "1"));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", support::describe(&out));
-    assert!(text.lines().any(|l| l == "22 passed, 0 failed"), "{text}");
+    assert!(text.lines().any(|l| l == "23 passed, 0 failed"), "{text}");
     // On a machine of one GPU, as gpu-check's device is: the checks that need two skip.
     let out = support::run(emulated(&[selftest.to_str().unwrap()]).env("STRAGGLAR_EMU_GPUS", "1"));
     let text = String::from_utf8_lossy(&out.stdout);

@@ -36,6 +36,38 @@ void delay_body(uint64_t ns) {
   }
 }
 
+/* The self-test's litmus kernel (emulation only; selftest.c says what each shape must show):
+ * thread 0 stores 1 into `words[0]` (the data, a volatile store) and releases 1 into
+ * `words[4]` (the flag, in other 16 bytes: the history keeps one store per 16); thread 1
+ * waits for the flag (acquiring it in shape 1, polling it relaxed in shapes 0 and 2) and
+ * counts its polls into `words[12]`, then reads the data into `words[8..12)`: four relaxed
+ * loads (shapes 0 and 1), or an atomic add of 0 and three relaxed loads (shape 2). The
+ * results are written plainly, read by the host once the kernel ended. */
+struct LitmusArgs {
+  uint64_t words;
+  uint32_t shape;
+  uint32_t unused;
+};
+void litmus_body(const LitmusArgs* a) {
+  uint32_t* words = (uint32_t*)a->words;
+  if (SG_THREAD == 0) {
+    sg_store_volatile(&words[0], 1);
+    sg_store_release(&words[4], 1);
+    return;
+  }
+  if (SG_THREAD != 1) return;
+  uint32_t polls = 1;
+  while ((a->shape == 1 ? sg_load_acquire(&words[4]) : sg_load_relaxed(&words[4])) != 1) {
+    ++polls;
+    sg_pause();
+  }
+  words[12] = polls;
+  for (uint32_t i = 0; i < 4; ++i) {
+    words[8 + i] = a->shape == 2 && i == 0 ? sg_atomic_add_sys(&words[0], 0)
+                                           : sg_load_relaxed(&words[0]);
+  }
+}
+
 void body(void* arg, uint32_t thread) {
   BlockRun* run = (BlockRun*)arg;
   sg_self.thread = thread;
@@ -74,6 +106,9 @@ void body(void* arg, uint32_t thread) {
       if (SG_THREAD == 0) emu::set_conditional(args[0], *(const uint32_t*)args[1]);
       break;
     }
+    case emu::KernelId::Litmus:
+      litmus_body((const LitmusArgs*)run->params);
+      break;
     case emu::KernelId::Fault:
       /* The self-test's kernel that writes to address 0 on a GPU: here it faults only when
        * STRAGGLAR_EMU_KERNEL_FAULT says so (kernels.cpp). */
@@ -141,6 +176,15 @@ void emu_weak_store(void* p, const void* src, uint32_t n) {
 void emu_weak_load(void* dst, const void* p, uint32_t n) {
   t_weak->load(sg_self.thread, dst, p, n);
 }
+uint64_t emu_strong_load(const void* p, uint32_t n) {
+  return t_weak->strong_load(sg_self.thread, p, n);
+}
+void emu_strong_store(void* p, const void* src, uint32_t n) {
+  t_weak->strong_store(sg_self.thread, p, src, n);
+}
+uint64_t emu_strong_add(void* p, uint64_t v, uint32_t n) {
+  return t_weak->strong_add(sg_self.thread, p, v, n);
+}
 void emu_release(const void* p) { t_weak->release(sg_self.thread, p); }
 void emu_proxy_fence() { t_weak->proxy_fence(sg_self.thread); }
 void emu_acquired(const void* p) { t_weak->acquired(sg_self.thread, p); }
@@ -161,6 +205,7 @@ const emu::KernelSpec kSpecs[] = {
     {"ncclStragglarChase", emu::KernelId::Chase, sizeof(RawChase), 1024},
     {"ncclStragglarFault", emu::KernelId::Fault, sizeof(uint64_t), 1024},
     {"ncclStragglarSetBranch", emu::KernelId::SetBranch, 2 * sizeof(uint64_t), 1024},
+    {"stragglarEmuLitmus", emu::KernelId::Litmus, sizeof(LitmusArgs), 1024},
 };
 
 }  // namespace
@@ -207,6 +252,9 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
       sg_self.weak_load = emu_weak_load;
       sg_self.release = emu_release;
       sg_self.acquired = emu_acquired;
+      sg_self.strong_load = emu_strong_load;
+      sg_self.strong_store = emu_strong_store;
+      sg_self.strong_add = emu_strong_add;
       sg_self.release_store = emu_release_store;
       sg_self.proxy_fence = emu_proxy_fence;
     }
@@ -218,6 +266,9 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
     sg_self.weak_load = nullptr;
     sg_self.release = nullptr;
     sg_self.acquired = nullptr;
+    sg_self.strong_load = nullptr;
+    sg_self.strong_store = nullptr;
+    sg_self.strong_add = nullptr;
     sg_self.release_store = nullptr;
     sg_self.proxy_fence = nullptr;
   }

@@ -17,7 +17,8 @@ enum class KernelId {
   MulticastProbe,
   Chase,
   Fault,
-  SetBranch
+  SetBranch,
+  Litmus
 };
 
 /* The device side of cudaGraphSetConditional (capture.cpp). */
@@ -70,6 +71,27 @@ void load_as_of(void* dst, const void* src, uint32_t n, uint64_t view, uint64_t 
  * a word with no history, which is taken to publish everything). */
 void note_release(const void* word, uint64_t view);
 uint64_t released_view(const void* word);
+
+/* Strong accesses with a history (weak_memory.h: a strong load may return the value before the
+ * last store to its word, until the thread saw that store). A strong store or atomic add of `n`
+ * bytes (4 or 8, naturally aligned) at `at` is made atomically and, in device memory with a
+ * history, recorded as the 16 bytes' last store (what they held before, made now); each
+ * returns when it was made (0 where nothing is recorded). strong_store writes `src`;
+ * strong_add adds `v` and returns the old value in `*old`. */
+uint64_t strong_store(void* at, const void* src, uint32_t n);
+uint64_t strong_add(void* at, uint64_t v, uint32_t n, uint64_t* old);
+/* A strong load of `n` bytes (4 or 8, naturally aligned) at `at`, as of one instant: what
+ * memory holds, what the bytes held before their last recorded store (`older`, equal to
+ * `current` where no recorded store wrote them) and when that store was made, whether it
+ * landed through the multicast proxy, and the instant itself. */
+struct StrongRead {
+  uint64_t current;
+  uint64_t older;
+  uint64_t stored_at;
+  bool proxy;
+  uint64_t read_at;
+};
+StrongRead strong_read(const void* at, uint32_t n);
 
 /* The coherence check (weak_memory.h): vector clocks over agents, an agent being a device
  * (modulo kOrderAgents; devices that share an agent count as ordered), each entry the history

@@ -12,8 +12,8 @@
  * (check_strong_access). Behind the shadow, a page lists the processes that map the allocation
  * through IPC: its exporter's cuMemFree while one of them still runs ends the process too.
  * Behind that page lies the allocation's history (stale loads, weak_memory.h): per 16 bytes,
- * when the last kernel store to them was made, which of them it wrote and what they held
- * before, and the latest release made to a word among them; behind the history, their store
+ * when the last kernel store to them (plain, strong or atomic) was made, which of them it
+ * wrote and what they held before, and the latest release made to a word among them; behind the history, their store
  * order (the coherence check, weak_memory.h): the vector clock the releases to them published
  * and, per 4-byte word, who made its last release store and when. */
 #include "emu.h"
@@ -471,6 +471,90 @@ uint64_t released_view(const void* word) {
   if (!h) return history_clock();
   HistoryLock held(h);
   return h->released;
+}
+
+namespace {
+/* A strong word of `n` bytes (4 or 8) at `at`, read or written atomically. */
+uint64_t load_word(const void* at, uint32_t n) {
+  if (n == 8) return __atomic_load_n((const uint64_t*)at, __ATOMIC_ACQUIRE);
+  return __atomic_load_n((const uint32_t*)at, __ATOMIC_ACQUIRE);
+}
+void store_word(void* at, uint64_t v, uint32_t n) {
+  if (n == 8)
+    __atomic_store_n((uint64_t*)at, v, __ATOMIC_RELEASE);
+  else
+    __atomic_store_n((uint32_t*)at, (uint32_t)v, __ATOMIC_RELEASE);
+}
+/* Records a store of `n` bytes at `at` into its granule's history `h` (held) as the last,
+ * made at `stored_at`: what the bytes hold now is what they held before it. */
+void record_store(History* h, const void* at, uint32_t n, uint64_t stored_at) {
+  const uint32_t first = (uint32_t)((uint64_t)at % kGranule);
+  memcpy(h->before + first, at, n);
+  h->written = (uint16_t)(((1u << n) - 1) << first);
+  h->proxy = 0;
+  h->stored_at = stored_at;
+}
+}  // namespace
+
+uint64_t strong_store(void* at, const void* src, uint32_t n) {
+  uint64_t v = 0;
+  memcpy(&v, src, n);
+  History* h = history_at((uint64_t)at);
+  if (!h) {
+    store_word(at, v, n);
+    return 0;
+  }
+  HistoryLock held(h);
+  const uint64_t now = history_clock();
+  record_store(h, at, n, now);
+  store_word(at, v, n);
+  return now;
+}
+
+uint64_t strong_add(void* at, uint64_t v, uint32_t n, uint64_t* old) {
+  History* h = history_at((uint64_t)at);
+  const auto add = [&] {
+    if (n == 8) return __atomic_fetch_add((uint64_t*)at, v, __ATOMIC_ACQ_REL);
+    return (uint64_t)__atomic_fetch_add((uint32_t*)at, (uint32_t)v, __ATOMIC_ACQ_REL);
+  };
+  if (!h) {
+    *old = add();
+    return 0;
+  }
+  HistoryLock held(h);
+  const uint64_t now = history_clock();
+  record_store(h, at, n, now);
+  *old = add();
+  return now;
+}
+
+StrongRead strong_read(const void* at, uint32_t n) {
+  StrongRead read{};
+  History* h = history_at((uint64_t)at);
+  if (!h) {
+    read.current = read.older = load_word(at, n);
+    read.read_at = history_clock();
+    return read;
+  }
+  HistoryLock held(h);
+  read.current = load_word(at, n);
+  read.read_at = history_clock();
+  unsigned char older[8];
+  memcpy(older, &read.current, n);
+  const uint32_t first = (uint32_t)((uint64_t)at % kGranule);
+  bool written = false;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (h->written & (1u << (first + i))) {
+      older[i] = h->before[first + i];
+      written = true;
+    }
+  }
+  memcpy(&read.older, older, n);
+  if (written) {
+    read.stored_at = h->stored_at;
+    read.proxy = h->proxy != 0;
+  }
+  return read;
 }
 
 namespace {

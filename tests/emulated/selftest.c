@@ -1315,6 +1315,68 @@ static int multicast_plain_store(void) {
   return 0;
 }
 
+/* The emulation's litmus kernel (kernel_source.cpp), declared for the emulated driver. */
+static const char kLitmusDecl[] =
+    ".version 8.0\n"
+    ".target sm_90\n"
+    ".address_size 64\n"
+    ".visible .entry stragglarEmuLitmus(.param .align 8 .b8 args[16])\n"
+    "{\n"
+    "  ret;\n"
+    "}\n";
+
+/* Runs the litmus kernel's shape `shape` over fresh zeroed words; `reads` gets the reader's
+ * four reads of the data, `polls` how many loads of the flag it made. */
+static int run_litmus(CUfunction litmus, uint32_t shape, uint32_t reads[4], uint32_t* polls) {
+  CUdeviceptr words;
+  uint32_t host[16];
+  CHECK(cuMemAlloc(&words, sizeof host));
+  CHECK(cuMemsetD32(words, 0, 16));
+  struct {
+    uint64_t words;
+    uint32_t shape, unused;
+  } args = {words, shape, 0};
+  void* params[] = {&args};
+  CHECK(cuLaunchKernel(litmus, 1, 1, 1, 2, 1, 1, 0, NULL, params, NULL));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuMemcpyDtoH(host, words, sizeof host));
+  CHECK(cuMemFree(words));
+  memcpy(reads, host + 8, 4 * sizeof(uint32_t));
+  *polls = host[12];
+  return 1;
+}
+
+/* Emulation only: a strong load may return a word's value before a store that nothing ordered
+ * before it, never older than a value its thread saw, and a poll sees the store in the end.
+ * Thread 0 stores the data (volatile), then releases the flag; thread 1 waits for the flag,
+ * then reads the data four times with relaxed loads. With the flag polled relaxed, nothing
+ * orders the data's store before those reads: the first returns 0, and once one returns 1
+ * every later one does. With the flag acquired, every read returns 1. With the flag polled
+ * relaxed but the first read an atomic add, every read returns 1: an atomic reads the latest
+ * value, and the loads after it never read an older one. (The emulation runs thread 0 to its end
+ * first, so the outcome is the same on every run; STRAGGLAR_EMU_WEAK_MEMORY=stores, the
+ * machine without stale loads, reads 1 four times where the first must be 0.) */
+static int strong_loads_may_be_stale_until_ordered(void) {
+  CUmodule module;
+  CUfunction litmus;
+  CHECK(cuModuleLoadData(&module, kLitmusDecl));
+  CHECK(cuModuleGetFunction(&litmus, module, "stragglarEmuLitmus"));
+  uint32_t reads[4], polls = 0;
+  if (!run_litmus(litmus, 0, reads, &polls)) return 0;
+  printf("  flag polled relaxed: %u polls, then the data read %u %u %u %u\n", polls, reads[0],
+         reads[1], reads[2], reads[3]);
+  EXPECT(polls > 1);
+  EXPECT(reads[0] == 0);
+  EXPECT(reads[3] == 1);
+  for (int i = 1; i < 4; ++i) EXPECT(reads[i] >= reads[i - 1]);
+  for (uint32_t shape = 1; shape <= 2; ++shape) {
+    if (!run_litmus(litmus, shape, reads, &polls)) return 0;
+    for (int i = 0; i < 4; ++i) EXPECT(reads[i] == 1);
+  }
+  CHECK(cuModuleUnload(module));
+  return 1;
+}
+
 /* Emulation only: what is undefined on a GPU ends the process here. */
 static int a_plain_store_to_a_multicast_address_is_trapped(void) {
   const char* args[] = {"--multicast-plain-store", NULL};
@@ -1471,6 +1533,9 @@ int main(int argc, char** argv) {
   if (g_emulated)
     run("a plain store to a multicast address is trapped (emulation only)",
         a_plain_store_to_a_multicast_address_is_trapped);
+  if (g_emulated)
+    run("strong loads may be stale until ordered (emulation only)",
+        strong_loads_may_be_stale_until_ordered);
   if (g_emulated) run("stale handles and destroyed contexts are errors (emulation only)", stale_handles_are_errors);
   if (g_emulated)
     run("freeing memory another process maps through IPC is reported (emulation only)",

@@ -33,6 +33,7 @@ WeakMemory::WeakMemory(uint32_t threads, int device)
     : own_(threads),
       view_(threads, history_clock()),
       alias_view_(view_),
+      coherence_(threads),
       lines_(kLines, 0),
       device_(device) {
   const uint64_t start = view_.empty() ? history_clock() : view_[0];
@@ -93,6 +94,45 @@ void WeakMemory::load(uint32_t thread, void* to, const void* at, uint32_t bytes)
   const bool stale = stale_loads_enabled() && thread < view_.size();
   load_as_of(to, at, bytes, stale ? view_[thread] : UINT64_MAX,
              stale ? alias_view_[thread] : UINT64_MAX);
+}
+
+void WeakMemory::strong_store(uint32_t thread, void* at, const void* src, uint32_t bytes) {
+  saw_own_store(thread, at, emu::strong_store(at, src, bytes));
+}
+
+uint64_t WeakMemory::strong_add(uint32_t thread, void* at, uint64_t v, uint32_t bytes) {
+  uint64_t old = 0;
+  saw_own_store(thread, at, emu::strong_add(at, v, bytes, &old));
+  return old;
+}
+
+void WeakMemory::saw_own_store(uint32_t thread, const void* at, uint64_t made) {
+  if (thread >= coherence_.size()) return;
+  if (view_[thread] < made) view_[thread] = made;
+  if (made == 0) return;
+  Coherence& c = coherence_[thread][(uintptr_t)at];
+  if (c.seen < made) c.seen = made;
+}
+
+uint64_t WeakMemory::strong_load(uint32_t thread, const void* at, uint32_t bytes) {
+  const StrongRead read = strong_read(at, bytes);
+  if (!stale_loads_enabled() || thread >= coherence_.size() || read.stored_at == 0)
+    return read.current;
+  Coherence& c = coherence_[thread][(uintptr_t)at];
+  const uint64_t view = read.proxy ? alias_view_[thread] : view_[thread];
+  if (read.stored_at > view && read.stored_at > c.seen) {
+    if (c.missed_store != read.stored_at) {
+      c.missed_store = read.stored_at;
+      c.misses = 0;
+    }
+    if (c.misses < kStaleReads) {
+      ++c.misses;
+      return read.older;
+    }
+  }
+  /* Memory as it was at that instant: every store made before it is seen. */
+  if (c.seen < read.read_at) c.seen = read.read_at;
+  return read.current;
 }
 
 void WeakMemory::at_barrier(uint32_t thread) {

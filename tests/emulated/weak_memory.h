@@ -39,6 +39,21 @@
  * missing does, and so does one whose alias fence is. Memory with no history (host memory, the
  * copy engines' and the host's writes) is always read as it is.
  *
+ * Strong loads. A relaxed, volatile or acquire load of a word (a flag, a turn word, a board
+ * word) may also return an older value: the value before the word's last store, where that
+ * store was made after the thread's view and the thread has not yet seen it. Strong stores and
+ * atomic adds are recorded in the history as plain stores are (made at once, never held).
+ * Each thread keeps, per word it loads, when it last saw the word as memory holds it (its
+ * coherence: once it read a value, or stored one, it never reads an older one), and a load
+ * returns the older value at most kStaleReads times for one store, then what memory holds, so
+ * a poll sees every store in the end (a GPU's stores become visible in finite time). Which
+ * value a strong load returns decides only progress in a correct kernel (it polls until the
+ * value it wants, which an acquire then orders); a kernel that reads a word once and trusts
+ * it, with nothing ordering the word's store before the read, reads the older value here. An
+ * acquire that returns the older value still takes in the view the word's latest release
+ * published (coarser than the memory model, never finer). Words are keyed by address: one
+ * word is always accessed at one size.
+ *
  * Coherence. A GPU keeps the stores to one word in one order, but where nothing orders two
  * stores made by different agents, either may come last: a word written by several ranks in
  * turn (a turn word) keeps the right value only if each writer's store is ordered after the
@@ -65,6 +80,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "kernel_source.h"
@@ -119,6 +135,21 @@ class WeakMemory {
    * the word's last release store is not ordered before it (the coherence check above). */
   void release_store(const void* word, uint32_t bytes, const char* op, const char* file,
                      int line);
+  /* `thread`'s strong store of `bytes` bytes (4 or 8) from `src` at `at`, made at once and
+   * recorded in the history; the thread has seen it, and its view moves to it. */
+  void strong_store(uint32_t thread, void* at, const void* src, uint32_t bytes);
+  /* `thread`'s atomic add of `v` to the `bytes`-byte word at `at`; returns the old value
+   * (always the latest), which the thread has then seen, as the store it makes. */
+  uint64_t strong_add(uint32_t thread, void* at, uint64_t v, uint32_t bytes);
+  /* `thread`'s strong load of the `bytes`-byte word at `at` (held stores that may overlap it
+   * landed first): what memory holds, or the value before the word's last store while that
+   * store is after the thread's view, not yet seen, and returned older fewer than
+   * kStaleReads times (above). */
+  uint64_t strong_load(uint32_t thread, const void* at, uint32_t bytes);
+  /* How often one thread's strong loads of a word return the value before one store of it
+   * that nothing ordered before them. */
+  static constexpr uint32_t kStaleReads = 2;
+
   /* Seeded: a random number of the block's oldest held stores land. */
   void land_early(Rng& choices);
 
@@ -140,6 +171,10 @@ class WeakMemory {
   static constexpr uint32_t kLines = 4096;
   static uint32_t slot(uintptr_t address) { return (uint32_t)(address >> 6) & (kLines - 1); }
   void count(const Held& h, int32_t by);
+  /* `thread` made a strong store (or atomic) at `at`, made at `made` (0: not recorded): it
+   * sees its own store, and its view moves to it as at a plain store (a release after it
+   * publishes it). */
+  void saw_own_store(uint32_t thread, const void* at, uint64_t made);
   /* store and store_multicast: holds the store in `thread`'s buffer (a larger one, or one of
    * no thread the block runs, lands at once after everything held). */
   void hold(uint32_t thread, void* at, const void* src, uint32_t bytes, bool multicast);
@@ -165,6 +200,15 @@ class WeakMemory {
    * thread brought to a block barrier, passed on as the view is. */
   std::vector<uint64_t> alias_view_;
   uint64_t block_alias_view_ = 0;
+  /* Per thread, per word address its strong accesses touched: when it last saw the word as
+   * memory held it, and the store it has been reading older than (its time, and how many
+   * times). */
+  struct Coherence {
+    uint64_t seen = 0;
+    uint64_t missed_store = 0;
+    uint32_t misses = 0;
+  };
+  std::vector<std::unordered_map<uintptr_t, Coherence>> coherence_;
   std::vector<uint32_t> lines_;
   uint64_t held_ = 0;
   /* The device the block runs on, and the block's vector clock (the coherence check). */
