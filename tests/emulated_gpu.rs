@@ -26,16 +26,12 @@ fn emulated(args: &[&str]) -> Command {
     cmd
 }
 
-/// Where this test binary's engines count their multicast objects: apart from any job's or
-/// other test run's on this host (made by the first team, for this user only).
+/// Where this test binary's engines count their multicast objects: apart from any job's on this
+/// host, in the build's own scratch directory, so that runs leave nothing in /tmp (made by the
+/// first team, for this user only; the slots are locks held by live processes, so an earlier
+/// run's files hold none).
 fn multicast_slots_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        std::env::temp_dir().join(format!(
-            "stragglar-test-multicast-slots-{}",
-            std::process::id()
-        ))
-    })
+    Path::new(concat!(env!("CARGO_TARGET_TMPDIR"), "/emulated-gpu-multicast-slots"))
 }
 
 /// Builds the driver and the self-test once per test binary; the directory holding them.
