@@ -1242,17 +1242,19 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
    * warp in hardware block 0 can hold a GPU's one free multiprocessor waiting for the ticket
    * of a rank whose block 0 waits, undispatched, behind plan blocks that need this GPU's.)
    * The grid's last block resets the claims with the finished count, before the next launch
-   * can start. The whole block meets after the claim, the arrival warp included. */
+   * can start. The whole block meets once after the claim, the arrival warp included: thread
+   * 0 announces the plan's thread count with the claim, so that one barrier serves both. */
   if (SG_THREAD == 0) {
     const uint32_t claimed = sg_atomic_add((uint32_t*)a->finished_blocks + 1, 1);
     sg_shared_access();
     s->plan_block = claimed;
+    sg_announce_threads(sg_plan_threads(a, claimed, SG_BLOCK_DIM));
   }
   sg_block_sync_all();
   sg_shared_access();
   const uint32_t plan_block = s->plan_block;
   const uint32_t plan_threads = sg_plan_threads(a, plan_block, SG_BLOCK_DIM);
-  sg_set_threads(plan_threads);
+  sg_take_threads(plan_threads);
   if (SG_THREAD >= plan_threads) {
     sg_arrival_work(a, SG_THREAD - plan_threads, SG_BLOCK_DIM - plan_threads);
     sg_emu_arrival_done();
@@ -1346,7 +1348,9 @@ SG_DEVICE void sg_ticket_end(const RawTicket* t) {
 /* The bandwidth probe's body: out = op-fold of the operands over `bytes`, block b taking its
  * slice as the AllReduce kernel slices a chunk (the same vector code). */
 SG_DEVICE void sg_apply_probe(const RawApply* a, sg_scratch* s) {
-  sg_set_threads(SG_BLOCK_DIM);
+  if (SG_THREAD == 0) sg_announce_threads(SG_BLOCK_DIM);
+  sg_block_sync_all();
+  sg_take_threads(SG_BLOCK_DIM);
   sg_math math;
   math.op = a->op;
   math.ranks = 1;

@@ -43,7 +43,7 @@ typedef struct __attribute__((aligned(16))) sg_vec16 {
  * `fiber_sync` and `fiber_pause` switch to the block's next fiber, and the harness rewrites
  * `thread` on every switch). */
 struct sg_host_thread {
-  /* `threads`: the block's threads that run the plan and meet at sg_block_sync (sg_set_threads);
+  /* `threads`: the block's threads that run the plan and meet at sg_block_sync (sg_take_threads);
    * `block_dim`: every thread the harness runs in the block. */
   uint32_t block, blocks, thread, threads, block_dim;
   /* OS-thread harness, per emulated block: barrier[0] for all `block_dim` threads, barrier[1]
@@ -89,7 +89,7 @@ struct sg_host_thread {
    * last store, which nothing ordered before the load and the thread has not seen yet; a
    * strong store or atomic add is recorded as the word's last store (weak_memory.h). */
   uint64_t (*strong_load)(const void* p, uint32_t n);
-  void (*strong_store)(void* p, const void* src, uint32_t n);
+  void (*strong_store)(void* p, const void* src, uint32_t n, bool release);
   uint64_t (*strong_add)(void* p, uint64_t v, uint32_t n);
   /* Fiber harness: a multimem store of `n` bytes to the multicast address `p`, written into
    * every member's memory bound there; false when `p` is no multicast address of this
@@ -157,7 +157,7 @@ SG_DEVICE W sg_emu_load(const W* p, int order) {
 template <class W>
 SG_DEVICE void sg_emu_store(W* p, W v, int order) {
   if (sg_self.strong_store)
-    sg_self.strong_store(p, &v, sizeof(W));
+    sg_self.strong_store(p, &v, sizeof(W), order == __ATOMIC_RELEASE);
   else
     __atomic_store_n(p, v, order);
 }
@@ -324,9 +324,11 @@ SG_DEVICE void sg_copy_bytes(void* dst, const void* src, uint32_t n) {
 #define SG_BLOCKS (sg_self.blocks)
 /* The emulation's warp is one thread: the arrival "warp" of plan block 0 is its last thread. */
 #define SG_ARRIVAL_LANES 1u
-/* Sets SG_THREADS for the calling thread (each emulated thread has its own copy; every thread
- * of the block sets the same count, right after a whole-block barrier). */
-SG_DEVICE void sg_set_threads(uint32_t threads) {
+/* SG_THREADS at a kernel's start, in two halves around one whole-block barrier: thread 0
+ * announces the count before it (the GPU's shared word; nothing here), and every thread takes
+ * it after (each emulated thread has its own copy; every thread takes the same count). */
+SG_DEVICE void sg_announce_threads(uint32_t threads) { (void)threads; }
+SG_DEVICE void sg_take_threads(uint32_t threads) {
   sg_self.threads = threads;
   if (sg_self.fiber_set_syncing) sg_self.fiber_set_syncing(threads);
 }
@@ -341,13 +343,15 @@ SG_DEVICE void sg_set_threads(uint32_t threads) {
 #define SG_GLOBAL extern "C" __global__
 
 /* The threads of this block that run the data path and meet at sg_block_sync: every thread
- * but an arrival warp. Set once at a kernel's start by every thread of the block (thread 0
- * writes it, then the whole block, the arrival warp included, meets at barrier 0). */
+ * but an arrival warp. Set once at a kernel's start: thread 0 announces it, then the whole
+ * block, the arrival warp included, meets at barrier 0 (the kernel's own first barrier, which
+ * the count shares), after which every thread takes it (nothing to do on the GPU: SG_THREADS
+ * reads the shared word). */
 static __shared__ uint32_t sg_block_threads;
-SG_DEVICE void sg_set_threads(uint32_t threads) {
+SG_DEVICE void sg_announce_threads(uint32_t threads) {
   if (threadIdx.x == 0) sg_block_threads = threads;
-  __syncthreads();
 }
+SG_DEVICE void sg_take_threads(uint32_t threads) { (void)threads; }
 /* The block barrier of the data path: named barrier 1 for SG_THREADS threads (a multiple of
  * the warp size), so a warp doing other work (the arrival protocol) never takes part. Like
  * __syncthreads, bar.sync orders the memory accesses of the threads taking part. */

@@ -24,7 +24,8 @@
 # What it proves and what it does not: the host code, the driver calls and the kernel source run
 # as a whole (streams, events, capture, IPC between processes, the kernels' protocol), with real
 # concurrency, memory scopes checked, the kernels' plain stores held back until a release
-# publishes them and their plain loads stale where no acquire orders them (weak memory), and
+# publishes them, their plain loads stale where no acquire orders them and their strong loads
+# returning older values a few times (weak memory), and
 # processes sharing a GPU by time slices (or MPS). It says nothing about timing or speed, and
 # the CUDA runtime (PyTorch) cannot run on it: it needs more of the driver than the engine does.
 #
@@ -58,6 +59,7 @@ DRIVER="$BUILD/libcuda.so.1"
 SOURCES=(tests/emulated/*.cpp tests/emulated/*.h tests/emulated/exports.map cuda/*)
 mkdir -p "$BUILD"
 stale() {
+  local source
   [ ! -f "$1" ] && return 0
   for source in "${SOURCES[@]}" scripts/emulated-gpu.sh; do
     [ "$source" -nt "$1" ] && return 0
@@ -79,34 +81,37 @@ mkdir -p "$OBJ"
 # Compiles the driver's sources that are stale: each into $OBJ, kernel_source.cpp into $1 with
 # the further flags given.
 compile_driver() {
-  local kernels="$1" failed=0 running=0 source object
+  local kernels="$1" failed=0 source object pid pids=()
   shift
   for source in tests/emulated/*.cpp; do
-    object="$OBJ/$(basename "$source" .cpp).o"
+    object="$OBJ/${source##*/}"
+    object="${object%.cpp}.o"
     [ "$source" = tests/emulated/kernel_source.cpp ] && object="$kernels/kernel_source.o"
     stale "$object" || continue
-    if [ "$running" -ge 2 ]; then
-      wait -n || failed=1
-      running=$((running - 1))
+    # Two at a time: the oldest job is waited for by its pid (a `wait -n` may miss a job that
+    # ended while the loop ran, and then reports a failure that did not happen).
+    if [ "${#pids[@]}" -ge 2 ]; then
+      wait "${pids[0]}" || failed=1
+      pids=("${pids[@]:1}")
     fi
     if [ "$object" = "$kernels/kernel_source.o" ]; then
       c++ "${CXXFLAGS[@]}" "$@" -c "$source" -o "$object.tmp" && mv "$object.tmp" "$object" &
     else
       c++ "${CXXFLAGS[@]}" -c "$source" -o "$object.tmp" && mv "$object.tmp" "$object" &
     fi
-    running=$((running + 1))
+    pids+=("$!")
   done
-  while [ "$running" -gt 0 ]; do
-    wait -n || failed=1
-    running=$((running - 1))
+  for pid in "${pids[@]}"; do
+    wait "$pid" || failed=1
   done
   return "$failed"
 }
 # Links $1 (a libcuda.so.1) with the version script $2 and the kernels' object in $3.
 link_driver() {
-  local objects=()
+  local objects=() source name
   for source in tests/emulated/*.cpp; do
-    [ "$source" = tests/emulated/kernel_source.cpp ] || objects+=("$OBJ/$(basename "$source" .cpp).o")
+    name="${source##*/}"
+    [ "$source" = tests/emulated/kernel_source.cpp ] || objects+=("$OBJ/${name%.cpp}.o")
   done
   c++ -shared -pthread -Wl,-soname,libcuda.so.1 -Wl,--no-undefined -Wl,--version-script="$2" \
     "${objects[@]}" "$3/kernel_source.o" -o "$1.tmp"

@@ -57,7 +57,8 @@ run_emulation() {
   shift 2
   STRAGGLAR_EMULATION_CFLAGS="$flags" under_tsan "$BIN" --test-threads=2 "$@" > "$log" 2>&1 ||
     status=$?
-  if grep -q "FATAL: ThreadSanitizer\|ThreadSanitizer: failed to allocate" "$log"; then
+  if grep -qE "FATAL: ThreadSanitizer|ThreadSanitizer failed to allocate|ERROR: Failed to mmap" \
+    "$log"; then
     echo "tsan-emulation: TSan's memory did not fit two tests at a time; one at a time" >&2
     status=0
     STRAGGLAR_EMULATION_CFLAGS="$flags" under_tsan "$BIN" --test-threads=1 "$@" > "$log" 2>&1 ||

@@ -26,12 +26,27 @@ fn emulated(args: &[&str]) -> Command {
     cmd
 }
 
-/// Where this test binary's engines count their multicast objects: apart from any job's on this
-/// host, in the build's own scratch directory, so that runs leave nothing in /tmp (made by the
-/// first team, for this user only; the slots are locks held by live processes, so an earlier
-/// run's files hold none).
+/// Where this test binary's engines count their multicast objects: apart from any job's and
+/// any other run's on this host, in the build's own scratch directory rather than /tmp (made by
+/// the first team, for this user only). The directories of earlier runs whose process is gone
+/// are removed first.
 fn multicast_slots_dir() -> &'static Path {
-    Path::new(concat!(env!("CARGO_TARGET_TMPDIR"), "/emulated-gpu-multicast-slots"))
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        const PREFIX: &str = "emulated-gpu-multicast-slots-";
+        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        for entry in std::fs::read_dir(scratch).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let gone = name
+                .strip_prefix(PREFIX)
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+            if gone {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        scratch.join(format!("{PREFIX}{}", std::process::id()))
+    })
 }
 
 /// Builds the driver and the self-test once per test binary; the directory holding them.
@@ -121,10 +136,8 @@ fn the_driver_self_test_passes() {
     );
     // The litmus of strong loads: the reader's first reads of the data its relaxed poll did
     // not order come back older, and the machine without stale loads fails the check.
-    assert!(
-        text.contains("flag polled relaxed: 3 polls, then the data read 0 0 1 1"),
-        "{text}"
-    );
+    // (The polls are 3 unless a seeded schedule has the reader poll before the writer stored.)
+    assert!(text.contains(", then the data read 0 0 1 1"), "{text}");
     let out = support::run(
         emulated(&[selftest.to_str().unwrap()]).env("STRAGGLAR_EMU_WEAK_MEMORY", "stores"),
     );

@@ -179,8 +179,8 @@ void emu_weak_load(void* dst, const void* p, uint32_t n) {
 uint64_t emu_strong_load(const void* p, uint32_t n) {
   return t_weak->strong_load(sg_self.thread, p, n);
 }
-void emu_strong_store(void* p, const void* src, uint32_t n) {
-  t_weak->strong_store(sg_self.thread, p, src, n);
+void emu_strong_store(void* p, const void* src, uint32_t n, bool release) {
+  t_weak->strong_store(sg_self.thread, p, src, n, release);
 }
 uint64_t emu_strong_add(void* p, uint64_t v, uint32_t n) {
   return t_weak->strong_add(sg_self.thread, p, v, n);
@@ -259,7 +259,7 @@ void run_block(const KernelSpec* k, const void* params, uint32_t block, uint32_t
       sg_self.proxy_fence = emu_proxy_fence;
     }
     /* Every thread meets at the plan barrier until the kernel says otherwise (the AllReduce
-     * kernel's arrival warp leaves it, sg_set_threads). */
+     * kernel's arrival warp leaves it, sg_take_threads). */
     run_fibers(threads, threads, body, on_switch, &run, seeded);
     t_weak = nullptr;
     sg_self.weak_store = nullptr;

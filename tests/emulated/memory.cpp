@@ -13,9 +13,9 @@
  * through IPC: its exporter's cuMemFree while one of them still runs ends the process too.
  * Behind that page lies the allocation's history (stale loads, weak_memory.h): per 16 bytes,
  * when the last kernel store to them (plain, strong or atomic) was made, which of them it
- * wrote and what they held before, and the latest release made to a word among them; behind the history, their store
- * order (the coherence check, weak_memory.h): the vector clock the releases to them published
- * and, per 4-byte word, who made its last release store and when. */
+ * wrote and what they held before, and the latest release made to a word among them; behind
+ * the history, their store order (the coherence check, weak_memory.h): the vector clock the
+ * releases to them published and, per 4-byte word, who made its last release store and when. */
 #include "emu.h"
 #include "kernel_source.h"
 

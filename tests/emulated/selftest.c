@@ -1353,9 +1353,10 @@ static int run_litmus(CUfunction litmus, uint32_t shape, uint32_t reads[4], uint
  * orders the data's store before those reads: the first returns 0, and once one returns 1
  * every later one does. With the flag acquired, every read returns 1. With the flag polled
  * relaxed but the first read an atomic add, every read returns 1: an atomic reads the latest
- * value, and the loads after it never read an older one. (The emulation runs thread 0 to its end
- * first, so the outcome is the same on every run; STRAGGLAR_EMU_WEAK_MEMORY=stores, the
- * machine without stale loads, reads 1 four times where the first must be 0.) */
+ * value, and the loads after it never read an older one. (Without a seed the emulation runs
+ * thread 0 to its end first, and the flag takes 3 polls; a seeded schedule may have thread 1
+ * poll sooner, but the data reads are the same. STRAGGLAR_EMU_WEAK_MEMORY=stores, the machine
+ * without stale loads, reads 1 four times where the first must be 0.) */
 static int strong_loads_may_be_stale_until_ordered(void) {
   CUmodule module;
   CUfunction litmus;

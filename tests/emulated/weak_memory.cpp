@@ -96,13 +96,16 @@ void WeakMemory::load(uint32_t thread, void* to, const void* at, uint32_t bytes)
              stale ? alias_view_[thread] : UINT64_MAX);
 }
 
-void WeakMemory::strong_store(uint32_t thread, void* at, const void* src, uint32_t bytes) {
+void WeakMemory::strong_store(uint32_t thread, void* at, const void* src, uint32_t bytes,
+                              bool release) {
   saw_own_store(thread, at, emu::strong_store(at, src, bytes));
+  if (release && thread < view_.size()) note_release(at, view_[thread]);
 }
 
 uint64_t WeakMemory::strong_add(uint32_t thread, void* at, uint64_t v, uint32_t bytes) {
   uint64_t old = 0;
   saw_own_store(thread, at, emu::strong_add(at, v, bytes, &old));
+  if (thread < view_.size()) note_release(at, view_[thread]);
   return old;
 }
 

@@ -36,8 +36,9 @@
  * One time for a view is coarser than the memory model's happens-before (a thread may see a
  * store no chain of synchronisation orders before its load, which is always allowed), never
  * finer, so a correct program never reads a stale value here; a reader whose acquire is
- * missing does, and so does one whose alias fence is. Memory with no history (host memory, the
- * copy engines' and the host's writes) is always read as it is.
+ * missing does, and so does one whose alias fence is. Memory with no history (host memory) is
+ * always read as it is; a copy engine's or the host's write is not recorded (the bytes keep
+ * the record of the last kernel store to them).
  *
  * Strong loads. A relaxed, volatile or acquire load of a word (a flag, a turn word, a board
  * word) may also return an older value: the value before the word's last store, where that
@@ -51,8 +52,12 @@
  * value it wants, which an acquire then orders); a kernel that reads a word once and trusts
  * it, with nothing ordering the word's store before the read, reads the older value here. An
  * acquire that returns the older value still takes in the view the word's latest release
- * published (coarser than the memory model, never finer). Words are keyed by address: one
- * word is always accessed at one size.
+ * published (coarser than the memory model, never finer). A release store, or an acq_rel
+ * atomic, publishes the view that covers the store itself, so a thread ordered after an
+ * acquire of the word (directly, through a barrier, or through a chain of releases and
+ * acquires) reads it as stored. A relaxed load followed by a block barrier is no acquire here:
+ * bar.sync orders at CTA scope, which does not synchronise with another GPU's release. Words
+ * are keyed by address: one word is always accessed at one size, through one mapping.
  *
  * Coherence. A GPU keeps the stores to one word in one order, but where nothing orders two
  * stores made by different agents, either may come last: a word written by several ranks in
@@ -136,10 +141,13 @@ class WeakMemory {
   void release_store(const void* word, uint32_t bytes, const char* op, const char* file,
                      int line);
   /* `thread`'s strong store of `bytes` bytes (4 or 8) from `src` at `at`, made at once and
-   * recorded in the history; the thread has seen it, and its view moves to it. */
-  void strong_store(uint32_t thread, void* at, const void* src, uint32_t bytes);
+   * recorded in the history; the thread has seen it, and its view moves to it. A release
+   * store (after `release` to the word) then publishes that view at the word too, so that
+   * whoever is ordered after an acquire of it sees the store itself. */
+  void strong_store(uint32_t thread, void* at, const void* src, uint32_t bytes, bool release);
   /* `thread`'s atomic add of `v` to the `bytes`-byte word at `at`; returns the old value
-   * (always the latest), which the thread has then seen, as the store it makes. */
+   * (always the latest), which the thread has then seen, as the store it makes; acq_rel, it
+   * publishes the view that covers it, as a release store does. */
   uint64_t strong_add(uint32_t thread, void* at, uint64_t v, uint32_t bytes);
   /* `thread`'s strong load of the `bytes`-byte word at `at` (held stores that may overlap it
    * landed first): what memory holds, or the value before the word's last store while that
