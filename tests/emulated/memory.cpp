@@ -392,20 +392,28 @@ uint64_t history_clock() {
   return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
+namespace {
+/* Records into the history `h` (held) a store of `n` bytes at `at`, byte `first` of its 16,
+ * made at `stored_at` (through the multicast proxy with `proxy`), before it lands: what those
+ * bytes hold now is what they held before it. The record keeps one store, the last to land:
+ * an older one's bytes pass for fresh (a load may always return the newest value). */
+void record_store(History* h, uint32_t first, const void* at, uint32_t n, uint64_t stored_at,
+                  bool proxy) {
+  memcpy(h->before + first, at, n);
+  h->written = (uint16_t)(((1u << n) - 1) << first);
+  h->proxy = proxy ? 1 : 0;
+  h->stored_at = stored_at;
+}
+}  // namespace
+
 void land_store(void* at, const void* src, uint32_t n, uint64_t stored_at) {
   const unsigned char* from = (const unsigned char*)src;
   by_granule((uint64_t)at, n, [&](uint64_t p, uint32_t bytes, History* h) {
     if (!h) {
       memcpy((void*)p, from, bytes);
     } else {
-      const uint32_t first = (uint32_t)(p % kGranule);
       HistoryLock held(h);
-      /* The record keeps one store, the last to land: an older one's bytes pass for fresh
-       * (a load may always return the newest value). */
-      memcpy(h->before + first, (const void*)p, bytes);
-      h->written = (uint16_t)(((1u << bytes) - 1) << first);
-      h->proxy = 0;
-      h->stored_at = stored_at;
+      record_store(h, (uint32_t)(p % kGranule), (const void*)p, bytes, stored_at, false);
       memcpy((void*)p, from, bytes);
     }
     from += bytes;
@@ -424,10 +432,7 @@ void land_multimem(unsigned char* at, const void* src, uint32_t n, uint64_t stor
     const uint32_t bytes = n < room ? n : room;
     History* h = (History*)history + offset / kGranule;
     HistoryLock held(h);
-    memcpy(h->before + first, at, bytes);
-    h->written = (uint16_t)(((1u << bytes) - 1) << first);
-    h->proxy = 1;
-    h->stored_at = stored_at;
+    record_store(h, first, at, bytes, stored_at, true);
     /* Word by word, as the switch writes them: a concurrent reader sees whole words. */
     for (uint32_t k = 0; k < bytes; k += 4) {
       uint32_t word;
@@ -485,47 +490,36 @@ void store_word(void* at, uint64_t v, uint32_t n) {
   else
     __atomic_store_n((uint32_t*)at, (uint32_t)v, __ATOMIC_RELEASE);
 }
-/* Records a store of `n` bytes at `at` into its granule's history `h` (held) as the last,
- * made at `stored_at`: what the bytes hold now is what they held before it. */
-void record_store(History* h, const void* at, uint32_t n, uint64_t stored_at) {
-  const uint32_t first = (uint32_t)((uint64_t)at % kGranule);
-  memcpy(h->before + first, at, n);
-  h->written = (uint16_t)(((1u << n) - 1) << first);
-  h->proxy = 0;
-  h->stored_at = stored_at;
+/* Makes the strong write `write` to the `n`-byte word at `at`, recorded as its granule's last
+ * store where it has a history; returns when it was made (0: not recorded). */
+template <class Write>
+uint64_t recorded(void* at, uint32_t n, Write write) {
+  History* h = history_at((uint64_t)at);
+  if (!h) {
+    write();
+    return 0;
+  }
+  HistoryLock held(h);
+  const uint64_t now = history_clock();
+  record_store(h, (uint32_t)((uint64_t)at % kGranule), at, n, now, false);
+  write();
+  return now;
 }
 }  // namespace
 
 uint64_t strong_store(void* at, const void* src, uint32_t n) {
   uint64_t v = 0;
   memcpy(&v, src, n);
-  History* h = history_at((uint64_t)at);
-  if (!h) {
-    store_word(at, v, n);
-    return 0;
-  }
-  HistoryLock held(h);
-  const uint64_t now = history_clock();
-  record_store(h, at, n, now);
-  store_word(at, v, n);
-  return now;
+  return recorded(at, n, [&] { store_word(at, v, n); });
 }
 
 uint64_t strong_add(void* at, uint64_t v, uint32_t n, uint64_t* old) {
-  History* h = history_at((uint64_t)at);
-  const auto add = [&] {
-    if (n == 8) return __atomic_fetch_add((uint64_t*)at, v, __ATOMIC_ACQ_REL);
-    return (uint64_t)__atomic_fetch_add((uint32_t*)at, (uint32_t)v, __ATOMIC_ACQ_REL);
-  };
-  if (!h) {
-    *old = add();
-    return 0;
-  }
-  HistoryLock held(h);
-  const uint64_t now = history_clock();
-  record_store(h, at, n, now);
-  *old = add();
-  return now;
+  return recorded(at, n, [&] {
+    if (n == 8)
+      *old = __atomic_fetch_add((uint64_t*)at, v, __ATOMIC_ACQ_REL);
+    else
+      *old = __atomic_fetch_add((uint32_t*)at, (uint32_t)v, __ATOMIC_ACQ_REL);
+  });
 }
 
 StrongRead strong_read(const void* at, uint32_t n) {
