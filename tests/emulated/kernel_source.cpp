@@ -41,7 +41,10 @@ void delay_body(uint64_t ns) {
  * `words[4]` (the flag, in other 16 bytes: the history keeps one store per 16); thread 1
  * waits for the flag (acquiring it in shape 1, polling it relaxed in shapes 0 and 2) and
  * counts its polls into `words[12]`, then reads the data into `words[8..12)`: four relaxed
- * loads (shapes 0 and 1), or an atomic add of 0 and three relaxed loads (shape 2). The
+ * loads (shapes 0, 1, 3 and 4), or an atomic add of 0 and three relaxed loads (shape 2). In
+ * shapes 3 and 4 the host's copy engine is the writer: thread 0 stores nothing, thread 1 says
+ * it started (a volatile 1 into `words[14]`), then the host sets the data and the flag on
+ * another stream; thread 1 polls the flag relaxed (shape 3) or acquires it (shape 4). The
  * results are written plainly, read by the host once the kernel ended. */
 struct LitmusArgs {
   uint64_t words;
@@ -50,14 +53,18 @@ struct LitmusArgs {
 };
 void litmus_body(const LitmusArgs* a) {
   uint32_t* words = (uint32_t*)a->words;
+  const bool copy_engine_writes = a->shape >= 3;
   if (SG_THREAD == 0) {
+    if (copy_engine_writes) return;
     sg_store_volatile(&words[0], 1);
     sg_store_release(&words[4], 1);
     return;
   }
   if (SG_THREAD != 1) return;
+  if (copy_engine_writes) sg_store_volatile(&words[14], 1);
+  const bool acquire = a->shape == 1 || a->shape == 4;
   uint32_t polls = 1;
-  while ((a->shape == 1 ? sg_load_acquire(&words[4]) : sg_load_relaxed(&words[4])) != 1) {
+  while ((acquire ? sg_load_acquire(&words[4]) : sg_load_relaxed(&words[4])) != 1) {
     ++polls;
     sg_pause();
   }

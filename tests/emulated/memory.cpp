@@ -422,6 +422,60 @@ void land_store(void* at, const void* src, uint32_t n, uint64_t stored_at) {
 
 size_t history_bytes_of(size_t bytes) { return history_bytes(bytes); }
 
+namespace {
+/* A write of `n` bytes at `dst` by the host or a copy engine (a copy or a set), `fill(to,
+ * offset, bytes)` writing the `bytes` at `to`, which lie `offset` bytes into it. Where they are
+ * device memory with a history, each 16 bytes' record is replaced, under its lock, by this
+ * write, made when it began, as a kernel's store is: a kernel thread that nothing ordered
+ * after the write (its view predates it) may still read what the bytes held before, as on a
+ * GPU, where a copy on another stream, or another GPU's, is seen late unless an event or a
+ * flag orders it. An acquire that reads bytes it wrote is taken to publish what came before
+ * the write (the stream's earlier work, and more: coarser, never finer). Elsewhere (host
+ * memory, memory from cuMemCreate) it just writes. */
+void copy_engine_write(void* dst, size_t n, const std::function<void(void*, size_t, size_t)>& fill) {
+  uint64_t at = (uint64_t)dst;
+  size_t done = 0;
+  const uint64_t now = history_clock();
+  while (done < n) {
+    const Seen* seen = lookup(at, 1);
+    if (!seen || !seen->region.history) {
+      fill((void*)at, done, n - done);
+      return;
+    }
+    const size_t in_region = (size_t)(seen->end - at);
+    const size_t piece = n - done < in_region ? n - done : in_region;
+    for (size_t k = 0; k < piece;) {
+      const uint32_t first = (uint32_t)((at + k - seen->base) % kGranule);
+      const size_t room = kGranule - first;
+      const uint32_t bytes = (uint32_t)(piece - k < room ? piece - k : room);
+      History* h = &seen->region.history[(at + k - seen->base) / kGranule];
+      HistoryLock held(h);
+      record_store(h, first, (const void*)(at + k), bytes, now, false);
+      if (now > h->released) h->released = now;
+      fill((void*)(at + k), done + k, bytes);
+      k += bytes;
+    }
+    at += piece;
+    done += piece;
+  }
+}
+
+/* copy_engine_write of a copy of `n` bytes from `src` (which may overlap `dst`, as memmove). */
+void copy_engine_copy(void* dst, const void* src, size_t n) {
+  const char* from = (const char*)src;
+  std::vector<char> staged;
+  const bool overlap = from < (const char*)dst + n && (const char*)dst < from + n;
+  if (overlap) {
+    staged.assign(from, from + n);
+    from = staged.data();
+  }
+  copy_engine_write(dst, n, [from](void* to, size_t offset, size_t bytes) {
+    memcpy(to, from + offset, bytes);
+  });
+}
+}  // namespace
+
+
 void land_multimem(unsigned char* at, const void* src, uint32_t n, uint64_t stored_at,
                    const unsigned char* base, void* history) {
   const unsigned char* from = (const unsigned char*)src;
@@ -644,10 +698,14 @@ void check_store_order(const void* word, uint32_t bytes, const uint64_t* clock, 
 
 using namespace emu;
 
+/* Sets `count` values of T at `dst` to `value`, as a copy engine's write (copy_engine_write).
+ * `dst` is aligned to T, so every 16 bytes' piece holds whole values. */
 template <typename T>
 static void fill(CUdeviceptr dst, T value, size_t count) {
-  T* p = (T*)dst;
-  for (size_t i = 0; i < count; ++i) p[i] = value;
+  copy_engine_write((void*)dst, count * sizeof(T), [value](void* to, size_t, size_t bytes) {
+    T* p = (T*)to;
+    for (size_t i = 0; i < bytes / sizeof(T); ++i) p[i] = value;
+  });
 }
 
 static CUresult context_for_memory(Context** c) {
@@ -958,14 +1016,14 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
   EMU_FAULT("cuMemcpyHtoD_v2");
   EMU_REQUIRE_INIT();
   EMU_DEVICE_RANGE(dst, n);
-  return run_synchronously([=] { memcpy((void*)dst, src, n); });
+  return run_synchronously([=] { copy_engine_copy((void*)dst, src, n); });
 }
 
 CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
   EMU_FAULT("cuMemcpyDtoH_v2");
   EMU_REQUIRE_INIT();
   EMU_DEVICE_RANGE(src, n);
-  return run_synchronously([=] { memcpy(dst, (const void*)src, n); });
+  return run_synchronously([=] { copy_engine_copy(dst, (const void*)src, n); });
 }
 
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
@@ -973,7 +1031,7 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   EMU_REQUIRE_INIT();
   EMU_DEVICE_RANGE(dst, n);
   EMU_DEVICE_RANGE(src, n);
-  return run_synchronously([=] { memmove((void*)dst, (const void*)src, n); });
+  return run_synchronously([=] { copy_engine_copy((void*)dst, (const void*)src, n); });
 }
 
 /* From pageable memory the source is staged before the call returns (the caller may reuse it
@@ -982,9 +1040,9 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstre
   EMU_FAULT("cuMemcpyHtoDAsync_v2");
   EMU_REQUIRE_INIT();
   EMU_DEVICE_RANGE(dst, n);
-  if (pinned(src)) return async_on(hs, [=] { memcpy((void*)dst, src, n); });
+  if (pinned(src)) return async_on(hs, [=] { copy_engine_copy((void*)dst, src, n); });
   auto staged = std::make_shared<std::vector<char>>((const char*)src, (const char*)src + n);
-  return async_on(hs, [=] { memcpy((void*)dst, staged->data(), n); });
+  return async_on(hs, [=] { copy_engine_copy((void*)dst, staged->data(), n); });
 }
 
 /* Into pageable memory the call returns only once the copy is done, as the real driver does;
@@ -993,15 +1051,15 @@ CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream hs)
   EMU_FAULT("cuMemcpyDtoHAsync_v2");
   EMU_REQUIRE_INIT();
   EMU_DEVICE_RANGE(src, n);
-  if (pinned(dst)) return async_on(hs, [=] { memcpy(dst, (const void*)src, n); });
+  if (pinned(dst)) return async_on(hs, [=] { copy_engine_copy(dst, (const void*)src, n); });
   Stream* s = nullptr;
   uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> g(capture_lock());
     CUresult r = resolve_stream(hs, &s);
     if (r != CUDA_SUCCESS) return r;
-    if (s->capture) return submit(s, [=] { memcpy(dst, (const void*)src, n); }, CU_GRAPH_NODE_TYPE_MEMCPY);
-    r = submit(s, [=] { memcpy(dst, (const void*)src, n); }, CU_GRAPH_NODE_TYPE_MEMCPY);
+    if (s->capture) return submit(s, [=] { copy_engine_copy(dst, (const void*)src, n); }, CU_GRAPH_NODE_TYPE_MEMCPY);
+    r = submit(s, [=] { copy_engine_copy(dst, (const void*)src, n); }, CU_GRAPH_NODE_TYPE_MEMCPY);
     if (r != CUDA_SUCCESS) return r;
     seq = s->enqueued;
   }
@@ -1014,19 +1072,19 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstre
   EMU_REQUIRE_INIT();
   EMU_DEVICE_RANGE(dst, n);
   EMU_DEVICE_RANGE(src, n);
-  return async_on(hs, [=] { memmove((void*)dst, (const void*)src, n); });
+  return async_on(hs, [=] { copy_engine_copy((void*)dst, (const void*)src, n); });
 }
 
 CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hs) {
   EMU_FAULT("cuMemcpyAsync");
   EMU_REQUIRE_INIT();
-  return async_on(hs, [=] { memmove((void*)dst, (const void*)src, n); });
+  return async_on(hs, [=] { copy_engine_copy((void*)dst, (const void*)src, n); });
 }
 
 CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   EMU_FAULT("cuMemcpy");
   EMU_REQUIRE_INIT();
-  return run_synchronously([=] { memmove((void*)dst, (const void*)src, n); });
+  return run_synchronously([=] { copy_engine_copy((void*)dst, (const void*)src, n); });
 }
 
 
@@ -1034,7 +1092,7 @@ CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t count) {
   EMU_FAULT("cuMemsetD8_v2");
   EMU_REQUIRE_INIT();
   EMU_DEVICE_RANGE(dst, count);
-  return run_synchronously([=] { memset((void*)dst, v, count); });
+  return run_synchronously([=] { fill<unsigned char>(dst, v, count); });
 }
 
 CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t count) {
@@ -1049,7 +1107,7 @@ CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t count, CUstrea
   EMU_FAULT("cuMemsetD8Async");
   EMU_REQUIRE_INIT();
   EMU_DEVICE_RANGE(dst, count);
-  return async_on(hs, [=] { memset((void*)dst, v, count); }, CU_GRAPH_NODE_TYPE_MEMSET);
+  return async_on(hs, [=] { fill<unsigned char>(dst, v, count); }, CU_GRAPH_NODE_TYPE_MEMSET);
 }
 
 CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t count, CUstream hs) {

@@ -1325,20 +1325,41 @@ static const char kLitmusDecl[] =
     "  ret;\n"
     "}\n";
 
+/* Shapes 3 and 4 of the litmus kernel: once its reader said it started (`words[14]`, read by
+ * copies on `side`), sets the data (`words[0]`), then the flag (`words[4]`), on `side`. */
+static int write_litmus_by_copy_engine(CUdeviceptr words, CUstream side) {
+  uint32_t started = 0;
+  const double deadline = now_ms() + 10000;
+  while (!started) {
+    EXPECT(now_ms() < deadline);
+    CHECK(cuMemcpyDtoHAsync(&started, words + 14 * sizeof(uint32_t), sizeof started, side));
+    CHECK(cuStreamSynchronize(side));
+  }
+  CHECK(cuMemsetD32Async(words, 1, 1, side));
+  CHECK(cuMemsetD32Async(words + 4 * sizeof(uint32_t), 1, 1, side));
+  return 1;
+}
+
 /* Runs the litmus kernel's shape `shape` over fresh zeroed words; `reads` gets the reader's
  * four reads of the data, `polls` how many loads of the flag it made. */
 static int run_litmus(CUfunction litmus, uint32_t shape, uint32_t reads[4], uint32_t* polls) {
   CUdeviceptr words;
   uint32_t host[16];
+  CUstream own, side;
   CHECK(cuMemAlloc(&words, sizeof host));
   CHECK(cuMemsetD32(words, 0, 16));
+  CHECK(cuStreamCreate(&own, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&side, CU_STREAM_NON_BLOCKING));
   struct {
     uint64_t words;
     uint32_t shape, unused;
   } args = {words, shape, 0};
   void* params[] = {&args};
-  CHECK(cuLaunchKernel(litmus, 1, 1, 1, 2, 1, 1, 0, NULL, params, NULL));
+  CHECK(cuLaunchKernel(litmus, 1, 1, 1, 2, 1, 1, 0, own, params, NULL));
+  if (shape >= 3 && !write_litmus_by_copy_engine(words, side)) return 0;
   CHECK(cuCtxSynchronize());
+  CHECK(cuStreamDestroy(own));
+  CHECK(cuStreamDestroy(side));
   CHECK(cuMemcpyDtoH(host, words, sizeof host));
   CHECK(cuMemFree(words));
   memcpy(reads, host + 8, 4 * sizeof(uint32_t));
@@ -1356,7 +1377,11 @@ static int run_litmus(CUfunction litmus, uint32_t shape, uint32_t reads[4], uint
  * value, and the loads after it never read an older one. (Without a seed the emulation runs
  * thread 0 to its end first, and the flag takes 3 polls; a seeded schedule may have thread 1
  * poll sooner, but the data reads are the same. STRAGGLAR_EMU_WEAK_MEMORY=stores, the machine
- * without stale loads, reads 1 four times where the first must be 0.) */
+ * without stale loads, reads 1 four times where the first must be 0.) The same holds where the
+ * host's copy engine sets the data, then the flag, on another stream while the reader runs:
+ * polled relaxed, the first read returns 0 (a set is recorded as a kernel's store is);
+ * acquired, every read returns 1 (an acquire of bytes a copy wrote sees what the copy's stream
+ * did before it). */
 static int strong_loads_may_be_stale_until_ordered(void) {
   CUmodule module;
   CUfunction litmus;
@@ -1374,6 +1399,16 @@ static int strong_loads_may_be_stale_until_ordered(void) {
     if (!run_litmus(litmus, shape, reads, &polls)) return 0;
     for (int i = 0; i < 4; ++i) EXPECT(reads[i] == 1);
   }
+  if (!run_litmus(litmus, 3, reads, &polls)) return 0;
+  printf("  set by the copy engine, flag polled relaxed: the data read %u %u %u %u\n", reads[0],
+         reads[1], reads[2], reads[3]);
+  EXPECT(reads[0] == 0);
+  EXPECT(reads[3] == 1);
+  for (int i = 1; i < 4; ++i) EXPECT(reads[i] >= reads[i - 1]);
+  if (!run_litmus(litmus, 4, reads, &polls)) return 0;
+  printf("  set by the copy engine, flag acquired: the data read %u %u %u %u\n", reads[0],
+         reads[1], reads[2], reads[3]);
+  for (int i = 0; i < 4; ++i) EXPECT(reads[i] == 1);
   CHECK(cuModuleUnload(module));
   return 1;
 }
