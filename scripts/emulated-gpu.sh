@@ -11,6 +11,10 @@
 #        scripts/emulated-gpu.sh --build-without cuNAME   (a driver lacking that export; prints
 #                                                          its directory, to put first on
 #                                                          LD_LIBRARY_PATH)
+#        scripts/emulated-gpu.sh --build-cuda-12.0        (a driver lacking every export newer
+#                                                          than CUDA 12.0, to run with
+#                                                          STRAGGLAR_EMU_DRIVER_VERSION=12000;
+#                                                          prints its directory, likewise)
 #        scripts/emulated-gpu.sh --build-mutant NAME      (a driver whose kernels carry the
 #                                                          planted bug STRAGGLAR_MUTANT_NAME of
 #                                                          docs/EMULATED-GPU.md; prints its
@@ -165,21 +169,42 @@ if [ "${1:-}" = "--build-mutant" ]; then
   exit 0
 fi
 
-# A driver that lacks one export (cudarc panics when it looks a missing name up): for tests of
-# what a panic inside the engine does. Prints its directory.
-if [ "${1:-}" = "--build-without" ]; then
-  [ "$#" -eq 2 ] && [[ $2 =~ ^cu[A-Za-z0-9_]+$ ]] || { echo "usage: $0 --build-without cuNAME" >&2; exit 2; }
-  dir="$BUILD/without-$2"
+# build_without DIR cuNAME...: a driver in DIR lacking the exports named (cudarc panics when it
+# looks a missing name up). Prints DIR.
+build_without() {
+  local dir=$1 name
+  shift
   mkdir -p "$dir"
-  printf '{\n  global: cu*;\n  local: %s; *;\n};\n' "$2" > "$dir/exports.map.new"
+  printf '{\n  global: cu*;\n  local: %s*;\n};\n' "$(printf '%s; ' "$@")" > "$dir/exports.map.new"
   cmp -s "$dir/exports.map.new" "$dir/exports.map" || mv "$dir/exports.map.new" "$dir/exports.map"
   rm -f "$dir/exports.map.new"
   build_variant "$dir" "$dir/exports.map"
-  if nm -D --defined-only "$dir/libcuda.so.1" | grep -qw "$2"; then
-    echo "emulated-gpu: $dir/libcuda.so.1 still exports $2" >&2
-    exit 1
-  fi
+  for name in "$@"; do
+    if nm -D --defined-only "$dir/libcuda.so.1" | grep -qw "$name"; then
+      echo "emulated-gpu: $dir/libcuda.so.1 still exports $name" >&2
+      exit 1
+    fi
+  done
   echo "$dir"
+}
+
+# A driver that lacks one export: for tests of what a panic inside the engine does.
+if [ "${1:-}" = "--build-without" ]; then
+  [ "$#" -eq 2 ] && [[ $2 =~ ^cu[A-Za-z0-9_]+$ ]] || { echo "usage: $0 --build-without cuNAME" >&2; exit 2; }
+  build_without "$BUILD/without-$2" "$2"
+  exit 0
+fi
+
+# A CUDA 12.0 driver (R525): the emulated driver's exports that came later are missing, as
+# they are from the real one. Multicast objects came with 12.1, cuGraphAddNode with 12.2, its
+# _v2, conditional handles and the _v3/_v2 capture-info and capture-dependency calls with 12.3,
+# cuEventElapsedTime_v2 with 12.8.
+if [ "${1:-}" = "--build-cuda-12.0" ]; then
+  [ "$#" -eq 1 ] || { echo "usage: $0 --build-cuda-12.0" >&2; exit 2; }
+  build_without "$BUILD/cuda-12.0" cuMulticastCreate cuMulticastAddDevice cuMulticastBindMem \
+    cuMulticastUnbind cuMulticastGetGranularity cuGraphAddNode cuGraphAddNode_v2 \
+    cuGraphConditionalHandleCreate cuStreamGetCaptureInfo_v3 \
+    cuStreamUpdateCaptureDependencies_v2 cuEventElapsedTime_v2
   exit 0
 fi
 # The loopback NCCL beside the rank program of the tests, linked against it alone: on a GPU

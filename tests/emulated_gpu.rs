@@ -1370,7 +1370,9 @@ fn a_rank_whose_context_faults_releases_its_peers_through_host_memory() {
     // it can tell its peers. Its host sees the error, aborts its communicator, and marks it
     // failed in its failure word, host memory its peers' kernels read: they give up call 19
     // with no deadline and no watchdog (before, they waited for ever), and as well with
-    // either. Nobody hangs and everybody reports call 19.
+    // either. Nobody hangs and everybody reports call 19. A rank that destroys its
+    // communicator after the error instead of aborting it marks its failure word at the
+    // destroy, where its own staging reads as lost (before, its peers waited for ever).
     let fault = (
         "LOOPBACK_ENV_2",
         "STRAGGLAR_EMU_KERNEL_FAULT=ncclStragglarAllReduce@20",
@@ -1379,6 +1381,7 @@ fn a_rank_whose_context_faults_releases_its_peers_through_host_memory() {
         ("neither", ("STRAGGLAR_DEBUG", "INFO")),
         ("deadline", ("STRAGGLAR_TIMEOUT_MS", "30000")),
         ("watchdog", ("LOOPBACK_ABORT_AFTER_MS", "30000")),
+        ("destroy", ("LOOPBACK_DESTROY_ON_ERROR", "1")),
     ] {
         let env = engine_with("stragglar", &[fault, ending]);
         let started = std::time::Instant::now();
@@ -2064,6 +2067,37 @@ fn a_failure_while_attaching_keeps_every_rank_on_nccl() {
         );
         assert!(!log.contains("internal error"), "{case}: {log}");
     }
+}
+
+/// A CUDA 12.0 driver (R525) on every rank: `--build-cuda-12.0` lacks every export that came
+/// later, and says 12.0. cudarc, built for CUDA 13, panics when it looks a missing name up, so
+/// a newer export used on any path (`cuEventElapsedTime_v2`, the capture-info `_v3`, a
+/// multicast or conditional-node call) would give the rank up. Eager calls and graph replays
+/// run StragglAR, the replays by the rule of drivers without conditional nodes.
+#[test]
+fn a_cuda_12_0_driver_runs_the_engine_with_no_newer_export() {
+    let _timing = timing();
+    let old = format!("LD_LIBRARY_PATH={}", variant_path(&["--build-cuda-12.0"]));
+    let every: Vec<(String, &str)> = (0..4)
+        .map(|r| (format!("LOOPBACK_ENV_{r}"), old.as_str()))
+        .collect();
+    let mut env = engine_with(
+        "stragglar",
+        &[
+            ("LOOPBACK_MIXED", "40"),
+            ("STRAGGLAR_EMU_DRIVER_VERSION", "12000"),
+        ],
+    );
+    env.extend(every.iter().map(|(k, v)| (k.as_str(), *v)));
+    let (text, log) = run_checked(&["4"], &env, ": 40 mixed rounds checked");
+    for line in designations(&text) {
+        assert!(line.ends_with(", 44 on StragglAR, 0 on NCCL"), "{text}");
+    }
+    assert!(
+        log.contains("graph replays choose between StragglAR and our Ring"),
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
 }
 
 #[test]

@@ -8,7 +8,7 @@
  * usage: loopback_ranks NRANKS [KILL_RANK KILL_AT]
  *   With KILL_RANK, that rank kills itself (SIGKILL) before call KILL_AT; every other rank must
  *   then see an error (from ncclCommGetAsyncError after its stream drains), call ncclCommAbort
- *   and exit 3. Prints one line per rank; exit status 0 when every rank ended as expected.
+ *   (ncclCommDestroy with LOOPBACK_DESTROY_ON_ERROR set) and exit 3. Prints one line per rank; exit status 0 when every rank ended as expected.
  *   With LOOPBACK_NONBLOCKING set, each rank joins through a nonblocking ncclCommInitRankConfig;
  *   with LOOPBACK_GRAPHS set, each call after the first three is captured into a CUDA graph (out
  *   of place) and the graph launched twice; with LOOPBACK_ABORT_AFTER_MS set, a call still
@@ -965,7 +965,10 @@ static int run_rank(int rank, int nranks, const char* hex, int kill_rank, int ki
     if (nr != ncclSuccess || cr != CUDA_SUCCESS || async != ncclSuccess) {
       printf("rank %d: error at call %d: %s\n", rank, i,
              ncclGetErrorString(nr != ncclSuccess ? nr : async));
-      ncclCommAbort(comm);
+      if (getenv("LOOPBACK_DESTROY_ON_ERROR"))
+        ncclCommDestroy(comm);
+      else
+        ncclCommAbort(comm);
       return 3;
     }
     CU(cuMemcpyDtoH(host, out, count * type_bytes(t)));
