@@ -1717,6 +1717,61 @@ fn the_setup_declines_on_every_rank_where_a_gpu_misreads_its_peers_memory() {
     );
 }
 
+/// The setup's peer probe faults on rank 2 (an illegal address: its context is lost, as on a
+/// GPU, and its job with it). Its host still settles its word of the setup's agreement as
+/// failed (the probe gave no verdict within 10 s), so every rank declines alike and goes on to
+/// NCCL; rank 2's first call fails on its lost context, and its peers' NCCL call waits for it,
+/// as NCCL's would for any lost rank, until the job's watchdog aborts it
+/// (`LOOPBACK_ABORT_AFTER_MS`). Before the agreement went through host memory, rank 2 could
+/// not take part in the setup's second all-gather (its upload failed on the lost context), so
+/// its peers waited in it, hosts blocked inside the call where no watchdog sees one, until
+/// rank 2's process exited (here at once; one that lingers would have kept them there); they
+/// then declined naming rank 0, and rank 2 said it had closed its mappings of their staging,
+/// which its lost context still held, so rank 3 freed memory a process still mapped (the
+/// emulated driver ended it).
+#[test]
+fn a_peer_probe_that_faults_declines_on_every_rank_and_the_watchdog_ends_the_job() {
+    let _timing = timing();
+    let env = engine_with(
+        "stragglar",
+        &[
+            (
+                "LOOPBACK_ENV_2",
+                "STRAGGLAR_EMU_KERNEL_FAULT=ncclStragglarPeerProbe@1",
+            ),
+            ("LOOPBACK_ABORT_AFTER_MS", "20000"),
+        ],
+    );
+    let started = std::time::Instant::now();
+    let (out, _) = run_ranks(&["4"], &env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("ncclStragglarPeerProbe faulted"),
+        "{}",
+        support::describe(&out)
+    );
+    assert_eq!(
+        log.matches("StragglAR stays off: rank 2 could not reach every peer's staging")
+            .count(),
+        4,
+        "{}",
+        support::describe(&out)
+    );
+    for rank in 0..4 {
+        assert!(
+            text.contains(&format!("rank {rank}: error at call 0")),
+            "{}",
+            support::describe(&out)
+        );
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(120),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// Runs `tests/c/loopback_ranks.c`'s growing calls (`LOOPBACK_GROW`) on 4 ranks under `env`,
 /// each result checked: every rank's growth steps must be `steps` (MiB) and its stats end
 /// with `ran` ("N on StragglAR, M on NCCL"). Returns the log.

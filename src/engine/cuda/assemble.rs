@@ -64,9 +64,9 @@ pub struct Assembly<'a> {
 }
 
 /// Assembles this rank's engine: `Ok` when every rank of the communicator is eligible, else
-/// the verdict (the same on every rank) or the exchange's failure. Every rank makes both of
-/// the setup's all-gathers whatever fails locally (a panic included), so no peer waits for a
-/// rank that gave up. `on_control` gets the rank's abort and status words as soon as its
+/// the verdict (the same on every rank) or the exchange's failure. Every rank takes both of
+/// the setup's steps whatever fails locally (a panic included), so no peer waits for a rank
+/// that gave up. `on_control` gets the rank's abort and status words as soon as its
 /// staging exists (an abort during the setup must reach them).
 pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
     assembly: Assembly,
@@ -112,16 +112,18 @@ pub fn assemble<X: Exchange, A: PeerAccess<Mapping = PeerMapping>>(
         ordering.is_some()
     };
     let joined = run_setup(exchange, access, &record, assembly.devices, finish);
-    // Every peer that could open this rank's failure word has (both all-gathers are over):
-    // its name goes, so nothing is left behind whatever happens to the job.
+    // Every peer that could open this rank's failure word has: each opens every page before
+    // it settles its own word of the agreement, which this rank has seen settled (or settled
+    // as timed out, and a peer that then finds the page gone refuses alike). Its name goes,
+    // so nothing is left behind whatever happens to the job.
     if let Ok(r) = &rank {
         r.failure_word().unlink();
     }
     let joined = match joined {
         Ok(joined) => joined,
         Err(refused) => {
-            // Refused after the peers opened this rank's staging (the second all-gather's
-            // verdict): it may be freed only once each has closed its mapping.
+            // Refused after the peers opened this rank's staging (the second step's verdict):
+            // it may be freed only once each has closed its mapping.
             if matches!(
                 refused,
                 SetupError::Refused(Verdict::PeerAccessFailed { .. }) | SetupError::Exchange(_)
@@ -255,7 +257,7 @@ const REFUSED_RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// does not say so in time, or whose failure word this rank never opened, leaves the staging
 /// allocated for the rest of the process (said at DEBUG).
 fn free_once_released(rank: CudaRank, label: &str) {
-    rank.failure_word().mark_released();
+    rank.say_released();
     let known = (0..rank.ranks()).all(|p| p == rank.index() || rank.peer_failure(p).is_some());
     if !known {
         // Refused before it opened every peer's failure word: it cannot learn that they let go.

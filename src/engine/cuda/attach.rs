@@ -33,7 +33,7 @@ pub struct Attached {
 pub fn attach(call: &EngineCall, watch: &SetupWatch) -> Result<Attached, Decline> {
     let ordinal = call.device;
     // Without a driver or device NCCL cannot run here either, so no peer waits on this rank's
-    // setup; from here on, a local failure still joins both all-gathers with a failed record.
+    // setup; from here on, a local failure still takes both of the setup's steps, failed.
     let device = gpus::device(ordinal, |why| {
         log::warn!("GPU engine unavailable on device {ordinal}: {why}; AllReduce stays on NCCL")
     })

@@ -962,11 +962,13 @@ impl CudaComm {
 
     /// Closes this rank's mappings of every peer's staging, then says so in host memory (the
     /// word beside its failure word): this rank will never touch them again (its kernels must
-    /// have finished), and each peer may free its own once every rank said it.
+    /// have finished), and each peer may free its own once every rank said it. Where a close
+    /// failed (a lost context keeps its mappings) it says nothing, and its peers keep their
+    /// staging allocated.
     pub fn release_peers(&mut self) {
         self.mappings.clear();
         self.grown_mappings.clear();
-        self.rank.failure_word().mark_released();
+        self.rank.say_released();
     }
 
     /// Whether every peer has closed its mapping of this rank's staging: it may be freed.

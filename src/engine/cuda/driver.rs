@@ -52,6 +52,9 @@ pub struct Device {
     /// Created at first use: a failure to create it fails that use (a local failure of the
     /// setup, which its peers still learn of), never the opening of the device.
     side: once_cell::sync::OnceCell<sys::CUstream>,
+    /// Peers' mappings this process could not close (`cuIpcCloseMemHandle` failed, or the
+    /// context could not be made current: it is lost). Never decreases.
+    unclosed: std::sync::atomic::AtomicUsize,
 }
 
 // SAFETY: a CUcontext, CUdevice and CUstream are process-wide handles the driver lets any
@@ -75,6 +78,7 @@ impl Device {
             device,
             context,
             side: once_cell::sync::OnceCell::new(),
+            unclosed: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 
@@ -105,6 +109,14 @@ impl Device {
         wrap("cuStreamSynchronize", unsafe {
             result::stream::synchronize(side)
         })
+    }
+
+    /// Whether every peer's mapping this process opened on this device and dropped was
+    /// closed: only then may it tell a peer that it let go of the peer's memory (freeing
+    /// exported memory that a process still maps is undefined behaviour; a lost context keeps
+    /// its mappings until the process ends).
+    pub fn closed_every_mapping(&self) -> bool {
+        self.unclosed.load(std::sync::atomic::Ordering::Acquire) == 0
     }
 
     /// Makes this device current on the calling thread until the guard drops.
@@ -431,9 +443,16 @@ impl Drop for PeerMapping {
         if !self.opened {
             return;
         }
-        if let Ok(_current) = self.device.current() {
+        let closed = self.device.current().is_ok_and(|_current| {
             // SAFETY: opened by cuIpcOpenMemHandle in `open`, closed once here.
-            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+            unsafe { sys::cuIpcCloseMemHandle(self.ptr) }
+                .result()
+                .is_ok()
+        });
+        if !closed {
+            self.device
+                .unclosed
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
         }
     }
 }

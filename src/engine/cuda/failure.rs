@@ -12,8 +12,9 @@
 //!
 //! The same page holds, for the hosts alone, the word saying the rank released its peers'
 //! staging, its part of the arenas' growth (`super::growth`): two round words and an IPC
-//! handle, and its vote on each graph capture of NCCL's work behind a conditional node
-//! (`super::rank`), written by the owner, read by every peer.
+//! handle, its vote on each graph capture of NCCL's work behind a conditional node
+//! (`super::rank`), written by the owner, read by every peer, and its word of the setup's
+//! second step (`super::setup::agreement`), which a peer may settle as timed out.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -25,11 +26,13 @@ use super::driver::{Device, HostRegistration};
 const PAGE: usize = 4096;
 
 /// Word indices in the page: the failure word, the release word, then the growth's two round
-/// words, the capture vote, and the growth's handle (16 words, at a 64-byte boundary).
+/// words, the capture vote, the setup's verdict, and the growth's handle (16 words, at a
+/// 64-byte boundary).
 const RELEASED: usize = 1;
 const OFFERED: usize = 16;
 const REACHED: usize = 17;
 const CAPTURE_VOTE: usize = 18;
+const SETUP_VERDICT: usize = 19;
 const HANDLE: usize = 32;
 
 /// Failure words this process has created: the next name's counter.
@@ -55,6 +58,18 @@ unsafe impl Sync for FailureWord {}
 impl FailureWord {
     /// A new failure word of this rank, reading 0, mapped for `device`.
     pub fn create(device: &Arc<Device>) -> Result<FailureWord, String> {
+        Self::create_mapped(Some(device))
+    }
+
+    /// A new page for the hosts' words alone (tests of what the hosts agree through it).
+    #[cfg(test)]
+    pub fn create_host() -> Result<FailureWord, String> {
+        Self::create_mapped(None)
+    }
+
+    /// A new failure word, registered with `device` where one is given (host words alone
+    /// otherwise).
+    fn create_mapped(device: Option<&Arc<Device>>) -> Result<FailureWord, String> {
         for _ in 0..16 {
             let n = CREATED.fetch_add(1, Ordering::Relaxed);
             let clock = std::time::SystemTime::now()
@@ -72,10 +87,17 @@ impl FailureWord {
 
     /// A peer's failure word, by the name its setup record carries.
     pub fn open(device: &Arc<Device>, name: &str) -> Result<FailureWord, String> {
-        Self::map(device, name, false).map_err(|e| format!("{name}: {e}"))
+        Self::map(Some(device), name, false).map_err(|e| format!("{name}: {e}"))
     }
 
-    fn map(device: &Arc<Device>, name: &str, create: bool) -> std::io::Result<FailureWord> {
+    /// A rank's page by the name its setup record carries, for its hosts' words alone: not
+    /// registered with any device (its device address is 0), so that a host whose GPU context
+    /// is lost can still open it.
+    pub fn open_host(name: &str) -> Result<FailureWord, String> {
+        Self::map(None, name, false).map_err(|e| format!("{name}: {e}"))
+    }
+
+    fn map(device: Option<&Arc<Device>>, name: &str, create: bool) -> std::io::Result<FailureWord> {
         let c_name = CString::new(name).map_err(|_| std::io::ErrorKind::InvalidInput)?;
         let flags = match create {
             true => libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
@@ -119,11 +141,13 @@ impl FailureWord {
             owner: create,
             unlinked: AtomicBool::new(false),
         };
-        // SAFETY: `host` is a page-aligned mapping of PAGE bytes that lives as long as `word`,
-        // whose Drop unregisters before unmapping.
-        let registration = unsafe { HostRegistration::new(device, host, PAGE) }
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        word.registration = Some(registration);
+        if let Some(device) = device {
+            // SAFETY: `host` is a page-aligned mapping of PAGE bytes that lives as long as
+            // `word`, whose Drop unregisters before unmapping.
+            let registration = unsafe { HostRegistration::new(device, host, PAGE) }
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            word.registration = Some(registration);
+        }
         Ok(word)
     }
 
@@ -204,6 +228,26 @@ impl FailureWord {
     /// What the rank voted on its capture number `capture`, once it did.
     pub fn capture_vote(&self, capture: u32) -> Option<bool> {
         self.said(CAPTURE_VOTE, capture)
+    }
+
+    /// Settles the rank's word of the setup's second step to `verdict` (nonzero) unless it was
+    /// settled already (by the rank, or by a peer that stopped waiting for it); returns what
+    /// it holds. Written once: every rank that reads it reads the same.
+    pub fn settle_setup(&self, verdict: u32) -> u32 {
+        match self.host_word(SETUP_VERDICT).compare_exchange(
+            0,
+            verdict,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => verdict,
+            Err(settled) => settled,
+        }
+    }
+
+    /// The rank's word of the setup's second step: 0 until settled.
+    pub fn setup_verdict(&self) -> u32 {
+        self.host_word(SETUP_VERDICT).load(Ordering::Acquire)
     }
 
     /// Writes round `round`'s yes or no into word `index` (rounds below 2^31).

@@ -1,7 +1,7 @@
 //! Ranks as processes on one GPU: each worker assembles its engine as the library does
 //! (`engine::cuda::assemble`: the records all-gathered, the verdict, every peer's staging
-//! opened through CUDA IPC and probed, the second all-gather), with a rendezvous directory
-//! standing in for NCCL's AllGather (files written to a temporary name,
+//! opened through CUDA IPC and probed, the agreement through host memory), with a rendezvous
+//! directory standing in for NCCL's AllGather (files written to a temporary name,
 //! then renamed, so readers never see half of one). Then it runs the sweep for its own rank,
 //! printing one line per size for the parent to combine (the host backend's worker line,
 //! `report::RankSize::worker_line`).

@@ -430,6 +430,18 @@ impl CudaRank {
         self.mark_failed();
     }
 
+    /// Says, beside its failure word, that this rank has closed its mappings of every peer's
+    /// staging (the caller has dropped them), unless a close failed on this device (a lost
+    /// context keeps its mappings): then it says nothing, and each peer keeps its staging
+    /// allocated rather than free memory a process still maps.
+    pub fn say_released(&self) {
+        if self.device().closed_every_mapping() {
+            self.failure_word().mark_released();
+        } else {
+            log::debug!("a mapping of a peer's staging could not be closed here: the peers keep their staging allocated");
+        }
+    }
+
     /// Marks this rank failed in its failure word, where every peer's waits on it look, for a
     /// failure on the host side (no kernel of this rank ran to report it, or its GPU context is
     /// lost): a store into host memory, which needs no driver call.

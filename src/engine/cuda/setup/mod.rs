@@ -1,7 +1,8 @@
 //! The once-per-communicator setup of the GPU engine: each rank's record and the verdict
-//! computed from all of them (`record`), and the protocol that gathers them and checks every
-//! peer's staging (`protocol`).
+//! computed from all of them (`record`), the protocol that gathers them and checks every
+//! peer's staging (`protocol`), and its second step through host memory (`agreement`).
 
+pub mod agreement;
 pub mod protocol;
 pub mod record;
 

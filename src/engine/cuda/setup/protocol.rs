@@ -1,7 +1,9 @@
-//! The setup protocol: two all-gathers through the caller's exchange, first the records, then,
-//! after every rank opened its peers' staging and tried a round trip through each mapping (and
-//! ran the caller's own last checks), one word per rank saying whether that worked. Every rank
-//! makes both calls whatever happens locally, so no peer waits for one that gave up.
+//! The setup protocol: an all-gather of the records through the caller's exchange, then, after
+//! every rank opened its peers' staging and tried a round trip through each mapping (and ran
+//! the caller's own last checks), one word per rank saying whether that worked, agreed through
+//! the peer access (host memory for the engine's accesses: `super::agreement`; the exchange
+//! otherwise). Every rank takes both steps whatever happens locally, so no peer waits for one
+//! that gave up.
 
 use super::record::{
     peer_verdict, record_bytes, record_from, verdict, Devices, SetupRecord, Verdict,
@@ -28,6 +30,21 @@ pub trait PeerAccess {
     fn open(&mut self, record: &SetupRecord) -> Result<Self::Mapping, String>;
     /// Writes through `mapping` and reads it back (a round trip to the peer's memory).
     fn probe(&mut self, mapping: &Self::Mapping) -> bool;
+    /// The second step: every rank's flag (1: its local steps worked), the same on every rank,
+    /// this rank (`me`) saying `worked`. By default an all-gather through `exchange`.
+    fn agree<E: Exchange>(
+        &mut self,
+        exchange: &mut E,
+        _me: usize,
+        worked: bool,
+        _records: &[SetupRecord],
+    ) -> Result<Vec<u32>, String> {
+        let flags = exchange.all_gather(&u32::from(worked).to_le_bytes())?;
+        Ok(flags
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap_or([0; 4])))
+            .collect())
+    }
 }
 
 /// Why a setup did not produce a working engine: the same verdict on every rank, or an
@@ -49,9 +66,9 @@ pub struct Joined<M> {
 /// Runs the setup protocol for this rank: all-gathers the records, computes the verdict,
 /// opens every peer's staging and probes it, runs `finish` on the mappings and the gathered
 /// records (the local steps that must succeed before the engine can run: connecting the peer
-/// table, checking atomics on rank 0's GPU, ...), all-gathers
-/// whether all that worked, and computes the final verdict. Every rank makes the same
-/// collective calls whatever happens locally, so a local failure never leaves a peer waiting.
+/// table, checking atomics on rank 0's GPU, ...), agrees with every rank on whether all that
+/// worked ([`PeerAccess::agree`]), and computes the final verdict. Every rank takes the same
+/// steps whatever happens locally, so a local failure never leaves a peer waiting.
 pub fn run_setup<E: Exchange, P: PeerAccess>(
     exchange: &mut E,
     peers: &mut P,
@@ -75,7 +92,7 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
         return Err(SetupError::Refused(first));
     }
     let me = mine.rank as usize;
-    // Whatever happens here, a panic included, this rank makes the second all-gather too.
+    // Whatever happens here, a panic included, this rank takes the second step too.
     let local = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut mappings: Vec<Option<P::Mapping>> = Vec::with_capacity(records.len());
         let mut ok = true;
@@ -102,13 +119,9 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
         log::warn!("rank {me}: a panic while opening its peers' staging: it refuses the setup");
         ((0..records.len()).map(|_| None).collect(), false)
     });
-    let flags = exchange
-        .all_gather(&(ok as u32).to_le_bytes())
+    let flags = peers
+        .agree(exchange, me, ok, &records)
         .map_err(SetupError::Exchange)?;
-    let flags: Vec<u32> = flags
-        .chunks(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap_or([0; 4])))
-        .collect();
     match peer_verdict(&flags) {
         Verdict::Eligible => Ok(Joined { mappings, records }),
         refused => Err(SetupError::Refused(refused)),

@@ -378,8 +378,8 @@ pub fn verdict(records: &[SetupRecord], devices: Devices) -> Verdict {
     Verdict::Eligible
 }
 
-/// The verdict of the second all-gather: `peer_access[r]` is 1 when rank `r` opened and read
-/// through every peer's mapping and finished its local steps.
+/// The verdict of the second step: `peer_access[r]` is 1 when rank `r` opened and read through
+/// every peer's mapping and finished its local steps.
 pub fn peer_verdict(peer_access: &[u32]) -> Verdict {
     match peer_access.iter().position(|&ok| ok != 1) {
         Some(rank) => Verdict::PeerAccessFailed { rank },
