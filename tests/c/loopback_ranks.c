@@ -8,7 +8,8 @@
  * usage: loopback_ranks NRANKS [KILL_RANK KILL_AT]
  *   With KILL_RANK, that rank kills itself (SIGKILL) before call KILL_AT; every other rank must
  *   then see an error (from ncclCommGetAsyncError after its stream drains), call ncclCommAbort
- *   (ncclCommDestroy with LOOPBACK_DESTROY_ON_ERROR set) and exit 3. Prints one line per rank; exit status 0 when every rank ended as expected.
+ *   (ncclCommDestroy with LOOPBACK_DESTROY_ON_ERROR set) and exit 3. Prints one line per
+ *   rank; exit status 0 when every rank ended as expected.
  *   With LOOPBACK_NONBLOCKING set, each rank joins through a nonblocking ncclCommInitRankConfig;
  *   with LOOPBACK_GRAPHS set, each call after the first three is captured into a CUDA graph (out
  *   of place) and the graph launched twice; with LOOPBACK_ABORT_AFTER_MS set, a call still

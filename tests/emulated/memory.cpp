@@ -432,18 +432,25 @@ namespace {
  * flag orders it. An acquire that reads bytes it wrote is taken to publish what came before
  * the write (the stream's earlier work, and more: coarser, never finer). Elsewhere (host
  * memory, memory from cuMemCreate) it just writes. */
-void copy_engine_write(void* dst, size_t n, const std::function<void(void*, size_t, size_t)>& fill) {
+template <class Fill>
+void copy_engine_write(void* dst, size_t n, const Fill& fill) {
   uint64_t at = (uint64_t)dst;
   size_t done = 0;
   const uint64_t now = history_clock();
   while (done < n) {
     const Seen* seen = lookup(at, 1);
-    if (!seen || !seen->region.history) {
+    if (!seen) {
       fill((void*)at, done, n - done);
       return;
     }
     const size_t in_region = (size_t)(seen->end - at);
     const size_t piece = n - done < in_region ? n - done : in_region;
+    if (!seen->region.history) {
+      fill((void*)at, done, piece);
+      at += piece;
+      done += piece;
+      continue;
+    }
     for (size_t k = 0; k < piece;) {
       const uint32_t first = (uint32_t)((at + k - seen->base) % kGranule);
       const size_t room = kGranule - first;

@@ -998,9 +998,9 @@ impl CudaComm {
     /// rank's own kernels of this communicator (as NCCL's teardown waits for its own: the free
     /// that follows must not rely on `cuMemFree` waiting, which the driver does not promise),
     /// and releases the peers' staging. The caller frees the staging by dropping `self`.
-    /// A rank whose own staging cannot be read (its GPU context is lost: a fault made every
-    /// later driver call fail) marks itself failed first: its kernels will never tell the
-    /// peers that still wait for them, and a destroy, unlike an abort, marks nothing else.
+    /// A rank whose own staging cannot be read because its GPU context is lost (a fault made
+    /// every later driver call fail) marks itself failed first: its kernels will never tell
+    /// the peers that still wait for them, and a destroy, unlike an abort, marks nothing else.
     pub fn drain(&mut self, deadline: Instant) {
         self.log_report();
         let layout = self.rank.layout();
@@ -1010,7 +1010,9 @@ impl CudaComm {
         // replays may have advanced its epoch beyond its eager launches.
         let drained = || {
             let Ok(own) = self.rank.staging().read_u32(layout.epoch()) else {
-                self.rank.mark_failed();
+                if self.rank.device().context_lost() {
+                    self.rank.mark_failed();
+                }
                 return true;
             };
             let target = if behind(launched, own) { own } else { launched };

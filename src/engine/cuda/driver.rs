@@ -111,6 +111,32 @@ impl Device {
         })
     }
 
+    /// Whether this device's context is lost: a kernel's fault (an illegal address or
+    /// instruction, a failed launch, a device-side assert) is sticky, and every later call of
+    /// the context returns it, which a query of the side stream shows without waiting.
+    pub fn context_lost(&self) -> bool {
+        use sys::CUresult as R;
+        let Ok(side) = self.side() else {
+            return false;
+        };
+        let Ok(_current) = self.current() else {
+            return true;
+        };
+        // SAFETY: the side stream lives as long as `self`.
+        let r = unsafe { sys::cuStreamQuery(side) };
+        matches!(
+            r,
+            R::CUDA_ERROR_ILLEGAL_ADDRESS
+                | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+                | R::CUDA_ERROR_MISALIGNED_ADDRESS
+                | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+                | R::CUDA_ERROR_INVALID_PC
+                | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+                | R::CUDA_ERROR_LAUNCH_FAILED
+                | R::CUDA_ERROR_ASSERT
+        )
+    }
+
     /// Whether every peer's mapping this process opened on this device and dropped was
     /// closed: only then may it tell a peer that it let go of the peer's memory (freeing
     /// exported memory that a process still maps is undefined behaviour; a lost context keeps

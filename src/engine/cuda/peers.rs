@@ -10,8 +10,7 @@ use parking_lot::Mutex;
 use super::driver::{Device, DeviceMemory, PeerMapping};
 use super::failure::FailureWord;
 use super::rank::CudaRank;
-use super::setup::agreement::{agree_through_pages, AGREEMENT_DEADLINE};
-use super::setup::{Exchange, PeerAccess, SetupRecord};
+use super::setup::{PeerAccess, SetupRecord};
 use super::staging::{StagingLayout, PROBE_WORDS};
 
 /// The probe's token: a recognisable high half, the writer's rank in the low half.
@@ -30,13 +29,6 @@ fn probe(mapping: &PeerMapping, layout: &StagingLayout, rank: usize) -> bool {
     let at = layout.probe_word(rank);
     let token = PROBE_TOKEN | rank as u32;
     mapping.write_u32(at, token).is_ok() && mapping.read_u32(at) == Ok(token)
-}
-
-/// The setup's second step for the engine's accesses: through every rank's page in host
-/// memory, which a rank whose GPU context is lost can still write, never through a collective.
-fn agree_in_host_memory(me: usize, worked: bool, records: &[SetupRecord]) -> Vec<u32> {
-    let pages: Vec<String> = records.iter().map(SetupRecord::failure_word_name).collect();
-    agree_through_pages(me, worked, &pages, AGREEMENT_DEADLINE)
 }
 
 /// Peers' staging through CUDA IPC (each peer another process).
@@ -58,15 +50,7 @@ impl PeerAccess for IpcAccess<'_> {
         probe(mapping, &self.layout, self.rank)
     }
 
-    fn agree<E: Exchange>(
-        &mut self,
-        _: &mut E,
-        me: usize,
-        worked: bool,
-        records: &[SetupRecord],
-    ) -> Result<Vec<u32>, String> {
-        Ok(agree_in_host_memory(me, worked, records))
-    }
+    const AGREES_IN_HOST_MEMORY: bool = true;
 }
 
 /// Every rank's staging address, for ranks that are threads of one process: each rank shares
@@ -105,15 +89,7 @@ impl PeerAccess for SameProcessAccess<'_> {
         probe(mapping, &self.layout, self.rank)
     }
 
-    fn agree<E: Exchange>(
-        &mut self,
-        _: &mut E,
-        me: usize,
-        worked: bool,
-        records: &[SetupRecord],
-    ) -> Result<Vec<u32>, String> {
-        Ok(agree_in_host_memory(me, worked, records))
-    }
+    const AGREES_IN_HOST_MEMORY: bool = true;
 }
 
 /// Whether this GPU's system-scope atomics on rank 0's staging (the arrival tickets) are

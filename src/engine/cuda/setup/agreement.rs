@@ -9,8 +9,13 @@
 //! then waits for every peer's word. A peer's word still 0 at the deadline is settled by the
 //! waiter as timed out: the first write wins, so a peer that comes later finds it settled and
 //! declines too. Every word ends settled exactly once and every rank reads the same values, so
-//! every rank reaches the same decision; a rank that could not open a peer's page settles its
-//! own word as failed, and the decision is a refusal everywhere.
+//! every rank reaches the same decision, naming the same first rank that did not work. A rank
+//! that could not open a peer's page settles its own word as failed and counts the unread page
+//! as worked (its own failure already refuses): the refusal is the same everywhere, and so is
+//! the rank it names unless the unread page's rank failed too. A rank that could not open its own page leaves its word to its peers, who
+//! settle it as timed out. A peer whose failure word is set (it gave up, or was aborted) is
+//! settled as failed at once, and a rank that is itself marked failed stops waiting, settling
+//! what is still unset as timed out.
 //!
 //! Why not an all-gather through NCCL: a rank whose GPU context is lost (its GPU probe faulted)
 //! cannot take part in one, and its peers would wait in it with the host blocked, where no
@@ -29,15 +34,15 @@ pub const FAILED: u32 = 2;
 /// A rank's word, settled by a peer: it had not settled it by that peer's deadline.
 pub const TIMED_OUT: u32 = 3;
 
-/// How long a rank waits for each peer's word, from when it settled its own. Beyond the GPU
-/// probe's own bound (10 s), so that a rank whose probe gives no verdict is seen failed, not
-/// timed out.
+/// How long a rank waits for its peers' words in all, from when it settled its own. Beyond the
+/// GPU probe's own bound (10 s), so that a rank whose probe gives no verdict is seen failed,
+/// not timed out.
 pub const AGREEMENT_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Agrees through the pages named `pages` (every rank's, in rank order) on whether every rank's
 /// local steps worked, this rank (`me`) saying `worked`: each rank's flag, 1 where its word
-/// reads [`WORKED`], for `peer_verdict`. Waits at most `deadline` for each peer, from when this
-/// rank settled its own word.
+/// reads [`WORKED`], for `peer_verdict`. Waits at most `deadline` in all, from when this rank
+/// settled its own word.
 pub fn agree_through_pages(
     me: usize,
     worked: bool,
@@ -55,39 +60,45 @@ pub fn agree_through_pages(
         })
         .collect();
     let all_opened = opened.iter().all(Option::is_some);
-    let Some(Some(own)) = opened.get(me) else {
-        // Its own page gone: its peers settle its word as timed out and refuse alike.
-        return vec![0; pages.len()];
-    };
-    let mine = match worked && all_opened {
-        true => WORKED,
-        false => FAILED,
-    };
-    let mine = own.settle_setup(mine);
+    let own = opened.get(me).and_then(Option::as_ref);
+    // Without its own page, its word is its peers' to settle (as timed out).
+    let mine = own.map_or(0, |own| {
+        own.settle_setup(match worked && all_opened {
+            true => WORKED,
+            false => FAILED,
+        })
+    });
+    let gave_up = || own.is_some_and(|own| own.get() != 0);
     let until = Instant::now() + deadline;
     opened
         .iter()
         .enumerate()
         .map(|(rank, page)| {
             let word = match page {
-                None => 0,
+                // Unread: this rank's own word (failed) refuses for it.
+                None => WORKED,
                 Some(_) if rank == me => mine,
-                Some(page) => settled(page, until),
+                Some(page) => settled(page, until, &gave_up),
             };
             u32::from(word == WORKED)
         })
         .collect()
 }
 
-/// What `page`'s word settles to: waited for until `until`, then settled as timed out.
-fn settled(page: &FailureWord, until: Instant) -> u32 {
+/// What `page`'s word settles to: waited for until `until` (or until `gave_up` says this rank
+/// was marked failed), then settled as timed out; settled as failed at once where the page's
+/// rank is marked failed.
+fn settled(page: &FailureWord, until: Instant, gave_up: &dyn Fn() -> bool) -> u32 {
     let mut pause = Duration::from_micros(50);
     loop {
         let word = page.setup_verdict();
         if word != 0 {
             return word;
         }
-        if Instant::now() >= until {
+        if page.get() != 0 {
+            return page.settle_setup(FAILED);
+        }
+        if Instant::now() >= until || gave_up() {
             return page.settle_setup(TIMED_OUT);
         }
         std::thread::sleep(pause);
@@ -163,7 +174,8 @@ mod tests {
     fn a_page_that_cannot_be_opened_refuses_alike() {
         let (_pages, mut names) = pages(3);
         let real = names.clone();
-        // Rank 0 is given a wrong name for rank 2's page; the others read the right one.
+        // Rank 0 is given a wrong name for rank 2's page; the others read the right one. Every
+        // rank refuses, naming rank 0 alike.
         names[2] = "/stragglar-no-such-page".into();
         let flags: Vec<Vec<u32>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..3)
@@ -180,8 +192,21 @@ mod tests {
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        assert_eq!(flags[0], vec![0, 1, 0]);
-        assert_eq!(flags[1], vec![0, 1, 1]);
-        assert_eq!(flags[2], vec![0, 1, 1]);
+        for flags in flags {
+            assert_eq!(flags, vec![0, 1, 1]);
+        }
+    }
+
+    #[test]
+    fn a_rank_marked_failed_is_settled_failed_at_once() {
+        let (pages, names) = pages(2);
+        pages[1].set(7);
+        let started = Instant::now();
+        assert_eq!(
+            agree_through_pages(0, true, &names, Duration::from_secs(20)),
+            vec![1, 0]
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(pages[1].setup_verdict(), FAILED);
     }
 }

@@ -5,6 +5,7 @@
 //! otherwise). Every rank takes both steps whatever happens locally, so no peer waits for one
 //! that gave up.
 
+use super::agreement::{agree_through_pages, AGREEMENT_DEADLINE};
 use super::record::{
     peer_verdict, record_bytes, record_from, verdict, Devices, SetupRecord, Verdict,
     SETUP_RECORD_BYTES,
@@ -30,21 +31,29 @@ pub trait PeerAccess {
     fn open(&mut self, record: &SetupRecord) -> Result<Self::Mapping, String>;
     /// Writes through `mapping` and reads it back (a round trip to the peer's memory).
     fn probe(&mut self, mapping: &Self::Mapping) -> bool;
-    /// The second step: every rank's flag (1: its local steps worked), the same on every rank,
-    /// this rank (`me`) saying `worked`. By default an all-gather through `exchange`.
-    fn agree<E: Exchange>(
-        &mut self,
-        exchange: &mut E,
-        _me: usize,
-        worked: bool,
-        _records: &[SetupRecord],
-    ) -> Result<Vec<u32>, String> {
-        let flags = exchange.all_gather(&u32::from(worked).to_le_bytes())?;
-        Ok(flags
-            .chunks(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap_or([0; 4])))
-            .collect())
+    /// Whether the second step goes through every rank's page in host memory (the pages its
+    /// setup record names: `super::agreement`), as the engine's accesses take it; otherwise
+    /// through an all-gather of the exchange.
+    const AGREES_IN_HOST_MEMORY: bool = false;
+}
+
+/// The second step: every rank's flag (1: its local steps worked), the same on every rank,
+/// this rank (`me`) saying `worked`.
+fn agree<E: Exchange, P: PeerAccess>(
+    exchange: &mut E,
+    me: usize,
+    worked: bool,
+    records: &[SetupRecord],
+) -> Result<Vec<u32>, String> {
+    if P::AGREES_IN_HOST_MEMORY {
+        let pages: Vec<String> = records.iter().map(SetupRecord::failure_word_name).collect();
+        return Ok(agree_through_pages(me, worked, &pages, AGREEMENT_DEADLINE));
     }
+    let flags = exchange.all_gather(&u32::from(worked).to_le_bytes())?;
+    Ok(flags
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap_or([0; 4])))
+        .collect())
 }
 
 /// Why a setup did not produce a working engine: the same verdict on every rank, or an
@@ -67,8 +76,9 @@ pub struct Joined<M> {
 /// opens every peer's staging and probes it, runs `finish` on the mappings and the gathered
 /// records (the local steps that must succeed before the engine can run: connecting the peer
 /// table, checking atomics on rank 0's GPU, ...), agrees with every rank on whether all that
-/// worked ([`PeerAccess::agree`]), and computes the final verdict. Every rank takes the same
-/// steps whatever happens locally, so a local failure never leaves a peer waiting.
+/// worked ([`PeerAccess::AGREES_IN_HOST_MEMORY`]), and computes the final verdict. Every rank
+/// takes the same steps whatever happens locally, so a local failure never leaves a peer
+/// waiting.
 pub fn run_setup<E: Exchange, P: PeerAccess>(
     exchange: &mut E,
     peers: &mut P,
@@ -119,9 +129,7 @@ pub fn run_setup<E: Exchange, P: PeerAccess>(
         log::warn!("rank {me}: a panic while opening its peers' staging: it refuses the setup");
         ((0..records.len()).map(|_| None).collect(), false)
     });
-    let flags = peers
-        .agree(exchange, me, ok, &records)
-        .map_err(SetupError::Exchange)?;
+    let flags = agree::<E, P>(exchange, me, ok, &records).map_err(SetupError::Exchange)?;
     match peer_verdict(&flags) {
         Verdict::Eligible => Ok(Joined { mappings, records }),
         refused => Err(SetupError::Refused(refused)),
