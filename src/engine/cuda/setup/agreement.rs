@@ -12,27 +12,32 @@
 //! every rank reaches the same decision, naming the same first rank that did not work. A rank
 //! that could not open a peer's page settles its own word as failed and counts the unread page
 //! as worked (its own failure already refuses): the refusal is the same everywhere, and so is
-//! the rank it names unless the unread page's rank failed too. A rank that could not open its own page leaves its word to its peers, who
-//! settle it as timed out. A peer whose failure word is set (it gave up, or was aborted) is
-//! settled as failed at once, and a rank that is itself marked failed stops waiting, settling
-//! what is still unset as timed out.
+//! the rank it names unless the unread page's rank failed too. A rank that could not open its
+//! own page leaves its word to its peers, who settle it as timed out. A peer whose failure word
+//! is set (it gave up, or was aborted) is settled as failed at once, and a rank that is itself
+//! marked failed stops waiting, settling what is still unset as timed out.
 //!
 //! Why not an all-gather through NCCL: a rank whose GPU context is lost (its GPU probe faulted)
 //! cannot take part in one, and its peers would wait in it with the host blocked, where no
 //! watchdog sees a call; and a collective may not be given up on one rank alone, since the
 //! ranks' later calls of NCCL would then pair with the wrong collectives. A host whose context
 //! is lost can still write its word, and a deadline bounds every wait.
+//!
+//! Why not the rounds of `super::super::rank::agreement` (the arenas' growth, capture votes):
+//! they wait through a connected rank's table of its peers' pages, which a rank whose local
+//! steps failed may never have built, and their deadline fails the waiting rank alone; here a
+//! late word is settled for everyone, so a deadline never splits the ranks.
 
 use std::time::{Duration, Instant};
 
 use crate::engine::cuda::failure::FailureWord;
 
 /// A rank's word: its local steps worked.
-pub const WORKED: u32 = 1;
+const WORKED: u32 = 1;
 /// A rank's word: its local steps failed, or it could not open a peer's page.
-pub const FAILED: u32 = 2;
+const FAILED: u32 = 2;
 /// A rank's word, settled by a peer: it had not settled it by that peer's deadline.
-pub const TIMED_OUT: u32 = 3;
+const TIMED_OUT: u32 = 3;
 
 /// How long a rank waits for its peers' words in all, from when it settled its own. Beyond the
 /// GPU probe's own bound (10 s), so that a rank whose probe gives no verdict is seen failed,
