@@ -1091,12 +1091,6 @@ SG_DEVICE const RawPlanHeader* sg_graph_plan(const RawLaunch* a, uint32_t* choic
   return (const RawPlanHeader*)((const uint64_t*)a->plans)[*choice];
 }
 
-/* Whether a graph call takes its baseline as NCCL's captured work (`nccl_baseline`): the
- * baseline's entry of its table is empty. Every block of every rank computes the same. */
-SG_DEVICE bool sg_nccl_turn(const RawLaunch* a, const RawPlanHeader* plan, uint32_t choice) {
-  return a->graph != 0 && a->nccl_baseline != 0 && sg_graph_ok(a) && plan == 0 &&
-         choice == a->rule.ranks;
-}
 
 /* Recomputes the verdict of class `fed`'s next call after its detector or times changed:
  * the other half of it when it is this call's class (this call reads its own half), else both
@@ -1161,18 +1155,25 @@ SG_OUTLINED void sg_graph_feed(RawGraphState* g, const RawRule* rule, uint32_t c
   }
 }
 
-/* A graph launch's arrival work: the arrival protocol on the graph board, with the call's
- * number from device memory; then the feed of what it copied (sg_graph_feed). */
-SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
+/* The arrival record of a graph launch's call: the graph board, with the call's number and
+ * this rank's notes from device memory. */
+SG_DEVICE RawArrival sg_graph_arrival_of(const RawLaunch* a) {
   RawGraphState* g = (RawGraphState*)a->graph;
   RawArrival arrival = a->arrival;
   arrival.ring = (uint64_t)g->ring;
   arrival.call = g->calls;
   arrival.note = (uint64_t)g->notes;
+  return arrival;
+}
+
+/* A graph launch's arrival work: the arrival protocol on the graph board; then the feed of
+ * what it copied (sg_graph_feed). */
+SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
+  RawArrival arrival = sg_graph_arrival_of(a);
   sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
                            a->timeout_ns);
   if (sg_arrive_graph(&arrival, a->rank, &w) != STATUS_OK) return;
-  sg_graph_feed(g, &a->rule, choice);
+  sg_graph_feed((RawGraphState*)a->graph, &a->rule, choice);
 }
 
 /* Thread 0 of each block of a graph launch once the block's plan is done, and the arrival
@@ -1271,13 +1272,11 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
     }
   }
   const RawPlanHeader* plan = (const RawPlanHeader*)a->plan;
+  /* (A graph launch whose baseline is NCCL's captured work runs only on StragglAR's turn, in
+   * the body of the conditional node sg_graph_turn opened: the same state gives it the same
+   * choice. Were it ever to pick the baseline, the table's empty entry fails it as a bad
+   * plan.) */
   if (a->graph != 0) plan = sg_graph_plan(a, &choice);
-  /* A graph call that takes a baseline of NCCL's captured work runs no plan: the branch
-   * kernel after this one reads the turn and has the conditional node run NCCL's work. */
-  const bool nccl_turn = sg_nccl_turn(a, plan, choice);
-  if (plan_block == 0 && SG_THREAD == 0 && a->graph != 0 && a->nccl_baseline != 0) {
-    sg_store_volatile(&((RawGraphState*)a->graph)->nccl_turn, nccl_turn ? 1u : 0u);
-  }
   sg_call call;
   call.args = a;
   call.plan = plan;
@@ -1292,11 +1291,11 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   call.parity = (uint32_t)(epoch & 1);
   call.flag = (uint32_t)((epoch - 1) % 0xffffffffull) + 1;
   uint32_t status = STATUS_OK;
-  if (!nccl_turn && !sg_plan_ok(a, call.plan)) {
+  if (!sg_plan_ok(a, call.plan)) {
     if (SG_THREAD == 0) sg_fail(&call, STATUS_BAD_PLAN);
     status = STATUS_BAD_PLAN;
   }
-  for (uint32_t i = 0; status == STATUS_OK && !nccl_turn && i < call.plan->step_count; ++i) {
+  for (uint32_t i = 0; status == STATUS_OK && i < call.plan->step_count; ++i) {
     const RawStep* steps = sg_at<RawStep>(call.plan, call.plan->steps_at);
     sg_step_scratch* half = &s->step[i & 1];
     if (steps[i].kind == STEP_COPY_IN) {
@@ -1312,8 +1311,7 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
     if (sg_atomic_add((uint32_t*)a->finished_blocks, 1) == a->blocks - 1) {
       sg_store_volatile((uint32_t*)a->finished_blocks, 0);
       sg_store_volatile((uint32_t*)a->finished_blocks + 1, 0);
-      if (a->graph != 0 && sg_graph_ok(a) && !nccl_turn) {
-        /* (NCCL's turn ends after this kernel: its post-arrival time stays unmeasured.) */
+      if (a->graph != 0 && sg_graph_ok(a)) {
         RawGraphState* g = (RawGraphState*)a->graph;
         sg_note_finished((uint64_t)g->notes, g->calls);
       } else if (a->graph == 0 && a->arrival.board != 0) {
@@ -1343,6 +1341,49 @@ SG_DEVICE void sg_ticket_end(const RawTicket* t) {
   sg_watch w = sg_watch_of(t->abort, t->status, t->peers, t->rank, t->arrival.ranks,
                            t->timeout_ns);
   sg_collect(&t->arrival, &w, SG_THREAD, SG_BLOCK_DIM);
+}
+
+/* The turn kernel's body, first of a graph call whose baseline is NCCL's captured work
+ * (thread 0 of its one block): makes the device's choice from the state every rank shares,
+ * and leaves it in the graph state's turn word (1: NCCL's work runs, 0: StragglAR), from which
+ * the branch kernel after it sets the conditional handles of the call's two bodies. On NCCL's
+ * turn it also publishes what this rank noted of the call before and takes its ticket on the
+ * graph board; the rest of the protocol, which waits, runs beside NCCL's work
+ * (sg_graph_nccl_arrival). On StragglAR's turn it changes nothing: the AllReduce kernel, in
+ * its body, makes the same choice and runs the whole protocol beside its plan. Straight-line
+ * code: it never waits (tests/nvrtc.rs reads its SASS for a backward branch). */
+SG_DEVICE void sg_graph_turn(const RawLaunch* a) {
+  if (SG_THREAD != 0 || a->graph == 0) return;
+  uint32_t choice = 0;
+  const RawPlanHeader* plan = sg_graph_plan(a, &choice);
+  const bool nccl = sg_graph_ok(a) && plan == 0 && choice == a->rule.ranks;
+  if (nccl) {
+    const RawArrival arrival = sg_graph_arrival_of(a);
+    sg_publish_previous(&arrival);
+    sg_take_ticket(&arrival, a->rank);
+  }
+  sg_store_volatile(&((RawGraphState*)a->graph)->nccl_turn, nccl ? 1u : 0u);
+}
+
+/* The rest of a graph call's arrival protocol on NCCL's turn (thread 0 of one block), in the
+ * body that holds NCCL's work, beside it: the records the feed reads, the lead if the ticket
+ * sg_graph_turn took was second-to-last, the feed, and the call counted. Its only wait for the
+ * call itself is for the last rank's ticket, which that rank's turn kernel takes before
+ * anything of its call waits: so it ends in whatever order the GPU runs it and NCCL's work. */
+SG_DEVICE void sg_graph_nccl_arrival(const RawLaunch* a) {
+  if (SG_THREAD != 0 || a->graph == 0 || !sg_graph_ok(a)) return;
+  RawGraphState* g = (RawGraphState*)a->graph;
+  uint32_t choice = 0;
+  sg_graph_plan(a, &choice); /* the turn kernel's choice: nothing changed the state since */
+  const RawArrival arrival = sg_graph_arrival_of(a);
+  sg_watch w = sg_watch_of(a->abort, a->status, a->peers, a->rank, a->arrival.ranks,
+                           a->timeout_ns);
+  if (sg_graph_records(&arrival, &w) == STATUS_OK &&
+      sg_measure_lead(&arrival, sg_noted_position(&arrival), &w) == STATUS_OK) {
+    sg_graph_feed(g, &a->rule, choice);
+  }
+  g->classes[a->rule.size_class].calls += 1;
+  sg_store_release64(&g->calls, g->calls + 1);
 }
 
 /* The bandwidth probe's body: out = op-fold of the operands over `bytes`, block b taking its
@@ -1628,6 +1669,10 @@ SG_GLOBAL void __launch_bounds__(MAX_THREADS, 1) ncclStragglarAllReduce(RawLaunc
 SG_GLOBAL void ncclStragglarTicket(RawTicket args) { sg_ticket(&args); }
 
 SG_GLOBAL void ncclStragglarTicketEnd(RawTicket args) { sg_ticket_end(&args); }
+
+SG_GLOBAL void ncclStragglarGraphTurn(RawLaunch args) { sg_graph_turn(&args); }
+
+SG_GLOBAL void ncclStragglarGraphArrival(RawLaunch args) { sg_graph_nccl_arrival(&args); }
 
 SG_GLOBAL void ncclStragglarPeerProbe(RawPeerProbe args) { sg_peer_probe(&args); }
 

@@ -20,7 +20,9 @@
  * rank's launch of c-1, whose ticket taken (or, for a call NCCL ran, whose end reached) shows
  * it is running.
  * Graph launches run steps 1-3 on their own board, first copying c-1's `last` and `lead` and
- * c-2's `post` (sg_arrive_graph): the device's detector feeds them at once.
+ * c-2's `post` (sg_arrive_graph): the device's detector feeds them at once. A graph call on
+ * NCCL's turn splits it: the turn kernel publishes and takes the ticket, waiting for nothing,
+ * and the rest runs beside NCCL's work (stragglar_allreduce.cu, sg_graph_turn).
  * Slot reuse is safe (see BOARD_SLOTS). Every wait watches the abort word, every rank's
  * failure word (a rank that failed on its host never takes its ticket) and the timeout, like
  * the AllReduce kernel's waits. */
@@ -210,13 +212,12 @@ SG_DEVICE uint32_t sg_collect(const RawArrival* a, const sg_watch* w, uint32_t l
   return STATUS_OK;
 }
 
-/* A graph launch's protocol for call `a->call` (one thread): c-1's `last` and `lead` and c-2's
- * `post` copied into the ring, then steps 1-3, the lead measured. Returns a STATUS_*. */
-SG_DEVICE uint32_t sg_arrive_graph(const RawArrival* a, uint32_t rank, const sg_watch* w) {
-  RawBoardSlot* board = (RawBoardSlot*)a->board;
+/* The records a graph launch's feed reads, for call `a->call` (one thread): c-1's `last` and
+ * `lead` and c-2's `post`, each waited for and copied into the ring. Returns a STATUS_*. */
+SG_DEVICE uint32_t sg_graph_records(const RawArrival* a, const sg_watch* w) {
+  const RawBoardSlot* board = (const RawBoardSlot*)a->board;
   RawRingEntry* ring = (RawRingEntry*)a->ring;
   const uint64_t call = a->call;
-  sg_publish_previous(a);
   if (call > 0) {
     const RawBoardSlot* previous = &board[(call - 1) % BOARD_SLOTS];
     uint64_t tag = sg_tag(call - 1);
@@ -233,7 +234,21 @@ SG_DEVICE uint32_t sg_arrive_graph(const RawArrival* a, uint32_t rank, const sg_
     if (!post) return sg_load_volatile(w->status);
     sg_store_relaxed64(&ring[(call - 2) % RING_ENTRIES].post, post); /* self-tagged */
   }
+  return STATUS_OK;
+}
+
+/* A graph launch's protocol for call `a->call` (one thread): step 1, the records the feed
+ * reads (sg_graph_records), then steps 2-3, the lead measured. Returns a STATUS_*. */
+SG_DEVICE uint32_t sg_arrive_graph(const RawArrival* a, uint32_t rank, const sg_watch* w) {
+  sg_publish_previous(a);
+  const uint32_t status = sg_graph_records(a, w);
+  if (status != STATUS_OK) return status;
   return sg_measure_lead(a, sg_take_ticket(a, rank), w);
+}
+
+/* This rank's arrival position at call `a->call`, as its ticket noted it. */
+SG_DEVICE uint64_t sg_noted_position(const RawArrival* a) {
+  return sg_note_of(a->note, a->call)->arrived & 0xffffffffull;
 }
 
 #endif /* STRAGGLAR_ARRIVAL_H_ */

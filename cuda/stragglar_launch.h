@@ -385,13 +385,6 @@ typedef struct RawLaunch {
    */
   uint32_t ordered_reads;
   /**
-   * Graph launches: 1 when the baseline is NCCL's own captured work, in a conditional node
-   * after this launch and the branch kernel (`plans[ranks]` is then 0): a call that takes
-   * the baseline runs no plan, and leaves 1 in `RawGraphState::nccl_turn` for the branch
-   * kernel (0 when it runs StragglAR). 0: the baseline is `plans[ranks]`.
-   */
-  uint32_t nccl_baseline;
-  /**
    * The arrival record of this call: `board` nonzero has the last warp of plan block 0 run
    * `RawTicket`'s protocol alongside the plan (the grid stays `blocks`); 0 takes none.
    * Identical on every rank (the protocol needs every rank's ticket). A graph launch always
@@ -839,9 +832,9 @@ typedef struct RawGraphState {
    */
   uint32_t last_choice;
   /**
-   * Launches with NCCL as the baseline (`RawLaunch::nccl_baseline`): 1 when the current
+   * Calls whose baseline is NCCL's captured work (`plans[ranks]` is 0): 1 when the current
    * graph call takes the baseline, so NCCL's captured work runs, 0 when it runs StragglAR;
-   * written by plan block 0 of the AllReduce kernel, read by the branch kernel after it.
+   * written by the turn kernel, read by the branch kernel after it.
    */
   uint32_t nccl_turn;
   /**

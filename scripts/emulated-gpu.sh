@@ -36,8 +36,8 @@
 # Knobs (environment): STRAGGLAR_EMU_GPUS (8), STRAGGLAR_EMU_SMS (32), STRAGGLAR_EMU_MULTICAST (0),
 # STRAGGLAR_EMU_DRIVER_VERSION (13000), STRAGGLAR_EMU_FAIL (name[@device][=code],...: make a
 # driver call fail), STRAGGLAR_EMU_NO_NVRTC (1: NVRTC left off the loader path, so kernels come
-# from the cache or nowhere), STRAGGLAR_EMU_COUNT_LAUNCHES (1: each process prints its kernel
-# launches, by kernel, to stderr at exit), STRAGGLAR_EMU_KERNEL_FAULT (NAME@N: the Nth launch of
+# from the cache or nowhere), STRAGGLAR_EMU_COUNT_LAUNCHES (1: each process prints how many
+# times each kernel ran, replays included, to stderr at exit), STRAGGLAR_EMU_KERNEL_FAULT (NAME@N: the Nth launch of
 # that kernel faults, and its context is lost), STRAGGLAR_EMU_SEED (N > 0: seeded random
 # scheduling, printed at cuInit; 0 or unset: the deterministic order), STRAGGLAR_EMU_WEAK_MEMORY
 # (0: the kernels' plain stores land at once instead of at a release, and their loads are never

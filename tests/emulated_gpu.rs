@@ -2220,13 +2220,14 @@ fn late_then_on_time<'a>(
 #[test]
 fn graph_replays_choose_between_stragglar_and_nccls_own_work_alike_on_every_rank() {
     let _timing = timing();
-    // The graph holds our kernel, the branch kernel and NCCL's own work behind a conditional
-    // node. The device's detector starts from nothing: the first replays run NCCL's work (our
-    // kernel runs no plan then, so a body that did not run would leave the output unreduced,
-    // which the check sees), then StragglAR with rank 2 once the graph's records designate
-    // it, then NCCL's work again once rank 2 is on time, alike on every rank.
-    let env = late_then_on_time("160", &[]);
-    let (_, log) = run_checked(&["4"], &env, ": 160 replays checked");
+    // The graph holds the turn kernel, the branch kernel, and two conditional nodes: our
+    // AllReduce kernel behind one, NCCL's own work and the arrival kernel behind the other.
+    // The device's detector starts from nothing: the first replays run NCCL's work (a body
+    // that did not run would leave the output unreduced, which the check sees), then
+    // StragglAR with rank 2 once the graph's records designate it, then NCCL's work again once
+    // rank 2 is on time, alike on every rank.
+    let env = late_then_on_time("160", &[("STRAGGLAR_EMU_COUNT_LAUNCHES", "1")]);
+    let (text, log) = run_checked(&["4"], &env, ": 160 replays checked");
     assert!(
         log.contains("graph replays choose between StragglAR and NCCL's own captured work"),
         "{log}"
@@ -2244,6 +2245,49 @@ fn graph_replays_choose_between_stragglar_and_nccls_own_work_alike_on_every_rank
     assert!(
         numbers.len() == 2 && numbers[0] > 0 && numbers[1] > 0 && numbers[0] + numbers[1] == 160,
         "{log}"
+    );
+    // A replay on NCCL's turn runs the one-thread turn kernel and the branch kernel before
+    // NCCL's work, the arrival kernel beside it, and never our AllReduce kernel, which runs for
+    // the eager calls on StragglAR and the replays on StragglAR only.
+    let (on_stragglar, on_nccl) = (numbers[0], numbers[1]);
+    let eager: Vec<u64> = designations(&text)
+        .iter()
+        .map(|d| {
+            d.split(", ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        eager.len() == 4 && eager.iter().all(|&e| e == eager[0]),
+        "{text}"
+    );
+    // (The counters count the captured call once, on StragglAR: it went to the engine.)
+    let eager = eager[0] - 1;
+    assert_eq!(
+        launches_of(&log, "ncclStragglarGraphTurn"),
+        [160; 4],
+        "{log}"
+    );
+    assert_eq!(
+        launches_of(&log, "ncclStragglarSetBranch"),
+        [160; 4],
+        "{log}"
+    );
+    assert_eq!(
+        launches_of(&log, "ncclStragglarGraphArrival"),
+        [on_nccl; 4],
+        "{log}"
+    );
+    assert_eq!(
+        launches_of(&log, "ncclStragglarAllReduce"),
+        [eager + on_stragglar; 4],
+        "{text}\n{log}"
     );
 }
 

@@ -958,7 +958,6 @@ impl Comm {
                     self.graph_board(),
                     rule,
                     &operands,
-                    false,
                 )
             })
             .collect()

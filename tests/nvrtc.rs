@@ -174,7 +174,12 @@ fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
         sass.contains("F2FP"),
         "{arch}: no hardware fp16/bf16 conversion"
     );
-    the_ticket_kernel_never_loops(arch, &sass);
+    for kernel in [
+        stragglar::gpu::kernels::TICKET_KERNEL,
+        stragglar::gpu::kernels::GRAPH_TURN_KERNEL,
+    ] {
+        never_loops(arch, &sass, kernel);
+    }
     the_steps_pay_two_barriers(arch, &sass);
     the_data_loops_keep_the_next_pass_in_flight(arch, &sass);
 }
@@ -300,11 +305,11 @@ fn the_steps_pay_two_barriers(arch: &str, sass: &str) {
     }
 }
 
-/// The ticket kernel, which runs before every call NCCL runs, never waits: its SASS calls no
-/// function and has no backward branch, but for the self-branch the compiler pads after the
-/// final `EXIT` (never reached).
-fn the_ticket_kernel_never_loops(arch: &str, sass: &str) {
-    let name = stragglar::gpu::kernels::TICKET_KERNEL;
+/// The kernel `name`, which runs before a call NCCL runs (the ticket kernel before an eager one,
+/// the turn kernel before a graph replay's), never waits: its SASS calls no function and has
+/// no backward branch, but for the self-branch the compiler pads after the final `EXIT` (never
+/// reached).
+fn never_loops(arch: &str, sass: &str, name: &str) {
     let body: Vec<&str> = sass
         .lines()
         .skip_while(|l| *l != format!("{name}:"))

@@ -246,9 +246,9 @@ pub struct RawGraphState {
     /// The choice of the latest graph call plus one (a straggler's rank + 1, or `ranks + 1`
     /// for the baseline), for the host's report; 0 before the first.
     pub last_choice: u32,
-    /// Launches with NCCL as the baseline (`RawLaunch::nccl_baseline`): 1 when the current
+    /// Calls whose baseline is NCCL's captured work (`plans[ranks]` is 0): 1 when the current
     /// graph call takes the baseline, so NCCL's captured work runs, 0 when it runs StragglAR;
-    /// written by plan block 0 of the AllReduce kernel, read by the branch kernel after it.
+    /// written by the turn kernel, read by the branch kernel after it.
     pub nccl_turn: u32,
     /// Graph calls on StragglAR and on the baseline so far (written by the arrival thread).
     pub on_stragglar: u64,

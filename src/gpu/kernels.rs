@@ -12,6 +12,11 @@ pub const TICKET_KERNEL: &str = "ncclStragglarTicket";
 /// The end kernel of a call that went to NCCL, queued after NCCL's: it notes when the call
 /// finished on this rank, for the post-arrival time.
 pub const TICKET_END_KERNEL: &str = "ncclStragglarTicketEnd";
+/// The turn kernel of a graph call whose baseline is NCCL's captured work: the device's
+/// choice, and on NCCL's turn the ticket (it never waits), before either conditional body.
+pub const GRAPH_TURN_KERNEL: &str = "ncclStragglarGraphTurn";
+/// The rest of a graph call's arrival protocol on NCCL's turn, beside NCCL's work in its body.
+pub const GRAPH_ARRIVAL_KERNEL: &str = "ncclStragglarGraphArrival";
 /// `stragglar bench`'s device-side delay of a late rank.
 pub const DELAY_KERNEL: &str = "ncclStragglarDelay";
 /// The bandwidth probe's entry point (the AllReduce kernel's element-wise code alone).
@@ -131,6 +136,8 @@ mod tests {
         assert!(unit.contains(APPLY_PROBE_KERNEL));
         assert!(unit.contains(TICKET_KERNEL));
         assert!(unit.contains(TICKET_END_KERNEL));
+        assert!(unit.contains(GRAPH_TURN_KERNEL));
+        assert!(unit.contains(GRAPH_ARRIVAL_KERNEL));
         assert!(unit.contains(DELAY_KERNEL));
         assert!(unit.contains(PEER_PROBE_KERNEL));
         for (name, _) in SOURCES {

@@ -112,11 +112,6 @@ pub struct RawLaunch {
     /// schedule's round order on every send port, as the host engine keeps it); 0: reads go as
     /// soon as their value is published. Identical on every rank.
     pub ordered_reads: u32,
-    /// Graph launches: 1 when the baseline is NCCL's own captured work, in a conditional node
-    /// after this launch and the branch kernel (`plans[ranks]` is then 0): a call that takes
-    /// the baseline runs no plan, and leaves 1 in `RawGraphState::nccl_turn` for the branch
-    /// kernel (0 when it runs StragglAR). 0: the baseline is `plans[ranks]`.
-    pub nccl_baseline: u32,
     /// The arrival record of this call: `board` nonzero has the last warp of plan block 0 run
     /// `RawTicket`'s protocol alongside the plan (the grid stays `blocks`); 0 takes none.
     /// Identical on every rank (the protocol needs every rank's ticket). A graph launch always

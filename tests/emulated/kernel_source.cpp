@@ -107,12 +107,23 @@ void body(void* arg, uint32_t thread) {
       sg_chase((const RawChase*)run->params);
       break;
     case emu::KernelId::SetBranch: {
-      /* cuda/stragglar_branch.ptx: thread 0 sets the handle to the word's value. */
-      uint64_t args[2];
+      /* cuda/stragglar_branch.ptx: thread 0 sets NCCL's handle to the turn word and
+       * StragglAR's to its complement. */
+      uint64_t args[3];
       memcpy(args, run->params, sizeof args);
-      if (SG_THREAD == 0) emu::set_conditional(args[0], *(const uint32_t*)args[1]);
+      if (SG_THREAD == 0) {
+        const uint32_t nccl = *(const uint32_t*)args[2];
+        emu::set_conditional(args[0], nccl ^ 1u);
+        emu::set_conditional(args[1], nccl);
+      }
       break;
     }
+    case emu::KernelId::GraphTurn:
+      sg_graph_turn((const RawLaunch*)run->params);
+      break;
+    case emu::KernelId::GraphArrival:
+      sg_graph_nccl_arrival((const RawLaunch*)run->params);
+      break;
     case emu::KernelId::Litmus:
       litmus_body((const LitmusArgs*)run->params);
       break;
@@ -211,7 +222,9 @@ const emu::KernelSpec kSpecs[] = {
      1024},
     {"ncclStragglarChase", emu::KernelId::Chase, sizeof(RawChase), 1024},
     {"ncclStragglarFault", emu::KernelId::Fault, sizeof(uint64_t), 1024},
-    {"ncclStragglarSetBranch", emu::KernelId::SetBranch, 2 * sizeof(uint64_t), 1024},
+    {"ncclStragglarSetBranch", emu::KernelId::SetBranch, 3 * sizeof(uint64_t), 1024},
+    {"ncclStragglarGraphTurn", emu::KernelId::GraphTurn, sizeof(RawLaunch), 1024},
+    {"ncclStragglarGraphArrival", emu::KernelId::GraphArrival, sizeof(RawLaunch), 1024},
     {"stragglarEmuLitmus", emu::KernelId::Litmus, sizeof(LitmusArgs), 1024},
 };
 

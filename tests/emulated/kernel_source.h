@@ -18,6 +18,8 @@ enum class KernelId {
   Chase,
   Fault,
   SetBranch,
+  GraphTurn,
+  GraphArrival,
   Litmus
 };
 

@@ -259,8 +259,10 @@ CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfuncti
 }  // extern "C"
 
 namespace {
-/* STRAGGLAR_EMU_COUNT_LAUNCHES=1: kernel launches accepted so far, by kernel (indices of
- * kernel_specs), printed to stderr when the process exits, one line per kernel launched. */
+/* STRAGGLAR_EMU_COUNT_LAUNCHES=1: kernels run so far, by kernel (indices of kernel_specs),
+ * printed to stderr when the process exits, one line per kernel run: an eager launch counts
+ * when it runs, a captured one at each replay that runs it (none where its conditional
+ * node's body does not run). */
 constexpr size_t kMaxSpecs = 16;
 std::atomic<uint64_t> g_launches[kMaxSpecs];
 
@@ -350,9 +352,9 @@ CUresult cuLaunchKernel(CUfunction hf, unsigned int gx, unsigned int gy, unsigne
       ctx->fault.store(CUDA_ERROR_ILLEGAL_ADDRESS);
       return;
     }
+    count_launch(spec);
     run_kernel(spec, device, gx, bx, bytes, launch);
   }, CU_GRAPH_NODE_TYPE_KERNEL);
-  if (submitted == CUDA_SUCCESS) count_launch(spec);
   return submitted;
 }
 

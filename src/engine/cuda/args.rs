@@ -73,18 +73,17 @@ impl LaunchSite {
     }
 
     /// A graph launch on `operands` that picks its plan from the table at `plans` by `rule`,
-    /// recording its arrival on rank 0's graph board, at `graph_board` as this rank sees it;
-    /// with `nccl_baseline`, the table's baseline is NCCL's captured work (an empty entry).
+    /// recording its arrival on rank 0's graph board, at `graph_board` as this rank sees it
+    /// (a table whose baseline entry is empty takes NCCL's captured work as the baseline: the
+    /// turn kernel's, see `super::branch`).
     pub fn graph(
         &self,
         plans: u64,
         graph_board: u64,
         rule: RawRule,
         operands: &Operands,
-        nccl_baseline: bool,
     ) -> RawLaunch {
         RawLaunch {
-            nccl_baseline: u32::from(nccl_baseline),
             arrival: RawArrival {
                 board: graph_board,
                 ranks: self.ranks,

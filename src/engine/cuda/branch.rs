@@ -1,19 +1,24 @@
 //! NCCL's own captured work as the baseline of graph replays (CUDA 12.3 on). A captured
-//! `ncclAllReduce` becomes three things in the caller's graph: our AllReduce kernel, which at
-//! every replay chooses StragglAR (and runs it) or NCCL's turn (and runs nothing); the branch
-//! kernel (`cuda/stragglar_branch.ptx`), which sets a conditional handle to that choice; and an
-//! IF node whose body is NCCL's work for the call, captured apart on a stream of our own. The
-//! choice is the device's, from records every rank shares, so every rank takes the same branch.
+//! `ncclAllReduce` becomes, in the caller's graph: the turn kernel, which at every replay makes
+//! the device's choice (and on NCCL's turn takes this rank's ticket, waiting for nothing); the
+//! branch kernel (`cuda/stragglar_branch.ptx`), which sets two conditional handles from that
+//! choice; then two IF nodes, one after the other, of which exactly one runs its body:
+//! StragglAR's holds our AllReduce kernel, NCCL's holds NCCL's work for the call (captured
+//! apart on a stream of our own) and, beside it with no edge between them, the arrival kernel
+//! that finishes the call's arrival record. So a replay on NCCL's turn runs one one-thread
+//! kernel and the branch kernel before NCCL's work, neither of which waits, and nothing after
+//! it. The choice is the device's, from records every rank shares, so every rank takes the
+//! same branch.
 //!
 //! A body holds only kernel, empty, child graph, memset, memcpy and conditional nodes (memsets
 //! and memcpys of device memory only); NCCL's work qualifies with kernel and empty nodes. NCCL
 //! brackets its captured kernels with a wait on an event of its own and a record of it (its
 //! graph-mixing support, on by default), which a body may not hold: a wait that depends on
-//! nothing is moved before our kernel, and a record nothing depends on after the IF node (both
-//! then happen at every replay, NCCL's turn or not, which only adds order). Work with any other
-//! node (a network proxy's host node, an event in the middle, a child graph, a copy) does not
-//! [qualify](NcclWork::qualified): it is added as it is, and that call's replays run NCCL. So
-//! is every rank's work where one rank's does not qualify (or its driver refused the node):
+//! nothing is moved before the turn kernel, and a record nothing depends on after the IF nodes
+//! (both then happen at every replay, NCCL's turn or not, which only adds order). Work with any
+//! other node (a network proxy's host node, an event in the middle, a child graph, a copy) does
+//! not [qualify](NcclWork::qualified): it is added as it is, and that call's replays run NCCL.
+//! So is every rank's work where one rank's does not qualify (or its driver refused the node):
 //! the ranks vote on each capture (`super::rank`).
 
 use std::ffi::c_uint;
@@ -27,7 +32,8 @@ use crate::nccl::types::{cudaStream_t, ResultCode};
 /// The branch kernel, as PTX the driver compiles when it loads it (and resolves its
 /// device-runtime call in): NUL-terminated, as `cuModuleLoadData` takes text.
 const BRANCH_PTX: &str = concat!(include_str!("../../../cuda/stragglar_branch.ptx"), "\0");
-/// Its entry point: one argument, `[u64 handle, u64 address of the u32 turn word]`.
+/// Its entry point: one argument, `[u64 StragglAR's handle, u64 NCCL's handle, u64 address of
+/// the u32 turn word]`.
 const BRANCH_KERNEL: &str = "ncclStragglarSetBranch";
 /// The first driver with conditional nodes: CUDA 12.3.
 const FIRST_DRIVER: i32 = 12030;
@@ -169,43 +175,94 @@ impl Branch {
         nccl: &dyn Fn(cudaStream_t) -> ResultCode,
     ) -> Result<NcclWork, BranchError> {
         let _current = device.current()?;
-        let relaxed = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED as c_uint;
-        // SAFETY: our own live stream, not capturing.
-        check("cuStreamBeginCapture", unsafe {
-            (self.api.begin_capture)(self.stream.raw, relaxed)
-        })?;
-        let code = nccl(self.stream.raw.cast());
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        // SAFETY: the capture begun above, ended once whatever NCCL did.
-        let ended = check("cuStreamEndCapture", unsafe {
-            (self.api.end_capture)(self.stream.raw, &mut graph)
-        });
+        let mut code = ResultCode::SUCCESS;
+        // SAFETY: as the caller vouches.
+        let graph = unsafe {
+            self.captured(|stream| {
+                code = nccl(stream.cast());
+                Ok(())
+            })
+        };
         let work = NcclWork {
             api: self.api,
             device: device.clone(),
-            graph,
+            graph: graph?,
         };
-        ended?;
         if code != ResultCode::SUCCESS {
             return Err(BranchError::Nccl(code));
         }
         Ok(work)
     }
 
-    /// This rank's part of putting `work` behind a conditional node on `stream`'s capture,
-    /// before anything else of the call is captured: a wait on each of `hoisted`'s waits, then
-    /// an IF node (with no dependency yet) whose body holds `work`, and its handle. `Ok(Err)`:
-    /// the driver refused the node or its body, and nothing of them is left.
+    /// What `queue` queues on this rank's own stream, captured into a graph (the caller's to
+    /// destroy; a graph is returned whenever the capture ended, `queue` failing or not, and an
+    /// error only when it did not, or when `queue` failed and the graph was destroyed).
     ///
     /// # Safety
-    /// `stream` is the caller's capturing stream of `device`.
+    /// The device's context is current; `queue` queues only work of it.
+    unsafe fn captured(
+        &self,
+        queue: impl FnOnce(sys::CUstream) -> Result<(), GpuError>,
+    ) -> Result<sys::CUgraph, GpuError> {
+        let relaxed = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED as c_uint;
+        // SAFETY: our own live stream, not capturing.
+        check("cuStreamBeginCapture", unsafe {
+            (self.api.begin_capture)(self.stream.raw, relaxed)
+        })?;
+        let queued = queue(self.stream.raw);
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: the capture begun above, ended once whatever was queued.
+        check("cuStreamEndCapture", unsafe {
+            (self.api.end_capture)(self.stream.raw, &mut graph)
+        })?;
+        if let Err(e) = queued {
+            // SAFETY: the graph just captured, destroyed once.
+            let _ = unsafe { (self.api.graph_destroy)(graph) };
+            return Err(e);
+        }
+        Ok(graph)
+    }
+
+    /// Adds what `queue` queues (captured apart) to `graph` as a child graph node with no
+    /// dependency.
+    ///
+    /// # Safety
+    /// As [`Branch::captured`]; `graph` is a graph of this context that nodes may be added to.
+    unsafe fn add_captured(
+        &self,
+        graph: sys::CUgraph,
+        queue: &dyn Fn(sys::CUstream) -> Result<(), GpuError>,
+    ) -> Result<sys::CUgraphNode, GpuError> {
+        // SAFETY: as the caller vouches.
+        let captured = unsafe { self.captured(queue) }?;
+        let mut child: sys::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: `captured` is of this context; a child graph node copies it.
+        let added = check("cuGraphAddChildGraphNode", unsafe {
+            (self.api.add_child)(&mut child, graph, std::ptr::null(), 0, captured)
+        });
+        // SAFETY: our graph, destroyed once (the node holds its own copy).
+        let _ = unsafe { (self.api.graph_destroy)(captured) };
+        added.map(|()| child)
+    }
+
+    /// This rank's part of putting `work` behind a conditional node on `stream`'s capture,
+    /// before anything else of the call is captured: a wait on each of `hoisted`'s waits, then
+    /// the call's two IF nodes (with no dependency yet) and their handles: StragglAR's, whose
+    /// body holds the AllReduce kernel `ours.all_reduce` queues, and NCCL's, whose body holds
+    /// `work` and, beside it, the arrival kernel `ours.arrival` queues. `Ok(Err)`: the driver
+    /// refused a node or a body, and nothing of them is left.
+    ///
+    /// # Safety
+    /// `stream` is the caller's capturing stream of `device`; each of `ours` queues only work
+    /// of its context.
     pub unsafe fn begin(
         &self,
         device: &Device,
         stream: sys::CUstream,
         work: &NcclWork,
         hoisted: &Hoisted,
-    ) -> Result<Result<Conditional, GpuError>, GpuError> {
+        ours: &OurKernels<'_>,
+    ) -> Result<Result<Branches, GpuError>, GpuError> {
         let _current = device.current()?;
         let external_wait = sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as c_uint;
         for &event in &hoisted.waits {
@@ -216,40 +273,97 @@ impl Branch {
         }
         // SAFETY: the caller's capturing stream.
         let (graph, _) = unsafe { capture_point(device, stream) }?;
-        // SAFETY: the capture's own graph and this device's context.
-        Ok(unsafe { self.conditional_with(device, graph, work) })
+        // SAFETY: the capture's own graph and this device's context; the kernels as the
+        // caller vouches.
+        Ok(unsafe { self.branches(device, graph, work, ours) })
     }
 
-    /// Completes what [`Branch::begin`] began, once every rank made its part: `launch` (our
-    /// AllReduce kernel, which leaves the turn at `turn`) and the branch kernel after what the
-    /// capture holds, the IF node after them, then a record of each of `hoisted`'s records;
-    /// later work captured on `stream` follows the last of them.
+    /// The two IF nodes of [`Branch::begin`] on `graph`, their bodies filled; nothing is left
+    /// in `graph` on failure.
     ///
     /// # Safety
-    /// As [`Branch::begin`], with its `conditional`; `turn` is a word of this device that
-    /// every launch `launch` queues writes.
+    /// As [`Branch::begin`], for `graph`, the graph of the capture in progress.
+    unsafe fn branches(
+        &self,
+        device: &Device,
+        graph: sys::CUgraph,
+        work: &NcclWork,
+        ours: &OurKernels<'_>,
+    ) -> Result<Branches, GpuError> {
+        // SAFETY: as the caller vouches.
+        let nccl = unsafe { self.if_node(device, graph) }?;
+        // SAFETY: as the caller vouches.
+        let stragglar = match unsafe { self.if_node(device, graph) } {
+            Ok(stragglar) => stragglar,
+            Err(e) => {
+                // SAFETY: made above, destroyed once (its body with it).
+                let _ = unsafe { (self.api.destroy_node)(nccl.node) };
+                return Err(e);
+            }
+        };
+        let made = Branches { stragglar, nccl };
+        let mut child: sys::CUgraphNode = std::ptr::null_mut();
+        // SAFETY: the bodies the driver just made; `work.graph` is a graph of this context;
+        // the kernels as the caller vouches. NCCL's work and the arrival kernel share a body
+        // with no edge between them; the arrival kernel is made first, so that a GPU that runs
+        // the body's nodes one at a time in the order they were made (one hardware queue)
+        // measures the lead as it comes, not after NCCL's work (whose kernels wait for the
+        // last rank anyway).
+        let filled = unsafe { self.add_captured(made.nccl.body, ours.arrival) }
+            .and_then(|_| {
+                check("cuGraphAddChildGraphNode", unsafe {
+                    (self.api.add_child)(
+                        &mut child,
+                        made.nccl.body,
+                        std::ptr::null(),
+                        0,
+                        work.graph,
+                    )
+                })
+            })
+            .and_then(|()| unsafe { self.add_captured(made.stragglar.body, ours.all_reduce) });
+        if let Err(e) = filled {
+            // SAFETY: made above, in a capture still in progress.
+            let _ = unsafe { self.remove_nodes(&made) };
+            return Err(e);
+        }
+        Ok(made)
+    }
+
+    /// Completes what [`Branch::begin`] began, once every rank made its part: the turn kernel
+    /// (`ours.turn`) after what the capture holds, the branch kernel (reading `turn`) after
+    /// it, StragglAR's IF node after that and NCCL's after StragglAR's, then a record of each
+    /// of `hoisted`'s records. Later work captured on `stream` follows the last of them.
+    ///
+    /// # Safety
+    /// As [`Branch::begin`], with its `branches`; `turn` is a word of this device that
+    /// `ours.turn` writes.
     pub unsafe fn complete(
         &self,
         device: &Device,
         stream: sys::CUstream,
-        conditional: Conditional,
+        branches: Branches,
         hoisted: &Hoisted,
         turn: u64,
-        launch: impl FnOnce() -> Result<(), GpuError>,
+        ours: &OurKernels<'_>,
     ) -> Result<(), GpuError> {
         let _current = device.current()?;
-        launch()?;
-        let args = [conditional.handle, turn];
-        // SAFETY: the handle was made on this capture's graph; `turn` is this device's word.
+        (ours.turn)(stream)?;
+        let args = [branches.stragglar.handle, branches.nccl.handle, turn];
+        // SAFETY: both handles were made on this capture's graph; `turn` is this device's word.
         unsafe { self.kernel.launch(stream, 1, 32, &args) }?;
         // SAFETY: as the caller vouches.
         let (graph, tail) = unsafe { capture_point(device, stream) }?;
-        let mut node = conditional.node;
-        let to = vec![node; tail.len()];
+        let to = vec![branches.stragglar.node; tail.len()];
         // SAFETY: nodes of the capture's graph, `tail.len()` edges.
         check("cuGraphAddDependencies", unsafe {
             (self.api.add_dependencies)(graph, tail.as_ptr(), to.as_ptr(), tail.len())
         })?;
+        // SAFETY: two nodes of the capture's graph, one edge.
+        check("cuGraphAddDependencies", unsafe {
+            (self.api.add_dependencies)(graph, &branches.stragglar.node, &branches.nccl.node, 1)
+        })?;
+        let mut node = branches.nccl.node;
         let set = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES;
         // SAFETY: the caller's capturing stream; the node is of its capture's graph.
         check("cuStreamUpdateCaptureDependencies", unsafe {
@@ -259,29 +373,40 @@ impl Branch {
         unsafe { self.record_all(stream, hoisted) }
     }
 
-    /// Removes what [`Branch::begin`] made when a peer could not make its part (its IF node
-    /// and body; the waits stay, in front of the work added as it is instead).
+    /// Removes what [`Branch::begin`] made when a peer could not make its part (its IF nodes
+    /// and bodies; the waits stay, in front of the work added as it is instead).
     ///
     /// # Safety
-    /// `device`'s context made `conditional`, in a capture still in progress.
-    pub unsafe fn remove(&self, device: &Device, conditional: Conditional) -> Result<(), GpuError> {
+    /// `device`'s context made `branches`, in a capture still in progress.
+    pub unsafe fn remove(&self, device: &Device, branches: Branches) -> Result<(), GpuError> {
         let _current = device.current()?;
-        // SAFETY: the node made by `begin`, destroyed once (its body with it).
-        check("cuGraphDestroyNode", unsafe {
-            (self.api.destroy_node)(conditional.node)
-        })
+        // SAFETY: as the caller vouches.
+        unsafe { self.remove_nodes(&branches) }
+    }
+
+    /// Destroys both IF nodes of `branches` (their bodies with them).
+    ///
+    /// # Safety
+    /// As [`Branch::remove`], the context current.
+    unsafe fn remove_nodes(&self, branches: &Branches) -> Result<(), GpuError> {
+        for node in [branches.stragglar.node, branches.nccl.node] {
+            // SAFETY: a node made by `branches`, destroyed once.
+            check("cuGraphDestroyNode", unsafe {
+                (self.api.destroy_node)(node)
+            })?;
+        }
+        Ok(())
     }
 
     /// A conditional handle made on `graph` (reset to 0 at each launch) and an IF node of it,
-    /// with no dependency yet, whose body holds `work`. Nothing is left in `graph` on failure.
+    /// with no dependency and an empty body.
     ///
     /// # Safety
     /// `graph` is the graph of a capture in progress on this context, which is current.
-    unsafe fn conditional_with(
+    unsafe fn if_node(
         &self,
         device: &Device,
         graph: sys::CUgraph,
-        work: &NcclWork,
     ) -> Result<Conditional, GpuError> {
         let mut handle = 0u64;
         let assign_default = sys::CU_GRAPH_COND_ASSIGN_DEFAULT;
@@ -300,25 +425,12 @@ impl Branch {
             phGraph_out: &mut body,
             ctx: device.context(),
         };
-        let mut conditional: sys::CUgraphNode = std::ptr::null_mut();
+        let mut node: sys::CUgraphNode = std::ptr::null_mut();
         // SAFETY: as the caller vouches; `params` and `body` outlive the call.
         check("cuGraphAddNode", unsafe {
-            (self.api.add_node)(&mut conditional, graph, std::ptr::null(), 0, &mut params)
+            (self.api.add_node)(&mut node, graph, std::ptr::null(), 0, &mut params)
         })?;
-        let mut child: sys::CUgraphNode = std::ptr::null_mut();
-        // SAFETY: the body the driver just made; `work.graph` is a graph of this context.
-        let added = check("cuGraphAddChildGraphNode", unsafe {
-            (self.api.add_child)(&mut child, body, std::ptr::null(), 0, work.graph)
-        });
-        if let Err(e) = added {
-            // SAFETY: the node made above, destroyed once (its body with it).
-            let _ = unsafe { (self.api.destroy_node)(conditional) };
-            return Err(e);
-        }
-        Ok(Conditional {
-            handle,
-            node: conditional,
-        })
+        Ok(Conditional { handle, node, body })
     }
 
     /// Records each of `hoisted`'s records on `stream` (external: at every replay).
@@ -394,10 +506,26 @@ pub struct NcclWork {
 // SAFETY: a CUgraph may be used from any thread, one at a time (the owner's `&mut`).
 unsafe impl Send for NcclWork {}
 
-/// An IF node made on a capture's graph, with no dependency yet, and its handle.
-pub struct Conditional {
+/// The two IF nodes of a call (see [`Branch::begin`]), made on a capture's graph.
+pub struct Branches {
+    stragglar: Conditional,
+    nccl: Conditional,
+}
+
+/// An IF node made on a capture's graph, with no dependency yet, its handle and its body.
+struct Conditional {
     handle: u64,
     node: sys::CUgraphNode,
+    body: sys::CUgraph,
+}
+
+/// Our kernels of a captured call whose baseline is NCCL's work, each queued by its closure on
+/// the stream it is given: the turn kernel (on the caller's capturing stream), the AllReduce
+/// kernel and the arrival kernel (each captured apart into its body).
+pub struct OurKernels<'a> {
+    pub turn: &'a dyn Fn(sys::CUstream) -> Result<(), GpuError>,
+    pub all_reduce: &'a dyn Fn(sys::CUstream) -> Result<(), GpuError>,
+    pub arrival: &'a dyn Fn(sys::CUstream) -> Result<(), GpuError>,
 }
 
 /// The event nodes moved out of NCCL's work: waits to put before our kernel, records after the

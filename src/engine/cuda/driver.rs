@@ -618,6 +618,10 @@ pub struct Kernels {
     pub ticket: Kernel,
     /// `ncclStragglarTicketEnd`.
     pub ticket_end: Kernel,
+    /// `ncclStragglarGraphTurn`.
+    pub graph_turn: Kernel,
+    /// `ncclStragglarGraphArrival`.
+    pub graph_arrival: Kernel,
     /// `ncclStragglarPeerProbe`.
     pub peer_probe: Kernel,
     /// `ncclStragglarMulticastProbe`.
@@ -628,13 +632,15 @@ impl Kernels {
     /// Loads the kernels of `cubin` on `device`.
     pub fn load(device: &Arc<Device>, cubin: &[u8]) -> Result<Kernels, GpuError> {
         use crate::gpu::kernels::{
-            ALL_REDUCE_KERNEL, MULTICAST_PROBE_KERNEL, PEER_PROBE_KERNEL, TICKET_END_KERNEL,
-            TICKET_KERNEL,
+            ALL_REDUCE_KERNEL, GRAPH_ARRIVAL_KERNEL, GRAPH_TURN_KERNEL, MULTICAST_PROBE_KERNEL,
+            PEER_PROBE_KERNEL, TICKET_END_KERNEL, TICKET_KERNEL,
         };
         Ok(Kernels {
             all_reduce: Kernel::load(device, cubin, ALL_REDUCE_KERNEL)?,
             ticket: Kernel::load(device, cubin, TICKET_KERNEL)?,
             ticket_end: Kernel::load(device, cubin, TICKET_END_KERNEL)?,
+            graph_turn: Kernel::load(device, cubin, GRAPH_TURN_KERNEL)?,
+            graph_arrival: Kernel::load(device, cubin, GRAPH_ARRIVAL_KERNEL)?,
             peer_probe: Kernel::load(device, cubin, PEER_PROBE_KERNEL)?,
             multicast_probe: Kernel::load(device, cubin, MULTICAST_PROBE_KERNEL)?,
         })

@@ -4,7 +4,7 @@
 use super::{CallError, CudaRank};
 use crate::detect::Finish;
 use crate::engine::cuda::args::Operands;
-use crate::engine::cuda::branch::{Branch, BranchError, Hoisted, NcclWork};
+use crate::engine::cuda::branch::{Branch, BranchError, Hoisted, NcclWork, OurKernels};
 use crate::engine::cuda::driver::{DeviceMemory, GpuError};
 use crate::gpu::choice::{RawGraphState, RawRule};
 use crate::plan::{ArenaNeed, Lowered};
@@ -172,9 +172,7 @@ impl CudaRank {
         } else {
             choices.straggler_last
         };
-        let args = self
-            .site()?
-            .graph(table, self.graph_board, rule, &operands, false);
+        let args = self.site()?.graph(table, self.graph_board, rule, &operands);
         // SAFETY: every address in `args` is live device memory of this rank (staging with its
         // graph state, plan table and blobs, peer table, host words, rank 0's mapped graph
         // board) or the caller's buffers, which the caller vouches for.
@@ -245,9 +243,7 @@ impl CudaRank {
         self.fail_fast()?;
         let (count, dtype) = (operands.count, operands.dtype);
         let table = self.fitting_choices(count, dtype, finish)?.nccl_last;
-        let args = self
-            .site()?
-            .graph(table, self.graph_board, rule, &operands, true);
+        let args = self.site()?.graph(table, self.graph_board, rule, &operands);
         let turn = self.staging.ptr
             + self.config.layout.graph()
             + std::mem::offset_of!(RawGraphState, nccl_turn) as u64;
@@ -255,9 +251,23 @@ impl CudaRank {
             .branch
             .as_ref()
             .ok_or_else(|| CallError::Unfit("no conditional nodes here".into()))?;
+        let (kernels, blocks, threads) = (&self.kernels, self.config.blocks, self.config.threads);
+        // Each launch: every address in `args` is live memory of this rank or the caller's
+        // buffers, as in `all_reduce_graph`; each stream given is one of this device.
+        // SAFETY: as said above.
+        let turn_kernel = |s| unsafe { kernels.graph_turn.launch(s, 1, 32, &args) };
+        // SAFETY: as said above.
+        let all_reduce = |s| unsafe { kernels.all_reduce.launch(s, blocks, threads, &args) };
+        // SAFETY: as said above.
+        let arrival = |s| unsafe { kernels.graph_arrival.launch(s, 1, 32, &args) };
+        let ours = OurKernels {
+            turn: &turn_kernel,
+            all_reduce: &all_reduce,
+            arrival: &arrival,
+        };
         let made = match qualified {
-            // SAFETY: the caller's capturing stream of this device.
-            Ok(hoisted) => unsafe { branch.begin(&self.device, stream, work, hoisted) }?
+            // SAFETY: the caller's capturing stream of this device; `ours` queue work of it.
+            Ok(hoisted) => unsafe { branch.begin(&self.device, stream, work, hoisted, &ours) }?
                 .map_err(|e| e.to_string()),
             Err(why) => Err(why.clone()),
         };
@@ -266,25 +276,15 @@ impl CudaRank {
             .timeout()
             .and_then(|t| std::time::Instant::now().checked_add(t));
         let votes = self.wait_for_every_rank(deadline, |word| word.capture_vote(capture))?;
-        let (kernel, blocks, threads) = (
-            &self.kernels.all_reduce,
-            self.config.blocks,
-            self.config.threads,
-        );
         match (made, votes.iter().position(|&behind| !behind)) {
-            (Ok(conditional), None) => {
+            (Ok(branches), None) => {
                 let Ok(hoisted) = qualified else {
-                    unreachable!("a conditional is made only for qualified work")
+                    unreachable!("branches are made only for qualified work")
                 };
-                // SAFETY: the caller's capturing stream of this device, and the conditional
-                // `begin` made there; `turn` is in this rank's staging, written by every launch
-                // of `args` (nccl_baseline); every address in `args` is live memory of this rank
-                // or the caller's buffers, as in `all_reduce_graph`.
-                unsafe {
-                    branch.complete(&self.device, stream, conditional, hoisted, turn, || {
-                        kernel.launch(stream, blocks, threads, &args)
-                    })
-                }?;
+                // SAFETY: the caller's capturing stream of this device, and the branches
+                // `begin` made there; `turn` is in this rank's staging, written by the turn
+                // kernel of `args`.
+                unsafe { branch.complete(&self.device, stream, branches, hoisted, turn, &ours) }?;
                 Ok(Ok(()))
             }
             (made, refused) => {
@@ -295,9 +295,9 @@ impl CudaRank {
                         r.unwrap_or(self.config.rank)
                     ),
                 };
-                if let Ok(conditional) = made {
+                if let Ok(branches) = made {
                     // SAFETY: made by `begin` in this capture.
-                    unsafe { branch.remove(&self.device, conditional) }?;
+                    unsafe { branch.remove(&self.device, branches) }?;
                 }
                 // SAFETY: the caller's capturing stream.
                 unsafe { branch.capture_plain(&self.device, stream, work) }?;
