@@ -1345,24 +1345,26 @@ SG_DEVICE void sg_ticket_end(const RawTicket* t) {
 
 /* The turn kernel's body, first of a graph call whose baseline is NCCL's captured work
  * (thread 0 of its one block): makes the device's choice from the state every rank shares,
- * and leaves it in the graph state's turn word (1: NCCL's work runs, 0: StragglAR), from which
- * the branch kernel after it sets the conditional handles of the call's two bodies. On NCCL's
- * turn it also publishes what this rank noted of the call before and takes its ticket on the
- * graph board; the rest of the protocol, which waits, runs beside NCCL's work
- * (sg_graph_nccl_arrival). On StragglAR's turn it changes nothing: the AllReduce kernel, in
+ * and leaves it in the graph state's turn word (TURN_NCCL: NCCL's work runs, with
+ * TURN_MEASURED when the call is in the sample; 0: StragglAR), from which the branch kernel
+ * after it sets the conditional handles of the call's three bodies. On NCCL's turn it also
+ * publishes what this rank noted of the call before and takes its ticket on the graph board;
+ * the rest of the protocol, which waits, runs beside NCCL's work (sg_graph_nccl_arrival), and
+ * on the sample the end kernel after it notes when it finished (sg_graph_end). On StragglAR's turn it changes nothing: the AllReduce kernel, in
  * its body, makes the same choice and runs the whole protocol beside its plan. Straight-line
  * code: it never waits (tests/nvrtc.rs reads its SASS for a backward branch). */
 SG_DEVICE void sg_graph_turn(const RawLaunch* a) {
   if (SG_THREAD != 0 || a->graph == 0) return;
   uint32_t choice = 0;
   const RawPlanHeader* plan = sg_graph_plan(a, &choice);
-  const bool nccl = sg_graph_ok(a) && plan == 0 && choice == a->rule.ranks;
-  if (nccl) {
+  uint32_t turn = 0;
+  if (sg_graph_ok(a) && plan == 0 && choice == a->rule.ranks) {
     const RawArrival arrival = sg_graph_arrival_of(a);
     sg_publish_previous(&arrival);
     sg_take_ticket(&arrival, a->rank);
+    turn = TURN_NCCL | (sg_measures(arrival.call) ? TURN_MEASURED : 0u);
   }
-  sg_store_volatile(&((RawGraphState*)a->graph)->nccl_turn, nccl ? 1u : 0u);
+  sg_store_volatile(&((RawGraphState*)a->graph)->nccl_turn, turn);
 }
 
 /* The rest of a graph call's arrival protocol on NCCL's turn (thread 0 of one block), in the
@@ -1384,6 +1386,17 @@ SG_DEVICE void sg_graph_nccl_arrival(const RawLaunch* a) {
   }
   g->classes[a->rule.size_class].calls += 1;
   sg_store_release64(&g->calls, g->calls + 1);
+}
+
+/* The end kernel of a graph call on NCCL's turn in the sample (thread 0 of one block), in the
+ * body after NCCL's: notes that the call finished on this rank now, for its post-arrival time,
+ * which the next call publishes. The arrival kernel beside NCCL's work has counted the call,
+ * so it is the one before `calls`. */
+SG_DEVICE void sg_graph_end(const RawLaunch* a) {
+  if (SG_THREAD != 0 || a->graph == 0 || !sg_graph_ok(a)) return;
+  RawGraphState* g = (RawGraphState*)a->graph;
+  const uint64_t calls = sg_load_acquire64(&g->calls);
+  if (calls > 0) sg_note_finished((uint64_t)g->notes, calls - 1);
 }
 
 /* The bandwidth probe's body: out = op-fold of the operands over `bytes`, block b taking its
@@ -1617,6 +1630,9 @@ extern "C" uint32_t stragglar_emulate_graph_call(RawGraphState* g, const RawRule
   return choice;
 }
 
+/* Whether graph call `call` on NCCL's turn is in the sample (sg_measures). */
+extern "C" uint32_t stragglar_emulate_measures(uint64_t call) { return sg_measures(call) ? 1 : 0; }
+
 /* The kernel's layout of `count` elements of type `dt` in `chunks` chunks: out[0] the IN bytes,
  * out[1] the slot bytes, then each chunk's start and length in bytes (2 + 2 * chunks words). */
 extern "C" void stragglar_emulate_layout(uint64_t count, uint32_t dt, uint32_t chunks,
@@ -1673,6 +1689,8 @@ SG_GLOBAL void ncclStragglarTicketEnd(RawTicket args) { sg_ticket_end(&args); }
 SG_GLOBAL void ncclStragglarGraphTurn(RawLaunch args) { sg_graph_turn(&args); }
 
 SG_GLOBAL void ncclStragglarGraphArrival(RawLaunch args) { sg_graph_nccl_arrival(&args); }
+
+SG_GLOBAL void ncclStragglarGraphEnd(RawLaunch args) { sg_graph_end(&args); }
 
 SG_GLOBAL void ncclStragglarPeerProbe(RawPeerProbe args) { sg_peer_probe(&args); }
 

@@ -246,6 +246,15 @@ SG_DEVICE uint32_t sg_arrive_graph(const RawArrival* a, uint32_t rank, const sg_
   return sg_measure_lead(a, sg_take_ticket(a, rank), w);
 }
 
+/* Whether call `call`, if NCCL runs it, is in the sample whose end is noted: the hash of
+ * src/gpu/arrival.rs's `measures` (the host's, for eager calls; this one, for graph calls). */
+SG_DEVICE bool sg_measures(uint64_t call) {
+  uint64_t x = call + 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return (x ^ (x >> 31)) % MEASURE_ONE_IN == 0;
+}
+
 /* This rank's arrival position at call `a->call`, as its ticket noted it. */
 SG_DEVICE uint64_t sg_noted_position(const RawArrival* a) {
   return sg_note_of(a->note, a->call)->arrived & 0xffffffffull;

@@ -174,6 +174,17 @@
 #define RULE_OFF 4294967294
 
 /**
+ * `RawGraphState::nccl_turn`: the current graph call runs NCCL's captured work.
+ */
+#define TURN_NCCL 1
+
+/**
+ * `RawGraphState::nccl_turn`, beside [`TURN_NCCL`]: the call is in the sample whose end
+ * kernel notes when NCCL's work finished (`super::arrival::measures` of its graph call number).
+ */
+#define TURN_MEASURED 2
+
+/**
  * `RawRule::break_even_ns` of a size StragglAR never wins.
  */
 #define RULE_NEVER UINT64_MAX
@@ -832,9 +843,10 @@ typedef struct RawGraphState {
    */
   uint32_t last_choice;
   /**
-   * Calls whose baseline is NCCL's captured work (`plans[ranks]` is 0): 1 when the current
-   * graph call takes the baseline, so NCCL's captured work runs, 0 when it runs StragglAR;
-   * written by the turn kernel, read by the branch kernel after it.
+   * Calls whose baseline is NCCL's captured work (`plans[ranks]` is 0): [`TURN_NCCL`] when
+   * the current graph call takes the baseline, so NCCL's captured work runs, with
+   * [`TURN_MEASURED`] when it is in the sample; 0 when it runs StragglAR. Written by the
+   * turn kernel, read by the branch kernel after it.
    */
   uint32_t nccl_turn;
   /**

@@ -2284,6 +2284,18 @@ fn graph_replays_choose_between_stragglar_and_nccls_own_work_alike_on_every_rank
         [on_nccl; 4],
         "{log}"
     );
+    // The end kernel, after NCCL's work, runs on NCCL's turns in the sample only.
+    let sampled = (0..160)
+        .filter(|&c| stragglar::gpu::arrival::measures(c))
+        .count() as u64;
+    let ends = launches_of(&log, "ncclStragglarGraphEnd");
+    assert!(
+        ends.len() == 4
+            && ends
+                .iter()
+                .all(|&e| e == ends[0] && 0 < e && e <= sampled.min(on_nccl)),
+        "{sampled} of 160 replays in the sample: {log}"
+    );
     assert_eq!(
         launches_of(&log, "ncclStragglarAllReduce"),
         [eager + on_stragglar; 4],

@@ -103,6 +103,8 @@ struct Kernel {
     ticket_end: TicketFn,
     rule: RuleFn,
     graph_call: GraphCallFn,
+    /// `stragglar_emulate_measures`: whether a graph call on NCCL's turn is in the sample.
+    measures: unsafe extern "C" fn(u64) -> u32,
     layout: LayoutFn,
     /// `stragglar_emulate_served_out_of_order`: turns the kernel handed on out of order (to a
     /// word that had passed them), in every test of this binary so far.
@@ -221,6 +223,10 @@ fn kernel() -> &'static Kernel {
             ticket_end: export!(TicketFn, "stragglar_emulate_ticket_end"),
             rule: export!(RuleFn, "stragglar_emulate_rule"),
             graph_call: export!(GraphCallFn, "stragglar_emulate_graph_call"),
+            measures: export!(
+                unsafe extern "C" fn(u64) -> u32,
+                "stragglar_emulate_measures"
+            ),
             served_out_of_order: export!(
                 unsafe extern "C" fn() -> u64,
                 "stragglar_emulate_served_out_of_order"
@@ -3004,6 +3010,22 @@ fn an_abort_during_a_replay_releases_every_rank_and_resets_the_graph_state() {
         assert_eq!(comm.status(r), STATUS_ABORTED, "rank {r}");
         let state = comm.graph_state(r);
         assert_eq!((state.calls, state.finished), (2, 0), "rank {r}");
+    }
+}
+
+#[test]
+fn graph_calls_on_nccls_turn_are_sampled_as_the_host_samples_eager_calls() {
+    // The turn kernel's sample of graph calls whose end it notes is the host's sample of eager
+    // calls (`measures`), bit for bit: one hash, two implementations.
+    let k = kernel();
+    for call in (0..200_000u64).chain([u64::MAX - 7, u64::MAX]) {
+        // SAFETY: a pure function of its argument.
+        let device = unsafe { (k.measures)(call) } == 1;
+        assert_eq!(
+            device,
+            stragglar::gpu::arrival::measures(call),
+            "call {call}"
+        );
     }
 }
 

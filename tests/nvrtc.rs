@@ -111,7 +111,9 @@ fn nvdisasm() -> Option<std::path::PathBuf> {
 
 /// The figures docs/KERNELS.md promises, from ptxas's report (`--resources`) and the SASS:
 /// no function of the kernel spills (no spill stores or loads: the kernel, its control code and
-/// the outlined data loops), at most 32 system-scope fences, a reduce issues 8 16-byte loads
+/// the outlined data loops), at most 40 system-scope fences in the whole module (the AllReduce
+/// kernel's, and those of the release stores of the one-thread protocol kernels: the ticket and
+/// end kernels, the graph turn, arrival and end kernels), a reduce issues 8 16-byte loads
 /// before its first float add, and fp16/bf16 narrow in hardware.
 fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
     let mut function = "";
@@ -151,7 +153,7 @@ fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
         .lines()
         .filter(|l| l.contains("MEMBAR") && l.contains(".SYS"))
         .count();
-    assert!(fences <= 32, "{arch}: {fences} system-scope fences");
+    assert!(fences <= 40, "{arch}: {fences} system-scope fences");
     let (mut run, mut best) = (0, 0);
     for line in sass.lines() {
         let function_start = !line.starts_with(['.', ' ', '\t']) && line.ends_with(':');

@@ -17,6 +17,9 @@ pub const TICKET_END_KERNEL: &str = "ncclStragglarTicketEnd";
 pub const GRAPH_TURN_KERNEL: &str = "ncclStragglarGraphTurn";
 /// The rest of a graph call's arrival protocol on NCCL's turn, beside NCCL's work in its body.
 pub const GRAPH_ARRIVAL_KERNEL: &str = "ncclStragglarGraphArrival";
+/// The end kernel of a graph call on NCCL's turn in the sample, after NCCL's work in a body
+/// of its own: notes when the call finished on this rank.
+pub const GRAPH_END_KERNEL: &str = "ncclStragglarGraphEnd";
 /// `stragglar bench`'s device-side delay of a late rank.
 pub const DELAY_KERNEL: &str = "ncclStragglarDelay";
 /// The bandwidth probe's entry point (the AllReduce kernel's element-wise code alone).
@@ -138,6 +141,7 @@ mod tests {
         assert!(unit.contains(TICKET_END_KERNEL));
         assert!(unit.contains(GRAPH_TURN_KERNEL));
         assert!(unit.contains(GRAPH_ARRIVAL_KERNEL));
+        assert!(unit.contains(GRAPH_END_KERNEL));
         assert!(unit.contains(DELAY_KERNEL));
         assert!(unit.contains(PEER_PROBE_KERNEL));
         for (name, _) in SOURCES {

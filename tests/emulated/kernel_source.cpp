@@ -107,14 +107,15 @@ void body(void* arg, uint32_t thread) {
       sg_chase((const RawChase*)run->params);
       break;
     case emu::KernelId::SetBranch: {
-      /* cuda/stragglar_branch.ptx: thread 0 sets NCCL's handle to the turn word and
-       * StragglAR's to its complement. */
-      uint64_t args[3];
+      /* cuda/stragglar_branch.ptx: thread 0 sets the handles of StragglAR's, NCCL's and the
+       * sample's bodies from the turn word's bits. */
+      uint64_t args[4];
       memcpy(args, run->params, sizeof args);
       if (SG_THREAD == 0) {
-        const uint32_t nccl = *(const uint32_t*)args[2];
-        emu::set_conditional(args[0], nccl ^ 1u);
-        emu::set_conditional(args[1], nccl);
+        const uint32_t turn = *(const uint32_t*)args[3];
+        emu::set_conditional(args[0], (turn & 1u) ^ 1u);
+        emu::set_conditional(args[1], turn & 1u);
+        emu::set_conditional(args[2], (turn >> 1) & 1u);
       }
       break;
     }
@@ -123,6 +124,9 @@ void body(void* arg, uint32_t thread) {
       break;
     case emu::KernelId::GraphArrival:
       sg_graph_nccl_arrival((const RawLaunch*)run->params);
+      break;
+    case emu::KernelId::GraphEnd:
+      sg_graph_end((const RawLaunch*)run->params);
       break;
     case emu::KernelId::Litmus:
       litmus_body((const LitmusArgs*)run->params);
@@ -222,9 +226,10 @@ const emu::KernelSpec kSpecs[] = {
      1024},
     {"ncclStragglarChase", emu::KernelId::Chase, sizeof(RawChase), 1024},
     {"ncclStragglarFault", emu::KernelId::Fault, sizeof(uint64_t), 1024},
-    {"ncclStragglarSetBranch", emu::KernelId::SetBranch, 3 * sizeof(uint64_t), 1024},
+    {"ncclStragglarSetBranch", emu::KernelId::SetBranch, 4 * sizeof(uint64_t), 1024},
     {"ncclStragglarGraphTurn", emu::KernelId::GraphTurn, sizeof(RawLaunch), 1024},
     {"ncclStragglarGraphArrival", emu::KernelId::GraphArrival, sizeof(RawLaunch), 1024},
+    {"ncclStragglarGraphEnd", emu::KernelId::GraphEnd, sizeof(RawLaunch), 1024},
     {"stragglarEmuLitmus", emu::KernelId::Litmus, sizeof(LitmusArgs), 1024},
 };
 

@@ -20,6 +20,7 @@ enum class KernelId {
   SetBranch,
   GraphTurn,
   GraphArrival,
+  GraphEnd,
   Litmus
 };
 

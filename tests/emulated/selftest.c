@@ -668,8 +668,8 @@ static int a_graph_launched_on_two_streams_runs_once_at_a_time(void) {
   return 1;
 }
 
-/* The engine's branch kernel (cuda/stragglar_branch.ptx), built into this program: it sets one
- * conditional handle to a word's value and another to its complement. */
+/* The engine's branch kernel (cuda/stragglar_branch.ptx), built into this program: it sets
+ * three conditional handles from a word's bits (the complement of bit 0, bit 0, bit 1). */
 __asm__(".section .rodata\n"
         ".global stragglar_branch_ptx\n"
         "stragglar_branch_ptx:\n"
@@ -693,11 +693,11 @@ static int captured_apart(CUdeviceptr word, unsigned value, int host, CUgraph* o
 }
 
 /* What the engine builds for a captured ncclAllReduce whose baseline is NCCL (CUDA 12.3 on):
- * the branch kernel sets two handles made on the capture's graph from a word, and two IF
- * nodes (the second made before the kernel, then given it as its dependency through the
- * first, and made what later captured work depends on) each run their body (a graph captured
- * apart, added as a child graph node): NCCL's at the replays where the word was 1,
- * StragglAR's where it was 0. A body refuses a child graph with a host node (now or at
+ * the branch kernel sets three handles made on the capture's graph from a word, and three IF
+ * nodes (NCCL's made before the kernel, then given it as its dependency through StragglAR's,
+ * the sample's after NCCL's and made what later captured work depends on) each run their
+ * body (a graph captured apart, added as a child graph node): StragglAR's at the replays where
+ * bit 0 of the word was 0, NCCL's where it was 1, the sample's where bit 1 was. A body refuses a child graph with a host node (now or at
  * instantiation), and the nodes of a graph read back with their types and edges. */
 static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   int version = 0;
@@ -713,9 +713,10 @@ static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   CUdeviceptr dwords;
   CHECK(cuMemHostAlloc((void**)&words, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
   CHECK(cuMemHostGetDevicePointer(&dwords, words, 0));
-  CUgraph apart, other_apart, with_host;
+  CUgraph apart, other_apart, sample_apart, with_host;
   if (!captured_apart(dwords + 4, 7, 0, &apart) || !captured_apart(dwords + 8, 9, 1, &with_host) ||
-      !captured_apart(dwords + 16, 11, 0, &other_apart))
+      !captured_apart(dwords + 16, 11, 0, &other_apart) ||
+      !captured_apart(dwords + 20, 13, 0, &sample_apart))
     return 0;
   /* Read back: one memset node; a host node, then a memset after it. */
   CUgraphNode nodes[4];
@@ -732,9 +733,9 @@ static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   EXPECT(deps == 1 && dep == nodes[0]);
 
   CUstream s;
-  CUgraph graph, captured, body, other_body;
+  CUgraph graph, captured, body, other_body, sample_body;
   CUgraphExec exec;
-  CUgraphConditionalHandle handle, other_handle;
+  CUgraphConditionalHandle handle, other_handle, sample_handle;
   CUstreamCaptureStatus status;
   const CUgraphNode* tail;
   size_t tail_count;
@@ -746,6 +747,8 @@ static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   CHECK(cuGraphConditionalHandleCreate(&handle, captured, ctx, 0, CU_GRAPH_COND_ASSIGN_DEFAULT));
   CHECK(cuGraphConditionalHandleCreate(&other_handle, captured, ctx, 0,
                                        CU_GRAPH_COND_ASSIGN_DEFAULT));
+  CHECK(cuGraphConditionalHandleCreate(&sample_handle, captured, ctx, 0,
+                                       CU_GRAPH_COND_ASSIGN_DEFAULT));
   CUgraphNodeParams cond;
   memset(&cond, 0, sizeof cond);
   cond.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
@@ -754,10 +757,10 @@ static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   cond.conditional.size = 1;
   cond.conditional.phGraph_out = &body;
   cond.conditional.ctx = ctx;
-  CUgraphNode if_node, other_if_node, child;
+  CUgraphNode if_node, other_if_node, sample_if_node, child;
   CHECK(cuGraphAddNode(&if_node, captured, NULL, 0, &cond));
   CHECK(cuGraphAddChildGraphNode(&child, body, NULL, 0, apart));
-  uint64_t args[3] = {other_handle, handle, (uint64_t)dwords};
+  uint64_t args[4] = {other_handle, handle, sample_handle, (uint64_t)dwords};
   void* params[] = {args};
   CHECK(cuLaunchKernel(branch, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
   CHECK(cuStreamGetCaptureInfo_v2(s, &status, NULL, &captured, &tail, &tail_count));
@@ -767,20 +770,27 @@ static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   CHECK(cuGraphAddNode(&other_if_node, captured, tail, tail_count, &cond));
   CHECK(cuGraphAddChildGraphNode(&child, other_body, NULL, 0, other_apart));
   CHECK(cuGraphAddDependencies(captured, &other_if_node, &if_node, 1));
-  CHECK(cuStreamUpdateCaptureDependencies(s, &if_node, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+  cond.conditional.handle = sample_handle;
+  cond.conditional.phGraph_out = &sample_body;
+  CHECK(cuGraphAddNode(&sample_if_node, captured, &if_node, 1, &cond));
+  CHECK(cuGraphAddChildGraphNode(&child, sample_body, NULL, 0, sample_apart));
+  CHECK(cuStreamUpdateCaptureDependencies(s, &sample_if_node, 1,
+                                          CU_STREAM_SET_CAPTURE_DEPENDENCIES));
   CHECK(cuMemsetD32Async(dwords + 12, 5, 1, s));
   CHECK(cuStreamEndCapture(s, &graph));
   CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));
-  const uint32_t turns[] = {1, 0, 1, 1, 0};
+  const uint32_t turns[] = {1, 0, 3, 1, 0, 3};
   for (unsigned i = 0; i < sizeof turns / sizeof turns[0]; ++i) {
     words[0] = turns[i];
     words[1] = 0;
     words[3] = 0;
     words[4] = 0;
+    words[5] = 0;
     CHECK(cuGraphLaunch(exec, s));
     CHECK(cuStreamSynchronize(s));
-    EXPECT(words[1] == (turns[i] ? 7u : 0u));
-    EXPECT(words[4] == (turns[i] ? 0u : 11u));
+    EXPECT(words[1] == (turns[i] & 1 ? 7u : 0u));
+    EXPECT(words[4] == (turns[i] & 1 ? 0u : 11u));
+    EXPECT(words[5] == (turns[i] & 2 ? 13u : 0u));
     EXPECT(words[3] == 5);
   }
 
@@ -806,6 +816,7 @@ static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   CHECK(cuGraphDestroy(graph));
   CHECK(cuGraphDestroy(apart));
   CHECK(cuGraphDestroy(other_apart));
+  CHECK(cuGraphDestroy(sample_apart));
   CHECK(cuGraphDestroy(with_host));
   CHECK(cuStreamDestroy(s));
   CHECK(cuMemFreeHost(words));

@@ -1,14 +1,18 @@
 //! NCCL's own captured work as the baseline of graph replays (CUDA 12.3 on). A captured
 //! `ncclAllReduce` becomes, in the caller's graph: the turn kernel, which at every replay makes
 //! the device's choice (and on NCCL's turn takes this rank's ticket, waiting for nothing); the
-//! branch kernel (`cuda/stragglar_branch.ptx`), which sets two conditional handles from that
-//! choice; then two IF nodes, one after the other, of which exactly one runs its body:
-//! StragglAR's holds our AllReduce kernel, NCCL's holds NCCL's work for the call (captured
-//! apart on a stream of our own) and, beside it with no edge between them, the arrival kernel
-//! that finishes the call's arrival record. So a replay on NCCL's turn runs one one-thread
-//! kernel and the branch kernel before NCCL's work, neither of which waits, and nothing after
-//! it. The choice is the device's, from records every rank shares, so every rank takes the
-//! same branch.
+//! branch kernel (`cuda/stragglar_branch.ptx`), which sets three conditional handles from that
+//! choice; then three IF nodes, one after the other. Exactly one of the first two runs its
+//! body: StragglAR's holds our AllReduce kernel, NCCL's holds NCCL's work for the call
+//! (captured apart on a stream of our own) and, beside it with no edge between them, the
+//! arrival kernel that finishes the call's arrival record. The third holds the end kernel,
+//! which notes when NCCL's work finished, and runs on NCCL's turns in the sample only (one in
+//! [`MEASURE_ONE_IN`], by the graph call's number). So a replay on NCCL's turn runs one
+//! one-thread kernel and the branch kernel before NCCL's work, neither of which waits, and
+//! nothing after it but on the sample. The choice is the device's, from records every rank
+//! shares, so every rank takes the same branch.
+//!
+//! [`MEASURE_ONE_IN`]: crate::gpu::arrival::MEASURE_ONE_IN
 //!
 //! A body holds only kernel, empty, child graph, memset, memcpy and conditional nodes (memsets
 //! and memcpys of device memory only); NCCL's work qualifies with kernel and empty nodes. NCCL
@@ -32,8 +36,8 @@ use crate::nccl::types::{cudaStream_t, ResultCode};
 /// The branch kernel, as PTX the driver compiles when it loads it (and resolves its
 /// device-runtime call in): NUL-terminated, as `cuModuleLoadData` takes text.
 const BRANCH_PTX: &str = concat!(include_str!("../../../cuda/stragglar_branch.ptx"), "\0");
-/// Its entry point: one argument, `[u64 StragglAR's handle, u64 NCCL's handle, u64 address of
-/// the u32 turn word]`.
+/// Its entry point: one argument, `[u64 StragglAR's handle, u64 NCCL's, u64 the sample's, u64
+/// address of the u32 turn word]`.
 const BRANCH_KERNEL: &str = "ncclStragglarSetBranch";
 /// The first driver with conditional nodes: CUDA 12.3.
 const FIRST_DRIVER: i32 = 12030;
@@ -247,10 +251,11 @@ impl Branch {
 
     /// This rank's part of putting `work` behind a conditional node on `stream`'s capture,
     /// before anything else of the call is captured: a wait on each of `hoisted`'s waits, then
-    /// the call's two IF nodes (with no dependency yet) and their handles: StragglAR's, whose
-    /// body holds the AllReduce kernel `ours.all_reduce` queues, and NCCL's, whose body holds
-    /// `work` and, beside it, the arrival kernel `ours.arrival` queues. `Ok(Err)`: the driver
-    /// refused a node or a body, and nothing of them is left.
+    /// the call's three IF nodes (with no dependency yet) and their handles: StragglAR's, whose
+    /// body holds the AllReduce kernel `ours.all_reduce` queues; NCCL's, whose body holds
+    /// `work` and, beside it, the arrival kernel `ours.arrival` queues; the sample's, whose body
+    /// holds the end kernel `ours.end` queues. `Ok(Err)`: the driver refused a node or a body,
+    /// and nothing of them is left.
     ///
     /// # Safety
     /// `stream` is the caller's capturing stream of `device`; each of `ours` queues only work
@@ -278,8 +283,8 @@ impl Branch {
         Ok(unsafe { self.branches(device, graph, work, ours) })
     }
 
-    /// The two IF nodes of [`Branch::begin`] on `graph`, their bodies filled; nothing is left
-    /// in `graph` on failure.
+    /// The three IF nodes of [`Branch::begin`] on `graph`, their bodies filled; nothing is
+    /// left in `graph` on failure.
     ///
     /// # Safety
     /// As [`Branch::begin`], for `graph`, the graph of the capture in progress.
@@ -290,18 +295,26 @@ impl Branch {
         work: &NcclWork,
         ours: &OurKernels<'_>,
     ) -> Result<Branches, GpuError> {
-        // SAFETY: as the caller vouches.
-        let nccl = unsafe { self.if_node(device, graph) }?;
-        // SAFETY: as the caller vouches.
-        let stragglar = match unsafe { self.if_node(device, graph) } {
-            Ok(stragglar) => stragglar,
-            Err(e) => {
-                // SAFETY: made above, destroyed once (its body with it).
-                let _ = unsafe { (self.api.destroy_node)(nccl.node) };
-                return Err(e);
+        let mut nodes = Vec::with_capacity(3);
+        for _ in 0..3 {
+            // SAFETY: as the caller vouches.
+            match unsafe { self.if_node(device, graph) } {
+                Ok(node) => nodes.push(node),
+                Err(e) => {
+                    for made in nodes {
+                        // SAFETY: made above, destroyed once (its body with it).
+                        let _ = unsafe { (self.api.destroy_node)(made.node) };
+                    }
+                    return Err(e);
+                }
             }
+        }
+        let (measured, nccl, stragglar) = (nodes.remove(2), nodes.remove(1), nodes.remove(0));
+        let made = Branches {
+            stragglar,
+            nccl,
+            measured,
         };
-        let made = Branches { stragglar, nccl };
         let mut child: sys::CUgraphNode = std::ptr::null_mut();
         // SAFETY: the bodies the driver just made; `work.graph` is a graph of this context;
         // the kernels as the caller vouches. NCCL's work and the arrival kernel share a body
@@ -321,7 +334,8 @@ impl Branch {
                     )
                 })
             })
-            .and_then(|()| unsafe { self.add_captured(made.stragglar.body, ours.all_reduce) });
+            .and_then(|()| unsafe { self.add_captured(made.stragglar.body, ours.all_reduce) })
+            .and_then(|_| unsafe { self.add_captured(made.measured.body, ours.end) });
         if let Err(e) = filled {
             // SAFETY: made above, in a capture still in progress.
             let _ = unsafe { self.remove_nodes(&made) };
@@ -332,8 +346,9 @@ impl Branch {
 
     /// Completes what [`Branch::begin`] began, once every rank made its part: the turn kernel
     /// (`ours.turn`) after what the capture holds, the branch kernel (reading `turn`) after
-    /// it, StragglAR's IF node after that and NCCL's after StragglAR's, then a record of each
-    /// of `hoisted`'s records. Later work captured on `stream` follows the last of them.
+    /// it, StragglAR's IF node after that, NCCL's after StragglAR's and the sample's after
+    /// NCCL's, then a record of each of `hoisted`'s records. Later work captured on `stream`
+    /// follows the last of them.
     ///
     /// # Safety
     /// As [`Branch::begin`], with its `branches`; `turn` is a word of this device that
@@ -349,8 +364,13 @@ impl Branch {
     ) -> Result<(), GpuError> {
         let _current = device.current()?;
         (ours.turn)(stream)?;
-        let args = [branches.stragglar.handle, branches.nccl.handle, turn];
-        // SAFETY: both handles were made on this capture's graph; `turn` is this device's word.
+        let args = [
+            branches.stragglar.handle,
+            branches.nccl.handle,
+            branches.measured.handle,
+            turn,
+        ];
+        // SAFETY: the handles were made on this capture's graph; `turn` is this device's word.
         unsafe { self.kernel.launch(stream, 1, 32, &args) }?;
         // SAFETY: as the caller vouches.
         let (graph, tail) = unsafe { capture_point(device, stream) }?;
@@ -359,11 +379,15 @@ impl Branch {
         check("cuGraphAddDependencies", unsafe {
             (self.api.add_dependencies)(graph, tail.as_ptr(), to.as_ptr(), tail.len())
         })?;
-        // SAFETY: two nodes of the capture's graph, one edge.
+        let (from, to) = (
+            [branches.stragglar.node, branches.nccl.node],
+            [branches.nccl.node, branches.measured.node],
+        );
+        // SAFETY: nodes of the capture's graph, two edges.
         check("cuGraphAddDependencies", unsafe {
-            (self.api.add_dependencies)(graph, &branches.stragglar.node, &branches.nccl.node, 1)
+            (self.api.add_dependencies)(graph, from.as_ptr(), to.as_ptr(), 2)
         })?;
-        let mut node = branches.nccl.node;
+        let mut node = branches.measured.node;
         let set = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES;
         // SAFETY: the caller's capturing stream; the node is of its capture's graph.
         check("cuStreamUpdateCaptureDependencies", unsafe {
@@ -384,12 +408,16 @@ impl Branch {
         unsafe { self.remove_nodes(&branches) }
     }
 
-    /// Destroys both IF nodes of `branches` (their bodies with them).
+    /// Destroys the IF nodes of `branches` (their bodies with them).
     ///
     /// # Safety
     /// As [`Branch::remove`], the context current.
     unsafe fn remove_nodes(&self, branches: &Branches) -> Result<(), GpuError> {
-        for node in [branches.stragglar.node, branches.nccl.node] {
+        for node in [
+            branches.stragglar.node,
+            branches.nccl.node,
+            branches.measured.node,
+        ] {
             // SAFETY: a node made by `branches`, destroyed once.
             check("cuGraphDestroyNode", unsafe {
                 (self.api.destroy_node)(node)
@@ -506,10 +534,11 @@ pub struct NcclWork {
 // SAFETY: a CUgraph may be used from any thread, one at a time (the owner's `&mut`).
 unsafe impl Send for NcclWork {}
 
-/// The two IF nodes of a call (see [`Branch::begin`]), made on a capture's graph.
+/// The three IF nodes of a call (see [`Branch::begin`]), made on a capture's graph.
 pub struct Branches {
     stragglar: Conditional,
     nccl: Conditional,
+    measured: Conditional,
 }
 
 /// An IF node made on a capture's graph, with no dependency yet, its handle and its body.
@@ -520,12 +549,13 @@ struct Conditional {
 }
 
 /// Our kernels of a captured call whose baseline is NCCL's work, each queued by its closure on
-/// the stream it is given: the turn kernel (on the caller's capturing stream), the AllReduce
-/// kernel and the arrival kernel (each captured apart into its body).
+/// the stream it is given: the turn kernel (on the caller's capturing stream), the AllReduce,
+/// arrival and end kernels (each captured apart into its body).
 pub struct OurKernels<'a> {
     pub turn: &'a dyn Fn(sys::CUstream) -> Result<(), GpuError>,
     pub all_reduce: &'a dyn Fn(sys::CUstream) -> Result<(), GpuError>,
     pub arrival: &'a dyn Fn(sys::CUstream) -> Result<(), GpuError>,
+    pub end: &'a dyn Fn(sys::CUstream) -> Result<(), GpuError>,
 }
 
 /// The event nodes moved out of NCCL's work: waits to put before our kernel, records after the

@@ -730,10 +730,10 @@ impl CudaComm {
             _ => None,
         };
         let result = if branch {
-            // NCCL's turn is not timed on the GPU (it ends after our kernels): the device rule
-            // goes by the model's break-even, without measured times.
+            // NCCL's turn is timed on the sample (the end kernel behind its own conditional
+            // node), StragglAR's at every replay: the device rule chooses on measured times.
             // SAFETY: as the caller vouches.
-            unsafe { self.capture_or_nccl(operands, stream, id, rule, finish, nccl) }
+            unsafe { self.capture_or_nccl(operands, stream, id, rule.measuring(), finish, nccl) }
         } else {
             let raw = stream.cast();
             // SAFETY: as the caller vouches.

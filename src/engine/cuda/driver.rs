@@ -622,6 +622,8 @@ pub struct Kernels {
     pub graph_turn: Kernel,
     /// `ncclStragglarGraphArrival`.
     pub graph_arrival: Kernel,
+    /// `ncclStragglarGraphEnd`.
+    pub graph_end: Kernel,
     /// `ncclStragglarPeerProbe`.
     pub peer_probe: Kernel,
     /// `ncclStragglarMulticastProbe`.
@@ -632,8 +634,8 @@ impl Kernels {
     /// Loads the kernels of `cubin` on `device`.
     pub fn load(device: &Arc<Device>, cubin: &[u8]) -> Result<Kernels, GpuError> {
         use crate::gpu::kernels::{
-            ALL_REDUCE_KERNEL, GRAPH_ARRIVAL_KERNEL, GRAPH_TURN_KERNEL, MULTICAST_PROBE_KERNEL,
-            PEER_PROBE_KERNEL, TICKET_END_KERNEL, TICKET_KERNEL,
+            ALL_REDUCE_KERNEL, GRAPH_ARRIVAL_KERNEL, GRAPH_END_KERNEL, GRAPH_TURN_KERNEL,
+            MULTICAST_PROBE_KERNEL, PEER_PROBE_KERNEL, TICKET_END_KERNEL, TICKET_KERNEL,
         };
         Ok(Kernels {
             all_reduce: Kernel::load(device, cubin, ALL_REDUCE_KERNEL)?,
@@ -641,6 +643,7 @@ impl Kernels {
             ticket_end: Kernel::load(device, cubin, TICKET_END_KERNEL)?,
             graph_turn: Kernel::load(device, cubin, GRAPH_TURN_KERNEL)?,
             graph_arrival: Kernel::load(device, cubin, GRAPH_ARRIVAL_KERNEL)?,
+            graph_end: Kernel::load(device, cubin, GRAPH_END_KERNEL)?,
             peer_probe: Kernel::load(device, cubin, PEER_PROBE_KERNEL)?,
             multicast_probe: Kernel::load(device, cubin, MULTICAST_PROBE_KERNEL)?,
         })

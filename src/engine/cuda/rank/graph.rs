@@ -260,10 +260,13 @@ impl CudaRank {
         let all_reduce = |s| unsafe { kernels.all_reduce.launch(s, blocks, threads, &args) };
         // SAFETY: as said above.
         let arrival = |s| unsafe { kernels.graph_arrival.launch(s, 1, 32, &args) };
+        // SAFETY: as said above.
+        let end = |s| unsafe { kernels.graph_end.launch(s, 1, 32, &args) };
         let ours = OurKernels {
             turn: &turn_kernel,
             all_reduce: &all_reduce,
             arrival: &arrival,
+            end: &end,
         };
         let made = match qualified {
             // SAFETY: the caller's capturing stream of this device; `ours` queue work of it.
