@@ -1265,8 +1265,11 @@ SG_DEVICE void sg_all_reduce(const RawLaunch* a, sg_scratch* s) {
   uint32_t choice = 0;
   if (plan_block == 0 && SG_THREAD == 0) {
     if (a->graph != 0 && sg_graph_ok(a)) {
+      /* (Where a turn kernel ran before this kernel, it noted the start already.) */
       RawGraphState* g = (RawGraphState*)a->graph;
-      sg_note_started((uint64_t)g->notes, g->calls);
+      if (sg_note_of((uint64_t)g->notes, g->calls)->started != sg_tag(g->calls)) {
+        sg_note_started((uint64_t)g->notes, g->calls);
+      }
     } else if (a->graph == 0 && a->arrival.board != 0) {
       sg_note_started(a->arrival.note, a->arrival.call);
     }
@@ -1343,6 +1346,21 @@ SG_DEVICE void sg_ticket_end(const RawTicket* t) {
   sg_collect(&t->arrival, &w, SG_THREAD, SG_BLOCK_DIM);
 }
 
+/* Whether a graph call on NCCL's turn notes when it finished (its post-arrival time): the
+ * eager calls' sample (sg_measures); and, under a measuring rule while a straggler is
+ * considered, every call of its class whose verdict lacks a recent time of either algorithm,
+ * and every call the exploration schedule sends to NCCL: so the class keeps a recent time of
+ * NCCL while StragglAR runs its calls (the host's tracker measures the baseline it needs the
+ * same way). From the state every rank shares, so alike on every rank. Straight-line. */
+SG_DEVICE bool sg_graph_measures(const RawLaunch* a, uint64_t call) {
+  if (sg_measures(call)) return true;
+  if (!a->rule.measuring) return false;
+  const RawClassState* own = &((const RawGraphState*)a->graph)->classes[a->rule.size_class];
+  const RawVerdict verdict = own->verdict[own->calls & 1];
+  return verdict.straggler != 0 &&
+         (verdict.measured == MEASURED_NONE || sg_explores(own->calls));
+}
+
 /* The turn kernel's body, first of a graph call whose baseline is NCCL's captured work
  * (thread 0 of its one block): makes the device's choice from the state every rank shares,
  * and leaves it in the graph state's turn word (TURN_NCCL: NCCL's work runs, with
@@ -1350,21 +1368,25 @@ SG_DEVICE void sg_ticket_end(const RawTicket* t) {
  * after it sets the conditional handles of the call's three bodies. On NCCL's turn it also
  * publishes what this rank noted of the call before and takes its ticket on the graph board;
  * the rest of the protocol, which waits, runs beside NCCL's work (sg_graph_nccl_arrival), and
- * on the sample the end kernel after it notes when it finished (sg_graph_end). On StragglAR's turn it changes nothing: the AllReduce kernel, in
+ * on the sample the end kernel after it notes when it finished (sg_graph_end). On StragglAR's
+ * turn it notes the call's start, so that both algorithms' post-arrival times start here. On StragglAR's turn it changes nothing: the AllReduce kernel, in
  * its body, makes the same choice and runs the whole protocol beside its plan. Straight-line
  * code: it never waits (tests/nvrtc.rs reads its SASS for a backward branch). */
 SG_DEVICE void sg_graph_turn(const RawLaunch* a) {
   if (SG_THREAD != 0 || a->graph == 0) return;
   uint32_t choice = 0;
   const RawPlanHeader* plan = sg_graph_plan(a, &choice);
+  RawGraphState* g = (RawGraphState*)a->graph;
   uint32_t turn = 0;
   if (sg_graph_ok(a) && plan == 0 && choice == a->rule.ranks) {
     const RawArrival arrival = sg_graph_arrival_of(a);
     sg_publish_previous(&arrival);
     sg_take_ticket(&arrival, a->rank);
-    turn = TURN_NCCL | (sg_measures(arrival.call) ? TURN_MEASURED : 0u);
+    turn = TURN_NCCL | (sg_graph_measures(a, arrival.call) ? TURN_MEASURED : 0u);
+  } else if (sg_graph_ok(a)) {
+    sg_note_started((uint64_t)g->notes, g->calls);
   }
-  sg_store_volatile(&((RawGraphState*)a->graph)->nccl_turn, turn);
+  sg_store_volatile(&g->nccl_turn, turn);
 }
 
 /* The rest of a graph call's arrival protocol on NCCL's turn (thread 0 of one block), in the

@@ -2,15 +2,16 @@
 //! `ncclAllReduce` becomes, in the caller's graph: the turn kernel, which at every replay makes
 //! the device's choice (and on NCCL's turn takes this rank's ticket, waiting for nothing); the
 //! branch kernel (`cuda/stragglar_branch.ptx`), which sets three conditional handles from that
-//! choice; then three IF nodes, one after the other. Exactly one of the first two runs its
-//! body: StragglAR's holds our AllReduce kernel, NCCL's holds NCCL's work for the call
-//! (captured apart on a stream of our own) and, beside it with no edge between them, the
-//! arrival kernel that finishes the call's arrival record. The third holds the end kernel,
-//! which notes when NCCL's work finished, and runs on NCCL's turns in the sample only (one in
-//! [`MEASURE_ONE_IN`], by the graph call's number). So a replay on NCCL's turn runs one
-//! one-thread kernel and the branch kernel before NCCL's work, neither of which waits, and
-//! nothing after it but on the sample. The choice is the device's, from records every rank
-//! shares, so every rank takes the same branch.
+//! choice; then three IF nodes. StragglAR's and NCCL's both follow the branch kernel, and
+//! exactly one of them runs its body: StragglAR's holds our AllReduce kernel, NCCL's holds
+//! NCCL's work for the call (captured apart on a stream of our own) and, beside it with no edge
+//! between them, the arrival kernel that finishes the call's arrival record. The third follows
+//! NCCL's and holds the end kernel, which notes when NCCL's work finished, and runs on NCCL's
+//! turns in the sample only (one in [`MEASURE_ONE_IN`], by the graph call's number, and the
+//! calls a measuring rule needs timed). So a replay on NCCL's turn runs one one-thread kernel
+//! and the branch kernel before NCCL's work, neither of which waits, and nothing after it but on
+//! the sample. The choice is the device's, from records every rank shares, so every rank takes
+//! the same branch.
 //!
 //! [`MEASURE_ONE_IN`]: crate::gpu::arrival::MEASURE_ONE_IN
 //!
@@ -216,15 +217,21 @@ impl Branch {
         let queued = queue(self.stream.raw);
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: the capture begun above, ended once whatever was queued.
-        check("cuStreamEndCapture", unsafe {
+        let ended = check("cuStreamEndCapture", unsafe {
             (self.api.end_capture)(self.stream.raw, &mut graph)
-        })?;
-        if let Err(e) = queued {
-            // SAFETY: the graph just captured, destroyed once.
-            let _ = unsafe { (self.api.graph_destroy)(graph) };
-            return Err(e);
+        });
+        match (queued, ended) {
+            (Ok(()), Ok(())) => Ok(graph),
+            // The first failure is the one to tell.
+            (Err(e), ended) => {
+                if ended.is_ok() {
+                    // SAFETY: the graph just captured, destroyed once.
+                    let _ = unsafe { (self.api.graph_destroy)(graph) };
+                }
+                Err(e)
+            }
+            (Ok(()), Err(e)) => Err(e),
         }
-        Ok(graph)
     }
 
     /// Adds what `queue` queues (captured apart) to `graph` as a child graph node with no
@@ -316,14 +323,14 @@ impl Branch {
             measured,
         };
         let mut child: sys::CUgraphNode = std::ptr::null_mut();
-        // SAFETY: the bodies the driver just made; `work.graph` is a graph of this context;
-        // the kernels as the caller vouches. NCCL's work and the arrival kernel share a body
-        // with no edge between them; the arrival kernel is made first, so that a GPU that runs
-        // the body's nodes one at a time in the order they were made (one hardware queue)
-        // measures the lead as it comes, not after NCCL's work (whose kernels wait for the
-        // last rank anyway).
+        // NCCL's work and the arrival kernel share a body with no edge between them; the
+        // arrival kernel is made first, so that a GPU that runs the body's nodes one at a time
+        // in the order they were made (one hardware queue) measures the lead as it comes, not
+        // after NCCL's work (whose kernels wait for the last rank anyway).
+        // SAFETY: the body the driver just made; the kernel as the caller vouches.
         let filled = unsafe { self.add_captured(made.nccl.body, ours.arrival) }
             .and_then(|_| {
+                // SAFETY: as above; `work.graph` is a graph of this context.
                 check("cuGraphAddChildGraphNode", unsafe {
                     (self.api.add_child)(
                         &mut child,
@@ -334,7 +341,9 @@ impl Branch {
                     )
                 })
             })
+            // SAFETY: as above.
             .and_then(|()| unsafe { self.add_captured(made.stragglar.body, ours.all_reduce) })
+            // SAFETY: as above.
             .and_then(|_| unsafe { self.add_captured(made.measured.body, ours.end) });
         if let Err(e) = filled {
             // SAFETY: made above, in a capture still in progress.
@@ -346,9 +355,11 @@ impl Branch {
 
     /// Completes what [`Branch::begin`] began, once every rank made its part: the turn kernel
     /// (`ours.turn`) after what the capture holds, the branch kernel (reading `turn`) after
-    /// it, StragglAR's IF node after that, NCCL's after StragglAR's and the sample's after
-    /// NCCL's, then a record of each of `hoisted`'s records. Later work captured on `stream`
-    /// follows the last of them.
+    /// it, StragglAR's and NCCL's IF nodes after that (side by side: one of them runs), the
+    /// sample's after NCCL's, then a record of each of `hoisted`'s records. Later work captured
+    /// on `stream` follows StragglAR's and the sample's IF nodes. A failure here leaves the
+    /// capture half made on this rank alone: its caller gives the rank up, so its peers'
+    /// replays do not wait for it.
     ///
     /// # Safety
     /// As [`Branch::begin`], with its `branches`; `turn` is a word of this device that
@@ -374,24 +385,20 @@ impl Branch {
         unsafe { self.kernel.launch(stream, 1, 32, &args) }?;
         // SAFETY: as the caller vouches.
         let (graph, tail) = unsafe { capture_point(device, stream) }?;
-        let to = vec![branches.stragglar.node; tail.len()];
-        // SAFETY: nodes of the capture's graph, `tail.len()` edges.
+        let mut from: Vec<sys::CUgraphNode> = tail.iter().chain(&tail).copied().collect();
+        let mut to = vec![branches.stragglar.node; tail.len()];
+        to.extend(std::iter::repeat_n(branches.nccl.node, tail.len()));
+        from.push(branches.nccl.node);
+        to.push(branches.measured.node);
+        // SAFETY: nodes of the capture's graph, `from.len()` edges.
         check("cuGraphAddDependencies", unsafe {
-            (self.api.add_dependencies)(graph, tail.as_ptr(), to.as_ptr(), tail.len())
+            (self.api.add_dependencies)(graph, from.as_ptr(), to.as_ptr(), from.len())
         })?;
-        let (from, to) = (
-            [branches.stragglar.node, branches.nccl.node],
-            [branches.nccl.node, branches.measured.node],
-        );
-        // SAFETY: nodes of the capture's graph, two edges.
-        check("cuGraphAddDependencies", unsafe {
-            (self.api.add_dependencies)(graph, from.as_ptr(), to.as_ptr(), 2)
-        })?;
-        let mut node = branches.measured.node;
+        let mut last = [branches.stragglar.node, branches.measured.node];
         let set = sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES;
-        // SAFETY: the caller's capturing stream; the node is of its capture's graph.
+        // SAFETY: the caller's capturing stream; the nodes are of its capture's graph.
         check("cuStreamUpdateCaptureDependencies", unsafe {
-            (self.api.update_dependencies)(stream, &mut node, 1, set as c_uint)
+            (self.api.update_dependencies)(stream, last.as_mut_ptr(), last.len(), set as c_uint)
         })?;
         // SAFETY: as above.
         unsafe { self.record_all(stream, hoisted) }
@@ -413,17 +420,19 @@ impl Branch {
     /// # Safety
     /// As [`Branch::remove`], the context current.
     unsafe fn remove_nodes(&self, branches: &Branches) -> Result<(), GpuError> {
+        let mut first = Ok(());
         for node in [
             branches.stragglar.node,
             branches.nccl.node,
             branches.measured.node,
         ] {
             // SAFETY: a node made by `branches`, destroyed once.
-            check("cuGraphDestroyNode", unsafe {
+            let destroyed = check("cuGraphDestroyNode", unsafe {
                 (self.api.destroy_node)(node)
-            })?;
+            });
+            first = first.and(destroyed);
         }
-        Ok(())
+        first
     }
 
     /// A conditional handle made on `graph` (reset to 0 at each launch) and an IF node of it,

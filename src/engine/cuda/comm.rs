@@ -1041,11 +1041,12 @@ impl CudaComm {
                     false => "Ring where it fits the staging",
                 };
                 log::info!(
-                    "{}: {} calls captured into graphs; their replays chose on the GPU: {} StragglAR, {} the baseline ({baseline}); {last}",
+                    "{}: {} calls captured into graphs; their replays chose on the GPU: {} StragglAR, {} the baseline ({baseline}); {last}; {} post-arrival times of the baseline taken",
                     self.label,
                     self.captured,
                     counts.stragglar,
-                    counts.baseline
+                    counts.baseline,
+                    self.rank.graph_baseline_timed().unwrap_or(0)
                 );
             }
         }

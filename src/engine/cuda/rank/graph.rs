@@ -6,7 +6,9 @@ use crate::detect::Finish;
 use crate::engine::cuda::args::Operands;
 use crate::engine::cuda::branch::{Branch, BranchError, Hoisted, NcclWork, OurKernels};
 use crate::engine::cuda::driver::{DeviceMemory, GpuError};
-use crate::gpu::choice::{RawGraphState, RawRule};
+use crate::gpu::choice::{
+    RawClassState, RawClassTimes, RawGraphState, RawRule, RawSamples, SIZE_CLASSES,
+};
 use crate::plan::{ArenaNeed, Lowered};
 use crate::reduce::DataType;
 
@@ -218,7 +220,7 @@ impl CudaRank {
     /// Queues a captured AllReduce whose replays choose, on the GPU as [`all_reduce_graph`]'s
     /// do, between StragglAR finished by `finish` and NCCL's own `work` for the call (behind a
     /// conditional node, with the event nodes `qualified` hoisted out of it around), when every
-    /// rank can: each makes its IF node and body first and votes on it in its page
+    /// rank can: each makes its IF nodes and bodies first and votes on them in its page
     /// (`super::super::failure`), for the communicator's graph capture number `capture`
     /// (numbered alike on every rank from 1). Where a rank cannot (its work does not qualify,
     /// `qualified` says why, or its driver refused the node), every rank adds its `work` as it
@@ -327,5 +329,26 @@ impl CudaRank {
                 .contains(&last)
                 .then(|| last as usize - 1),
         })
+    }
+
+    /// Post-arrival times of the baseline the device's policy took so far, over every size
+    /// class; `None` when the device cannot be read. Synchronous (a read per class), as
+    /// [`CudaRank::graph_counts`].
+    pub fn graph_baseline_timed(&self) -> Option<u64> {
+        let base = self.config.layout.graph();
+        let taken = std::mem::offset_of!(RawClassState, times)
+            + std::mem::offset_of!(RawClassTimes, baseline)
+            + std::mem::offset_of!(RawSamples, taken);
+        let mut timed = 0;
+        for class in 0..SIZE_CLASSES as usize {
+            let at = base
+                + (std::mem::offset_of!(RawGraphState, classes)
+                    + class * std::mem::size_of::<RawClassState>()
+                    + taken) as u64;
+            let low = u64::from(self.staging.read_u32(at).ok()?);
+            let high = u64::from(self.staging.read_u32(at + 4).ok()?);
+            timed += low | high << 32;
+        }
+        Some(timed)
     }
 }
