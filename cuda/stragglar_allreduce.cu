@@ -1347,14 +1347,15 @@ SG_DEVICE void sg_ticket_end(const RawTicket* t) {
 }
 
 /* Whether a graph call on NCCL's turn notes when it finished (its post-arrival time): the
- * eager calls' sample (sg_measures); and, under a measuring rule while a straggler is
- * considered, every call of its class whose verdict lacks a recent time of either algorithm,
- * and every call the exploration schedule sends to NCCL: so the class keeps a recent time of
- * NCCL while StragglAR runs its calls (the host's tracker measures the baseline it needs the
- * same way). From the state every rank shares, so alike on every rank. Straight-line. */
+ * eager calls' sample (sg_measures); and, under a measuring rule that chooses between the two
+ * algorithms (auto) while a straggler is considered, every call of its class whose verdict
+ * lacks a recent time of either algorithm, and every call the exploration schedule sends to
+ * NCCL: so the class keeps a recent time of NCCL while StragglAR runs its calls (the host's
+ * tracker has a rule of its own for that: a baseline time wanted after 64 class calls without
+ * one). From the state every rank shares, so alike on every rank. Straight-line. */
 SG_DEVICE bool sg_graph_measures(const RawLaunch* a, uint64_t call) {
   if (sg_measures(call)) return true;
-  if (!a->rule.measuring) return false;
+  if (!a->rule.measuring || a->rule.algo != RULE_ALGO_AUTO) return false;
   const RawClassState* own = &((const RawGraphState*)a->graph)->classes[a->rule.size_class];
   const RawVerdict verdict = own->verdict[own->calls & 1];
   return verdict.straggler != 0 &&
@@ -1369,9 +1370,10 @@ SG_DEVICE bool sg_graph_measures(const RawLaunch* a, uint64_t call) {
  * publishes what this rank noted of the call before and takes its ticket on the graph board;
  * the rest of the protocol, which waits, runs beside NCCL's work (sg_graph_nccl_arrival), and
  * on the sample the end kernel after it notes when it finished (sg_graph_end). On StragglAR's
- * turn it notes the call's start, so that both algorithms' post-arrival times start here. On StragglAR's turn it changes nothing: the AllReduce kernel, in
- * its body, makes the same choice and runs the whole protocol beside its plan. Straight-line
- * code: it never waits (tests/nvrtc.rs reads its SASS for a backward branch). */
+ * turn it notes the call's start, so that both algorithms' post-arrival times start here, and
+ * changes nothing else: the AllReduce kernel, in its body, makes the same choice and runs the
+ * whole protocol beside its plan. Straight-line code: it never waits (tests/nvrtc.rs reads its
+ * SASS for a backward branch). */
 SG_DEVICE void sg_graph_turn(const RawLaunch* a) {
   if (SG_THREAD != 0 || a->graph == 0) return;
   uint32_t choice = 0;

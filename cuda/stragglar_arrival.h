@@ -104,9 +104,9 @@ SG_DEVICE void sg_note_finished(uint64_t notes, uint64_t call) {
   note->finished = sg_tag(call);
 }
 
-/* Notes that this rank's AllReduce kernel of call `call` started now (plan block 0, the
- * first block to start, before its plan): the call's start if its arrival thread takes the
- * ticket later. */
+/* Notes that this rank's call `call` started now (the AllReduce kernel's plan block 0, the
+ * first block to start, before its plan; or a graph call's turn kernel, on StragglAR's turn):
+ * the call's start if the ticket is taken later. */
 SG_DEVICE void sg_note_started(uint64_t notes, uint64_t call) {
   RawArrivalNote* note = sg_note_of(notes, call);
   note->started_at = sg_now_ns();

@@ -30,7 +30,8 @@ pub const RULE_OFF: u32 = 0xffff_fffe;
 /// `RawGraphState::nccl_turn`: the current graph call runs NCCL's captured work.
 pub const TURN_NCCL: u32 = 1;
 /// `RawGraphState::nccl_turn`, beside [`TURN_NCCL`]: the call is in the sample whose end
-/// kernel notes when NCCL's work finished (`super::arrival::measures` of its graph call number).
+/// kernel notes when NCCL's work finished (`super::arrival::measures` of its graph call
+/// number, and the calls a measuring rule needs timed: `sg_graph_measures`).
 pub const TURN_MEASURED: u32 = 2;
 /// `RawRule::break_even_ns` of a size StragglAR never wins.
 pub const RULE_NEVER: u64 = u64::MAX;

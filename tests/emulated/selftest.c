@@ -740,8 +740,10 @@ static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   const CUgraphNode* tail;
   size_t tail_count;
   CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  /* As the engine builds it: the IF node and its body first, with no dependency, then the
-   * kernel that sets the handle, then the edge from that kernel to the IF node. */
+  /* As the engine builds it: the IF nodes and their bodies first, with no dependency, then
+   * the kernel that sets the handles, then edges from that kernel to the first two IF nodes
+   * (side by side) and from the second to the third, and the capture going on from the first
+   * and the third. */
   CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
   CHECK(cuStreamGetCaptureInfo_v2(s, &status, NULL, &captured, NULL, NULL));
   CHECK(cuGraphConditionalHandleCreate(&handle, captured, ctx, 0, CU_GRAPH_COND_ASSIGN_DEFAULT));
@@ -760,22 +762,24 @@ static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   CUgraphNode if_node, other_if_node, sample_if_node, child;
   CHECK(cuGraphAddNode(&if_node, captured, NULL, 0, &cond));
   CHECK(cuGraphAddChildGraphNode(&child, body, NULL, 0, apart));
+  cond.conditional.handle = other_handle;
+  cond.conditional.phGraph_out = &other_body;
+  CHECK(cuGraphAddNode(&other_if_node, captured, NULL, 0, &cond));
+  CHECK(cuGraphAddChildGraphNode(&child, other_body, NULL, 0, other_apart));
+  cond.conditional.handle = sample_handle;
+  cond.conditional.phGraph_out = &sample_body;
+  CHECK(cuGraphAddNode(&sample_if_node, captured, NULL, 0, &cond));
+  CHECK(cuGraphAddChildGraphNode(&child, sample_body, NULL, 0, sample_apart));
   uint64_t args[4] = {other_handle, handle, sample_handle, (uint64_t)dwords};
   void* params[] = {args};
   CHECK(cuLaunchKernel(branch, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
   CHECK(cuStreamGetCaptureInfo_v2(s, &status, NULL, &captured, &tail, &tail_count));
   EXPECT(tail_count == 1);
-  cond.conditional.handle = other_handle;
-  cond.conditional.phGraph_out = &other_body;
-  CHECK(cuGraphAddNode(&other_if_node, captured, tail, tail_count, &cond));
-  CHECK(cuGraphAddChildGraphNode(&child, other_body, NULL, 0, other_apart));
-  CHECK(cuGraphAddDependencies(captured, &other_if_node, &if_node, 1));
-  cond.conditional.handle = sample_handle;
-  cond.conditional.phGraph_out = &sample_body;
-  CHECK(cuGraphAddNode(&sample_if_node, captured, &if_node, 1, &cond));
-  CHECK(cuGraphAddChildGraphNode(&child, sample_body, NULL, 0, sample_apart));
-  CHECK(cuStreamUpdateCaptureDependencies(s, &sample_if_node, 1,
-                                          CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+  CUgraphNode from[3] = {tail[0], tail[0], if_node};
+  CUgraphNode to[3] = {other_if_node, if_node, sample_if_node};
+  CHECK(cuGraphAddDependencies(captured, from, to, 3));
+  CUgraphNode last[2] = {other_if_node, sample_if_node};
+  CHECK(cuStreamUpdateCaptureDependencies(s, last, 2, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
   CHECK(cuMemsetD32Async(dwords + 12, 5, 1, s));
   CHECK(cuStreamEndCapture(s, &graph));
   CHECK(cuGraphInstantiateWithFlags(&exec, graph, 0));

@@ -199,9 +199,9 @@ impl Branch {
         Ok(work)
     }
 
-    /// What `queue` queues on this rank's own stream, captured into a graph (the caller's to
-    /// destroy; a graph is returned whenever the capture ended, `queue` failing or not, and an
-    /// error only when it did not, or when `queue` failed and the graph was destroyed).
+    /// What `queue` queues on this rank's own stream, captured into a graph, the caller's to
+    /// destroy: `Ok` only when `queue` and the end of the capture both succeeded (where
+    /// `queue` failed, the graph captured is destroyed and its error returned).
     ///
     /// # Safety
     /// The device's context is current; `queue` queues only work of it.

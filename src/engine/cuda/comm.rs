@@ -730,8 +730,9 @@ impl CudaComm {
             _ => None,
         };
         let result = if branch {
-            // NCCL's turn is timed on the sample (the end kernel behind its own conditional
-            // node), StragglAR's at every replay: the device rule chooses on measured times.
+            // NCCL's turn is timed on the sample and where the measuring rule needs a time (the
+            // end kernel behind its own conditional node), StragglAR's at every replay: the
+            // device rule chooses on measured times.
             // SAFETY: as the caller vouches.
             unsafe { self.capture_or_nccl(operands, stream, id, rule.measuring(), finish, nccl) }
         } else {
