@@ -610,7 +610,7 @@ impl Drop for HostRegistration {
     }
 }
 
-/// The kernels one rank launches, loaded from one CUBIN.
+/// The kernels one rank launches, from one CUBIN loaded once.
 pub struct Kernels {
     /// `ncclStragglarAllReduce`.
     pub all_reduce: Kernel,
@@ -631,29 +631,67 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// Loads the kernels of `cubin` on `device`.
+    /// Loads `cubin` on `device` once and finds each kernel in it.
     pub fn load(device: &Arc<Device>, cubin: &[u8]) -> Result<Kernels, GpuError> {
         use crate::gpu::kernels::{
             ALL_REDUCE_KERNEL, GRAPH_ARRIVAL_KERNEL, GRAPH_END_KERNEL, GRAPH_TURN_KERNEL,
             MULTICAST_PROBE_KERNEL, PEER_PROBE_KERNEL, TICKET_END_KERNEL, TICKET_KERNEL,
         };
+        let module = Arc::new(Module::load(device, cubin)?);
+        let kernel = |name| Kernel::find(&module, name);
         Ok(Kernels {
-            all_reduce: Kernel::load(device, cubin, ALL_REDUCE_KERNEL)?,
-            ticket: Kernel::load(device, cubin, TICKET_KERNEL)?,
-            ticket_end: Kernel::load(device, cubin, TICKET_END_KERNEL)?,
-            graph_turn: Kernel::load(device, cubin, GRAPH_TURN_KERNEL)?,
-            graph_arrival: Kernel::load(device, cubin, GRAPH_ARRIVAL_KERNEL)?,
-            graph_end: Kernel::load(device, cubin, GRAPH_END_KERNEL)?,
-            peer_probe: Kernel::load(device, cubin, PEER_PROBE_KERNEL)?,
-            multicast_probe: Kernel::load(device, cubin, MULTICAST_PROBE_KERNEL)?,
+            all_reduce: kernel(ALL_REDUCE_KERNEL)?,
+            ticket: kernel(TICKET_KERNEL)?,
+            ticket_end: kernel(TICKET_END_KERNEL)?,
+            graph_turn: kernel(GRAPH_TURN_KERNEL)?,
+            graph_arrival: kernel(GRAPH_ARRIVAL_KERNEL)?,
+            graph_end: kernel(GRAPH_END_KERNEL)?,
+            peer_probe: kernel(PEER_PROBE_KERNEL)?,
+            multicast_probe: kernel(MULTICAST_PROBE_KERNEL)?,
         })
     }
 }
 
-/// A loaded CUBIN and one of its kernels.
+/// A loaded CUBIN (or PTX) image, unloaded when the last of its kernels goes.
+struct Module {
+    device: Arc<Device>,
+    raw: sys::CUmodule,
+}
+
+// SAFETY: a module handle may be used from any thread of the process.
+unsafe impl Send for Module {}
+// SAFETY: as above.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Loads `image` on `device`.
+    fn load(device: &Arc<Device>, image: &[u8]) -> Result<Module, GpuError> {
+        let _current = device.current()?;
+        // SAFETY: `image` is a complete CUBIN or NUL-terminated PTX image that outlives the
+        // call.
+        let raw = wrap("cuModuleLoadData", unsafe {
+            result::module::load_data(image.as_ptr().cast())
+        })?;
+        Ok(Module {
+            device: device.clone(),
+            raw,
+        })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if let Ok(_current) = self.device.current() {
+            // SAFETY: loaded in `load`, unloaded once here, when no kernel of it is left.
+            let _ = unsafe { result::module::unload(self.raw) };
+        }
+    }
+}
+
+/// One kernel of a loaded image (which it keeps loaded).
 pub struct Kernel {
     device: Arc<Device>,
-    module: sys::CUmodule,
+    _module: Arc<Module>,
     function: sys::CUfunction,
 }
 
@@ -663,29 +701,24 @@ unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
 impl Kernel {
-    /// Loads `cubin` on `device` and finds `name` in it.
-    pub fn load(device: &Arc<Device>, cubin: &[u8], name: &str) -> Result<Kernel, GpuError> {
-        let _current = device.current()?;
-        // SAFETY: `cubin` is a complete CUBIN image that outlives the call.
-        let module = wrap("cuModuleLoadData", unsafe {
-            result::module::load_data(cubin.as_ptr().cast())
-        })?;
+    /// Loads `image` (a CUBIN, or NUL-terminated PTX) on `device` and finds `name` in it.
+    pub fn load(device: &Arc<Device>, image: &[u8], name: &str) -> Result<Kernel, GpuError> {
+        Kernel::find(&Arc::new(Module::load(device, image)?), name)
+    }
+
+    /// Finds `name` in `module`.
+    fn find(module: &Arc<Module>, name: &str) -> Result<Kernel, GpuError> {
+        let _current = module.device.current()?;
         let c_name = std::ffi::CString::new(name).expect("kernel names have no NUL");
-        // SAFETY: `module` was just loaded.
-        match wrap("cuModuleGetFunction", unsafe {
-            result::module::get_function(module, c_name)
-        }) {
-            Ok(function) => Ok(Kernel {
-                device: device.clone(),
-                module,
-                function,
-            }),
-            Err(e) => {
-                // SAFETY: loaded above, unloaded once here.
-                let _ = unsafe { result::module::unload(module) };
-                Err(e)
-            }
-        }
+        // SAFETY: `module` is loaded for as long as it lives.
+        let function = wrap("cuModuleGetFunction", unsafe {
+            result::module::get_function(module.raw, c_name)
+        })?;
+        Ok(Kernel {
+            device: module.device.clone(),
+            _module: module.clone(),
+            function,
+        })
     }
 
     /// Launches the kernel on `stream` with `blocks` x `threads` and its one by-value
@@ -716,15 +749,6 @@ impl Kernel {
                 &mut params,
             )
         })
-    }
-}
-
-impl Drop for Kernel {
-    fn drop(&mut self) {
-        if let Ok(_current) = self.device.current() {
-            // SAFETY: loaded in `load`, unloaded once here.
-            let _ = unsafe { result::module::unload(self.module) };
-        }
     }
 }
 
