@@ -180,7 +180,8 @@
 
 /**
  * `RawGraphState::nccl_turn`, beside [`TURN_NCCL`]: the call is in the sample whose end
- * kernel notes when NCCL's work finished (`super::arrival::measures` of its graph call number).
+ * kernel notes when NCCL's work finished (`super::arrival::measures` of its graph call
+ * number, and the calls a measuring rule needs timed: `sg_graph_measures`).
  */
 #define TURN_MEASURED 2
 
