@@ -1176,15 +1176,22 @@ SG_DEVICE void sg_graph_arrival(const RawLaunch* a, uint32_t choice) {
   sg_graph_feed((RawGraphState*)a->graph, &a->rule, choice);
 }
 
+/* Counts a graph call done: its class's calls and the communicator's (the next call's
+ * number, released last). Once per call, by whoever of it reads the numbers last. */
+SG_DEVICE void sg_graph_count_call(const RawLaunch* a) {
+  RawGraphState* g = (RawGraphState*)a->graph;
+  if (sg_graph_ok(a)) g->classes[a->rule.size_class].calls += 1;
+  sg_store_release64(&g->calls, g->calls + 1);
+}
+
 /* Thread 0 of each block of a graph launch once the block's plan is done, and the arrival
- * thread once its work is: the last of these `blocks + 1` advances the call numbers, after
- * every one of them read them. */
+ * thread once its work is: the last of these `blocks + 1` counts the call, after every one of
+ * them read the numbers. */
 SG_DEVICE void sg_graph_finish(const RawLaunch* a) {
   RawGraphState* g = (RawGraphState*)a->graph;
   if (sg_atomic_add(&g->finished, 1) != a->blocks) return;
   sg_store_volatile(&g->finished, 0);
-  if (sg_graph_ok(a)) g->classes[a->rule.size_class].calls += 1;
-  sg_store_release64(&g->calls, g->calls + 1);
+  sg_graph_count_call(a);
 }
 
 /* The threads of the block running plan block `plan_block` (of `block_dim` threads) that run
@@ -1379,13 +1386,14 @@ SG_DEVICE void sg_graph_turn(const RawLaunch* a) {
   uint32_t choice = 0;
   const RawPlanHeader* plan = sg_graph_plan(a, &choice);
   RawGraphState* g = (RawGraphState*)a->graph;
+  const bool ok = sg_graph_ok(a);
   uint32_t turn = 0;
-  if (sg_graph_ok(a) && plan == 0 && choice == a->rule.ranks) {
+  if (ok && plan == 0 && choice == a->rule.ranks) {
     const RawArrival arrival = sg_graph_arrival_of(a);
     sg_publish_previous(&arrival);
     sg_take_ticket(&arrival, a->rank);
     turn = TURN_NCCL | (sg_graph_measures(a, arrival.call) ? TURN_MEASURED : 0u);
-  } else if (sg_graph_ok(a)) {
+  } else if (ok) {
     sg_note_started((uint64_t)g->notes, g->calls);
   }
   sg_store_volatile(&g->nccl_turn, turn);
@@ -1408,8 +1416,7 @@ SG_DEVICE void sg_graph_nccl_arrival(const RawLaunch* a) {
       sg_measure_lead(&arrival, sg_noted_position(&arrival), &w) == STATUS_OK) {
     sg_graph_feed(g, &a->rule, choice);
   }
-  g->classes[a->rule.size_class].calls += 1;
-  sg_store_release64(&g->calls, g->calls + 1);
+  sg_graph_count_call(a);
 }
 
 /* The end kernel of a graph call on NCCL's turn in the sample (thread 0 of one block), in the
