@@ -29,6 +29,7 @@
 
 #include "stragglar_arrival.h"
 #include "stragglar_choice.h"
+#include "stragglar_graph.h"
 #include "stragglar_reduce.h"
 
 /* The most operands one combine takes (the host engine's MAX_OPERANDS). */
@@ -1067,29 +1068,6 @@ SG_DEVICE sg_watch sg_watch_of(uint64_t abort, uint64_t status, uint64_t peers, 
 }
 
 
-/* Whether a graph launch's state indices are in range (otherwise it fails as a bad plan). */
-SG_DEVICE bool sg_graph_ok(const RawLaunch* a) {
-  return a->rule.size_class < SIZE_CLASSES && a->rule.ranks == a->arrival.ranks &&
-         a->arrival.board != 0 && a->plans != 0;
-}
-
-/* The choice of a graph call of `rule`'s size class: what the verdict of its class gives, with
- * the class's calls so far (the exploration schedule's clock). */
-SG_DEVICE uint32_t sg_graph_choice(const RawGraphState* g, const RawRule* rule) {
-  const RawClassState* own = &g->classes[rule->size_class];
-  RawVerdict verdict = own->verdict[own->calls & 1];
-  return sg_choose(rule, &verdict, own->calls);
-}
-
-/* A graph launch's plan: the choice the verdict of its size class gives (every block reads the
- * same half of it, which no launch writes while this one runs; see RawClassState). */
-SG_DEVICE const RawPlanHeader* sg_graph_plan(const RawLaunch* a, uint32_t* choice) {
-  *choice = a->rule.ranks;
-  if (!sg_graph_ok(a)) return 0;
-  *choice = sg_graph_choice((const RawGraphState*)a->graph, &a->rule);
-  if (*choice > a->rule.ranks) return 0; /* a damaged rule or state: fail as a bad plan */
-  return (const RawPlanHeader*)((const uint64_t*)a->plans)[*choice];
-}
 
 
 /* Recomputes the verdict of class `fed`'s next call after its detector or times changed:
@@ -1155,16 +1133,6 @@ SG_OUTLINED void sg_graph_feed(RawGraphState* g, const RawRule* rule, uint32_t c
   }
 }
 
-/* The arrival record of a graph launch's call: the graph board, with the call's number and
- * this rank's notes from device memory. */
-SG_DEVICE RawArrival sg_graph_arrival_of(const RawLaunch* a) {
-  RawGraphState* g = (RawGraphState*)a->graph;
-  RawArrival arrival = a->arrival;
-  arrival.ring = (uint64_t)g->ring;
-  arrival.call = g->calls;
-  arrival.note = (uint64_t)g->notes;
-  return arrival;
-}
 
 /* A graph launch's arrival work: the arrival protocol on the graph board; then the feed of
  * what it copied (sg_graph_feed). */
@@ -1353,51 +1321,7 @@ SG_DEVICE void sg_ticket_end(const RawTicket* t) {
   sg_collect(&t->arrival, &w, SG_THREAD, SG_BLOCK_DIM);
 }
 
-/* Whether a graph call on NCCL's turn notes when it finished (its post-arrival time): the
- * eager calls' sample (sg_measures); and, under a measuring rule that chooses between the two
- * algorithms (auto) while a straggler is considered, every call of its class whose verdict
- * lacks a recent time of either algorithm, and every call the exploration schedule sends to
- * NCCL: so the class keeps a recent time of NCCL while StragglAR runs its calls (the host's
- * tracker has a rule of its own for that: a baseline time wanted after 64 class calls without
- * one). From the state every rank shares, so alike on every rank. Straight-line. */
-SG_DEVICE bool sg_graph_measures(const RawLaunch* a, uint64_t call) {
-  if (sg_measures(call)) return true;
-  if (!a->rule.measuring || a->rule.algo != RULE_ALGO_AUTO) return false;
-  const RawClassState* own = &((const RawGraphState*)a->graph)->classes[a->rule.size_class];
-  const RawVerdict verdict = own->verdict[own->calls & 1];
-  return verdict.straggler != 0 &&
-         (verdict.measured == MEASURED_NONE || sg_explores(own->calls));
-}
 
-/* The turn kernel's body, first of a graph call whose baseline is NCCL's captured work
- * (thread 0 of its one block): makes the device's choice from the state every rank shares,
- * and leaves it in the graph state's turn word (TURN_NCCL: NCCL's work runs, with
- * TURN_MEASURED when the call is in the sample; 0: StragglAR), from which the branch kernel
- * after it sets the conditional handles of the call's three bodies. On NCCL's turn it also
- * publishes what this rank noted of the call before and takes its ticket on the graph board;
- * the rest of the protocol, which waits, runs beside NCCL's work (sg_graph_nccl_arrival), and
- * on the sample the end kernel after it notes when it finished (sg_graph_end). On StragglAR's
- * turn it notes the call's start, so that both algorithms' post-arrival times start here, and
- * changes nothing else: the AllReduce kernel, in its body, makes the same choice and runs the
- * whole protocol beside its plan. Straight-line code: it never waits (tests/nvrtc.rs reads its
- * SASS for a backward branch). */
-SG_DEVICE void sg_graph_turn(const RawLaunch* a) {
-  if (SG_THREAD != 0 || a->graph == 0) return;
-  uint32_t choice = 0;
-  const RawPlanHeader* plan = sg_graph_plan(a, &choice);
-  RawGraphState* g = (RawGraphState*)a->graph;
-  const bool ok = sg_graph_ok(a);
-  uint32_t turn = 0;
-  if (ok && plan == 0 && choice == a->rule.ranks) {
-    const RawArrival arrival = sg_graph_arrival_of(a);
-    sg_publish_previous(&arrival);
-    sg_take_ticket(&arrival, a->rank);
-    turn = TURN_NCCL | (sg_graph_measures(a, arrival.call) ? TURN_MEASURED : 0u);
-  } else if (ok) {
-    sg_note_started((uint64_t)g->notes, g->calls);
-  }
-  sg_store_volatile(&g->nccl_turn, turn);
-}
 
 /* The rest of a graph call's arrival protocol on NCCL's turn (thread 0 of one block), in the
  * body that holds NCCL's work, beside it: the records the feed reads, the lead if the ticket
@@ -1716,8 +1640,6 @@ SG_GLOBAL void __launch_bounds__(MAX_THREADS, 1) ncclStragglarAllReduce(RawLaunc
 SG_GLOBAL void ncclStragglarTicket(RawTicket args) { sg_ticket(&args); }
 
 SG_GLOBAL void ncclStragglarTicketEnd(RawTicket args) { sg_ticket_end(&args); }
-
-SG_GLOBAL void ncclStragglarGraphTurn(RawLaunch args) { sg_graph_turn(&args); }
 
 SG_GLOBAL void ncclStragglarGraphArrival(RawLaunch args) { sg_graph_nccl_arrival(&args); }
 

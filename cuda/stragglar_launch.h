@@ -174,18 +174,6 @@
 #define RULE_OFF 4294967294
 
 /**
- * `RawGraphState::nccl_turn`: the current graph call runs NCCL's captured work.
- */
-#define TURN_NCCL 1
-
-/**
- * `RawGraphState::nccl_turn`, beside [`TURN_NCCL`]: the call is in the sample whose end
- * kernel notes when NCCL's work finished (`super::arrival::measures` of its graph call
- * number, and the calls a measuring rule needs timed: `sg_graph_measures`).
- */
-#define TURN_MEASURED 2
-
-/**
  * `RawRule::break_even_ns` of a size StragglAR never wins.
  */
 #define RULE_NEVER UINT64_MAX
@@ -439,6 +427,31 @@ typedef struct RawLaunch {
    */
   uint64_t multicast_bytes;
 } RawLaunch;
+
+/**
+ * The turn kernel's one parameter (`ncclStragglarGraphTurn`, in a module of its own:
+ * `cuda/stragglar_graph_turn.cu`), first kernel of a captured call whose baseline is NCCL's
+ * own work: the call's launch, as its other kernels get it, and the conditional handles of
+ * the call's three IF nodes, which the kernel sets at every replay (1: the body runs).
+ */
+typedef struct RawGraphTurn {
+  struct RawLaunch call;
+  /**
+   * `cudaGraphConditionalHandle` of the body holding our AllReduce kernel: 1 on
+   * StragglAR's turn.
+   */
+  uint64_t stragglar_body;
+  /**
+   * Of the body holding NCCL's work and the arrival kernel: 1 on NCCL's turn.
+   */
+  uint64_t nccl_body;
+  /**
+   * Of the body holding the end kernel, after NCCL's: 1 on NCCL's turn in the sample
+   * (`super::arrival::measures` of the graph call's number, and the calls a measuring rule
+   * needs timed: `sg_graph_measures`).
+   */
+  uint64_t sample_body;
+} RawGraphTurn;
 
 /**
  * One rank's memory as this rank sees it (its own, or a peer's opened through IPC).
@@ -844,12 +857,9 @@ typedef struct RawGraphState {
    */
   uint32_t last_choice;
   /**
-   * Calls whose baseline is NCCL's captured work (`plans[ranks]` is 0): [`TURN_NCCL`] when
-   * the current graph call takes the baseline, so NCCL's captured work runs, with
-   * [`TURN_MEASURED`] when it is in the sample; 0 when it runs StragglAR. Written by the
-   * turn kernel, read by the branch kernel after it.
+   * Keeps the counters below 8-byte aligned, with no implicit padding.
    */
-  uint32_t nccl_turn;
+  uint32_t reserved;
   /**
    * Graph calls on StragglAR and on the baseline so far (written by the arrival thread).
    */

@@ -138,7 +138,8 @@ if stale "$BUILD/libnccl.so.2" || [ -n "$(find "${NCCL_SOURCES[@]}" -newer "$BUI
     -o "$BUILD/libnccl.so.2.tmp" -L "$BUILD" -lcuda -lrt
   mv "$BUILD/libnccl.so.2.tmp" "$BUILD/libnccl.so.2"
 fi
-if stale "$BUILD/selftest" || [ tests/emulated/selftest.c -nt "$BUILD/selftest" ]; then
+if stale "$BUILD/selftest" || [ tests/emulated/selftest.c -nt "$BUILD/selftest" ] ||
+  [ tests/emulated/set_branch.ptx -nt "$BUILD/selftest" ]; then
   cc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -I "$NV/cuda_runtime/include" \
     tests/emulated/selftest.c -o "$BUILD/selftest" -L "$BUILD" -lcuda
 fi

@@ -65,19 +65,23 @@ fn stragglar() -> &'static str {
 }
 
 /// Fills the emulated machine's kernel cache (scripts/emulated-gpu.sh's default) with this
-/// build's sm_90 entry, once, from the run's one build of the real kernels
-/// (`support::real_kernels`), so the runs below load the CUBIN rather than each compiling it.
+/// build's sm_90 entries (the AllReduce module and the turn kernel's), once, from the run's one
+/// build of the real kernels (`support::real_kernels`), so the runs below load the CUBINs
+/// rather than each compiling them.
 fn kernels_cached() {
     static CACHED: OnceLock<()> = OnceLock::new();
     CACHED.get_or_init(|| {
-        let entry = stragglar::gpu::nvrtc::cache_key("sm_90");
+        use stragglar::gpu::nvrtc::Unit;
+        let entries = [Unit::ours(), Unit::turn()].map(|unit| unit.cache_key("sm_90"));
         let cache = built().join("kernels");
-        if cache.join(&entry).exists() {
+        if entries.iter().all(|entry| cache.join(entry).exists()) {
             return;
         }
         let real = support::real_kernels(Path::new(stragglar())).unwrap_or_else(|e| panic!("{e}"));
         std::fs::create_dir_all(&cache).unwrap();
-        std::fs::copy(real.cache.join(&entry), cache.join(&entry)).unwrap();
+        for entry in entries {
+            std::fs::copy(real.cache.join(&entry), cache.join(&entry)).unwrap();
+        }
     });
 }
 
@@ -154,6 +158,20 @@ fn the_driver_self_test_passes() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", support::describe(&out));
     assert!(text.lines().any(|l| l == "23 passed, 0 failed"), "{text}");
+    // A driver of CUDA 12.2 (R535) refuses the module of a kernel that sets a conditional
+    // handle (it lacks the device runtime's function), as it must refuse the turn kernel's.
+    let out = support::run(
+        emulated(&[selftest.to_str().unwrap()]).env("STRAGGLAR_EMU_DRIVER_VERSION", "12020"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", support::describe(&out));
+    assert!(text.contains("(CUDA 12.3 on) ok"), "{text}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("the PTX calls cudaGraphSetConditional, which this driver (CUDA 12.2) lacks"),
+        "{}",
+        support::describe(&out)
+    );
     // On a machine of one GPU, as gpu-check's device is: the checks that need two skip.
     let out = support::run(emulated(&[selftest.to_str().unwrap()]).env("STRAGGLAR_EMU_GPUS", "1"));
     let text = String::from_utf8_lossy(&out.stdout);
@@ -2220,7 +2238,7 @@ fn late_then_on_time<'a>(
 #[test]
 fn graph_replays_choose_between_stragglar_and_nccls_own_work_alike_on_every_rank() {
     let _timing = timing();
-    // The graph holds the turn kernel, the branch kernel, and three conditional nodes: our
+    // The graph holds the turn kernel, which sets three conditional handles, and their nodes: our
     // AllReduce kernel behind one, NCCL's own work and the arrival kernel behind another, the
     // end kernel of NCCL's sampled turns behind the third.
     // The device's detector starts from nothing: the first replays run NCCL's work (a body
@@ -2259,8 +2277,8 @@ fn graph_replays_choose_between_stragglar_and_nccls_own_work_alike_on_every_rank
         numbers.len() == 2 && numbers[0] > 0 && numbers[1] > 0 && numbers[0] + numbers[1] == 160,
         "{log}"
     );
-    // A replay on NCCL's turn runs the one-thread turn kernel and the branch kernel before
-    // NCCL's work, the arrival kernel beside it, and never our AllReduce kernel, which runs for
+    // A replay on NCCL's turn runs one kernel before NCCL's work, the one-thread turn kernel
+    // (which sets the conditional handles itself), the arrival kernel beside it, and never our AllReduce kernel, which runs for
     // the eager calls on StragglAR and the replays on StragglAR only.
     let (on_stragglar, on_nccl) = (numbers[0], numbers[1]);
     let eager: Vec<u64> = designations(&text)
@@ -2284,11 +2302,6 @@ fn graph_replays_choose_between_stragglar_and_nccls_own_work_alike_on_every_rank
     let eager = eager[0] - 1;
     assert_eq!(
         launches_of(&log, "ncclStragglarGraphTurn"),
-        [160; 4],
-        "{log}"
-    );
-    assert_eq!(
-        launches_of(&log, "ncclStragglarSetBranch"),
         [160; 4],
         "{log}"
     );

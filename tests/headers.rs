@@ -12,7 +12,9 @@ use stragglar::gpu::arrival::{RawArrivalNote, RawBoardSlot, RawRingEntry, RawTic
 use stragglar::gpu::choice::{
     RawClassState, RawClassTimes, RawDetector, RawGraphState, RawRule, RawSamples,
 };
-use stragglar::gpu::launch::{RawChase, RawLaunch, RawMulticastProbe, RawPeer, RawPeerProbe};
+use stragglar::gpu::launch::{
+    RawChase, RawGraphTurn, RawLaunch, RawMulticastProbe, RawPeer, RawPeerProbe,
+};
 use stragglar::nccl::types::{ncclConfig_t, ncclUniqueId};
 use stragglar::plan::{RawPlanHeader, RawSource, RawStep, RawValue};
 
@@ -227,6 +229,7 @@ fn generate_launch_h() -> String {
     config.includes = vec!["stragglar_plan.h".into()];
     config.export.include = [
         "RawLaunch",
+        "RawGraphTurn",
         "RawPeer",
         "RawApply",
         "RawPeerProbe",
@@ -266,6 +269,7 @@ fn launch_h_compiles_without_system_headers_and_matches_rust_layout() {
     );
     for (name, size) in [
         ("RawPeer", std::mem::size_of::<RawPeer>()),
+        ("RawGraphTurn", std::mem::size_of::<RawGraphTurn>()),
         ("RawPeerProbe", std::mem::size_of::<RawPeerProbe>()),
         (
             "RawMulticastProbe",

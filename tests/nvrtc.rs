@@ -66,9 +66,11 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
     let (out, cache, stdout) = (&built.out, &built.cache, &built.report);
     for arch in ["sm_80", "sm_90"] {
         let cubin = std::fs::read(out.join(format!("stragglar_{arch}.cubin"))).unwrap();
-        stragglar::gpu::cubin::check(&cubin, arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        let module = stragglar::gpu::kernels::MODULE_KERNELS;
+        stragglar::gpu::cubin::check(&cubin, arch, &module)
+            .unwrap_or_else(|e| panic!("{arch}: {e}"));
         let other = if arch == "sm_80" { "sm_90" } else { "sm_80" };
-        assert!(stragglar::gpu::cubin::check(&cubin, other).is_err());
+        assert!(stragglar::gpu::cubin::check(&cubin, other, &module).is_err());
         use stragglar::gpu::kernels::{
             ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL, DELAY_KERNEL, TICKET_KERNEL,
         };
@@ -89,10 +91,21 @@ fn stragglar_kernels_writes_a_valid_cubin_per_architecture() {
         let (cached, origin) = stragglar::gpu::nvrtc::cubin_cached(arch, Some(cache)).unwrap();
         assert_eq!(origin, stragglar::gpu::nvrtc::Origin::Cache, "{arch}");
         assert_eq!(cached, cubin, "{arch}");
+        let turn_path = out.join(format!("stragglar_turn_{arch}.cubin"));
+        let turn = std::fs::read(&turn_path).unwrap();
+        stragglar::gpu::cubin::check(&turn, arch, &stragglar::gpu::kernels::TURN_MODULE_KERNELS)
+            .unwrap_or_else(|e| panic!("{arch}: {e}"));
+        let (cached, origin) = stragglar::gpu::nvrtc::Unit::turn()
+            .cubin_cached(arch, Some(cache))
+            .unwrap();
+        assert_eq!(origin, stragglar::gpu::nvrtc::Origin::Cache, "{arch}");
+        assert_eq!(cached, turn, "{arch}");
+        the_turn_module_calls_only_cudagraphsetconditional(arch, &turn_path);
     }
     // Before sm_80 there is no hardware bf16 narrowing: the kernels still build (software).
     let cubin = std::fs::read(out.join("stragglar_sm_75.cubin")).unwrap();
-    stragglar::gpu::cubin::check(&cubin, "sm_75").unwrap_or_else(|e| panic!("sm_75: {e}"));
+    stragglar::gpu::cubin::check(&cubin, "sm_75", &stragglar::gpu::kernels::MODULE_KERNELS)
+        .unwrap_or_else(|e| panic!("sm_75: {e}"));
 }
 
 /// nvdisasm, from the venv's triton wheel (PyTorch's dependency) or `STRAGGLAR_TEST_NVDISASM`.
@@ -113,7 +126,8 @@ fn nvdisasm() -> Option<std::path::PathBuf> {
 /// no function of the kernel spills (no spill stores or loads: the kernel, its control code and
 /// the outlined data loops), at most 40 system-scope fences in the whole module (the AllReduce
 /// kernel's, and those of the release stores of the one-thread protocol kernels: the ticket and
-/// end kernels, the graph turn, arrival and end kernels), a reduce issues 8 16-byte loads
+/// end kernels, the graph arrival and end kernels), no external function (the driver resolves
+/// none for this module, so it loads on every driver), a reduce issues 8 16-byte loads
 /// before its first float add, and fp16/bf16 narrow in hardware.
 fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
     let mut function = "";
@@ -154,6 +168,10 @@ fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
         .filter(|l| l.contains("MEMBAR") && l.contains(".SYS"))
         .count();
     assert!(fences <= 40, "{arch}: {fences} system-scope fences");
+    assert!(
+        !sass.contains("EIATTR_EXTERNS") && !sass.contains("CALL.ABS"),
+        "{arch}: the AllReduce module calls a function the driver resolves"
+    );
     let (mut run, mut best) = (0, 0);
     for line in sass.lines() {
         let function_start = !line.starts_with(['.', ' ', '\t']) && line.ends_with(':');
@@ -176,12 +194,7 @@ fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
         sass.contains("F2FP"),
         "{arch}: no hardware fp16/bf16 conversion"
     );
-    for kernel in [
-        stragglar::gpu::kernels::TICKET_KERNEL,
-        stragglar::gpu::kernels::GRAPH_TURN_KERNEL,
-    ] {
-        never_loops(arch, &sass, kernel);
-    }
+    never_loops(arch, &sass, stragglar::gpu::kernels::TICKET_KERNEL, 0);
     the_steps_pay_two_barriers(arch, &sass);
     the_data_loops_keep_the_next_pass_in_flight(arch, &sass);
 }
@@ -308,10 +321,11 @@ fn the_steps_pay_two_barriers(arch: &str, sass: &str) {
 }
 
 /// The kernel `name`, which runs before a call NCCL runs (the ticket kernel before an eager one,
-/// the turn kernel before a graph replay's), never waits: its SASS calls no function and has
-/// no backward branch, but for the self-branch the compiler pads after the final `EXIT` (never
-/// reached).
-fn never_loops(arch: &str, sass: &str, name: &str) {
+/// the turn kernel before a graph replay's), never waits: its SASS has no backward branch, but
+/// for the self-branch the compiler pads after the final `EXIT` (never reached), and makes
+/// `driver_calls` calls, each through an address the driver fills in when it loads the module
+/// (`CALL.ABS.NOINC`: see [`the_turn_module_calls_only_cudagraphsetconditional`]), and no other.
+fn never_loops(arch: &str, sass: &str, name: &str, driver_calls: usize) {
     let body: Vec<&str> = sass
         .lines()
         .skip_while(|l| *l != format!("{name}:"))
@@ -332,9 +346,15 @@ fn never_loops(arch: &str, sass: &str, name: &str) {
             }
         }
     }
-    let mut branches = 0;
+    let (mut branches, mut calls) = (0, 0);
     for (i, line) in body.iter().enumerate() {
-        assert!(!line.contains("CALL"), "{arch}: {name} calls: {line}");
+        if line.contains("CALL") {
+            assert!(
+                line.contains("CALL.ABS.NOINC"),
+                "{arch}: {name} calls: {line}"
+            );
+            calls += 1;
+        }
         let Some((_, target)) = line.split_once("BRA") else {
             continue;
         };
@@ -353,6 +373,38 @@ fn never_loops(arch: &str, sass: &str, name: &str) {
         assert!(to > at || padding, "{arch}: {name} branches back: {line}");
     }
     assert!(branches >= 2, "{arch}: {branches} branches in {name}");
+    assert_eq!(calls, driver_calls, "{arch}: calls in {name}");
+}
+
+/// The turn kernel's module (`stragglar_turn_<arch>.cubin`): its one external function, whose
+/// address the driver writes into constant bank 4 when it loads the module, is the device
+/// runtime's `cudaGraphSetConditional` (so only a driver with conditional nodes loads it, and
+/// the AllReduce module, which names none, loads everywhere); the turn kernel calls it three
+/// times and never waits.
+fn the_turn_module_calls_only_cudagraphsetconditional(arch: &str, cubin: &std::path::Path) {
+    let Some(tool) = nvdisasm() else {
+        return;
+    };
+    let sass = std::process::Command::new(&tool)
+        .arg(cubin)
+        .output()
+        .unwrap();
+    let sass = String::from_utf8_lossy(&sass.stdout);
+    let bank: Vec<&str> = sass
+        .lines()
+        .skip_while(|l| !l.starts_with(".nv.constant4:"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("//---"))
+        .filter(|l| l.contains(".dword"))
+        .collect();
+    assert_eq!(bank.len(), 1, "{arch}: constant bank 4: {bank:?}");
+    assert_eq!(
+        bank[0].split_whitespace().last(),
+        Some("cudaGraphSetConditional"),
+        "{arch}: {}",
+        bank[0]
+    );
+    never_loops(arch, &sass, stragglar::gpu::kernels::GRAPH_TURN_KERNEL, 3);
 }
 
 #[test]
@@ -425,8 +477,6 @@ fn every_synchronising_access_in_the_ptx_is_at_system_scope() {
     let ptx = compile_ptx_with_opts(stragglar::gpu::kernels::translation_unit(), options)
         .unwrap_or_else(|e| panic!("{e:?}"))
         .to_src();
-    const GPU_SCOPE_COUNTER: &str = "atom.acq_rel.gpu.global.add.u32";
-    let mut seen = std::collections::BTreeMap::<String, usize>::new();
     // The multicast path's alias fences, both in the step function (`sg_step`, outlined): the
     // reader's after its flag's wait, and the writer's in the publish it inlines (the host
     // emulation has one address per byte and cannot miss either, so the PTX must show both).
@@ -448,6 +498,51 @@ fn every_synchronising_access_in_the_ptx_is_at_system_scope() {
         alias_fences, 2,
         "fence.proxy.alias in sg_step (want the reader's and the writer's)"
     );
+    let seen = synchronising_accesses(&ptx);
+    eprintln!("{seen:#?}");
+    for needed in [
+        "ld.acquire.sys.global.u32",
+        "st.release.sys.global.u32",
+        "st.release.sys.global.u64",
+        "atom.acq_rel.sys.global.add.u64",
+        GPU_SCOPE_COUNTER,
+    ] {
+        assert!(
+            seen.contains_key(needed),
+            "no {needed} in the PTX: {seen:?}"
+        );
+    }
+
+    // The turn kernel's module: its ticket is taken and its notes released at system scope too.
+    let options = CompileOptions {
+        arch: Some("compute_90"),
+        options: vec!["--fmad=false".into(), "--std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = compile_ptx_with_opts(stragglar::gpu::kernels::turn_translation_unit(), options)
+        .unwrap_or_else(|e| panic!("{e:?}"))
+        .to_src();
+    let seen = synchronising_accesses(&ptx);
+    eprintln!("the turn kernel's module: {seen:#?}");
+    for needed in [
+        "st.release.sys.global.u64",
+        "atom.acq_rel.sys.global.add.u64",
+    ] {
+        assert!(
+            seen.contains_key(needed),
+            "no {needed} in the turn kernel's PTX: {seen:?}"
+        );
+    }
+}
+
+/// The counter of a launch's finished blocks, in its own GPU's memory (no other agent touches
+/// it): the one synchronising access at GPU scope.
+const GPU_SCOPE_COUNTER: &str = "atom.acq_rel.gpu.global.add.u32";
+
+/// Each synchronising access of `ptx` (an ordered load or store, an atomic, a fence) by opcode,
+/// with how many there are; asserts that each is at system scope, but [`GPU_SCOPE_COUNTER`].
+fn synchronising_accesses(ptx: &str) -> std::collections::BTreeMap<String, usize> {
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
     for line in ptx.lines() {
         let mut words = line.split_whitespace();
         let mut opcode = words.next().unwrap_or("");
@@ -477,17 +572,5 @@ fn every_synchronising_access_in_the_ptx_is_at_system_scope() {
         );
         *seen.entry(opcode.to_string()).or_default() += 1;
     }
-    eprintln!("{seen:#?}");
-    for needed in [
-        "ld.acquire.sys.global.u32",
-        "st.release.sys.global.u32",
-        "st.release.sys.global.u64",
-        "atom.acq_rel.sys.global.add.u64",
-        GPU_SCOPE_COUNTER,
-    ] {
-        assert!(
-            seen.contains_key(needed),
-            "no {needed} in the PTX: {seen:?}"
-        );
-    }
+    seen
 }

@@ -1,7 +1,9 @@
-//! `stragglar kernels`: compiles every kernel with NVRTC for the given architectures and writes
-//! the CUBINs, checked, into a directory (CI runs it for sm_80 and sm_90 without a GPU).
+//! `stragglar kernels`: compiles every kernel with NVRTC for the given architectures (two
+//! modules each: the AllReduce module, and the turn kernel's, which only a driver with
+//! conditional graph nodes loads) and writes the CUBINs, checked, into a directory (CI runs it
+//! for sm_80 and sm_90 without a GPU).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::args::{Args, UsageError};
 use crate::gpu::{cubin, kernels, nvrtc};
@@ -10,12 +12,14 @@ use crate::gpu::{cubin, kernels, nvrtc};
 pub const USAGE: &str = "\
 kernels options:
   --arch LIST   architectures, comma-separated (default sm_80,sm_90)
-  --out DIR     where to write stragglar_<arch>.cubin (default: only compile and check)
+  --out DIR     where to write stragglar_<arch>.cubin and stragglar_turn_<arch>.cubin (the
+                turn kernel's module; default: only compile and check)
   --cache       also store each CUBIN as the kernel cache's entry (STRAGGLAR_CACHE_DIR), so
                 that the first use on a GPU of that architecture skips NVRTC
   --resources   print ptxas's report of each function: registers, stack, spills, shared memory
-  --source DIR  compile the kernel sources in DIR (another revision's cuda/, to compare
-                builds) instead of the built-in ones; not with --cache
+  --source DIR  compile the AllReduce module's sources in DIR (another revision's cuda/, to
+                compare builds) instead of the built-in ones, and no turn module; not with
+                --cache
   --cached      compile nothing: check that the kernel cache (STRAGGLAR_CACHE_DIR) holds a
                 valid entry of these sources for each architecture (no NVRTC needed); exit
                 status 1 naming those that are missing
@@ -41,7 +45,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         ));
     }
     let unit = match &source {
-        Some(dir) => match kernels::translation_unit_from(dir) {
+        Some(dir) => match kernels::translation_unit_from(&kernels::SOURCES, dir) {
             Ok(unit) => Some(unit),
             Err(e) => {
                 eprintln!("stragglar kernels: --source {}: {e}", dir.display());
@@ -76,52 +80,81 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
     }
     let mut failed = false;
     for arch in archs {
-        let started = std::time::Instant::now();
-        let compiled = if resources || unit.is_some() {
-            let unit = unit.clone().unwrap_or_else(kernels::translation_unit);
-            nvrtc::compile_reporting(arch, &unit).map(|(bin, log)| {
-                if resources {
-                    print_resources(arch, &log);
+        let mut modules = vec![Module {
+            file: format!("stragglar_{arch}.cubin"),
+            entry: kernels::ALL_REDUCE_KERNEL,
+            unit: match &unit {
+                Some(text) => nvrtc::Unit::from_text(text.clone()),
+                None => nvrtc::Unit::ours(),
+            },
+        }];
+        if unit.is_none() {
+            modules.push(Module {
+                file: format!("stragglar_turn_{arch}.cubin"),
+                entry: kernels::GRAPH_TURN_KERNEL,
+                unit: nvrtc::Unit::turn(),
+            });
+        }
+        for module in modules {
+            let written = build(arch, &module, resources, cache.as_deref(), out.as_deref());
+            match written {
+                Ok(line) => println!("{line} with NVRTC {major}.{minor}"),
+                Err(e) => {
+                    eprintln!("stragglar kernels: {arch}: {}: {e}", module.file);
+                    failed = true;
                 }
-                bin
-            })
-        } else {
-            nvrtc::compile(arch)
-        };
-        let outcome = compiled.map_err(|e| e.to_string()).and_then(|bin| {
-            cubin::check(&bin, arch)?;
-            Ok(bin)
-        });
-        match outcome {
-            Ok(bin) => {
-                if let Some(dir) = &cache {
-                    nvrtc::store_cached(arch, dir, &bin);
-                }
-                let place = match &out {
-                    Some(dir) => {
-                        let path = dir.join(format!("stragglar_{arch}.cubin"));
-                        if let Err(e) = std::fs::write(&path, &bin) {
-                            eprintln!("stragglar kernels: cannot write {}: {e}", path.display());
-                            failed = true;
-                        }
-                        path.display().to_string()
-                    }
-                    None => "not written".into(),
-                };
-                println!(
-                    "{arch}: {} bytes, {} in {:.1} s with NVRTC {major}.{minor} ({place})",
-                    bin.len(),
-                    kernels::ALL_REDUCE_KERNEL,
-                    started.elapsed().as_secs_f64()
-                );
-            }
-            Err(e) => {
-                eprintln!("stragglar kernels: {arch}: {e}");
-                failed = true;
             }
         }
     }
     Ok(failed as i32)
+}
+
+/// One CUBIN `stragglar kernels` builds per architecture.
+struct Module {
+    /// Its name under `--out`.
+    file: String,
+    /// The kernel the summary line names.
+    entry: &'static str,
+    unit: nvrtc::Unit,
+}
+
+/// Compiles `module` for `arch`, checks the CUBIN, stores it in `cache` and writes it into
+/// `out` where given; `Ok` is the summary line (less the NVRTC version), `Err` why not.
+fn build(
+    arch: &str,
+    module: &Module,
+    resources: bool,
+    cache: Option<&Path>,
+    out: Option<&Path>,
+) -> Result<String, String> {
+    let started = std::time::Instant::now();
+    let bin = match resources {
+        true => module.unit.compile_reporting(arch).map(|(bin, log)| {
+            print_resources(arch, &log);
+            bin
+        }),
+        false => module.unit.compile(arch),
+    }
+    .map_err(|e| e.to_string())?;
+    cubin::check(&bin, arch, module.unit.kernels())?;
+    if let Some(dir) = cache {
+        module.unit.store_cached(arch, dir, &bin);
+    }
+    let place = match out {
+        Some(dir) => {
+            let path = dir.join(&module.file);
+            std::fs::write(&path, &bin)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            path.display().to_string()
+        }
+        None => "not written".into(),
+    };
+    Ok(format!(
+        "{arch}: {} bytes, {} in {:.1} s ({place})",
+        bin.len(),
+        module.entry,
+        started.elapsed().as_secs_f64()
+    ))
 }
 
 /// `--cached`: whether the kernel cache holds a valid entry of the built-in sources for each of
@@ -133,18 +166,20 @@ fn check_cached(archs: &[&str]) -> i32 {
     };
     let mut missing = 0;
     for arch in archs {
-        match nvrtc::read_cached(arch, &dir) {
-            Some((cubin, (major, minor))) => println!(
-                "{arch}: cached in {} ({} bytes, compiled by NVRTC {major}.{minor})",
-                dir.join(nvrtc::cache_key(arch)).display(),
-                cubin.len()
-            ),
-            None => {
-                eprintln!(
-                    "stragglar kernels: {arch}: no entry of these sources in {} (build it with `stragglar kernels --arch {arch} --cache`)",
-                    dir.display()
-                );
-                missing += 1;
+        for (what, unit) in [("", nvrtc::Unit::ours()), (" turn", nvrtc::Unit::turn())] {
+            match unit.read_cached(arch, &dir) {
+                Some((cubin, (major, minor))) => println!(
+                    "{arch}{what}: cached in {} ({} bytes, compiled by NVRTC {major}.{minor})",
+                    dir.join(unit.cache_key(arch)).display(),
+                    cubin.len()
+                ),
+                None => {
+                    eprintln!(
+                        "stragglar kernels: {arch}{what}: no entry of these sources in {} (build it with `stragglar kernels --arch {arch} --cache`)",
+                        dir.display()
+                    );
+                    missing += 1;
+                }
             }
         }
     }

@@ -27,12 +27,6 @@ pub const RULE_ALGO_BASELINE: u32 = 2;
 pub const RULE_DETECTED: u32 = 0xffff_ffff;
 /// `RawRule::fixed`: no straggler is ever considered (`STRAGGLAR_STRAGGLER=off`).
 pub const RULE_OFF: u32 = 0xffff_fffe;
-/// `RawGraphState::nccl_turn`: the current graph call runs NCCL's captured work.
-pub const TURN_NCCL: u32 = 1;
-/// `RawGraphState::nccl_turn`, beside [`TURN_NCCL`]: the call is in the sample whose end
-/// kernel notes when NCCL's work finished (`super::arrival::measures` of its graph call
-/// number, and the calls a measuring rule needs timed: `sg_graph_measures`).
-pub const TURN_MEASURED: u32 = 2;
 /// `RawRule::break_even_ns` of a size StragglAR never wins.
 pub const RULE_NEVER: u64 = u64::MAX;
 /// Records a device detector keeps at most (the Rust rule's `MAX_WINDOW`).
@@ -252,11 +246,8 @@ pub struct RawGraphState {
     /// The choice of the latest graph call plus one (a straggler's rank + 1, or `ranks + 1`
     /// for the baseline), for the host's report; 0 before the first.
     pub last_choice: u32,
-    /// Calls whose baseline is NCCL's captured work (`plans[ranks]` is 0): [`TURN_NCCL`] when
-    /// the current graph call takes the baseline, so NCCL's captured work runs, with
-    /// [`TURN_MEASURED`] when it is in the sample; 0 when it runs StragglAR. Written by the
-    /// turn kernel, read by the branch kernel after it.
-    pub nccl_turn: u32,
+    /// Keeps the counters below 8-byte aligned, with no implicit padding.
+    pub reserved: u32,
     /// Graph calls on StragglAR and on the baseline so far (written by the arrival thread).
     pub on_stragglar: u64,
     pub on_baseline: u64,

@@ -1,7 +1,6 @@
 //! Recognising a CUBIN: an ELF64 file for the CUDA machine whose flags name the architecture
-//! it was built for, holding our kernel. Used to validate cache entries and by the tests.
-
-use super::kernels::{ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL};
+//! it was built for, holding the kernels of one of our modules. Used to validate cache entries
+//! and by the tests.
 
 /// `e_machine` of CUDA device code.
 const EM_CUDA: u16 = 190;
@@ -17,8 +16,9 @@ fn sm_of(abi_version: u8, flags: u32) -> u32 {
     }
 }
 
-/// Checks that `bytes` is a CUBIN for `arch` (`sm_90`, ...) containing our kernels.
-pub fn check(bytes: &[u8], arch: &str) -> Result<(), String> {
+/// Checks that `bytes` is a CUBIN for `arch` (`sm_90`, ...) containing each of `kernels` (a
+/// module's: `kernels::MODULE_KERNELS` or `kernels::TURN_MODULE_KERNELS`).
+pub fn check(bytes: &[u8], arch: &str, kernels: &[&str]) -> Result<(), String> {
     let want: u32 = arch
         .strip_prefix("sm_")
         .map(|v| v.trim_end_matches(['a', 'f']))
@@ -39,7 +39,7 @@ pub fn check(bytes: &[u8], arch: &str) -> Result<(), String> {
     if sm != want {
         return Err(format!("built for sm_{sm}, not {arch}"));
     }
-    for kernel in [ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL] {
+    for kernel in kernels {
         let name = kernel.as_bytes();
         if !bytes.windows(name.len()).any(|w| w == name) {
             return Err(format!("no {kernel} inside"));
@@ -51,6 +51,9 @@ pub fn check(bytes: &[u8], arch: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::kernels::{
+        ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL, MODULE_KERNELS, TURN_MODULE_KERNELS,
+    };
 
     fn fake(abi: u8, flags: u32) -> Vec<u8> {
         let mut b = vec![0u8; 64];
@@ -68,15 +71,18 @@ mod tests {
     #[test]
     fn both_flag_layouts_are_read() {
         // The flags NVRTC 12.9 and 13.2 actually wrote.
-        assert!(check(&fake(7, 0x0050_0550), "sm_80").is_ok());
-        assert!(check(&fake(7, 0x005a_055a), "sm_90").is_ok());
-        assert!(check(&fake(8, 0x0600_5004), "sm_80").is_ok());
-        assert!(check(&fake(8, 0x0600_5a04), "sm_90").is_ok());
-        assert!(check(&fake(8, 0x0600_5a04), "sm_80").is_err());
-        assert!(check(&fake(7, 0x0050_0550), "sm_90").is_err());
+        assert!(check(&fake(7, 0x0050_0550), "sm_80", &MODULE_KERNELS).is_ok());
+        assert!(check(&fake(7, 0x005a_055a), "sm_90", &MODULE_KERNELS).is_ok());
+        assert!(check(&fake(8, 0x0600_5004), "sm_80", &MODULE_KERNELS).is_ok());
+        assert!(check(&fake(8, 0x0600_5a04), "sm_90", &MODULE_KERNELS).is_ok());
+        assert!(check(&fake(8, 0x0600_5a04), "sm_80", &MODULE_KERNELS).is_err());
+        assert!(check(&fake(7, 0x0050_0550), "sm_90", &MODULE_KERNELS).is_err());
+        // The turn kernel's module must hold the turn kernel.
+        assert!(check(&fake(7, 0x005a_055a), "sm_90", &TURN_MODULE_KERNELS).is_err());
         assert!(check(
             b"not an elf at all, not even close to sixty-four bytes long......",
-            "sm_80"
+            "sm_80",
+            &MODULE_KERNELS
         )
         .is_err());
     }

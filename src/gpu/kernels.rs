@@ -12,14 +12,20 @@ pub const TICKET_KERNEL: &str = "ncclStragglarTicket";
 /// The end kernel of a call that went to NCCL, queued after NCCL's: it notes when the call
 /// finished on this rank, for the post-arrival time.
 pub const TICKET_END_KERNEL: &str = "ncclStragglarTicketEnd";
-/// The turn kernel of a graph call whose baseline is NCCL's captured work: the device's
-/// choice, and on NCCL's turn the ticket (it never waits), before either conditional body.
+/// The turn kernel of a graph call whose baseline is NCCL's captured work, in a module of its
+/// own ([`TURN_SOURCES`]): the device's choice, and on NCCL's turn the ticket (it never
+/// waits); it sets the conditional handles of the call's bodies.
 pub const GRAPH_TURN_KERNEL: &str = "ncclStragglarGraphTurn";
 /// The rest of a graph call's arrival protocol on NCCL's turn, beside NCCL's work in its body.
 pub const GRAPH_ARRIVAL_KERNEL: &str = "ncclStragglarGraphArrival";
 /// The end kernel of a graph call on NCCL's turn in the sample, after NCCL's work in a body
 /// of its own: notes when the call finished on this rank.
 pub const GRAPH_END_KERNEL: &str = "ncclStragglarGraphEnd";
+/// The kernels a CUBIN of the AllReduce module must hold to be taken for one (a cache entry's
+/// check: `super::cubin::check`).
+pub const MODULE_KERNELS: [&str; 2] = [ALL_REDUCE_KERNEL, APPLY_PROBE_KERNEL];
+/// The kernel a CUBIN of the turn kernel's module must hold.
+pub const TURN_MODULE_KERNELS: [&str; 1] = [GRAPH_TURN_KERNEL];
 /// `stragglar bench`'s device-side delay of a late rank.
 pub const DELAY_KERNEL: &str = "ncclStragglarDelay";
 /// The bandwidth probe's entry point (the AllReduce kernel's element-wise code alone).
@@ -31,51 +37,64 @@ pub const MULTICAST_PROBE_KERNEL: &str = "ncclStragglarMulticastProbe";
 /// `stragglar bench --latency`'s pointer chase (`RawChase`).
 pub const CHASE_KERNEL: &str = "ncclStragglarChase";
 
-/// The sources, in include order: `(file name, text)`.
-pub const SOURCES: [(&str, &str); 7] = [
-    (
-        "stragglar_plan.h",
-        include_str!("../../cuda/stragglar_plan.h"),
-    ),
-    (
-        "stragglar_launch.h",
-        include_str!("../../cuda/stragglar_launch.h"),
-    ),
-    (
-        "stragglar_device.h",
-        include_str!("../../cuda/stragglar_device.h"),
-    ),
-    (
-        "stragglar_choice.h",
-        include_str!("../../cuda/stragglar_choice.h"),
-    ),
-    (
-        "stragglar_arrival.h",
-        include_str!("../../cuda/stragglar_arrival.h"),
-    ),
-    (
-        "stragglar_reduce.h",
-        include_str!("../../cuda/stragglar_reduce.h"),
-    ),
-    (
-        "stragglar_allreduce.cu",
-        include_str!("../../cuda/stragglar_allreduce.cu"),
-    ),
-];
+/// A source file of `cuda/`: `(file name, text)`.
+type Source = (&'static str, &'static str);
 
-/// Every source concatenated, with our own `#include "..."` lines removed (each header is
-/// already above its user), under `#line` markers so NVRTC's messages name the real files.
-pub fn translation_unit() -> String {
-    assemble(SOURCES.iter().map(|&(name, text)| (name, text)))
+macro_rules! source {
+    ($name:literal) => {
+        ($name, include_str!(concat!("../../cuda/", $name)))
+    };
 }
 
-/// The translation unit of the sources in `dir` (the files [`SOURCES`] names, e.g. another
-/// revision's `cuda/`), to compare builds; the library itself only compiles its own.
-pub fn translation_unit_from(dir: &std::path::Path) -> std::io::Result<String> {
-    let texts = SOURCES
-        .iter()
-        .map(|(name, _)| std::fs::read_to_string(dir.join(name)).map(|text| (*name, text)))
-        .collect::<std::io::Result<Vec<_>>>()?;
+/// The AllReduce module's sources, in include order: every kernel but the turn kernel.
+pub const SOURCES: [Source; 8] = [
+    source!("stragglar_plan.h"),
+    source!("stragglar_launch.h"),
+    source!("stragglar_device.h"),
+    source!("stragglar_choice.h"),
+    source!("stragglar_arrival.h"),
+    source!("stragglar_graph.h"),
+    source!("stragglar_reduce.h"),
+    source!("stragglar_allreduce.cu"),
+];
+
+/// The turn kernel's module's sources, in include order: loaded only where the driver has
+/// conditional graph nodes, since its call to `cudaGraphSetConditional` is resolved by the
+/// driver when it loads the module (see `cuda/stragglar_graph_turn.cu`).
+pub const TURN_SOURCES: [Source; 7] = [
+    source!("stragglar_plan.h"),
+    source!("stragglar_launch.h"),
+    source!("stragglar_device.h"),
+    source!("stragglar_choice.h"),
+    source!("stragglar_arrival.h"),
+    source!("stragglar_graph.h"),
+    source!("stragglar_graph_turn.cu"),
+];
+
+/// The AllReduce module's sources concatenated, with our own `#include "..."` lines removed
+/// (each header is already above its user), under `#line` markers so NVRTC's messages name the
+/// real files.
+pub fn translation_unit() -> String {
+    assemble(SOURCES.iter().copied())
+}
+
+/// The turn kernel's module, as [`translation_unit`].
+pub fn turn_translation_unit() -> String {
+    assemble(TURN_SOURCES.iter().copied())
+}
+
+/// The translation unit of `sources`' files as they are in `dir` (e.g. another revision's
+/// `cuda/`), to compare builds; the library itself only compiles its own. A header `dir` lacks
+/// is left out (an older revision had fewer); any other file missing is an error.
+pub fn translation_unit_from(sources: &[Source], dir: &std::path::Path) -> std::io::Result<String> {
+    let mut texts = Vec::new();
+    for (name, _) in sources {
+        match std::fs::read_to_string(dir.join(name)) {
+            Ok(text) => texts.push((*name, text)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && name.ends_with(".h") => {}
+            Err(e) => return Err(e),
+        }
+    }
     Ok(assemble(
         texts.iter().map(|(name, text)| (*name, text.as_str())),
     ))
@@ -139,7 +158,8 @@ mod tests {
         assert!(unit.contains(APPLY_PROBE_KERNEL));
         assert!(unit.contains(TICKET_KERNEL));
         assert!(unit.contains(TICKET_END_KERNEL));
-        assert!(unit.contains(GRAPH_TURN_KERNEL));
+        assert!(!unit.contains(&format!("void {GRAPH_TURN_KERNEL}(")));
+        assert!(!unit.contains("cudaGraphSetConditional("));
         assert!(unit.contains(GRAPH_ARRIVAL_KERNEL));
         assert!(unit.contains(GRAPH_END_KERNEL));
         assert!(unit.contains(DELAY_KERNEL));
@@ -147,6 +167,15 @@ mod tests {
         for (name, _) in SOURCES {
             assert!(unit.contains(&format!("#line 1 \"{name}\"")), "{name}");
         }
+    }
+
+    #[test]
+    fn the_turn_unit_holds_the_turn_kernel_alone() {
+        let unit = turn_translation_unit();
+        assert!(!unit.contains("#include \"stragglar_"));
+        assert!(unit.contains(&format!("void {GRAPH_TURN_KERNEL}(")));
+        assert!(unit.contains("cudaGraphSetConditional("));
+        assert!(!unit.contains("#line 1 \"stragglar_allreduce.cu\""));
     }
 
     #[test]

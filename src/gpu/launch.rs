@@ -225,6 +225,25 @@ pub struct RawChase {
     pub hops: u64,
 }
 
+/// The turn kernel's one parameter (`ncclStragglarGraphTurn`, in a module of its own:
+/// `cuda/stragglar_graph_turn.cu`), first kernel of a captured call whose baseline is NCCL's
+/// own work: the call's launch, as its other kernels get it, and the conditional handles of
+/// the call's three IF nodes, which the kernel sets at every replay (1: the body runs).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawGraphTurn {
+    pub call: RawLaunch,
+    /// `cudaGraphConditionalHandle` of the body holding our AllReduce kernel: 1 on
+    /// StragglAR's turn.
+    pub stragglar_body: u64,
+    /// Of the body holding NCCL's work and the arrival kernel: 1 on NCCL's turn.
+    pub nccl_body: u64,
+    /// Of the body holding the end kernel, after NCCL's: 1 on NCCL's turn in the sample
+    /// (`super::arrival::measures` of the graph call's number, and the calls a measuring rule
+    /// needs timed: `sg_graph_measures`).
+    pub sample_body: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +252,7 @@ mod tests {
     fn layouts_have_no_implicit_padding() {
         assert_eq!(std::mem::size_of::<RawPeer>(), 56);
         assert_eq!(std::mem::size_of::<RawLaunch>(), 264);
+        assert_eq!(std::mem::size_of::<RawGraphTurn>(), 264 + 24);
         assert_eq!(std::mem::size_of::<RawApply>(), 96);
         assert_eq!(std::mem::size_of::<RawPeerProbe>(), 40);
         assert_eq!(std::mem::size_of::<RawMulticastProbe>(), 16);

@@ -15,7 +15,10 @@ use std::path::{Path, PathBuf};
 
 use cudarc::nvrtc::{result, sys};
 
-use super::kernels::{nvrtc_options, translation_unit, valid_arch};
+use super::kernels::{
+    nvrtc_options, translation_unit, turn_translation_unit, valid_arch, MODULE_KERNELS,
+    TURN_MODULE_KERNELS,
+};
 
 /// Why no CUBIN came out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +77,8 @@ pub fn version() -> Option<(i32, i32)> {
 /// tests use a tiny one). Its entries are keyed by a hash of the text.
 pub struct Unit {
     text: String,
+    /// What its CUBIN must hold (`super::cubin::check`).
+    kernels: &'static [&'static str],
 }
 
 impl Unit {
@@ -81,17 +86,40 @@ impl Unit {
     pub fn ours() -> Unit {
         Unit {
             text: translation_unit(),
+            kernels: &MODULE_KERNELS,
         }
     }
 
-    /// Any CUDA C++ translation unit without includes.
+    /// The turn kernel's module (`kernels::TURN_SOURCES`), loaded apart from ours.
+    pub fn turn() -> Unit {
+        Unit {
+            text: turn_translation_unit(),
+            kernels: &TURN_MODULE_KERNELS,
+        }
+    }
+
+    /// Any CUDA C++ translation unit without includes, standing in for ours: its CUBIN must
+    /// hold `kernels::MODULE_KERNELS`.
     pub fn from_text(text: impl Into<String>) -> Unit {
-        Unit { text: text.into() }
+        Unit {
+            text: text.into(),
+            kernels: &MODULE_KERNELS,
+        }
     }
 
     /// Compiles the unit for `arch` into one CUBIN (no cache).
     pub fn compile(&self, arch: &str) -> Result<Vec<u8>, CompileError> {
         compile_with(arch, &nvrtc_options(arch), &self.text).map(|(cubin, _)| cubin)
+    }
+
+    /// What its CUBIN must hold.
+    pub fn kernels(&self) -> &'static [&'static str] {
+        self.kernels
+    }
+
+    /// As [`compile_reporting`], for this unit.
+    pub fn compile_reporting(&self, arch: &str) -> Result<(Vec<u8>, String), CompileError> {
+        compile_reporting(arch, &self.text)
     }
 
     /// The cache entry's name for this unit and build on `arch` (no NVRTC needed).
@@ -101,7 +129,14 @@ impl Unit {
 
     /// As [`read_cached`], for this unit.
     pub fn read_cached(&self, arch: &str, dir: &Path) -> Option<(Vec<u8>, (i32, i32))> {
-        read_entry(&self.cache_key(arch), arch, dir)
+        read_entry(&self.cache_key(arch), arch, self.kernels, dir)
+    }
+
+    /// Stores `cubin`, compiled for `arch` by this NVRTC from this unit, as its cache entry in
+    /// `dir` (atomically: written aside, then renamed). A cache that cannot be written only
+    /// costs a recompilation next time: it is logged at INFO, not an error.
+    pub fn store_cached(&self, arch: &str, dir: &Path, cubin: &[u8]) {
+        store_entry(&self.cache_key(arch), dir, cubin)
     }
 
     /// As [`cubin_cached`], for this unit.
@@ -243,10 +278,15 @@ pub fn read_cached(arch: &str, dir: &Path) -> Option<(Vec<u8>, (i32, i32))> {
     Unit::ours().read_cached(arch, dir)
 }
 
-fn read_entry(key: &str, arch: &str, dir: &Path) -> Option<(Vec<u8>, (i32, i32))> {
+fn read_entry(
+    key: &str,
+    arch: &str,
+    kernels: &[&str],
+    dir: &Path,
+) -> Option<(Vec<u8>, (i32, i32))> {
     let bytes = std::fs::read(dir.join(key)).ok()?;
     let (version, cubin) = parse_entry(&bytes)?;
-    super::cubin::check(cubin, arch).ok()?;
+    super::cubin::check(cubin, arch, kernels).ok()?;
     Some((cubin.to_vec(), version))
 }
 
@@ -303,7 +343,7 @@ fn cached_or_compiled(
     let driver = super::probe::driver_cuda_version();
     // An entry the driver can load, or the version of the NVRTC that made one it cannot.
     let loadable = |dir: &Path| {
-        read_entry(&key, arch, dir).map(|(cubin, built_by)| {
+        read_entry(&key, arch, unit.kernels, dir).map(|(cubin, built_by)| {
             match newer_than_driver(built_by, driver) {
                 false => Ok(cubin),
                 true => Err(built_by),
@@ -348,13 +388,6 @@ fn cached_or_compiled(
         store_entry(&key, dir, &cubin);
     }
     Ok((cubin, Origin::Compiled))
-}
-
-/// Stores `cubin`, compiled for `arch` by this NVRTC from the current sources, as the cache
-/// entry in `dir` (atomically: written aside, then renamed). A cache that cannot be written
-/// only costs a recompilation next time: it is logged at INFO, not an error.
-pub fn store_cached(arch: &str, dir: &Path, cubin: &[u8]) {
-    store_entry(&cache_key(arch), dir, cubin)
 }
 
 fn store_entry(key: &str, dir: &Path, cubin: &[u8]) {

@@ -1,16 +1,23 @@
-/* The kernels the emulated GPU runs: cuda/stragglar_allreduce.cu itself, compiled for the host
- * (STRAGGLAR_HOST_EMULATION), each launch's blocks run by the fiber harness. This file does not
+/* The kernels the emulated GPU runs: cuda/stragglar_allreduce.cu and cuda/stragglar_graph_turn.cu
+ * themselves, compiled for the host (STRAGGLAR_HOST_EMULATION), each launch's blocks run by the fiber harness. This file does not
  * see cuda.h; kernels.cpp reaches it through kernel_source.h. */
 #include "kernel_source.h"
 
 #include "fibers.h"
 #include "stragglar_allreduce.cu"
+#include "stragglar_graph_turn.cu"
 #include "weak_memory.h"
 
 #include <atomic>
 #include <cstdlib>
 #include <ctime>
 #include <new>
+
+/* The device runtime's function the turn kernel (cuda/stragglar_graph_turn.cu) calls: the
+ * emulated driver sets the handle's value for its conditional nodes (capture.cpp). */
+extern "C" void cudaGraphSetConditional(unsigned long long handle, unsigned int value) {
+  emu::set_conditional(handle, value);
+}
 
 namespace {
 
@@ -107,20 +114,19 @@ void body(void* arg, uint32_t thread) {
       sg_chase((const RawChase*)run->params);
       break;
     case emu::KernelId::SetBranch: {
-      /* cuda/stragglar_branch.ptx: thread 0 sets the handles of StragglAR's, NCCL's and the
-       * sample's bodies from the turn word's bits. */
+      /* The self-test's set_branch.ptx: thread 0 sets three handles from a word's bits. */
       uint64_t args[4];
       memcpy(args, run->params, sizeof args);
       if (SG_THREAD == 0) {
-        const uint32_t turn = *(const uint32_t*)args[3];
-        emu::set_conditional(args[0], (turn & 1u) ^ 1u);
-        emu::set_conditional(args[1], turn & 1u);
-        emu::set_conditional(args[2], (turn >> 1) & 1u);
+        const uint32_t word = *(const uint32_t*)args[3];
+        emu::set_conditional(args[0], (word & 1u) ^ 1u);
+        emu::set_conditional(args[1], word & 1u);
+        emu::set_conditional(args[2], (word >> 1) & 1u);
       }
       break;
     }
     case emu::KernelId::GraphTurn:
-      sg_graph_turn((const RawLaunch*)run->params);
+      sg_graph_turn((const RawGraphTurn*)run->params);
       break;
     case emu::KernelId::GraphArrival:
       sg_graph_nccl_arrival((const RawLaunch*)run->params);
@@ -226,8 +232,8 @@ const emu::KernelSpec kSpecs[] = {
      1024},
     {"ncclStragglarChase", emu::KernelId::Chase, sizeof(RawChase), 1024},
     {"ncclStragglarFault", emu::KernelId::Fault, sizeof(uint64_t), 1024},
-    {"ncclStragglarSetBranch", emu::KernelId::SetBranch, 4 * sizeof(uint64_t), 1024},
-    {"ncclStragglarGraphTurn", emu::KernelId::GraphTurn, sizeof(RawLaunch), 1024},
+    {"stragglarEmuSetBranch", emu::KernelId::SetBranch, 4 * sizeof(uint64_t), 1024},
+    {"ncclStragglarGraphTurn", emu::KernelId::GraphTurn, sizeof(RawGraphTurn), 1024},
     {"ncclStragglarGraphArrival", emu::KernelId::GraphArrival, sizeof(RawLaunch), 1024},
     {"ncclStragglarGraphEnd", emu::KernelId::GraphEnd, sizeof(RawLaunch), 1024},
     {"stragglarEmuLitmus", emu::KernelId::Litmus, sizeof(LitmusArgs), 1024},

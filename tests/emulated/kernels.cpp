@@ -1,6 +1,6 @@
-/* Modules, functions and launches. cuModuleLoadData takes the CUBIN (or PTX) the engine made,
- * reads the kernel entry names in it, and binds each to the host build of the same kernel
- * source; a launch runs every block on its own OS thread (its threads as fibers), each block
+/* Modules, functions and launches. cuModuleLoadData takes the CUBIN the engine made (or the
+ * self-test's PTX), reads the kernel entry names in it, refuses it where it calls a function
+ * the driver lacks, and binds each name to the host build of the same kernel source; a launch runs every block on its own OS thread (its threads as fibers), each block
  * first taking one of the device's multiprocessors, so a grid that could not be resident on a
  * real GPU waits here as it would there. */
 #include "emu.h"
@@ -8,11 +8,13 @@
 #include "schedule.h"
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <elf.h>
 #include <map>
+#include <string>
 
 namespace emu {
 
@@ -57,6 +59,13 @@ const KernelSpec* spec_named(const char* name) {
   return nullptr;
 }
 
+/* Whether this driver resolves a module's call to the external function `name`: the device
+ * runtime's cudaGraphSetConditional from CUDA 12.3 on, and nothing else (a module that calls
+ * anything more is refused whole, as a driver lacking one of its functions refuses it). */
+bool resolves(const char* name) {
+  return strcmp(name, "cudaGraphSetConditional") == 0 && machine().driver_version >= 12030;
+}
+
 /* The kernels an ELF CUBIN defines, or false if the image is not a well-formed ELF of the
  * emulated architecture (sm_90). */
 bool cubin_kernels(const unsigned char* image, std::vector<const KernelSpec*>* out,
@@ -80,6 +89,14 @@ bool cubin_kernels(const unsigned char* image, std::vector<const KernelSpec*>* o
     const char* names = (const char*)(image + sh[sh[i].sh_link].sh_offset);
     for (size_t k = 0; k < count; ++k) {
       if (ELF64_ST_TYPE(syms[k].st_info) != STT_FUNC) continue;
+      if (syms[k].st_shndx == SHN_UNDEF) {
+        if (resolves(names + syms[k].st_name)) continue;
+        fprintf(stderr, "emulated GPU: cuModuleLoadData: the CUBIN calls %s, which this driver (CUDA %d.%d) lacks\n",
+                names + syms[k].st_name, machine().driver_version / 1000,
+                machine().driver_version % 1000 / 10);
+        *error = CUDA_ERROR_NOT_FOUND;
+        return false;
+      }
       const KernelSpec* spec = spec_named(names + syms[k].st_name);
       if (spec) out->push_back(spec);
     }
@@ -87,14 +104,27 @@ bool cubin_kernels(const unsigned char* image, std::vector<const KernelSpec*>* o
   return true;
 }
 
-/* The kernels a PTX text declares with `.entry`. */
-void ptx_kernels(const char* text, std::vector<const KernelSpec*>* out) {
+/* The kernels a PTX text declares with `.entry`, or false where it calls an `.extern .func`
+ * this driver does not resolve (see `resolves`). */
+bool ptx_kernels(const char* text, std::vector<const KernelSpec*>* out) {
+  const char* const external = ".extern .func ";
+  for (const char* at = strstr(text, external); at; at = strstr(at + 1, external)) {
+    std::string name;
+    for (const char* c = at + strlen(external); *c && (isalnum((unsigned char)*c) || *c == '_'); ++c)
+      name += *c;
+    if (!resolves(name.c_str())) {
+      fprintf(stderr, "emulated GPU: cuModuleLoadData: the PTX calls %s, which this driver (CUDA %d.%d) lacks\n",
+              name.c_str(), machine().driver_version / 1000, machine().driver_version % 1000 / 10);
+      return false;
+    }
+  }
   size_t n = 0;
   const KernelSpec* specs = kernel_specs(&n);
   for (size_t i = 0; i < n; ++i) {
     std::string entry = std::string(".entry ") + specs[i].name;
     if (strstr(text, entry.c_str())) out->push_back(&specs[i]);
   }
+  return true;
 }
 
 /* Takes one of `device`'s multiprocessors, waiting while none is free: this process's, or,
@@ -194,7 +224,10 @@ CUresult cuModuleLoadData(CUmodule* out, const void* image) {
       return error;
     }
   } else if (strstr((const char*)image, ".version") && strstr((const char*)image, ".target")) {
-    ptx_kernels((const char*)image, &m->kernels);
+    if (!ptx_kernels((const char*)image, &m->kernels)) {
+      delete m;
+      return CUDA_ERROR_NOT_FOUND;
+    }
   } else {
     delete m;
     return CUDA_ERROR_INVALID_IMAGE;

@@ -1,9 +1,9 @@
 /* The driver semantics the GPU engine relies on, checked against whichever libcuda.so.1 the
  * loader finds: the emulated one in CI (scripts/emulated-gpu.sh), the real one in
  * scripts/gpu-check.sh, so the emulation is held to the real driver. Its kernels are given as
- * PTX (ncclStragglarDelay, a spin on %globaltimer; the engine's branch kernel,
- * cuda/stragglar_branch.ptx; the probes below), and the emulated driver runs its host build
- * of each. Checks that only the emulation promises (bad handles answer an
+ * PTX (ncclStragglarDelay, a spin on %globaltimer; a branch kernel that sets conditional
+ * handles, tests/emulated/set_branch.ptx; the probes below), and the emulated driver runs its
+ * host build of each. Checks that only the emulation promises (bad handles answer an
  * error, injected faults) run only on the emulated GPU.
  *
  * usage: selftest              (prints one line per check, then "N passed, N failed")
@@ -668,12 +668,13 @@ static int a_graph_launched_on_two_streams_runs_once_at_a_time(void) {
   return 1;
 }
 
-/* The engine's branch kernel (cuda/stragglar_branch.ptx), built into this program: it sets
- * three conditional handles from a word's bits (the complement of bit 0, bit 0, bit 1). */
+/* The self-test's branch kernel (tests/emulated/set_branch.ptx), built into this program: it
+ * sets three conditional handles from a word's bits (the complement of bit 0, bit 0, bit 1),
+ * calling the device runtime's cudaGraphSetConditional as the engine's turn kernel does. */
 __asm__(".section .rodata\n"
         ".global stragglar_branch_ptx\n"
         "stragglar_branch_ptx:\n"
-        ".incbin \"cuda/stragglar_branch.ptx\"\n"
+        ".incbin \"tests/emulated/set_branch.ptx\"\n"
         ".byte 0\n"
         ".previous\n");
 extern const char stragglar_branch_ptx[];
@@ -692,21 +693,26 @@ static int captured_apart(CUdeviceptr word, unsigned value, int host, CUgraph* o
   return 1;
 }
 
-/* What the engine builds for a captured ncclAllReduce whose baseline is NCCL (CUDA 12.3 on):
- * the branch kernel sets three handles made on the capture's graph from a word, and three IF
- * nodes (NCCL's made before the kernel, then given it as its dependency through StragglAR's,
- * the sample's after NCCL's and made what later captured work depends on) each run their
- * body (a graph captured apart, added as a child graph node): StragglAR's at the replays where
- * bit 0 of the word was 0, NCCL's where it was 1, the sample's where bit 1 was. A body refuses a child graph with a host node (now or at
- * instantiation), and the nodes of a graph read back with their types and edges. */
+/* What the engine builds for a captured ncclAllReduce whose baseline is NCCL (CUDA 12.3 on;
+ * before, a driver refuses the module of a kernel that sets a handle): a kernel sets three
+ * handles made on the capture's graph from a word, and three IF nodes (NCCL's made before the
+ * kernel, then given it as its dependency through StragglAR's, the sample's after NCCL's and
+ * made what later captured work depends on) each run their body (a graph captured apart, added
+ * as a child graph node): StragglAR's at the replays where bit 0 of the word was 0, NCCL's
+ * where it was 1, the sample's where bit 1 was. A body refuses a child graph with a host node
+ * (now or at instantiation), and the nodes of a graph read back with their types and edges. */
 static int a_conditional_node_runs_its_body_when_a_kernel_says_so(void) {
   int version = 0;
   CHECK(cuDriverGetVersion(&version));
-  if (version < 12030) return 2;
   CUmodule module;
+  if (version < 12030) {
+    /* No device-side cudaGraphSetConditional to resolve: the module is refused whole. */
+    EXPECT(cuModuleLoadData(&module, stragglar_branch_ptx) != CUDA_SUCCESS);
+    return 1;
+  }
   CUfunction branch;
   CHECK(cuModuleLoadData(&module, stragglar_branch_ptx));
-  CHECK(cuModuleGetFunction(&branch, module, "ncclStragglarSetBranch"));
+  CHECK(cuModuleGetFunction(&branch, module, "stragglarEmuSetBranch"));
   CUcontext ctx;
   CHECK(cuCtxGetCurrent(&ctx));
   uint32_t* words;

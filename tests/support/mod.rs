@@ -158,7 +158,10 @@ pub fn real_kernels(cli: &Path) -> Result<RealKernels, String> {
     let binary = std::fs::metadata(cli).map_err(|e| e.to_string())?;
     let stamp = format!(
         "{:?} {:?} {}\n",
-        KERNEL_ARCHS.map(stragglar::gpu::nvrtc::cache_key),
+        KERNEL_ARCHS.map(|arch| [
+            stragglar::gpu::nvrtc::Unit::ours().cache_key(arch),
+            stragglar::gpu::nvrtc::Unit::turn().cache_key(arch)
+        ]),
         binary.modified().ok(),
         binary.len()
     );

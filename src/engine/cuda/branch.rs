@@ -1,17 +1,16 @@
 //! NCCL's own captured work as the baseline of graph replays (CUDA 12.3 on). A captured
-//! `ncclAllReduce` becomes, in the caller's graph: the turn kernel, which at every replay makes
-//! the device's choice (and on NCCL's turn takes this rank's ticket, waiting for nothing); the
-//! branch kernel (`cuda/stragglar_branch.ptx`), which sets three conditional handles from that
-//! choice; then three IF nodes. StragglAR's and NCCL's both follow the branch kernel, and
-//! exactly one of them runs its body: StragglAR's holds our AllReduce kernel, NCCL's holds
-//! NCCL's work for the call (captured apart on a stream of our own) and, beside it with no edge
-//! between them, the arrival kernel that finishes the call's arrival record. The third follows
-//! NCCL's and holds the end kernel, which notes when NCCL's work finished, and runs on NCCL's
-//! turns in the sample only (one in [`MEASURE_ONE_IN`], by the graph call's number, and the
-//! calls a measuring rule needs timed). So a replay on NCCL's turn runs one one-thread kernel
-//! and the branch kernel before NCCL's work, neither of which waits, and nothing after it but on
-//! the sample. The choice is the device's, from records every rank shares, so every rank takes
-//! the same branch.
+//! `ncclAllReduce` becomes, in the caller's graph: the turn kernel (`cuda/stragglar_graph_turn.cu`,
+//! a module of its own), which at every replay makes the device's choice (and on NCCL's turn
+//! takes this rank's ticket, waiting for nothing) and sets three conditional handles from it;
+//! then three IF nodes. StragglAR's and NCCL's both follow the turn kernel, and exactly one of
+//! them runs its body: StragglAR's holds our AllReduce kernel, NCCL's holds NCCL's work for the
+//! call (captured apart on a stream of our own) and, beside it with no edge between them, the
+//! arrival kernel that finishes the call's arrival record. The third follows NCCL's and holds
+//! the end kernel, which notes when NCCL's work finished, and runs on NCCL's turns in the
+//! sample only (one in [`MEASURE_ONE_IN`], by the graph call's number, and the calls a
+//! measuring rule needs timed). So a replay on NCCL's turn runs one one-thread kernel before
+//! NCCL's work, which never waits, and nothing after it but on the sample. The choice is the
+//! device's, from records every rank shares, so every rank takes the same branch.
 //!
 //! [`MEASURE_ONE_IN`]: crate::gpu::arrival::MEASURE_ONE_IN
 //!
@@ -32,14 +31,11 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 
 use super::driver::{capture_point, check, Device, GpuError, Kernel, Stream};
+use crate::gpu::kernels::GRAPH_TURN_KERNEL;
+use crate::gpu::launch::{RawGraphTurn, RawLaunch};
+use crate::gpu::nvrtc::{default_cache_dir, Unit};
 use crate::nccl::types::{cudaStream_t, ResultCode};
 
-/// The branch kernel, as PTX the driver compiles when it loads it (and resolves its
-/// device-runtime call in): NUL-terminated, as `cuModuleLoadData` takes text.
-const BRANCH_PTX: &str = concat!(include_str!("../../../cuda/stragglar_branch.ptx"), "\0");
-/// Its entry point: one argument, `[u64 StragglAR's handle, u64 NCCL's, u64 the sample's, u64
-/// address of the u32 turn word]`.
-const BRANCH_KERNEL: &str = "ncclStragglarSetBranch";
 /// The first driver with conditional nodes: CUDA 12.3.
 const FIRST_DRIVER: i32 = 12030;
 
@@ -139,17 +135,18 @@ fn api() -> Option<&'static Api> {
 }
 
 /// What a rank needs to put NCCL's work behind a conditional node: the driver's entry points,
-/// the branch kernel, and a stream of its own to capture NCCL's work on.
+/// the turn kernel, and a stream of its own to capture NCCL's work on.
 pub struct Branch {
     api: &'static Api,
-    kernel: Kernel,
+    turn: Kernel,
     stream: Stream,
 }
 
 impl Branch {
-    /// Loads the branch kernel on `device` where the driver has conditional nodes; `Err` says
-    /// why not (a driver before CUDA 12.3, R535's included, a missing entry point, a module
-    /// the driver refuses).
+    /// Loads the turn kernel on `device` where the driver has conditional nodes (its module
+    /// compiled with NVRTC, or taken from the kernel cache); `Err` says why not (a driver
+    /// before CUDA 12.3, R535's included, a missing entry point, no NVRTC and no cached
+    /// module, a module the driver refuses).
     pub fn load(device: &Arc<Device>) -> Result<Branch, String> {
         let (major, minor) = crate::gpu::probe::driver_cuda_version()
             .ok_or("the driver does not say its CUDA version")?;
@@ -159,14 +156,14 @@ impl Branch {
             ));
         }
         let api = api().ok_or("the driver lacks an entry point of conditional graph nodes")?;
-        let kernel = Kernel::load(device, BRANCH_PTX.as_bytes(), BRANCH_KERNEL)
-            .map_err(|e| e.to_string())?;
+        let arch = device.arch().map_err(|e| e.to_string())?;
+        let cache = default_cache_dir(crate::config::get().cache_dir.as_deref());
+        let (cubin, _) = Unit::turn()
+            .cubin_cached(&arch, cache.as_deref())
+            .map_err(|e| format!("the turn kernel: {e}"))?;
+        let turn = Kernel::load(device, &cubin, GRAPH_TURN_KERNEL).map_err(|e| e.to_string())?;
         let stream = Stream::new(device).map_err(|e| e.to_string())?;
-        Ok(Branch {
-            api,
-            kernel,
-            stream,
-        })
+        Ok(Branch { api, turn, stream })
     }
 
     /// Captures what `nccl` queues on this rank's own stream into a graph of its own, in the
@@ -354,35 +351,33 @@ impl Branch {
     }
 
     /// Completes what [`Branch::begin`] began, once every rank made its part: the turn kernel
-    /// (`ours.turn`) after what the capture holds, the branch kernel (reading `turn`) after
-    /// it, StragglAR's and NCCL's IF nodes after that (side by side: one of them runs), the
-    /// sample's after NCCL's, then a record of each of `hoisted`'s records. Later work captured
-    /// on `stream` follows StragglAR's and the sample's IF nodes. A failure here leaves the
-    /// capture half made on this rank alone: its caller gives the rank up, so its peers'
-    /// replays do not wait for it.
+    /// of `call` (which sets the three handles) after what the capture holds, StragglAR's and
+    /// NCCL's IF nodes after it (side by side: one of them runs), the sample's after NCCL's,
+    /// then a record of each of `hoisted`'s records. Later work captured on `stream` follows
+    /// StragglAR's and the sample's IF nodes. A failure here leaves the capture half made on
+    /// this rank alone: its caller gives the rank up, so its peers' replays do not wait for
+    /// it.
     ///
     /// # Safety
-    /// As [`Branch::begin`], with its `branches`; `turn` is a word of this device that
-    /// `ours.turn` writes.
+    /// As [`Branch::begin`], with its `branches`; every device address in `call` stays valid
+    /// for as long as the graph may be replayed.
     pub unsafe fn complete(
         &self,
         device: &Device,
         stream: sys::CUstream,
         branches: Branches,
         hoisted: &Hoisted,
-        turn: u64,
-        ours: &OurKernels<'_>,
+        call: &RawLaunch,
     ) -> Result<(), GpuError> {
         let _current = device.current()?;
-        (ours.turn)(stream)?;
-        let args = [
-            branches.stragglar.handle,
-            branches.nccl.handle,
-            branches.measured.handle,
-            turn,
-        ];
-        // SAFETY: the handles were made on this capture's graph; `turn` is this device's word.
-        unsafe { self.kernel.launch(stream, 1, 32, &args) }?;
+        let args = RawGraphTurn {
+            call: *call,
+            stragglar_body: branches.stragglar.handle,
+            nccl_body: branches.nccl.handle,
+            sample_body: branches.measured.handle,
+        };
+        // SAFETY: the handles were made on this capture's graph; `call` as the caller vouches.
+        unsafe { self.turn.launch(stream, 1, 32, &args) }?;
         // SAFETY: as the caller vouches.
         let (graph, tail) = unsafe { capture_point(device, stream) }?;
         let mut from: Vec<sys::CUgraphNode> = tail.iter().chain(&tail).copied().collect();
@@ -557,11 +552,10 @@ struct Conditional {
     body: sys::CUgraph,
 }
 
-/// Our kernels of a captured call whose baseline is NCCL's work, each queued by its closure on
-/// the stream it is given: the turn kernel (on the caller's capturing stream), the AllReduce,
-/// arrival and end kernels (each captured apart into its body).
+/// Our kernels in the bodies of a captured call whose baseline is NCCL's work, each queued by
+/// its closure on the stream it is given (captured apart into its body): the AllReduce,
+/// arrival and end kernels.
 pub struct OurKernels<'a> {
-    pub turn: &'a dyn Fn(sys::CUstream) -> Result<(), GpuError>,
     pub all_reduce: &'a dyn Fn(sys::CUstream) -> Result<(), GpuError>,
     pub arrival: &'a dyn Fn(sys::CUstream) -> Result<(), GpuError>,
     pub end: &'a dyn Fn(sys::CUstream) -> Result<(), GpuError>,

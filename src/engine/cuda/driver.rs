@@ -618,8 +618,6 @@ pub struct Kernels {
     pub ticket: Kernel,
     /// `ncclStragglarTicketEnd`.
     pub ticket_end: Kernel,
-    /// `ncclStragglarGraphTurn`.
-    pub graph_turn: Kernel,
     /// `ncclStragglarGraphArrival`.
     pub graph_arrival: Kernel,
     /// `ncclStragglarGraphEnd`.
@@ -634,8 +632,8 @@ impl Kernels {
     /// Loads `cubin` on `device` once and finds each kernel in it.
     pub fn load(device: &Arc<Device>, cubin: &[u8]) -> Result<Kernels, GpuError> {
         use crate::gpu::kernels::{
-            ALL_REDUCE_KERNEL, GRAPH_ARRIVAL_KERNEL, GRAPH_END_KERNEL, GRAPH_TURN_KERNEL,
-            MULTICAST_PROBE_KERNEL, PEER_PROBE_KERNEL, TICKET_END_KERNEL, TICKET_KERNEL,
+            ALL_REDUCE_KERNEL, GRAPH_ARRIVAL_KERNEL, GRAPH_END_KERNEL, MULTICAST_PROBE_KERNEL,
+            PEER_PROBE_KERNEL, TICKET_END_KERNEL, TICKET_KERNEL,
         };
         let module = Arc::new(Module::load(device, cubin)?);
         let kernel = |name| Kernel::find(&module, name);
@@ -643,7 +641,6 @@ impl Kernels {
             all_reduce: kernel(ALL_REDUCE_KERNEL)?,
             ticket: kernel(TICKET_KERNEL)?,
             ticket_end: kernel(TICKET_END_KERNEL)?,
-            graph_turn: kernel(GRAPH_TURN_KERNEL)?,
             graph_arrival: kernel(GRAPH_ARRIVAL_KERNEL)?,
             graph_end: kernel(GRAPH_END_KERNEL)?,
             peer_probe: kernel(PEER_PROBE_KERNEL)?,
@@ -652,7 +649,7 @@ impl Kernels {
     }
 }
 
-/// A loaded CUBIN (or PTX) image, unloaded when the last of its kernels goes.
+/// A loaded CUBIN image, unloaded when the last of its kernels goes.
 struct Module {
     device: Arc<Device>,
     raw: sys::CUmodule,
@@ -667,8 +664,7 @@ impl Module {
     /// Loads `image` on `device`.
     fn load(device: &Arc<Device>, image: &[u8]) -> Result<Module, GpuError> {
         let _current = device.current()?;
-        // SAFETY: `image` is a complete CUBIN or NUL-terminated PTX image that outlives the
-        // call.
+        // SAFETY: `image` is a complete CUBIN that outlives the call.
         let raw = wrap("cuModuleLoadData", unsafe {
             result::module::load_data(image.as_ptr().cast())
         })?;
@@ -701,7 +697,7 @@ unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
 impl Kernel {
-    /// Loads `image` (a CUBIN, or NUL-terminated PTX) on `device` and finds `name` in it.
+    /// Loads `image` (a CUBIN) on `device` and finds `name` in it.
     pub fn load(device: &Arc<Device>, image: &[u8], name: &str) -> Result<Kernel, GpuError> {
         Kernel::find(&Arc::new(Module::load(device, image)?), name)
     }

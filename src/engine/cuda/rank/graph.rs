@@ -246,9 +246,6 @@ impl CudaRank {
         let (count, dtype) = (operands.count, operands.dtype);
         let table = self.fitting_choices(count, dtype, finish)?.nccl_last;
         let args = self.site()?.graph(table, self.graph_board, rule, &operands);
-        let turn = self.staging.ptr
-            + self.config.layout.graph()
-            + std::mem::offset_of!(RawGraphState, nccl_turn) as u64;
         let branch = self
             .branch
             .as_ref()
@@ -257,15 +254,12 @@ impl CudaRank {
         // Each launch: every address in `args` is live memory of this rank or the caller's
         // buffers, as in `all_reduce_graph`; each stream given is one of this device.
         // SAFETY: as said above.
-        let turn_kernel = |s| unsafe { kernels.graph_turn.launch(s, 1, 32, &args) };
-        // SAFETY: as said above.
         let all_reduce = |s| unsafe { kernels.all_reduce.launch(s, blocks, threads, &args) };
         // SAFETY: as said above.
         let arrival = |s| unsafe { kernels.graph_arrival.launch(s, 1, 32, &args) };
         // SAFETY: as said above.
         let end = |s| unsafe { kernels.graph_end.launch(s, 1, 32, &args) };
         let ours = OurKernels {
-            turn: &turn_kernel,
             all_reduce: &all_reduce,
             arrival: &arrival,
             end: &end,
@@ -287,9 +281,8 @@ impl CudaRank {
                     unreachable!("branches are made only for qualified work")
                 };
                 // SAFETY: the caller's capturing stream of this device, and the branches
-                // `begin` made there; `turn` is in this rank's staging, written by the turn
-                // kernel of `args`.
-                unsafe { branch.complete(&self.device, stream, branches, hoisted, turn, &ours) }?;
+                // `begin` made there; `args` as said above.
+                unsafe { branch.complete(&self.device, stream, branches, hoisted, &args) }?;
                 Ok(Ok(()))
             }
             (made, refused) => {
