@@ -1067,9 +1067,6 @@ SG_DEVICE sg_watch sg_watch_of(uint64_t abort, uint64_t status, uint64_t peers, 
   return w;
 }
 
-
-
-
 /* Recomputes the verdict of class `fed`'s next call after its detector or times changed:
  * the other half of it when it is this call's class (this call reads its own half), else both
  * (no call of it runs). */
@@ -1132,7 +1129,6 @@ SG_OUTLINED void sg_graph_feed(RawGraphState* g, const RawRule* rule, uint32_t c
     g->on_stragglar += 1;
   }
 }
-
 
 /* A graph launch's arrival work: the arrival protocol on the graph board; then the feed of
  * what it copied (sg_graph_feed). */
@@ -1320,8 +1316,6 @@ SG_DEVICE void sg_ticket_end(const RawTicket* t) {
                            t->timeout_ns);
   sg_collect(&t->arrival, &w, SG_THREAD, SG_BLOCK_DIM);
 }
-
-
 
 /* The rest of a graph call's arrival protocol on NCCL's turn (thread 0 of one block), in the
  * body that holds NCCL's work, beside it: the records the feed reads, the lead if the ticket

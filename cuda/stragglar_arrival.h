@@ -22,7 +22,8 @@
  * Graph launches run steps 1-3 on their own board, first copying c-1's `last` and `lead` and
  * c-2's `post` (sg_arrive_graph): the device's detector feeds them at once. A graph call on
  * NCCL's turn splits it: the turn kernel publishes and takes the ticket, waiting for nothing,
- * and the rest runs beside NCCL's work (stragglar_allreduce.cu, sg_graph_turn).
+ * and the rest runs beside NCCL's work (stragglar_graph_turn.cu; stragglar_allreduce.cu,
+ * sg_graph_nccl_arrival).
  * Slot reuse is safe (see BOARD_SLOTS). Every wait watches the abort word, every rank's
  * failure word (a rank that failed on its host never takes its ticket) and the timeout, like
  * the AllReduce kernel's waits. */

@@ -71,7 +71,7 @@ figures() {
     "$NVDISASM" "$out/stragglar_$arch.cubin" > "$out/sass.txt" 2>/dev/null
     BUILT+=("$label|$arch|$out")
     awk -v label="$label" -v arch="$arch" -v sass="$out/sass.txt" '
-      / in [0-9.]+ s with NVRTC/ { for (i = 1; i < NF; i++) if ($(i + 1) == "s" && $(i - 1) == "in") secs = $i }
+      /ncclStragglarAllReduce in [0-9.]+ s with NVRTC/ { for (i = 1; i < NF; i++) if ($(i + 1) == "s" && $(i - 1) == "in") secs = $i }
       /Function properties for/ { fn = $NF }
       /bytes stack frame/ {
         gsub(",", "")

@@ -172,6 +172,34 @@ fn the_driver_self_test_passes() {
         "{}",
         support::describe(&out)
     );
+    // The engine's two modules as built (sm_90): the AllReduce module calls nothing the
+    // driver resolves, so it loads on a CUDA 12.2 driver too; the turn kernel's calls the
+    // device runtime's cudaGraphSetConditional, which only 12.3 on resolves.
+    let real = support::real_kernels(Path::new(stragglar())).unwrap_or_else(|e| panic!("{e}"));
+    for (module, version, loads) in [
+        ("stragglar_sm_90.cubin", "12020", true),
+        ("stragglar_turn_sm_90.cubin", "12030", true),
+        ("stragglar_turn_sm_90.cubin", "12020", false),
+    ] {
+        let path = real.out.join(module);
+        let out = support::run(
+            emulated(&[selftest.to_str().unwrap(), "--load-module"])
+                .arg(&path)
+                .env("STRAGGLAR_EMU_DRIVER_VERSION", version),
+        );
+        let said = String::from_utf8_lossy(&out.stdout);
+        let want = if loads {
+            "loaded"
+        } else {
+            "refused: CUDA_ERROR_NOT_FOUND"
+        };
+        assert_eq!(
+            said.trim(),
+            want,
+            "{module} on {version}: {}",
+            support::describe(&out)
+        );
+    }
     // On a machine of one GPU, as gpu-check's device is: the checks that need two skip.
     let out = support::run(emulated(&[selftest.to_str().unwrap()]).env("STRAGGLAR_EMU_GPUS", "1"));
     let text = String::from_utf8_lossy(&out.stdout);
@@ -199,6 +227,31 @@ fn kernels_come_from_the_cache_without_nvrtc_unless_newer_than_the_driver() {
     assert!(text.contains("NVRTC:     not found"), "{text}");
     assert!(
         text.contains("sm_90 kernels there, compiled by NVRTC"),
+        "{text}"
+    );
+    assert!(
+        text.contains("graphs:    replays choose between StragglAR and NCCL's own captured work"),
+        "{text}"
+    );
+    // The turn kernel's module is an entry of its own: without it (and without NVRTC) the
+    // engine runs, its graph replays choosing between StragglAR and our Ring.
+    let partial = support::scratch("emulated-kernel-cache-without-the-turn-kernel");
+    let entry = stragglar::gpu::nvrtc::Unit::ours().cache_key("sm_90");
+    std::fs::copy(built().join("kernels").join(&entry), partial.join(&entry)).unwrap();
+    let out = support::run(
+        emulated(&[stragglar(), "doctor"])
+            .envs(no_nvrtc)
+            .env("STRAGGLAR_CACHE_DIR", &partial),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("sm_90 kernels there, compiled by NVRTC"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "graphs:    replays choose between StragglAR and our Ring (the turn kernel: libnvrtc is not available)"
+        ),
         "{text}"
     );
     let empty = support::scratch("emulated-empty-kernel-cache");
@@ -233,7 +286,8 @@ fn doctor_says_the_gpus_are_emulated() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("driver:    present, 3 GPU(s)"), "{text}");
     assert!(text.contains("GPU 2:     Stragglar emulated GPU"), "{text}");
-    // Conditional graph nodes from CUDA 12.3 on (the branch kernel loads), not on R535's 12.2.
+    // Conditional graph nodes from CUDA 12.3 on (the turn kernel's module loads), not on R535's
+    // 12.2.
     assert!(
         text.contains("graphs:    replays choose between StragglAR and NCCL's own captured work"),
         "{text}"

@@ -96,9 +96,17 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
             });
         }
         for module in modules {
-            let written = build(arch, &module, resources, cache.as_deref(), out.as_deref());
+            let nvrtc = format!("NVRTC {major}.{minor}");
+            let written = build(
+                arch,
+                &module,
+                &nvrtc,
+                resources,
+                cache.as_deref(),
+                out.as_deref(),
+            );
             match written {
-                Ok(line) => println!("{line} with NVRTC {major}.{minor}"),
+                Ok(line) => println!("{line}"),
                 Err(e) => {
                     eprintln!("stragglar kernels: {arch}: {}: {e}", module.file);
                     failed = true;
@@ -118,11 +126,13 @@ struct Module {
     unit: nvrtc::Unit,
 }
 
-/// Compiles `module` for `arch`, checks the CUBIN, stores it in `cache` and writes it into
-/// `out` where given; `Ok` is the summary line (less the NVRTC version), `Err` why not.
+/// Compiles `module` for `arch` with `nvrtc` (its name and version, for the summary), checks
+/// the CUBIN, stores it in `cache` and writes it into `out` where given; `Ok` is the summary
+/// line, `Err` why not.
 fn build(
     arch: &str,
     module: &Module,
+    nvrtc: &str,
     resources: bool,
     cache: Option<&Path>,
     out: Option<&Path>,
@@ -150,7 +160,7 @@ fn build(
         None => "not written".into(),
     };
     Ok(format!(
-        "{arch}: {} bytes, {} in {:.1} s ({place})",
+        "{arch}: {} bytes, {} in {:.1} s with {nvrtc} ({place})",
         bin.len(),
         module.entry,
         started.elapsed().as_secs_f64()

@@ -149,13 +149,8 @@ impl Unit {
     }
 }
 
-/// Compiles every kernel for `arch` into one CUBIN (no cache).
-pub fn compile(arch: &str) -> Result<Vec<u8>, CompileError> {
-    Unit::ours().compile(arch)
-}
-
 /// Compiles `unit` (the library's own sources, or another revision's: see
-/// `kernels::translation_unit_from`) as [`compile`] does, with ptxas reporting each function's
+/// `kernels::translation_unit_from`) as [`Unit::compile`] does, with ptxas reporting each function's
 /// registers, stack, spills and shared memory; returns the CUBIN and NVRTC's log (ptxas's
 /// `info` lines). `-v` only reports: the CUBIN is what the same sources compile to.
 pub fn compile_reporting(arch: &str, unit: &str) -> Result<(Vec<u8>, String), CompileError> {

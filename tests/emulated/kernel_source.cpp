@@ -1,6 +1,7 @@
-/* The kernels the emulated GPU runs: cuda/stragglar_allreduce.cu and cuda/stragglar_graph_turn.cu
- * themselves, compiled for the host (STRAGGLAR_HOST_EMULATION), each launch's blocks run by the fiber harness. This file does not
- * see cuda.h; kernels.cpp reaches it through kernel_source.h. */
+/* The kernels the emulated GPU runs: cuda/stragglar_allreduce.cu and
+ * cuda/stragglar_graph_turn.cu themselves, compiled for the host (STRAGGLAR_HOST_EMULATION),
+ * each launch's blocks run by the fiber harness. This file does not see cuda.h; kernels.cpp
+ * reaches it through kernel_source.h. */
 #include "kernel_source.h"
 
 #include "fibers.h"

@@ -1,8 +1,9 @@
 /* Modules, functions and launches. cuModuleLoadData takes the CUBIN the engine made (or the
  * self-test's PTX), reads the kernel entry names in it, refuses it where it calls a function
- * the driver lacks, and binds each name to the host build of the same kernel source; a launch runs every block on its own OS thread (its threads as fibers), each block
- * first taking one of the device's multiprocessors, so a grid that could not be resident on a
- * real GPU waits here as it would there. */
+ * the driver lacks, and binds each name to the host build of the same kernel source; a launch
+ * runs every block on its own OS thread (its threads as fibers), each block first taking one of
+ * the device's multiprocessors, so a grid that could not be resident on a real GPU waits here
+ * as it would there. */
 #include "emu.h"
 #include "kernel_source.h"
 #include "schedule.h"
@@ -88,8 +89,9 @@ bool cubin_kernels(const unsigned char* image, std::vector<const KernelSpec*>* o
     size_t count = sh[i].sh_size / sizeof(Elf64_Sym);
     const char* names = (const char*)(image + sh[sh[i].sh_link].sh_offset);
     for (size_t k = 0; k < count; ++k) {
-      if (ELF64_ST_TYPE(syms[k].st_info) != STT_FUNC) continue;
-      if (syms[k].st_shndx == SHN_UNDEF) {
+      /* An undefined global symbol, whatever its type, is one the driver must resolve at load
+       * (an undefined weak one, as NVRTC's `.nv.reservedSmem.offset0`, may stay unresolved). */
+      if (syms[k].st_shndx == SHN_UNDEF && ELF64_ST_BIND(syms[k].st_info) == STB_GLOBAL) {
         if (resolves(names + syms[k].st_name)) continue;
         fprintf(stderr, "emulated GPU: cuModuleLoadData: the CUBIN calls %s, which this driver (CUDA %d.%d) lacks\n",
                 names + syms[k].st_name, machine().driver_version / 1000,
@@ -97,6 +99,7 @@ bool cubin_kernels(const unsigned char* image, std::vector<const KernelSpec*>* o
         *error = CUDA_ERROR_NOT_FOUND;
         return false;
       }
+      if (ELF64_ST_TYPE(syms[k].st_info) != STT_FUNC) continue;
       const KernelSpec* spec = spec_named(names + syms[k].st_name);
       if (spec) out->push_back(spec);
     }

@@ -9,7 +9,8 @@
  * usage: selftest              (prints one line per check, then "N passed, N failed")
  *        selftest --child HEX  (internal: opens an IPC handle in a second process)
  *        selftest --vmm-child FD BYTES, --multicast-plain-store, --ipc-probe HEX DEVICE
- *                    (internal: see below) */
+ *                    (internal: see below)
+ *        selftest --load-module PATH  (loads one module and says whether the driver took it) */
 #include <cuda.h>
 
 #include <fcntl.h>
@@ -1553,8 +1554,46 @@ static int one_hardware_queue_makes_streams_wait_for_each_other(void) {
   return 1;
 }
 
+/* `--load-module PATH`: loads the CUBIN or PTX in PATH on GPU 0 and says "loaded" (exit 0) or
+ * "refused: ERROR" (exit 1): what this driver makes of one of the engine's modules (the
+ * emulated one refuses a module that calls a device-runtime function it lacks). */
+static int load_module(const char* path) {
+  FILE* f = fopen(path, "rb");
+  if (!f) {
+    printf("cannot open %s\n", path);
+    return 2;
+  }
+  fseek(f, 0, SEEK_END);
+  const long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char* image = calloc((size_t)size + 1, 1); /* NUL-terminated, as PTX must be */
+  const int read_whole = image && fread(image, 1, (size_t)size, f) == (size_t)size;
+  fclose(f);
+  CUdevice dev;
+  CUcontext ctx;
+  CUmodule module;
+  if (!read_whole || cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) ||
+      cuCtxSetCurrent(ctx)) {
+    printf("no usable CUDA driver, or %s unreadable\n", path);
+    free(image);
+    return 2;
+  }
+  const CUresult r = cuModuleLoadData(&module, image);
+  free(image);
+  if (r != CUDA_SUCCESS) {
+    const char* name = "?";
+    cuGetErrorName(r, &name);
+    printf("refused: %s\n", name);
+    return 1;
+  }
+  cuModuleUnload(module);
+  printf("loaded\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "--child") == 0) return child(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "--load-module") == 0) return load_module(argv[2]);
   if (argc == 2 && strcmp(argv[1], "--one-queue") == 0) return one_queue_scenario() ? 0 : 2;
   if (argc == 2 && strcmp(argv[1], "--fault") == 0) return fault_scenario() ? 0 : 2;
   if (argc == 2 && strcmp(argv[1], "--export-free") == 0) return export_then_free();

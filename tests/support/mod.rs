@@ -132,9 +132,9 @@ pub fn fuzz_setup(name: &str, without_nccl: bool, dead: usize) -> PathBuf {
 /// --cache --resources --out` for each architecture side by side, under a lock, kept in `target/test-kernels`
 /// while the cache keys (a hash of the sources and options) and the CLI are the same.
 pub struct RealKernels {
-    /// `stragglar_{arch}.cubin` for each architecture.
+    /// `stragglar_{arch}.cubin` and `stragglar_turn_{arch}.cubin` for each architecture.
     pub out: PathBuf,
-    /// A kernel cache holding each architecture's entry.
+    /// A kernel cache holding each architecture's entries (both modules).
     pub cache: PathBuf,
     /// What the command printed (each CUBIN's line, and ptxas's resources with `--resources`).
     pub report: String,

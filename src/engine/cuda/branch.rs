@@ -31,9 +31,7 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 
 use super::driver::{capture_point, check, Device, GpuError, Kernel, Stream};
-use crate::gpu::kernels::GRAPH_TURN_KERNEL;
 use crate::gpu::launch::{RawGraphTurn, RawLaunch};
-use crate::gpu::nvrtc::{default_cache_dir, Unit};
 use crate::nccl::types::{cudaStream_t, ResultCode};
 
 /// The first driver with conditional nodes: CUDA 12.3.
@@ -138,15 +136,17 @@ fn api() -> Option<&'static Api> {
 /// the turn kernel, and a stream of its own to capture NCCL's work on.
 pub struct Branch {
     api: &'static Api,
-    turn: Kernel,
+    /// The turn kernel, loaded once per GPU (`super::gpus::turn_kernel`).
+    turn: Arc<Kernel>,
     stream: Stream,
 }
 
 impl Branch {
-    /// Loads the turn kernel on `device` where the driver has conditional nodes (its module
-    /// compiled with NVRTC, or taken from the kernel cache); `Err` says why not (a driver
-    /// before CUDA 12.3, R535's included, a missing entry point, no NVRTC and no cached
-    /// module, a module the driver refuses).
+    /// Readies `device` for conditional nodes where the driver has them: the turn kernel (its
+    /// module compiled with NVRTC or taken from the kernel cache, loaded once per GPU) and a
+    /// stream to capture NCCL's work on; `Err` says why not (a driver before CUDA 12.3, R535's
+    /// included, a missing entry point, no NVRTC and no cached module, a module the driver
+    /// refuses, a panic while loading).
     pub fn load(device: &Arc<Device>) -> Result<Branch, String> {
         let (major, minor) = crate::gpu::probe::driver_cuda_version()
             .ok_or("the driver does not say its CUDA version")?;
@@ -156,13 +156,10 @@ impl Branch {
             ));
         }
         let api = api().ok_or("the driver lacks an entry point of conditional graph nodes")?;
-        let arch = device.arch().map_err(|e| e.to_string())?;
-        let cache = default_cache_dir(crate::config::get().cache_dir.as_deref());
-        let (cubin, _) = Unit::turn()
-            .cubin_cached(&arch, cache.as_deref())
-            .map_err(|e| format!("the turn kernel: {e}"))?;
-        let turn = Kernel::load(device, &cubin, GRAPH_TURN_KERNEL).map_err(|e| e.to_string())?;
-        let stream = Stream::new(device).map_err(|e| e.to_string())?;
+        let turn = super::gpus::turn_kernel(device)?;
+        let stream = super::gpus::without_panics("making a stream", || {
+            Stream::new(device).map_err(|e| e.to_string())
+        })?;
         Ok(Branch { api, turn, stream })
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 
-use super::driver::{Device, Kernels};
+use super::driver::{Device, Kernel, Kernels};
 
 /// Our kernels on one GPU, and the CUBIN they came from (for kernels loaded beside them).
 pub struct Loaded {
@@ -18,11 +18,12 @@ pub struct Loaded {
 }
 
 /// A GPU as this process found it: opened (or why not), and our kernels loaded on it (or why
-/// not: NVRTC missing, compilation failed).
+/// not: NVRTC missing, compilation failed): the AllReduce module's, and the turn kernel's.
 #[derive(Default)]
 struct Found {
     device: Option<Result<Arc<Device>, String>>,
     kernels: Option<Result<Arc<Loaded>, String>>,
+    turn: Option<Result<Arc<Kernel>, String>>,
 }
 
 static GPUS: Lazy<Mutex<HashMap<i32, Found>>> = Lazy::new(Default::default);
@@ -104,6 +105,32 @@ pub fn kernels(
                 first_failure(why);
             }
             loaded
+        })
+        .clone()
+}
+
+/// The turn kernel of graph calls whose baseline is NCCL's work (`crate::gpu::kernels::TURN_SOURCES`,
+/// a module of its own) on `device` (GPU `device.ordinal`), compiled with NVRTC or taken from the
+/// kernel cache, and loaded once per process. Only for a driver with conditional graph nodes,
+/// which resolves the module's call to `cudaGraphSetConditional` (the caller checks); never
+/// called while the caller's stream captures.
+pub fn turn_kernel(device: &Arc<Device>) -> Result<Arc<Kernel>, String> {
+    GPUS.lock()
+        .entry(device.ordinal)
+        .or_default()
+        .turn
+        .get_or_insert_with(|| {
+            without_panics("loading the turn kernel", || {
+                use crate::gpu::{kernels::GRAPH_TURN_KERNEL, nvrtc};
+                let arch = device.arch().map_err(|e| e.to_string())?;
+                let cache = nvrtc::default_cache_dir(crate::config::get().cache_dir.as_deref());
+                let (cubin, _) = nvrtc::Unit::turn()
+                    .cubin_cached(&arch, cache.as_deref())
+                    .map_err(|e| format!("the turn kernel: {e}"))?;
+                let kernel = Kernel::load(device, &cubin, GRAPH_TURN_KERNEL)
+                    .map_err(|e| format!("the turn kernel: {e}"))?;
+                Ok(Arc::new(kernel))
+            })
         })
         .clone()
 }
