@@ -122,6 +122,24 @@ fn nvdisasm() -> Option<std::path::PathBuf> {
     text.lines().next().map(std::path::PathBuf::from)
 }
 
+/// The SASS of `cubin` (nvdisasm's text); `None` where nvdisasm is missing, which only a run
+/// outside scripts/test.sh may be.
+fn sass_of(cubin: &std::path::Path) -> Option<String> {
+    let Some(tool) = nvdisasm() else {
+        assert!(
+            std::env::var_os("STRAGGLAR_TEST_REQUIRE_NVRTC").is_none(),
+            "scripts/test.sh installs PyTorch, whose triton wheel has nvdisasm"
+        );
+        eprintln!("nvdisasm not found: the SASS figures are skipped");
+        return None;
+    };
+    let sass = std::process::Command::new(&tool)
+        .arg(cubin)
+        .output()
+        .unwrap();
+    Some(String::from_utf8_lossy(&sass.stdout).into_owned())
+}
+
 /// The figures docs/KERNELS.md promises, from ptxas's report (`--resources`) and the SASS:
 /// no function of the kernel spills (no spill stores or loads: the kernel, its control code and
 /// the outlined data loops), at most 40 system-scope fences in the whole module (the AllReduce
@@ -150,19 +168,9 @@ fn the_static_targets_hold(arch: &str, report: &str, cubin: &std::path::Path) {
         data_loops >= 40 && functions > data_loops,
         "{arch}: {functions} functions, {data_loops} data loops in ptxas's report:\n{report}"
     );
-    let Some(tool) = nvdisasm() else {
-        assert!(
-            std::env::var_os("STRAGGLAR_TEST_REQUIRE_NVRTC").is_none(),
-            "scripts/test.sh installs PyTorch, whose triton wheel has nvdisasm"
-        );
-        eprintln!("nvdisasm not found: the SASS figures are skipped");
+    let Some(sass) = sass_of(cubin) else {
         return;
     };
-    let sass = std::process::Command::new(&tool)
-        .arg(cubin)
-        .output()
-        .unwrap();
-    let sass = String::from_utf8_lossy(&sass.stdout);
     let fences = sass
         .lines()
         .filter(|l| l.contains("MEMBAR") && l.contains(".SYS"))
@@ -382,14 +390,9 @@ fn never_loops(arch: &str, sass: &str, name: &str, driver_calls: usize) {
 /// the AllReduce module, which names none, loads everywhere); the turn kernel calls it three
 /// times and never waits.
 fn the_turn_module_calls_only_cudagraphsetconditional(arch: &str, cubin: &std::path::Path) {
-    let Some(tool) = nvdisasm() else {
+    let Some(sass) = sass_of(cubin) else {
         return;
     };
-    let sass = std::process::Command::new(&tool)
-        .arg(cubin)
-        .output()
-        .unwrap();
-    let sass = String::from_utf8_lossy(&sass.stdout);
     let bank: Vec<&str> = sass
         .lines()
         .skip_while(|l| !l.starts_with(".nv.constant4:"))
@@ -469,14 +472,7 @@ fn every_synchronising_access_in_the_ptx_is_at_system_scope() {
     if !nvrtc_available() {
         return;
     }
-    let options = CompileOptions {
-        arch: Some("compute_90"),
-        options: vec!["--fmad=false".into(), "--std=c++17".into()],
-        ..Default::default()
-    };
-    let ptx = compile_ptx_with_opts(stragglar::gpu::kernels::translation_unit(), options)
-        .unwrap_or_else(|e| panic!("{e:?}"))
-        .to_src();
+    let ptx = ptx_for_sm_90(stragglar::gpu::kernels::translation_unit());
     // The multicast path's alias fences, both in the step function (`sg_step`, outlined): the
     // reader's after its flag's wait, and the writer's in the publish it inlines (the host
     // emulation has one address per byte and cannot miss either, so the PTX must show both).
@@ -514,14 +510,7 @@ fn every_synchronising_access_in_the_ptx_is_at_system_scope() {
     }
 
     // The turn kernel's module: its ticket is taken and its notes released at system scope too.
-    let options = CompileOptions {
-        arch: Some("compute_90"),
-        options: vec!["--fmad=false".into(), "--std=c++17".into()],
-        ..Default::default()
-    };
-    let ptx = compile_ptx_with_opts(stragglar::gpu::kernels::turn_translation_unit(), options)
-        .unwrap_or_else(|e| panic!("{e:?}"))
-        .to_src();
+    let ptx = ptx_for_sm_90(stragglar::gpu::kernels::turn_translation_unit());
     let seen = synchronising_accesses(&ptx);
     eprintln!("the turn kernel's module: {seen:#?}");
     for needed in [
@@ -533,6 +522,18 @@ fn every_synchronising_access_in_the_ptx_is_at_system_scope() {
             "no {needed} in the turn kernel's PTX: {seen:?}"
         );
     }
+}
+
+/// `unit` as NVRTC compiles it to PTX for compute_90, with the library's options.
+fn ptx_for_sm_90(unit: String) -> String {
+    let options = CompileOptions {
+        arch: Some("compute_90"),
+        options: vec!["--fmad=false".into(), "--std=c++17".into()],
+        ..Default::default()
+    };
+    compile_ptx_with_opts(unit, options)
+        .unwrap_or_else(|e| panic!("{e:?}"))
+        .to_src()
 }
 
 /// The counter of a launch's finished blocks, in its own GPU's memory (no other agent touches

@@ -45,7 +45,7 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
         ));
     }
     let unit = match &source {
-        Some(dir) => match kernels::translation_unit_from(&kernels::SOURCES, dir) {
+        Some(dir) => match kernels::translation_unit_from(dir) {
             Ok(unit) => Some(unit),
             Err(e) => {
                 eprintln!("stragglar kernels: --source {}: {e}", dir.display());

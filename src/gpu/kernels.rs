@@ -13,7 +13,7 @@ pub const TICKET_KERNEL: &str = "ncclStragglarTicket";
 /// finished on this rank, for the post-arrival time.
 pub const TICKET_END_KERNEL: &str = "ncclStragglarTicketEnd";
 /// The turn kernel of a graph call whose baseline is NCCL's captured work, in a module of its
-/// own ([`TURN_SOURCES`]): the device's choice, and on NCCL's turn the ticket (it never
+/// own ([`turn_sources`]): the device's choice, and on NCCL's turn the ticket (it never
 /// waits); it sets the conditional handles of the call's bodies.
 pub const GRAPH_TURN_KERNEL: &str = "ncclStragglarGraphTurn";
 /// The rest of a graph call's arrival protocol on NCCL's turn, beside NCCL's work in its body.
@@ -46,51 +46,57 @@ macro_rules! source {
     };
 }
 
-/// The AllReduce module's sources, in include order: every kernel but the turn kernel.
-pub const SOURCES: [Source; 8] = [
+/// The headers both modules include, in include order.
+const SHARED_HEADERS: [Source; 6] = [
     source!("stragglar_plan.h"),
     source!("stragglar_launch.h"),
     source!("stragglar_device.h"),
     source!("stragglar_choice.h"),
     source!("stragglar_arrival.h"),
     source!("stragglar_graph.h"),
+];
+
+/// The AllReduce module's own files, after [`SHARED_HEADERS`]: every kernel but the turn kernel.
+const ALL_REDUCE_FILES: [Source; 2] = [
     source!("stragglar_reduce.h"),
     source!("stragglar_allreduce.cu"),
 ];
 
-/// The turn kernel's module's sources, in include order: loaded only where the driver has
-/// conditional graph nodes, since its call to `cudaGraphSetConditional` is resolved by the
+/// The turn kernel's module's own file, after [`SHARED_HEADERS`]: loaded only where the driver
+/// has conditional graph nodes, since its call to `cudaGraphSetConditional` is resolved by the
 /// driver when it loads the module (see `cuda/stragglar_graph_turn.cu`).
-pub const TURN_SOURCES: [Source; 7] = [
-    source!("stragglar_plan.h"),
-    source!("stragglar_launch.h"),
-    source!("stragglar_device.h"),
-    source!("stragglar_choice.h"),
-    source!("stragglar_arrival.h"),
-    source!("stragglar_graph.h"),
-    source!("stragglar_graph_turn.cu"),
-];
+const TURN_FILES: [Source; 1] = [source!("stragglar_graph_turn.cu")];
+
+/// The AllReduce module's sources, in include order.
+pub fn sources() -> impl Iterator<Item = Source> {
+    SHARED_HEADERS.into_iter().chain(ALL_REDUCE_FILES)
+}
+
+/// The turn kernel's module's sources, in include order.
+pub fn turn_sources() -> impl Iterator<Item = Source> {
+    SHARED_HEADERS.into_iter().chain(TURN_FILES)
+}
 
 /// The AllReduce module's sources concatenated, with our own `#include "..."` lines removed
 /// (each header is already above its user), under `#line` markers so NVRTC's messages name the
 /// real files.
 pub fn translation_unit() -> String {
-    assemble(SOURCES.iter().copied())
+    assemble(sources())
 }
 
 /// The turn kernel's module, as [`translation_unit`].
 pub fn turn_translation_unit() -> String {
-    assemble(TURN_SOURCES.iter().copied())
+    assemble(turn_sources())
 }
 
-/// The translation unit of `sources`' files as they are in `dir` (e.g. another revision's
-/// `cuda/`), to compare builds; the library itself only compiles its own. A header `dir` lacks
-/// is left out (an older revision had fewer); any other file missing is an error.
-pub fn translation_unit_from(sources: &[Source], dir: &std::path::Path) -> std::io::Result<String> {
+/// The translation unit of the AllReduce module's files as they are in `dir` (e.g. another
+/// revision's `cuda/`), to compare builds; the library itself only compiles its own. A header
+/// `dir` lacks is left out (an older revision had fewer); any other file missing is an error.
+pub fn translation_unit_from(dir: &std::path::Path) -> std::io::Result<String> {
     let mut texts = Vec::new();
-    for (name, _) in sources {
+    for (name, _) in sources() {
         match std::fs::read_to_string(dir.join(name)) {
-            Ok(text) => texts.push((*name, text)),
+            Ok(text) => texts.push((name, text)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && name.ends_with(".h") => {}
             Err(e) => return Err(e),
         }
@@ -164,7 +170,7 @@ mod tests {
         assert!(unit.contains(GRAPH_END_KERNEL));
         assert!(unit.contains(DELAY_KERNEL));
         assert!(unit.contains(PEER_PROBE_KERNEL));
-        for (name, _) in SOURCES {
+        for (name, _) in sources() {
             assert!(unit.contains(&format!("#line 1 \"{name}\"")), "{name}");
         }
     }

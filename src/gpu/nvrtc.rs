@@ -90,7 +90,7 @@ impl Unit {
         }
     }
 
-    /// The turn kernel's module (`kernels::TURN_SOURCES`), loaded apart from ours.
+    /// The turn kernel's module (`kernels::turn_sources`), loaded apart from ours.
     pub fn turn() -> Unit {
         Unit {
             text: turn_translation_unit(),

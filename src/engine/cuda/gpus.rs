@@ -109,7 +109,7 @@ pub fn kernels(
         .clone()
 }
 
-/// The turn kernel of graph calls whose baseline is NCCL's work (`crate::gpu::kernels::TURN_SOURCES`,
+/// The turn kernel of graph calls whose baseline is NCCL's work (`crate::gpu::kernels::turn_sources`,
 /// a module of its own) on `device` (GPU `device.ordinal`), compiled with NVRTC or taken from the
 /// kernel cache, and loaded once per process. Only for a driver with conditional graph nodes,
 /// which resolves the module's call to `cudaGraphSetConditional` (the caller checks); never
