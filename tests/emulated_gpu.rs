@@ -233,6 +233,10 @@ fn kernels_come_from_the_cache_without_nvrtc_unless_newer_than_the_driver() {
         text.contains("graphs:    replays choose between StragglAR and NCCL's own captured work"),
         "{text}"
     );
+    assert!(
+        text.contains("; the graph turn kernel's module there too"),
+        "{text}"
+    );
     // The turn kernel's module is an entry of its own: without it (and without NVRTC) the
     // engine runs, its graph replays choosing between StragglAR and our Ring.
     let partial = support::scratch("emulated-kernel-cache-without-the-turn-kernel");
@@ -252,6 +256,10 @@ fn kernels_come_from_the_cache_without_nvrtc_unless_newer_than_the_driver() {
         text.contains(
             "graphs:    replays choose between StragglAR and our Ring (the turn kernel: libnvrtc is not available)"
         ),
+        "{text}"
+    );
+    assert!(
+        text.contains("; no graph turn kernel's module yet (NVRTC builds it on first use)"),
         "{text}"
     );
     let empty = support::scratch("emulated-empty-kernel-cache");

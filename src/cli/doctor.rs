@@ -120,7 +120,18 @@ pub fn run(mut args: Args) -> Result<i32, UsageError> {
                 Some((arch, None)) => format!(" (no {arch} kernels yet: NVRTC builds them on first use, or `stragglar kernels --cache` now)"),
                 None => String::new(),
             };
-            println!("  kernels:   cached in {}{what}", dir.display());
+            // The turn kernel of graph replays on NCCL's turn is a module of its own.
+            let turn = arch.as_deref().map(|arch| {
+                crate::gpu::nvrtc::Unit::turn()
+                    .read_cached(arch, &dir)
+                    .is_some()
+            });
+            let turn = match turn {
+                Some(true) => "; the graph turn kernel's module there too",
+                Some(false) => "; no graph turn kernel's module yet (NVRTC builds it on first use)",
+                None => "",
+            };
+            println!("  kernels:   cached in {}{what}{turn}", dir.display());
         }
         None => println!("  kernels:   no cache directory (set STRAGGLAR_CACHE_DIR)"),
     }
