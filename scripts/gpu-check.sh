@@ -32,8 +32,10 @@
 # What it checks, the quick and most telling first (a budget cut ends the list):
 #   1. doctor: what the library sees (driver, GPUs, NVRTC, NCCL); the emulated GPU's driver
 #      self-test against this real driver
-#   2. kernels: the carried CUBIN for this GPU (or NVRTC compiles every kernel into a checked
-#      one when it does not match); a multicast team of the GPU(s), its stores checked
+#   2. kernels: the carried CUBINs for this GPU (or NVRTC compiles every kernel into checked
+#      ones when they do not match); the graph turn kernel's module loaded by this driver (its
+#      device-side cudaGraphSetConditional resolved); a multicast team of the GPU(s), its
+#      stores checked
 #   3. bandwidth: the kernels' copy and reduce code against cuMemcpyDtoD (target: >= 85%), for
 #      float, half and bfloat16 (the halves within 10% of float, their device conversions
 #      checked against src/reduce)
@@ -343,6 +345,17 @@ if [ "$DRY" = 1 ] || kernels_carried "$ARCH"; then
 else
   step "kernels compile with NVRTC ($ARCH)" kernels.log sg kernels --arch "$ARCH" --cache --out "$WORK/cubins"
 fi
+
+# 2a. The graph turn kernel's module: the driver resolves its device-runtime call
+#     (cudaGraphSetConditional) when it loads it, from CUDA 12.3 on; the doctor's graphs line
+#     says whether it loaded (graph replays then choose between StragglAR and NCCL's own work).
+turn_module() {
+  mkdir -p "$WORK"
+  sg doctor >"$WORK/turn-doctor.txt" || return 1
+  grep "graphs:" "$WORK/turn-doctor.txt"
+  grep -q "graphs:    replays choose between StragglAR and NCCL's own captured work" "$WORK/turn-doctor.txt"
+}
+step "graph turn kernel loads (cudaGraphSetConditional)" turn-module.log turn_module
 
 # 2b. NVLink multicast: a team of every GPU through the engine's protocol (probe, create, join,
 #     bind), then its probe kernel's multimem stores checked bit for bit in every GPU's memory

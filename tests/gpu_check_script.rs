@@ -80,6 +80,7 @@ fn the_dry_run_checks_its_inputs_lists_every_check_and_ends_with_the_summary() {
         "input: loopback NCCL and rank program ",
         "doctor",
         "kernels carried, built here for sm_90",
+        "graph turn kernel loads (cudaGraphSetConditional)",
         "multicast team (doctor --multicast)",
         "bench --backend cuda: n=2,3,4,5,6,7,8, types all, ops all",
         "8 ranks, 1K..256M, stragglar",
@@ -118,7 +119,7 @@ fn the_library_rows_pass_on_the_emulated_machine_and_only_runs_the_rows_it_names
         "scripts/gpu-check.sh",
         "--quick",
         "--only",
-        "kernels carried|whole path|forwarded|mixed|never arrives",
+        "kernels carried|turn kernel|whole path|forwarded|mixed|never arrives",
     ])
     .env("OUT", &out_dir)
     .env("STRAGGLAR_EMU_GPUS", "1");
@@ -128,6 +129,7 @@ fn the_library_rows_pass_on_the_emulated_machine_and_only_runs_the_rows_it_names
     let summary = summary_of(&stdout);
     for row in [
         "kernels carried, built here for sm_90",
+        "graph turn kernel loads (cudaGraphSetConditional)",
         "the library's whole path: 4 processes on the GPU, loopback NCCL",
         "forwarded calls' cost, engine on vs off",
         "eager calls and graph replays mixed: 4 processes, 40 rounds, loopback NCCL",
