@@ -2386,6 +2386,45 @@ fn graph_replays_choose_between_stragglar_and_nccls_own_work_alike_on_every_rank
     );
 }
 
+/// Seeded, a body's nodes run on threads of their own in a random order after random delays (as
+/// a GPU may run a conditional body's independent nodes in any order or side by side), so on
+/// NCCL's turn NCCL's work may run before, beside or after the arrival kernel that shares its
+/// body: the lead that kernel measures may then hold NCCL's time, but nothing waits for what
+/// cannot come, every output is right and every rank chooses alike. The straggler is fixed
+/// (rank 2), so the eager calls run StragglAR before the capture whatever the schedule, and the
+/// capture puts NCCL's work behind a conditional node.
+#[test]
+fn graph_replays_on_nccls_turn_stay_right_whichever_body_node_runs_first() {
+    let _timing = timing();
+    for seed in ["11", "12"] {
+        let env = late_then_on_time(
+            "60",
+            &[("STRAGGLAR_EMU_SEED", seed), ("STRAGGLAR_STRAGGLER", "2")],
+        );
+        let (_, log) = run_checked(&["4"], &env, ": 60 replays checked");
+        assert!(
+            log.contains("graph replays choose between StragglAR and NCCL's own captured work"),
+            "seed {seed}: {log}"
+        );
+        let choices = replay_choices(&log);
+        assert_eq!(choices.len(), 4, "seed {seed}: {log}");
+        assert!(
+            choices.iter().all(|c| *c == choices[0]),
+            "seed {seed}: {log}"
+        );
+        // Both turns came: StragglAR's while rank 2 was late, NCCL's once it was on time.
+        let counts = choices[0].split("; ").next().unwrap();
+        let numbers: Vec<u64> = counts
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        assert!(
+            numbers.len() == 2 && numbers[0] > 0 && numbers[1] > 0 && numbers[0] + numbers[1] == 60,
+            "seed {seed}: {log}"
+        );
+    }
+}
+
 #[test]
 fn without_conditional_nodes_a_call_captured_with_nobody_late_stays_on_nccl() {
     // A CUDA 12.2 driver (R535) has no conditional nodes, and STRAGGLAR_GRAPH_NCCL=0 turns
