@@ -2280,6 +2280,38 @@ fn replay_choices(log: &str) -> Vec<&str> {
         .collect()
 }
 
+/// What every rank's graph replays chose, from `log` (the loopback ranks' stderr), where the
+/// captured call put NCCL's work behind a conditional node: the same on each of the 4 ranks.
+/// `context` begins each failure's message.
+fn alike_choice_beside_nccls_work<'a>(log: &'a str, context: &str) -> &'a str {
+    assert!(
+        log.contains("graph replays choose between StragglAR and NCCL's own captured work"),
+        "{context}{log}"
+    );
+    let choices = replay_choices(log);
+    assert_eq!(choices.len(), 4, "{context}{log}");
+    assert!(choices.iter().all(|c| *c == choices[0]), "{context}{log}");
+    choices[0]
+}
+
+/// The replays on StragglAR and on the baseline that `choice` counts (its first part), both
+/// nonzero and `replays` in all.
+fn turns_both_taken(choice: &str, replays: u64, log: &str) -> [u64; 2] {
+    let counts = choice.split("; ").next().unwrap();
+    let numbers: Vec<u64> = counts
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        numbers.len() == 2
+            && numbers[0] > 0
+            && numbers[1] > 0
+            && numbers[0] + numbers[1] == replays,
+        "{log}"
+    );
+    [numbers[0], numbers[1]]
+}
+
 /// The loopback ranks' settings of a graph captured after 80 eager calls with rank 2 20 ms
 /// late (StragglAR ran at the captured size, so the arenas hold it), then `replays` replays
 /// with rank 2 late for the first half and nobody late after.
@@ -2309,14 +2341,8 @@ fn graph_replays_choose_between_stragglar_and_nccls_own_work_alike_on_every_rank
     // rank 2 is on time, alike on every rank.
     let env = late_then_on_time("160", &[("STRAGGLAR_EMU_COUNT_LAUNCHES", "1")]);
     let (text, log) = run_checked(&["4"], &env, ": 160 replays checked");
-    assert!(
-        log.contains("graph replays choose between StragglAR and NCCL's own captured work"),
-        "{log}"
-    );
-    let choices = replay_choices(&log);
-    assert_eq!(choices.len(), 4, "{log}");
-    assert!(choices.iter().all(|c| *c == choices[0]), "{log}");
-    let mut parts = choices[0].split("; ");
+    let choice = alike_choice_beside_nccls_work(&log, "");
+    let mut parts = choice.split("; ");
     let (counts, last, timed) = (
         parts.next().unwrap(),
         parts.next().unwrap(),
@@ -2331,17 +2357,11 @@ fn graph_replays_choose_between_stragglar_and_nccls_own_work_alike_on_every_rank
         .unwrap_or_else(|| panic!("{log}"));
     assert!(timed > 0, "{log}");
     assert!(counts.ends_with("the baseline (NCCL's own work)"), "{log}");
-    let numbers: Vec<u64> = counts
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert!(
-        numbers.len() == 2 && numbers[0] > 0 && numbers[1] > 0 && numbers[0] + numbers[1] == 160,
-        "{log}"
-    );
+    let numbers = turns_both_taken(choice, 160, &log);
     // A replay on NCCL's turn runs one kernel before NCCL's work, the one-thread turn kernel
-    // (which sets the conditional handles itself), the arrival kernel beside it, and never our AllReduce kernel, which runs for
-    // the eager calls on StragglAR and the replays on StragglAR only.
+    // (which sets the conditional handles itself), the arrival kernel beside it, and never our
+    // AllReduce kernel, which runs for the eager calls on StragglAR and the replays on
+    // StragglAR only.
     let (on_stragglar, on_nccl) = (numbers[0], numbers[1]);
     let eager: Vec<u64> = designations(&text)
         .iter()
@@ -2402,26 +2422,9 @@ fn graph_replays_on_nccls_turn_stay_right_whichever_body_node_runs_first() {
             &[("STRAGGLAR_EMU_SEED", seed), ("STRAGGLAR_STRAGGLER", "2")],
         );
         let (_, log) = run_checked(&["4"], &env, ": 60 replays checked");
-        assert!(
-            log.contains("graph replays choose between StragglAR and NCCL's own captured work"),
-            "seed {seed}: {log}"
-        );
-        let choices = replay_choices(&log);
-        assert_eq!(choices.len(), 4, "seed {seed}: {log}");
-        assert!(
-            choices.iter().all(|c| *c == choices[0]),
-            "seed {seed}: {log}"
-        );
+        let choice = alike_choice_beside_nccls_work(&log, &format!("seed {seed}: "));
         // Both turns came: StragglAR's while rank 2 was late, NCCL's once it was on time.
-        let counts = choices[0].split("; ").next().unwrap();
-        let numbers: Vec<u64> = counts
-            .split(|c: char| !c.is_ascii_digit())
-            .filter_map(|w| w.parse().ok())
-            .collect();
-        assert!(
-            numbers.len() == 2 && numbers[0] > 0 && numbers[1] > 0 && numbers[0] + numbers[1] == 60,
-            "seed {seed}: {log}"
-        );
+        turns_both_taken(choice, 60, &log);
     }
 }
 
